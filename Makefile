@@ -1,0 +1,29 @@
+# The README's two commands are `make run` and `make test`; both set up .venv first.
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test unit e2e e2e-bin bench protos demo-server demo-client clean
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/istiod discovery --config-dir deploy/demo
+
+test: $(STAMP)
+	$(BIN)/pytest -q tests
+
+demo-server: $(STAMP)
+	$(BIN)/python -m istiod.demo server --address 127.0.0.10:7070 --name echo-v1
+
+demo-client: $(STAMP)
+	$(BIN)/python -m istiod.demo client xds:///echo.demo.svc.cluster.local:7070 --xds 127.0.0.1:15010 --count 5
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,5 @@
+import sys
+
+from istiod.cli import main
+
+sys.exit(main())

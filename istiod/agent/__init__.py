@@ -1,0 +1,1 @@
+"""The node-side helper of proxyless gRPC: bootstrap now; key, CSR and cert rotation later."""

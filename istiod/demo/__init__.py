@@ -1,0 +1,1 @@
+"""A demo echo service and client: the README's walkthrough, and the real gRPC peers in tests."""

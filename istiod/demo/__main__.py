@@ -1,0 +1,104 @@
+"""`python -m istiod.demo server|client`.
+
+server: answers /demo.Echo/Echo with its name and address; `--xds` makes it an xDS-enabled server
+        that waits for its inbound listener from istiod.
+client: calls a target (`xds:///host:port`) repeatedly and prints one JSON line per call.
+Both take their xDS bootstrap from GRPC_XDS_BOOTSTRAP_CONFIG, or build one from --xds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from concurrent import futures
+
+from istiod.agent.bootstrap import NodeInfo, bootstrap_json
+
+METHOD = "/demo.Echo/Echo"
+
+
+def _ensure_bootstrap(args: argparse.Namespace, ip: str, pod: str) -> None:
+    """gRPC reads the bootstrap once per process, so it must be in the environment before use."""
+    if args.xds and "GRPC_XDS_BOOTSTRAP_CONFIG" not in os.environ:
+        node = NodeInfo(ip=ip, pod=pod, namespace=args.namespace)
+        os.environ["GRPC_XDS_BOOTSTRAP_CONFIG"] = bootstrap_json(args.xds, node)
+
+
+def serve(args: argparse.Namespace) -> int:
+    import grpc
+
+    host = args.address.rsplit(":", 1)[0].strip("[]")
+    _ensure_bootstrap(args, host, args.name)
+    reply = f"{args.name} {args.address}".encode()
+
+    def echo(request: bytes, context: grpc.ServicerContext) -> bytes:
+        peer = dict(context.auth_context()).get("x509_subject_alternative_name", [b""])
+        return reply + (b" peer=" + b",".join(peer) if any(peer) else b"")
+
+    handler = grpc.method_handlers_generic_handler("demo.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(echo)})
+    if args.xds:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), xds=True)
+        server.add_generic_rpc_handlers((handler,))
+        server.add_secure_port(args.address, grpc.xds_server_credentials(grpc.insecure_server_credentials()))
+    else:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        server.add_generic_rpc_handlers((handler,))
+        server.add_insecure_port(args.address)
+    server.start()
+    print(json.dumps({"serving": args.address, "name": args.name, "xds": bool(args.xds)}), flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop.wait()
+    server.stop(grace=0.5).wait()
+    return 0
+
+
+def call(args: argparse.Namespace) -> int:
+    import grpc
+
+    _ensure_bootstrap(args, args.node_ip, "demo-client")
+    channel = grpc.insecure_channel(args.target)
+    echo = channel.unary_unary(METHOD)
+    failures = 0
+    sent = 0
+    while args.count == 0 or sent < args.count:
+        sent += 1
+        try:
+            reply = echo(b"hello", timeout=args.timeout).decode()
+            print(json.dumps({"ok": True, "reply": reply}), flush=True)
+        except grpc.RpcError as error:
+            failures += 1
+            print(json.dumps({"ok": False, "code": error.code().name, "error": error.details()}), flush=True)
+        time.sleep(args.interval)
+    channel.close()
+    return 1 if failures == sent else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m istiod.demo")
+    commands = parser.add_subparsers(dest="command", required=True)
+    server = commands.add_parser("server", help="run an echo backend")
+    server.add_argument("--address", required=True, help="ip:port to listen on, e.g. 127.0.0.10:7070")
+    server.add_argument("--name", default="echo", help="the name it answers with (its pod name)")
+    server.add_argument("--xds", help="istiod's xDS address: serve as an xDS-enabled gRPC server")
+    server.add_argument("--namespace", default="demo")
+    client = commands.add_parser("client", help="call a target through xDS")
+    client.add_argument("target", help="e.g. xds:///echo.demo.svc.cluster.local:7070")
+    client.add_argument("--xds", help="istiod's xDS address, e.g. 127.0.0.1:15010")
+    client.add_argument("--namespace", default="demo")
+    client.add_argument("--node-ip", default="127.0.0.1")
+    client.add_argument("--count", type=int, default=5, help="calls to make; 0 = until stopped")
+    client.add_argument("--interval", type=float, default=0.2)
+    client.add_argument("--timeout", type=float, default=2.0)
+    args = parser.parse_args(argv)
+    return serve(args) if args.command == "server" else call(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Istio's naming rules for hosts, clusters, listeners and identities."""
+
+from __future__ import annotations
+
+DEFAULT_DOMAIN = "cluster.local"
+INBOUND_LISTENER_PREFIX = "xds.istio.io/grpc/lds/inbound/"
+
+
+def service_hostname(name: str, namespace: str, domain: str = DEFAULT_DOMAIN) -> str:
+    return f"{name}.{namespace}.svc.{domain}"
+
+
+def outbound_cluster_name(port: int, hostname: str, subset: str = "") -> str:
+    return f"outbound|{port}|{subset}|{hostname}"
+
+
+def inbound_cluster_name(port: int) -> str:
+    return f"inbound|{port}||"
+
+
+def parse_cluster_name(name: str) -> tuple[str, int, str, str]:
+    """Split `direction|port|subset|host`; raises ValueError for anything else."""
+    parts = name.split("|")
+    if len(parts) != 4 or parts[0] not in ("inbound", "outbound"):
+        raise ValueError(f"not an Istio cluster name: {name!r}")
+    return parts[0], int(parts[1]), parts[2], parts[3]
+
+
+def inbound_listener_name(ip: str, port: int) -> str:
+    return f"{INBOUND_LISTENER_PREFIX}{join_host_port(ip, port)}"
+
+
+def join_host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def split_host_port(value: str) -> tuple[str, int]:
+    """`host:port` or `[v6]:port` -> (host, port); raises ValueError."""
+    if value.startswith("["):
+        host, sep, rest = value[1:].partition("]:")
+        if not sep:
+            raise ValueError(f"bad host:port {value!r}")
+        port_text = rest
+    else:
+        host, sep, port_text = value.rpartition(":")
+        if not sep or not host:
+            raise ValueError(f"bad host:port {value!r}")
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"bad port in {value!r}")
+    return host, int(port_text)
+
+
+def listener_host_aliases(name: str, namespace: str, domain: str = DEFAULT_DOMAIN) -> tuple[str, ...]:
+    """The host spellings a proxyless client may use for one Service, longest first."""
+    return (
+        service_hostname(name, namespace, domain),
+        f"{name}.{namespace}.svc",
+        f"{name}.{namespace}",
+    )
+
+
+def spiffe_identity(trust_domain: str, namespace: str, service_account: str) -> str:
+    return f"spiffe://{trust_domain}/ns/{namespace}/sa/{service_account}"

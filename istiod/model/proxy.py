@@ -1,0 +1,87 @@
+"""Proxies: who is connected, parsed from the xDS node ID and metadata as Istio sends them."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import Any
+
+from istiod.model.names import DEFAULT_DOMAIN
+
+NODE_TYPES = ("sidecar", "router", "waypoint", "ztunnel")
+
+
+class NodeIdError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Proxy:
+    id: str
+    type: str
+    ip_addresses: tuple[str, ...]
+    pod_name: str
+    namespace: str
+    dns_domain: str
+    generator: str = ""
+    service_account: str = ""
+    labels: tuple[tuple[str, str], ...] = ()
+    workload_name: str = ""
+    cluster_id: str = ""
+    istio_version: str = ""
+
+    @property
+    def ip(self) -> str:
+        return self.ip_addresses[0]
+
+    @property
+    def proxyless(self) -> bool:
+        return self.generator == "grpc"
+
+    @property
+    def domain(self) -> str:
+        """The cluster's DNS suffix, from `<ns>.svc.<domain>`."""
+        prefix = f"{self.namespace}.svc."
+        return self.dns_domain[len(prefix):] if self.dns_domain.startswith(prefix) else DEFAULT_DOMAIN
+
+
+def parse_node_id(node_id: str) -> tuple[str, str, str, str, str]:
+    """`type~ip~pod.namespace~domain` -> (type, ip, pod, namespace, domain); raises NodeIdError."""
+    parts = node_id.split("~")
+    if len(parts) != 4:
+        raise NodeIdError(f"node ID {node_id!r} must have 4 '~'-separated parts, has {len(parts)}")
+    node_type, ip, pod_dot_ns, domain = parts
+    if node_type not in NODE_TYPES:
+        raise NodeIdError(f"node ID {node_id!r}: unknown proxy type {node_type!r}")
+    try:
+        ipaddress.ip_address(ip)
+    except ValueError:
+        raise NodeIdError(f"node ID {node_id!r}: {ip!r} is not an IP address") from None
+    pod, dot, namespace = pod_dot_ns.partition(".")
+    if not dot or not pod or not namespace:
+        raise NodeIdError(f"node ID {node_id!r}: third part must be <pod>.<namespace>")
+    return node_type, ip, pod, namespace, domain
+
+
+def proxy_from_node(node_id: str, metadata: dict[str, Any]) -> Proxy:
+    """Build a Proxy from the node ID and its metadata (a plain dict of the node's Struct)."""
+    node_type, ip, pod, id_namespace, domain = parse_node_id(node_id)
+    namespace = str(metadata.get("NAMESPACE") or id_namespace)
+    extra_ips = [s for s in str(metadata.get("INSTANCE_IPS", "")).split(",") if s and s != ip]
+    labels = metadata.get("LABELS") or {}
+    if not isinstance(labels, dict):
+        raise NodeIdError(f"node {node_id!r}: LABELS metadata must be a map")
+    return Proxy(
+        id=node_id,
+        type=node_type,
+        ip_addresses=(ip, *extra_ips),
+        pod_name=pod,
+        namespace=namespace,
+        dns_domain=domain,
+        generator=str(metadata.get("GENERATOR", "")),
+        service_account=str(metadata.get("SERVICE_ACCOUNT", "")),
+        labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
+        workload_name=str(metadata.get("WORKLOAD_NAME", "")),
+        cluster_id=str(metadata.get("CLUSTER_ID", "")),
+        istio_version=str(metadata.get("ISTIO_VERSION", "")),
+    )

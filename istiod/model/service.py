@@ -1,0 +1,68 @@
+"""Services, their ports, and the endpoints (service instances) behind them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from istiod.model.names import outbound_cluster_name
+
+
+@dataclass(frozen=True, slots=True)
+class Locality:
+    region: str = ""
+    zone: str = ""
+    subzone: str = ""
+
+    @classmethod
+    def parse(cls, label: str) -> Locality:
+        """Istio's `istio-locality` label form `region.zone.subzone` (parts optional)."""
+        parts = (label.split(".") + ["", "", ""])[:3]
+        return cls(*parts)
+
+    def __str__(self) -> str:
+        return "/".join(p for p in (self.region, self.zone, self.subzone) if p)
+
+
+@dataclass(frozen=True, slots=True)
+class Port:
+    name: str
+    port: int
+    protocol: str = "TCP"
+    target_port: int | str = 0  # a container port number or name; 0 means "same as port"
+
+
+@dataclass(frozen=True, slots=True)
+class Service:
+    name: str
+    namespace: str
+    hostname: str
+    ports: tuple[Port, ...]
+    selector: tuple[tuple[str, str], ...] = ()
+    labels: tuple[tuple[str, str], ...] = ()
+    cluster_ip: str = ""
+
+    def port(self, number: int) -> Port | None:
+        return next((p for p in self.ports if p.port == number), None)
+
+    def port_named(self, name: str) -> Port | None:
+        return next((p for p in self.ports if p.name == name), None)
+
+    def cluster_name(self, port: int) -> str:
+        return outbound_cluster_name(port, self.hostname)
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One address:port serving one port of one Service (Istio's ServiceInstance, flattened)."""
+
+    address: str
+    port: int
+    service_port: int
+    healthy: bool = True
+    locality: Locality = field(default_factory=Locality)
+    labels: tuple[tuple[str, str], ...] = ()
+    service_account: str = ""
+    workload_name: str = ""
+    workload_kind: str = ""
+    pod: str = ""
+    namespace: str = ""

@@ -1,0 +1,117 @@
+"""Assembles istiod's parts, runs them, and shuts them down in order."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import socket
+
+import grpc
+import uvicorn
+from envoy.service.discovery.v3 import ads_pb2, ads_pb2_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from istiod.debug.app import DebugView, create_app
+from istiod.settings import Address, Settings
+from istiod.sources.configdir import ConfigDirSource
+from istiod.sources.store import Store
+from istiod.xds.pusher import Pusher
+from istiod.xds.server import DiscoveryServer
+
+log = logging.getLogger(__name__)
+ADS_SERVICE = ads_pb2.DESCRIPTOR.services_by_name["AggregatedDiscoveryService"].full_name
+
+
+class Discovery:
+    """`istiod discovery`: config source -> store -> pusher -> ADS, plus the debug HTTP server."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.store = Store(settings.domain)
+        assert settings.config_dir is not None
+        self.source = ConfigDirSource(settings.config_dir, self.store, settings.poll_interval)
+        self.pusher = Pusher(self.store, settings.debounce_after, settings.debounce_max)
+        self.ads = DiscoveryServer(lambda: self.pusher.snapshot, settings.push_concurrency)
+        self.pusher.subscribe(self.ads.on_push)
+        self.health = health.aio.HealthServicer()
+        self.ports: dict[str, int] = {}
+        self._grpc: grpc.aio.Server | None = None
+        self._http: uvicorn.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        self._grpc = grpc.aio.server(options=[("grpc.max_concurrent_streams", 1 << 20)])
+        ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(self.ads, self._grpc)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc)
+        reflection.enable_server_reflection((ADS_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), self._grpc)
+        await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        grpc_addr = self.settings.grpc_addr
+        self.ports["grpc"] = self._grpc.add_insecure_port(f"{_grpc_host(grpc_addr)}:{grpc_addr.port}")
+        await self._grpc.start()
+
+        http_socket = _bind(self.settings.http_addr)
+        self.ports["http"] = http_socket.getsockname()[1]
+        app = create_app(DebugView(lambda: self.pusher.snapshot, lambda: self.ads.connections, lambda: self.ads.ready))
+        self._http = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))
+        self._tasks = [
+            asyncio.create_task(self._http.serve(sockets=[http_socket]), name="http"),
+            asyncio.create_task(self.source.run(), name="config-dir"),
+            asyncio.create_task(self.pusher.run(), name="pusher"),
+        ]
+        log.info("serving grpc=%d http=%d", self.ports["grpc"], self.ports["http"])
+        if self.settings.ports_file:
+            self.settings.ports_file.write_text(json.dumps(self.ports))
+
+    async def wait_synced(self) -> None:
+        """Ready once the source has synced and the first snapshot is built from it."""
+        await self.source.synced.wait()
+        self.pusher.publish(full=True)
+        self.ads.ready = True
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        log.info("sources synced; ready with %d services", len(self.pusher.snapshot.services))
+
+    async def stop(self) -> None:
+        self.ads.ready = False
+        if self._grpc is not None:
+            await self._grpc.stop(grace=1.0)
+        if self._http is not None:
+            self._http.should_exit = True
+        for task in self._tasks:
+            if task.get_name() != "http":
+                task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), timeout=5)
+
+
+async def run_discovery(settings: Settings) -> None:
+    discovery = Discovery(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await discovery.start()
+    try:
+        synced = asyncio.create_task(discovery.wait_synced())
+        await stop.wait()
+        synced.cancel()
+    finally:
+        log.info("shutting down")
+        await discovery.stop()
+
+
+def _grpc_host(address: Address) -> str:
+    return f"[{address.host}]" if ":" in address.host else address.bind_host
+
+
+def _bind(address: Address) -> socket.socket:
+    family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((address.bind_host, address.port))
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock

@@ -1,0 +1,287 @@
+"""Kubernetes objects (plain dicts, as the API serves them) -> mesh model values.
+
+Every function is pure and raises ConversionError with the object's kind/namespace/name and the
+field that is wrong, so a source can log it and keep the object's last good state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from istiod.model.batch import CronJob, Job
+from istiod.model.cluster import Namespace, Node
+from istiod.model.endpointslice import EndpointSlice, SliceEndpoint
+from istiod.model.names import DEFAULT_DOMAIN, service_hostname
+from istiod.model.quantity import QuantityError, parse_quantity
+from istiod.model.service import Locality, Port, Service
+from istiod.model.storage import PersistentVolume, PersistentVolumeClaim
+from istiod.model.workload import LOCALITY_LABEL, OwnerRef, Workload, workload_identity
+
+CLUSTER_SCOPED = frozenset({"Namespace", "Node", "PersistentVolume"})
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+REGION_LABEL = "topology.kubernetes.io/region"
+ZONE_LABEL = "topology.kubernetes.io/zone"
+SUBZONE_LABEL = "topology.istio.io/subzone"
+
+
+class ConversionError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ObjectKey:
+    kind: str
+    namespace: str  # "" for cluster-scoped kinds
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.namespace}/{self.name}" if self.namespace else f"{self.kind} {self.name}"
+
+
+class _Fields:
+    """Typed reads from one object's dict, with errors that name the object and the field."""
+
+    def __init__(self, key: ObjectKey | str, body: Mapping[str, Any]) -> None:
+        self.key = key
+        self.body = body
+
+    def fail(self, message: str) -> ConversionError:
+        return ConversionError(f"{self.key}: {message}")
+
+    def get(self, path: str, kind: type | tuple[type, ...], default: Any) -> Any:
+        value: Any = self.body
+        for part in path.split("."):
+            if not isinstance(value, Mapping):
+                raise self.fail(f"{path}: expected a map above {part!r}")
+            value = value.get(part)
+            if value is None:
+                return default
+        if kind is int and isinstance(value, bool) or not isinstance(value, kind):
+            expected = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+            raise self.fail(f"{path}: expected {expected}, got {type(value).__name__}")
+        return value
+
+    def str_map(self, path: str) -> tuple[tuple[str, str], ...]:
+        value = self.get(path, dict, {})
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            raise self.fail(f"{path}: keys and values must be strings")
+        return tuple(sorted(value.items()))
+
+    def items(self, path: str) -> list[_Fields]:
+        """A list of maps, each readable with errors that name its index."""
+        result = []
+        for i, item in enumerate(self.get(path, list, [])):
+            if not isinstance(item, Mapping):
+                raise self.fail(f"{path}[{i}]: expected a map")
+            result.append(_Fields(f"{self.key} {path}[{i}]", item))
+        return result
+
+
+def object_key(body: Any) -> ObjectKey:
+    """The identity of a raw object; raises ConversionError when it has none."""
+    if not isinstance(body, Mapping):
+        raise ConversionError(f"expected a Kubernetes object (a map), got {type(body).__name__}")
+    kind = body.get("kind")
+    if not isinstance(kind, str) or not kind:
+        raise ConversionError("object has no kind")
+    fields = _Fields(kind, body)
+    name = fields.get("metadata.name", str, "")
+    if not name:
+        raise ConversionError(f"{kind} has no metadata.name")
+    namespace = "" if kind in CLUSTER_SCOPED else fields.get("metadata.namespace", str, "") or "default"
+    return ObjectKey(kind, namespace, name)
+
+
+def convert(body: Mapping[str, Any], domain: str = DEFAULT_DOMAIN) -> tuple[ObjectKey, Any]:
+    """One raw object -> (its key, its model value)."""
+    key = object_key(body)
+    converter = CONVERTERS.get(key.kind)
+    if converter is None:
+        raise ConversionError(f"{key}: kind {key.kind!r} is not one istiod reads")
+    return key, converter(key, _Fields(key, body), domain)
+
+
+def _namespace(key: ObjectKey, f: _Fields, domain: str) -> Namespace:
+    return Namespace(key.name, f.str_map("metadata.labels"))
+
+
+def _node(key: ObjectKey, f: _Fields, domain: str) -> Node:
+    labels = dict(f.str_map("metadata.labels"))
+    return Node(key.name, Locality(labels.get(REGION_LABEL, ""), labels.get(ZONE_LABEL, ""), labels.get(SUBZONE_LABEL, "")))
+
+
+def _service(key: ObjectKey, f: _Fields, domain: str) -> Service:
+    ports = []
+    for i, p in enumerate(f.items("spec.ports")):
+        number = p.get("port", int, None)
+        if number is None or not 0 < number < 65536:
+            raise f.fail(f"spec.ports[{i}].port {number!r} is not in 1-65535")
+        target: Any = p.body.get("targetPort", number)
+        if isinstance(target, bool) or not isinstance(target, (int, str)):
+            raise f.fail(f"spec.ports[{i}].targetPort must be a number or a name")
+        if isinstance(target, str) and target.isdigit():
+            target = int(target)
+        if isinstance(target, int) and not 0 < target < 65536:
+            raise f.fail(f"spec.ports[{i}].targetPort {target} is not in 1-65535")
+        ports.append(Port(p.get("name", str, ""), number, p.get("protocol", str, "TCP"), target))
+    if len({p.port for p in ports}) != len(ports):
+        raise f.fail("spec.ports has the same port twice")
+    return Service(
+        name=key.name,
+        namespace=key.namespace,
+        hostname=service_hostname(key.name, key.namespace, domain),
+        ports=tuple(ports),
+        selector=f.str_map("spec.selector"),
+        labels=f.str_map("metadata.labels"),
+        cluster_ip=f.get("spec.clusterIP", str, ""),
+    )
+
+
+def _pod(key: ObjectKey, f: _Fields, domain: str) -> Workload:
+    labels = f.str_map("metadata.labels")
+    owners = [
+        OwnerRef(o.get("kind", str, ""), o.get("name", str, ""), o.get("controller", bool, False))
+        for o in f.items("metadata.ownerReferences")
+    ]
+    name, kind = workload_identity(key.name, dict(labels), owners)
+    ready = any(
+        c.get("type", str, "") == "Ready" and c.get("status", str, "") == "True"
+        for c in f.items("status.conditions")
+    )
+    container_ports = []
+    for c in f.items("spec.containers"):
+        for p in c.items("ports"):
+            number = p.get("containerPort", int, 0)
+            if not 0 < number < 65536:
+                raise f.fail(f"containerPort {number} is not in 1-65535")
+            container_ports.append((p.get("name", str, ""), number))
+    claims = tuple(
+        v.get("persistentVolumeClaim.claimName", str, "")
+        for v in f.items("spec.volumes")
+        if v.get("persistentVolumeClaim.claimName", str, "")
+    )
+    return Workload(
+        name=key.name,
+        namespace=key.namespace,
+        ip=f.get("status.podIP", str, ""),
+        ready=ready,
+        phase=f.get("status.phase", str, ""),
+        labels=labels,
+        service_account=f.get("spec.serviceAccountName", str, "") or "default",
+        workload_name=name,
+        workload_kind=kind,
+        node_name=f.get("spec.nodeName", str, ""),
+        owner=next((o for o in owners if o.controller), None),
+        claims=claims,
+        container_ports=tuple(container_ports),
+        locality_label=dict(labels).get(LOCALITY_LABEL, ""),
+    )
+
+
+def _endpoint_slice(key: ObjectKey, f: _Fields, domain: str) -> EndpointSlice:
+    if f.get("addressType", str, "IPv4") not in ("IPv4", "IPv6"):
+        return EndpointSlice(key.name, key.namespace, "", (), ())  # FQDN slices carry no IPs
+    ports = []
+    for i, p in enumerate(f.items("ports")):
+        number = p.get("port", int, None)
+        if number is not None and not 0 < number < 65536:
+            raise f.fail(f"ports[{i}].port {number} is not in 1-65535")
+        if number is not None:
+            ports.append((p.get("name", str, ""), number))
+    endpoints = []
+    for e in f.items("endpoints"):
+        addresses = e.get("addresses", list, [])
+        if not all(isinstance(a, str) for a in addresses):
+            raise f.fail("endpoints[].addresses must be strings")
+        target_is_pod = e.get("targetRef.kind", str, "") == "Pod"
+        endpoints.append(
+            SliceEndpoint(
+                addresses=tuple(addresses),
+                # The API says a missing `ready` means ready.
+                ready=e.get("conditions.ready", bool, True),
+                pod=e.get("targetRef.name", str, "") if target_is_pod else "",
+                node_name=e.get("nodeName", str, ""),
+                zone=e.get("zone", str, ""),
+            )
+        )
+    return EndpointSlice(
+        key.name,
+        key.namespace,
+        dict(f.str_map("metadata.labels")).get(SERVICE_NAME_LABEL, ""),
+        tuple(ports),
+        tuple(endpoints),
+    )
+
+
+def _quantity(f: _Fields, path: str) -> Any:
+    text = f.get(path, (str, int, float), None)
+    if text is None:
+        return None
+    try:
+        return parse_quantity(str(text))
+    except QuantityError as error:
+        raise f.fail(f"{path}: {error}") from None
+
+
+def _access_modes(f: _Fields, path: str) -> tuple[str, ...]:
+    modes = f.get(path, list, [])
+    if not all(isinstance(m, str) for m in modes):
+        raise f.fail(f"{path} must be strings")
+    return tuple(modes)
+
+
+def _persistent_volume(key: ObjectKey, f: _Fields, domain: str) -> PersistentVolume:
+    claim_name = f.get("spec.claimRef.name", str, "")
+    return PersistentVolume(
+        name=key.name,
+        capacity=_quantity(f, "spec.capacity.storage"),
+        access_modes=_access_modes(f, "spec.accessModes"),
+        claim=(f.get("spec.claimRef.namespace", str, ""), claim_name) if claim_name else None,
+        storage_class=f.get("spec.storageClassName", str, ""),
+        phase=f.get("status.phase", str, ""),
+    )
+
+
+def _persistent_volume_claim(key: ObjectKey, f: _Fields, domain: str) -> PersistentVolumeClaim:
+    return PersistentVolumeClaim(
+        name=key.name,
+        namespace=key.namespace,
+        volume_name=f.get("spec.volumeName", str, ""),
+        requested=_quantity(f, "spec.resources.requests.storage"),
+        access_modes=_access_modes(f, "spec.accessModes"),
+    )
+
+
+def _job(key: ObjectKey, f: _Fields, domain: str) -> Job:
+    finished = any(
+        c.get("type", str, "") in ("Complete", "Failed") and c.get("status", str, "") == "True"
+        for c in f.items("status.conditions")
+    )
+    cronjob = next(
+        (
+            o.get("name", str, "")
+            for o in f.items("metadata.ownerReferences")
+            if o.get("kind", str, "") == "CronJob" and o.get("controller", bool, False)
+        ),
+        "",
+    )
+    return Job(key.name, key.namespace, finished, cronjob)
+
+
+def _cronjob(key: ObjectKey, f: _Fields, domain: str) -> CronJob:
+    return CronJob(key.name, key.namespace, f.get("spec.schedule", str, ""), f.get("spec.suspend", bool, False))
+
+
+CONVERTERS: dict[str, Callable[[ObjectKey, _Fields, str], Any]] = {
+    "Namespace": _namespace,
+    "Node": _node,
+    "Service": _service,
+    "Pod": _pod,
+    "EndpointSlice": _endpoint_slice,
+    "PersistentVolume": _persistent_volume,
+    "PersistentVolumeClaim": _persistent_volume_claim,
+    "Job": _job,
+    "CronJob": _cronjob,
+}

@@ -1,0 +1,1 @@
+"""xDS: the ADS server, per-connection state, the pusher and the serialized-resource cache."""

@@ -1,0 +1,60 @@
+"""EDS: ClusterLoadAssignments for `outbound|port||host` clusters, grouped by locality."""
+
+from __future__ import annotations
+
+from itertools import groupby
+
+from envoy.config.core.v3 import address_pb2, base_pb2, health_check_pb2
+from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
+from google.protobuf import wrappers_pb2
+
+from istiod.model.names import parse_cluster_name
+from istiod.model.proxy import Proxy
+from istiod.model.service import Endpoint
+from istiod.model.snapshot import Snapshot
+from istiod.xds import types
+from istiod.xds.cache import Resource, ResourceCache
+
+
+def endpoints(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
+    if names is None:
+        names = [s.cluster_name(p.port) for s in snapshot.services.values() for p in s.ports]
+    result = []
+    for name in names:
+        try:
+            direction, port, subset, host = parse_cluster_name(name)
+        except ValueError:
+            continue
+        if direction != "outbound" or subset or host not in snapshot.services:
+            continue
+        endpoint_list = snapshot.endpoints_for(host, port)
+        result.append(cache.get(types.ENDPOINT, name, endpoint_list, lambda: load_assignment(name, endpoint_list)))
+    return result
+
+
+def load_assignment(cluster_name: str, endpoint_list: tuple[Endpoint, ...]) -> endpoint_pb2.ClusterLoadAssignment:
+    """gRPC drops a locality without a locality or with weight 0, so every group gets both."""
+    assignment = endpoint_pb2.ClusterLoadAssignment(cluster_name=cluster_name)
+    by_locality = sorted(endpoint_list, key=lambda e: (str(e.locality), e.address, e.port))
+    for locality, group in groupby(by_locality, key=lambda e: e.locality):
+        members = list(group)
+        assignment.endpoints.append(
+            endpoint_components_pb2.LocalityLbEndpoints(
+                locality=base_pb2.Locality(region=locality.region, zone=locality.zone, sub_zone=locality.subzone),
+                load_balancing_weight=wrappers_pb2.UInt32Value(value=len(members)),
+                lb_endpoints=[_lb_endpoint(e) for e in members],
+            )
+        )
+    return assignment
+
+
+def _lb_endpoint(endpoint: Endpoint) -> endpoint_components_pb2.LbEndpoint:
+    return endpoint_components_pb2.LbEndpoint(
+        endpoint=endpoint_components_pb2.Endpoint(
+            address=address_pb2.Address(
+                socket_address=address_pb2.SocketAddress(address=endpoint.address, port_value=endpoint.port)
+            )
+        ),
+        health_status=health_check_pb2.HEALTHY if endpoint.healthy else health_check_pb2.UNHEALTHY,
+        load_balancing_weight=wrappers_pb2.UInt32Value(value=1),
+    )

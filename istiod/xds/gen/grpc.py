@@ -1,0 +1,194 @@
+"""Proxyless gRPC: LDS, RDS and CDS with Istio's names.
+
+Outbound listeners are named as the client asks (`host:port`, host in any alias form) and point at
+a route configuration named `<fqdn>:<port>`; inbound listeners serve xDS-enabled gRPC servers.
+"""
+
+from __future__ import annotations
+
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.core.v3 import address_pb2, base_pb2, config_source_pb2
+from envoy.config.listener.v3 import api_listener_pb2, listener_components_pb2, listener_pb2
+from envoy.config.route.v3 import route_components_pb2, route_pb2
+from envoy.extensions.filters.http.router.v3 import router_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from google.protobuf import any_pb2
+
+from istiod.model.names import (
+    INBOUND_LISTENER_PREFIX,
+    inbound_cluster_name,
+    join_host_port,
+    listener_host_aliases,
+    parse_cluster_name,
+    split_host_port,
+)
+from istiod.model.proxy import Proxy
+from istiod.model.service import Service
+from istiod.model.snapshot import Snapshot
+from istiod.xds import types
+from istiod.xds.cache import Resource, ResourceCache
+
+ROUTER_FILTER = "envoy.filters.http.router"
+HCM_FILTER = "envoy.filters.network.http_connection_manager"
+
+
+def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
+    if names is None:
+        names = [f"{s.hostname}:{p.port}" for s in snapshot.services.values() for p in s.ports]
+    result = []
+    for name in names:
+        if name.startswith(INBOUND_LISTENER_PREFIX):
+            listener = _inbound_listener(snapshot, proxy, name)
+            if listener is not None:
+                result.append(Resource(name, types.LISTENER, listener.SerializeToString(deterministic=True)))
+            continue
+        target = _outbound_target(snapshot, name)
+        if target is not None:
+            service, port = target
+            result.append(cache.get(types.LISTENER, name, service, lambda: _outbound_listener(name, service, port)))
+    return result
+
+
+def routes(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
+    if names is None:
+        names = [f"{s.hostname}:{p.port}" for s in snapshot.services.values() for p in s.ports]
+    result = []
+    for name in names:
+        target = _outbound_target(snapshot, name)
+        if target is not None:
+            service, port = target
+            result.append(cache.get(types.ROUTE, name, service, lambda: _route_configuration(name, service, port)))
+    return result
+
+
+def clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
+    if names is None:
+        names = [s.cluster_name(p.port) for s in snapshot.services.values() for p in s.ports]
+    result = []
+    for name in names:
+        try:
+            direction, port, subset, host = parse_cluster_name(name)
+        except ValueError:
+            continue
+        service = snapshot.services.get(host)
+        if direction != "outbound" or subset or service is None or service.port(port) is None:
+            continue
+        result.append(cache.get(types.CLUSTER, name, service, lambda: _cluster(name)))
+    return result
+
+
+def _outbound_target(snapshot: Snapshot, name: str) -> tuple[Service, int] | None:
+    try:
+        host, port = split_host_port(name)
+    except ValueError:
+        return None
+    service = snapshot.service_for_host(host)
+    if service is None or service.port(port) is None:
+        return None
+    return service, port
+
+
+def _http_connection_manager(**fields: object) -> any_pb2.Any:
+    manager = hcm_pb2.HttpConnectionManager(
+        http_filters=[hcm_pb2.HttpFilter(name=ROUTER_FILTER, typed_config=_pack(router_pb2.Router()))],
+        **fields,
+    )
+    return _pack(manager)
+
+
+def _outbound_listener(name: str, service: Service, port: int) -> listener_pb2.Listener:
+    rds = hcm_pb2.Rds(
+        config_source=config_source_pb2.ConfigSource(
+            ads=config_source_pb2.AggregatedConfigSource(), resource_api_version=config_source_pb2.V3
+        ),
+        route_config_name=f"{service.hostname}:{port}",
+    )
+    return listener_pb2.Listener(
+        name=name,
+        api_listener=api_listener_pb2.ApiListener(api_listener=_http_connection_manager(rds=rds)),
+    )
+
+
+def _route_configuration(name: str, service: Service, port: int) -> route_pb2.RouteConfiguration:
+    # gRPC matches the virtual host against the target's authority, which may be any alias.
+    domains = [
+        domain
+        for alias in listener_host_aliases(service.name, service.namespace, service.hostname.split(".svc.", 1)[1])
+        for domain in (alias, f"{alias}:{port}")
+    ]
+    return route_pb2.RouteConfiguration(
+        name=name,
+        virtual_hosts=[
+            route_components_pb2.VirtualHost(
+                name=f"{service.hostname}:{port}",
+                domains=domains,
+                routes=[
+                    route_components_pb2.Route(
+                        match=route_components_pb2.RouteMatch(prefix=""),
+                        route=route_components_pb2.RouteAction(cluster=service.cluster_name(port)),
+                    )
+                ],
+            )
+        ],
+    )
+
+
+def _cluster(name: str) -> cluster_pb2.Cluster:
+    return cluster_pb2.Cluster(
+        name=name,
+        type=cluster_pb2.Cluster.EDS,
+        eds_cluster_config=cluster_pb2.Cluster.EdsClusterConfig(
+            eds_config=config_source_pb2.ConfigSource(
+                ads=config_source_pb2.AggregatedConfigSource(), resource_api_version=config_source_pb2.V3
+            ),
+            service_name=name,
+        ),
+        lb_policy=cluster_pb2.Cluster.ROUND_ROBIN,
+    )
+
+
+def _inbound_listener(snapshot: Snapshot, proxy: Proxy, name: str) -> listener_pb2.Listener | None:
+    """A listener for an xDS-enabled gRPC server, if the proxy serves some Service on that port."""
+    try:
+        ip, port = split_host_port(name[len(INBOUND_LISTENER_PREFIX):])
+    except ValueError:
+        return None
+    addresses = proxy.ip_addresses if ip in ("0.0.0.0", "::") else (ip,)
+    if not any(snapshot.instances_at(address, port) for address in addresses if address in proxy.ip_addresses):
+        return None
+    route = route_pb2.RouteConfiguration(
+        name=inbound_cluster_name(port),
+        virtual_hosts=[
+            route_components_pb2.VirtualHost(
+                name=inbound_cluster_name(port),
+                domains=["*"],
+                routes=[
+                    route_components_pb2.Route(
+                        match=route_components_pb2.RouteMatch(prefix="/"),
+                        non_forwarding_action=route_components_pb2.NonForwardingAction(),
+                    )
+                ],
+            )
+        ],
+    )
+    chain = listener_components_pb2.FilterChain(
+        name=inbound_cluster_name(port),
+        filters=[
+            listener_components_pb2.Filter(
+                name=HCM_FILTER,
+                typed_config=_http_connection_manager(stat_prefix=join_host_port(ip, port), route_config=route),
+            )
+        ],
+    )
+    return listener_pb2.Listener(
+        name=name,
+        address=address_pb2.Address(socket_address=address_pb2.SocketAddress(address=ip, port_value=port)),
+        filter_chains=[chain],
+        traffic_direction=base_pb2.INBOUND,
+    )
+
+
+def _pack(message: object) -> any_pb2.Any:
+    packed = any_pb2.Any()
+    packed.Pack(message)  # type: ignore[arg-type]
+    return packed

@@ -1,0 +1,96 @@
+"""The pusher: debounces store changes into new snapshots and announces them.
+
+Like istiod: a change starts a debounce window that closes after `debounce_after` of quiet, or
+`debounce_max` after the first change, whichever comes first; then one snapshot is built from the
+store and handed to every subscriber (the ADS server), which pushes only what changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from istiod.model.builder import build_snapshot
+from istiod.model.snapshot import Snapshot
+from istiod.sources.convert import ObjectKey
+from istiod.sources.store import Change, Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PushEvent:
+    """Why and when a snapshot was published."""
+
+    snapshot: Snapshot
+    reason: dict[str, int] = field(default_factory=dict)  # changed objects by kind
+    debounce_seconds: float = 0.0
+    build_seconds: float = 0.0
+    full: bool = True
+
+
+Subscriber = Callable[[PushEvent], None]
+
+
+class Pusher:
+    def __init__(self, store: Store, debounce_after: float = 0.1, debounce_max: float = 1.0) -> None:
+        self.store = store
+        self.debounce_after = debounce_after
+        self.debounce_max = debounce_max
+        self.snapshot = build_snapshot(store, _version(0))
+        self.last_push: PushEvent | None = None
+        self._subscribers: list[Subscriber] = []
+        self._changed: set[ObjectKey] = set()
+        self._kinds: Counter[str] = Counter()
+        self._first = 0.0
+        self._last = 0.0
+        self._wake = asyncio.Event()
+        self._count = 0
+        store.subscribe(self.on_change)
+
+    def subscribe(self, subscriber: Subscriber) -> None:
+        self._subscribers.append(subscriber)
+
+    def on_change(self, change: Change) -> None:
+        now = time.monotonic()
+        if not self._changed:
+            self._first = now
+        self._last = now
+        self._changed.add(change.key)
+        self._kinds[change.key.kind] += 1
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            await self._wake.wait()
+            while (delay := min(self._last + self.debounce_after, self._first + self.debounce_max) - time.monotonic()) > 0:
+                await asyncio.sleep(delay)
+            if self._changed:
+                self.publish()
+            self._wake.clear()
+
+    def publish(self, full: bool = False) -> PushEvent:
+        """Build a snapshot from the store now and announce it; `full` rebuilds every endpoint."""
+        changed, reason = self._changed, dict(self._kinds)
+        debounced = time.monotonic() - self._first if changed else 0.0
+        self._changed, self._kinds = set(), Counter()
+        self._wake.clear()
+        started = time.perf_counter()
+        self._count += 1
+        self.snapshot = build_snapshot(self.store, _version(self._count), self.snapshot, None if full else changed)
+        event = PushEvent(self.snapshot, reason, debounced, time.perf_counter() - started, full)
+        self.last_push = event
+        log.info("push version=%s reason=%s build=%.1fms", self.snapshot.version, reason or "full", event.build_seconds * 1e3)
+        for subscriber in self._subscribers:
+            subscriber(event)
+        return event
+
+
+def _version(count: int) -> str:
+    """istiod's version shape: the time of the push and a counter."""
+    return f"{datetime.now(timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')}/{count}"

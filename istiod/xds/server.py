@@ -1,0 +1,153 @@
+"""The ADS server (state of the world): streams, ACK/NACK, nonces, subscriptions and pushes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+from google.protobuf import any_pb2, json_format
+
+from istiod.model.proxy import NodeIdError, proxy_from_node
+from istiod.model.snapshot import Snapshot
+from istiod.xds import types
+from istiod.xds.cache import Resource, ResourceCache
+from istiod.xds.connection import Connection, WatchedResource
+from istiod.xds.gen import generators_for
+from istiod.xds.pusher import PushEvent
+
+log = logging.getLogger(__name__)
+_CLOSED = object()
+
+
+class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
+    def __init__(self, snapshot: Callable[[], Snapshot], push_concurrency: int = 100) -> None:
+        self._snapshot = snapshot
+        self.cache = ResourceCache()
+        self.connections: dict[str, Connection] = {}
+        self.ready = False  # set once the sources synced and the first snapshot exists
+        self._push_slots = asyncio.Semaphore(push_concurrency)
+
+    def on_push(self, event: PushEvent) -> None:
+        self.cache.sweep()
+        for connection in self.connections.values():
+            connection.request_push()
+
+    async def StreamAggregatedResources(
+        self, request_iterator: AsyncIterator[discovery_pb2.DiscoveryRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[discovery_pb2.DiscoveryResponse]:
+        if not self.ready:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "server is not ready to serve discovery information")
+        try:
+            first = await anext(request_iterator)
+        except StopAsyncIteration:
+            return
+        connection = await self._connect(first, context)
+        self.connections[connection.id] = connection
+        log.info("ads connected id=%s peer=%s", connection.id, connection.peer)
+        connection.events.put_nowait(first)
+        reader = asyncio.create_task(_read(request_iterator, connection))
+        try:
+            while (event := await connection.events.get()) is not _CLOSED:
+                snapshot = self._snapshot()  # one snapshot for everything this event sends
+                if event is Connection.PUSH:
+                    connection.push_started()
+                    responses = self._push(connection, snapshot)
+                else:
+                    responses = self._on_request(connection, event, snapshot)  # type: ignore[arg-type]
+                async with self._push_slots:
+                    for response in responses:
+                        yield response
+        finally:
+            reader.cancel()
+            del self.connections[connection.id]
+            log.info("ads disconnected id=%s", connection.id)
+
+    async def _connect(self, first: discovery_pb2.DiscoveryRequest, context: grpc.aio.ServicerContext) -> Connection:
+        if not first.node.id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first request must carry node.id")
+        try:
+            proxy = proxy_from_node(first.node.id, json_format.MessageToDict(first.node.metadata))
+        except NodeIdError as error:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        return Connection(proxy, context.peer())
+
+    def _on_request(
+        self, connection: Connection, request: discovery_pb2.DiscoveryRequest, snapshot: Snapshot
+    ) -> list[discovery_pb2.DiscoveryResponse]:
+        type_url = request.type_url
+        if type_url not in generators_for(connection.proxy):
+            log.warning("ads id=%s asked for unsupported type %s; not answered", connection.id, type_url)
+            return []
+        watched = connection.watched.get(type_url)
+        names = list(request.resource_names)
+        if watched is None or not request.response_nonce:
+            # A new watch, or a client that reconnected and re-requests: always answer.
+            wildcard = not names or "*" in names
+            watched = connection.watched[type_url] = WatchedResource(type_url, None if wildcard else names)
+            return [self._respond(watched, snapshot, self._generate(connection, watched, snapshot))]
+        if request.response_nonce != watched.nonce_sent:
+            return []  # stale: a reply to a response the client has since been sent a newer one of
+        if request.HasField("error_detail"):
+            self._nack(connection, watched, request)
+            return []
+        watched.nonce_acked, watched.version_acked = request.response_nonce, request.version_info
+        watched.last_error = ""
+        watched.acked_at = time.time()
+        if watched.names is not None and names != watched.names:
+            watched.names = names
+            return [self._respond(watched, snapshot, self._generate(connection, watched, snapshot))]
+        return []
+
+    def _nack(self, connection: Connection, watched: WatchedResource, request: discovery_pb2.DiscoveryRequest) -> None:
+        """Keep the last good config on this connection; log each rejected nonce once."""
+        watched.nacked_nonce = request.response_nonce
+        watched.last_error = request.error_detail.message
+        log.warning(
+            "ads NACK id=%s type=%s version=%s error=%r",
+            connection.id, types.short_name(watched.type_url), watched.version_sent, request.error_detail.message,
+        )
+
+    def _push(self, connection: Connection, snapshot: Snapshot) -> list[discovery_pb2.DiscoveryResponse]:
+        responses = []
+        for type_url in types.PUSH_ORDER:
+            watched = connection.watched.get(type_url)
+            if watched is None:
+                continue
+            resources = self._generate(connection, watched, snapshot)
+            if watched.differs_from(resources):
+                responses.append(self._respond(watched, snapshot, resources))
+        return responses
+
+    def _generate(self, connection: Connection, watched: WatchedResource, snapshot: Snapshot) -> list[Resource]:
+        generator = generators_for(connection.proxy)[watched.type_url]
+        return generator(snapshot, connection.proxy, watched.names, self.cache)
+
+    def _respond(
+        self, watched: WatchedResource, snapshot: Snapshot, resources: list[Resource]
+    ) -> discovery_pb2.DiscoveryResponse:
+        version = snapshot.version
+        watched.nonce_sent = uuid.uuid4().hex
+        watched.version_sent = version
+        watched.sent = {r.name: r for r in resources}
+        watched.sent_at = time.time()
+        return discovery_pb2.DiscoveryResponse(
+            version_info=version,
+            type_url=watched.type_url,
+            nonce=watched.nonce_sent,
+            resources=[any_pb2.Any(type_url=r.type_url, value=r.value) for r in resources],
+        )
+
+
+async def _read(requests: AsyncIterator[discovery_pb2.DiscoveryRequest], connection: Connection) -> None:
+    try:
+        async for request in requests:
+            connection.events.put_nowait(request)
+    except (asyncio.CancelledError, grpc.aio.AioRpcError):
+        pass
+    finally:
+        connection.events.put_nowait(_CLOSED)

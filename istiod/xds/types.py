@@ -1,0 +1,18 @@
+"""xDS type URLs and their short names (as istiod and istioctl print them)."""
+
+from __future__ import annotations
+
+LISTENER = "type.googleapis.com/envoy.config.listener.v3.Listener"
+ROUTE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+CLUSTER = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+ENDPOINT = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+
+SHORT_NAMES = {CLUSTER: "cds", LISTENER: "lds", ROUTE: "rds", ENDPOINT: "eds"}
+# The order istiod pushes in, so a client never sees a reference before what it refers to.
+PUSH_ORDER = (CLUSTER, ENDPOINT, LISTENER, ROUTE)
+# Types where a SotW response is the whole set: a name left out is a deletion to the client.
+FULL_STATE = frozenset({LISTENER, CLUSTER})
+
+
+def short_name(type_url: str) -> str:
+    return SHORT_NAMES.get(type_url, type_url.rsplit(".", 1)[-1])
