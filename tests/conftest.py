@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import string
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.peers import Istiod, Process, demo
+
+DATA = Path(__file__).parent / "data"
+
+
+def render(template: str, **values: object) -> str:
+    """A YAML fixture from tests/data with $placeholders filled in."""
+    return string.Template((DATA / template).read_text()).substitute({k: str(v) for k, v in values.items()})
+
+
+@pytest.fixture
+def mesh_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "mesh"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def processes() -> Iterator[list[Process]]:
+    started: list[Process] = []
+    yield started
+    for process in reversed(started):
+        process.stop()
+
+
+@pytest.fixture
+def start_istiod(tmp_path: Path, processes: list[Process]) -> Callable[..., Istiod]:
+    def start(config_dir: Path, *extra: str) -> Istiod:
+        istiod = Istiod(config_dir, tmp_path, *extra)
+        processes.append(istiod)
+        return istiod
+
+    return start
+
+
+@pytest.fixture
+def start_demo(processes: list[Process]) -> Callable[..., Process]:
+    def start(*args: str, env: dict[str, str] | None = None, name: str = "") -> Process:
+        process = demo(*args, env=env, name=name)
+        processes.append(process)
+        return process
+
+    return start

@@ -1,0 +1,138 @@
+"""Real processes for tests: istiod itself and the demo gRPC backends and clients.
+
+Every wait is bounded, and every process is stopped by the fixture that started it, even on failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port(ip: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((ip, 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+class Process:
+    """A child process whose stdout lines are collected (JSON lines parsed) by a thread."""
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None, name: str = "") -> None:
+        self.name = name or args[0]
+        self.lines: queue.Queue[Any] = queue.Queue()
+        self.output: list[str] = []
+        self.proc = subprocess.Popen(
+            args,
+            cwd=ROOT,
+            env={**os.environ, **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.output.append(line)
+            if line.startswith("{"):
+                try:
+                    self.lines.put(json.loads(line))
+                except json.JSONDecodeError:
+                    pass
+
+    def next_json(self, timeout: float) -> dict[str, Any]:
+        try:
+            return self.lines.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"{self.name}: no output within {timeout}s; log:\n{self.log()}") from None
+
+    def drain(self) -> list[dict[str, Any]]:
+        items = []
+        while True:
+            try:
+                items.append(self.lines.get_nowait())
+            except queue.Empty:
+                return items
+
+    def log(self) -> str:
+        return "".join(self.output[-60:])
+
+    def text(self) -> str:
+        return "".join(self.output)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=5)
+
+
+class Istiod(Process):
+    def __init__(self, config_dir: Path, workdir: Path, *extra: str) -> None:
+        ports_file = workdir / "ports.json"
+        super().__init__(
+            [sys.executable, "-m", "istiod", "discovery", "--config-dir", str(config_dir),
+             "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--ports-file", str(ports_file),
+             "--debounce-after", "50ms", "--poll-interval", "100ms", *extra],
+            name="istiod",
+        )
+        try:
+            wait_until(lambda: ports_file.exists() and ports_file.read_text(), 20, "istiod's ports file")
+            self.ports = json.loads(ports_file.read_text())
+            wait_until(lambda: self.get("/ready")[0] == 200, 20, "istiod /ready")
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def xds_address(self) -> str:
+        return f"127.0.0.1:{self.ports['grpc']}"
+
+    def get(self, path: str) -> tuple[int, Any]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.ports['http']}{path}", timeout=5) as reply:
+                body = reply.read().decode()
+                status = reply.status
+        except urllib.error.HTTPError as error:
+            body, status = error.read().decode(), error.code
+        except OSError:
+            return 0, None
+        try:
+            return status, json.loads(body)
+        except json.JSONDecodeError:
+            return status, body
+
+
+def demo(*args: str, env: dict[str, str] | None = None, name: str = "") -> Process:
+    return Process([sys.executable, "-m", "istiod.demo", *args], env=env, name=name)
