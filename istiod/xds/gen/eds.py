@@ -8,26 +8,18 @@ from envoy.config.core.v3 import address_pb2, base_pb2, health_check_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from google.protobuf import wrappers_pb2
 
-from istiod.model.names import parse_cluster_name
 from istiod.model.proxy import Proxy
 from istiod.model.service import Endpoint
 from istiod.model.snapshot import Snapshot
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
+from istiod.xds.gen.targets import outbound_clusters
 
 
 def endpoints(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
-    if names is None:
-        names = [s.cluster_name(p.port) for s in snapshot.services.values() for p in s.ports]
     result = []
-    for name in names:
-        try:
-            direction, port, subset, host = parse_cluster_name(name)
-        except ValueError:
-            continue
-        if direction != "outbound" or subset or host not in snapshot.services:
-            continue
-        endpoint_list = snapshot.endpoints_for(host, port)
+    for name, service, port in outbound_clusters(snapshot, names):
+        endpoint_list = snapshot.endpoints_for(service.hostname, port)
         result.append(cache.get(types.ENDPOINT, name, endpoint_list, lambda: load_assignment(name, endpoint_list)))
     return result
 

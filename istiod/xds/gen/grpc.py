@@ -19,7 +19,6 @@ from istiod.model.names import (
     inbound_cluster_name,
     join_host_port,
     listener_host_aliases,
-    parse_cluster_name,
     split_host_port,
 )
 from istiod.model.proxy import Proxy
@@ -27,65 +26,37 @@ from istiod.model.service import Service
 from istiod.model.snapshot import Snapshot
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
+from istiod.xds.gen.targets import outbound_clusters, outbound_host_ports
 
 ROUTER_FILTER = "envoy.filters.http.router"
 HCM_FILTER = "envoy.filters.network.http_connection_manager"
 
 
 def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
-    if names is None:
-        names = [f"{s.hostname}:{p.port}" for s in snapshot.services.values() for p in s.ports]
-    result = []
-    for name in names:
-        if name.startswith(INBOUND_LISTENER_PREFIX):
-            listener = _inbound_listener(snapshot, proxy, name)
-            if listener is not None:
-                result.append(Resource(name, types.LISTENER, listener.SerializeToString(deterministic=True)))
-            continue
-        target = _outbound_target(snapshot, name)
-        if target is not None:
-            service, port = target
-            result.append(cache.get(types.LISTENER, name, service, lambda: _outbound_listener(name, service, port)))
+    inbound = [n for n in names or () if n.startswith(INBOUND_LISTENER_PREFIX)]
+    result = [
+        cache.get(types.LISTENER, name, service, lambda: _outbound_listener(name, service, port))
+        for name, service, port in outbound_host_ports(snapshot, names)
+    ]
+    for name in inbound:
+        listener = _inbound_listener(snapshot, proxy, name)
+        if listener is not None:  # per proxy, so not worth caching
+            result.append(Resource(name, types.LISTENER, listener.SerializeToString(deterministic=True)))
     return result
 
 
 def routes(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
-    if names is None:
-        names = [f"{s.hostname}:{p.port}" for s in snapshot.services.values() for p in s.ports]
-    result = []
-    for name in names:
-        target = _outbound_target(snapshot, name)
-        if target is not None:
-            service, port = target
-            result.append(cache.get(types.ROUTE, name, service, lambda: _route_configuration(name, service, port)))
-    return result
+    return [
+        cache.get(types.ROUTE, name, service, lambda: _route_configuration(name, service, port))
+        for name, service, port in outbound_host_ports(snapshot, names)
+    ]
 
 
 def clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
-    if names is None:
-        names = [s.cluster_name(p.port) for s in snapshot.services.values() for p in s.ports]
-    result = []
-    for name in names:
-        try:
-            direction, port, subset, host = parse_cluster_name(name)
-        except ValueError:
-            continue
-        service = snapshot.services.get(host)
-        if direction != "outbound" or subset or service is None or service.port(port) is None:
-            continue
-        result.append(cache.get(types.CLUSTER, name, service, lambda: _cluster(name)))
-    return result
-
-
-def _outbound_target(snapshot: Snapshot, name: str) -> tuple[Service, int] | None:
-    try:
-        host, port = split_host_port(name)
-    except ValueError:
-        return None
-    service = snapshot.service_for_host(host)
-    if service is None or service.port(port) is None:
-        return None
-    return service, port
+    return [
+        cache.get(types.CLUSTER, name, service, lambda: _cluster(name))
+        for name, service, port in outbound_clusters(snapshot, names)
+    ]
 
 
 def _http_connection_manager(**fields: object) -> any_pb2.Any:
