@@ -14,10 +14,14 @@ import uvicorn
 from envoy.service.discovery.v3 import ads_pb2, ads_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from kubernetes_asyncio import client
+from kubernetes_asyncio import config as kube_config
 
 from istiod.debug.app import DebugView, create_app
 from istiod.settings import Address, Settings
 from istiod.sources.configdir import ConfigDirSource
+from istiod.sources.kube import KubeSource
+from istiod.sources.namespaces import NamespaceFilter, Selector
 from istiod.sources.store import Store
 from istiod.xds.pusher import Pusher
 from istiod.xds.server import DiscoveryServer
@@ -27,13 +31,12 @@ ADS_SERVICE = ads_pb2.DESCRIPTOR.services_by_name["AggregatedDiscoveryService"].
 
 
 class Discovery:
-    """`istiod discovery`: config source -> store -> pusher -> ADS, plus the debug HTTP server."""
+    """`istiod discovery`: source (config dir or Kubernetes) -> store -> pusher -> ADS, plus debug HTTP."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.store = Store(settings.domain)
-        assert settings.config_dir is not None
-        self.source = ConfigDirSource(settings.config_dir, self.store, settings.poll_interval)
+        self.source: ConfigDirSource | KubeSource | None = None
         self.pusher = Pusher(self.store, settings.debounce_after, settings.debounce_max)
         self.ads = DiscoveryServer(lambda: self.pusher.snapshot, settings.push_concurrency)
         self.pusher.subscribe(self.ads.on_push)
@@ -42,8 +45,23 @@ class Discovery:
         self._grpc: grpc.aio.Server | None = None
         self._http: uvicorn.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._api: client.ApiClient | None = None
+
+    async def _make_source(self) -> ConfigDirSource | KubeSource:
+        settings = self.settings
+        if settings.config_dir is not None:
+            return ConfigDirSource(settings.config_dir, self.store, settings.poll_interval)
+        configuration = client.Configuration()
+        if settings.kubeconfig is not None:
+            await kube_config.load_kube_config(config_file=str(settings.kubeconfig), client_configuration=configuration)
+        else:
+            kube_config.load_incluster_config(client_configuration=configuration)
+        self._api = client.ApiClient(configuration)
+        selectors = tuple(Selector.parse(s) for s in settings.discovery_selectors)
+        return KubeSource(self._api, self.store, NamespaceFilter(selectors), settings.watch_timeout)
 
     async def start(self) -> None:
+        self.source = await self._make_source()
         self._grpc = grpc.aio.server(options=[("grpc.max_concurrent_streams", 1 << 20)])
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(self.ads, self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc)
@@ -59,7 +77,7 @@ class Discovery:
         self._http = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))
         self._tasks = [
             asyncio.create_task(self._http.serve(sockets=[http_socket]), name="http"),
-            asyncio.create_task(self.source.run(), name="config-dir"),
+            asyncio.create_task(self.source.run(), name="source"),
             asyncio.create_task(self.pusher.run(), name="pusher"),
         ]
         log.info("serving grpc=%d http=%d", self.ports["grpc"], self.ports["http"])
@@ -68,6 +86,7 @@ class Discovery:
 
     async def wait_synced(self) -> None:
         """Ready once the source has synced and the first snapshot is built from it."""
+        assert self.source is not None
         await self.source.synced.wait()
         self.pusher.publish(full=True)
         self.ads.ready = True
@@ -85,6 +104,8 @@ class Discovery:
                 task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), timeout=5)
+        if self._api is not None:
+            await self._api.close()
 
 
 async def run_discovery(settings: Settings) -> None:

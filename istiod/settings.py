@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from istiod.model.names import DEFAULT_DOMAIN
+from istiod.sources.namespaces import Selector
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,11 +42,23 @@ class Settings:
     push_concurrency: int = 100
     poll_interval: float = 0.25
     ports_file: Path | None = None
+    kubeconfig: Path | None = None
+    in_cluster: bool = False
+    discovery_selectors: tuple[str, ...] = ()
+    watch_timeout: int = 300
+    namespace: str = "istio-system"
 
 
 def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
     env = os.environ.get
     parser.add_argument("--config-dir", type=Path, help="read Kubernetes YAML from this directory")
+    parser.add_argument("--kubeconfig", type=Path, default=Path(env("KUBECONFIG")) if env("KUBECONFIG") else None,
+                        help="read from this cluster (in a pod, the in-cluster config is used)")
+    parser.add_argument("--discovery-selector", dest="discovery_selectors", action="append", default=[],
+                        metavar="SELECTOR",
+                        help="only read namespaces whose labels match (key=value,key,!key); repeat to OR")
+    parser.add_argument("--watch-timeout", type=int, default=300,
+                        help="seconds a Kubernetes watch lasts before it is resumed (default 300)")
     parser.add_argument("--grpc-addr", type=Address.parse, default=Address.parse(env("GRPC_ADDR", ":15010")),
                         help="plaintext xDS (default :15010)")
     parser.add_argument("--http-addr", type=Address.parse, default=Address.parse(env("HTTP_ADDR", ":8080")),
@@ -64,8 +77,16 @@ def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    if args.config_dir is None:
-        raise SystemExit("istiod discovery: --config-dir is required (Kubernetes sources come later)")
+    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and args.kubeconfig is None
+    if args.config_dir is None and args.kubeconfig is None and not in_cluster:
+        raise SystemExit("istiod discovery: give --config-dir or --kubeconfig (or run in a pod)")
+    if args.config_dir is not None and args.kubeconfig is not None:
+        raise SystemExit("istiod discovery: --config-dir and --kubeconfig are alternatives; give one")
+    for selector in args.discovery_selectors:
+        try:
+            Selector.parse(selector)
+        except ValueError as error:
+            raise SystemExit(f"istiod discovery: {error}") from None
     return Settings(
         config_dir=args.config_dir,
         grpc_addr=args.grpc_addr,
@@ -76,6 +97,11 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         push_concurrency=args.push_concurrency,
         poll_interval=args.poll_interval,
         ports_file=args.ports_file,
+        kubeconfig=args.kubeconfig,
+        in_cluster=in_cluster and args.config_dir is None,
+        discovery_selectors=tuple(args.discovery_selectors),
+        watch_timeout=args.watch_timeout,
+        namespace=os.environ.get("POD_NAMESPACE", "istio-system"),
     )
 
 

@@ -1,0 +1,281 @@
+"""Kubernetes source: list+watch informers (kubernetes-asyncio) feeding the same store as the config dir.
+
+Each kind has one informer: it lists (paged), diffs the list against the store (vanished objects
+become deletions), then watches from the list's resourceVersion with bookmarks. A watch that ends
+on its server-side timeout is resumed from the last resourceVersion; a 410 Gone or a broken watch
+relists. Failures back off exponentially with full jitter. Objects that fail conversion are logged
+and skipped (keeping their last good state) without stopping the informer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client, watch
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from istiod.sources.convert import CLUSTER_SCOPED, ConversionError, ObjectKey, object_key
+from istiod.sources.namespaces import NamespaceFilter
+from istiod.sources.store import Store
+
+log = logging.getLogger(__name__)
+ListCall = Callable[..., Awaitable[Any]]
+
+
+class Gone(Exception):
+    """The resourceVersion we watch from is older than the API server keeps (410)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    initial: float = 0.2
+    cap: float = 30.0
+
+    def delay(self, attempt: int) -> float:
+        """Full jitter, so informers that failed together do not retry together."""
+        return random.uniform(0, min(self.cap, self.initial * 2**attempt))
+
+
+def list_calls(api: client.ApiClient) -> dict[str, ListCall]:
+    """The list call of every kind istiod reads; namespaced kinds across all namespaces."""
+    core, discovery, batch = client.CoreV1Api(api), client.DiscoveryV1Api(api), client.BatchV1Api(api)
+    return {
+        "Namespace": core.list_namespace,
+        "Node": core.list_node,
+        "PersistentVolume": core.list_persistent_volume,
+        "Service": core.list_service_for_all_namespaces,
+        "Pod": core.list_pod_for_all_namespaces,
+        "PersistentVolumeClaim": core.list_persistent_volume_claim_for_all_namespaces,
+        "EndpointSlice": discovery.list_endpoint_slice_for_all_namespaces,
+        "Job": batch.list_job_for_all_namespaces,
+        "CronJob": batch.list_cron_job_for_all_namespaces,
+    }
+
+
+class _RawWatch(watch.Watch):
+    """The library's watch, minus turning each event into a model object we would not use."""
+
+    def get_return_type(self, func: object) -> str:
+        return ""
+
+
+class Informer:
+    def __init__(
+        self,
+        kind: str,
+        list_call: ListCall,
+        writer: KubeWriter,
+        watch_timeout: int = 300,
+        page_size: int = 500,
+        backoff: Backoff = Backoff(),
+    ) -> None:
+        self.kind = kind
+        self.list_call = list_call
+        self.writer = writer
+        self.watch_timeout = watch_timeout
+        self.page_size = page_size
+        self.backoff = backoff
+        self.resource_version: str | None = None  # None: the next step is a relist
+        self.synced = asyncio.Event()
+        self.relists = 0
+        self.gone = 0  # relists forced by 410
+
+    async def run(self) -> None:
+        failures = 0
+        while True:
+            try:
+                if self.resource_version is None:
+                    await self.relist()
+                    self.synced.set()
+                    failures = 0
+                await self.watch()
+            except Gone as error:
+                self.gone += 1
+                log.warning("informer %s: %s; relisting", self.kind, error)
+                self.resource_version = None
+            except (ApiException, aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as error:
+                delay = self.backoff.delay(failures)
+                failures += 1
+                log.warning("informer %s: %s; relisting in %.1fs (attempt %d)", self.kind, _describe(error), delay, failures)
+                self.resource_version = None
+                await asyncio.sleep(delay)
+
+    async def relist(self) -> None:
+        """List every page, apply it, and delete what the store has that the list lacks."""
+        objects: list[dict[str, Any]] = []
+        token = None
+        while True:
+            page = await self._list_page(token)
+            objects.extend(page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                break
+        self.relists += 1
+        self.writer.replace(self.kind, objects)
+        self.resource_version = (page.get("metadata") or {}).get("resourceVersion") or None
+        log.info("informer %s: listed %d objects at resourceVersion %s", self.kind, len(objects), self.resource_version)
+
+    async def _list_page(self, token: str | None) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"limit": self.page_size, "_preload_content": False, "_request_timeout": 60}
+        if token:
+            kwargs["_continue"] = token
+        response = await self.list_call(**kwargs)
+        try:
+            body = await response.read()
+        finally:
+            response.release()
+        if response.status == 410:
+            raise Gone(f"list continue token expired: {body[:200]!r}")
+        if response.status != 200:
+            raise ApiException(status=response.status, reason=body[:300].decode(errors="replace"))
+        return json.loads(body)
+
+    async def watch(self) -> None:
+        """Watch from resource_version until the server ends the watch; raises when it breaks."""
+        stream = _RawWatch()
+        timeout = aiohttp.ClientTimeout(sock_connect=10, sock_read=self.watch_timeout + 60)
+        try:
+            async for event in stream.stream(
+                self.list_call,
+                resource_version=self.resource_version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=self.watch_timeout,
+                _request_timeout=timeout,
+            ):
+                self._on_event(event)
+        except ApiException as error:
+            if error.status == 410:
+                raise Gone(f"watch from resourceVersion {self.resource_version} is too old") from None
+            raise
+        finally:
+            await stream.close()
+
+    def _on_event(self, event: Mapping[str, Any]) -> None:
+        kind, body = event.get("type"), event.get("raw_object")
+        if not isinstance(body, dict):
+            raise ValueError(f"watch event without an object: {str(event)[:200]}")
+        version = (body.get("metadata") or {}).get("resourceVersion")
+        if kind == "BOOKMARK":
+            self.resource_version = version or self.resource_version
+            return
+        body.setdefault("kind", self.kind)
+        if kind in ("ADDED", "MODIFIED"):
+            self.writer.apply(body)
+        elif kind == "DELETED":
+            self.writer.delete(body)
+        self.resource_version = version or self.resource_version
+
+
+class KubeWriter:
+    """Applies informer objects to the store, through the namespace filter, logging bad ones."""
+
+    def __init__(self, store: Store, namespaces: NamespaceFilter) -> None:
+        self.store = store
+        self.namespaces = namespaces
+        # Objects in namespaces the filter leaves out, kept so a namespace that starts to match
+        # can be filled in without a relist.
+        self._excluded: dict[ObjectKey, dict[str, Any]] = {}
+
+    def apply(self, body: dict[str, Any]) -> ObjectKey | None:
+        key = self._key(body)
+        if key is None:
+            return None
+        if key.kind == "Namespace":
+            self._write(key, body)
+            self._refilter(key.name)
+        elif key.namespace and not self.namespaces.selected(key.namespace):
+            self._excluded[key] = body
+            self.store.delete(key)
+        else:
+            self._write(key, body)
+        return key
+
+    def delete(self, body: dict[str, Any]) -> None:
+        key = self._key(body)
+        if key is not None:
+            self._remove(key)
+
+    def replace(self, kind: str, items: list[dict[str, Any]]) -> None:
+        """A full list of one kind: apply it, and delete every object of that kind it lacks."""
+        listed = {self.apply({"kind": kind, **body}) for body in items}
+        vanished = (self.store.keys(kind) | {k for k in self._excluded if k.kind == kind}) - listed
+        for key in vanished:
+            log.info("kube %s vanished while not watched; deleting", key)
+            self._remove(key)
+
+    def _remove(self, key: ObjectKey) -> None:
+        self._excluded.pop(key, None)
+        self.store.delete(key)
+        if key.kind == "Namespace":
+            self.namespaces.forget(key.name)
+
+    def _write(self, key: ObjectKey, body: dict[str, Any]) -> None:
+        try:
+            self.store.apply(body)
+        except ConversionError as error:
+            log.error("kube %s: %s; skipped, keeping its last good state", key, error)
+
+    def _refilter(self, namespace: str) -> None:
+        """The namespace's labels may have moved it in or out of the discovery selectors."""
+        namespace_object = self.store.get(ObjectKey("Namespace", "", namespace))
+        labels = dict(namespace_object.value.labels) if namespace_object else {}
+        if not self.namespaces.update(namespace, labels):
+            return
+        if self.namespaces.selected(namespace):
+            for key in [k for k in self._excluded if k.namespace == namespace]:
+                self._write(key, self._excluded.pop(key))
+        else:
+            for stored in [o for o in self.store.objects() if o.key.namespace == namespace and o.key.kind not in CLUSTER_SCOPED]:
+                self._excluded[stored.key] = dict(stored.raw)
+                self.store.delete(stored.key)
+
+    @staticmethod
+    def _key(body: Any) -> ObjectKey | None:
+        try:
+            return object_key(body)
+        except ConversionError as error:
+            log.error("kube object skipped: %s", error)
+            return None
+
+
+class KubeSource:
+    """Every informer, started Namespaces first so the namespace filter is known before the rest."""
+
+    def __init__(self, api: client.ApiClient, store: Store, namespaces: NamespaceFilter, watch_timeout: int = 300) -> None:
+        self.api = api
+        self.writer = KubeWriter(store, namespaces)
+        self.informers = {
+            kind: Informer(kind, call, self.writer, watch_timeout) for kind, call in list_calls(api).items()
+        }
+        self.synced = asyncio.Event()
+
+    async def run(self) -> None:
+        tasks = [asyncio.create_task(self.informers["Namespace"].run(), name="informer-Namespace")]
+        try:
+            await self.informers["Namespace"].synced.wait()
+            tasks += [
+                asyncio.create_task(informer.run(), name=f"informer-{kind}")
+                for kind, informer in self.informers.items()
+                if kind != "Namespace"
+            ]
+            await asyncio.gather(*(i.synced.wait() for i in self.informers.values()))
+            self.synced.set()
+            log.info("kube informers synced: %s", ", ".join(self.informers))
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, ApiException):
+        return f"API error {error.status} {error.reason or ''}".strip()
+    return f"{type(error).__name__}: {error}"
