@@ -188,13 +188,13 @@ class KubeWriter:
         if key is None:
             return None
         if key.kind == "Namespace":
-            self._write(key, body)
+            self._write(body)
             self._refilter(key.name)
         elif key.namespace and not self.namespaces.selected(key.namespace):
             self._excluded[key] = body
             self.store.delete(key)
         else:
-            self._write(key, body)
+            self._write(body)
         return key
 
     def delete(self, body: dict[str, Any]) -> None:
@@ -216,11 +216,11 @@ class KubeWriter:
         if key.kind == "Namespace":
             self.namespaces.forget(key.name)
 
-    def _write(self, key: ObjectKey, body: dict[str, Any]) -> None:
+    def _write(self, body: dict[str, Any]) -> None:
         try:
             self.store.apply(body)
         except ConversionError as error:
-            log.error("kube %s: %s; skipped, keeping its last good state", key, error)
+            log.error("kube %s; skipped, keeping its last good state", error)
 
     def _refilter(self, namespace: str) -> None:
         """The namespace's labels may have moved it in or out of the discovery selectors."""
@@ -230,7 +230,7 @@ class KubeWriter:
             return
         if self.namespaces.selected(namespace):
             for key in [k for k in self._excluded if k.namespace == namespace]:
-                self._write(key, self._excluded.pop(key))
+                self._write(self._excluded.pop(key))
         else:
             for stored in [o for o in self.store.objects() if o.key.namespace == namespace and o.key.kind not in CLUSTER_SCOPED]:
                 self._excluded[stored.key] = dict(stored.raw)

@@ -1,0 +1,79 @@
+"""How informer objects reach the store: relist diffs, discovery selectors, bad objects.
+(The informers against a real kube-apiserver are in e2e/.)"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from istiod.sources.convert import ObjectKey
+from istiod.sources.kube import Backoff, KubeWriter
+from istiod.sources.namespaces import NamespaceFilter, Selector
+from istiod.sources.store import Store
+
+
+def ns(name: str, **labels: str) -> dict:
+    return {"kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+
+
+def svc(name: str, namespace: str, port: object = 80) -> dict:
+    return {"metadata": {"name": name, "namespace": namespace}, "spec": {"ports": [{"port": port}]}}
+
+
+def keys(store: Store, kind: str) -> list[str]:
+    return sorted(f"{k.namespace}/{k.name}" for k in store.keys(kind))
+
+
+def test_relist_deletes_what_vanished_and_duplicates_nothing() -> None:
+    store = Store()
+    writer = KubeWriter(store, NamespaceFilter())
+    writer.replace("Service", [svc("a", "x"), svc("b", "x")])
+    events: list[str] = []
+    store.subscribe(lambda change: events.append(f"{change.type.value} {change.key.name}"))
+    writer.replace("Service", [svc("b", "x"), svc("c", "x")])
+    assert keys(store, "Service") == ["x/b", "x/c"]
+    assert sorted(events) == ["added c", "deleted a"]  # b is unchanged: no event
+
+
+def test_discovery_selectors_follow_namespace_labels() -> None:
+    store = Store()
+    writer = KubeWriter(store, NamespaceFilter((Selector.parse("istio-discovery=enabled"),)))
+    writer.replace("Namespace", [ns("in", **{"istio-discovery": "enabled"}), ns("out")])
+    writer.replace("Service", [svc("a", "in"), svc("b", "out"), svc("early", "later")])
+    assert keys(store, "Service") == ["in/a"]
+    writer.apply(ns("out", **{"istio-discovery": "enabled"}))  # labelled in: its objects appear
+    writer.apply(ns("later", **{"istio-discovery": "enabled"}))  # objects seen before their namespace
+    assert keys(store, "Service") == ["in/a", "later/early", "out/b"]
+    writer.apply(ns("in"))  # labelled out: its objects leave
+    assert keys(store, "Service") == ["later/early", "out/b"]
+    writer.replace("Service", [svc("b", "out")])  # a relist forgets excluded objects that vanished
+    writer.apply(ns("in", **{"istio-discovery": "enabled"}))
+    assert keys(store, "Service") == ["out/b"]
+
+
+def test_selector_grammar() -> None:
+    selector = Selector.parse("env=prod,team,!legacy")
+    assert selector.matches({"env": "prod", "team": "a"})
+    assert not selector.matches({"env": "prod", "team": "a", "legacy": "1"})
+    assert not selector.matches({"env": "dev", "team": "a"})
+    with pytest.raises(ValueError, match="empty term"):
+        Selector.parse("env=prod,,x")
+
+
+def test_bad_objects_are_logged_and_skipped(caplog: pytest.LogCaptureFixture) -> None:
+    store = Store()
+    writer = KubeWriter(store, NamespaceFilter())
+    writer.replace("Service", [svc("good", "x")])
+    with caplog.at_level(logging.ERROR):
+        writer.apply({"kind": "Service", **svc("good", "x", port=0)})
+        writer.apply({"kind": "Service", "metadata": {"namespace": "x"}})
+    assert store.get(ObjectKey("Service", "x", "good")).value.ports[0].port == 80  # type: ignore[union-attr]
+    assert "kube Service x/good: spec.ports[0].port 0 is not in 1-65535; skipped" in caplog.text
+    assert "kube object skipped: Service has no metadata.name" in caplog.text
+
+
+def test_backoff_is_jittered_and_capped() -> None:
+    backoff = Backoff(initial=0.5, cap=4.0)
+    delays = [backoff.delay(attempt) for attempt in range(20) for _ in range(5)]
+    assert all(0 <= d <= 4.0 for d in delays) and len(set(delays)) > 50
