@@ -16,8 +16,18 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/istiod discovery --config-dir deploy/demo
 
-test: $(STAMP)
+test: $(STAMP) e2e-bin
+	$(BIN)/pytest -q tests e2e
+
+unit: $(STAMP)
 	$(BIN)/pytest -q tests
+
+# The real kube-apiserver and etcd for e2e/, built with Go from the module proxy; reused when present.
+e2e-bin:
+	@bash e2e/cluster/build.sh
+
+e2e: $(STAMP) e2e-bin
+	$(BIN)/pytest -q e2e
 
 demo-server: $(STAMP)
 	$(BIN)/python -m istiod.demo server --address 127.0.0.10:7070 --name echo-v1

@@ -34,7 +34,7 @@ def processes() -> Iterator[list[Process]]:
 @pytest.fixture
 def start_istiod(tmp_path: Path, processes: list[Process]) -> Callable[..., Istiod]:
     def start(config_dir: Path, *extra: str) -> Istiod:
-        istiod = Istiod(config_dir, tmp_path, *extra)
+        istiod = Istiod(tmp_path, "--config-dir", str(config_dir), "--poll-interval", "100ms", *extra)
         processes.append(istiod)
         return istiod
 

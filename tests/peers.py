@@ -99,18 +99,20 @@ class Process:
 
 
 class Istiod(Process):
-    def __init__(self, config_dir: Path, workdir: Path, *extra: str) -> None:
+    def __init__(self, workdir: Path, *args: str, ready_timeout: float = 20) -> None:
+        """`args` name the source (`--config-dir DIR` or `--kubeconfig FILE`) and any other flags."""
         ports_file = workdir / "ports.json"
+        ports_file.unlink(missing_ok=True)
         super().__init__(
-            [sys.executable, "-m", "istiod", "discovery", "--config-dir", str(config_dir),
+            [sys.executable, "-m", "istiod", "discovery",
              "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--ports-file", str(ports_file),
-             "--debounce-after", "50ms", "--poll-interval", "100ms", *extra],
+             "--debounce-after", "50ms", *args],
             name="istiod",
         )
         try:
             wait_until(lambda: ports_file.exists() and ports_file.read_text(), 20, "istiod's ports file")
             self.ports = json.loads(ports_file.read_text())
-            wait_until(lambda: self.get("/ready")[0] == 200, 20, "istiod /ready")
+            wait_until(lambda: self.get("/ready")[0] == 200, ready_timeout, "istiod /ready")
         except BaseException:
             self.stop()
             raise

@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi import FastAPI, Response
 
-from istiod.model.service import Service
+from istiod.model.service import Endpoint, Service
 from istiod.model.snapshot import Snapshot
 from istiod.xds import types
 from istiod.xds.connection import Connection
@@ -34,6 +34,14 @@ def create_app(view: DebugView) -> FastAPI:
     def registryz() -> list[dict[str, Any]]:
         return [_service_json(s) for s in sorted(view.snapshot().services.values(), key=lambda s: s.hostname)]
 
+    @app.get("/debug/endpointz")
+    def endpointz() -> dict[str, dict[str, list[dict[str, Any]]]]:
+        snapshot = view.snapshot()
+        result: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        for (hostname, port), endpoints in sorted(snapshot.endpoints.items()):
+            result.setdefault(hostname, {})[str(port)] = [_endpoint_json(e) for e in endpoints]
+        return result
+
     @app.get("/debug/syncz")
     def syncz() -> list[dict[str, Any]]:
         return [_sync_json(c) for c in sorted(view.connections().values(), key=lambda c: c.proxy.id)]
@@ -56,6 +64,19 @@ def _service_json(service: Service) -> dict[str, Any]:
         "hostname": service.hostname,
         "defaultAddress": service.cluster_ip or "0.0.0.0",
         "MeshExternal": False,
+    }
+
+
+def _endpoint_json(endpoint: Endpoint) -> dict[str, Any]:
+    return {
+        "address": endpoint.address,
+        "port": endpoint.port,
+        "healthy": endpoint.healthy,
+        "locality": str(endpoint.locality),
+        "workload": endpoint.workload_name,
+        "workloadKind": endpoint.workload_kind,
+        "serviceAccount": endpoint.service_account,
+        "pod": endpoint.pod,
     }
 
 

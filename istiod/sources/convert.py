@@ -123,6 +123,8 @@ def _service(key: ObjectKey, f: _Fields, domain: str) -> Service:
             raise f.fail(f"spec.ports[{i}].targetPort must be a number or a name")
         if isinstance(target, str) and target.isdigit():
             target = int(target)
+        if target in (0, ""):  # the API's "unset": the service port itself
+            target = number
         if isinstance(target, int) and not 0 < target < 65536:
             raise f.fail(f"spec.ports[{i}].targetPort {target} is not in 1-65535")
         ports.append(Port(p.get("name", str, ""), number, p.get("protocol", str, "TCP"), target))

@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes_asyncio import client, config
+
+from e2e.harness import Cluster
+from tests.conftest import processes, start_demo  # noqa: F401  (shared fixtures)
+from tests.peers import Istiod, Process
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One etcd + kube-apiserver for the whole e2e session."""
+    cluster = Cluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+async def kube(cluster: Cluster) -> AsyncIterator[client.ApiClient]:
+    configuration = client.Configuration()
+    await config.load_kube_config(config_file=str(cluster.kubeconfig), client_configuration=configuration)
+    async with client.ApiClient(configuration) as api:
+        yield api
+
+
+@pytest.fixture
+def start_istiod_kube(cluster: Cluster, tmp_path: Path, processes: list[Process]) -> Callable[..., Istiod]:  # noqa: F811
+    def start(*extra: str) -> Istiod:
+        istiod = Istiod(tmp_path, "--kubeconfig", str(cluster.kubeconfig), *extra, ready_timeout=60)
+        processes.append(istiod)
+        return istiod
+
+    return start

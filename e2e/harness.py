@@ -1,0 +1,214 @@
+"""A real control plane for e2e tests: etcd and kube-apiserver (built by e2e/cluster/build.sh)
+on loopback, with envtest-style flags, a client-certificate admin user and a kubeconfig.
+
+Nothing here fakes the API: the binaries are upstream's, and tests talk to them over HTTPS.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import signal
+import ssl
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import NameOID
+
+from tests.peers import free_port, wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(os.environ.get("E2E_BIN", ROOT / ".cache" / "e2e-bin"))
+
+
+def _name(common_name: str, organization: str | None = None) -> x509.Name:
+    attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+    if organization:
+        attributes.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
+    return x509.Name(attributes)
+
+
+def _write_key(path: Path, key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> None:
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()))
+    path.chmod(0o600)
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """The files the API server and its admin client need, made once per test session."""
+
+    ca_cert: Path
+    admin_cert: Path
+    admin_key: Path
+    sa_key: Path
+    sa_pub: Path
+
+    @classmethod
+    def create(cls, directory: Path) -> Credentials:
+        now = datetime.datetime.now(datetime.timezone.utc)
+        ca_key = ec.generate_private_key(ec.SECP256R1())
+        ca = (
+            x509.CertificateBuilder()
+            .subject_name(_name("e2e-client-ca")).issuer_name(_name("e2e-client-ca"))
+            .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(ca_key, hashes.SHA256())
+        )
+        admin_key = ec.generate_private_key(ec.SECP256R1())
+        admin = (
+            x509.CertificateBuilder()
+            .subject_name(_name("e2e-admin", "system:masters")).issuer_name(ca.subject)
+            .public_key(admin_key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256())
+        )
+        sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        creds = cls(directory / "ca.crt", directory / "admin.crt", directory / "admin.key",
+                    directory / "sa.key", directory / "sa.pub")
+        creds.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+        creds.admin_cert.write_bytes(admin.public_bytes(serialization.Encoding.PEM))
+        _write_key(creds.admin_key, admin_key)
+        _write_key(creds.sa_key, sa_key)
+        creds.sa_pub.write_bytes(sa_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+        return creds
+
+
+class _Daemon:
+    def __init__(self, name: str, args: list[str], log: Path) -> None:
+        self.name = name
+        self.args = args
+        self.log_path = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=5)
+        self.proc = None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+class Cluster:
+    """etcd + kube-apiserver on 127.0.0.1; restartable, so tests can break the API under istiod."""
+
+    def __init__(self, workdir: Path) -> None:
+        for binary in ("etcd", "kube-apiserver"):
+            if not (BIN / binary).exists():
+                raise RuntimeError(f"e2e: {BIN / binary} is missing; run `make e2e-bin` (needs Go on PATH)")
+        self.workdir = workdir
+        self.creds = Credentials.create(workdir)
+        self.etcd_port = free_port()
+        self.api_port = free_port()
+        self.etcd_url = f"http://127.0.0.1:{self.etcd_port}"
+        self.url = f"https://127.0.0.1:{self.api_port}"
+        self.kubeconfig = workdir / "kubeconfig"
+        self._write_kubeconfig()
+        self.etcd = _Daemon("etcd", [
+            str(BIN / "etcd"), "--data-dir", str(workdir / "etcd-data"),
+            "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
+            "--listen-peer-urls", f"http://127.0.0.1:{free_port()}",
+        ], workdir / "etcd.log")
+        self.apiserver = _Daemon("kube-apiserver", [
+            str(BIN / "kube-apiserver"),
+            f"--etcd-servers={self.etcd_url}",
+            f"--cert-dir={workdir / 'apiserver-certs'}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.api_port}",
+            f"--client-ca-file={self.creds.ca_cert}",
+            "--authorization-mode=RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={self.creds.sa_pub}",
+            f"--service-account-signing-key-file={self.creds.sa_key}",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--allow-privileged=true",
+            # Watches go straight to etcd, so a compaction really expires old resourceVersions.
+            "--watch-cache=false",
+            "--disable-admission-plugins=ServiceAccount",
+            # The kubernetes Service cannot point at loopback; nothing here needs it.
+            "--endpoint-reconciler-type=none",
+            "--v=1",
+        ], workdir / "kube-apiserver.log")
+
+    def start(self) -> None:
+        self.start_etcd()
+        self.start_apiserver()
+
+    def start_etcd(self) -> None:
+        self.etcd.start()
+        wait_until(lambda: "etcd ready" in self.etcd.log_path.read_text(errors="replace") or self._dead(self.etcd),
+                   60, "etcd to be ready")
+        self._dead(self.etcd, fail=True)
+
+    def start_apiserver(self) -> None:
+        self.apiserver.start()
+        wait_until(lambda: self.ready() or self._dead(self.apiserver), 120, "kube-apiserver /readyz")
+        self._dead(self.apiserver, fail=True)
+
+    def stop(self) -> None:
+        self.apiserver.stop()
+        self.etcd.stop()
+
+    def _dead(self, daemon: _Daemon, fail: bool = False) -> bool:
+        if daemon.alive():
+            return False
+        if fail:
+            raise RuntimeError(f"{daemon.name} exited:\n{daemon.tail()}")
+        return True
+
+    def ssl_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.workdir / "apiserver-certs" / "apiserver.crt"))
+        context.check_hostname = False  # the self-signed serving cert names its own IPs, not ours
+        context.verify_mode = ssl.CERT_NONE
+        context.load_cert_chain(self.creds.admin_cert, self.creds.admin_key)
+        return context
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/readyz", context=self.ssl_context(), timeout=2) as reply:
+                return reply.status == 200
+        except OSError:
+            return False
+
+    def compact(self) -> int:
+        """Compact etcd to its current revision: every older resourceVersion is now gone."""
+        out = subprocess.run([str(BIN / "etcd"), "compact", "--endpoint", self.etcd_url],
+                             capture_output=True, text=True, timeout=30, check=True)
+        return int(out.stdout.strip().splitlines()[-1])
+
+    def _write_kubeconfig(self) -> None:
+        self.kubeconfig.write_text(f"""apiVersion: v1
+kind: Config
+clusters:
+- name: e2e
+  cluster: {{server: "{self.url}", insecure-skip-tls-verify: true}}
+users:
+- name: admin
+  user: {{client-certificate: "{self.creds.admin_cert}", client-key: "{self.creds.admin_key}"}}
+contexts:
+- name: e2e
+  context: {{cluster: e2e, user: admin}}
+current-context: e2e
+""")

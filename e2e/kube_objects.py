@@ -1,0 +1,63 @@
+"""Creating what the controllers would (pods with status, EndpointSlices) through the real API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+
+async def ensure_namespace(api: client.ApiClient, name: str, labels: dict[str, str] | None = None) -> None:
+    core = client.CoreV1Api(api)
+    try:
+        await core.create_namespace({"metadata": {"name": name, "labels": labels or {}}})
+    except ApiException as error:
+        if error.status != 409:
+            raise
+    try:
+        await core.create_namespaced_service_account(name, {"metadata": {"name": "default"}})
+    except ApiException as error:
+        if error.status != 409:
+            raise
+
+
+def pod_body(name: str, app: str, port: int, owner: dict[str, Any] | None = None,
+             claim: str = "", labels: dict[str, str] | None = None) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name, "labels": {"app": app, **(labels or {})}}
+    if owner:
+        metadata["ownerReferences"] = [owner]
+    spec: dict[str, Any] = {
+        "serviceAccountName": "default",
+        "containers": [{"name": "app", "image": "demo/echo", "ports": [{"name": "grpc", "containerPort": port}]}],
+    }
+    if claim:
+        spec["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]
+    return {"metadata": metadata, "spec": spec}
+
+
+async def create_running_pod(api: client.ApiClient, namespace: str, body: dict[str, Any], ip: str) -> None:
+    """A pod as the kubelet would report it: Running, Ready, with its IP."""
+    core = client.CoreV1Api(api)
+    await core.create_namespaced_pod(namespace, body)
+    status = {"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+                         "conditions": [{"type": "Ready", "status": "True"}]}}
+    await core.patch_namespaced_pod_status(body["metadata"]["name"], namespace, status)
+
+
+def slice_body(name: str, service: str, port: int, endpoints: list[tuple[str, str]]) -> dict[str, Any]:
+    """An EndpointSlice as the endpointslice controller would write it: (ip, pod name) pairs."""
+    return {
+        "metadata": {"name": name, "labels": {"kubernetes.io/service-name": service}},
+        "addressType": "IPv4",
+        "ports": [{"name": "grpc", "port": port, "protocol": "TCP"}],
+        "endpoints": [
+            {"addresses": [ip], "conditions": {"ready": True}, "targetRef": {"kind": "Pod", "name": pod}}
+            for ip, pod in endpoints
+        ],
+    }
+
+
+def service_body(name: str, port: int = 7070) -> dict[str, Any]:
+    return {"metadata": {"name": name},
+            "spec": {"selector": {"app": name}, "ports": [{"name": "grpc", "port": port, "targetPort": "grpc"}]}}
