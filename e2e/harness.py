@@ -7,12 +7,10 @@ Nothing here fakes the API: the binaries are upstream's, and tests talk to them 
 from __future__ import annotations
 
 import datetime
-import ipaddress
 import os
 import signal
 import ssl
 import subprocess
-import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +110,75 @@ class _Daemon:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
 
+class ApiServer:
+    """One kube-apiserver process against the cluster's etcd, with its own port and kubeconfig."""
+
+    def __init__(self, workdir: Path, name: str, etcd_url: str, creds: Credentials) -> None:
+        self.port = free_port()
+        self.url = f"https://127.0.0.1:{self.port}"
+        self.creds = creds
+        self.cert_dir = workdir / f"{name}-certs"
+        self.kubeconfig = workdir / f"{name}.kubeconfig"
+        self.daemon = _Daemon(name, [
+            str(BIN / "kube-apiserver"),
+            f"--etcd-servers={etcd_url}",
+            f"--cert-dir={self.cert_dir}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.port}",
+            f"--client-ca-file={creds.ca_cert}",
+            "--authorization-mode=RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={creds.sa_pub}",
+            f"--service-account-signing-key-file={creds.sa_key}",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--allow-privileged=true",
+            # Watches go straight to etcd, so a compaction really expires old resourceVersions.
+            "--watch-cache=false",
+            # JSON in etcd, so tests can plant objects the API's validation would refuse.
+            "--storage-media-type=application/json",
+            "--disable-admission-plugins=ServiceAccount",
+            # The kubernetes Service cannot point at loopback; nothing here needs it.
+            "--endpoint-reconciler-type=none",
+            "--v=1",
+        ], workdir / f"{name}.log")
+
+    def start(self) -> None:
+        self.daemon.start()
+        wait_until(lambda: self.ready() or not self.daemon.alive(), 120, f"{self.daemon.name} /readyz")
+        if not self.daemon.alive():
+            raise RuntimeError(f"{self.daemon.name} exited:\n{self.daemon.tail()}")
+        self._write_kubeconfig()
+
+    def stop(self) -> None:
+        self.daemon.stop()
+
+    def ssl_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.cert_dir / "apiserver.crt"))
+        context.load_cert_chain(self.creds.admin_cert, self.creds.admin_key)
+        return context
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/readyz", context=self.ssl_context(), timeout=2) as reply:
+                return reply.status == 200
+        except (OSError, ssl.SSLError):
+            return False
+
+    def _write_kubeconfig(self) -> None:
+        self.kubeconfig.write_text(f"""apiVersion: v1
+kind: Config
+clusters:
+- name: e2e
+  cluster: {{server: "{self.url}", certificate-authority: "{self.cert_dir / 'apiserver.crt'}"}}
+users:
+- name: admin
+  user: {{client-certificate: "{self.creds.admin_cert}", client-key: "{self.creds.admin_key}"}}
+contexts:
+- name: e2e
+  context: {{cluster: e2e, user: admin}}
+current-context: e2e
+""")
+
+
 class Cluster:
     """etcd + kube-apiserver on 127.0.0.1; restartable, so tests can break the API under istiod."""
 
@@ -121,94 +188,39 @@ class Cluster:
                 raise RuntimeError(f"e2e: {BIN / binary} is missing; run `make e2e-bin` (needs Go on PATH)")
         self.workdir = workdir
         self.creds = Credentials.create(workdir)
-        self.etcd_port = free_port()
-        self.api_port = free_port()
-        self.etcd_url = f"http://127.0.0.1:{self.etcd_port}"
-        self.url = f"https://127.0.0.1:{self.api_port}"
-        self.kubeconfig = workdir / "kubeconfig"
-        self._write_kubeconfig()
+        self.etcd_url = f"http://127.0.0.1:{free_port()}"
         self.etcd = _Daemon("etcd", [
             str(BIN / "etcd"), "--data-dir", str(workdir / "etcd-data"),
             "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
             "--listen-peer-urls", f"http://127.0.0.1:{free_port()}",
         ], workdir / "etcd.log")
-        self.apiserver = _Daemon("kube-apiserver", [
-            str(BIN / "kube-apiserver"),
-            f"--etcd-servers={self.etcd_url}",
-            f"--cert-dir={workdir / 'apiserver-certs'}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.api_port}",
-            f"--client-ca-file={self.creds.ca_cert}",
-            "--authorization-mode=RBAC",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={self.creds.sa_pub}",
-            f"--service-account-signing-key-file={self.creds.sa_key}",
-            "--service-cluster-ip-range=10.0.0.0/24",
-            "--allow-privileged=true",
-            # Watches go straight to etcd, so a compaction really expires old resourceVersions.
-            "--watch-cache=false",
-            "--disable-admission-plugins=ServiceAccount",
-            # The kubernetes Service cannot point at loopback; nothing here needs it.
-            "--endpoint-reconciler-type=none",
-            "--v=1",
-        ], workdir / "kube-apiserver.log")
+        self.apiserver = ApiServer(workdir, "kube-apiserver", self.etcd_url, self.creds)
+        self.kubeconfig = self.apiserver.kubeconfig
 
     def start(self) -> None:
         self.start_etcd()
-        self.start_apiserver()
+        self.apiserver.start()
 
     def start_etcd(self) -> None:
+        ready_lines = self.etcd.log_path.read_text().count("etcd ready") if self.etcd.log_path.exists() else 0
         self.etcd.start()
-        wait_until(lambda: "etcd ready" in self.etcd.log_path.read_text(errors="replace") or self._dead(self.etcd),
-                   60, "etcd to be ready")
-        self._dead(self.etcd, fail=True)
+        wait_until(lambda: self.etcd.log_path.read_text(errors="replace").count("etcd ready") > ready_lines
+                   or not self.etcd.alive(), 60, "etcd to be ready")
+        if not self.etcd.alive():
+            raise RuntimeError(f"etcd exited:\n{self.etcd.tail()}")
 
-    def start_apiserver(self) -> None:
-        self.apiserver.start()
-        wait_until(lambda: self.ready() or self._dead(self.apiserver), 120, "kube-apiserver /readyz")
-        self._dead(self.apiserver, fail=True)
+    def second_apiserver(self) -> ApiServer:
+        """Another API server on the same etcd, as in an HA control plane."""
+        server = ApiServer(self.workdir, "kube-apiserver-2", self.etcd_url, self.creds)
+        server.start()
+        return server
 
     def stop(self) -> None:
         self.apiserver.stop()
         self.etcd.stop()
-
-    def _dead(self, daemon: _Daemon, fail: bool = False) -> bool:
-        if daemon.alive():
-            return False
-        if fail:
-            raise RuntimeError(f"{daemon.name} exited:\n{daemon.tail()}")
-        return True
-
-    def ssl_context(self) -> ssl.SSLContext:
-        context = ssl.create_default_context(cafile=str(self.workdir / "apiserver-certs" / "apiserver.crt"))
-        context.check_hostname = False  # the self-signed serving cert names its own IPs, not ours
-        context.verify_mode = ssl.CERT_NONE
-        context.load_cert_chain(self.creds.admin_cert, self.creds.admin_key)
-        return context
-
-    def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}/readyz", context=self.ssl_context(), timeout=2) as reply:
-                return reply.status == 200
-        except OSError:
-            return False
 
     def compact(self) -> int:
         """Compact etcd to its current revision: every older resourceVersion is now gone."""
         out = subprocess.run([str(BIN / "etcd"), "compact", "--endpoint", self.etcd_url],
                              capture_output=True, text=True, timeout=30, check=True)
         return int(out.stdout.strip().splitlines()[-1])
-
-    def _write_kubeconfig(self) -> None:
-        self.kubeconfig.write_text(f"""apiVersion: v1
-kind: Config
-clusters:
-- name: e2e
-  cluster: {{server: "{self.url}", insecure-skip-tls-verify: true}}
-users:
-- name: admin
-  user: {{client-certificate: "{self.creds.admin_cert}", client-key: "{self.creds.admin_key}"}}
-contexts:
-- name: e2e
-  context: {{cluster: e2e, user: admin}}
-current-context: e2e
-""")
