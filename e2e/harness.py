@@ -221,6 +221,14 @@ class Cluster:
 
     def compact(self) -> int:
         """Compact etcd to its current revision: every older resourceVersion is now gone."""
-        out = subprocess.run([str(BIN / "etcd"), "compact", "--endpoint", self.etcd_url],
+        return self._etcd_command("compact")
+
+    def plant(self, key: str, value: str) -> int:
+        """Write an object straight into etcd (JSON storage), past the API's validation."""
+        return self._etcd_command("put", key, stdin=value)
+
+    def _etcd_command(self, command: str, *args: str, stdin: str = "") -> int:
+        """Run `etcd <command>` against this cluster; it prints the store's revision."""
+        out = subprocess.run([str(BIN / "etcd"), command, "--endpoint", self.etcd_url, *args], input=stdin,
                              capture_output=True, text=True, timeout=30, check=True)
         return int(out.stdout.strip().splitlines()[-1])

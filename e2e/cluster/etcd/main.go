@@ -1,8 +1,10 @@
 // Command etcd runs a single-member etcd (go.etcd.io/etcd/server/v3/embed) for e2e tests,
-// and `etcd compact` compacts it so tests can force a watch to fail with 410 Gone.
+// `etcd compact` compacts it so tests can force a watch to fail with 410 Gone, and `etcd put`
+// writes a key straight into the store so tests can plant objects the API would refuse.
 //
 //	etcd --data-dir DIR --listen-client-urls URL [--advertise-client-urls URL] --listen-peer-urls URL
 //	etcd compact --endpoint URL
+//	etcd put --endpoint URL KEY < VALUE
 package main
 
 import (
@@ -10,6 +12,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net/url"
 	"os"
 	"os/signal"
@@ -26,6 +29,8 @@ func main() {
 	var err error
 	if len(os.Args) > 1 && os.Args[1] == "compact" {
 		err = compact(os.Args[2:])
+	} else if len(os.Args) > 1 && os.Args[1] == "put" {
+		err = put(os.Args[2:])
 	} else {
 		err = serve(os.Args[1:])
 	}
@@ -93,17 +98,46 @@ func serve(args []string) error {
 	}
 }
 
-// compact compacts the store up to its current revision, physically, and prints the revision.
-func compact(args []string) error {
-	fs := flag.NewFlagSet("etcd compact", flag.ExitOnError)
-	endpoint := fs.String("endpoint", "http://127.0.0.1:2379", "client URL of the etcd to compact")
+// dial parses `--endpoint` and connects a client to it.
+func dial(name string, args []string) (*clientv3.Client, *flag.FlagSet, error) {
+	fs := flag.NewFlagSet(name, flag.ExitOnError)
+	endpoint := fs.String("endpoint", "http://127.0.0.1:2379", "client URL of the etcd")
 	fs.Parse(args)
-
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   []string{*endpoint},
 		DialTimeout: 5 * time.Second,
 		Logger:      zap.NewNop(),
 	})
+	return cli, fs, err
+}
+
+// put writes stdin as the value of one key and prints the new revision.
+func put(args []string) error {
+	cli, fs, err := dial("etcd put", args)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	if fs.NArg() != 1 {
+		return errors.New("usage: etcd put --endpoint URL KEY < VALUE")
+	}
+	value, err := io.ReadAll(os.Stdin)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := cli.Put(ctx, fs.Arg(0), string(value))
+	if err != nil {
+		return err
+	}
+	fmt.Println(resp.Header.Revision)
+	return nil
+}
+
+// compact compacts the store up to its current revision, physically, and prints the revision.
+func compact(args []string) error {
+	cli, _, err := dial("etcd compact", args)
 	if err != nil {
 		return err
 	}
