@@ -82,3 +82,23 @@ async def test_endpoint_slices(kube: client.ApiClient, start_istiod_kube: Callab
     await discovery.delete_namespaced_endpoint_slice("sliced-a", NS)
     wait_until(lambda: addresses() == ["192.0.2.3"], 2, "the first slice's deletion")
     await core.delete_namespaced_service("sliced", NS)
+
+
+async def test_discovery_selectors(kube: client.ApiClient, start_istiod_kube: Callable[..., Istiod]) -> None:
+    """Only namespaces whose labels match are read; labelling one in or out moves its services."""
+    core = client.CoreV1Api(kube)
+    await ensure_namespace(kube, "e2e-seen", {"istio-discovery": "enabled"})
+    await ensure_namespace(kube, "e2e-unseen")
+    for namespace in ("e2e-seen", "e2e-unseen"):
+        await core.create_namespaced_service(namespace, service_body("selected"))
+    istiod = start_istiod_kube("--discovery-selector", "istio-discovery=enabled")
+
+    def namespaces() -> set[str]:
+        status, services = istiod.get("/debug/registryz")
+        return {s["Attributes"]["Namespace"] for s in services if s["Attributes"]["Name"] == "selected"}
+
+    wait_until(lambda: namespaces() == {"e2e-seen"}, 5, "only the labelled namespace")
+    await core.patch_namespace("e2e-unseen", {"metadata": {"labels": {"istio-discovery": "enabled"}}})
+    wait_until(lambda: namespaces() == {"e2e-seen", "e2e-unseen"}, 2, "the newly labelled namespace")
+    await core.patch_namespace("e2e-seen", {"metadata": {"labels": {"istio-discovery": None}}})
+    wait_until(lambda: namespaces() == {"e2e-unseen"}, 2, "the unlabelled namespace to leave")
