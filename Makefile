@@ -35,5 +35,8 @@ demo-server: $(STAMP)
 demo-client: $(STAMP)
 	$(BIN)/python -m istiod.demo client xds:///echo.demo.svc.cluster.local:7070 --xds 127.0.0.1:15010 --count 5
 
+bench: $(STAMP)
+	$(BIN)/python bench/push.py
+
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

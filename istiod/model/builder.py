@@ -102,9 +102,11 @@ class _EndpointContext:
         self.workloads = workloads
         self.nodes = nodes
         self.jobs = jobs
-        self.by_namespace: dict[str, list[Workload]] = defaultdict(list)
+        # (namespace, label, value) -> pods, so a selector looks at its candidates only.
+        self.by_label: dict[tuple[str, str, str], list[Workload]] = defaultdict(list)
         for workload in workloads.values():
-            self.by_namespace[workload.namespace].append(workload)
+            for key, value in workload.labels:
+                self.by_label[(workload.namespace, key, value)].append(workload)
 
     def serving(self, workload: Workload) -> bool:
         """Pods that finished (their own phase, or their Job's) leave the endpoints entirely."""
@@ -156,7 +158,8 @@ class _EndpointContext:
         if not service.selector:
             return []
         result = []
-        for workload in self.by_namespace[service.namespace]:
+        candidates = min((self.by_label.get((service.namespace, k, v), []) for k, v in service.selector), key=len)
+        for workload in candidates:
             if not workload.ip or not self.serving(workload):
                 continue
             labels = workload.label_map()
