@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 
 from kubernetes_asyncio import client, config
 
@@ -14,7 +15,7 @@ from istiod.sources.convert import ObjectKey
 from istiod.sources.kube import Backoff, Informer, KubeWriter, list_calls
 from istiod.sources.namespaces import NamespaceFilter
 from istiod.sources.store import Store
-from tests.peers import Istiod, Process, wait_until
+from tests.peers import Istiod, Process, free_port, wait_until
 from tests.test_proxyless_grpc import replies_from, wait_for_replies
 
 NS = "e2e-faults"
@@ -107,3 +108,16 @@ async def test_watch_from_a_compacted_revision_relists(cluster: Cluster, kube: c
 async def _until(check: Callable[[], bool]) -> None:
     while not check():
         await asyncio.sleep(0.05)
+
+
+def test_not_ready_until_the_api_answers(cluster: Cluster, tmp_path: Path, processes: list[Process]) -> None:
+    """With the API unreachable istiod serves /ready as 503, backs off, and becomes ready once it is."""
+    unreachable = tmp_path / "unreachable.kubeconfig"
+    dead_port = free_port()
+    unreachable.write_text(cluster.kubeconfig.read_text().replace(cluster.apiserver.url, f"https://127.0.0.1:{dead_port}"))
+    istiod = Istiod(tmp_path, "--kubeconfig", str(unreachable), ready_timeout=None)
+    processes.append(istiod)
+    wait_until(lambda: istiod.text().count("relisting in") >= 3, 20, "a few backed-off retries")
+    assert istiod.get("/ready")[0] == 503
+    delays = [float(line.split("relisting in ")[1].split("s")[0]) for line in istiod.text().splitlines() if "relisting in" in line]
+    assert len(set(delays)) > 1  # jittered, not a fixed period
