@@ -25,5 +25,10 @@ demo-server: $(STAMP)
 demo-client: $(STAMP)
 	$(BIN)/python -m istiod.demo client xds:///echo.demo.svc.cluster.local:7070 --xds 127.0.0.1:15010 --count 5
 
+# Generated code is committed; tests/test_protos.py fails when it is stale.
+PROTOS := $(shell find api -name '*.proto')
+protos: $(STAMP)
+	$(BIN)/python -m grpc_tools.protoc -Iistiod/gen=api --python_out=. --grpc_python_out=. --pyi_out=. $(PROTOS)
+
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
