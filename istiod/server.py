@@ -16,6 +16,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from istiod.debug.app import DebugView, create_app
+from istiod.secure import SecurePort
 from istiod.settings import Address, Settings
 from istiod.sources.configdir import ConfigDirSource
 from istiod.sources.store import Store
@@ -34,9 +35,10 @@ class Discovery:
         self.store = Store(settings.domain)
         assert settings.config_dir is not None
         self.source = ConfigDirSource(settings.config_dir, self.store, settings.poll_interval)
-        self.pusher = Pusher(self.store, settings.debounce_after, settings.debounce_max)
+        self.pusher = Pusher(self.store, settings.debounce_after, settings.debounce_max, settings.mesh)
         self.ads = DiscoveryServer(lambda: self.pusher.snapshot, settings.push_concurrency)
         self.pusher.subscribe(self.ads.on_push)
+        self.secure = SecurePort(settings, self.ads)
         self.health = health.aio.HealthServicer()
         self.ports: dict[str, int] = {}
         self._grpc: grpc.aio.Server | None = None
@@ -52,6 +54,7 @@ class Discovery:
         grpc_addr = self.settings.grpc_addr
         self.ports["grpc"] = self._grpc.add_insecure_port(f"{_grpc_host(grpc_addr)}:{grpc_addr.port}")
         await self._grpc.start()
+        self.ports["secure-grpc"] = await self.secure.start()
 
         http_socket = _bind(self.settings.http_addr)
         self.ports["http"] = http_socket.getsockname()[1]
@@ -62,7 +65,7 @@ class Discovery:
             asyncio.create_task(self.source.run(), name="config-dir"),
             asyncio.create_task(self.pusher.run(), name="pusher"),
         ]
-        log.info("serving grpc=%d http=%d", self.ports["grpc"], self.ports["http"])
+        log.info("serving grpc=%d secure-grpc=%d http=%d", self.ports["grpc"], self.ports["secure-grpc"], self.ports["http"])
         if self.settings.ports_file:
             self.settings.ports_file.write_text(json.dumps(self.ports))
 
@@ -78,6 +81,7 @@ class Discovery:
         self.ads.ready = False
         if self._grpc is not None:
             await self._grpc.stop(grace=1.0)
+        await self.secure.stop()
         if self._http is not None:
             self._http.should_exit = True
         for task in self._tasks:
