@@ -33,6 +33,7 @@ class SecurePort:
         self.settings = settings
         self.ads = ads
         self.ca: CertificateAuthority | None = None
+        self.serving: ServingCertificate | None = None
         self._inner: grpc.aio.Server | None = None
         self._front: TlsFront | None = None
         self._watch: asyncio.Task[None] | None = None
@@ -49,7 +50,7 @@ class SecurePort:
         authenticators: list[Authenticator] = [ClientCertAuthenticator()]
         if ca_settings.static_tokens is not None:
             authenticators.append(StaticTokenAuthenticator.from_file(ca_settings.static_tokens, settings.mesh.trust_domain))
-        serving = ServingCertificate(
+        self.serving = serving = ServingCertificate(
             self.ca, serving_names(ca_settings.namespace, settings.domain, ca_settings.extra_sans), ca_settings.ttl.default
         )
         serving.ssl_context()  # issue it now, so a CA that cannot sign fails at start

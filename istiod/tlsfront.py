@@ -31,40 +31,56 @@ class TlsFront:
         self.backend_port = backend_port
         self.context = context
         self._peers: dict[str, x509.Certificate | None] = {}
-        self._writers: set[asyncio.StreamWriter] = set()
+        self._transports: set[asyncio.BaseTransport] = set()
+        self._tasks: set[asyncio.Task[None]] = set()  # the loop keeps only weak references to tasks
         self._server: asyncio.Server | None = None
 
     async def start(self) -> int:
-        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        self._server = await asyncio.get_running_loop().create_server(lambda: _Accepted(self), self.host, self.port)
         return self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
-        for writer in list(self._writers):
-            writer.close()
+        for transport in list(self._transports):
+            transport.close()
+        for task in list(self._tasks):
+            task.cancel()
+
+    def accept(self, transport: asyncio.Transport) -> None:
+        task = asyncio.get_running_loop().create_task(self.serve(transport))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def credentials(self, context: grpc.aio.ServicerContext) -> Credentials:
         """The caller's credentials as the inner gRPC server sees it (no certificate unless it came through TLS)."""
         metadata = {key: value for key, value in (context.invocation_metadata() or ()) if isinstance(value, str)}
         return Credentials(metadata.get("authorization"), self._peers.get(context.peer() or ""))
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._writers.add(writer)
+    async def serve(self, transport: asyncio.Transport) -> None:
+        self._transports.add(transport)
         try:
-            await self._forward(reader, writer)
+            await self._forward(transport)
         finally:
-            self._writers.discard(writer)
-            writer.close()
+            self._transports.discard(transport)
+            transport.close()
 
-    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        client = writer.get_extra_info("peername")
+    async def _forward(self, transport: asyncio.Transport) -> None:
+        loop = asyncio.get_running_loop()
+        client = transport.get_extra_info("peername")
+        reader = asyncio.StreamReader()
+        protocol = _TlsStreamProtocol(reader)
         try:
-            await asyncio.wait_for(writer.start_tls(self.context()), HANDSHAKE_TIMEOUT)
+            tls = await asyncio.wait_for(
+                loop.start_tls(transport, protocol, self.context(), server_side=True), HANDSHAKE_TIMEOUT
+            )
         except (ssl.SSLError, OSError, asyncio.TimeoutError) as error:
             log.warning("TLS handshake with %s refused: %s", _address(client), _reason(error))
             return
-        der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+        assert tls is not None
+        self._transports.add(tls)
+        writer = asyncio.StreamWriter(tls, protocol, reader, loop)
+        der = tls.get_extra_info("ssl_object").getpeercert(binary_form=True)
         cert = x509.load_der_x509_certificate(der) if der else None
         try:
             backend_reader, backend_writer = await asyncio.open_connection("127.0.0.1", self.backend_port)
@@ -81,6 +97,27 @@ class TlsFront:
         finally:
             backend_writer.close()
             del self._peers[peer]
+            self._transports.discard(tls)
+            tls.close()
+
+
+class _TlsStreamProtocol(asyncio.StreamReaderProtocol):
+    def eof_received(self) -> bool:
+        super().eof_received()
+        return False  # TLS has no half-close: the connection ends with the client's data
+
+
+class _Accepted(asyncio.Protocol):
+    """Holds a new connection still, so the TLS handshake sees its very first byte."""
+
+    def __init__(self, front: TlsFront) -> None:
+        self.front = front
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        # Bytes read before start_tls would be lost to it (a ClientHello vanishing, a stalled handshake).
+        transport.pause_reading()
+        self.front.accept(transport)
 
 
 async def _pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:

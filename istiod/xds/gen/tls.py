@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.transport_sockets.tls.v3 import common_pb2, tls_pb2
 from envoy.type.matcher.v3 import string_pb2
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, wrappers_pb2
 
 from istiod.model.names import spiffe_identity
 from istiod.model.service import Endpoint
@@ -36,7 +36,9 @@ def upstream_tls(identities: Iterable[str]) -> base_pb2.TransportSocket:
 
 def downstream_tls() -> base_pb2.TransportSocket:
     """Server side (STRICT): require a client certificate from the mesh."""
-    context = tls_pb2.DownstreamTlsContext(common_tls_context=_common_tls_context(()), require_client_certificate=True)
+    context = tls_pb2.DownstreamTlsContext(
+        common_tls_context=_common_tls_context(()), require_client_certificate=wrappers_pb2.BoolValue(value=True)
+    )
     return _transport_socket(context)
 
 
