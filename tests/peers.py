@@ -149,3 +149,7 @@ class Istiod(Process):
 
 def demo(*args: str, env: dict[str, str] | None = None, name: str = "") -> Process:
     return Process([sys.executable, "-m", "istiod.demo", *args], env=env, name=name)
+
+
+def agent(*args: str, name: str = "agent") -> Process:
+    return Process([sys.executable, "-m", "istiod", "agent", *args], name=name)
