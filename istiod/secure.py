@@ -40,16 +40,18 @@ class SecurePort:
 
     async def start(self) -> int:
         settings, ca_settings = self.settings, self.settings.ca
-        if ca_settings.plugged_dir is not None:
-            self.ca = CertificateAuthority.plugged(ca_settings.plugged_dir)
-        else:
-            self.ca = CertificateAuthority(
-                await self_signed_bundle(DirRootStore(ca_settings.state_dir), settings.mesh.trust_domain)
-            )
-        self._publish_root(self.ca.bundle)
         authenticators: list[Authenticator] = [ClientCertAuthenticator()]
-        if ca_settings.static_tokens is not None:
-            authenticators.append(StaticTokenAuthenticator.from_file(ca_settings.static_tokens, settings.mesh.trust_domain))
+        try:
+            if ca_settings.plugged_dir is not None:
+                self.ca = CertificateAuthority.plugged(ca_settings.plugged_dir)
+            else:
+                store = DirRootStore(ca_settings.state_dir)
+                self.ca = CertificateAuthority(await self_signed_bundle(store, settings.mesh.trust_domain))
+            if ca_settings.static_tokens is not None:
+                authenticators.append(StaticTokenAuthenticator.from_file(ca_settings.static_tokens, settings.mesh.trust_domain))
+        except ValueError as error:
+            raise SystemExit(f"istiod: cannot start the CA: {error}") from None
+        self._publish_root(self.ca.bundle)
         self.serving = serving = ServingCertificate(
             self.ca, serving_names(ca_settings.namespace, settings.domain, ca_settings.extra_sans), ca_settings.ttl.default
         )

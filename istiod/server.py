@@ -46,6 +46,7 @@ class Discovery:
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
+        self.ports["secure-grpc"] = await self.secure.start()  # first: a CA that cannot start stops istiod here
         self._grpc = grpc.aio.server(options=[("grpc.max_concurrent_streams", 1 << 20)])
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(self.ads, self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc)
@@ -54,7 +55,6 @@ class Discovery:
         grpc_addr = self.settings.grpc_addr
         self.ports["grpc"] = self._grpc.add_insecure_port(f"{_grpc_host(grpc_addr)}:{grpc_addr.port}")
         await self._grpc.start()
-        self.ports["secure-grpc"] = await self.secure.start()
 
         http_socket = _bind(self.settings.http_addr)
         self.ports["http"] = http_socket.getsockname()[1]

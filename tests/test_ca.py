@@ -202,3 +202,14 @@ def test_leaf_profile(tmp_path: Path) -> None:
     assert leaf.subject == x509.Name([]) and uri_sans(leaf) == list(CALLER)
     assert leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).critical
     assert not leaf.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+
+
+async def test_client_certificate_without_spiffe_identity(tmp_path: Path, bundle) -> None:
+    """istiod's own (DNS-only) certificate is from the CA but names no workload: an ID extraction error."""
+    from istiod.ca.serving import issue, serving_names
+
+    leaf = issue(bundle, new_key().public_key(), serving_names("istio-system", TD), NOW, timedelta(hours=1))
+    with pytest.raises(AuthenticationError) as refused:
+        await authenticate([ClientCertAuthenticator()], Credentials(None, leaf))
+    assert refused.value.no_identity
+    assert str(refused.value) == "ClientCertAuthenticator: the client certificate has no SPIFFE URI SAN"

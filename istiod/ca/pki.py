@@ -15,6 +15,14 @@ def new_key() -> rsa.RSAPrivateKey:
     return rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
 
+def key_usage(ca: bool) -> x509.KeyUsage:
+    """Istio's choices: a CA signs certificates and CRLs; a leaf signs and exchanges keys for TLS."""
+    return x509.KeyUsage(
+        digital_signature=True, content_commitment=False, key_encipherment=not ca, data_encipherment=False,
+        key_agreement=False, key_cert_sign=ca, crl_sign=ca, encipher_only=False, decipher_only=False,
+    )
+
+
 def cert_pem(cert: x509.Certificate) -> str:
     return cert.public_bytes(serialization.Encoding.PEM).decode()
 

@@ -25,7 +25,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.x509.oid import NameOID
 
-from istiod.ca.pki import PrivateKey, cert_pem, key_pem, load_certs, load_key, new_key, same_public_key
+from istiod.ca.pki import PrivateKey, cert_pem, key_pem, key_usage, load_certs, load_key, new_key, same_public_key
 
 log = logging.getLogger(__name__)
 
@@ -71,13 +71,7 @@ def self_signed_root(trust_domain: str, now: datetime, ttl: timedelta = ROOT_TTL
         .not_valid_before(now)
         .not_valid_after(now + ttl)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True, content_commitment=False, key_encipherment=False, data_encipherment=False,
-                key_agreement=False, key_cert_sign=True, crl_sign=True, encipher_only=False, decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(key_usage(ca=True), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )

@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from istiod.ca.pki import cert_pem
+from istiod.ca.pki import cert_pem, key_usage
 from istiod.ca.root import CaBundle
 from istiod.durations import go_duration
 
@@ -87,13 +87,7 @@ def issue(bundle: CaBundle, public_key: object, names: list[x509.GeneralName], n
         .not_valid_after(not_after)
         .add_extension(x509.SubjectAlternativeName(names), critical=True)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True, content_commitment=False, key_encipherment=True, data_encipherment=False,
-                key_agreement=False, key_cert_sign=False, crl_sign=False, encipher_only=False, decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(key_usage(ca=False), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
                        critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(bundle.cert.public_key()),  # type: ignore[arg-type]
