@@ -10,6 +10,7 @@ backoff while the current certificate lasts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from dataclasses import dataclass
@@ -143,10 +144,8 @@ async def run(settings: AgentSettings, stop: asyncio.Event) -> int:
                      ",".join(uri_sans(issued.leaf)), issued.leaf.serial_number,
                      issued.leaf.not_valid_after_utc.isoformat(), issued.renew_at.isoformat(), settings.certs.directory)
             delay, backoff = (issued.renew_at - datetime.now(timezone.utc)).total_seconds(), 1.0
-        try:
+        with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), max(delay, 0.0))
-        except asyncio.TimeoutError:
-            pass
     return 0
 
 
