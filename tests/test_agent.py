@@ -131,3 +131,23 @@ async def test_unreachable_ca_is_retried(tmp_path: Path, caplog: pytest.LogCaptu
     print(line)
     assert f"CA at {address} is unreachable: UNAVAILABLE: failed to connect to all addresses" in line
     assert line.endswith("; retrying in 1s")
+
+
+async def test_agent_renews_with_its_certificate_when_the_token_is_gone(secure: Secure, tmp_path: Path,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    settings = agent_settings(tmp_path, secure.address, tmp_path / "istiod/state/root-cert.pem", ttl=2)
+    stop = asyncio.Event()
+    agent = asyncio.create_task(run(settings, stop))
+    try:
+        while not settings.bootstrap_file.exists():
+            await asyncio.sleep(0.02)
+        settings.token_file.unlink()
+        for _ in range(200):
+            if "(by ClientCertAuthenticator)" in caplog.text:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        stop.set()
+        assert await asyncio.wait_for(agent, 5) == 0
+    assert "CA: issued a certificate for spiffe://cluster.local/ns/app/sa/web (by ClientCertAuthenticator)" in caplog.text
