@@ -4,10 +4,11 @@ life, and clear errors when the CA refuses or cannot be reached."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -39,18 +40,30 @@ def agent_settings(tmp_path: Path, ca_address: str, root: Path, token: str | Non
     )
 
 
-async def test_agent_writes_certificates_and_bootstrap(secure: Secure, tmp_path: Path) -> None:
-    settings = agent_settings(tmp_path, secure.address, tmp_path / "istiod/state/root-cert.pem")
+@contextlib.asynccontextmanager
+async def running(settings: AgentSettings) -> AsyncIterator[asyncio.Task[int]]:
+    """The agent in this loop, stopped (and its clean exit checked) on the way out."""
     stop = asyncio.Event()
     agent = asyncio.create_task(run(settings, stop))
-    certs = tmp_path / "certs"
     try:
-        while not settings.bootstrap_file.exists():
-            assert not agent.done(), agent
-            await asyncio.sleep(0.05)
+        yield agent
     finally:
         stop.set()
         assert await asyncio.wait_for(agent, 5) == 0
+
+
+async def until(check: Callable[[], object], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+async def test_agent_writes_certificates_and_bootstrap(secure: Secure, tmp_path: Path) -> None:
+    settings = agent_settings(tmp_path, secure.address, tmp_path / "istiod/state/root-cert.pem")
+    certs = tmp_path / "certs"
+    async with running(settings):
+        await until(settings.bootstrap_file.exists, "the bootstrap")
     leaf = load_certs((certs / "cert-chain.pem").read_bytes(), "chain")
     assert len(leaf) == 1 and uri_sans(leaf[0]) == ["spiffe://cluster.local/ns/app/sa/web"]
     assert (certs / "root-cert.pem").read_bytes() == secure.root
@@ -73,20 +86,16 @@ async def test_agent_writes_certificates_and_bootstrap(secure: Secure, tmp_path:
 async def test_agent_renews_at_half_life(secure: Secure, tmp_path: Path) -> None:
     settings = agent_settings(tmp_path, secure.address, tmp_path / "istiod/state/root-cert.pem", ttl=2)
     chain_file = tmp_path / "certs" / "cert-chain.pem"
-    stop = asyncio.Event()
-    agent = asyncio.create_task(run(settings, stop))
     seen: dict[int, tuple[float, x509.Certificate]] = {}  # serial -> (wall-clock time first seen, certificate)
-    try:
-        deadline = time.monotonic() + 10
-        while len(seen) < 3 and time.monotonic() < deadline:
-            if chain_file.exists():
-                cert = load_certs(chain_file.read_bytes(), "chain")[0]
-                seen.setdefault(cert.serial_number, (time.time(), cert))
-            await asyncio.sleep(0.02)
-    finally:
-        stop.set()
-        assert await asyncio.wait_for(agent, 5) == 0
-    assert len(seen) == 3, seen
+
+    def three_certificates() -> bool:
+        if chain_file.exists():
+            cert = load_certs(chain_file.read_bytes(), "chain")[0]
+            seen.setdefault(cert.serial_number, (time.time(), cert))
+        return len(seen) == 3
+
+    async with running(settings):
+        await until(three_certificates, "two renewals")
     history = sorted(seen.values(), key=lambda item: item[0])
     for (_, old), (replaced_at, new) in zip(history, history[1:]):
         assert (new.not_valid_after_utc - new.not_valid_before_utc).total_seconds() == 2
@@ -117,16 +126,8 @@ async def test_unreachable_ca_is_retried(tmp_path: Path, caplog: pytest.LogCaptu
     secure = await start_secure(tmp_path / "istiod")  # only for a root to trust
     await secure.port.stop()
     settings = agent_settings(tmp_path, address, tmp_path / "istiod/state/root-cert.pem")
-    stop = asyncio.Event()
-    agent = asyncio.create_task(run(settings, stop))
-    try:
-        for _ in range(100):
-            if "retrying in 2s" in caplog.text:
-                break
-            await asyncio.sleep(0.05)
-    finally:
-        stop.set()
-        assert await asyncio.wait_for(agent, 5) == 0
+    async with running(settings):
+        await until(lambda: "retrying in 2s" in caplog.text, "a second retry")
     line = next(line for line in caplog.text.splitlines() if "is unreachable" in line)
     print(line)
     assert f"CA at {address} is unreachable: UNAVAILABLE: failed to connect to all addresses" in line
@@ -137,17 +138,8 @@ async def test_agent_renews_with_its_certificate_when_the_token_is_gone(secure: 
                                                                        caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
     settings = agent_settings(tmp_path, secure.address, tmp_path / "istiod/state/root-cert.pem", ttl=2)
-    stop = asyncio.Event()
-    agent = asyncio.create_task(run(settings, stop))
-    try:
-        while not settings.bootstrap_file.exists():
-            await asyncio.sleep(0.02)
+    async with running(settings):
+        await until(settings.bootstrap_file.exists, "the bootstrap")
         settings.token_file.unlink()
-        for _ in range(200):
-            if "(by ClientCertAuthenticator)" in caplog.text:
-                break
-            await asyncio.sleep(0.02)
-    finally:
-        stop.set()
-        assert await asyncio.wait_for(agent, 5) == 0
+        await until(lambda: "(by ClientCertAuthenticator)" in caplog.text, "a renewal by certificate")
     assert "CA: issued a certificate for spiffe://cluster.local/ns/app/sa/web (by ClientCertAuthenticator)" in caplog.text
