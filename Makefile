@@ -38,5 +38,10 @@ demo-client: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/push.py
 
+# Generated code is committed; tests/test_protos.py fails when it is stale.
+PROTOS := $(shell find api -name '*.proto')
+protos: $(STAMP)
+	$(BIN)/python -m grpc_tools.protoc -Iistiod/gen=api --python_out=. --grpc_python_out=. --pyi_out=. $(PROTOS)
+
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

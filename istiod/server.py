@@ -18,6 +18,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio import config as kube_config
 
 from istiod.debug.app import DebugView, create_app
+from istiod.secure import SecurePort
 from istiod.settings import Address, Settings
 from istiod.sources.configdir import ConfigDirSource
 from istiod.sources.kube import KubeSource
@@ -37,9 +38,10 @@ class Discovery:
         self.settings = settings
         self.store = Store(settings.domain)
         self.source: ConfigDirSource | KubeSource | None = None
-        self.pusher = Pusher(self.store, settings.debounce_after, settings.debounce_max)
+        self.pusher = Pusher(self.store, settings.debounce_after, settings.debounce_max, settings.mesh)
         self.ads = DiscoveryServer(lambda: self.pusher.snapshot, settings.push_concurrency)
         self.pusher.subscribe(self.ads.on_push)
+        self.secure = SecurePort(settings, self.ads)
         self.health = health.aio.HealthServicer()
         self.ports: dict[str, int] = {}
         self._grpc: grpc.aio.Server | None = None
@@ -61,6 +63,7 @@ class Discovery:
         return KubeSource(self._api, self.store, NamespaceFilter(selectors), settings.watch_timeout)
 
     async def start(self) -> None:
+        self.ports["secure-grpc"] = await self.secure.start()  # first: a CA that cannot start stops istiod here
         self.source = await self._make_source()
         self._grpc = grpc.aio.server(options=[("grpc.max_concurrent_streams", 1 << 20)])
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(self.ads, self._grpc)
@@ -80,7 +83,7 @@ class Discovery:
             asyncio.create_task(self.source.run(), name="source"),
             asyncio.create_task(self.pusher.run(), name="pusher"),
         ]
-        log.info("serving grpc=%d http=%d", self.ports["grpc"], self.ports["http"])
+        log.info("serving grpc=%d secure-grpc=%d http=%d", self.ports["grpc"], self.ports["secure-grpc"], self.ports["http"])
         if self.settings.ports_file:
             self.settings.ports_file.write_text(json.dumps(self.ports))
 
@@ -97,6 +100,7 @@ class Discovery:
         self.ads.ready = False
         if self._grpc is not None:
             await self._grpc.stop(grace=1.0)
+        await self.secure.stop()
         if self._http is not None:
             self._http.should_exit = True
         for task in self._tasks:

@@ -7,6 +7,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from istiod.ca.settings import CaSettings, add_ca_flags, ca_settings_from_args
+from istiod.durations import parse_duration as _seconds
+from istiod.model.mesh import DEFAULT_TRUST_DOMAIN, MeshConfig
 from istiod.model.names import DEFAULT_DOMAIN
 from istiod.sources.namespaces import Selector
 
@@ -47,6 +50,9 @@ class Settings:
     discovery_selectors: tuple[str, ...] = ()
     watch_timeout: int = 300
     namespace: str = "istio-system"
+    secure_grpc_addr: Address = Address("", 15012)
+    mesh: MeshConfig = MeshConfig()
+    ca: CaSettings = CaSettings()
 
 
 def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
@@ -74,6 +80,11 @@ def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
                         help="how often the config dir is scanned (default 250ms)")
     parser.add_argument("--ports-file", type=Path,
                         help="write the bound ports as JSON here once serving (for :0 addresses)")
+    parser.add_argument("--secure-grpc-addr", type=Address.parse,
+                        default=Address.parse(env("SECURE_GRPC_ADDR", ":15012")), help="xDS and the CA over TLS (default :15012)")
+    parser.add_argument("--trust-domain", default=env("TRUST_DOMAIN", DEFAULT_TRUST_DOMAIN), help="SPIFFE trust domain")
+    parser.add_argument("--mtls", action="store_true", help="mesh-wide mTLS between proxyless gRPC workloads (default off)")
+    add_ca_flags(parser)
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -102,16 +113,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         discovery_selectors=tuple(args.discovery_selectors),
         watch_timeout=args.watch_timeout,
         namespace=os.environ.get("POD_NAMESPACE", "istio-system"),
+        secure_grpc_addr=args.secure_grpc_addr,
+        mesh=MeshConfig(trust_domain=args.trust_domain, mtls=args.mtls),
+        ca=ca_settings_from_args(args),
     )
-
-
-def _seconds(text: str) -> float:
-    """Go-style durations as istiod takes them (`100ms`, `1s`, `2m`) or plain seconds."""
-    units = (("ms", 1e-3), ("s", 1.0), ("m", 60.0))
-    for suffix, scale in units:
-        if text.endswith(suffix) and text[: -len(suffix)].replace(".", "", 1).isdigit():
-            return float(text[: -len(suffix)]) * scale
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"duration {text!r} must look like 100ms, 1s or 2m") from None

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.peers import Istiod, Process, demo
+from tests.peers import Istiod, Process, agent, demo
 
 DATA = Path(__file__).parent / "data"
 
@@ -45,6 +45,16 @@ def start_istiod(tmp_path: Path, processes: list[Process]) -> Callable[..., Isti
 def start_demo(processes: list[Process]) -> Callable[..., Process]:
     def start(*args: str, env: dict[str, str] | None = None, name: str = "") -> Process:
         process = demo(*args, env=env, name=name)
+        processes.append(process)
+        return process
+
+    return start
+
+
+@pytest.fixture
+def start_agent(processes: list[Process]) -> Callable[..., Process]:
+    def start(*args: str, name: str = "agent") -> Process:
+        process = agent(*args, name=name)
         processes.append(process)
         return process
 

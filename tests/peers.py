@@ -103,9 +103,11 @@ class Istiod(Process):
         """`args` name the source (`--config-dir DIR` or `--kubeconfig FILE`) and any other flags."""
         ports_file = workdir / "ports.json"
         ports_file.unlink(missing_ok=True)
+        self.state_dir = workdir / "state"
         super().__init__(
             [sys.executable, "-m", "istiod", "discovery",
              "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--ports-file", str(ports_file),
+             "--secure-grpc-addr", "127.0.0.1:0", "--ca-state-dir", str(self.state_dir), "--tls-extra-san", "127.0.0.1",
              "--debounce-after", "50ms", *args],
             name="istiod",
         )
@@ -121,6 +123,16 @@ class Istiod(Process):
     @property
     def xds_address(self) -> str:
         return f"127.0.0.1:{self.ports['grpc']}"
+
+    @property
+    def secure_address(self) -> str:
+        """xDS and the CA over TLS; istiod's certificate has 127.0.0.1 as an IP SAN in tests."""
+        return f"127.0.0.1:{self.ports['secure-grpc']}"
+
+    @property
+    def root_cert(self) -> Path:
+        """Where istiod publishes its root in config-dir mode (the istio-ca-root-cert stand-in)."""
+        return self.state_dir / "root-cert.pem"
 
     def get(self, path: str) -> tuple[int, Any]:
         try:
@@ -139,3 +151,7 @@ class Istiod(Process):
 
 def demo(*args: str, env: dict[str, str] | None = None, name: str = "") -> Process:
     return Process([sys.executable, "-m", "istiod.demo", *args], env=env, name=name)
+
+
+def agent(*args: str, name: str = "agent") -> Process:
+    return Process([sys.executable, "-m", "istiod", "agent", *args], name=name)

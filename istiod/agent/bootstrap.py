@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from istiod.model.names import DEFAULT_DOMAIN, INBOUND_LISTENER_PREFIX
+
+CERT_CHAIN_FILE = "cert-chain.pem"
+KEY_FILE = "key.pem"
+ROOT_CERT_FILE = "root-cert.pem"
+CERT_PROVIDER = "default"  # the instance name istiod's generators put in TLS contexts
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,11 +31,28 @@ class NodeInfo:
         return f"sidecar~{self.ip}~{self.pod}.{self.namespace}~{self.namespace}.svc.{self.domain}"
 
 
-def bootstrap(xds_address: str, node: NodeInfo) -> dict[str, Any]:
-    return {
-        "xds_servers": [
-            {"server_uri": xds_address, "channel_creds": [{"type": "insecure"}], "server_features": ["xds_v3"]}
-        ],
+@dataclass(frozen=True, slots=True)
+class CertFiles:
+    """Where the agent keeps the workload's certificate, key and the mesh root."""
+
+    directory: Path
+    refresh_interval: float = 900.0  # how often gRPC re-reads them
+
+    @property
+    def files(self) -> dict[str, str]:
+        return {
+            "certificate_file": str(self.directory / CERT_CHAIN_FILE),
+            "private_key_file": str(self.directory / KEY_FILE),
+            "ca_certificate_file": str(self.directory / ROOT_CERT_FILE),
+        }
+
+
+def bootstrap(xds_address: str, node: NodeInfo, certs: CertFiles | None = None) -> dict[str, Any]:
+    """With `certs`, istiod is reached over mTLS and TLS contexts from xDS find the certificates
+    through the `file_watcher` provider `default`; without, everything is plaintext."""
+    creds: dict[str, Any] = {"type": "insecure"} if certs is None else {"type": "tls", "config": certs.files}
+    document = {
+        "xds_servers": [{"server_uri": xds_address, "channel_creds": [creds], "server_features": ["xds_v3"]}],
         "node": {
             "id": node.node_id,
             "metadata": {
@@ -45,7 +68,11 @@ def bootstrap(xds_address: str, node: NodeInfo) -> dict[str, Any]:
         },
         "server_listener_resource_name_template": f"{INBOUND_LISTENER_PREFIX}%s",
     }
+    if certs is not None:
+        config = {**certs.files, "refresh_interval": f"{certs.refresh_interval:g}s"}
+        document["certificate_providers"] = {CERT_PROVIDER: {"plugin_name": "file_watcher", "config": config}}
+    return document
 
 
-def bootstrap_json(xds_address: str, node: NodeInfo) -> str:
-    return json.dumps(bootstrap(xds_address, node), indent=2)
+def bootstrap_json(xds_address: str, node: NodeInfo, certs: CertFiles | None = None) -> str:
+    return json.dumps(bootstrap(xds_address, node, certs), indent=2)

@@ -2,8 +2,10 @@
 
 server: answers /demo.Echo/Echo with its name and address; `--xds` makes it an xDS-enabled server
         that waits for its inbound listener from istiod.
-client: calls a target (`xds:///host:port`) repeatedly and prints one JSON line per call.
-Both take their xDS bootstrap from GRPC_XDS_BOOTSTRAP_CONFIG, or build one from --xds.
+client: calls a target (`xds:///host:port`) repeatedly and prints one JSON line per call;
+        `--mtls` uses xDS channel credentials (TLS when istiod's cluster says so).
+Both take their xDS bootstrap from GRPC_XDS_BOOTSTRAP (a file, as `istiod agent` writes it) or
+GRPC_XDS_BOOTSTRAP_CONFIG, or build a plaintext one from --xds.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ METHOD = "/demo.Echo/Echo"
 
 def _ensure_bootstrap(args: argparse.Namespace, ip: str, pod: str) -> None:
     """gRPC reads the bootstrap once per process, so it must be in the environment before use."""
-    if args.xds and "GRPC_XDS_BOOTSTRAP_CONFIG" not in os.environ:
+    if args.xds and not {"GRPC_XDS_BOOTSTRAP", "GRPC_XDS_BOOTSTRAP_CONFIG"} & os.environ.keys():
         node = NodeInfo(ip=ip, pod=pod, namespace=args.namespace)
         os.environ["GRPC_XDS_BOOTSTRAP_CONFIG"] = bootstrap_json(args.xds, node)
 
@@ -63,7 +65,12 @@ def call(args: argparse.Namespace) -> int:
     import grpc
 
     _ensure_bootstrap(args, args.node_ip, "demo-client")
-    channel = grpc.insecure_channel(args.target)
+    if args.mtls:
+        from grpc.experimental import insecure_channel_credentials
+
+        channel = grpc.secure_channel(args.target, grpc.xds_channel_credentials(insecure_channel_credentials()))
+    else:
+        channel = grpc.insecure_channel(args.target)
     echo = channel.unary_unary(METHOD)
     failures = 0
     sent = 0
@@ -93,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     client.add_argument("--xds", help="istiod's xDS address, e.g. 127.0.0.1:15010")
     client.add_argument("--namespace", default="demo")
     client.add_argument("--node-ip", default="127.0.0.1")
+    client.add_argument("--mtls", action="store_true", help="xDS channel credentials, falling back to plaintext")
     client.add_argument("--count", type=int, default=5, help="calls to make; 0 = until stopped")
     client.add_argument("--interval", type=float, default=0.2)
     client.add_argument("--timeout", type=float, default=2.0)

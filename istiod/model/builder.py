@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from istiod.model.batch import CronJob, Job
 from istiod.model.cluster import Node
 from istiod.model.endpointslice import EndpointSlice
+from istiod.model.mesh import MeshConfig
 from istiod.model.service import Endpoint, Locality, Port, Service
 from istiod.model.snapshot import Snapshot, VolumeMount
 from istiod.model.storage import PersistentVolume, PersistentVolumeClaim
@@ -39,6 +40,7 @@ def build_snapshot(
     version: str,
     previous: Snapshot | None = None,
     changed: Iterable[ChangedKey] | None = None,
+    mesh: MeshConfig = MeshConfig(),
 ) -> Snapshot:
     """Build the next snapshot; `changed` (None = unknown) lets unchanged endpoints carry over."""
     services = {s.hostname: s for s in objects.values("Service")}
@@ -75,6 +77,7 @@ def build_snapshot(
         workloads=MappingProxyType(workloads),
         jobs=MappingProxyType(jobs),
         cronjobs=MappingProxyType(cronjobs),
+        mesh=mesh,
         volumes=_volume_mounts(objects.values("PersistentVolume"), objects.values("PersistentVolumeClaim"), workloads),
     )
 

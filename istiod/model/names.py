@@ -61,3 +61,14 @@ def listener_host_aliases(name: str, namespace: str, domain: str = DEFAULT_DOMAI
 
 def spiffe_identity(trust_domain: str, namespace: str, service_account: str) -> str:
     return f"spiffe://{trust_domain}/ns/{namespace}/sa/{service_account}"
+
+
+def parse_spiffe_identity(uri: str) -> tuple[str, str, str] | None:
+    """`spiffe://<trust domain>/ns/<namespace>/sa/<service account>` -> its three parts, else None."""
+    prefix = "spiffe://"
+    if not uri.startswith(prefix):
+        return None
+    parts = uri[len(prefix):].split("/")
+    if len(parts) != 5 or parts[1] != "ns" or parts[3] != "sa" or not all(parts[i] for i in (0, 2, 4)):
+        return None
+    return parts[0], parts[2], parts[4]

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from istiod.model.batch import CronJob, Job
+from istiod.model.mesh import MeshConfig
 from istiod.model.names import listener_host_aliases
 from istiod.model.service import Endpoint, Service
 from istiod.model.storage import PersistentVolume, PersistentVolumeClaim
@@ -34,6 +35,7 @@ class Snapshot:
     jobs: Mapping[tuple[str, str], Job] = field(default_factory=dict)
     cronjobs: Mapping[tuple[str, str], CronJob] = field(default_factory=dict)
     volumes: tuple[VolumeMount, ...] = ()
+    mesh: MeshConfig = MeshConfig()
     _aliases: dict[str, Service] = field(default_factory=dict, compare=False, repr=False)
     _inbound: dict[tuple[str, int], list[tuple[Service, Endpoint]]] = field(
         default_factory=dict, compare=False, repr=False

@@ -39,7 +39,7 @@ class ResourceCache:
     def get(self, type_url: str, name: str, depends_on: object, build: Callable[[], Message]) -> Resource:
         key = (type_url, name)
         entry = self._entries.get(key)
-        if entry is not None and entry.depends_on is depends_on:
+        if entry is not None and _same(entry.depends_on, depends_on):
             entry.used = self._generation
             self.hits += 1
             return entry.resource
@@ -55,3 +55,13 @@ class ResourceCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def _same(old: object, new: object) -> bool:
+    """Identity; for a tuple of dependencies, identity of each member (the tuple itself is new per call)."""
+    if old is new:
+        return True
+    return (
+        type(old) is tuple and type(new) is tuple and len(old) == len(new)
+        and all(a is b for a, b in zip(old, new))  # type: ignore[arg-type]
+    )

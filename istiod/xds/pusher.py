@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from istiod.model.builder import build_snapshot
+from istiod.model.mesh import MeshConfig
 from istiod.model.snapshot import Snapshot
 from istiod.sources.convert import ObjectKey
 from istiod.sources.store import Change, Store
@@ -38,11 +39,14 @@ Subscriber = Callable[[PushEvent], None]
 
 
 class Pusher:
-    def __init__(self, store: Store, debounce_after: float = 0.1, debounce_max: float = 1.0) -> None:
+    def __init__(
+        self, store: Store, debounce_after: float = 0.1, debounce_max: float = 1.0, mesh: MeshConfig = MeshConfig()
+    ) -> None:
         self.store = store
+        self.mesh = mesh
         self.debounce_after = debounce_after
         self.debounce_max = debounce_max
-        self.snapshot = build_snapshot(store, _version(0))
+        self.snapshot = build_snapshot(store, _version(0), mesh=mesh)
         self.last_push: PushEvent | None = None
         self._subscribers: list[Subscriber] = []
         self._changed: set[ObjectKey] = set()
@@ -82,7 +86,7 @@ class Pusher:
         self._wake.clear()
         started = time.perf_counter()
         self._count += 1
-        self.snapshot = build_snapshot(self.store, _version(self._count), self.snapshot, None if full else changed)
+        self.snapshot = build_snapshot(self.store, _version(self._count), self.snapshot, None if full else changed, self.mesh)
         event = PushEvent(self.snapshot, reason, debounced, time.perf_counter() - started, full)
         self.last_push = event
         log.info("push version=%s reason=%s build=%.1fms", self.snapshot.version, reason or "full", event.build_seconds * 1e3)

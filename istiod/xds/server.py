@@ -6,13 +6,13 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.protobuf import any_pb2, json_format
 
-from istiod.model.proxy import NodeIdError, proxy_from_node
+from istiod.model.proxy import NodeIdError, Proxy, proxy_from_node
 from istiod.model.snapshot import Snapshot
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
@@ -22,6 +22,8 @@ from istiod.xds.pusher import PushEvent
 
 log = logging.getLogger(__name__)
 _CLOSED = object()
+# Checks the caller may connect as the proxy; aborts the stream if not.
+Authorizer = Callable[[Proxy, grpc.aio.ServicerContext], Awaitable[None]]
 
 
 class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
@@ -37,8 +39,15 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         for connection in self.connections.values():
             connection.request_push()
 
-    async def StreamAggregatedResources(
-        self, request_iterator: AsyncIterator[discovery_pb2.DiscoveryRequest], context: grpc.aio.ServicerContext
+    def authorized(self, authorize: Authorizer) -> ads_pb2_grpc.AggregatedDiscoveryServiceServicer:
+        """This server as seen from a listener whose callers must prove who they are (the TLS port)."""
+        return _Authorized(self, authorize)
+
+    async def stream(
+        self,
+        request_iterator: AsyncIterator[discovery_pb2.DiscoveryRequest],
+        context: grpc.aio.ServicerContext,
+        authorize: Authorizer | None = None,
     ) -> AsyncIterator[discovery_pb2.DiscoveryResponse]:
         if not self.ready:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "server is not ready to serve discovery information")
@@ -46,7 +55,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             first = await anext(request_iterator)
         except StopAsyncIteration:
             return
-        connection = await self._connect(first, context)
+        connection = await self._connect(first, context, authorize)
         self.connections[connection.id] = connection
         log.info("ads connected id=%s peer=%s", connection.id, connection.peer)
         connection.events.put_nowait(first)
@@ -67,13 +76,19 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             del self.connections[connection.id]
             log.info("ads disconnected id=%s", connection.id)
 
-    async def _connect(self, first: discovery_pb2.DiscoveryRequest, context: grpc.aio.ServicerContext) -> Connection:
+    StreamAggregatedResources = stream  # the plaintext port: no caller checks, as in istiod
+
+    async def _connect(
+        self, first: discovery_pb2.DiscoveryRequest, context: grpc.aio.ServicerContext, authorize: Authorizer | None
+    ) -> Connection:
         if not first.node.id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first request must carry node.id")
         try:
             proxy = proxy_from_node(first.node.id, json_format.MessageToDict(first.node.metadata))
         except NodeIdError as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        if authorize is not None:
+            await authorize(proxy, context)
         return Connection(proxy, context.peer())
 
     def _on_request(
@@ -141,6 +156,19 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             nonce=watched.nonce_sent,
             resources=[any_pb2.Any(type_url=r.type_url, value=r.value) for r in resources],
         )
+
+
+class _Authorized(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
+    def __init__(self, server: DiscoveryServer, authorize: Authorizer) -> None:
+        self.server = server
+        self.authorize = authorize
+
+    async def StreamAggregatedResources(
+        self, request_iterator: AsyncIterator[discovery_pb2.DiscoveryRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[discovery_pb2.DiscoveryResponse]:
+        # grpc.aio needs an async generator function here, not a function returning one.
+        async for response in self.server.stream(request_iterator, context, self.authorize):
+            yield response
 
 
 async def _read(requests: AsyncIterator[discovery_pb2.DiscoveryRequest], connection: Connection) -> None:

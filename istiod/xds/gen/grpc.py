@@ -27,6 +27,7 @@ from istiod.model.snapshot import Snapshot
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.gen.targets import outbound_clusters, outbound_host_ports
+from istiod.xds.gen.tls import destination_identities, downstream_tls, upstream_tls
 
 ROUTER_FILTER = "envoy.filters.http.router"
 HCM_FILTER = "envoy.filters.network.http_connection_manager"
@@ -53,10 +54,14 @@ def routes(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: Res
 
 
 def clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
-    return [
-        cache.get(types.CLUSTER, name, service, lambda: _cluster(name))
-        for name, service, port in outbound_clusters(snapshot, names)
-    ]
+    result = []
+    for name, service, port in outbound_clusters(snapshot, names):
+        # With mTLS the cluster names its destination's identities, so its endpoints matter too.
+        endpoints = snapshot.endpoints_for(service.hostname, port) if snapshot.mesh.mtls else None
+        identities = None if endpoints is None else destination_identities(endpoints, snapshot.mesh.trust_domain)
+        depends_on = (service, snapshot.mesh, endpoints)
+        result.append(cache.get(types.CLUSTER, name, depends_on, lambda: _cluster(name, identities)))
+    return result
 
 
 def _http_connection_manager(**fields: object) -> any_pb2.Any:
@@ -104,7 +109,8 @@ def _route_configuration(name: str, service: Service, port: int) -> route_pb2.Ro
     )
 
 
-def _cluster(name: str) -> cluster_pb2.Cluster:
+def _cluster(name: str, identities: tuple[str, ...] | None) -> cluster_pb2.Cluster:
+    """An EDS cluster; with `identities` (mTLS on) it talks TLS and checks the peer is one of them."""
     return cluster_pb2.Cluster(
         name=name,
         type=cluster_pb2.Cluster.EDS,
@@ -115,6 +121,7 @@ def _cluster(name: str) -> cluster_pb2.Cluster:
             service_name=name,
         ),
         lb_policy=cluster_pb2.Cluster.ROUND_ROBIN,
+        transport_socket=None if identities is None else upstream_tls(identities),
     )
 
 
@@ -150,6 +157,8 @@ def _inbound_listener(snapshot: Snapshot, proxy: Proxy, name: str) -> listener_p
                 typed_config=_http_connection_manager(stat_prefix=join_host_port(ip, port), route_config=route),
             )
         ],
+        # gRPC servers cannot tell TLS from plaintext on one port, so mTLS on means STRICT.
+        transport_socket=downstream_tls() if snapshot.mesh.mtls else None,
     )
     return listener_pb2.Listener(
         name=name,

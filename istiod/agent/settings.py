@@ -1,0 +1,68 @@
+"""`istiod agent` flags (Istio's environment variables as defaults) -> one frozen AgentSettings."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from istiod.agent.bootstrap import CertFiles, NodeInfo
+from istiod.durations import parse_duration
+from istiod.model.mesh import DEFAULT_TRUST_DOMAIN
+
+DEFAULT_CA_ADDRESS = "istiod.istio-system.svc:15012"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSettings:
+    ca_address: str
+    ca_root_cert: Path  # what the agent trusts when it dials the CA
+    token_file: Path
+    certs: CertFiles
+    bootstrap_file: Path
+    xds_address: str
+    node: NodeInfo
+    trust_domain: str = DEFAULT_TRUST_DOMAIN
+    cert_ttl: float = 86400.0  # seconds requested from the CA
+    ca_timeout: float = 10.0
+
+
+def add_agent_flags(parser: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    parser.add_argument("--ca-addr", default=env("CA_ADDR", DEFAULT_CA_ADDRESS), help="istiod's CA (TLS)")
+    parser.add_argument("--xds-addr", default=env("XDS_ADDR"), help="istiod's xDS over TLS (default: --ca-addr)")
+    parser.add_argument("--ca-root-cert", type=Path, default=Path(env("CA_ROOT_CERT", "/var/run/secrets/istio/root-cert.pem")),
+                        help="the root istiod's certificate chains to (istio-ca-root-cert ConfigMap)")
+    parser.add_argument("--token-file", type=Path, default=Path(env("TOKEN_FILE", "/var/run/secrets/tokens/istio-token")),
+                        help="service-account token (audience istio-ca)")
+    parser.add_argument("--output-dir", type=Path, default=Path(env("OUTPUT_CERTS", "/var/lib/istio/data")),
+                        help="where cert-chain.pem, key.pem and root-cert.pem are written")
+    parser.add_argument("--bootstrap", type=Path, default=Path(env("GRPC_XDS_BOOTSTRAP", "/etc/istio/proxy/grpc-bootstrap.json")),
+                        help="where the gRPC xDS bootstrap is written")
+    parser.add_argument("--pod-name", default=env("POD_NAME", ""), required=not env("POD_NAME"))
+    parser.add_argument("--pod-namespace", default=env("POD_NAMESPACE", ""), required=not env("POD_NAMESPACE"))
+    parser.add_argument("--instance-ip", default=env("INSTANCE_IP", ""), required=not env("INSTANCE_IP"))
+    parser.add_argument("--service-account", default=env("SERVICE_ACCOUNT", "default"))
+    parser.add_argument("--cluster-id", default=env("ISTIO_META_CLUSTER_ID", "Kubernetes"))
+    parser.add_argument("--trust-domain", default=env("TRUST_DOMAIN", DEFAULT_TRUST_DOMAIN))
+    parser.add_argument("--cert-ttl", type=parse_duration, default=parse_duration(env("SECRET_TTL", "24h")),
+                        help="certificate lifetime to ask for; renewed at half of it (default 24h)")
+    parser.add_argument("--cert-refresh-interval", type=parse_duration, default=parse_duration("15m"),
+                        help="how often gRPC re-reads the certificate files (default 15m)")
+
+
+def agent_settings_from_args(args: argparse.Namespace) -> AgentSettings:
+    node = NodeInfo(ip=args.instance_ip, pod=args.pod_name, namespace=args.pod_namespace,
+                    service_account=args.service_account, cluster_id=args.cluster_id)
+    return AgentSettings(
+        ca_address=args.ca_addr,
+        ca_root_cert=args.ca_root_cert,
+        token_file=args.token_file,
+        certs=CertFiles(args.output_dir, args.cert_refresh_interval),
+        bootstrap_file=args.bootstrap,
+        xds_address=args.xds_addr or args.ca_addr,
+        node=node,
+        trust_domain=args.trust_domain,
+        cert_ttl=args.cert_ttl,
+    )

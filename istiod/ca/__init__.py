@@ -1,0 +1,1 @@
+"""istiod's certificate authority: root of trust, signing, authentication, the CertificateService."""

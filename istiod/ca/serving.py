@@ -1,0 +1,74 @@
+"""istiod's own TLS certificate for its secure port, signed by its CA.
+
+DNS names as istiod uses: istiod, istiod-remote and istio-pilot in istiod's namespace (`.svc` and
+`.svc.<domain>`), plus extra names (ISTIOD_CUSTOM_HOST / --tls-extra-san; an IP becomes an IP SAN).
+Re-issued at half its lifetime and whenever the CA's bundle changes (a plugged-in CA reloaded).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import ssl
+import tempfile
+from collections.abc import Sequence
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from cryptography import x509
+
+from istiod.ca.pki import cert_pem, key_pem, new_key
+from istiod.ca.root import CaBundle, CertificateAuthority
+from istiod.ca.signer import issue
+
+ISTIOD_SERVICES = ("istiod", "istiod-remote", "istio-pilot")
+
+
+def serving_names(namespace: str, domain: str, extra: Sequence[str] = ()) -> list[x509.GeneralName]:
+    hosts = [f"{name}.{namespace}.svc{suffix}" for name in ISTIOD_SERVICES for suffix in ("", f".{domain}")]
+    names: list[x509.GeneralName] = [x509.DNSName(host) for host in hosts]
+    for name in extra:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(name)))
+        except ValueError:
+            names.append(x509.DNSName(name))
+    return names
+
+
+class ServingCertificate:
+    def __init__(self, ca: CertificateAuthority, names: list[x509.GeneralName], ttl: timedelta) -> None:
+        self.ca = ca
+        self.names = names
+        self.ttl = ttl
+        self.cert: x509.Certificate | None = None
+        self._bundle: CaBundle | None = None
+        self._context: ssl.SSLContext | None = None
+        self._renew_at = datetime.min.replace(tzinfo=timezone.utc)
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The server context for new connections: our certificate, client certificates optional
+        but verified against the CA's roots when given, ALPN h2 for gRPC."""
+        now = datetime.now(timezone.utc)
+        bundle = self.ca.bundle
+        if self._context is None or bundle is not self._bundle or now >= self._renew_at:
+            self._context = self._issue(bundle, now)
+        return self._context
+
+    def _issue(self, bundle: CaBundle, now: datetime) -> ssl.SSLContext:
+        key = new_key()
+        cert = issue(bundle, key.public_key(), self.names, now, self.ttl)
+        chain = cert_pem(cert) + "".join(cert_pem(c) for c in bundle.issuers[:-1])
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        # ssl loads a key only from a file: a private directory that lives only for this call.
+        with tempfile.TemporaryDirectory(prefix="istiod-tls-") as private:
+            chain_file, key_file = Path(private) / "cert.pem", Path(private) / "key.pem"
+            chain_file.write_text(chain)
+            key_file.touch(mode=0o600)
+            key_file.write_bytes(key_pem(key))
+            context.load_cert_chain(chain_file, key_file)
+        context.load_verify_locations(cadata=bundle.roots_pem)
+        context.verify_mode = ssl.CERT_OPTIONAL  # as istiod: verify a client certificate if given
+        context.set_alpn_protocols(["h2"])
+        self.cert, self._bundle = cert, bundle
+        self._renew_at = now + (cert.not_valid_after_utc - now) / 2
+        return context

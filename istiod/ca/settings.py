@@ -1,0 +1,58 @@
+"""The CA's flags (with Istio's environment variables as defaults) -> one frozen CaSettings."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+from istiod.ca.signer import TtlPolicy
+from istiod.durations import parse_duration
+
+
+@dataclass(frozen=True, slots=True)
+class CaSettings:
+    state_dir: Path = Path("state")
+    plugged_dir: Path | None = None
+    ttl: TtlPolicy = TtlPolicy()
+    static_tokens: Path | None = None
+    extra_sans: tuple[str, ...] = ()
+    namespace: str = "istio-system"  # istiod's own namespace, for its DNS names
+    reload_interval: float = 1.0  # how often a plugged-in CA's files are checked
+
+
+def add_ca_flags(parser: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    parser.add_argument("--ca-state-dir", type=Path, default=Path(env("CA_STATE_DIR", "state")),
+                        help="config-dir mode: where the self-signed root persists (default ./state)")
+    parser.add_argument("--plugged-ca-dir", type=Path,
+                        help="use the CA in this directory (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem),"
+                             " reloaded when the files change")
+    parser.add_argument("--workload-cert-ttl", type=parse_duration,
+                        default=parse_duration(env("DEFAULT_WORKLOAD_CERT_TTL", "24h")),
+                        help="lifetime of a workload certificate when the request names none (default 24h)")
+    parser.add_argument("--max-workload-cert-ttl", type=parse_duration,
+                        default=parse_duration(env("MAX_WORKLOAD_CERT_TTL", "2160h")),
+                        help="longest lifetime a request may ask for (default 2160h, 90 days)")
+    parser.add_argument("--ca-static-tokens", type=Path,
+                        help="STAND-IN for Kubernetes TokenReview where no API server exists: a JSON file mapping"
+                             " each token to 'namespace/serviceaccount'")
+    parser.add_argument("--tls-extra-san", action="append",
+                        default=[h for h in env("ISTIOD_CUSTOM_HOST", "").split(",") if h],
+                        help="another DNS name or IP for istiod's serving certificate (repeatable)")
+
+
+def ca_settings_from_args(args: argparse.Namespace) -> CaSettings:
+    ttl = TtlPolicy(timedelta(seconds=args.workload_cert_ttl), timedelta(seconds=args.max_workload_cert_ttl))
+    if ttl.default > ttl.max:
+        raise SystemExit("istiod discovery: --workload-cert-ttl is longer than --max-workload-cert-ttl")
+    return CaSettings(
+        state_dir=args.ca_state_dir,
+        plugged_dir=args.plugged_ca_dir,
+        ttl=ttl,
+        static_tokens=args.ca_static_tokens,
+        extra_sans=tuple(args.tls_extra_san),
+        namespace=os.environ.get("POD_NAMESPACE", "istio-system"),
+    )

@@ -1,0 +1,51 @@
+"""istiod's secure port in-process (real TLS, real gRPC), with the static-token stand-in."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from istiod.ca.settings import CaSettings
+from istiod.ca.signer import TtlPolicy
+from istiod.model.snapshot import Snapshot
+from istiod.secure import SecurePort
+from istiod.settings import Address, Settings
+from istiod.xds.server import DiscoveryServer
+
+TOKEN = "t0ken-web-5ecret"  # maps to app/web
+OTHER_TOKEN = "t0ken-db-5ecret"  # maps to app/db
+
+
+@dataclass
+class Secure:
+    port: SecurePort
+    address: str
+    root: bytes
+
+    def channel(self, token: str | None = None, cert: tuple[bytes, bytes] | None = None,
+                root: bytes | None = None) -> grpc.aio.Channel:
+        """A TLS channel trusting istiod's root; optionally a token and a client (key, chain)."""
+        creds = grpc.ssl_channel_credentials(root or self.root, *(cert or (None, None)))
+        if token is not None:
+            creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(token))
+        return grpc.aio.secure_channel(self.address, creds)
+
+
+async def start_secure(workdir: Path, ttl: TtlPolicy = TtlPolicy(), plugged: Path | None = None) -> Secure:
+    workdir.mkdir(parents=True, exist_ok=True)
+    tokens = workdir / "tokens.json"
+    tokens.write_text(json.dumps({TOKEN: "app/web", OTHER_TOKEN: "app/db"}))
+    settings = Settings(
+        config_dir=None, grpc_addr=Address("127.0.0.1", 0), http_addr=Address("127.0.0.1", 0),
+        secure_grpc_addr=Address("127.0.0.1", 0),
+        ca=CaSettings(state_dir=workdir / "state", plugged_dir=plugged, ttl=ttl, static_tokens=tokens,
+                      extra_sans=("127.0.0.1",), reload_interval=0.1),
+    )
+    ads = DiscoveryServer(lambda: Snapshot("v1"))
+    ads.ready = True
+    port = SecurePort(settings, ads)
+    bound = await port.start()
+    return Secure(port, f"127.0.0.1:{bound}", (workdir / "state" / "root-cert.pem").read_bytes())

@@ -1,0 +1,215 @@
+"""Unit tests of the CA: signing, TTL limits, root persistence, plugged-in CA and its reload,
+identity from the caller, and the authenticators (without any API server)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.x509.verification import PolicyBuilder, Store
+from kubernetes_asyncio.client import V1TokenReviewStatus, V1UserInfo
+
+from istiod.ca.authenticate import (
+    AuthenticationError, ClientCertAuthenticator, Credentials, StaticTokenAuthenticator, authenticate,
+    service_account_of, token_review_account,
+)
+from istiod.ca.pki import load_certs, new_key, uri_sans
+from istiod.ca.root import CertificateAuthority, DirRootStore, bundle_from_pem, self_signed_bundle
+from istiod.ca.signer import SignError, SignErrorKind, TtlPolicy, sign_csr
+from tests.pki import NOW, csr_claiming_other_key, csr_pem, write_plugged
+
+TD = "cluster.local"
+CALLER = ("spiffe://cluster.local/ns/app/sa/web",)
+
+
+@pytest.fixture
+async def bundle(tmp_path: Path):
+    return await self_signed_bundle(DirRootStore(tmp_path), TD)
+
+
+def verified_uris(chain: list[str]) -> list[str]:
+    """Verify the chain as a TLS peer would (RFC 5280 client profile) and return its URI SANs."""
+    certs = [load_certs(pem.encode(), "chain")[0] for pem in chain]
+    verifier = PolicyBuilder().store(Store([certs[-1]])).build_client_verifier()
+    return [n.value for n in verifier.verify(certs[0], certs[1:-1]).subjects if isinstance(n, x509.UniformResourceIdentifier)]
+
+
+async def test_identity_comes_from_the_caller_not_the_csr(bundle) -> None:
+    chain = sign_csr(bundle, csr_pem(new_key(), "spiffe://cluster.local/ns/evil/sa/admin"), CALLER, 0, TtlPolicy(), NOW)
+    assert len(chain) == 2 and chain[-1] == bundle.roots_pem
+    assert verified_uris(chain) == list(CALLER)
+
+
+async def test_default_and_requested_ttl(bundle) -> None:
+    for requested, expected in ((0, timedelta(hours=24)), (3600, timedelta(hours=1))):
+        leaf = load_certs(sign_csr(bundle, csr_pem(new_key()), CALLER, requested, TtlPolicy(), NOW)[0].encode(), "x")[0]
+        assert leaf.not_valid_after_utc - leaf.not_valid_before_utc == expected
+
+
+async def test_ttl_over_the_max_is_refused(bundle) -> None:
+    with pytest.raises(SignError) as refused:
+        sign_csr(bundle, csr_pem(new_key()), CALLER, 90 * 86400 + 1, TtlPolicy(), NOW)
+    assert refused.value.kind is SignErrorKind.TTL
+    assert str(refused.value) == "requested TTL 2160h0m1s is greater than the max allowed TTL 2160h0m0s"
+
+
+@pytest.mark.parametrize("csr, message", [
+    ("hello", "certificate signing request is not properly encoded"),
+    ("-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n",
+     "failed to parse X.509 certificate signing request"),
+])
+async def test_garbage_csr(bundle, csr: str, message: str) -> None:
+    with pytest.raises(SignError) as refused:
+        sign_csr(bundle, csr, CALLER, 0, TtlPolicy(), NOW)
+    assert (refused.value.kind, str(refused.value)) == (SignErrorKind.CSR, message)
+
+
+async def test_csr_signed_by_another_key_than_it_claims(bundle) -> None:
+    with pytest.raises(SignError) as refused:
+        sign_csr(bundle, csr_claiming_other_key(new_key(), new_key()), CALLER, 0, TtlPolicy(), NOW)
+    assert str(refused.value) == "certificate signing request signature does not match its public key"
+
+
+async def test_root_is_created_once_and_kept(tmp_path: Path) -> None:
+    first, second = await asyncio.gather(self_signed_bundle(DirRootStore(tmp_path), TD),
+                                         self_signed_bundle(DirRootStore(tmp_path), TD))
+    assert first.root == second.root  # two "replicas" racing agree on one root
+    again = await self_signed_bundle(DirRootStore(tmp_path), TD)
+    assert again.root == first.root and again.key.private_numbers() == first.key.private_numbers()
+    assert (tmp_path / "istio-ca-secret" / "ca-key.pem").stat().st_mode & 0o077 == 0
+    assert first.root.subject.rfc4514_string() == "O=cluster.local"
+    assert [p.name for p in tmp_path.iterdir()] == ["istio-ca-secret"]  # no staging left behind
+
+
+async def test_plugged_ca_with_intermediate(tmp_path: Path) -> None:
+    root, intermediate = write_plugged(tmp_path / "cacerts")
+    ca = CertificateAuthority.plugged(tmp_path / "cacerts")
+    chain = sign_csr(ca.bundle, csr_pem(new_key()), CALLER, 0, TtlPolicy(), NOW)
+    assert [load_certs(c.encode(), "c")[0] for c in chain[1:]] == [intermediate, root]
+    assert verified_uris(chain) == list(CALLER)
+
+
+@pytest.mark.parametrize("breakage, message", [
+    ("key", "ca-key.pem is not the key of ca-cert.pem"),
+    ("root", "ca-cert.pem does not chain to any certificate in root-cert.pem"),
+    ("missing", "No such file or directory"),
+])
+async def test_bad_plugged_ca_is_refused(tmp_path: Path, breakage: str, message: str) -> None:
+    write_plugged(tmp_path / "cacerts")
+    write_plugged(tmp_path / "other")
+    if breakage == "key":
+        shutil.copy(tmp_path / "other/ca-key.pem", tmp_path / "cacerts/ca-key.pem")
+    elif breakage == "root":
+        shutil.copy(tmp_path / "other/root-cert.pem", tmp_path / "cacerts/root-cert.pem")
+        (tmp_path / "cacerts/cert-chain.pem").unlink()
+    else:
+        (tmp_path / "cacerts/root-cert.pem").unlink()
+    with pytest.raises(ValueError, match=message):
+        CertificateAuthority.plugged(tmp_path / "cacerts")
+
+
+async def test_plugged_ca_reloads_and_keeps_the_old_one_on_bad_files(tmp_path: Path) -> None:
+    directory = tmp_path / "cacerts"
+    first_root, _ = write_plugged(directory, "first")
+    ca = CertificateAuthority.plugged(directory)
+    changes: list[x509.Certificate] = []
+    watch = asyncio.create_task(ca.watch(0.05, lambda b: changes.append(b.root)))
+    try:
+        second_root, _ = write_plugged(directory, "second")
+        await asyncio.wait_for(_until(lambda: changes), 5)
+        assert ca.bundle.root == second_root != first_root
+        (directory / "ca-key.pem").write_text("not a key")
+        await asyncio.sleep(0.3)
+        assert ca.bundle.root == second_root and changes == [second_root]
+    finally:
+        watch.cancel()
+
+
+async def _until(check) -> None:  # type: ignore[no-untyped-def]
+    while not check():
+        await asyncio.sleep(0.02)
+
+
+def test_bundle_needs_a_ca_certificate(tmp_path: Path) -> None:
+    write_plugged(tmp_path)
+    leaf_like = (tmp_path / "ca-cert.pem").read_bytes()
+    with pytest.raises(ValueError, match="no PEM certificate"):
+        bundle_from_pem(b"junk", b"", b"", leaf_like)
+
+
+async def test_static_tokens_and_client_certs(tmp_path: Path, bundle) -> None:
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text('{"s3cret-token": "app/web"}')
+    static = StaticTokenAuthenticator.from_file(tokens, TD)
+    chain = (ClientCertAuthenticator(), static)
+    by_token = await authenticate(chain, Credentials("Bearer s3cret-token"))
+    assert by_token == type(by_token)(CALLER, "StaticTokenAuthenticator")
+    leaf = load_certs(sign_csr(bundle, csr_pem(new_key()), CALLER, 0, TtlPolicy(), NOW)[0].encode(), "leaf")[0]
+    assert (await authenticate(chain, Credentials(None, leaf))).identities == CALLER
+    for credentials, message in (
+        (Credentials(), "ClientCertAuthenticator: no client certificate is presented; StaticTokenAuthenticator: "
+                        "target JWT extraction error: no HTTP authorization header exists"),
+        (Credentials("Basic abc"), "target JWT extraction error: no bearer token exists in HTTP authorization header"),
+        (Credentials("Bearer wrong-token"), "StaticTokenAuthenticator: the token is not in the static token file"),
+    ):
+        with pytest.raises(AuthenticationError) as refused:
+            await authenticate(chain, credentials)
+        assert message in str(refused.value) and "wrong-token" not in str(refused.value)
+    assert "s3cret" not in repr(Credentials("Bearer s3cret-token"))
+
+
+def test_static_token_file_errors_name_the_entry_not_the_token(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text('{"good": "a/b", "s3cret": "no-slash"}')
+    with pytest.raises(ValueError) as bad:
+        StaticTokenAuthenticator.from_file(tokens, TD)
+    assert "entry #2 must map to 'namespace/serviceaccount'" in str(bad.value) and "s3cret" not in str(bad.value)
+
+
+def test_token_review_results() -> None:
+    def status(**fields: object) -> V1TokenReviewStatus:
+        return V1TokenReviewStatus(**fields)
+
+    ok = status(authenticated=True, user=V1UserInfo(username="system:serviceaccount:app:web",
+                                                    groups=["system:serviceaccounts", "system:serviceaccounts:app"]))
+    assert token_review_account(ok) == ("app", "web")
+    for review, message in (
+        (status(authenticated=False, error='token audiences ["other"] is invalid for the target audiences ["istio-ca"]'),
+         'the service account authentication returns an error: token audiences ["other"] is invalid'),
+        (status(authenticated=False), "the token is not authenticated"),
+        (status(authenticated=True, user=V1UserInfo(username="alice", groups=["system:authenticated"])),
+         "the token is not a service account"),
+        (status(authenticated=True, user=V1UserInfo(username="system:serviceaccount:app", groups=["system:serviceaccounts"])),
+         "invalid username field in the token review result"),
+    ):
+        with pytest.raises(ValueError) as refused:
+            token_review_account(review)
+        assert str(refused.value).startswith(message)
+    assert service_account_of("system:serviceaccount:ns:sa") == ("ns", "sa")
+    for bad in ("system:serviceaccount:ns", "system:node:ns:sa", "system:serviceaccount::sa"):
+        with pytest.raises(ValueError):
+            service_account_of(bad)
+
+
+def test_leaf_profile(tmp_path: Path) -> None:
+    """What a workload certificate looks like: empty subject, critical URI SAN, not a CA, both EKUs."""
+    bundle = asyncio.run(self_signed_bundle(DirRootStore(tmp_path), TD))
+    leaf = load_certs(sign_csr(bundle, csr_pem(new_key()), CALLER, 0, TtlPolicy(), NOW)[0].encode(), "leaf")[0]
+    assert leaf.subject == x509.Name([]) and uri_sans(leaf) == list(CALLER)
+    assert leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).critical
+    assert not leaf.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+
+
+async def test_client_certificate_without_spiffe_identity(tmp_path: Path, bundle) -> None:
+    """istiod's own (DNS-only) certificate is from the CA but names no workload: an ID extraction error."""
+    from istiod.ca.serving import issue, serving_names
+
+    leaf = issue(bundle, new_key().public_key(), serving_names("istio-system", TD), NOW, timedelta(hours=1))
+    with pytest.raises(AuthenticationError) as refused:
+        await authenticate([ClientCertAuthenticator()], Credentials(None, leaf))
+    assert refused.value.no_identity
+    assert str(refused.value) == "ClientCertAuthenticator: the client certificate has no SPIFFE URI SAN"
