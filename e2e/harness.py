@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import signal
 import ssl
 import subprocess
 import urllib.request
@@ -20,7 +19,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
-from tests.peers import free_port, wait_until
+from tests.peers import free_port, stop_group, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(os.environ.get("E2E_BIN", ROOT / ".cache" / "e2e-bin"))
@@ -94,13 +93,8 @@ class _Daemon:
             self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=5)
+        if self.proc is not None:
+            stop_group(self.proc, grace=15)
         self.proc = None
 
     def alive(self) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes_asyncio import client
@@ -61,3 +63,31 @@ def slice_body(name: str, service: str, port: int, endpoints: list[tuple[str, st
 def service_body(name: str, port: int = 7070) -> dict[str, Any]:
     return {"metadata": {"name": name},
             "spec": {"selector": {"app": name}, "ports": [{"name": "grpc", "port": port, "targetPort": "grpc"}]}}
+
+
+async def echo_service(api: client.ApiClient, start_demo: Callable[..., Any], namespace: str, name: str,
+                       ips: dict[str, str]) -> int:
+    """Service `name` (port 7070) with a live echo backend per (pod, ip) and the first pod created;
+    returns the backends' port, one number free on every ip (pods share a targetPort)."""
+    port = port_free_on(*ips.values())
+    for pod, ip in ips.items():
+        start_demo("server", "--address", f"{ip}:{port}", "--name", pod, name=pod).next_json(15)
+    await client.CoreV1Api(api).create_namespaced_service(namespace, service_body(name))
+    first_pod, first_ip = next(iter(ips.items()))
+    await create_running_pod(api, namespace, pod_body(first_pod, name, port), first_ip)
+    return port
+
+
+def port_free_on(*ips: str) -> int:
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind((ips[0], 0))
+            port = probe.getsockname()[1]
+        try:
+            for ip in ips[1:]:
+                with socket.socket() as other:
+                    other.bind((ip, port))
+            return port
+        except OSError:
+            continue
+    raise AssertionError(f"no port free on all of {ips}")

@@ -9,14 +9,13 @@ from pathlib import Path
 from kubernetes_asyncio import client, config
 
 from e2e.harness import ApiServer, Cluster
-from e2e.kube_objects import create_running_pod, ensure_namespace, pod_body, service_body
-from e2e.test_informers import port_free_on
+from e2e.kube_objects import create_running_pod, echo_service, ensure_namespace, pod_body, service_body
 from istiod.sources.convert import ObjectKey
 from istiod.sources.kube import Backoff, Informer, KubeWriter, list_calls
 from istiod.sources.namespaces import NamespaceFilter
 from istiod.sources.store import Store
 from tests.peers import Istiod, Process, free_port, wait_until
-from tests.test_proxyless_grpc import replies_from, wait_for_replies
+from tests.test_proxyless_grpc import replies_from, start_client, wait_for_replies
 
 NS = "e2e-faults"
 # Reconnects back off with jitter up to 30 s, so a restart may take that long to be noticed.
@@ -40,15 +39,10 @@ async def test_restarts_keep_serving_and_catch_up(
     core = client.CoreV1Api(kube)
     await ensure_namespace(kube, NS)
     ips = {"faulty-a": "127.0.0.51", "faulty-b": "127.0.0.52"}
-    port = port_free_on(*ips.values())
-    for pod, ip in ips.items():
-        start_demo("server", "--address", f"{ip}:{port}", "--name", pod, name=pod).next_json(15)
-    await core.create_namespaced_service(NS, service_body("faulty"))
-    await create_running_pod(kube, NS, pod_body("faulty-a", "faulty", port), ips["faulty-a"])
+    port = await echo_service(kube, start_demo, NS, "faulty", ips)
     istiod = start_istiod_kube()
     host = f"faulty.{NS}.svc.cluster.local"
-    client_proc = start_demo("client", f"xds:///{host}:7070", "--xds", istiod.xds_address, "--count", "0",
-                             "--interval", "0.05", "--timeout", "1", "--namespace", NS, name="client")
+    client_proc = start_client(start_demo, istiod, f"xds:///{host}:7070", NS)
     wait_until(lambda: any(l["ok"] for l in client_proc.drain()), 20, "a first reply")
 
     # The API server goes away; a second one (same etcd) takes a change meanwhile.

@@ -2,32 +2,15 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
 
 from kubernetes_asyncio import client
 
-from e2e.kube_objects import create_running_pod, ensure_namespace, pod_body, service_body, slice_body
+from e2e.kube_objects import create_running_pod, echo_service, ensure_namespace, pod_body, service_body, slice_body
 from tests.peers import Istiod, Process, wait_until
-from tests.test_proxyless_grpc import wait_for_replies
+from tests.test_proxyless_grpc import start_client, wait_for_replies
 
 NS = "e2e-mesh"
-
-
-def port_free_on(*ips: str) -> int:
-    """One port number free on every given loopback address (pods in one slice share ports)."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind((ips[0], 0))
-            port = probe.getsockname()[1]
-        try:
-            for ip in ips[1:]:
-                with socket.socket() as other:
-                    other.bind((ip, port))
-            return port
-        except OSError:
-            continue
-    raise AssertionError("no common free port")
 
 
 async def test_client_follows_pods(
@@ -39,15 +22,9 @@ async def test_client_follows_pods(
     core = client.CoreV1Api(kube)
     await ensure_namespace(kube, NS)
     ips = {"echo-a": "127.0.0.41", "echo-b": "127.0.0.42"}
-    port = port_free_on(*ips.values())
-    for pod, ip in ips.items():
-        start_demo("server", "--address", f"{ip}:{port}", "--name", pod, name=pod).next_json(15)
-    await core.create_namespaced_service(NS, service_body("echo"))
-    await create_running_pod(kube, NS, pod_body("echo-a", "echo", port), ips["echo-a"])
-
+    port = await echo_service(kube, start_demo, NS, "echo", ips)
     istiod = start_istiod_kube()
-    client_proc = start_demo("client", f"xds:///echo.{NS}.svc.cluster.local:7070", "--xds", istiod.xds_address,
-                             "--count", "0", "--interval", "0.05", "--timeout", "1", "--namespace", NS, name="client")
+    client_proc = start_client(start_demo, istiod, f"xds:///echo.{NS}.svc.cluster.local:7070", NS)
     wait_until(lambda: any(l["ok"] for l in client_proc.drain()), 20, "a first reply through istiod")
 
     await create_running_pod(kube, NS, pod_body("echo-b", "echo", port), ips["echo-b"])

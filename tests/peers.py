@@ -40,6 +40,17 @@ def wait_until(check: Callable[[], Any], timeout: float, what: str, interval: fl
         time.sleep(interval)
 
 
+def stop_group(proc: subprocess.Popen, grace: float) -> None:  # type: ignore[type-arg]
+    """SIGTERM the process group, then SIGKILL what is left after `grace` seconds."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+
+
 class Process:
     """A child process whose stdout lines are collected (JSON lines parsed) by a thread."""
 
@@ -89,13 +100,7 @@ class Process:
         return "".join(self.output)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=5)
+        stop_group(self.proc, grace=5)
 
 
 class Istiod(Process):

@@ -54,9 +54,10 @@ def wait_for_replies(client: Process, expected: set[str], timeout: float = CHANG
             raise AssertionError(f"after {timeout}s the client sees {seen}, expected {expected}")
 
 
-def start_client(start_demo: Callable[..., Process], istiod: Istiod, target: str) -> Process:
+def start_client(start_demo: Callable[..., Process], istiod: Istiod, target: str, namespace: str = "echo-ns") -> Process:
+    """A client calling `target` every 50 ms until stopped, one JSON line per call."""
     return start_demo("client", target, "--xds", istiod.xds_address, "--count", "0", "--interval", "0.05",
-                      "--timeout", "1", "--namespace", "echo-ns", name="client")
+                      "--timeout", "1", "--namespace", namespace, name="client")
 
 
 def test_client_reaches_backend_and_follows_changes(
