@@ -3,8 +3,10 @@ PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+CHROMIUM := /usr/bin/chromium
+SUDO     := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: run test unit e2e e2e-bin bench protos demo-server demo-client clean
+.PHONY: run test unit e2e e2e-bin bench protos demo-server demo-client chromium clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH"; exit 1; }
@@ -16,8 +18,15 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/istiod discovery --config-dir deploy/demo
 
-test: $(STAMP)
+test: $(STAMP) $(CHROMIUM)
 	$(BIN)/pytest -q tests
+
+# Headless Chromium renders /debug/ui in the tests: Debian's package, installed once.
+chromium: $(CHROMIUM)
+
+$(CHROMIUM):
+	$(SUDO) apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core
 
 demo-server: $(STAMP)
 	$(BIN)/python -m istiod.demo server --address 127.0.0.10:7070 --name echo-v1
