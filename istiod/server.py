@@ -15,9 +15,12 @@ from envoy.service.discovery.v3 import ads_pb2, ads_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from istiod.debug.access import AccessPolicy
 from istiod.debug.app import DebugView, create_app
+from istiod.logs import fields
 from istiod.settings import Address, Settings
 from istiod.sources.configdir import ConfigDirSource
+from istiod.sources.monitoring import record_change
 from istiod.sources.store import Store
 from istiod.xds.pusher import Pusher
 from istiod.xds.server import DiscoveryServer
@@ -32,6 +35,7 @@ class Discovery:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.store = Store(settings.domain)
+        self.store.subscribe(record_change)
         assert settings.config_dir is not None
         self.source = ConfigDirSource(settings.config_dir, self.store, settings.poll_interval)
         self.pusher = Pusher(self.store, settings.debounce_after, settings.debounce_max)
@@ -40,7 +44,7 @@ class Discovery:
         self.health = health.aio.HealthServicer()
         self.ports: dict[str, int] = {}
         self._grpc: grpc.aio.Server | None = None
-        self._http: uvicorn.Server | None = None
+        self._http: list[uvicorn.Server] = []
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -53,16 +57,24 @@ class Discovery:
         self.ports["grpc"] = self._grpc.add_insecure_port(f"{_grpc_host(grpc_addr)}:{grpc_addr.port}")
         await self._grpc.start()
 
-        http_socket = _bind(self.settings.http_addr)
-        self.ports["http"] = http_socket.getsockname()[1]
-        app = create_app(DebugView(lambda: self.pusher.snapshot, lambda: self.ads.connections, lambda: self.ads.ready))
-        self._http = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))
-        self._tasks = [
-            asyncio.create_task(self._http.serve(sockets=[http_socket]), name="http"),
+        view = DebugView(lambda: self.pusher.snapshot, lambda: self.ads.connections, lambda: self.ads.ready,
+                         self.store.objects, lambda: self.ads.monitor.last_push)
+        access = AccessPolicy.from_token_file(self.settings.debug_token_file)
+        for name, address in (("http", self.settings.http_addr), ("monitoring", self.settings.monitoring_addr)):
+            sock = _bind(address)
+            self.ports[name] = sock.getsockname()[1]
+            app = create_app(view, access, monitoring=name == "monitoring")
+            # log_config=None: uvicorn logs through our structured handler; no proxy headers, so the
+            # client address the debug access check sees is the socket's peer.
+            server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False,
+                                                   log_config=None, proxy_headers=False))
+            self._http.append(server)
+            self._tasks.append(asyncio.create_task(server.serve(sockets=[sock]), name=name))
+        self._tasks += [
             asyncio.create_task(self.source.run(), name="config-dir"),
             asyncio.create_task(self.pusher.run(), name="pusher"),
         ]
-        log.info("serving grpc=%d http=%d", self.ports["grpc"], self.ports["http"])
+        log.info("serving", extra=fields(**self.ports))
         if self.settings.ports_file:
             self.settings.ports_file.write_text(json.dumps(self.ports))
 
@@ -78,10 +90,10 @@ class Discovery:
         self.ads.ready = False
         if self._grpc is not None:
             await self._grpc.stop(grace=1.0)
-        if self._http is not None:
-            self._http.should_exit = True
+        for server in self._http:
+            server.should_exit = True
         for task in self._tasks:
-            if task.get_name() != "http":
+            if task.get_name() not in ("http", "monitoring"):
                 task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), timeout=5)

@@ -41,6 +41,8 @@ class Settings:
     push_concurrency: int = 100
     poll_interval: float = 0.25
     ports_file: Path | None = None
+    monitoring_addr: Address = Address("", 15014)
+    debug_token_file: Path | None = None  # a bearer token that lets non-loopback callers read /debug
 
 
 def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +52,12 @@ def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
                         help="plaintext xDS (default :15010)")
     parser.add_argument("--http-addr", type=Address.parse, default=Address.parse(env("HTTP_ADDR", ":8080")),
                         help="debug endpoints and /ready (default :8080)")
+    parser.add_argument("--monitoring-addr", type=Address.parse,
+                        default=Address.parse(env("MONITORING_ADDR", ":15014")),
+                        help="/metrics, /version and debug endpoints (default :15014)")
+    parser.add_argument("--debug-auth-token-file", type=Path,
+                        help="a file holding a bearer token that admits non-loopback callers to /debug "
+                             "(without it, /debug answers loopback callers only)")
     parser.add_argument("--domain", default=env("DOMAIN_SUFFIX", DEFAULT_DOMAIN), help="cluster DNS domain")
     parser.add_argument("--debounce-after", type=_seconds, default=_seconds(env("PILOT_DEBOUNCE_AFTER", "100ms")),
                         help="quiet time before a push (default 100ms)")
@@ -76,6 +84,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         push_concurrency=args.push_concurrency,
         poll_interval=args.poll_interval,
         ports_file=args.ports_file,
+        monitoring_addr=args.monitoring_addr,
+        debug_token_file=args.debug_auth_token_file,
     )
 
 

@@ -103,7 +103,8 @@ class Istiod(Process):
         ports_file = workdir / "ports.json"
         super().__init__(
             [sys.executable, "-m", "istiod", "discovery", "--config-dir", str(config_dir),
-             "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--ports-file", str(ports_file),
+             "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--monitoring-addr", "127.0.0.1:0",
+             "--ports-file", str(ports_file),
              "--debounce-after", "50ms", "--poll-interval", "100ms", *extra],
             name="istiod",
         )
