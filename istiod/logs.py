@@ -25,7 +25,7 @@ def fields(**values: Any) -> dict[str, Any]:
 
 def setup(level: str = "info", output: str = "kv") -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_JsonFormatter() if output == "json" else _KeyValueFormatter())
+    handler.setFormatter(JsonFormatter() if output == "json" else KeyValueFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
@@ -44,12 +44,12 @@ def _record_fields(record: logging.LogRecord, formatter: logging.Formatter) -> d
     return values
 
 
-class _KeyValueFormatter(logging.Formatter):
+class KeyValueFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         return " ".join(f"{key}={_kv_value(value)}" for key, value in _record_fields(record, self).items())
 
 
-class _JsonFormatter(logging.Formatter):
+class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         return json.dumps(_record_fields(record, self), ensure_ascii=False, default=str)
 
