@@ -81,6 +81,7 @@ async def test_istiod_logs_one_json_line_per_event(
 
     await eventually(lambda: sum(e["msg"] == "ads disconnected" for e in events()) == 2, 5, "both disconnects")
     await eventually(lambda: any("broken.yaml" in e["msg"] for e in events()), 5, "the source error")
+    await eventually(lambda: any(e.get("reason") == {"Pod": 1} for e in events()), 5, "the pod's push")
     records = events()
     assert len(records) == len(istiod.output), "every line is one JSON object"
     by_message: dict[str, list[dict]] = {}
@@ -92,7 +93,8 @@ async def test_istiod_logs_one_json_line_per_event(
     [nack] = by_message["ads NACK"]
     assert (nack["level"], nack["type"], nack["error"]) == ("warning", "cds", "no thanks")
     pushes = by_message["push"]
-    assert pushes[-1]["reason"] == {"Pod": 1} and all(p["level"] == "info" for p in pushes)
+    assert [p["reason"] for p in pushes] == [{"Namespace": 1, "Service": 1}, {"Pod": 1}]
+    assert all(p["level"] == "info" and p["version"] for p in pushes)
     [source_error] = [r for r in records if "broken.yaml" in r["msg"]]
     assert source_error["level"] == "error" and "keeping its last good objects" in source_error["msg"]
     # Nothing per resource or per proxy push at info: only these events were logged.
