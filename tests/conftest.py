@@ -81,6 +81,7 @@ class Mesh:
     istiod: Istiod
     client: Process  # a real grpcio xDS client calling echo
     server: Process  # a real xDS-enabled grpcio server: pod echo-a
+    server_port: int  # echo-a's container port, on 127.0.0.21
 
 
 def synced(istiod: Istiod, proxy: str, prefixes: tuple[str, ...]) -> bool:
@@ -108,4 +109,4 @@ def synced_mesh(mesh_dir: Path, start_istiod: Callable[..., Istiod], start_demo:
     wait_until(lambda: any(line["ok"] for line in client.drain()), 20, "the client's first reply")
     wait_until(lambda: synced(istiod, CLIENT_PROXY, ("cluster", "listener", "endpoint", "route"))
                and synced(istiod, SERVER_PROXY, ("listener",)), 10, "both proxies to be synced")
-    return Mesh(mesh_dir, istiod, client, server)
+    return Mesh(mesh_dir, istiod, client, server, port)

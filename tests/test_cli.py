@@ -105,8 +105,8 @@ def test_proxy_config_tables_and_json(synced_mesh: Mesh) -> None:
     listeners = table(istiod_cli(istiod, "proxy-config", "listeners", proxy).stdout)
     assert listeners[f"{ECHO_HOST}:7070"] == [f"{ECHO_HOST}:7070", "OUTBOUND", f"Route: {ECHO_HOST}:7070"]
     inbound = table(istiod_cli(istiod, "proxy-config", "listeners", "echo-a.echo-ns").stdout)
-    [name] = [n for n in inbound if n.startswith("xds.istio.io/grpc/lds/inbound/127.0.0.21:")]
-    port = name.rsplit(":", 1)[1]
+    port = synced_mesh.server_port
+    name = f"xds.istio.io/grpc/lds/inbound/127.0.0.21:{port}"
     assert inbound[name] == [name, "INBOUND", f"Inline Route: inbound|{port}||"]
 
     routes = table(istiod_cli(istiod, "proxy-config", "routes", proxy).stdout)
@@ -114,7 +114,7 @@ def test_proxy_config_tables_and_json(synced_mesh: Mesh) -> None:
                                            CLUSTER]
 
     endpoints = table(istiod_cli(istiod, "proxy-config", "endpoints", proxy).stdout)
-    assert endpoints["127.0.0.21:" + port] == ["127.0.0.21:" + port, "HEALTHY", "-", CLUSTER]
+    assert endpoints[f"127.0.0.21:{port}"] == [f"127.0.0.21:{port}", "HEALTHY", "-", CLUSTER]
 
     raw = json.loads(istiod_cli(istiod, "proxy-config", "clusters", proxy, "-o", "json").stdout)
     assert [c["name"] for c in raw] == [CLUSTER] and raw[0]["@type"].endswith("envoy.config.cluster.v3.Cluster")

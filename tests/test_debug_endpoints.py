@@ -34,14 +34,11 @@ def test_registry_endpoints_instances_and_config(synced_mesh: Mesh, port: str) -
     assert [s["hostname"] for s in services] == [ECHO_HOST]
     assert services[0]["ports"] == [{"name": "grpc", "port": ECHO_PORT, "protocol": "TCP", "targetPort": "grpc"}]
 
-    [echo] = get_json(istiod, "/debug/endpointz", port)
-    assert (echo["svc"], echo["port"]) == (ECHO_HOST, ECHO_PORT)
-    [endpoint] = echo["ep"]
-    assert endpoint["Address"] == "127.0.0.21" and endpoint["HealthStatus"] == "Healthy"
-    assert endpoint["WorkloadName"] == "echo" and endpoint["WorkloadKind"] == "Deployment"
-    assert endpoint["ServiceAccount"] == "spiffe://cluster.local/ns/echo-ns/sa/echo"
-    assert endpoint["Locality"] == {"Label": "", "ClusterID": "Kubernetes"}
-    assert endpoint["ServicePortName"] == "grpc"
+    endpoints = get_json(istiod, "/debug/endpointz", port)
+    assert endpoints == {ECHO_HOST: {str(ECHO_PORT): [{
+        "address": "127.0.0.21", "port": synced_mesh.server_port, "healthy": True,
+        "locality": "", "workload": "echo", "workloadKind": "Deployment", "serviceAccount": "echo", "pod": "echo-a",
+    }]}}
 
     workloads = {w["name"]: w for w in get_json(istiod, "/debug/instancesz", port)}
     assert workloads["echo-a"]["workloadKind"] == "Deployment"
@@ -73,8 +70,10 @@ def test_connected_proxies_and_their_sync_state(synced_mesh: Mesh, port: str) ->
         "type.googleapis.com/envoy.config.listener.v3.Listener": [f"{ECHO_HOST}:{ECHO_PORT}"],
         "type.googleapis.com/envoy.config.route.v3.RouteConfiguration": [f"{ECHO_HOST}:{ECHO_PORT}"],
     }
-    [(type_url, [inbound])] = clients[SERVER_PROXY]["watches"].items()
-    assert type_url.endswith(".Listener") and inbound.startswith("xds.istio.io/grpc/lds/inbound/127.0.0.21:")
+    assert clients[SERVER_PROXY]["watches"] == {
+        "type.googleapis.com/envoy.config.listener.v3.Listener": [
+            f"xds.istio.io/grpc/lds/inbound/127.0.0.21:{synced_mesh.server_port}"],
+    }
 
     connections = get_json(istiod, "/debug/connections", port)
     assert connections["totalClients"] == 2

@@ -21,7 +21,6 @@ from istiod import __version__, metrics
 from istiod.debug import views
 from istiod.debug.access import AccessPolicy
 from istiod.debug.config_dump import config_dump, sync_diff
-from istiod.model.names import DEFAULT_DOMAIN
 from istiod.model.snapshot import Snapshot
 from istiod.sources.store import StoredObject
 from istiod.xds.connection import Connection
@@ -53,7 +52,6 @@ class DebugView:
     ready: Callable[[], bool]
     objects: Callable[[], Iterable[StoredObject]]
     last_push: Callable[[], PushStatus | None]
-    trust_domain: str = DEFAULT_DOMAIN
 
 
 def create_app(view: DebugView, access: AccessPolicy = AccessPolicy(), monitoring: bool = False) -> FastAPI:
@@ -104,8 +102,8 @@ def create_app(view: DebugView, access: AccessPolicy = AccessPolicy(), monitorin
         return [views.service_json(s) for s in sorted(view.snapshot().services.values(), key=lambda s: s.hostname)]
 
     @app.get("/debug/endpointz")
-    async def endpointz() -> list[dict[str, Any]]:
-        return views.endpointz(view.snapshot(), view.trust_domain)
+    async def endpointz() -> dict[str, dict[str, list[dict[str, Any]]]]:
+        return views.endpointz(view.snapshot())
 
     @app.get("/debug/instancesz")
     async def instancesz() -> list[dict[str, Any]]:

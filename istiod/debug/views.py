@@ -11,8 +11,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from istiod.model.names import spiffe_identity
-from istiod.model.service import Endpoint, Port, Service
+from istiod.model.service import Endpoint, Service
 from istiod.model.snapshot import Snapshot, VolumeMount
 from istiod.model.workload import Workload
 from istiod.sources.store import StoredObject
@@ -60,36 +59,24 @@ def service_json(service: Service) -> dict[str, Any]:
     }
 
 
-def endpointz(snapshot: Snapshot, trust_domain: str) -> list[dict[str, Any]]:
-    result = []
-    for (hostname, number), endpoints in sorted(snapshot.endpoints.items()):
-        service = snapshot.services[hostname]
-        port = service.port(number)
-        assert port is not None  # the builder keys endpoints by the service's own ports
-        result.append({
-            "svc": hostname,
-            "port": number,
-            "ep": [_endpoint_json(e, service, port, trust_domain) for e in endpoints],
-        })
+def endpointz(snapshot: Snapshot) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """Endpoints by service host and port, with health, locality, workload and service account."""
+    result: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for (hostname, port), endpoints in sorted(snapshot.endpoints.items()):
+        result.setdefault(hostname, {})[str(port)] = [_endpoint_json(e) for e in endpoints]
     return result
 
 
-def _endpoint_json(endpoint: Endpoint, service: Service, port: Port, trust_domain: str) -> dict[str, Any]:
-    """istiod's IstioEndpoint fields (HealthStatus by its enum name rather than number)."""
+def _endpoint_json(endpoint: Endpoint) -> dict[str, Any]:
     return {
-        "Labels": dict(endpoint.labels),
-        "Address": endpoint.address,
-        "ServicePortName": port.name,
-        "ServiceAccount": spiffe_identity(trust_domain, endpoint.namespace, endpoint.service_account)
-        if endpoint.service_account else "",
-        "Locality": {"Label": str(endpoint.locality), "ClusterID": "Kubernetes"},
-        "EndpointPort": endpoint.port,
-        "LbWeight": 1,
-        "Namespace": endpoint.namespace or service.namespace,
-        "WorkloadName": endpoint.workload_name,
-        "WorkloadKind": endpoint.workload_kind,
-        "PodName": endpoint.pod,
-        "HealthStatus": "Healthy" if endpoint.healthy else "UnHealthy",
+        "address": endpoint.address,
+        "port": endpoint.port,
+        "healthy": endpoint.healthy,
+        "locality": str(endpoint.locality),
+        "workload": endpoint.workload_name,
+        "workloadKind": endpoint.workload_kind,
+        "serviceAccount": endpoint.service_account,
+        "pod": endpoint.pod,
     }
 
 
