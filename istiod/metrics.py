@@ -88,10 +88,9 @@ CERT_CHAIN_EXPIRY_SECONDS = Gauge(
     "citadel_server_cert_chain_expiry_seconds", "The time remaining, in seconds, before the cert chain will expire."
 )
 
-_COUNTERS = [m for m in globals().values() if isinstance(m, Counter)]
+_COUNTER_NAMES = [family.name for m in list(globals().values()) if isinstance(m, Counter) for family in m.describe()]
 _COUNTER_TOTAL = re.compile(
-    r"^((?:# (?:HELP|TYPE) )?(?:" + "|".join(re.escape(c.describe()[0].name) for c in _COUNTERS) + r"))_total\b",
-    re.MULTILINE,
+    r"^((?:# (?:HELP|TYPE) )?(?:" + "|".join(map(re.escape, _COUNTER_NAMES)) + r"))_total\b", re.MULTILINE
 )
 
 # Kubernetes kinds -> Istio's update type (pilot_inbound_updates) and push trigger (pilot_push_triggers).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -62,12 +62,12 @@ async def asgi_get(app: FastAPI, path: str, client: str, headers: dict[str, str]
         "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()],
         "client": (client, 40000), "server": ("127.0.0.1", 8080),
     }
-    sent: list[dict[str, Any]] = []
+    sent: list[MutableMapping[str, Any]] = []
 
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": b"", "more_body": False}
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: MutableMapping[str, Any]) -> None:
         sent.append(message)
 
     await app(scope, receive, send)

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 
 from istiod.debug.app import DEBUG_ENDPOINTS
+from istiod.xds import types
 from tests.conftest import CLIENT_PROXY, ECHO_HOST, ECHO_PORT, SERVER_PROXY, Mesh, render
-from tests.peers import Istiod, wait_until
+from tests.ads_client import AdsClient
+from tests.peers import Istiod, eventually, wait_until
 
 CLUSTER = f"outbound|{ECHO_PORT}||{ECHO_HOST}"
 PORTS = ("http", "monitoring")
 
 
-def get_json(istiod: Istiod, path: str, port: str) -> object:
+def get_json(istiod: Istiod, path: str, port: str) -> Any:
     status, body = istiod.get(path, port)
     assert status == 200, (path, port, status, body)
     return body
@@ -105,6 +110,21 @@ def test_push_status_reports_the_last_push(synced_mesh: Mesh) -> None:
     assert status["errors"] == []
     assert 0 <= status["duration_seconds"] < 5 and status["start"] <= status["end"]
     assert 0 <= status["debounce_seconds"] and 0 <= status["build_seconds"]
+
+
+async def test_push_status_and_config_dump_show_a_nack(
+    synced_mesh: Mesh, ads_client: Callable[..., AdsClient]
+) -> None:
+    istiod = synced_mesh.istiod
+    nacker = ads_client(istiod, "nacker", "echo-ns")
+    await nacker.subscribe(types.CLUSTER, [CLUSTER], nack="cluster rejected")
+    await eventually(lambda: get_json(istiod, "/debug/push_status", "http")["errors"], 5, "the NACK in push_status")
+    assert get_json(istiod, "/debug/push_status", "http")["errors"] == [
+        {"proxy": nacker.node.id, "type": "cds", "message": "cluster rejected"}]
+    [clusters] = get_json(istiod, "/debug/config_dump?proxyID=nacker.echo-ns", "http")["configs"]
+    [cluster] = clusters["dynamic_active_clusters"]
+    assert cluster["client_status"] == "NACKED" and cluster["error_state"]["details"] == "cluster rejected"
+    assert cluster["error_state"]["version_info"] == cluster["version_info"]
 
 
 @pytest.mark.parametrize("port", PORTS)

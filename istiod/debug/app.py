@@ -47,6 +47,8 @@ _UI_PAGE = resources.files("istiod.debug").joinpath("ui.html").read_text(encodin
 
 @dataclass(frozen=True, slots=True)
 class DebugView:
+    """The only way the debug app reads istiod's state; every member is a read."""
+
     snapshot: Callable[[], Snapshot]
     connections: Callable[[], Mapping[str, Connection]]
     ready: Callable[[], bool]

@@ -36,7 +36,7 @@ _DUMP_PATHS = {
 def resources_of(dump: Json, kind: str) -> list[Json]:
     """The resources of one kind in an Envoy config dump, in the order istiod sent them."""
     dump_type, entries, path = _DUMP_PATHS[kind]
-    config = next((c for c in dump.get("configs", []) if c.get("@type", "").endswith("." + dump_type)), {})
+    config: Json = next((c for c in dump.get("configs", []) if c.get("@type", "").endswith("." + dump_type)), {})
     result = []
     for entry in config.get(entries, []):
         for key in path:

@@ -10,7 +10,7 @@ PADDING = 3
 def render(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(str(row[i])) for row in (headers, *rows)) for i in range(len(headers))]
     lines = [
-        "".join(str(cell).ljust(width + PADDING) for cell, width in zip(row, widths)).rstrip()
+        "".join(str(cell).ljust(width + PADDING) for cell, width in zip(row, widths, strict=True)).rstrip()
         for row in (headers, *rows)
     ]
     return "\n".join(lines) + "\n"
