@@ -43,11 +43,10 @@ def sync_diff(connection: Connection) -> dict[str, Any]:
         if watched is None:
             continue
         sent, acked = watched.sent, watched.acked
-        pending_error = watched.last_error if watched.nacked_nonce == watched.nonce_sent else ""
         result.append({
             "type": types.short_name(type_url),
             "type_url": type_url,
-            "status": sync_state(watched.nonce_sent, watched.nonce_acked, pending_error),
+            "status": sync_state(watched.nonce_sent, watched.nonce_acked, watched.rejection),
             "version_sent": watched.version_sent,
             "version_acked": watched.version_acked,
             "nonce_sent": watched.nonce_sent,
@@ -64,9 +63,9 @@ def _entry_state(watched: WatchedResource, resource: Resource) -> tuple[int, dum
     """Envoy's client_status of one sent resource, and its error_state when the proxy rejected it."""
     if resource.same_as(watched.acked.get(resource.name)):
         return Status.ACKED, None
-    if watched.last_error and watched.nacked_nonce == watched.nonce_sent:
+    if watched.rejection:
         return Status.NACKED, dump_pb2.UpdateFailureState(
-            details=watched.last_error, version_info=watched.version_sent, last_update_attempt=_time(watched.sent_at)
+            details=watched.rejection, version_info=watched.version_sent, last_update_attempt=_time(watched.sent_at)
         )
     return Status.UNKNOWN, None  # sent, not answered yet
 

@@ -187,8 +187,8 @@ def sync_json(connection: Connection) -> dict[str, Any]:
         watched = connection.watched.get(type_url)
         status[f"{prefix}_sent"] = watched.nonce_sent if watched else ""
         status[f"{prefix}_acked"] = watched.nonce_acked if watched else ""
-        if watched and watched.last_error:
-            status[f"{prefix}_nacked_error"] = watched.last_error
+        if watched and watched.rejection:
+            status[f"{prefix}_nacked_error"] = watched.rejection
     return status
 
 

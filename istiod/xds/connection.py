@@ -30,6 +30,11 @@ class WatchedResource:
     sent_at: float = 0.0
     acked_at: float = 0.0
 
+    @property
+    def rejection(self) -> str:
+        """The error of the proxy's NACK of the last response sent, if it NACKed that one."""
+        return self.last_error if self.nacked_nonce == self.nonce_sent else ""
+
     def differs_from(self, resources: list[Resource]) -> bool:
         return len(resources) != len(self.sent) or any(not r.same_as(self.sent.get(r.name)) for r in resources)
 
