@@ -1,7 +1,8 @@
 """Structured logs: one line per event, as key=value pairs (default) or as JSON objects.
 
-Callers name an event in the message and pass its facts as fields:
-    log.info("ads connected", extra=fields(id=connection.id, peer=connection.peer))
+An event is a name and its facts, logged as the message:
+    log.info(event("ads connected", id=connection.id, peer=connection.peer))
+Any handler shows it as `ads connected id=... peer=...`; ours give each fact its own key.
 """
 
 from __future__ import annotations
@@ -10,17 +11,25 @@ import json
 import logging
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 FORMATS = ("kv", "json")
 LEVELS = ("debug", "info", "warning", "error")
-_FIELDS = "istiod_fields"
 
 
-def fields(**values: Any) -> dict[str, Any]:
-    """The `extra=` argument that attaches key=value facts to one log record."""
-    return {_FIELDS: values}
+@dataclass(frozen=True, slots=True)
+class Event:
+    name: str
+    facts: Mapping[str, Any]
+
+    def __str__(self) -> str:
+        return " ".join([self.name, *(f"{key}={_kv_value(value)}" for key, value in self.facts.items())])
+
+
+def event(name: str, **facts: Any) -> Event:
+    return Event(name, facts)
 
 
 def setup(level: str = "info", output: str = "kv") -> None:
@@ -32,12 +41,13 @@ def setup(level: str = "info", output: str = "kv") -> None:
 
 
 def _record_fields(record: logging.LogRecord, formatter: logging.Formatter) -> dict[str, Any]:
+    message = record.msg
     values: dict[str, Any] = {
         "time": datetime.fromtimestamp(record.created, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
         "level": record.levelname.lower(),
         "scope": record.name.removeprefix("istiod."),
-        "msg": record.getMessage(),
-        **getattr(record, _FIELDS, {}),
+        "msg": message.name if isinstance(message, Event) else record.getMessage(),
+        **(message.facts if isinstance(message, Event) else {}),
     }
     if record.exc_info:
         values["error"] = formatter.formatException(record.exc_info)

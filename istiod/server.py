@@ -15,9 +15,9 @@ from envoy.service.discovery.v3 import ads_pb2, ads_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from istiod import logs
 from istiod.debug.access import AccessPolicy
 from istiod.debug.app import DebugView, create_app
-from istiod.logs import fields
 from istiod.settings import Address, Settings
 from istiod.sources.configdir import ConfigDirSource
 from istiod.sources.monitoring import record_change
@@ -74,7 +74,7 @@ class Discovery:
             asyncio.create_task(self.source.run(), name="config-dir"),
             asyncio.create_task(self.pusher.run(), name="pusher"),
         ]
-        log.info("serving", extra=fields(**self.ports))
+        log.info(logs.event("serving", **self.ports))
         if self.settings.ports_file:
             self.settings.ports_file.write_text(json.dumps(self.ports))
 

@@ -17,10 +17,9 @@ from tests.conftest import CLIENT_PROXY, ECHO_HOST, ECHO_PORT, render, synced
 from tests.peers import Istiod, Process, eventually, wait_until
 
 
-def format_record(output: str, message: str, exc: bool = False, **values: object) -> str:
+def format_record(output: str, message: object, exc: bool = False) -> str:
     formatter = (logs.JsonFormatter if output == "json" else logs.KeyValueFormatter)()
     record = logging.LogRecord("istiod.xds.server", logging.WARNING, __file__, 1, message, (), None)
-    record.__dict__.update(logs.fields(**values))
     if exc:
         try:
             raise ValueError("boom\nsecond line")
@@ -30,14 +29,22 @@ def format_record(output: str, message: str, exc: bool = False, **values: object
 
 
 def test_key_value_lines_quote_what_would_split_them() -> None:
-    line = format_record("kv", "ads NACK", id="a~b", error='bad "thing"', reason={"Pod": 2, "Service": 1}, n=3)
+    line = format_record("kv", logs.event("ads NACK", id="a~b", error='bad "thing"', reason={"Pod": 2, "Service": 1},
+                                          n=3))
     assert line.startswith("time=") and line.endswith(
         ' level=warning scope=xds.server msg="ads NACK" id=a~b error="bad \\"thing\\"" reason=Pod:2,Service:1 n=3')
     assert "\n" not in format_record("kv", "failed", exc=True)
 
 
+def test_any_handler_shows_an_event_with_its_facts() -> None:
+    assert str(logs.event("ads NACK", id="a", error="no good")) == 'ads NACK id=a error="no good"'
+    record = logging.LogRecord("x", logging.INFO, __file__, 1, logs.event("push", version="v/1"), (), None)
+    assert record.getMessage() == "push version=v/1"
+    assert json.loads(format_record("kv", "plain %s").split(" msg=", 1)[1]) == "plain %s"
+
+
 def test_json_lines_carry_the_fields() -> None:
-    record = json.loads(format_record("json", "push", version="v/1", reason={"Pod": 1}))
+    record = json.loads(format_record("json", logs.event("push", version="v/1", reason={"Pod": 1})))
     assert record["level"] == "warning" and record["scope"] == "xds.server" and record["msg"] == "push"
     assert record["version"] == "v/1" and record["reason"] == {"Pod": 1} and record["time"].endswith("Z")
     failed = format_record("json", "failed", exc=True)

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
-from istiod import metrics
-from istiod.logs import fields
+from istiod import logs, metrics
 from istiod.xds import types
 from istiod.xds.connection import Connection, WatchedResource
 from istiod.xds.pusher import PushEvent
@@ -132,11 +131,8 @@ class AdsMonitor:
         if not self._pending and self.last_push is not None:
             end = time.time()
             self.last_push = status = dataclasses.replace(self.last_push, end=end)
-            log.debug(
-                "push done",
-                extra=fields(version=status.version, proxies=status.proxies_pushed, responses=status.responses_sent,
-                             seconds=round(end - status.start, 3)),
-            )
+            log.debug(logs.event("push done", version=status.version, proxies=status.proxies_pushed,
+                                 responses=status.responses_sent, seconds=round(end - status.start, 3)))
 
 
 def _version(connection: Connection) -> str:

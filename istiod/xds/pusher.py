@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from istiod.logs import fields
+from istiod import logs
 from istiod.model.builder import build_snapshot
 from istiod.model.snapshot import Snapshot
 from istiod.sources.convert import ObjectKey
@@ -86,8 +86,8 @@ class Pusher:
         self.snapshot = build_snapshot(self.store, _version(self._count), self.snapshot, None if full else changed)
         event = PushEvent(self.snapshot, reason, debounced, time.perf_counter() - started, full)
         self.last_push = event
-        log.info("push", extra=fields(version=self.snapshot.version, reason=reason or "full",
-                                      build_ms=round(event.build_seconds * 1e3, 1)))
+        log.info(logs.event("push", version=self.snapshot.version, reason=reason or "full",
+                            build_ms=round(event.build_seconds * 1e3, 1)))
         for subscriber in self._subscribers:
             subscriber(event)
         return event

@@ -12,7 +12,7 @@ import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.protobuf import any_pb2, json_format
 
-from istiod.logs import fields
+from istiod import logs
 from istiod.model.proxy import NodeIdError, proxy_from_node
 from istiod.model.snapshot import Snapshot
 from istiod.xds import types
@@ -53,7 +53,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         connection = await self._connect(first, context)
         self.connections[connection.id] = connection
         self.monitor.connected(connection)
-        log.info("ads connected", extra=fields(id=connection.id, peer=connection.peer))
+        log.info(logs.event("ads connected", id=connection.id, peer=connection.peer))
         connection.events.put_nowait(first)
         reader = asyncio.create_task(_read(request_iterator, connection))
         try:
@@ -75,7 +75,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             reader.cancel()
             del self.connections[connection.id]
             self.monitor.disconnected(connection)
-            log.info("ads disconnected", extra=fields(id=connection.id))
+            log.info(logs.event("ads disconnected", id=connection.id))
 
     async def _connect(self, first: discovery_pb2.DiscoveryRequest, context: grpc.aio.ServicerContext) -> Connection:
         if not first.node.id:
@@ -119,11 +119,8 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         watched.nacked_nonce = request.response_nonce
         watched.last_error = request.error_detail.message
         self.monitor.nacked(connection, watched, request)
-        log.warning(
-            "ads NACK",
-            extra=fields(id=connection.id, type=types.short_name(watched.type_url), version=watched.version_sent,
-                         error=request.error_detail.message),
-        )
+        log.warning(logs.event("ads NACK", id=connection.id, type=types.short_name(watched.type_url),
+                               version=watched.version_sent, error=request.error_detail.message))
 
     def _push(self, connection: Connection, snapshot: Snapshot) -> list[discovery_pb2.DiscoveryResponse]:
         responses = []
