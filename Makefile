@@ -3,8 +3,10 @@ PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+CHROMIUM := /usr/bin/chromium
+SUDO     := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: run test unit e2e e2e-bin bench protos demo-server demo-client clean
+.PHONY: run test unit e2e e2e-bin bench protos demo-server demo-client chromium clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH"; exit 1; }
@@ -16,11 +18,18 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/istiod discovery --config-dir deploy/demo
 
-test: $(STAMP) e2e-bin
+test: $(STAMP) $(CHROMIUM) e2e-bin
 	$(BIN)/pytest -q tests e2e
 
-unit: $(STAMP)
+unit: $(STAMP) $(CHROMIUM)
 	$(BIN)/pytest -q tests
+
+# Headless Chromium renders /debug/ui in the tests: Debian's package, installed once.
+chromium: $(CHROMIUM)
+
+$(CHROMIUM):
+	$(SUDO) apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core
 
 # The real kube-apiserver and etcd for e2e/, built with Go from the module proxy; reused when present.
 e2e-bin:

@@ -17,10 +17,13 @@ from grpc_reflection.v1alpha import reflection
 from kubernetes_asyncio import client
 from kubernetes_asyncio import config as kube_config
 
+from istiod import logs
+from istiod.debug.access import AccessPolicy
 from istiod.debug.app import DebugView, create_app
 from istiod.secure import SecurePort
 from istiod.settings import Address, Settings
 from istiod.sources.configdir import ConfigDirSource
+from istiod.sources.monitoring import record_change
 from istiod.sources.kube import KubeSource
 from istiod.sources.namespaces import NamespaceFilter, Selector
 from istiod.sources.store import Store
@@ -37,6 +40,7 @@ class Discovery:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.store = Store(settings.domain)
+        self.store.subscribe(record_change)
         self.source: ConfigDirSource | KubeSource | None = None
         self.pusher = Pusher(self.store, settings.debounce_after, settings.debounce_max, settings.mesh)
         self.ads = DiscoveryServer(lambda: self.pusher.snapshot, settings.push_concurrency)
@@ -45,7 +49,7 @@ class Discovery:
         self.health = health.aio.HealthServicer()
         self.ports: dict[str, int] = {}
         self._grpc: grpc.aio.Server | None = None
-        self._http: uvicorn.Server | None = None
+        self._http: list[uvicorn.Server] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._api: client.ApiClient | None = None
 
@@ -74,16 +78,24 @@ class Discovery:
         self.ports["grpc"] = self._grpc.add_insecure_port(f"{_grpc_host(grpc_addr)}:{grpc_addr.port}")
         await self._grpc.start()
 
-        http_socket = _bind(self.settings.http_addr)
-        self.ports["http"] = http_socket.getsockname()[1]
-        app = create_app(DebugView(lambda: self.pusher.snapshot, lambda: self.ads.connections, lambda: self.ads.ready))
-        self._http = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))
-        self._tasks = [
-            asyncio.create_task(self._http.serve(sockets=[http_socket]), name="http"),
+        view = DebugView(lambda: self.pusher.snapshot, lambda: self.ads.connections, lambda: self.ads.ready,
+                         self.store.objects, lambda: self.ads.monitor.last_push)
+        access = AccessPolicy.from_token_file(self.settings.debug_token_file)
+        for name, address in (("http", self.settings.http_addr), ("monitoring", self.settings.monitoring_addr)):
+            sock = _bind(address)
+            self.ports[name] = sock.getsockname()[1]
+            app = create_app(view, access, monitoring=name == "monitoring")
+            # log_config=None: uvicorn logs through our structured handler; no proxy headers, so the
+            # client address the debug access check sees is the socket's peer.
+            server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False,
+                                                   log_config=None, proxy_headers=False))
+            self._http.append(server)
+            self._tasks.append(asyncio.create_task(server.serve(sockets=[sock]), name=name))
+        self._tasks += [
             asyncio.create_task(self.source.run(), name="source"),
             asyncio.create_task(self.pusher.run(), name="pusher"),
         ]
-        log.info("serving grpc=%d secure-grpc=%d http=%d", self.ports["grpc"], self.ports["secure-grpc"], self.ports["http"])
+        log.info(logs.event("serving", **self.ports))
         if self.settings.ports_file:
             self.settings.ports_file.write_text(json.dumps(self.ports))
 
@@ -101,10 +113,10 @@ class Discovery:
         if self._grpc is not None:
             await self._grpc.stop(grace=1.0)
         await self.secure.stop()
-        if self._http is not None:
-            self._http.should_exit = True
+        for server in self._http:
+            server.should_exit = True
         for task in self._tasks:
-            if task.get_name() != "http":
+            if task.get_name() not in ("http", "monitoring"):
                 task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), timeout=5)

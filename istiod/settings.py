@@ -53,6 +53,8 @@ class Settings:
     secure_grpc_addr: Address = Address("", 15012)
     mesh: MeshConfig = MeshConfig()
     ca: CaSettings = CaSettings()
+    monitoring_addr: Address = Address("", 15014)
+    debug_token_file: Path | None = None  # a bearer token that lets non-loopback callers read /debug
 
 
 def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
@@ -69,6 +71,12 @@ def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
                         help="plaintext xDS (default :15010)")
     parser.add_argument("--http-addr", type=Address.parse, default=Address.parse(env("HTTP_ADDR", ":8080")),
                         help="debug endpoints and /ready (default :8080)")
+    parser.add_argument("--monitoring-addr", type=Address.parse,
+                        default=Address.parse(env("MONITORING_ADDR", ":15014")),
+                        help="/metrics, /version and debug endpoints (default :15014)")
+    parser.add_argument("--debug-auth-token-file", type=Path,
+                        help="a file holding a bearer token that admits non-loopback callers to /debug "
+                             "(without it, /debug answers loopback callers only)")
     parser.add_argument("--domain", default=env("DOMAIN_SUFFIX", DEFAULT_DOMAIN), help="cluster DNS domain")
     parser.add_argument("--debounce-after", type=_seconds, default=_seconds(env("PILOT_DEBOUNCE_AFTER", "100ms")),
                         help="quiet time before a push (default 100ms)")
@@ -116,4 +124,6 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         secure_grpc_addr=args.secure_grpc_addr,
         mesh=MeshConfig(trust_domain=args.trust_domain, mtls=args.mtls),
         ca=ca_settings_from_args(args),
+        monitoring_addr=args.monitoring_addr,
+        debug_token_file=args.debug_auth_token_file,
     )

@@ -5,6 +5,7 @@ Every wait is bounded, and every process is stopped by the fixture that started 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import queue
@@ -19,6 +20,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,6 +41,16 @@ def wait_until(check: Callable[[], Any], timeout: float, what: str, interval: fl
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+async def eventually(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+    """wait_until for async tests: sleeps on the event loop, so in-process gRPC streams keep moving."""
+    deadline = time.monotonic() + timeout
+    while not (result := check()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)
+    return result
 
 
 def stop_group(proc: subprocess.Popen, grace: float) -> None:  # type: ignore[type-arg]
@@ -104,14 +117,15 @@ class Process:
 
 
 class Istiod(Process):
-    def __init__(self, workdir: Path, *args: str, ready_timeout: float | None = 20) -> None:
+    def __init__(self, workdir: Path, *args: str, ready_timeout: float | None = 20, log_format: str = "kv") -> None:
         """`args` name the source (`--config-dir DIR` or `--kubeconfig FILE`) and any other flags."""
         ports_file = workdir / "ports.json"
         ports_file.unlink(missing_ok=True)
         self.state_dir = workdir / "state"
         super().__init__(
-            [sys.executable, "-m", "istiod", "discovery",
-             "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--ports-file", str(ports_file),
+            [sys.executable, "-m", "istiod", "--log-format", log_format, "discovery",
+             "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--monitoring-addr", "127.0.0.1:0",
+             "--ports-file", str(ports_file),
              "--secure-grpc-addr", "127.0.0.1:0", "--ca-state-dir", str(self.state_dir), "--tls-extra-san", "127.0.0.1",
              "--debounce-after", "50ms", *args],
             name="istiod",
@@ -139,9 +153,13 @@ class Istiod(Process):
         """Where istiod publishes its root in config-dir mode (the istio-ca-root-cert stand-in)."""
         return self.state_dir / "root-cert.pem"
 
-    def get(self, path: str) -> tuple[int, Any]:
+    def url(self, port: str = "http") -> str:
+        return f"http://127.0.0.1:{self.ports[port]}"
+
+    def get(self, path: str, port: str = "http") -> tuple[int, Any]:
+        """(status, JSON or text) of a GET on the http (8080) or monitoring (15014) port; (0, None) if down."""
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.ports['http']}{path}", timeout=5) as reply:
+            with urllib.request.urlopen(f"{self.url(port)}{path}", timeout=5) as reply:
                 body = reply.read().decode()
                 status = reply.status
         except urllib.error.HTTPError as error:
@@ -152,6 +170,24 @@ class Istiod(Process):
             return status, json.loads(body)
         except json.JSONDecodeError:
             return status, body
+
+
+    def metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        """Every sample on /metrics by (name as exposed, labels); counters keep Istio's bare names."""
+        status, text = self.get("/metrics", port="monitoring")
+        assert status == 200, text
+        samples = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                # The parser names counter samples `<name>_total`; istiod exposes them as `<name>`.
+                name = family.name if family.type == "counter" and sample.name == family.name + "_total" else sample.name
+                samples[(name, frozenset(sample.labels.items()))] = sample.value
+        return samples
+
+
+def metric(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:
+    """One sample's value, 0 when absent (labelled series appear on first use)."""
+    return samples.get((name, frozenset(labels.items())), 0.0)
 
 
 def demo(*args: str, env: dict[str, str] | None = None, name: str = "") -> Process:

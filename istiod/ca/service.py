@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 
 import grpc
 
-from istiod.ca import metrics
+from istiod import metrics
 from istiod.ca.authenticate import AuthenticationError, Authenticator, Credentials, authenticate
 from istiod.ca.root import CertificateAuthority
 from istiod.ca.signer import SignError, SignErrorKind, TtlPolicy, sign_csr

@@ -1,99 +1,180 @@
-"""The debug FastAPI app. It reads the snapshot and a read-only view of connections, nothing else."""
+"""The debug FastAPI app, served on the http (8080) and monitoring (15014) ports as istiod does.
+
+It reads the snapshot, the store's objects and a read-only view of the ADS server, nothing else.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import html
+import platform
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
-from fastapi import FastAPI, Response
+from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from istiod.model.service import Endpoint, Service
+from istiod import __version__, metrics
+from istiod.debug import views
+from istiod.debug.access import AccessPolicy
+from istiod.debug.config_dump import config_dump, sync_diff
 from istiod.model.snapshot import Snapshot
-from istiod.xds import types
+from istiod.sources.store import StoredObject
 from istiod.xds.connection import Connection
+from istiod.xds.monitor import PushStatus
+
+# Every debug endpoint and what it shows: the /debug index is built from this.
+DEBUG_ENDPOINTS = {
+    "/debug/ui": "a page of services, connected proxies and their sync state, refreshed every few seconds",
+    "/debug/registryz": "services in the registry, with ports and selectors",
+    "/debug/endpointz": "endpoints per service and port: address, health, locality, workload, service account",
+    "/debug/instancesz": "workloads (pods), with their Job/CronJob owners and mounted PersistentVolumes",
+    "/debug/configz": "the Kubernetes objects in the config store",
+    "/debug/adsz": "connected proxies: id, peer address, connected since, labels, metadata, watched resources",
+    "/debug/connections": "connected proxies: id, peer address, connected since, watched resources",
+    "/debug/syncz": "per proxy, the nonce sent and acknowledged for clusters, listeners, routes and endpoints",
+    "/debug/push_status": "the last push: version, reason, duration, proxies pushed, errors",
+    "/debug/config_dump?proxyID=": "the resources a proxy was sent, as an Envoy config dump",
+    "/debug/sync_diff?proxyID=": "per type, which resources a proxy was sent but has not acknowledged",
+}
+PROBES = {"/ready": "200 once sources have synced", "/healthz": "200 while the process serves"}
+MONITORING = {"/metrics": "Prometheus metrics", "/version": "istiod's version"}
+_UI_PAGE = resources.files("istiod.debug").joinpath("ui.html").read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True, slots=True)
 class DebugView:
+    """The only way the debug app reads istiod's state; every member is a read."""
+
     snapshot: Callable[[], Snapshot]
     connections: Callable[[], Mapping[str, Connection]]
     ready: Callable[[], bool]
+    objects: Callable[[], Iterable[StoredObject]]
+    last_push: Callable[[], PushStatus | None]
 
 
-def create_app(view: DebugView) -> FastAPI:
+def create_app(view: DebugView, access: AccessPolicy = AccessPolicy(), monitoring: bool = False) -> FastAPI:
+    """The debug app; `monitoring` adds /metrics and /version as on istiod's port 15014.
+
+    Handlers are async so they run on the event loop that owns the ADS state; sync handlers would
+    run in a thread pool and read connections while the loop changes them.
+    """
     app = FastAPI(title="istiod debug", docs_url=None, redoc_url=None, openapi_url=None)
 
+    @app.middleware("http")
+    async def check_access(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        if request.url.path == "/debug" or request.url.path.startswith("/debug/"):
+            client = request.client.host if request.client else None
+            refusal = access.refusal(client, request.headers.get("authorization"))
+            if refusal is not None:
+                return _error(403, refusal)
+        return await call_next(request)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_query(request: Request, error: RequestValidationError) -> Response:
+        return _error(400, "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> Response:
+        return _error(error.status_code, str(error.detail))
+
     @app.get("/ready")
-    def ready() -> Response:
+    async def ready() -> Response:
         if view.ready():
             return Response("ready\n", media_type="text/plain")
         return Response("not ready: sources have not synced\n", status_code=503, media_type="text/plain")
 
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        return Response("ok\n", media_type="text/plain")
+
+    @app.get("/debug", response_class=HTMLResponse)
+    async def index() -> str:
+        return _index_page(monitoring)
+
+    @app.get("/debug/ui", response_class=HTMLResponse)
+    async def ui() -> str:
+        return _UI_PAGE
+
     @app.get("/debug/registryz")
-    def registryz() -> list[dict[str, Any]]:
-        return [_service_json(s) for s in sorted(view.snapshot().services.values(), key=lambda s: s.hostname)]
+    async def registryz() -> list[dict[str, Any]]:
+        return [views.service_json(s) for s in sorted(view.snapshot().services.values(), key=lambda s: s.hostname)]
 
     @app.get("/debug/endpointz")
-    def endpointz() -> dict[str, dict[str, list[dict[str, Any]]]]:
-        snapshot = view.snapshot()
-        result: dict[str, dict[str, list[dict[str, Any]]]] = {}
-        for (hostname, port), endpoints in sorted(snapshot.endpoints.items()):
-            result.setdefault(hostname, {})[str(port)] = [_endpoint_json(e) for e in endpoints]
-        return result
+    async def endpointz() -> dict[str, dict[str, list[dict[str, Any]]]]:
+        return views.endpointz(view.snapshot())
+
+    @app.get("/debug/instancesz")
+    async def instancesz() -> list[dict[str, Any]]:
+        return views.instancesz(view.snapshot())
+
+    @app.get("/debug/configz")
+    async def configz() -> list[Mapping[str, Any]]:
+        return views.configz(view.objects())
+
+    @app.get("/debug/adsz")
+    async def adsz() -> dict[str, Any]:
+        return views.ads_clients(view.connections(), detail=True)
+
+    @app.get("/debug/connections")
+    async def connections() -> dict[str, Any]:
+        return views.ads_clients(view.connections(), detail=False)
 
     @app.get("/debug/syncz")
-    def syncz() -> list[dict[str, Any]]:
-        return [_sync_json(c) for c in sorted(view.connections().values(), key=lambda c: c.proxy.id)]
+    async def syncz() -> list[dict[str, Any]]:
+        return [views.sync_json(c) for c in sorted(view.connections().values(), key=lambda c: c.id)]
+
+    @app.get("/debug/push_status")
+    async def push_status() -> dict[str, Any]:
+        status = view.last_push()
+        if status is None:
+            raise HTTPException(404, "no push has happened yet")
+        return views.push_status_json(status)
+
+    @app.get("/debug/config_dump")
+    async def config_dump_endpoint(proxyID: str | None = None) -> dict[str, Any]:  # noqa: N803 - istiod's name
+        return config_dump(_proxy(view, proxyID))
+
+    @app.get("/debug/sync_diff")
+    async def sync_diff_endpoint(proxyID: str | None = None) -> dict[str, Any]:  # noqa: N803
+        return sync_diff(_proxy(view, proxyID))
+
+    if monitoring:
+        @app.get("/metrics")
+        async def prometheus_metrics() -> Response:
+            return Response(metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+        @app.get("/version")
+        async def version() -> dict[str, str]:
+            return {"version": __version__, "python_version": platform.python_version()}
 
     return app
 
 
-def _service_json(service: Service) -> dict[str, Any]:
-    return {
-        "Attributes": {
-            "ServiceRegistry": "Kubernetes",
-            "Name": service.name,
-            "Namespace": service.namespace,
-            "Labels": dict(service.labels),
-            "LabelSelectors": dict(service.selector),
-        },
-        "ports": [
-            {"name": p.name, "port": p.port, "protocol": p.protocol, "targetPort": p.target_port} for p in service.ports
-        ],
-        "hostname": service.hostname,
-        "defaultAddress": service.cluster_ip or "0.0.0.0",
-        "MeshExternal": False,
-    }
+def _proxy(view: DebugView, proxy_id: str | None) -> Connection:
+    """The connection a `proxyID` query names; 400 or 404 with the reason when there is none."""
+    if not proxy_id:
+        raise HTTPException(400, "you must provide a proxyID in the query string")
+    connection = views.find_connection(view.connections(), proxy_id)
+    if connection is None:
+        raise HTTPException(404, f"proxy {proxy_id!r} is not connected to this istiod")
+    return connection
 
 
-def _endpoint_json(endpoint: Endpoint) -> dict[str, Any]:
-    return {
-        "address": endpoint.address,
-        "port": endpoint.port,
-        "healthy": endpoint.healthy,
-        "locality": str(endpoint.locality),
-        "workload": endpoint.workload_name,
-        "workloadKind": endpoint.workload_kind,
-        "serviceAccount": endpoint.service_account,
-        "pod": endpoint.pod,
-    }
+def _error(status: int, reason: str) -> JSONResponse:
+    return JSONResponse({"error": reason}, status_code=status)
 
 
-def _sync_json(connection: Connection) -> dict[str, Any]:
-    proxy = connection.proxy
-    status: dict[str, Any] = {
-        "cluster_id": proxy.cluster_id or "Kubernetes",
-        "proxy": proxy.id,
-        "proxy_type": proxy.type,
-        "istio_version": proxy.istio_version,
-        "connection_id": connection.id,
-    }
-    for type_url, prefix in ((types.CLUSTER, "cluster"), (types.LISTENER, "listener"),
-                             (types.ROUTE, "route"), (types.ENDPOINT, "endpoint")):
-        watched = connection.watched.get(type_url)
-        status[f"{prefix}_sent"] = watched.nonce_sent if watched else ""
-        status[f"{prefix}_acked"] = watched.nonce_acked if watched else ""
-        if watched and watched.last_error:
-            status[f"{prefix}_nacked_error"] = watched.last_error
-    return status
+def _index_page(monitoring: bool) -> str:
+    entries = {**DEBUG_ENDPOINTS, **PROBES, **(MONITORING if monitoring else {})}
+    rows = "\n".join(
+        f'<tr><td><a href="{html.escape(path)}">{html.escape(path)}</a></td><td>{html.escape(text)}</td></tr>'
+        for path, text in entries.items()
+    )
+    return (
+        "<!doctype html><html><head><meta charset=utf-8><title>istiod debug</title></head><body>"
+        f"<h1>istiod debug</h1><table>{rows}</table></body></html>"
+    )

@@ -26,8 +26,14 @@ class WatchedResource:
     nacked_nonce: str = ""
     last_error: str = ""  # the client's error_detail message of its last NACK, cleared by an ACK
     sent: dict[str, Resource] = field(default_factory=dict)  # what the last response held
+    acked: dict[str, Resource] = field(default_factory=dict)  # what the last ACKed response held
     sent_at: float = 0.0
     acked_at: float = 0.0
+
+    @property
+    def rejection(self) -> str:
+        """The error of the proxy's NACK of the last response sent, if it NACKed that one."""
+        return self.last_error if self.nacked_nonce == self.nonce_sent else ""
 
     def differs_from(self, resources: list[Resource]) -> bool:
         return len(resources) != len(self.sent) or any(not r.same_as(self.sent.get(r.name)) for r in resources)
@@ -46,12 +52,16 @@ class Connection:
         self.watched: dict[str, WatchedResource] = {}
         self.events: asyncio.Queue[object] = asyncio.Queue()
         self._push_queued = False
+        self._queued_at = 0.0
 
     def request_push(self) -> None:
         """Coalesce: one queued push covers every snapshot published until it runs."""
         if not self._push_queued:
             self._push_queued = True
+            self._queued_at = time.monotonic()
             self.events.put_nowait(self.PUSH)
 
-    def push_started(self) -> None:
+    def push_started(self) -> float:
+        """Seconds the push waited in this connection's queue."""
         self._push_queued = False
+        return time.monotonic() - self._queued_at

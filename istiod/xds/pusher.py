@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+from istiod import logs
 from istiod.model.builder import build_snapshot
 from istiod.model.mesh import MeshConfig
 from istiod.model.snapshot import Snapshot
@@ -89,7 +90,8 @@ class Pusher:
         self.snapshot = build_snapshot(self.store, _version(self._count), self.snapshot, None if full else changed, self.mesh)
         event = PushEvent(self.snapshot, reason, debounced, time.perf_counter() - started, full)
         self.last_push = event
-        log.info("push version=%s reason=%s build=%.1fms", self.snapshot.version, reason or "full", event.build_seconds * 1e3)
+        log.info(logs.event("push", version=self.snapshot.version, reason=reason or "full",
+                            build_ms=round(event.build_seconds * 1e3, 1)))
         for subscriber in self._subscribers:
             subscriber(event)
         return event

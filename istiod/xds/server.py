@@ -12,12 +12,14 @@ import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.protobuf import any_pb2, json_format
 
+from istiod import logs
 from istiod.model.proxy import NodeIdError, Proxy, proxy_from_node
 from istiod.model.snapshot import Snapshot
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.connection import Connection, WatchedResource
 from istiod.xds.gen import generators_for
+from istiod.xds.monitor import AdsMonitor
 from istiod.xds.pusher import PushEvent
 
 log = logging.getLogger(__name__)
@@ -32,10 +34,12 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self.cache = ResourceCache()
         self.connections: dict[str, Connection] = {}
         self.ready = False  # set once the sources synced and the first snapshot exists
+        self.monitor = AdsMonitor()
         self._push_slots = asyncio.Semaphore(push_concurrency)
 
     def on_push(self, event: PushEvent) -> None:
         self.cache.sweep()
+        self.monitor.published(event, self.connections)
         for connection in self.connections.values():
             connection.request_push()
 
@@ -57,24 +61,30 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             return
         connection = await self._connect(first, context, authorize)
         self.connections[connection.id] = connection
-        log.info("ads connected id=%s peer=%s", connection.id, connection.peer)
+        self.monitor.connected(connection)
+        log.info(logs.event("ads connected", id=connection.id, peer=connection.peer))
         connection.events.put_nowait(first)
         reader = asyncio.create_task(_read(request_iterator, connection))
         try:
             while (event := await connection.events.get()) is not _CLOSED:
+                started = time.perf_counter()
                 snapshot = self._snapshot()  # one snapshot for everything this event sends
                 if event is Connection.PUSH:
-                    connection.push_started()
+                    self.monitor.dequeued(connection.push_started())
                     responses = self._push(connection, snapshot)
                 else:
                     responses = self._on_request(connection, event, snapshot)  # type: ignore[arg-type]
                 async with self._push_slots:
                     for response in responses:
                         yield response
+                        self.monitor.response_sent(response, time.perf_counter() - started)
+                if event is Connection.PUSH:
+                    self.monitor.pushed(connection, snapshot.version, len(responses))
         finally:
             reader.cancel()
             del self.connections[connection.id]
-            log.info("ads disconnected id=%s", connection.id)
+            self.monitor.disconnected(connection)
+            log.info(logs.event("ads disconnected", id=connection.id))
 
     StreamAggregatedResources = stream  # the plaintext port: no caller checks, as in istiod
 
@@ -111,6 +121,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             self._nack(connection, watched, request)
             return []
         watched.nonce_acked, watched.version_acked = request.response_nonce, request.version_info
+        watched.acked = watched.sent
         watched.last_error = ""
         watched.acked_at = time.time()
         if watched.names is not None and names != watched.names:
@@ -122,10 +133,9 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         """Keep the last good config on this connection; log each rejected nonce once."""
         watched.nacked_nonce = request.response_nonce
         watched.last_error = request.error_detail.message
-        log.warning(
-            "ads NACK id=%s type=%s version=%s error=%r",
-            connection.id, types.short_name(watched.type_url), watched.version_sent, request.error_detail.message,
-        )
+        self.monitor.nacked(connection, watched, request)
+        log.warning(logs.event("ads NACK", id=connection.id, type=types.short_name(watched.type_url),
+                               version=watched.version_sent, error=request.error_detail.message))
 
     def _push(self, connection: Connection, snapshot: Snapshot) -> list[discovery_pb2.DiscoveryResponse]:
         responses = []

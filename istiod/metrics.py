@@ -1,0 +1,111 @@
+"""Every Prometheus metric istiod exports, defined once, with Istio's names, labels and buckets.
+
+Istio exports counters without the `_total` suffix (its OpenTelemetry exporter runs with
+WithoutCounterSuffixes, for OpenCensus compatibility), so dashboards and alerts query
+`pilot_xds_pushes`, not `pilot_xds_pushes_total`. prometheus-client always appends `_total` in its
+text format; `exposition()` renames our counters back.
+"""
+
+from __future__ import annotations
+
+import re
+
+import prometheus_client
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, generate_latest
+
+prometheus_client.disable_created_metrics()  # Istio exports no `*_created` series
+
+_PUSH_BUCKETS = (0.01, 0.1, 1, 3, 5, 10, 20, 30)
+_CONVERGENCE_BUCKETS = (0.1, 0.5, 1, 3, 5, 10, 20, 30)
+
+# xDS server (pilot/pkg/xds/monitoring.go)
+XDS_CLIENTS = Gauge("pilot_xds", "Number of endpoints connected to this pilot using XDS.", ["version"])
+XDS_PUSHES = Counter("pilot_xds_pushes", "Pilot build and send errors for lds, rds, cds and eds.", ["type"])
+XDS_PUSH_TIME = Histogram(
+    "pilot_xds_push_time", "Total time in seconds Pilot takes to push lds, rds, cds and eds.", ["type"],
+    buckets=_PUSH_BUCKETS,
+)
+CONFIG_SIZE_BYTES = Histogram(
+    "pilot_xds_config_size_bytes", "Distribution of configuration sizes pushed to clients", ["type"],
+    buckets=(1, 10_000, 1_000_000, 4_000_000, 10_000_000, 40_000_000),
+)
+PROXY_CONVERGENCE_TIME = Histogram(
+    "pilot_proxy_convergence_time",
+    "Delay in seconds between config change and a proxy receiving all required configuration.",
+    buckets=_CONVERGENCE_BUCKETS,
+)
+PROXY_QUEUE_TIME = Histogram(
+    "pilot_proxy_queue_time", "Time in seconds, a proxy is in the push queue before being dequeued.",
+    buckets=_CONVERGENCE_BUCKETS,
+)
+TOTAL_XDS_REJECTS = Counter(
+    "pilot_total_xds_rejects", "Total number of XDS responses from pilot rejected by proxy.", ["type"]
+)
+XDS_REJECTS = {  # by xDS short name; 1 for each proxy and error code that rejected config
+    "cds": Gauge("pilot_xds_cds_reject", "Pilot rejected CDS configs.", ["node", "err"]),
+    "eds": Gauge("pilot_xds_eds_reject", "Pilot rejected EDS.", ["node", "err"]),
+    "lds": Gauge("pilot_xds_lds_reject", "Pilot rejected LDS.", ["node", "err"]),
+    "rds": Gauge("pilot_xds_rds_reject", "Pilot rejected RDS.", ["node", "err"]),
+}
+
+# Push triggers and debouncing (pilot/pkg/xds/discovery.go, pilot/pkg/model/push_context.go)
+PUSH_TRIGGERS = Counter("pilot_push_triggers", "Total number of times a push was triggered, labeled by reason for the push.", ["type"])
+DEBOUNCE_TIME = Histogram(
+    "pilot_debounce_time",
+    "Delay in seconds between the first config enters debouncing and the merged push request is pushed into the push queue.",
+    buckets=_PUSH_BUCKETS,
+)
+INBOUND_UPDATES = Counter("pilot_inbound_updates", "Total number of updates received by pilot.", ["type"])
+SERVICES = Gauge("pilot_services", "Total services known to pilot.")
+K8S_REG_EVENTS = Counter("pilot_k8s_reg_events", "Events from k8s registry.", ["type", "event"])
+
+# CA (security/pkg/server/ca/monitoring.go, security/pkg/pki/ca): defined here for the CA to record.
+CSR_COUNT = Counter("citadel_server_csr_count", "The number of CSRs received by Citadel server.")
+AUTHENTICATION_FAILURE_COUNT = Counter(
+    "citadel_server_authentication_failure_count", "The number of authentication failures."
+)
+CSR_PARSING_ERR_COUNT = Counter("citadel_server_csr_parsing_err_count", "The number of errors occurred when parsing the CSR.")
+ID_EXTRACTION_ERR_COUNT = Counter(
+    "citadel_server_id_extraction_err_count", "The number of errors occurred when extracting the ID from CSR."
+)
+CSR_SIGN_ERR_COUNT = Counter(
+    "citadel_server_csr_sign_err_count", "The number of errors occurred when signing the CSR.", ["error"]
+)
+SUCCESS_CERT_ISSUANCE_COUNT = Counter(
+    "citadel_server_success_cert_issuance_count", "The number of certificates issuances that have succeeded."
+)
+ROOT_CERT_EXPIRY_TIMESTAMP = Gauge(
+    "citadel_server_root_cert_expiry_timestamp", "The unix timestamp, in seconds, when Citadel root cert will expire."
+)
+ROOT_CERT_EXPIRY_SECONDS = Gauge(
+    "citadel_server_root_cert_expiry_seconds", "The time remaining, in seconds, before the root cert will expire."
+)
+CERT_CHAIN_EXPIRY_TIMESTAMP = Gauge(
+    "citadel_server_cert_chain_expiry_timestamp",
+    "The unix timestamp, in seconds, when Citadel cert chain will expire.",
+)
+CERT_CHAIN_EXPIRY_SECONDS = Gauge(
+    "citadel_server_cert_chain_expiry_seconds", "The time remaining, in seconds, before the cert chain will expire."
+)
+
+_COUNTER_NAMES = [family.name for m in list(globals().values()) if isinstance(m, Counter) for family in m.describe()]
+_COUNTER_TOTAL = re.compile(
+    r"^((?:# (?:HELP|TYPE) )?(?:" + "|".join(map(re.escape, _COUNTER_NAMES)) + r"))_total\b", re.MULTILINE
+)
+
+# Kubernetes kinds -> Istio's update type (pilot_inbound_updates) and push trigger (pilot_push_triggers).
+_UPDATE_TYPES = {"Service": "svc", "Pod": "eds", "EndpointSlice": "eds"}
+_TRIGGERS = {"svc": "service", "eds": "endpoint", "config": "config"}
+
+
+def update_type(kind: str) -> str:
+    return _UPDATE_TYPES.get(kind, "config")
+
+
+def trigger_type(kind: str) -> str:
+    return _TRIGGERS[update_type(kind)]
+
+
+def exposition() -> bytes:
+    """The Prometheus text format of the default registry, counters named as Istio names them."""
+    return _COUNTER_TOTAL.sub(r"\1", generate_latest(REGISTRY).decode()).encode()

@@ -1,0 +1,106 @@
+"""`istiod proxy-config`: readable tables of what one proxy was sent, from /debug/config_dump."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from istiod.model.names import parse_cluster_name
+from istiod.tools import tables
+from istiod.tools.debug_client import DebugClient
+
+Json = dict[str, Any]
+
+
+def run(client: DebugClient, kind: str, proxy: str, output: str) -> int:
+    resources = resources_of(client.get("/debug/config_dump", proxyID=proxy), kind)
+    if output == "json":
+        sys.stdout.write(json.dumps(resources, indent=2) + "\n")
+    else:
+        headers, rows = _TABLES[kind]
+        sys.stdout.write(tables.render(headers, [row for r in resources for row in rows(r)]))
+    return 0
+
+
+# kind -> (the config dump's type, its list of entries, the path to the resource in one entry)
+_DUMP_PATHS = {
+    "clusters": ("ClustersConfigDump", "dynamic_active_clusters", ("cluster",)),
+    "listeners": ("ListenersConfigDump", "dynamic_listeners", ("active_state", "listener")),
+    "routes": ("RoutesConfigDump", "dynamic_route_configs", ("route_config",)),
+    "endpoints": ("EndpointsConfigDump", "dynamic_endpoint_configs", ("endpoint_config",)),
+}
+
+
+def resources_of(dump: Json, kind: str) -> list[Json]:
+    """The resources of one kind in an Envoy config dump, in the order istiod sent them."""
+    dump_type, entries, path = _DUMP_PATHS[kind]
+    config: Json = next((c for c in dump.get("configs", []) if c.get("@type", "").endswith("." + dump_type)), {})
+    result = []
+    for entry in config.get(entries, []):
+        for key in path:
+            entry = entry.get(key, {})
+        result.append(entry)
+    return result
+
+
+def _cluster_rows(cluster: Json) -> Iterator[tuple[str, ...]]:
+    name = cluster.get("name", "")
+    try:
+        direction, port, subset, host = parse_cluster_name(name)
+    except ValueError:
+        direction, port, subset, host = "-", 0, "", name
+    yield (host or "-", str(port or "-"), subset or "-", direction.upper(), cluster.get("type", "STATIC"),
+           cluster.get("lb_policy", "ROUND_ROBIN"))
+
+
+def _listener_rows(listener: Json) -> Iterator[tuple[str, ...]]:
+    name = listener.get("name", "")
+    manager = listener.get("api_listener", {}).get("api_listener")
+    if manager is not None:
+        yield name, "OUTBOUND", f"Route: {manager.get('rds', {}).get('route_config_name', '-')}"
+        return
+    for chain in listener.get("filter_chains", []):
+        for network_filter in chain.get("filters", []):
+            route = network_filter.get("typed_config", {}).get("route_config", {})
+            yield name, listener.get("traffic_direction", "-"), f"Inline Route: {route.get('name', '-')}"
+
+
+def _route_rows(route_config: Json) -> Iterator[tuple[str, ...]]:
+    for host in route_config.get("virtual_hosts", []):
+        domains = host.get("domains", [])
+        shown = domains[0] + (f" +{len(domains) - 1} more" if len(domains) > 1 else "") if domains else "-"
+        for route in host.get("routes", []):
+            match = _match(route.get("match", {}))
+            yield route_config.get("name", ""), host.get("name", ""), shown, match, _destination(route)
+
+
+def _match(match: Json) -> str:
+    if "path" in match:
+        return match["path"]
+    return (match.get("prefix") or "/") + "*"
+
+
+def _destination(route: Json) -> str:
+    if "route" in route:
+        return route["route"].get("cluster", "-")
+    return "NonForwarding" if "non_forwarding_action" in route else "-"
+
+
+def _endpoint_rows(assignment: Json) -> Iterator[tuple[str, ...]]:
+    for group in assignment.get("endpoints", []):
+        locality = group.get("locality", {})
+        where = "/".join(locality[k] for k in ("region", "zone", "sub_zone") if locality.get(k)) or "-"
+        for lb_endpoint in group.get("lb_endpoints", []):
+            socket = lb_endpoint.get("endpoint", {}).get("address", {}).get("socket_address", {})
+            yield (f"{socket.get('address', '')}:{socket.get('port_value', 0)}",
+                   lb_endpoint.get("health_status", "UNKNOWN"), where, assignment.get("cluster_name", ""))
+
+
+_TABLES: dict[str, tuple[tuple[str, ...], Callable[[Json], Iterator[tuple[str, ...]]]]] = {
+    "clusters": (("SERVICE FQDN", "PORT", "SUBSET", "DIRECTION", "TYPE", "LB POLICY"), _cluster_rows),
+    "listeners": (("NAME", "DIRECTION", "DESTINATION"), _listener_rows),
+    "routes": (("NAME", "VHOST NAME", "DOMAINS", "MATCH", "DESTINATION"), _route_rows),
+    "endpoints": (("ENDPOINT", "STATUS", "LOCALITY", "CLUSTER"), _endpoint_rows),
+}

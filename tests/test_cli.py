@@ -1,0 +1,130 @@
+"""`istiod proxy-status` and `istiod proxy-config` against a running istiod with real peers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from istiod.xds import types
+from tests.ads_client import AdsClient
+from tests.conftest import CLIENT_PROXY, ECHO_HOST, ECHO_PORT, Mesh, render
+from tests.peers import ROOT, Istiod, Process, eventually, wait_until
+
+CLUSTER = f"outbound|{ECHO_PORT}||{ECHO_HOST}"
+
+
+def istiod_cli(istiod: Istiod, *args: str) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([sys.executable, "-m", "istiod", *args, "--istiod", istiod.url("monitoring")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=30)
+    print(f"$ istiod {' '.join(args)}\n{result.stdout}{result.stderr}")  # shown with -s: sample output
+    return result
+
+
+def table(output: str) -> dict[str, list[str]]:
+    """Rows of a table by their first cell, split on istioctl's runs of three or more spaces."""
+    lines = output.splitlines()
+    return {cells[0]: cells for cells in ([c.strip() for c in line.split("   ") if c.strip()] for line in lines)}
+
+
+def test_proxy_status_of_synced_proxies(synced_mesh: Mesh) -> None:
+    istiod = synced_mesh.istiod
+    result = istiod_cli(istiod, "proxy-status")
+    assert result.returncode == 0, result.stderr
+    rows = table(result.stdout)
+    address = istiod.url("monitoring").removeprefix("http://")
+    assert rows["NAME"] == ["NAME", "CLUSTER", "CDS", "LDS", "EDS", "RDS", "ISTIOD", "VERSION"]
+    assert rows["demo-client.echo-ns"] == ["demo-client.echo-ns", "Kubernetes", "SYNCED", "SYNCED", "SYNCED", "SYNCED",
+                                           address, "-"]
+    assert rows["echo-a.echo-ns"] == ["echo-a.echo-ns", "Kubernetes", "NOT SENT", "SYNCED", "NOT SENT", "NOT SENT",
+                                      address, "-"]
+
+    result = istiod_cli(istiod, "proxy-status", "demo-client.echo-ns")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(f"Proxy: {CLIENT_PROXY} (connection {CLIENT_PROXY}-")
+    assert [line.split(" (")[0] for line in lines[1:]] == [
+        "Clusters Match", "Listeners Match", "Endpoints Match", "Routes Match"]
+
+
+def test_proxy_status_of_a_real_client_that_nacks(
+    mesh_dir: Path, start_istiod: Callable[..., Istiod], start_demo: Callable[..., Process]
+) -> None:
+    # The config dir accepts a Service name the API server would refuse ('*' is no DNS label); its
+    # route domains are then invalid patterns, and a real grpcio client NACKs the route config.
+    (mesh_dir / "ns.yaml").write_text(render("namespace.yaml", namespace="odd-ns"))
+    (mesh_dir / "svc.yaml").write_text(render("service.yaml", name="we*ird", namespace="odd-ns", port=7070))
+    istiod = start_istiod(mesh_dir)
+    client = start_demo("client", "xds:///we*ird.odd-ns.svc.cluster.local:7070", "--xds", istiod.xds_address,
+                        "--count", "0", "--interval", "0.2", "--namespace", "odd-ns", name="client")
+    line = wait_until(lambda: next((l for l in client.drain() if "invalid domain pattern" in l.get("error", "")),
+                                   None), 15, "the client to reject the route configuration")
+    assert line["code"] == "UNAVAILABLE"
+
+    rows = table(istiod_cli(istiod, "proxy-status").stdout)
+    assert rows["demo-client.odd-ns"][2:6] == ["NOT SENT", "SYNCED", "NOT SENT", "NACKED"]
+
+    result = istiod_cli(istiod, "proxy-status", "demo-client.odd-ns")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[1].startswith("Listeners Match (version ")
+    assert lines[2].startswith("Routes Do Not Match (NACKED version ")
+    assert 'invalid domain pattern "we*ird.odd-ns.svc.cluster.local"' in lines[2]
+    assert lines[3].split() == ["+", "we*ird.odd-ns.svc.cluster.local:7070", "sent,", "not", "ACKed"]
+
+
+async def test_proxy_status_of_a_client_that_nacks_clusters(
+    synced_mesh: Mesh, ads_client: Callable[..., AdsClient]
+) -> None:
+    istiod = synced_mesh.istiod
+    client = ads_client(istiod, "nacker", "echo-ns")
+    await client.subscribe(types.LISTENER, [f"{ECHO_HOST}:{ECHO_PORT}"])
+    await client.subscribe(types.CLUSTER, [CLUSTER], nack="cluster rejected: lb_policy unsupported")
+    await eventually(lambda: "nacked_error" in str(istiod.get("/debug/syncz")[1]), 5, "the NACK to arrive")
+
+    result = await asyncio.to_thread(istiod_cli, istiod, "proxy-status")
+    assert table(result.stdout)["nacker.echo-ns"][2:6] == ["NACKED", "SYNCED", "NOT SENT", "NOT SENT"]
+    result = await asyncio.to_thread(istiod_cli, istiod, "proxy-status", "nacker.echo-ns")
+    lines = result.stdout.splitlines()
+    assert lines[1].startswith("Clusters Do Not Match (NACKED version ")
+    assert lines[1].endswith(": cluster rejected: lb_policy unsupported)")
+    assert lines[2].split() == ["+", CLUSTER, "sent,", "not", "ACKed"]
+    assert lines[3].startswith("Listeners Match (version ")
+
+
+def test_proxy_config_tables_and_json(synced_mesh: Mesh) -> None:
+    istiod = synced_mesh.istiod
+    proxy = "demo-client.echo-ns"
+    clusters = table(istiod_cli(istiod, "proxy-config", "clusters", proxy).stdout)
+    assert clusters["SERVICE FQDN"] == ["SERVICE FQDN", "PORT", "SUBSET", "DIRECTION", "TYPE", "LB POLICY"]
+    assert clusters[ECHO_HOST] == [ECHO_HOST, "7070", "-", "OUTBOUND", "EDS", "ROUND_ROBIN"]
+
+    listeners = table(istiod_cli(istiod, "proxy-config", "listeners", proxy).stdout)
+    assert listeners[f"{ECHO_HOST}:7070"] == [f"{ECHO_HOST}:7070", "OUTBOUND", f"Route: {ECHO_HOST}:7070"]
+    inbound = table(istiod_cli(istiod, "proxy-config", "listeners", "echo-a.echo-ns").stdout)
+    port = synced_mesh.server_port
+    name = f"xds.istio.io/grpc/lds/inbound/127.0.0.21:{port}"
+    assert inbound[name] == [name, "INBOUND", f"Inline Route: inbound|{port}||"]
+
+    routes = table(istiod_cli(istiod, "proxy-config", "routes", proxy).stdout)
+    assert routes[f"{ECHO_HOST}:7070"] == [f"{ECHO_HOST}:7070", f"{ECHO_HOST}:7070", f"{ECHO_HOST} +5 more", "/*",
+                                           CLUSTER]
+
+    endpoints = table(istiod_cli(istiod, "proxy-config", "endpoints", proxy).stdout)
+    assert endpoints[f"127.0.0.21:{port}"] == [f"127.0.0.21:{port}", "HEALTHY", "-", CLUSTER]
+
+    raw = json.loads(istiod_cli(istiod, "proxy-config", "clusters", proxy, "-o", "json").stdout)
+    assert [c["name"] for c in raw] == [CLUSTER] and raw[0]["@type"].endswith("envoy.config.cluster.v3.Cluster")
+
+
+def test_cli_errors_are_one_line(synced_mesh: Mesh) -> None:
+    result = istiod_cli(synced_mesh.istiod, "proxy-config", "clusters", "nobody.nowhere")
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr == ("istiod proxy-config: /debug/config_dump: HTTP 404: "
+                             "proxy 'nobody.nowhere' is not connected to this istiod\n")
+    down = subprocess.run([sys.executable, "-m", "istiod", "proxy-status", "--istiod", "http://127.0.0.1:9"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert down.returncode == 1 and down.stderr.startswith("istiod proxy-status: cannot reach istiod at ")
