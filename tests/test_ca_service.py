@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import grpc
@@ -19,8 +20,8 @@ from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.protobuf import struct_pb2
 from prometheus_client import REGISTRY
 
-from istiod.ca.pki import key_pem, load_certs, new_key, uri_sans
-from istiod.ca.signer import TtlPolicy
+from istiod.ca.pki import cert_pem, key_pem, load_certs, new_key, uri_sans
+from istiod.ca.signer import TtlPolicy, issue
 from istiod.gen.istio.v1.auth import ca_pb2, ca_pb2_grpc
 from tests.pki import csr_claiming_other_key, csr_pem, write_plugged
 from tests.secure_port import OTHER_TOKEN, TOKEN, Secure, start_secure
@@ -60,7 +61,10 @@ async def test_token_gets_a_certificate_for_its_account(secure: Secure) -> None:
     leaf = load_certs(response.cert_chain[0].encode(), "leaf")[0]
     assert uri_sans(leaf) == [WEB] and response.cert_chain[-1].encode() == secure.root
     assert metric("citadel_server_success_cert_issuance_count_total") == before + 1
-    assert metric("citadel_server_root_cert_expiry_timestamp") > 0
+    root_expiry = metric("citadel_server_root_cert_expiry_timestamp")
+    assert root_expiry > time.time() and metric("citadel_server_cert_chain_expiry_timestamp") > time.time()
+    assert 0 < metric("citadel_server_root_cert_expiry_seconds") <= root_expiry - time.time() + 1
+    assert metric("citadel_server_cert_chain_expiry_seconds") > 0
 
 
 async def test_every_refusal_says_what_was_wrong(secure: Secure, caplog: pytest.LogCaptureFixture) -> None:
@@ -102,6 +106,19 @@ async def test_renewal_with_a_client_certificate(secure: Secure) -> None:
     # A certificate wins over a token for another account, as in istiod's authenticator order.
     both = await create(secure, csr_pem(new_key()), cert=client_cert, token=OTHER_TOKEN)
     assert uri_sans(load_certs(both.cert_chain[0].encode(), "leaf")[0]) == [WEB]
+
+
+async def test_certificate_without_an_identity_is_refused(secure: Secure) -> None:
+    """Our own CA's certificate, but with no SPIFFE URI SAN (like istiod's serving certificate)."""
+    key = new_key()
+    bundle = secure.port.ca.bundle  # type: ignore[union-attr]
+    leaf = issue(bundle, key.public_key(), [x509.DNSName("not-a-workload.example")],
+                 datetime.now(timezone.utc), timedelta(hours=1))
+    before = metric("citadel_server_id_extraction_err_count_total")
+    code, message = await refusal(secure, csr_pem(new_key()), cert=(key_pem(key), cert_pem(leaf).encode()))
+    assert code == grpc.StatusCode.UNAUTHENTICATED
+    assert "ClientCertAuthenticator: the client certificate has no SPIFFE URI SAN" in message
+    assert metric("citadel_server_id_extraction_err_count_total") == before + 1
 
 
 async def test_certificate_from_another_ca_is_refused_at_the_handshake(
