@@ -51,7 +51,7 @@ def test_registry_endpoints_instances_and_config(synced_mesh: Mesh, port: str) -
     report = workloads["report-29412360-7xk2d"]
     assert report["job"] == {"name": "report-29412360", "finished": True}
     assert report["cronJob"] == {"name": "report", "schedule": "*/30 * * * *", "suspended": False}
-    assert report["volumes"] == [{"persistentVolume": "pv-report", "claim": "report-data", "capacity": "10Gi",
+    assert report["volumes"] == [{"persistentVolume": "pv-report", "claim": "report-data", "capacity": "10Gi", "capacityBytes": 10 * 2**30,
                                   "accessModes": ["ReadWriteOnce"], "storageClass": "standard", "phase": "Bound"}]
 
     objects = get_json(istiod, "/debug/configz", port)

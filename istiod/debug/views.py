@@ -126,6 +126,7 @@ def _volume_json(mount: VolumeMount) -> dict[str, Any]:
         "persistentVolume": volume.name,
         "claim": claim.name if claim else None,
         "capacity": str(volume.capacity) if volume.capacity else None,
+        "capacityBytes": volume.capacity.ceil() if volume.capacity else None,
         "accessModes": list(volume.access_modes),
         "storageClass": volume.storage_class,
         "phase": volume.phase,
