@@ -7,6 +7,7 @@ Nothing here fakes the API: the binaries are upstream's, and tests talk to them 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import ssl
 import subprocess
@@ -157,6 +158,13 @@ class ApiServer:
         except (OSError, ssl.SSLError):
             return False
 
+    def post(self, path: str, body: dict[str, object]) -> None:
+        """A create as the admin user, for what the session needs before any test's client exists."""
+        request = urllib.request.Request(f"{self.url}{path}", data=json.dumps(body).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, context=self.ssl_context(), timeout=10) as reply:
+            assert reply.status == 201, reply.status
+
     def _write_kubeconfig(self) -> None:
         self.kubeconfig.write_text(f"""apiVersion: v1
 kind: Config
@@ -194,6 +202,7 @@ class Cluster:
     def start(self) -> None:
         self.start_etcd()
         self.apiserver.start()
+        self.apiserver.post("/api/v1/namespaces", {"metadata": {"name": "istio-system"}})
 
     def start_etcd(self) -> None:
         ready_lines = self.etcd.log_path.read_text().count("etcd ready") if self.etcd.log_path.exists() else 0
