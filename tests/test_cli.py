@@ -53,27 +53,28 @@ def test_proxy_status_of_synced_proxies(synced_mesh: Mesh) -> None:
 def test_proxy_status_of_a_real_client_that_nacks(
     mesh_dir: Path, start_istiod: Callable[..., Istiod], start_demo: Callable[..., Process]
 ) -> None:
-    # The config dir accepts a Service name the API server would refuse ('*' is no DNS label); its
-    # route domains are then invalid patterns, and a real grpcio client NACKs the route config.
+    # With mesh-wide mTLS the clusters name the certificate provider `default`; a client whose
+    # bootstrap has no certificate providers (not made by `istiod agent`) really NACKs them.
     (mesh_dir / "ns.yaml").write_text(render("namespace.yaml", namespace="odd-ns"))
-    (mesh_dir / "svc.yaml").write_text(render("service.yaml", name="we*ird", namespace="odd-ns", port=7070))
-    istiod = start_istiod(mesh_dir)
-    client = start_demo("client", "xds:///we*ird.odd-ns.svc.cluster.local:7070", "--xds", istiod.xds_address,
+    (mesh_dir / "svc.yaml").write_text(render("service.yaml", name="plain", namespace="odd-ns", port=7070))
+    (mesh_dir / "pod.yaml").write_text(render("pod.yaml", pod="plain-1", app="plain", namespace="odd-ns",
+                                              ip="127.0.0.81", port=7070))
+    istiod = start_istiod(mesh_dir, "--mtls")
+    client = start_demo("client", "xds:///plain.odd-ns.svc.cluster.local:7070", "--xds", istiod.xds_address,
                         "--count", "0", "--interval", "0.2", "--namespace", "odd-ns", name="client")
-    line = wait_until(lambda: next((l for l in client.drain() if "invalid domain pattern" in l.get("error", "")),
-                                   None), 15, "the client to reject the route configuration")
+    line = wait_until(lambda: next((l for l in client.drain() if "certificate provider" in l.get("error", "")),
+                                   None), 15, "the client to reject the cluster")
     assert line["code"] == "UNAVAILABLE"
 
     rows = table(istiod_cli(istiod, "proxy-status").stdout)
-    assert rows["demo-client.odd-ns"][2:6] == ["NOT SENT", "SYNCED", "NOT SENT", "NACKED"]
+    assert rows["demo-client.odd-ns"][2:6] == ["NACKED", "SYNCED", "NOT SENT", "SYNCED"]
 
     result = istiod_cli(istiod, "proxy-status", "demo-client.odd-ns")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[1].startswith("Listeners Match (version ")
-    assert lines[2].startswith("Routes Do Not Match (NACKED version ")
-    assert 'invalid domain pattern "we*ird.odd-ns.svc.cluster.local"' in lines[2]
-    assert lines[3].split() == ["+", "we*ird.odd-ns.svc.cluster.local:7070", "sent,", "not", "ACKed"]
+    assert lines[1].startswith("Clusters Do Not Match (NACKED version ")
+    assert 'unrecognized certificate provider instance name: default' in lines[1]
+    assert lines[2].split() == ["+", "outbound|7070||plain.odd-ns.svc.cluster.local", "sent,", "not", "ACKed"]
 
 
 async def test_proxy_status_of_a_client_that_nacks_clusters(

@@ -107,6 +107,12 @@ def test_store_events_and_unchanged_writes() -> None:
          "PersistentVolume pv: spec.capacity.storage: quantity '1.2.3Gi' has an unknown suffix"),
         ({"kind": "EndpointSlice", "metadata": {"name": "e"}, "endpoints": [{"addresses": [1]}]},
          "endpoints[].addresses must be strings"),
+        ({"kind": "Service", "metadata": {"name": "we*ird"}}, "metadata.name 'we*ird' is not a DNS-1035 label"),
+        ({"kind": "Service", "metadata": {"name": "9lives"}}, "metadata.name '9lives' is not a DNS-1035 label"),
+        ({"kind": "Namespace", "metadata": {"name": "a.b"}}, "metadata.name 'a.b' is not a DNS-1123 label"),
+        ({"kind": "Pod", "metadata": {"name": "Upper"}}, "metadata.name 'Upper' is not a DNS-1123 subdomain"),
+        ({"kind": "Pod", "metadata": {"name": "p", "namespace": "under_score"}},
+         "metadata.namespace 'under_score' is not a DNS-1123 label"),
     ],
 )
 def test_conversion_errors_name_the_object_and_field(body: object, message: str) -> None:

@@ -6,6 +6,7 @@ field that is wrong, so a source can log it and keep the object's last good stat
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -94,12 +95,29 @@ def object_key(body: Any) -> ObjectKey:
     return ObjectKey(kind, namespace, name)
 
 
+# The API server's name rules: names become hosts and route domains, so one it would refuse
+# must not reach a proxy (a client would NACK the whole route configuration).
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_1035_LABEL = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_NAME_RULES = {"Service": (_DNS_1035_LABEL, "a DNS-1035 label"), "Namespace": (_DNS_LABEL, "a DNS-1123 label")}
+
+
+def _check_names(key: ObjectKey) -> None:
+    pattern, rule = _NAME_RULES.get(key.kind, (_DNS_SUBDOMAIN, "a DNS-1123 subdomain"))
+    if not pattern.fullmatch(key.name):
+        raise ConversionError(f"{key}: metadata.name {key.name!r} is not {rule}")
+    if key.namespace and not _DNS_LABEL.fullmatch(key.namespace):
+        raise ConversionError(f"{key}: metadata.namespace {key.namespace!r} is not a DNS-1123 label")
+
+
 def convert(body: Mapping[str, Any], domain: str = DEFAULT_DOMAIN) -> tuple[ObjectKey, Any]:
     """One raw object -> (its key, its model value)."""
     key = object_key(body)
     converter = CONVERTERS.get(key.kind)
     if converter is None:
         raise ConversionError(f"{key}: kind {key.kind!r} is not one istiod reads")
+    _check_names(key)
     return key, converter(key, _Fields(key, body), domain)
 
 
