@@ -37,10 +37,11 @@ class SecurePort:
         self._inner: grpc.aio.Server | None = None
         self._front: TlsFront | None = None
         self._watch: asyncio.Task[None] | None = None
+        self.authenticators: list[Authenticator] = []  # set by start(); the debug access check uses them too
 
     async def start(self) -> int:
         settings, ca_settings = self.settings, self.settings.ca
-        authenticators: list[Authenticator] = [ClientCertAuthenticator()]
+        authenticators = self.authenticators = [ClientCertAuthenticator()]
         try:
             if ca_settings.plugged_dir is not None:
                 self.ca = CertificateAuthority.plugged(ca_settings.plugged_dir)

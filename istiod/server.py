@@ -80,7 +80,8 @@ class Discovery:
 
         view = DebugView(lambda: self.pusher.snapshot, lambda: self.ads.connections, lambda: self.ads.ready,
                          self.store.objects, lambda: self.ads.monitor.last_push)
-        access = AccessPolicy.from_token_file(self.settings.debug_token_file)
+        access = AccessPolicy.from_token_file(self.settings.debug_token_file, self.secure.authenticators,
+                                              self.settings.namespace)
         for name, address in (("http", self.settings.http_addr), ("monitoring", self.settings.monitoring_addr)):
             sock = _bind(address)
             self.ports[name] = sock.getsockname()[1]

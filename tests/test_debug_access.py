@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 
+from istiod.ca.authenticate import ClientCertAuthenticator, StaticTokenAuthenticator
 from istiod.debug.access import AccessPolicy, is_loopback
 from istiod.debug.app import DEBUG_ENDPOINTS, DebugView, create_app
 from istiod.model.snapshot import Snapshot
@@ -22,32 +23,45 @@ REMOTE = "192.0.2.10"  # TEST-NET-1: only ever an ASGI scope value here, never a
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "127.255.0.9", "::1", "::ffff:127.0.0.2"])
-def test_loopback_callers_need_no_credentials(host: str) -> None:
+async def test_loopback_callers_need_no_credentials(host: str) -> None:
     assert is_loopback(host)
-    assert AccessPolicy().refusal(host, None) is None
-    assert AccessPolicy(TOKEN).refusal(host, None) is None
+    assert await AccessPolicy().refusal(host, None) is None
+    assert await AccessPolicy(TOKEN).refusal(host, None) is None
 
 
 @pytest.mark.parametrize("host", [REMOTE, "10.1.2.3", "::ffff:192.0.2.10", "2001:db8::1", "testclient", "", None])
-def test_other_callers_need_the_token(host: str | None) -> None:
+async def test_other_callers_need_the_token(host: str | None) -> None:
     assert not is_loopback(host)
-    assert "loopback callers only" in (AccessPolicy().refusal(host, f"Bearer {TOKEN}") or "")
+    assert "loopback callers only" in (await AccessPolicy().refusal(host, f"Bearer {TOKEN}") or "")
     policy = AccessPolicy(TOKEN)
-    assert "must present 'Authorization: Bearer <token>'" in (policy.refusal(host, None) or "")
-    assert "must present" in (policy.refusal(host, f"Basic {TOKEN}") or "")
-    assert policy.refusal(host, "Bearer wrong") == "the bearer token is not valid"
-    assert policy.refusal(host, f"Bearer {TOKEN}") is None
-    assert policy.refusal(host, f"bearer {TOKEN}") is None
+    assert "must present 'Authorization: Bearer <token>'" in (await policy.refusal(host, None) or "")
+    assert "must present" in (await policy.refusal(host, f"Basic {TOKEN}") or "")
+    assert await policy.refusal(host, "Bearer wrong") == "the bearer token is not valid"
+    assert await policy.refusal(host, f"Bearer {TOKEN}") is None
+    assert await policy.refusal(host, f"bearer {TOKEN}") is None
+
+
+async def test_tokens_the_ca_accepts_for_istiods_namespace() -> None:
+    """As istiod: a service-account token (here the CA's static stand-in for TokenReview) is enough
+    when its identity is in istiod's namespace."""
+    accounts = {"istiod-sa-token": ("istio-system", "istiod"), "app-token": ("demo", "web")}
+    policy = AccessPolicy(authenticators=(ClientCertAuthenticator(), StaticTokenAuthenticator(accounts, "cluster.local")))
+    assert await policy.refusal(REMOTE, "Bearer istiod-sa-token") is None
+    assert await policy.refusal(REMOTE, "Bearer app-token") == (
+        "debug endpoints need an identity in namespace 'istio-system'; the token is for ['demo']")
+    reason = await policy.refusal(REMOTE, "Bearer unknown-token") or ""
+    assert reason.startswith("the bearer token is not valid: ") and "unknown-token" not in reason
+    assert "must present" in (await policy.refusal(REMOTE, None) or "")
 
 
 def test_the_token_is_not_in_the_policy_repr() -> None:
     assert TOKEN not in repr(AccessPolicy(TOKEN))
 
 
-def test_token_file(tmp_path: Path) -> None:
+async def test_token_file(tmp_path: Path) -> None:
     path = tmp_path / "token"
     path.write_text(TOKEN + "\n")
-    assert AccessPolicy.from_token_file(path).refusal(REMOTE, f"Bearer {TOKEN}") is None
+    assert await AccessPolicy.from_token_file(path).refusal(REMOTE, f"Bearer {TOKEN}") is None
     assert AccessPolicy.from_token_file(None) == AccessPolicy()
     path.write_text("\n")
     with pytest.raises(ValueError, match="is empty"):

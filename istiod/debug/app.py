@@ -68,7 +68,7 @@ def create_app(view: DebugView, access: AccessPolicy = AccessPolicy(), monitorin
     async def check_access(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         if request.url.path == "/debug" or request.url.path.startswith("/debug/"):
             client = request.client.host if request.client else None
-            refusal = access.refusal(client, request.headers.get("authorization"))
+            refusal = await access.refusal(client, request.headers.get("authorization"))
             if refusal is not None:
                 return _error(403, refusal)
         return await call_next(request)
