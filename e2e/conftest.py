@@ -8,7 +8,7 @@ from kubernetes_asyncio import client, config
 
 from e2e.harness import Cluster
 from e2e.kube_objects import ISTIO_NAMESPACE, ensure_namespace
-from tests.conftest import processes, start_demo  # noqa: F401  (shared fixtures)
+from tests.conftest import processes, start_agent, start_demo  # noqa: F401  (shared fixtures)
 from tests.peers import Istiod, Process
 
 
