@@ -61,7 +61,6 @@ class LeaderElection:
         self.name = name
         self.identity = identity
         self.timings = timings
-        self.leading = False
         self._seen: _Seen | None = None
 
     @property
@@ -71,10 +70,10 @@ class LeaderElection:
     async def run(self, work: Callable[[], Awaitable[None]]) -> None:
         """Forever: wait to lead, then run `work` until leadership ends; cancelled, hand the Lease back."""
         while True:
-            while not await self._attempt():
-                await asyncio.sleep(self.timings.retry_period * random.uniform(1.0, JITTER))
-            log.info("leader election: %s leads %s", self.identity, self.lease)
-            await self._lead(work)
+            if await self._attempt():
+                log.info("leader election: %s leads %s", self.identity, self.lease)
+                await self._lead(work)
+            await asyncio.sleep(self.timings.retry_period * random.uniform(1.0, JITTER))
 
     async def _attempt(self) -> bool:
         try:
@@ -84,7 +83,6 @@ class LeaderElection:
             return False
 
     async def _lead(self, work: Callable[[], Awaitable[None]]) -> None:
-        self.leading = True
         worker = asyncio.create_task(work(), name=f"leader-{self.name}")
         renewer = asyncio.create_task(self._keep_renewing(), name=f"renew-{self.name}")
         release = True  # unless the Lease is already lost
@@ -95,7 +93,6 @@ class LeaderElection:
                 log.error("leader election: the work of %s stopped (%r); giving up %s",
                           self.identity, worker.exception(), self.lease)
         finally:
-            self.leading = False
             worker.cancel()
             renewer.cancel()
             await asyncio.gather(worker, renewer, return_exceptions=True)
@@ -110,8 +107,7 @@ class LeaderElection:
             left = renewed + self.timings.renew_deadline - time.monotonic()
             try:
                 if not await asyncio.wait_for(self._acquire_or_renew(), max(left, 0.0)):
-                    log.warning("leader election: %s lost %s to %s", self.identity, self.lease,
-                                self._seen.holder if self._seen else "another replica")
+                    log.warning("leader election: %s lost %s to another replica", self.identity, self.lease)
                     return
                 renewed = time.monotonic()
             except API_ERRORS as error:

@@ -29,17 +29,17 @@ ELECTION = "istio-namespace-controller-election"  # the Lease its leader holds, 
 LABELS = {"istio.io/config": "true"}
 IGNORED_NAMESPACES = frozenset({"kube-public", "kube-node-lease", "local-path-storage"})  # kube-system is kept, as istiod does
 REQUEST_TIMEOUT = 10.0
+RETRY = Backoff()  # a namespace whose write failed is tried again, up to every 30 s
 
 
 class RootCertPublisher:
     def __init__(self, api: client.ApiClient, store: Store, namespaces: NamespaceFilter,
-                 namespaces_synced: asyncio.Event, watch_timeout: int = 300, backoff: Backoff = Backoff()) -> None:
+                 namespaces_synced: asyncio.Event, watch_timeout: int = 300) -> None:
         self.core = client.CoreV1Api(api)
         self.store = store
         self.namespaces = namespaces
         self.namespaces_synced = namespaces_synced
         self.watch_timeout = watch_timeout
-        self.backoff = backoff
         self.roots = ""
         self._configmaps: dict[str, dict[str, Any]] = {}  # namespace -> its istio-ca-root-cert, as last seen
         self._queue: dict[str, None] = {}  # namespaces to reconcile, in order, each once
@@ -55,7 +55,7 @@ class RootCertPublisher:
     async def run(self) -> None:
         """The leader's work: watch the ConfigMaps, and keep every namespace's one right."""
         list_call = functools.partial(self.core.list_config_map_for_all_namespaces, field_selector=f"metadata.name={CONFIGMAP}")
-        informer = Informer("ConfigMap", list_call, self, self.watch_timeout, backoff=self.backoff)
+        informer = Informer("ConfigMap", list_call, self, self.watch_timeout)
         watching = asyncio.create_task(informer.run(), name="informer-ConfigMap")
         try:
             await self.namespaces_synced.wait()
@@ -156,7 +156,7 @@ class RootCertPublisher:
     def _retry(self, namespace: str, reason: str) -> None:
         attempt = self._failures.get(namespace, 0)
         self._failures[namespace] = attempt + 1
-        delay = self.backoff.delay(attempt)
+        delay = RETRY.delay(attempt)
         log.warning("root-cert publisher: ConfigMap %s/%s not written: %s; retrying in %.1fs",
                     namespace, CONFIGMAP, reason, delay)
         asyncio.get_running_loop().call_later(delay, self._enqueue, namespace)
