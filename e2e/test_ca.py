@@ -23,13 +23,14 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from e2e.harness import Cluster
-from e2e.kube_objects import ISTIO_NAMESPACE, ensure_namespace
+from e2e.kube_objects import ISTIO_NAMESPACE, create_running_pod, ensure_namespace, pod_body, service_body
 from e2e.test_rbac import istiod_kubeconfig
 from istiod.ca.pki import load_certs, new_key, uri_sans
-from tests.peers import Istiod, Process, wait_until
+from tests.peers import Istiod, Process, free_port, wait_until
 from tests.pki import csr_pem
 from tests.secure_port import CaEndpoint, start_secure
 from tests.test_ca_service import create, metric, refusal
+from tests.test_mtls import SERVICE_PORT, Workload, mtls_call, run_agent
 
 NS = "e2e-ca"
 WEB = f"spiffe://cluster.local/ns/{NS}/sa/web"
@@ -342,3 +343,31 @@ async def rewritten_by(kube: client.ApiClient, writer: Istiod, idle: Istiod, roo
     await published_root(kube, NS, root)
     wait_until(lambda: writer.text().count(line) == written + 1, 5, "the leader's log line")
     assert idle.text().count("created ConfigMap") == idle_lines
+
+
+async def test_mtls_between_agent_certified_proxyless_peers(
+    kube: client.ApiClient, start_istiod_sa: Callable[..., Istiod], start_agent: Callable[..., Process],
+    start_demo: Callable[..., Process], tmp_path: Path,
+) -> None:
+    """tests/test_mtls.py's call, with the cluster's parts: pods and Service from the API, tokens from
+    TokenRequest, the root from the ConfigMap the agents would mount."""
+    await ensure_namespace(kube, "echo-ns")
+    server = Workload("xecho-1", "127.0.0.81", "xecho", "", tmp_path / "server")
+    client_workload = Workload("client-1", "127.0.0.82", "client", "", tmp_path / "client")
+    for workload in (server, client_workload):
+        await ensure_account(kube, "echo-ns", workload.service_account)
+        workload.home.mkdir()
+        (workload.home / "token").write_text(await token_for(kube, "echo-ns", workload.service_account))
+    port = free_port(server.ip)
+    server.home.joinpath("port").write_text(str(port))
+    await client.CoreV1Api(kube).create_namespaced_service("echo-ns", service_body("xecho", SERVICE_PORT))
+    pod = pod_body(server.pod, "xecho", port)
+    pod["spec"]["serviceAccountName"] = server.service_account
+    await create_running_pod(kube, "echo-ns", pod, server.ip)
+
+    istiod = start_istiod_sa("istiod-0", "--mtls")
+    root = tmp_path / "root-cert.pem"
+    root.write_text(await published_root(kube, "echo-ns"))
+    for workload in (server, client_workload):
+        run_agent(start_agent, istiod, workload, root=root)
+    mtls_call(start_demo, istiod, server, client_workload)
