@@ -68,6 +68,6 @@ async def test_informers_need_only_list_and_watch(
     processes.append(istiod)
     wait_until(lambda: any(s["hostname"] == f"guarded.{NS}.svc.cluster.local" for s in istiod.get("/debug/registryz")[1]),
                10, "the service, read with the ServiceAccount's token")
-    assert "403" not in istiod.text() and "Forbidden" not in istiod.text()
+    assert "Forbidden" not in istiod.text()  # (not "403": timestamps and serial numbers may hold it)
     assert token not in istiod.text()  # tokens never reach the logs
     await core.delete_namespaced_service("guarded", NS)
