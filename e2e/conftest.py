@@ -7,7 +7,8 @@ import pytest
 from kubernetes_asyncio import client, config
 
 from e2e.harness import Cluster
-from tests.conftest import processes, start_demo  # noqa: F401  (shared fixtures)
+from e2e.kube_objects import ISTIO_NAMESPACE, ensure_namespace
+from tests.conftest import processes, start_agent, start_demo  # noqa: F401  (shared fixtures)
 from tests.peers import Istiod, Process
 
 
@@ -31,7 +32,11 @@ async def kube(cluster: Cluster) -> AsyncIterator[client.ApiClient]:
 
 
 @pytest.fixture
-def start_istiod_kube(cluster: Cluster, tmp_path: Path, processes: list[Process]) -> Callable[..., Istiod]:  # noqa: F811
+async def start_istiod_kube(
+    cluster: Cluster, kube: client.ApiClient, tmp_path: Path, processes: list[Process]  # noqa: F811
+) -> Callable[..., Istiod]:
+    await ensure_namespace(kube, ISTIO_NAMESPACE)  # where istiod's CA keeps its root Secret
+
     def start(*extra: str) -> Istiod:
         istiod = Istiod(tmp_path, "--kubeconfig", str(cluster.kubeconfig), *extra, ready_timeout=60)
         processes.append(istiod)

@@ -15,6 +15,7 @@ from istiod.sources.kube import Backoff, Informer, KubeWriter, list_calls
 from istiod.sources.namespaces import NamespaceFilter
 from istiod.sources.store import Store
 from tests.peers import Istiod, Process, free_port, wait_until
+from tests.pki import write_plugged
 from tests.test_proxyless_grpc import replies_from, start_client, wait_for_replies
 
 NS = "e2e-faults"
@@ -105,11 +106,14 @@ async def _until(check: Callable[[], bool]) -> None:
 
 
 def test_not_ready_until_the_api_answers(cluster: Cluster, tmp_path: Path, processes: list[Process]) -> None:
-    """With the API unreachable istiod serves /ready as 503, backs off, and becomes ready once it is."""
+    """With the API unreachable istiod serves /ready as 503, backs off, and becomes ready once it is.
+    (A plugged-in CA, because a self-signed one waits for its Secret before any port opens.)"""
     unreachable = tmp_path / "unreachable.kubeconfig"
     dead_port = free_port()
     unreachable.write_text(cluster.kubeconfig.read_text().replace(cluster.apiserver.url, f"https://127.0.0.1:{dead_port}"))
-    istiod = Istiod(tmp_path, "--kubeconfig", str(unreachable), ready_timeout=None)
+    write_plugged(tmp_path / "cacerts")
+    istiod = Istiod(tmp_path, "--kubeconfig", str(unreachable), "--plugged-ca-dir", str(tmp_path / "cacerts"),
+                    ready_timeout=None)
     processes.append(istiod)
     wait_until(lambda: istiod.text().count("relisting in") >= 3, 20, "a few backed-off retries")
     assert istiod.get("/ready")[0] == 503

@@ -1,8 +1,10 @@
 """istiod's secure port (15012): xDS and the CA over TLS, with istiod's own certificate from its CA.
 
-The CA is a plugged-in one (--plugged-ca-dir) or a self-signed root persisted in the state dir. In
-config-dir mode the root is also published as `<state dir>/root-cert.pem`, the stand-in for the
-`istio-ca-root-cert` ConfigMap, so agents on this machine can trust istiod.
+The CA is a plugged-in one (--plugged-ca-dir) or a self-signed root persisted: against a cluster in
+the Secret istio-ca-secret, with callers' tokens checked by TokenReview and the root published by
+the caller's `publish_root` (the istio-ca-root-cert ConfigMaps); in config-dir mode in the state
+dir, with the static-token stand-in, and the root published as `<state dir>/root-cert.pem` so
+agents on this machine can trust istiod.
 """
 
 from __future__ import annotations
@@ -10,13 +12,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc
+from kubernetes_asyncio import client
 
 from istiod.atomicfile import write_atomic
-from istiod.ca.authenticate import Authenticator, ClientCertAuthenticator, StaticTokenAuthenticator
-from istiod.ca.root import ROOT_CERT_FILE, CaBundle, CertificateAuthority, DirRootStore, self_signed_bundle
+from istiod.ca.authenticate import (
+    Authenticator, ClientCertAuthenticator, StaticTokenAuthenticator, TokenReviewAuthenticator,
+)
+from istiod.ca.root import (
+    ROOT_CERT_FILE, CaBundle, CertificateAuthority, DirRootStore, RootStore, SecretRootStore, self_signed_bundle,
+)
 from istiod.ca.serving import ServingCertificate, serving_names
 from istiod.ca.service import CertificateService
 from istiod.gen.istio.v1.auth import ca_pb2_grpc
@@ -38,18 +46,28 @@ class SecurePort:
         self._front: TlsFront | None = None
         self._watch: asyncio.Task[None] | None = None
         self.authenticators: list[Authenticator] = []  # set by start(); the debug access check uses them too
+        self._publish_root: Callable[[CaBundle], None] = self._write_root_file
 
-    async def start(self) -> int:
+    async def start(self, api: client.ApiClient | None = None,
+                    publish_root: Callable[[CaBundle], None] | None = None) -> int:
+        """`api` given: the cluster's mode (Secret, TokenReview, `publish_root`); else config-dir mode."""
         settings, ca_settings = self.settings, self.settings.ca
+        trust_domain = settings.mesh.trust_domain
         authenticators = self.authenticators = [ClientCertAuthenticator()]
+        self._publish_root = publish_root or self._write_root_file
         try:
             if ca_settings.plugged_dir is not None:
                 self.ca = CertificateAuthority.plugged(ca_settings.plugged_dir)
+                where = str(ca_settings.plugged_dir)
             else:
-                store = DirRootStore(ca_settings.state_dir)
-                self.ca = CertificateAuthority(await self_signed_bundle(store, settings.mesh.trust_domain))
-            if ca_settings.static_tokens is not None:
-                authenticators.append(StaticTokenAuthenticator.from_file(ca_settings.static_tokens, settings.mesh.trust_domain))
+                store: RootStore = (SecretRootStore(client.CoreV1Api(api), settings.namespace) if api is not None
+                                    else DirRootStore(ca_settings.state_dir))
+                self.ca = CertificateAuthority(await self_signed_bundle(store, trust_domain))
+                where = store.where
+            if api is not None:
+                authenticators.append(TokenReviewAuthenticator(client.AuthenticationV1Api(api), trust_domain))
+            elif ca_settings.static_tokens is not None:
+                authenticators.append(StaticTokenAuthenticator.from_file(ca_settings.static_tokens, trust_domain))
         except ValueError as error:
             raise SystemExit(f"istiod: cannot start the CA: {error}") from None
         self._publish_root(self.ca.bundle)
@@ -70,11 +88,10 @@ class SecurePort:
         await self._inner.start()
         port = await front.start()
         self._watch = asyncio.create_task(self.ca.watch(ca_settings.reload_interval, self._publish_root), name="ca-watch")
-        log.info("CA root serial %x (%s)", self.ca.bundle.root.serial_number,
-                 ca_settings.plugged_dir or ca_settings.state_dir)
+        log.info("CA root serial %x (%s)", self.ca.bundle.root.serial_number, where)
         return port
 
-    def _publish_root(self, bundle: CaBundle) -> None:
+    def _write_root_file(self, bundle: CaBundle) -> None:
         write_atomic(self.settings.ca.state_dir / ROOT_CERT_FILE, bundle.roots_pem.encode())
 
     async def stop(self) -> None:

@@ -19,7 +19,9 @@ from kubernetes_asyncio import config as kube_config
 
 from istiod import logs
 from istiod.debug.access import AccessPolicy
+from istiod.ca.publisher import ELECTION, RootCertPublisher
 from istiod.debug.app import DebugView, create_app
+from istiod.leader import LeaderElection
 from istiod.secure import SecurePort
 from istiod.settings import Address, Settings
 from istiod.sources.configdir import ConfigDirSource
@@ -41,7 +43,10 @@ class Discovery:
         self.settings = settings
         self.store = Store(settings.domain)
         self.store.subscribe(record_change)
+        self.namespaces = NamespaceFilter(tuple(Selector.parse(s) for s in settings.discovery_selectors))
         self.source: ConfigDirSource | KubeSource | None = None
+        self.publisher: RootCertPublisher | None = None
+        self.election: LeaderElection | None = None
         self.pusher = Pusher(self.store, settings.debounce_after, settings.debounce_max, settings.mesh)
         self.ads = DiscoveryServer(lambda: self.pusher.snapshot, settings.push_concurrency)
         self.pusher.subscribe(self.ads.on_push)
@@ -63,12 +68,18 @@ class Discovery:
         else:
             kube_config.load_incluster_config(client_configuration=configuration)
         self._api = client.ApiClient(configuration)
-        selectors = tuple(Selector.parse(s) for s in settings.discovery_selectors)
-        return KubeSource(self._api, self.store, NamespaceFilter(selectors), settings.watch_timeout)
+        return KubeSource(self._api, self.store, self.namespaces, settings.watch_timeout)
 
     async def start(self) -> None:
-        self.ports["secure-grpc"] = await self.secure.start()  # first: a CA that cannot start stops istiod here
+        settings = self.settings
         self.source = await self._make_source()
+        if isinstance(self.source, KubeSource):  # the CA's leader-elected writer
+            api = self.source.api
+            self.publisher = RootCertPublisher(api, self.store, self.namespaces, self.source.informers["Namespace"].synced,
+                                               settings.watch_timeout)
+            self.election = LeaderElection(api, settings.namespace, ELECTION, settings.pod_name, settings.leader)
+        # Before any port opens: a CA that cannot start stops istiod here.
+        self.ports["secure-grpc"] = await self.secure.start(self._api, self.publisher.publish if self.publisher else None)
         self._grpc = grpc.aio.server(options=[("grpc.max_concurrent_streams", 1 << 20)])
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(self.ads, self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc)
@@ -96,6 +107,8 @@ class Discovery:
             asyncio.create_task(self.source.run(), name="source"),
             asyncio.create_task(self.pusher.run(), name="pusher"),
         ]
+        if self.election is not None and self.publisher is not None:
+            self._tasks.append(asyncio.create_task(self.election.run(self.publisher.run), name="root-cert-publisher"))
         log.info(logs.event("serving", **self.ports))
         if self.settings.ports_file:
             self.settings.ports_file.write_text(json.dumps(self.ports))
@@ -129,13 +142,19 @@ async def run_discovery(settings: Settings) -> None:
     discovery = Discovery(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+    assert main is not None
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await discovery.start()
+        loop.add_signal_handler(sig, main.cancel)  # while starting, which may wait long for the CA's Secret
     try:
+        await discovery.start()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
         synced = asyncio.create_task(discovery.wait_synced())
         await stop.wait()
         synced.cancel()
+    except asyncio.CancelledError:
+        log.info("stopped while starting")
     finally:
         log.info("shutting down")
         await discovery.stop()

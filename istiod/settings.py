@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 from istiod.ca.settings import CaSettings, add_ca_flags, ca_settings_from_args
 from istiod.durations import parse_duration as _seconds
+from istiod.leader import LeaseTimings
 from istiod.model.mesh import DEFAULT_TRUST_DOMAIN, MeshConfig
 from istiod.model.names import DEFAULT_DOMAIN
 from istiod.sources.namespaces import Selector
@@ -50,6 +52,8 @@ class Settings:
     discovery_selectors: tuple[str, ...] = ()
     watch_timeout: int = 300
     namespace: str = "istio-system"
+    pod_name: str = ""  # who holds a leader Lease
+    leader: LeaseTimings = LeaseTimings()
     secure_grpc_addr: Address = Address("", 15012)
     mesh: MeshConfig = MeshConfig()
     ca: CaSettings = CaSettings()
@@ -92,6 +96,13 @@ def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
                         default=Address.parse(env("SECURE_GRPC_ADDR", ":15012")), help="xDS and the CA over TLS (default :15012)")
     parser.add_argument("--trust-domain", default=env("TRUST_DOMAIN", DEFAULT_TRUST_DOMAIN), help="SPIFFE trust domain")
     parser.add_argument("--mtls", action="store_true", help="mesh-wide mTLS between proxyless gRPC workloads (default off)")
+    timings = LeaseTimings()
+    parser.add_argument("--leader-lease-duration", type=_seconds, default=timings.duration,
+                        help="a leader's Lease lapses after this long without renewal (default 30s)")
+    parser.add_argument("--leader-renew-deadline", type=_seconds, default=timings.renew_deadline,
+                        help="a leader that could not renew for this long stops leading (default 15s)")
+    parser.add_argument("--leader-retry-period", type=_seconds, default=timings.retry_period,
+                        help="how often a leader renews and the others try to take over (default 7.5s)")
     add_ca_flags(parser)
 
 
@@ -106,6 +117,11 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
             Selector.parse(selector)
         except ValueError as error:
             raise SystemExit(f"istiod discovery: {error}") from None
+    leader = LeaseTimings(args.leader_lease_duration, args.leader_renew_deadline, args.leader_retry_period)
+    try:
+        leader.check()
+    except ValueError as error:
+        raise SystemExit(f"istiod discovery: {error}") from None
     return Settings(
         config_dir=args.config_dir,
         grpc_addr=args.grpc_addr,
@@ -121,6 +137,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         discovery_selectors=tuple(args.discovery_selectors),
         watch_timeout=args.watch_timeout,
         namespace=os.environ.get("POD_NAMESPACE", "istio-system"),
+        # Outside a pod, two istiods on one host must not share an identity.
+        pod_name=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
+        leader=leader,
         secure_grpc_addr=args.secure_grpc_addr,
         mesh=MeshConfig(trust_domain=args.trust_domain, mtls=args.mtls),
         ca=ca_settings_from_args(args),

@@ -117,7 +117,8 @@ class Process:
 
 
 class Istiod(Process):
-    def __init__(self, workdir: Path, *args: str, ready_timeout: float | None = 20, log_format: str = "kv") -> None:
+    def __init__(self, workdir: Path, *args: str, ready_timeout: float | None = 20, log_format: str = "kv",
+                 env: dict[str, str] | None = None) -> None:
         """`args` name the source (`--config-dir DIR` or `--kubeconfig FILE`) and any other flags."""
         ports_file = workdir / "ports.json"
         ports_file.unlink(missing_ok=True)
@@ -128,6 +129,7 @@ class Istiod(Process):
              "--ports-file", str(ports_file),
              "--secure-grpc-addr", "127.0.0.1:0", "--ca-state-dir", str(self.state_dir), "--tls-extra-san", "127.0.0.1",
              "--debounce-after", "50ms", *args],
+            env=env,
             name="istiod",
         )
         try:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from kubernetes_asyncio import client
 
 from istiod.ca.settings import CaSettings
 from istiod.ca.signer import TtlPolicy
@@ -20,8 +21,9 @@ OTHER_TOKEN = "t0ken-db-5ecret"  # maps to app/db
 
 
 @dataclass
-class Secure:
-    port: SecurePort
+class CaEndpoint:
+    """A secure port to call: its address and the root it chains to."""
+
     address: str
     root: bytes
 
@@ -34,7 +36,17 @@ class Secure:
         return grpc.aio.secure_channel(self.address, creds)
 
 
-async def start_secure(workdir: Path, ttl: TtlPolicy = TtlPolicy(), plugged: Path | None = None) -> Secure:
+@dataclass
+class Secure(CaEndpoint):
+    """One started in this process."""
+
+    port: SecurePort
+
+
+async def start_secure(workdir: Path, ttl: TtlPolicy = TtlPolicy(), plugged: Path | None = None,
+                       api: client.ApiClient | None = None) -> Secure:
+    """Config-dir mode (static tokens, root file in the state dir), or with `api` the cluster's (Secret,
+    TokenReview; the ConfigMap publisher is not part of the port, so its root is not published)."""
     workdir.mkdir(parents=True, exist_ok=True)
     tokens = workdir / "tokens.json"
     tokens.write_text(json.dumps({TOKEN: "app/web", OTHER_TOKEN: "app/db"}))
@@ -47,5 +59,9 @@ async def start_secure(workdir: Path, ttl: TtlPolicy = TtlPolicy(), plugged: Pat
     ads = DiscoveryServer(lambda: Snapshot("v1"))
     ads.ready = True
     port = SecurePort(settings, ads)
-    bound = await port.start()
-    return Secure(port, f"127.0.0.1:{bound}", (workdir / "state" / "root-cert.pem").read_bytes())
+    if api is None:
+        bound = await port.start()
+        return Secure(f"127.0.0.1:{bound}", (workdir / "state" / "root-cert.pem").read_bytes(), port)
+    bound = await port.start(api, lambda bundle: None)
+    assert port.ca is not None
+    return Secure(f"127.0.0.1:{bound}", port.ca.bundle.roots_pem.encode(), port)

@@ -61,6 +61,9 @@ async def test_ttl_over_the_max_is_refused(bundle) -> None:
     ("hello", "certificate signing request is not properly encoded"),
     ("-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n",
      "failed to parse X.509 certificate signing request"),
+    # 64 KiB is parsed; one byte more is not.
+    ("-----BEGIN CERTIFICATE REQUEST-----\n" + "A" * 65500, "failed to parse X.509 certificate signing request"),
+    ("-----BEGIN CERTIFICATE REQUEST-----\n" + "A" * 65501, "certificate signing request is 65537 bytes, over the limit of 65536"),
 ])
 async def test_garbage_csr(bundle, csr: str, message: str) -> None:
     with pytest.raises(SignError) as refused:

@@ -24,7 +24,7 @@ from istiod.ca.pki import cert_pem, key_pem, load_certs, new_key, uri_sans
 from istiod.ca.signer import TtlPolicy, issue
 from istiod.gen.istio.v1.auth import ca_pb2, ca_pb2_grpc
 from tests.pki import csr_claiming_other_key, csr_pem, write_plugged
-from tests.secure_port import OTHER_TOKEN, TOKEN, Secure, start_secure
+from tests.secure_port import OTHER_TOKEN, TOKEN, CaEndpoint, Secure, start_secure
 
 WEB = "spiffe://cluster.local/ns/app/sa/web"
 NO_CREDENTIALS = ("request authenticate failure: ClientCertAuthenticator: no client certificate is presented; "
@@ -42,13 +42,13 @@ def metric(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
-async def create(secure: Secure, csr: str, ttl: int = 0, **channel: object) -> ca_pb2.IstioCertificateResponse:
+async def create(secure: CaEndpoint, csr: str, ttl: int = 0, **channel: object) -> ca_pb2.IstioCertificateResponse:
     async with secure.channel(**channel) as ch:  # type: ignore[arg-type]
         stub = ca_pb2_grpc.IstioCertificateServiceStub(ch)
         return await stub.CreateCertificate(ca_pb2.IstioCertificateRequest(csr=csr, validity_duration=ttl), timeout=10)
 
 
-async def refusal(secure: Secure, csr: str, ttl: int = 0, **channel: object) -> tuple[grpc.StatusCode, str]:
+async def refusal(secure: CaEndpoint, csr: str, ttl: int = 0, **channel: object) -> tuple[grpc.StatusCode, str]:
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await create(secure, csr, ttl, **channel)
     print(f"refused: {refused.value.code().name}: {refused.value.details()}")

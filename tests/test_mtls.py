@@ -56,15 +56,17 @@ def mesh(mesh_dir: Path, tmp_path: Path) -> dict[str, Workload]:
     return {"server": server, "client": client}
 
 
-def agent_args(istiod: Istiod, workload: Workload) -> list[str]:
-    return ["--ca-addr", istiod.secure_address, "--ca-root-cert", str(istiod.root_cert),
+def agent_args(istiod: Istiod, workload: Workload, root: Path | None = None) -> list[str]:
+    """`root`: where the agent finds istiod's root (default: the file istiod publishes in config-dir mode)."""
+    return ["--ca-addr", istiod.secure_address, "--ca-root-cert", str(root or istiod.root_cert),
             "--token-file", str(workload.home / "token"), "--output-dir", str(workload.certs),
             "--bootstrap", str(workload.bootstrap), "--pod-name", workload.pod, "--pod-namespace", "echo-ns",
             "--instance-ip", workload.ip, "--service-account", workload.service_account, "--cert-refresh-interval", "1s"]
 
 
-def run_agent(start_agent: Callable[..., Process], istiod: Istiod, workload: Workload, *extra: str) -> Process:
-    process = start_agent(*agent_args(istiod, workload), *extra, name=f"agent-{workload.pod}")
+def run_agent(start_agent: Callable[..., Process], istiod: Istiod, workload: Workload, *extra: str,
+              root: Path | None = None) -> Process:
+    process = start_agent(*agent_args(istiod, workload, root), *extra, name=f"agent-{workload.pod}")
     wait_until(lambda: workload.bootstrap.exists() or process.proc.poll() is not None, 20, f"{workload.pod}'s bootstrap")
     assert workload.bootstrap.exists(), process.log()
     return process
@@ -80,15 +82,8 @@ def test_mtls_call_between_agent_certified_peers(
     run_agent(start_agent, istiod, client)
     assert uri_sans(load_certs((client.certs / "cert-chain.pem").read_bytes(), "leaf")[0]) == [CLIENT_ID]
 
+    caller, reply = mtls_call(start_demo, istiod, server, client)
     address = f"{server.ip}:{server.home.joinpath('port').read_text()}"
-    start_demo("server", "--address", address, "--name", server.pod, "--xds", istiod.secure_address,
-               "--namespace", "echo-ns", env={"GRPC_XDS_BOOTSTRAP": str(server.bootstrap)}, name="xds-server").next_json(15)
-    caller = start_demo("client", f"xds:///xecho.echo-ns.svc.cluster.local:{SERVICE_PORT}", "--mtls",
-                        "--xds", istiod.secure_address, "--namespace", "echo-ns", "--count", "0", "--interval", "0.1",
-                        env={"GRPC_XDS_BOOTSTRAP": str(client.bootstrap)}, name="mtls-client")
-    reply = wait_until(lambda: next((l["reply"] for l in caller.drain() if l["ok"]), None), 20, "an mTLS reply")
-    print(f"mTLS reply: {reply}")
-    assert reply == f"{server.pod} {address} peer={CLIENT_ID}"
 
     # A plaintext client straight to the server is refused: the server's listener is STRICT mTLS.
     plain = start_demo("client", address, "--count", "3", "--interval", "0.1", name="plaintext-client")
@@ -106,6 +101,22 @@ def test_mtls_call_between_agent_certified_peers(
     for process in (istiod, server_agent):
         for secret in (*TOKENS, "PRIVATE KEY"):
             assert secret not in process.text()
+
+
+def mtls_call(start_demo: Callable[..., Process], istiod: Istiod, server: Workload,
+              client: Workload) -> tuple[Process, str]:
+    """The xDS server and an --mtls xDS client, each with its agent's bootstrap: the client, and the first
+    reply, which names the client's SPIFFE identity as the server saw it."""
+    address = f"{server.ip}:{server.home.joinpath('port').read_text()}"
+    start_demo("server", "--address", address, "--name", server.pod, "--xds", istiod.secure_address,
+               "--namespace", "echo-ns", env={"GRPC_XDS_BOOTSTRAP": str(server.bootstrap)}, name="xds-server").next_json(15)
+    caller = start_demo("client", f"xds:///xecho.echo-ns.svc.cluster.local:{SERVICE_PORT}", "--mtls",
+                        "--xds", istiod.secure_address, "--namespace", "echo-ns", "--count", "0", "--interval", "0.1",
+                        env={"GRPC_XDS_BOOTSTRAP": str(client.bootstrap)}, name="mtls-client")
+    reply = wait_until(lambda: next((l["reply"] for l in caller.drain() if l["ok"]), None), 20, "an mTLS reply")
+    print(f"mTLS reply: {reply}")
+    assert reply == f"{server.pod} {address} peer={CLIENT_ID}"
+    return caller, reply
 
 
 def test_agent_errors_are_clear(

@@ -16,12 +16,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cryptography import x509
+from kubernetes_asyncio.client import AuthenticationV1Api, V1TokenReview, V1TokenReviewSpec
 
 from istiod.ca.pki import uri_sans
 from istiod.model.names import spiffe_identity
+from istiod.sources.kube import API_ERRORS, describe_error
 
 TOKEN_AUDIENCE = "istio-ca"
 SERVICE_ACCOUNTS_GROUP = "system:serviceaccounts"
+TOKEN_REVIEW_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,25 +133,21 @@ class TokenReviewAuthenticator:
 
     name = "KubeJWTAuthenticator"
 
-    def __init__(self, authentication_api: Any, trust_domain: str, cluster_id: str = "Kubernetes") -> None:
-        self.api = authentication_api  # kubernetes_asyncio.client.AuthenticationV1Api
+    def __init__(self, api: AuthenticationV1Api, trust_domain: str, cluster_id: str = "Kubernetes") -> None:
+        self.api = api
         self.trust_domain = trust_domain
         self.cluster_id = cluster_id
 
     async def authenticate(self, credentials: Credentials) -> Caller:
-        from kubernetes_asyncio.client import V1TokenReview, V1TokenReviewSpec
-        from kubernetes_asyncio.client.exceptions import ApiException
-
         review = V1TokenReview(spec=V1TokenReviewSpec(token=bearer_token(credentials), audiences=[TOKEN_AUDIENCE]))
+        failed = f"failed to validate the JWT from cluster {self.cluster_id!r}"
         try:
-            result = await self.api.create_token_review(review)
+            result = await self.api.create_token_review(review, _request_timeout=TOKEN_REVIEW_TIMEOUT)
             namespace, service_account = token_review_account(result.status)
-        except ApiException as error:
-            raise AuthenticationError(
-                f"failed to validate the JWT from cluster {self.cluster_id!r}: TokenReview failed: {error.status} {error.reason}"
-            ) from None
+        except API_ERRORS as error:
+            raise AuthenticationError(f"{failed}: TokenReview failed: {describe_error(error)}") from None
         except ValueError as error:
-            raise AuthenticationError(f"failed to validate the JWT from cluster {self.cluster_id!r}: {error}") from None
+            raise AuthenticationError(f"{failed}: {error}") from None
         return Caller((spiffe_identity(self.trust_domain, namespace, service_account),), self.name)
 
 

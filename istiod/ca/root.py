@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -24,8 +25,11 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.x509.oid import NameOID
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from istiod.ca.pki import PrivateKey, cert_pem, key_pem, key_usage, load_certs, load_key, new_key, same_public_key
+from istiod.sources.kube import API_ERRORS, Backoff, describe_error
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +39,9 @@ CA_KEY_FILE = "ca-key.pem"
 CERT_CHAIN_FILE = "cert-chain.pem"
 ROOT_CERT_FILE = "root-cert.pem"
 ROOT_TTL = timedelta(days=3650)  # istiod's self-signed root lives 10 years
+REQUEST_TIMEOUT = 10.0
+SECRET_PATIENCE = 1200.0  # istiod gives up on its CA Secret after 20 minutes
+SECRET_BACKOFF = Backoff(initial=0.5, cap=10.0)
 
 RootPair = tuple[bytes, bytes]  # (certificate PEM, private key PEM)
 
@@ -151,38 +158,58 @@ class DirRootStore:
 
 
 class SecretRootStore:
-    """Kubernetes: Secret `istio-ca-secret` in istiod's namespace, created only if absent."""
+    """Kubernetes: Secret `istio-ca-secret` in istiod's namespace, created only if absent.
 
-    def __init__(self, core: object, namespace: str) -> None:
-        self.core = core  # kubernetes_asyncio.client.CoreV1Api
+    Needs no leader: a create that finds the Secret already there (409) reads the winner's. API
+    errors are retried with backoff for up to 20 minutes, as istiod does, so a replica that starts
+    before the API server answers, or before its RBAC is in place, still starts.
+    """
+
+    def __init__(self, core: client.CoreV1Api, namespace: str) -> None:
+        self.core = core
         self.namespace = namespace
         self.where = f"Secret {namespace}/{CA_SECRET}"
 
     async def load_or_create(self, create: Callable[[], RootPair]) -> RootPair:
-        from kubernetes_asyncio.client import V1ObjectMeta, V1Secret
-        from kubernetes_asyncio.client.exceptions import ApiException
+        deadline = time.monotonic() + SECRET_PATIENCE
+        attempt = 0
+        while True:
+            try:
+                return await self._load_or_create(create)
+            except API_ERRORS as error:
+                reason = describe_error(error)
+                if time.monotonic() >= deadline:
+                    raise ValueError(f"cannot read or create {self.where} for {SECRET_PATIENCE:g}s: {reason}") from None
+                delay = SECRET_BACKOFF.delay(attempt)
+                attempt += 1
+                log.warning("CA root: cannot read or create %s: %s; retrying in %.1fs", self.where, reason, delay)
+                await asyncio.sleep(delay)
 
+    async def _load_or_create(self, create: Callable[[], RootPair]) -> RootPair:
         try:
-            return _secret_pair(await self.core.read_namespaced_secret(CA_SECRET, self.namespace))  # type: ignore[attr-defined]
+            return _secret_pair(await self._read())
         except ApiException as error:
             if error.status != 404:
                 raise
         cert, key = create()
         data = {CA_CERT_FILE: cert, CA_KEY_FILE: key, CERT_CHAIN_FILE: b"", ROOT_CERT_FILE: b""}
-        secret = V1Secret(
-            metadata=V1ObjectMeta(name=CA_SECRET, namespace=self.namespace),
+        secret = client.V1Secret(
+            metadata=client.V1ObjectMeta(name=CA_SECRET, namespace=self.namespace),
             type="istio.io/ca-root",
             data={k: base64.b64encode(v).decode() for k, v in data.items()},
         )
         try:
-            await self.core.create_namespaced_secret(self.namespace, secret)  # type: ignore[attr-defined]
+            await self.core.create_namespaced_secret(self.namespace, secret, _request_timeout=REQUEST_TIMEOUT)
             log.info("created a self-signed root CA in %s", self.where)
             return cert, key
         except ApiException as error:
             if error.status != 409:
                 raise
         # Another replica created it between our read and create: use theirs.
-        return _secret_pair(await self.core.read_namespaced_secret(CA_SECRET, self.namespace))  # type: ignore[attr-defined]
+        return _secret_pair(await self._read())
+
+    async def _read(self) -> client.V1Secret:
+        return await self.core.read_namespaced_secret(CA_SECRET, self.namespace, _request_timeout=REQUEST_TIMEOUT)
 
 
 def _secret_pair(secret: object) -> RootPair:

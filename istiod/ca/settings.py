@@ -26,7 +26,8 @@ class CaSettings:
 def add_ca_flags(parser: argparse.ArgumentParser) -> None:
     env = os.environ.get
     parser.add_argument("--ca-state-dir", type=Path, default=Path(env("CA_STATE_DIR", "state")),
-                        help="config-dir mode: where the self-signed root persists (default ./state)")
+                        help="config-dir mode: where the self-signed root persists (default ./state);"
+                             " against a cluster it is the Secret istio-ca-secret")
     parser.add_argument("--plugged-ca-dir", type=Path,
                         help="use the CA in this directory (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem),"
                              " reloaded when the files change")
@@ -37,7 +38,7 @@ def add_ca_flags(parser: argparse.ArgumentParser) -> None:
                         default=parse_duration(env("MAX_WORKLOAD_CERT_TTL", "2160h")),
                         help="longest lifetime a request may ask for (default 2160h, 90 days)")
     parser.add_argument("--ca-static-tokens", type=Path,
-                        help="STAND-IN for Kubernetes TokenReview where no API server exists: a JSON file mapping"
+                        help="config-dir mode: a STAND-IN for Kubernetes TokenReview, a JSON file mapping"
                              " each token to 'namespace/serviceaccount'")
     parser.add_argument("--tls-extra-san", action="append",
                         default=[h for h in env("ISTIOD_CUSTOM_HOST", "").split(",") if h],
@@ -48,6 +49,9 @@ def ca_settings_from_args(args: argparse.Namespace) -> CaSettings:
     ttl = TtlPolicy(timedelta(seconds=args.workload_cert_ttl), timedelta(seconds=args.max_workload_cert_ttl))
     if ttl.default > ttl.max:
         raise SystemExit("istiod discovery: --workload-cert-ttl is longer than --max-workload-cert-ttl")
+    if args.ca_static_tokens is not None and args.config_dir is None:
+        raise SystemExit("istiod discovery: --ca-static-tokens is for --config-dir only; a cluster's tokens are checked"
+                         " with TokenReview")
     return CaSettings(
         state_dir=args.ca_state_dir,
         plugged_dir=args.plugged_ca_dir,

@@ -20,6 +20,7 @@ from istiod.ca.root import CaBundle
 from istiod.durations import go_duration
 
 CSR_MARKER = b"-----BEGIN CERTIFICATE REQUEST-----"
+MAX_CSR_BYTES = 64 * 1024  # a workload's CSR is about 1 KiB; refuse big ones before parsing them
 PublicKey = rsa.RSAPublicKey | ec.EllipticCurvePublicKey
 
 
@@ -45,6 +46,8 @@ class TtlPolicy:
 
 def parse_csr(pem: str) -> x509.CertificateSigningRequest:
     data = pem.encode()
+    if len(data) > MAX_CSR_BYTES:
+        raise SignError(SignErrorKind.CSR, f"certificate signing request is {len(data)} bytes, over the limit of {MAX_CSR_BYTES}")
     if CSR_MARKER not in data:
         raise SignError(SignErrorKind.CSR, "certificate signing request is not properly encoded")
     try:

@@ -15,7 +15,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from kubernetes_asyncio import client, watch
@@ -26,7 +26,10 @@ from istiod.sources.namespaces import NamespaceFilter
 from istiod.sources.store import Store
 
 log = logging.getLogger(__name__)
+# The client logs every response body at debug level, Secrets' keys and TokenReviews' tokens among them.
+logging.getLogger("kubernetes_asyncio.client.rest").setLevel(logging.INFO)
 ListCall = Callable[..., Awaitable[Any]]
+API_ERRORS = (ApiException, aiohttp.ClientError, asyncio.TimeoutError, OSError)  # what a call to the API may raise
 
 
 class Gone(Exception):
@@ -59,6 +62,16 @@ def list_calls(api: client.ApiClient) -> dict[str, ListCall]:
     }
 
 
+class Writer(Protocol):
+    """Where an informer puts what it lists and watches (the store's KubeWriter, or a controller's cache)."""
+
+    def apply(self, body: dict[str, Any]) -> object: ...
+
+    def delete(self, body: dict[str, Any]) -> None: ...
+
+    def replace(self, kind: str, items: list[dict[str, Any]]) -> None: ...
+
+
 class _RawWatch(watch.Watch):
     """The library's watch, minus turning each event into a model object we would not use."""
 
@@ -71,7 +84,7 @@ class Informer:
         self,
         kind: str,
         list_call: ListCall,
-        writer: KubeWriter,
+        writer: Writer,
         watch_timeout: int = 300,
         page_size: int = 500,
         backoff: Backoff = Backoff(),
@@ -100,10 +113,10 @@ class Informer:
                 self.gone += 1
                 log.warning("informer %s: %s; relisting", self.kind, error)
                 self.resource_version = None
-            except (ApiException, aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as error:
+            except (*API_ERRORS, ValueError) as error:
                 delay = self.backoff.delay(failures)
                 failures += 1
-                log.warning("informer %s: %s; relisting in %.1fs (attempt %d)", self.kind, _describe(error), delay, failures)
+                log.warning("informer %s: %s; relisting in %.1fs (attempt %d)", self.kind, describe_error(error), delay, failures)
                 self.resource_version = None
                 await asyncio.sleep(delay)
 
@@ -275,7 +288,7 @@ class KubeSource:
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _describe(error: BaseException) -> str:
+def describe_error(error: BaseException) -> str:
     if isinstance(error, ApiException):
         return f"API error {error.status} {error.reason or ''}".strip()
     return f"{type(error).__name__}: {error}"

@@ -1,0 +1,132 @@
+"""Lease leader election against the real API: one leader at a time, a hand-over when the leader
+lets go, a Lease taken by another or left to lapse, and renewals the API refuses."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+from kubernetes_asyncio import client, config
+
+from e2e.harness import Cluster
+from e2e.kube_objects import ensure_namespace
+from e2e.test_rbac import token_kubeconfig
+from istiod.leader import LeaderElection, LeaseTimings
+
+NS = "e2e-leader"
+TIMINGS = LeaseTimings(duration=2.0, renew_deadline=1.5, retry_period=0.25)
+
+
+class Candidate:
+    """One replica: its election, and whether its leader's work is running right now."""
+
+    def __init__(self, api: client.ApiClient, lease: str, identity: str) -> None:
+        self.election = LeaderElection(api, NS, lease, identity, TIMINGS)
+        self.working = False
+        self.terms = 0
+        self.task: asyncio.Task[None] | None = None
+
+    async def work(self) -> None:
+        self.working, self.terms = True, self.terms + 1
+        try:
+            await asyncio.Future()
+        finally:
+            self.working = False
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self.election.run(self.work))
+
+    async def stop(self) -> None:
+        assert self.task is not None
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+
+
+@contextlib.asynccontextmanager
+async def running(*candidates: Candidate) -> AsyncIterator[None]:
+    for candidate in candidates:
+        candidate.start()
+    try:
+        yield
+    finally:
+        for candidate in candidates:
+            if candidate.task is not None and not candidate.task.done():
+                await candidate.stop()
+
+
+async def until(check: Callable[[], bool], timeout: float, what: str) -> float:
+    start = time.monotonic()
+    while not check():
+        assert time.monotonic() - start < timeout, f"timed out after {timeout}s waiting for {what}"
+        await asyncio.sleep(0.02)
+    return time.monotonic() - start
+
+
+async def lease_spec(kube: client.ApiClient, name: str) -> client.V1LeaseSpec:
+    return (await client.CoordinationV1Api(kube).read_namespaced_lease(name, NS)).spec
+
+
+async def test_one_leader_then_a_hand_over(kube: client.ApiClient) -> None:
+    await ensure_namespace(kube, NS)
+    a, b = Candidate(kube, "hand-over", "a"), Candidate(kube, "hand-over", "b")
+    async with running(a):
+        await until(lambda: a.working, 5, "a to lead")
+        async with running(b):
+            await asyncio.sleep(1.0)  # b tries four times
+            assert a.working and not b.working
+            spec = await lease_spec(kube, "hand-over")
+            assert (spec.holder_identity, spec.lease_transitions, spec.lease_duration_seconds) == ("a", 0, 2)
+            await a.stop()  # releases the Lease on the way out
+            assert not a.working and (await lease_spec(kube, "hand-over")).holder_identity == ""
+            took = await until(lambda: b.working, 1.0, "b to take over")
+            print(f"hand-over in {took:.2f}s")
+            spec = await lease_spec(kube, "hand-over")
+            assert (spec.holder_identity, spec.lease_transitions) == ("b", 1)
+
+
+async def test_a_lease_taken_by_another_ends_leadership_and_lapses_back(kube: client.ApiClient) -> None:
+    await ensure_namespace(kube, NS)
+    a = Candidate(kube, "stolen", "a")
+    async with running(a):
+        await until(lambda: a.working, 5, "a to lead")
+        lease = await client.CoordinationV1Api(kube).read_namespaced_lease("stolen", NS)
+        lease.spec.holder_identity = "intruder"
+        await client.CoordinationV1Api(kube).replace_namespaced_lease("stolen", NS, lease)
+        await until(lambda: not a.working, TIMINGS.retry_period * 3, "a to stop at its next renewal")
+        # The intruder never renews: a whole lease duration later, a takes the Lease again.
+        took = await until(lambda: a.working, TIMINGS.duration + 1.0, "a to lead again")
+        assert took >= TIMINGS.duration - TIMINGS.retry_period and a.terms == 2
+        assert (await lease_spec(kube, "stolen")).holder_identity == "a"
+
+
+async def test_renewals_the_api_refuses_end_leadership_by_the_deadline(
+    cluster: Cluster, kube: client.ApiClient, tmp_path: Path
+) -> None:
+    """A replica whose RBAC is withdrawn while it leads: 403 on every renewal, so it stops within the renew
+    deadline, before the lease duration could let another replica in."""
+    await ensure_namespace(kube, NS)
+    core, rbac = client.CoreV1Api(kube), client.RbacAuthorizationV1Api(kube)
+    await core.create_namespaced_service_account(NS, {"metadata": {"name": "elector"}})
+    await rbac.create_namespaced_role(NS, {"metadata": {"name": "elector"}, "rules": [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}]})
+    binding = {"metadata": {"name": "elector"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                                            "name": "elector"},
+               "subjects": [{"kind": "ServiceAccount", "name": "elector", "namespace": NS}]}
+    await rbac.create_namespaced_role_binding(NS, binding)
+    token = await core.create_namespaced_service_account_token("elector", NS, {"spec": {"expirationSeconds": 600}})
+    configuration = client.Configuration()
+    await config.load_kube_config(config_file=str(token_kubeconfig(cluster, token.status.token, tmp_path / "kubeconfig")),
+                                  client_configuration=configuration)
+    async with client.ApiClient(configuration) as api:
+        a = Candidate(api, "refused", "a")
+        async with running(a):
+            await until(lambda: a.working, 5, "a to lead")
+            await rbac.delete_namespaced_role_binding("elector", NS)
+            took = await until(lambda: not a.working, TIMINGS.renew_deadline + TIMINGS.retry_period + 0.5,
+                               "a to stop leading")
+            print(f"stopped {took:.2f}s after losing its RBAC")
+            assert (await lease_spec(kube, "refused")).holder_identity == "a"  # lost, so nothing to hand back
