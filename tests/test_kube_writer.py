@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from istiod.sources.convert import ObjectKey
-from istiod.sources.kube import Backoff, KubeWriter
+from istiod.sources.kube import Backoff, Gone, Informer, KubeWriter
 from istiod.sources.namespaces import NamespaceFilter, Selector
 from istiod.sources.store import Store
 
@@ -77,3 +79,42 @@ def test_backoff_is_jittered_and_capped() -> None:
     backoff = Backoff(initial=0.5, cap=4.0)
     delays = [backoff.delay(attempt) for attempt in range(20) for _ in range(5)]
     assert all(0 <= d <= 4.0 for d in delays) and len(set(delays)) > 50
+
+
+class _ScriptedInformer(Informer):
+    """An informer whose list always works and whose watches follow a script (no API involved)."""
+
+    def __init__(self, watches: list[BaseException | int]) -> None:
+        super().__init__("Service", None, KubeWriter(Store(), NamespaceFilter()),  # type: ignore[arg-type]
+                         backoff=Backoff(initial=1.0, cap=64.0))
+        self.script = watches
+
+    async def relist(self) -> None:
+        self.resource_version = "1"
+
+    async def watch(self) -> None:
+        step = self.script.pop(0)
+        if isinstance(step, int):
+            self.events += step  # it delivered this many events before breaking
+            raise ApiException(status=500, reason="connection cut")
+        raise step
+
+
+async def test_relists_back_off_while_no_watch_makes_progress(monkeypatch: pytest.MonkeyPatch) -> None:
+    ceilings: list[float] = []
+
+    async def sleep(delay: float) -> None:
+        ceilings.append(delay)
+        if len(ceilings) == 9:
+            raise asyncio.CancelledError
+
+    forbidden = ApiException(status=403, reason="watch is forbidden")
+    informer = _ScriptedInformer([forbidden] * 4 + [Gone("too old"), Gone("too old"), 3, forbidden, forbidden])
+    monkeypatch.setattr("istiod.sources.kube.asyncio.sleep", sleep)
+    with pytest.raises(asyncio.CancelledError):
+        await informer.run()
+    # Failing watches back off (attempts 0..3: up to 1, 2, 4, 8 s); a 410 right after is not a
+    # fresh start either; a watch that delivered events resets the count.
+    bounds = [1, 2, 4, 8, 16, 32, 1, 2, 4]
+    assert all(0 <= d <= b for d, b in zip(ceilings, bounds, strict=True)), ceilings
+    assert informer.gone == 2

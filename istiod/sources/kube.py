@@ -99,26 +99,33 @@ class Informer:
         self.synced = asyncio.Event()
         self.relists = 0
         self.gone = 0  # relists forced by 410
+        self.events = 0  # watch events seen, bookmarks included: a watch that delivers works
 
     async def run(self) -> None:
-        failures = 0
+        failures = 0  # rounds in a row in which no watch made progress
         while True:
+            progress = self.events
             try:
                 if self.resource_version is None:
                     await self.relist()
                     self.synced.set()
-                    failures = 0
                 await self.watch()
+                failures = 0  # the watch ran to its server-side timeout: the path works
+                continue
             except Gone as error:
                 self.gone += 1
-                log.warning("informer %s: %s; relisting", self.kind, error)
-                self.resource_version = None
+                reason, gone = str(error), True
             except (*API_ERRORS, ValueError) as error:
-                delay = self.backoff.delay(failures)
-                failures += 1
-                log.warning("informer %s: %s; relisting in %.1fs (attempt %d)", self.kind, describe_error(error), delay, failures)
-                self.resource_version = None
-                await asyncio.sleep(delay)
+                reason, gone = describe_error(error), False
+            self.resource_version = None
+            if self.events > progress:
+                failures = 0  # it worked for a while: retry soon
+            # Only a list that works while every watch fails at once (a proxy cutting long requests,
+            # RBAC without watch) keeps failing: the backoff grows so relists cannot hammer the API.
+            delay = 0.0 if gone and failures == 0 else self.backoff.delay(failures)
+            failures += 1
+            log.warning("informer %s: %s; relisting in %.1fs (attempt %d)", self.kind, reason, delay, failures)
+            await asyncio.sleep(delay)
 
     async def relist(self) -> None:
         """List every page, apply it, and delete what the store has that the list lacks."""
@@ -171,6 +178,7 @@ class Informer:
             await stream.close()
 
     def _on_event(self, event: Mapping[str, Any]) -> None:
+        self.events += 1
         kind, body = event.get("type"), event.get("raw_object")
         if not isinstance(body, dict):
             raise ValueError(f"watch event without an object: {str(event)[:200]}")
