@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import signal
@@ -132,10 +131,14 @@ class Discovery:
         for task in self._tasks:
             if task.get_name() not in ("http", "monitoring"):
                 task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), timeout=5)
-        if self._api is not None:
-            await self._api.close()
+        try:
+            _, pending = await asyncio.wait(self._tasks, timeout=5) if self._tasks else (set(), set())
+            if pending:
+                log.warning(logs.event("shutdown: tasks still running after 5s",
+                                       tasks=",".join(sorted(t.get_name() for t in pending))))
+        finally:
+            if self._api is not None:
+                await self._api.close()
 
 
 async def run_discovery(settings: Settings) -> None:

@@ -46,6 +46,8 @@ class TlsFront:
             transport.close()
         for task in list(self._tasks):
             task.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=2)
 
     def accept(self, transport: asyncio.Transport) -> None:
         task = asyncio.get_running_loop().create_task(self.serve(transport))
