@@ -40,9 +40,10 @@ def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
         for name, service, port in outbound_host_ports(snapshot, names)
     ]
     for name in inbound:
-        listener = _inbound_listener(snapshot, proxy, name)
-        if listener is not None:  # per proxy, so not worth caching
-            result.append(Resource(name, types.LISTENER, listener.SerializeToString(deterministic=True)))
+        address = _inbound_address(snapshot, proxy, name)
+        if address is not None:  # whether it exists is per proxy; what it holds depends on name and mesh only
+            result.append(cache.get(types.LISTENER, name, snapshot.mesh,
+                                    lambda: _inbound_listener(name, *address, snapshot.mesh.mtls)))
     return result
 
 
@@ -58,9 +59,9 @@ def clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: R
     for name, service, port in outbound_clusters(snapshot, names):
         # With mTLS the cluster names its destination's identities, so its endpoints matter too.
         endpoints = snapshot.endpoints_for(service.hostname, port) if snapshot.mesh.mtls else None
-        identities = None if endpoints is None else destination_identities(endpoints, snapshot.mesh.trust_domain)
         depends_on = (service, snapshot.mesh, endpoints)
-        result.append(cache.get(types.CLUSTER, name, depends_on, lambda: _cluster(name, identities)))
+        result.append(cache.get(types.CLUSTER, name, depends_on, lambda: _cluster(
+            name, None if endpoints is None else destination_identities(endpoints, snapshot.mesh.trust_domain))))
     return result
 
 
@@ -125,8 +126,8 @@ def _cluster(name: str, identities: tuple[str, ...] | None) -> cluster_pb2.Clust
     )
 
 
-def _inbound_listener(snapshot: Snapshot, proxy: Proxy, name: str) -> listener_pb2.Listener | None:
-    """A listener for an xDS-enabled gRPC server, if the proxy serves some Service on that port."""
+def _inbound_address(snapshot: Snapshot, proxy: Proxy, name: str) -> tuple[str, int] | None:
+    """The listener's ip:port, if the proxy serves some Service on that port (else no listener)."""
     try:
         ip, port = split_host_port(name[len(INBOUND_LISTENER_PREFIX):])
     except ValueError:
@@ -134,6 +135,11 @@ def _inbound_listener(snapshot: Snapshot, proxy: Proxy, name: str) -> listener_p
     addresses = proxy.ip_addresses if ip in ("0.0.0.0", "::") else (ip,)
     if not any(snapshot.instances_at(address, port) for address in addresses if address in proxy.ip_addresses):
         return None
+    return ip, port
+
+
+def _inbound_listener(name: str, ip: str, port: int, mtls: bool) -> listener_pb2.Listener:
+    """A listener for an xDS-enabled gRPC server: every request is served locally."""
     route = route_pb2.RouteConfiguration(
         name=inbound_cluster_name(port),
         virtual_hosts=[
@@ -158,7 +164,7 @@ def _inbound_listener(snapshot: Snapshot, proxy: Proxy, name: str) -> listener_p
             )
         ],
         # gRPC servers cannot tell TLS from plaintext on one port, so mTLS on means STRICT.
-        transport_socket=downstream_tls() if snapshot.mesh.mtls else None,
+        transport_socket=downstream_tls() if mtls else None,
     )
     return listener_pb2.Listener(
         name=name,
