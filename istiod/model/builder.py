@@ -7,6 +7,7 @@ changed; every other endpoint list is carried over from the previous snapshot as
 from __future__ import annotations
 
 from collections import defaultdict
+from functools import cached_property
 from collections.abc import Iterable
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -105,11 +106,25 @@ class _EndpointContext:
         self.workloads = workloads
         self.nodes = nodes
         self.jobs = jobs
-        # (namespace, label, value) -> pods, so a selector looks at its candidates only.
-        self.by_label: dict[tuple[str, str, str], list[Workload]] = defaultdict(list)
-        for workload in workloads.values():
-            for key, value in workload.labels:
-                self.by_label[(workload.namespace, key, value)].append(workload)
+        self._labels: dict[str, dict[tuple[str, str], list[Workload]]] = {}
+
+    @cached_property
+    def _by_namespace(self) -> dict[str, list[Workload]]:
+        grouped: dict[str, list[Workload]] = defaultdict(list)
+        for workload in self.workloads.values():
+            grouped[workload.namespace].append(workload)
+        return grouped
+
+    def labelled(self, namespace: str, key: str, value: str) -> list[Workload]:
+        """Pods of a namespace with one label, from an index built on first use per namespace, so
+        a push that rebuilds one namespace indexes only that one."""
+        index = self._labels.get(namespace)
+        if index is None:
+            index = self._labels[namespace] = defaultdict(list)
+            for workload in self._by_namespace.get(namespace, ()):
+                for label in workload.labels:
+                    index[label].append(workload)
+        return index.get((key, value), [])
 
     def serving(self, workload: Workload) -> bool:
         """Pods that finished (their own phase, or their Job's) leave the endpoints entirely."""
@@ -161,7 +176,7 @@ class _EndpointContext:
         if not service.selector:
             return []
         result = []
-        candidates = min((self.by_label.get((service.namespace, k, v), []) for k, v in service.selector), key=len)
+        candidates = min((self.labelled(service.namespace, k, v) for k, v in service.selector), key=len)
         for workload in candidates:
             if not workload.ip or not self.serving(workload):
                 continue
