@@ -51,7 +51,7 @@ class ConfigDirSource:
 
     async def scan(self) -> None:
         """Apply every file added, changed or removed since the last scan."""
-        seen = dict(_yaml_files(self.root))
+        seen = await asyncio.to_thread(lambda: dict(_yaml_files(self.root)))  # walking and stats stay off the loop
         for path in sorted(set(self._files) - set(seen)):
             log.info("config file %s removed", path)
             self._retire(path, self._files.pop(path).keys)
