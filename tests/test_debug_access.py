@@ -14,7 +14,9 @@ from fastapi import FastAPI
 from istiod.ca.authenticate import ClientCertAuthenticator, StaticTokenAuthenticator
 from istiod.debug.access import AccessPolicy, is_loopback
 from istiod.debug.app import DEBUG_ENDPOINTS, DebugView, create_app
+from istiod.debug.views import configz
 from istiod.model.snapshot import Snapshot
+from istiod.sources.store import Store
 from tests.conftest import CLIENT_PROXY, render
 from tests.peers import Istiod, Process, wait_until
 
@@ -148,3 +150,17 @@ def test_a_configured_token_never_appears_in_any_response(
                 assert status == (404 if path == "/debug/nothing" else 200), (path, status, body)
                 assert TOKEN not in body, path
     assert TOKEN not in istiod.text()
+
+
+def test_configz_hides_environment_values_and_kubectls_copy() -> None:
+    store = Store()
+    secret = "hunter2-db-password"
+    store.apply({"kind": "Pod", "metadata": {"name": "p", "namespace": "n", "annotations": {
+        "kubectl.kubernetes.io/last-applied-configuration": f'{{"env": "{secret}"}}', "team": "a"}},
+        "spec": {"containers": [{"name": "c", "env": [{"name": "DB_PASSWORD", "value": secret},
+                                                    {"name": "FROM_REF", "valueFrom": {"secretKeyRef": {"name": "s"}}}]}],
+                 "initContainers": [{"name": "i", "env": [{"name": "X", "value": secret}]}]}})
+    store.apply({"kind": "Service", "metadata": {"name": "s", "namespace": "n"}, "spec": {"ports": [{"port": 80}]}})
+    shown = json.dumps(configz(store.objects()))
+    assert secret not in shown and "DB_PASSWORD" in shown and "secretKeyRef" in shown and '"team": "a"' in shown
+    assert store.get(next(iter(store.keys("Pod")))).raw["spec"]["containers"][0]["env"][0]["value"] == secret  # type: ignore[union-attr]

@@ -134,7 +134,37 @@ def _volume_json(mount: VolumeMount) -> dict[str, Any]:
 
 
 def configz(objects: Iterable[StoredObject]) -> list[Mapping[str, Any]]:
-    return [o.raw for o in objects if o.key.kind not in _SECRET_KINDS]
+    return [_redacted(o.raw) for o in objects if o.key.kind not in _SECRET_KINDS]
+
+
+_CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
+_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+def _redacted(raw: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Pods carry environment values (often credentials) and kubectl's copy of the whole object:
+    neither is shown. Everything else is the object as stored."""
+    annotations = (raw.get("metadata") or {}).get("annotations") or {}
+    spec = raw.get("spec") if raw.get("kind") == "Pod" else None
+    if _LAST_APPLIED not in annotations and not isinstance(spec, Mapping):
+        return raw
+    result = dict(raw)
+    if _LAST_APPLIED in annotations:
+        result["metadata"] = {**raw["metadata"],
+                              "annotations": {k: v for k, v in annotations.items() if k != _LAST_APPLIED}}
+    if isinstance(spec, Mapping):
+        result["spec"] = {**spec, **{
+            field: [_without_env_values(c) for c in spec[field]]
+            for field in _CONTAINER_LISTS if isinstance(spec.get(field), list)
+        }}
+    return result
+
+
+def _without_env_values(container: Any) -> Any:
+    if not isinstance(container, Mapping) or not isinstance(container.get("env"), list):
+        return container
+    env = [{**e, "value": "<redacted>"} if isinstance(e, Mapping) and "value" in e else e for e in container["env"]]
+    return {**container, "env": env}
 
 
 def ads_clients(connections: Mapping[str, Connection], detail: bool) -> dict[str, Any]:
