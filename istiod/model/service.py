@@ -44,9 +44,6 @@ class Service:
     def port(self, number: int) -> Port | None:
         return next((p for p in self.ports if p.port == number), None)
 
-    def port_named(self, name: str) -> Port | None:
-        return next((p for p in self.ports if p.name == name), None)
-
     def cluster_name(self, port: int) -> str:
         return outbound_cluster_name(port, self.hostname)
 

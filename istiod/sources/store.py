@@ -46,7 +46,6 @@ class Store:
         self.domain = domain
         self._by_kind: dict[str, dict[ObjectKey, StoredObject]] = defaultdict(dict)
         self._listeners: list[Listener] = []
-        self.revision = 0  # bumped on every change, so readers can tell the store moved
 
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -81,7 +80,6 @@ class Store:
         return set(self._by_kind[kind])
 
     def _emit(self, change: Change) -> Change:
-        self.revision += 1
         for listener in self._listeners:
             try:
                 listener(change)

@@ -34,7 +34,6 @@ class ResourceCache:
         self._entries: dict[tuple[str, str], _Entry] = {}
         self._generation = 0
         self.hits = 0
-        self.misses = 0
 
     def get(self, type_url: str, name: str, depends_on: object, build: Callable[[], Message]) -> Resource:
         key = (type_url, name)
@@ -43,7 +42,6 @@ class ResourceCache:
             entry.used = self._generation
             self.hits += 1
             return entry.resource
-        self.misses += 1
         resource = Resource(name, type_url, build().SerializeToString(deterministic=True))
         self._entries[key] = _Entry(depends_on, resource, self._generation)
         return resource

@@ -28,7 +28,6 @@ class WatchedResource:
     sent: dict[str, Resource] = field(default_factory=dict)  # what the last response held
     acked: dict[str, Resource] = field(default_factory=dict)  # what the last ACKed response held
     sent_at: float = 0.0
-    acked_at: float = 0.0
 
     @property
     def rejection(self) -> str:

@@ -48,7 +48,6 @@ class Pusher:
         self.debounce_after = debounce_after
         self.debounce_max = debounce_max
         self.snapshot = build_snapshot(store, _version(0), mesh=mesh)
-        self.last_push: PushEvent | None = None
         self._subscribers: list[Subscriber] = []
         self._changed: set[ObjectKey] = set()
         self._kinds: Counter[str] = Counter()
@@ -89,7 +88,6 @@ class Pusher:
         self._count += 1
         self.snapshot = build_snapshot(self.store, _version(self._count), self.snapshot, None if full else changed, self.mesh)
         event = PushEvent(self.snapshot, reason, debounced, time.perf_counter() - started, full)
-        self.last_push = event
         log.info(logs.event("push", version=self.snapshot.version, reason=reason or "full",
                             build_ms=round(event.build_seconds * 1e3, 1)))
         for subscriber in self._subscribers:

@@ -123,7 +123,6 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         watched.nonce_acked, watched.version_acked = request.response_nonce, request.version_info
         watched.acked = watched.sent
         watched.last_error = ""
-        watched.acked_at = time.time()
         if watched.names is not None and names != watched.names:
             watched.names = names
             return [self._respond(watched, snapshot, self._generate(connection, watched, snapshot))]

@@ -10,8 +10,6 @@ ENDPOINT = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 SHORT_NAMES = {CLUSTER: "cds", LISTENER: "lds", ROUTE: "rds", ENDPOINT: "eds"}
 # The order istiod pushes in, so a client never sees a reference before what it refers to.
 PUSH_ORDER = (CLUSTER, ENDPOINT, LISTENER, ROUTE)
-# Types where a SotW response is the whole set: a name left out is a deletion to the client.
-FULL_STATE = frozenset({LISTENER, CLUSTER})
 
 
 def short_name(type_url: str) -> str:
