@@ -45,6 +45,7 @@ class SecurePort:
         self._inner: grpc.aio.Server | None = None
         self._front: TlsFront | None = None
         self._watch: asyncio.Task[None] | None = None
+        self._renewal: asyncio.Task[None] | None = None
         self.authenticators: list[Authenticator] = []  # set by start(); the debug access check uses them too
         self._publish_root: Callable[[CaBundle], None] = self._write_root_file
 
@@ -88,6 +89,7 @@ class SecurePort:
         await self._inner.start()
         port = await front.start()
         self._watch = asyncio.create_task(self.ca.watch(ca_settings.reload_interval, self._publish_root), name="ca-watch")
+        self._renewal = asyncio.create_task(serving.keep_fresh(ca_settings.reload_interval), name="serving-cert")
         log.info("CA root serial %x (%s)", self.ca.bundle.root.serial_number, where)
         return port
 
@@ -95,10 +97,11 @@ class SecurePort:
         write_atomic(self.settings.ca.state_dir / ROOT_CERT_FILE, bundle.roots_pem.encode())
 
     async def stop(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch
+        for task in (self._watch, self._renewal):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._front is not None:
             await self._front.stop()
         if self._inner is not None:

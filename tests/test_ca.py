@@ -19,6 +19,7 @@ from istiod.ca.authenticate import (
 )
 from istiod.ca.pki import load_certs, new_key, uri_sans
 from istiod.ca.root import CertificateAuthority, DirRootStore, bundle_from_pem, self_signed_bundle
+from istiod.ca.serving import ServingCertificate, serving_names
 from istiod.ca.signer import SignError, SignErrorKind, TtlPolicy, sign_csr
 from tests.pki import NOW, csr_claiming_other_key, csr_pem, write_plugged
 
@@ -216,3 +217,17 @@ async def test_client_certificate_without_spiffe_identity(tmp_path: Path, bundle
         await authenticate([ClientCertAuthenticator()], Credentials(None, leaf))
     assert refused.value.no_identity
     assert str(refused.value) == "ClientCertAuthenticator: the client certificate has no SPIFFE URI SAN"
+
+
+async def test_serving_certificate_renews_at_half_life_off_the_accept_path(tmp_path: Path) -> None:
+    serving = ServingCertificate(CertificateAuthority(await self_signed_bundle(DirRootStore(tmp_path), TD)),
+                                 serving_names("istio-system", "cluster.local"), timedelta(seconds=2))
+    first_context, first = serving.ssl_context(), serving.cert
+    assert serving.ssl_context() is first_context  # no work per connection
+    renewal = asyncio.create_task(serving.keep_fresh(0.05))
+    try:
+        await asyncio.wait_for(_until(lambda: serving.cert is not first), 5)
+    finally:
+        renewal.cancel()
+    assert serving.ssl_context() is not first_context
+    assert serving.cert is not None and first is not None and serving.cert.serial_number != first.serial_number

@@ -7,6 +7,7 @@ Re-issued at half its lifetime and whenever the CA's bundle changes (a plugged-i
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import ssl
 import tempfile
@@ -46,14 +47,30 @@ class ServingCertificate:
 
     def ssl_context(self) -> ssl.SSLContext:
         """The server context for new connections: our certificate, client certificates optional
-        but verified against the CA's roots when given, ALPN h2 for gRPC."""
-        now = datetime.now(timezone.utc)
+        but verified against the CA's roots when given, ALPN h2 for gRPC. Issued here only the
+        first time and when the CA itself changes (rare, and then no old certificate will do);
+        renewal at half-life happens in `keep_fresh`, off the accept path."""
         bundle = self.ca.bundle
-        if self._context is None or bundle is not self._bundle or now >= self._renew_at:
-            self._context = self._issue(bundle, now)
+        if self._context is None or bundle is not self._bundle:
+            self._install(*self._issue(bundle, datetime.now(timezone.utc)))
+        assert self._context is not None
         return self._context
 
-    def _issue(self, bundle: CaBundle, now: datetime) -> ssl.SSLContext:
+    async def keep_fresh(self, interval: float) -> None:
+        """Re-issue at half-life in a thread: key generation and file writes must not stall the
+        event loop that serves every stream."""
+        while True:
+            await asyncio.sleep(interval)
+            now, bundle = datetime.now(timezone.utc), self.ca.bundle
+            if now >= self._renew_at:
+                self._install(*await asyncio.to_thread(self._issue, bundle, now))
+
+    def _install(self, context: ssl.SSLContext, cert: x509.Certificate, bundle: CaBundle, now: datetime) -> None:
+        self.cert, self._bundle = cert, bundle
+        self._renew_at = now + (cert.not_valid_after_utc - now) / 2
+        self._context = context
+
+    def _issue(self, bundle: CaBundle, now: datetime) -> tuple[ssl.SSLContext, x509.Certificate, CaBundle, datetime]:
         key = new_key()
         cert = issue(bundle, key.public_key(), self.names, now, self.ttl)
         chain = cert_pem(cert) + "".join(cert_pem(c) for c in bundle.issuers[:-1])
@@ -69,6 +86,4 @@ class ServingCertificate:
         context.load_verify_locations(cadata=bundle.roots_pem)
         context.verify_mode = ssl.CERT_OPTIONAL  # as istiod: verify a client certificate if given
         context.set_alpn_protocols(["h2"])
-        self.cert, self._bundle = cert, bundle
-        self._renew_at = now + (cert.not_valid_after_utc - now) / 2
-        return context
+        return context, cert, bundle, now
