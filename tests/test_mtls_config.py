@@ -19,7 +19,7 @@ CLUSTER = f"outbound|7070||{HOST}"
 
 
 def snapshot(mtls: bool, accounts: tuple[str, ...] = ("echo",)) -> Snapshot:
-    service = Service("echo", "app", HOST, (Port("grpc", 7070),))
+    service = Service("echo", "app", "cluster.local", (Port("grpc", 7070),))
     endpoints = tuple(Endpoint(f"127.0.0.{i + 10}", 8080, 7070, service_account=sa, namespace="app")
                       for i, sa in enumerate(accounts))
     return Snapshot("v1", {HOST: service}, {(HOST, 7070): endpoints}, mesh=MeshConfig("example.org", mtls))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from istiod.model.names import outbound_cluster_name
+from istiod.model.names import listener_host_aliases, outbound_cluster_name, service_hostname
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,11 +35,20 @@ class Port:
 class Service:
     name: str
     namespace: str
-    hostname: str
+    domain: str  # the cluster's DNS suffix, e.g. cluster.local
     ports: tuple[Port, ...]
     selector: tuple[tuple[str, str], ...] = ()
     labels: tuple[tuple[str, str], ...] = ()
     cluster_ip: str = ""
+    hostname: str = field(init=False)  # <name>.<namespace>.svc.<domain>
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hostname", service_hostname(self.name, self.namespace, self.domain))
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        """The host spellings a proxyless client may use for it, longest first."""
+        return listener_host_aliases(self.name, self.namespace, self.domain)
 
     def port(self, number: int) -> Port | None:
         return next((p for p in self.ports if p.port == number), None)

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 
 from istiod.model.batch import CronJob, Job
 from istiod.model.mesh import MeshConfig
-from istiod.model.names import listener_host_aliases
 from istiod.model.service import Endpoint, Service
 from istiod.model.storage import PersistentVolume, PersistentVolumeClaim
 from istiod.model.workload import Workload
@@ -43,7 +42,7 @@ class Snapshot:
 
     def __post_init__(self) -> None:
         for service in self.services.values():
-            for alias in listener_host_aliases(service.name, service.namespace, _domain(service)):
+            for alias in service.aliases:
                 self._aliases[alias] = service
         for (hostname, _), endpoints in self.endpoints.items():
             service = self.services[hostname]
@@ -60,7 +59,3 @@ class Snapshot:
     def instances_at(self, address: str, port: int) -> list[tuple[Service, Endpoint]]:
         """The services an address:port serves (Istio's service targets), for inbound listeners."""
         return self._inbound.get((address, port), [])
-
-
-def _domain(service: Service) -> str:
-    return service.hostname[len(f"{service.name}.{service.namespace}.svc.") :]

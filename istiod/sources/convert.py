@@ -14,7 +14,7 @@ from typing import Any
 from istiod.model.batch import CronJob, Job
 from istiod.model.cluster import Namespace, Node
 from istiod.model.endpointslice import EndpointSlice, SliceEndpoint
-from istiod.model.names import DEFAULT_DOMAIN, service_hostname
+from istiod.model.names import DEFAULT_DOMAIN
 from istiod.model.quantity import QuantityError, parse_quantity
 from istiod.model.service import Locality, Port, Service
 from istiod.model.storage import PersistentVolume, PersistentVolumeClaim
@@ -151,7 +151,7 @@ def _service(key: ObjectKey, f: _Fields, domain: str) -> Service:
     return Service(
         name=key.name,
         namespace=key.namespace,
-        hostname=service_hostname(key.name, key.namespace, domain),
+        domain=domain,
         ports=tuple(ports),
         selector=f.str_map("spec.selector"),
         labels=f.str_map("metadata.labels"),

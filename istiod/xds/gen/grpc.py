@@ -18,7 +18,6 @@ from istiod.model.names import (
     INBOUND_LISTENER_PREFIX,
     inbound_cluster_name,
     join_host_port,
-    listener_host_aliases,
     split_host_port,
 )
 from istiod.model.proxy import Proxy
@@ -90,7 +89,7 @@ def _route_configuration(name: str, service: Service, port: int) -> route_pb2.Ro
     # gRPC matches the virtual host against the target's authority, which may be any alias.
     domains = [
         domain
-        for alias in listener_host_aliases(service.name, service.namespace, service.hostname.split(".svc.", 1)[1])
+        for alias in service.aliases
         for domain in (alias, f"{alias}:{port}")
     ]
     return route_pb2.RouteConfiguration(
