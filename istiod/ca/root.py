@@ -241,18 +241,25 @@ def read_plugged(directory: Path) -> tuple[bytes, bytes, bytes, bytes]:
 class CertificateAuthority:
     """The bundle in force. A plugged-in one is re-read when its files change; bad files keep the old one."""
 
-    def __init__(self, bundle: CaBundle, plugged_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        bundle: CaBundle,
+        plugged_dir: Path | None = None,
+        files: tuple[bytes, bytes, bytes, bytes] | None = None,
+    ) -> None:
+        """`files` are the plugged-in files `bundle` was built from, so a change after that read is seen."""
         self.bundle = bundle
         self.plugged_dir = plugged_dir
-        self._files = read_plugged(plugged_dir) if plugged_dir is not None else None
+        self._files = files
 
     @classmethod
     def plugged(cls, directory: Path) -> CertificateAuthority:
         try:
-            bundle = bundle_from_pem(*read_plugged(directory))
+            files = read_plugged(directory)
+            bundle = bundle_from_pem(*files)
         except (OSError, ValueError) as error:
             raise ValueError(f"plugged-in CA in {directory}: {error}") from None
-        return cls(bundle, directory)
+        return cls(bundle, directory, files)
 
     async def watch(self, interval: float, on_change: Callable[[CaBundle], None]) -> None:
         if self.plugged_dir is None:
