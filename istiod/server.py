@@ -22,6 +22,7 @@ from istiod.debug.access import AccessPolicy
 from istiod.ca.publisher import ELECTION, RootCertPublisher
 from istiod.debug.app import DebugView, create_app
 from istiod.leader import LeaderElection
+from istiod.model.names import join_host_port
 from istiod.secure import SecurePort
 from istiod.settings import Address, Settings
 from istiod.sources.configdir import ConfigDirSource
@@ -86,7 +87,7 @@ class Discovery:
         reflection.enable_server_reflection((ADS_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), self._grpc)
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         grpc_addr = self.settings.grpc_addr
-        self.ports["grpc"] = self._grpc.add_insecure_port(f"{_grpc_host(grpc_addr)}:{grpc_addr.port}")
+        self.ports["grpc"] = self._grpc.add_insecure_port(join_host_port(grpc_addr.bind_host, grpc_addr.port))
         await self._grpc.start()
 
         view = DebugView(lambda: self.pusher.snapshot, lambda: self.ads.connections, lambda: self.ads.ready,
@@ -158,10 +159,6 @@ async def run_discovery(settings: Settings) -> None:
     finally:
         log.info("shutting down")
         await discovery.stop()
-
-
-def _grpc_host(address: Address) -> str:
-    return f"[{address.host}]" if ":" in address.host else address.bind_host
 
 
 def _bind(address: Address) -> socket.socket:
