@@ -52,7 +52,7 @@ class Settings:
     in_cluster: bool = False
     discovery_selectors: tuple[str, ...] = ()
     watch_timeout: int = 300
-    namespace: str = "istio-system"
+    namespace: str = "istio-system"  # istiod's own (POD_NAMESPACE): its Secret, Lease and serving DNS names
     pod_name: str = ""  # who holds a leader Lease
     leader: LeaseTimings = LeaseTimings()
     secure_grpc_addr: Address = Address("", 15012)
