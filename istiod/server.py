@@ -64,10 +64,12 @@ class Discovery:
         if settings.config_dir is not None:
             return ConfigDirSource(settings.config_dir, self.store, settings.poll_interval)
         configuration = client.Configuration()
-        if settings.kubeconfig is not None:
+        if settings.in_cluster:
+            kube_config.load_incluster_config(client_configuration=configuration)
+        elif settings.kubeconfig is not None:
             await kube_config.load_kube_config(config_file=str(settings.kubeconfig), client_configuration=configuration)
         else:
-            kube_config.load_incluster_config(client_configuration=configuration)
+            raise ValueError("no config dir, no kubeconfig and not in a pod: nothing to read the mesh from")
         self._api = client.ApiClient(configuration)
         return KubeSource(self._api, self.store, self.namespaces, settings.watch_timeout)
 
