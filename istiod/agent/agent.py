@@ -22,10 +22,11 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.x509.oid import NameOID
 
-from istiod.agent.bootstrap import CERT_CHAIN_FILE, KEY_FILE, ROOT_CERT_FILE, bootstrap_json
+from istiod.agent.bootstrap import bootstrap_json
 from istiod.agent.settings import AgentSettings
 from istiod.atomicfile import write_atomic
 from istiod.ca.pki import PrivateKey, key_pem, load_certs, new_key, same_public_key, uri_sans
+from istiod.certfiles import CERT_CHAIN_FILE, KEY_FILE, ROOT_CERT_FILE
 from istiod.gen.istio.v1.auth import ca_pb2, ca_pb2_grpc
 from istiod.model.names import spiffe_identity
 from istiod.sources.kube import Backoff

@@ -29,6 +29,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from istiod.ca.pki import PrivateKey, cert_pem, key_pem, key_usage, load_certs, load_key, new_key, same_public_key
+from istiod.certfiles import CERT_CHAIN_FILE, ROOT_CERT_FILE
 from istiod.sources.kube import API_ERRORS, Backoff, describe_error
 
 log = logging.getLogger(__name__)
@@ -36,8 +37,6 @@ log = logging.getLogger(__name__)
 CA_SECRET = "istio-ca-secret"
 CA_CERT_FILE = "ca-cert.pem"
 CA_KEY_FILE = "ca-key.pem"
-CERT_CHAIN_FILE = "cert-chain.pem"
-ROOT_CERT_FILE = "root-cert.pem"
 ROOT_TTL = timedelta(days=3650)  # istiod's self-signed root lives 10 years
 REQUEST_TIMEOUT = 10.0
 SECRET_PATIENCE = 1200.0  # istiod gives up on its CA Secret after 20 minutes
