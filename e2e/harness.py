@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
+from istiod.ca.pki import key_pem
 from tests.peers import free_port, stop_group, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,12 +32,6 @@ def _name(common_name: str, organization: str | None = None) -> x509.Name:
     if organization:
         attributes.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
     return x509.Name(attributes)
-
-
-def _write_key(path: Path, key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> None:
-    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                       serialization.NoEncryption()))
-    path.chmod(0o600)
 
 
 @dataclass(frozen=True)
@@ -75,8 +70,9 @@ class Credentials:
                     directory / "sa.key", directory / "sa.pub")
         creds.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
         creds.admin_cert.write_bytes(admin.public_bytes(serialization.Encoding.PEM))
-        _write_key(creds.admin_key, admin_key)
-        _write_key(creds.sa_key, sa_key)
+        for path, key in ((creds.admin_key, admin_key), (creds.sa_key, sa_key)):
+            path.write_bytes(key_pem(key))
+            path.chmod(0o600)
         creds.sa_pub.write_bytes(sa_key.public_key().public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
         return creds

@@ -10,10 +10,9 @@ import base64
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
 
 import grpc
 import pytest
@@ -26,7 +25,7 @@ from e2e.harness import Cluster
 from e2e.kube_objects import ISTIO_NAMESPACE, create_running_pod, ensure_namespace, pod_body, service_body
 from e2e.test_rbac import istiod_kubeconfig
 from istiod.ca.pki import load_certs, new_key, uri_sans
-from tests.peers import Istiod, Process, free_port, wait_until
+from tests.peers import Istiod, Process, eventually, free_port, wait_until
 from tests.pki import csr_pem
 from tests.secure_port import CaEndpoint, start_secure
 from tests.test_ca_service import create, metric, refusal
@@ -40,15 +39,6 @@ CONFIGMAP, LEASE = "istio-ca-root-cert", "istio-namespace-controller-election"
 LEADER_FLAGS = ("--leader-lease-duration", "3s", "--leader-renew-deadline", "2s", "--leader-retry-period", "500ms")
 DENIED = ("request authenticate failure: ClientCertAuthenticator: no client certificate is presented; "
           "KubeJWTAuthenticator: failed to validate the JWT from cluster 'Kubernetes': ")
-T = TypeVar("T")
-
-
-async def eventually(probe: Callable[[], Awaitable[T]], timeout: float, what: str) -> T:
-    deadline = time.monotonic() + timeout
-    while not (result := await probe()):
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        await asyncio.sleep(0.05)
-    return result
 
 
 async def token_for(kube: client.ApiClient, namespace: str, account: str, audience: str = "istio-ca") -> str:

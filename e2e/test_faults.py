@@ -14,7 +14,7 @@ from istiod.sources.convert import ObjectKey
 from istiod.sources.kube import Backoff, Informer, KubeWriter, list_calls
 from istiod.sources.namespaces import NamespaceFilter
 from istiod.sources.store import Store
-from tests.peers import Istiod, Process, free_port, wait_until
+from tests.peers import Istiod, Process, eventually, free_port, wait_until
 from tests.pki import write_plugged
 from tests.test_proxyless_grpc import replies_from, start_client, wait_for_replies
 
@@ -86,23 +86,19 @@ async def test_watch_from_a_compacted_revision_relists(cluster: Cluster, kube: c
         await asyncio.wait_for(informer.synced.wait(), 20)
         stale = informer.resource_version
         await core.create_namespaced_service(NS, service_body("compacted"))
-        await asyncio.wait_for(_until(lambda: ObjectKey("Service", NS, "compacted") in store.keys("Service")), 10)
+        compacted = ObjectKey("Service", NS, "compacted")
+        await eventually(lambda: compacted in store.keys("Service"), 10, "the Service in the store")
         await core.delete_namespaced_service("compacted", NS)
-        await asyncio.wait_for(_until(lambda: ObjectKey("Service", NS, "compacted") not in store.keys("Service")), 10)
+        await eventually(lambda: compacted not in store.keys("Service"), 10, "the Service gone from the store")
         revision = cluster.compact()
         assert int(stale) < revision  # type: ignore[arg-type]
         relists = informer.relists
         informer.resource_version = stale  # the next watch resumes from before the compaction
-        await asyncio.wait_for(_until(lambda: informer.gone == 1 and informer.relists > relists), 10)
+        await eventually(lambda: informer.gone == 1 and informer.relists > relists, 10, "a 410 and a relist")
         assert int(informer.resource_version) >= revision  # type: ignore[arg-type]
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-
-
-async def _until(check: Callable[[], bool]) -> None:
-    while not check():
-        await asyncio.sleep(0.05)
 
 
 def test_not_ready_until_the_api_answers(cluster: Cluster, tmp_path: Path, processes: list[Process]) -> None:

@@ -15,6 +15,7 @@ from e2e.harness import Cluster
 from e2e.kube_objects import ensure_namespace
 from e2e.test_rbac import token_kubeconfig
 from istiod.leader import LeaderElection, LeaseTimings
+from tests.peers import eventually
 
 NS = "e2e-leader"
 TIMINGS = LeaseTimings(duration=2.0, renew_deadline=1.5, retry_period=0.25)
@@ -58,11 +59,10 @@ async def running(*candidates: Candidate) -> AsyncIterator[None]:
                 await candidate.stop()
 
 
-async def until(check: Callable[[], bool], timeout: float, what: str) -> float:
+async def timed(check: Callable[[], bool], timeout: float, what: str) -> float:
+    """Seconds until `check` holds (tests.peers.eventually polling every 20 ms)."""
     start = time.monotonic()
-    while not check():
-        assert time.monotonic() - start < timeout, f"timed out after {timeout}s waiting for {what}"
-        await asyncio.sleep(0.02)
+    await eventually(check, timeout, what, interval=0.02)
     return time.monotonic() - start
 
 
@@ -74,7 +74,7 @@ async def test_one_leader_then_a_hand_over(kube: client.ApiClient) -> None:
     await ensure_namespace(kube, NS)
     a, b = Candidate(kube, "hand-over", "a"), Candidate(kube, "hand-over", "b")
     async with running(a):
-        await until(lambda: a.working, 5, "a to lead")
+        await eventually(lambda: a.working, 5, "a to lead")
         async with running(b):
             await asyncio.sleep(1.0)  # b tries four times
             assert a.working and not b.working
@@ -82,7 +82,7 @@ async def test_one_leader_then_a_hand_over(kube: client.ApiClient) -> None:
             assert (spec.holder_identity, spec.lease_transitions, spec.lease_duration_seconds) == ("a", 0, 2)
             await a.stop()  # releases the Lease on the way out
             assert not a.working and (await lease_spec(kube, "hand-over")).holder_identity == ""
-            took = await until(lambda: b.working, 1.0, "b to take over")
+            took = await timed(lambda: b.working, 1.0, "b to take over")
             print(f"hand-over in {took:.2f}s")
             spec = await lease_spec(kube, "hand-over")
             assert (spec.holder_identity, spec.lease_transitions) == ("b", 1)
@@ -92,13 +92,13 @@ async def test_a_lease_taken_by_another_ends_leadership_and_lapses_back(kube: cl
     await ensure_namespace(kube, NS)
     a = Candidate(kube, "stolen", "a")
     async with running(a):
-        await until(lambda: a.working, 5, "a to lead")
+        await eventually(lambda: a.working, 5, "a to lead")
         lease = await client.CoordinationV1Api(kube).read_namespaced_lease("stolen", NS)
         lease.spec.holder_identity = "intruder"
         await client.CoordinationV1Api(kube).replace_namespaced_lease("stolen", NS, lease)
-        await until(lambda: not a.working, TIMINGS.retry_period * 3, "a to stop at its next renewal")
+        await eventually(lambda: not a.working, TIMINGS.retry_period * 3, "a to stop at its next renewal")
         # The intruder never renews: a whole lease duration later, a takes the Lease again.
-        took = await until(lambda: a.working, TIMINGS.duration + 1.0, "a to lead again")
+        took = await timed(lambda: a.working, TIMINGS.duration + 1.0, "a to lead again")
         assert took >= TIMINGS.duration - TIMINGS.retry_period and a.terms == 2
         assert (await lease_spec(kube, "stolen")).holder_identity == "a"
 
@@ -124,9 +124,9 @@ async def test_renewals_the_api_refuses_end_leadership_by_the_deadline(
     async with client.ApiClient(configuration) as api:
         a = Candidate(api, "refused", "a")
         async with running(a):
-            await until(lambda: a.working, 5, "a to lead")
+            await eventually(lambda: a.working, 5, "a to lead")
             await rbac.delete_namespaced_role_binding("elector", NS)
-            took = await until(lambda: not a.working, TIMINGS.renew_deadline + TIMINGS.retry_period + 0.5,
+            took = await timed(lambda: not a.working, TIMINGS.renew_deadline + TIMINGS.retry_period + 0.5,
                                "a to stop leading")
             print(f"stopped {took:.2f}s after losing its RBAC")
             assert (await lease_spec(kube, "refused")).holder_identity == "a"  # lost, so nothing to hand back

@@ -73,7 +73,7 @@ class SecurePort:
             raise SystemExit(f"istiod: cannot start the CA: {error}") from None
         self._publish_root(self.ca.bundle)
         self.serving = serving = ServingCertificate(
-            self.ca, serving_names(ca_settings.namespace, settings.domain, ca_settings.extra_sans), ca_settings.ttl.default
+            self.ca, serving_names(settings.namespace, settings.domain, ca_settings.extra_sans), ca_settings.ttl.default
         )
         serving.ssl_context()  # issue it now, so a CA that cannot sign fails at start
 

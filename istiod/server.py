@@ -21,6 +21,7 @@ from istiod.debug.access import AccessPolicy
 from istiod.ca.publisher import ELECTION, RootCertPublisher
 from istiod.debug.app import DebugView, create_app
 from istiod.leader import LeaderElection
+from istiod.model.names import join_host_port
 from istiod.secure import SecurePort
 from istiod.settings import Address, Settings
 from istiod.sources.configdir import ConfigDirSource
@@ -62,10 +63,12 @@ class Discovery:
         if settings.config_dir is not None:
             return ConfigDirSource(settings.config_dir, self.store, settings.poll_interval)
         configuration = client.Configuration()
-        if settings.kubeconfig is not None:
+        if settings.in_cluster:
+            kube_config.load_incluster_config(client_configuration=configuration)
+        elif settings.kubeconfig is not None:
             await kube_config.load_kube_config(config_file=str(settings.kubeconfig), client_configuration=configuration)
         else:
-            kube_config.load_incluster_config(client_configuration=configuration)
+            raise ValueError("no config dir, no kubeconfig and not in a pod: nothing to read the mesh from")
         self._api = client.ApiClient(configuration)
         return KubeSource(self._api, self.store, self.namespaces, settings.watch_timeout)
 
@@ -85,7 +88,7 @@ class Discovery:
         reflection.enable_server_reflection((ADS_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), self._grpc)
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         grpc_addr = self.settings.grpc_addr
-        self.ports["grpc"] = self._grpc.add_insecure_port(f"{_grpc_host(grpc_addr)}:{grpc_addr.port}")
+        self.ports["grpc"] = self._grpc.add_insecure_port(join_host_port(grpc_addr.bind_host, grpc_addr.port))
         await self._grpc.start()
 
         view = DebugView(lambda: self.pusher.snapshot, lambda: self.ads.connections, lambda: self.ads.ready,
@@ -161,10 +164,6 @@ async def run_discovery(settings: Settings) -> None:
     finally:
         log.info("shutting down")
         await discovery.stop()
-
-
-def _grpc_host(address: Address) -> str:
-    return f"[{address.host}]" if ":" in address.host else address.bind_host
 
 
 def _bind(address: Address) -> socket.socket:

@@ -12,7 +12,7 @@ from istiod.ca.settings import CaSettings, add_ca_flags, ca_settings_from_args
 from istiod.durations import parse_duration as _seconds
 from istiod.leader import LeaseTimings
 from istiod.model.mesh import DEFAULT_TRUST_DOMAIN, MeshConfig
-from istiod.model.names import DEFAULT_DOMAIN
+from istiod.model.names import DEFAULT_DOMAIN, join_host_port, split_host_port
 from istiod.sources.namespaces import Selector
 
 
@@ -23,17 +23,18 @@ class Address:
 
     @classmethod
     def parse(cls, text: str) -> Address:
-        host, sep, port = text.rpartition(":")
-        if not sep or not port.isdigit() or int(port) > 65535:
-            raise argparse.ArgumentTypeError(f"address {text!r} must be [host]:port")
-        return cls(host.strip("[]"), int(port))
+        try:
+            host, port = split_host_port(text, allow_empty_host=True, allow_zero_port=True)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"address {text!r} must be [host]:port") from None
+        return cls(host, port)
 
     @property
     def bind_host(self) -> str:
         return self.host or "0.0.0.0"
 
     def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
+        return join_host_port(self.host, self.port)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +52,7 @@ class Settings:
     in_cluster: bool = False
     discovery_selectors: tuple[str, ...] = ()
     watch_timeout: int = 300
-    namespace: str = "istio-system"
+    namespace: str = "istio-system"  # istiod's own (POD_NAMESPACE): its Secret, Lease and serving DNS names
     pod_name: str = ""  # who holds a leader Lease
     leader: LeaseTimings = LeaseTimings()
     secure_grpc_addr: Address = Address("", 15012)

@@ -20,6 +20,7 @@ import grpc
 from cryptography import x509
 
 from istiod.ca.authenticate import Credentials
+from istiod.model.names import join_host_port
 
 log = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT = 10.0
@@ -130,7 +131,7 @@ async def _pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> Non
 
 
 def _address(peername: object) -> str:
-    return f"{peername[0]}:{peername[1]}" if isinstance(peername, tuple) else str(peername)
+    return join_host_port(peername[0], peername[1]) if isinstance(peername, tuple) else str(peername)
 
 
 def _reason(error: BaseException) -> str:

@@ -6,6 +6,7 @@ Every wait is bounded, and every process is stopped by the fixture that started 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
 import queue
@@ -44,13 +45,21 @@ def wait_until(check: Callable[[], Any], timeout: float, what: str, interval: fl
 
 
 async def eventually(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    """wait_until for async tests: sleeps on the event loop, so in-process gRPC streams keep moving."""
+    """wait_until for async tests: sleeps on the event loop, so in-process gRPC streams keep moving.
+
+    `check` may be a plain function or return an awaitable (an async probe); its first truthy result
+    is returned.
+    """
     deadline = time.monotonic() + timeout
-    while not (result := check()):
+    while True:
+        result = check()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return result
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(interval)
-    return result
 
 
 def stop_group(proc: subprocess.Popen, grace: float) -> None:  # type: ignore[type-arg]

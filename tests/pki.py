@@ -10,7 +10,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from istiod.ca.pki import PrivateKey, cert_pem, key_pem, new_key
+from istiod.ca.pki import PrivateKey, cert_pem, key_pem, new_key, spki
 
 NOW = datetime.now(timezone.utc)
 
@@ -54,10 +54,8 @@ def csr_pem(key: PrivateKey, uri: str = "spiffe://cluster.local/ns/evil/sa/admin
 
 def csr_claiming_other_key(signer: PrivateKey, claimed: PrivateKey) -> str:
     """A CSR that carries `claimed`'s public key but is signed by `signer` (same-size RSA keys)."""
-    def spki(key: PrivateKey) -> bytes:
-        return key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-
+    ours, theirs = spki(signer.public_key()), spki(claimed.public_key())
     der = x509.load_pem_x509_csr(csr_pem(signer).encode()).public_bytes(serialization.Encoding.DER)
-    assert len(spki(signer)) == len(spki(claimed)) and spki(signer) in der
-    forged = x509.load_der_x509_csr(der.replace(spki(signer), spki(claimed)))
+    assert len(ours) == len(theirs) and ours in der
+    forged = x509.load_der_x509_csr(der.replace(ours, theirs))
     return forged.public_bytes(serialization.Encoding.PEM).decode()

@@ -21,6 +21,7 @@ from istiod.ca.pki import load_certs, new_key, uri_sans
 from istiod.ca.root import CertificateAuthority, DirRootStore, bundle_from_pem, self_signed_bundle
 from istiod.ca.serving import ServingCertificate, serving_names
 from istiod.ca.signer import SignError, SignErrorKind, TtlPolicy, sign_csr
+from tests.peers import eventually
 from tests.pki import NOW, csr_claiming_other_key, csr_pem, write_plugged
 
 TD = "cluster.local"
@@ -124,18 +125,13 @@ async def test_plugged_ca_reloads_and_keeps_the_old_one_on_bad_files(tmp_path: P
     watch = asyncio.create_task(ca.watch(0.05, lambda b: changes.append(b.root)))
     try:
         second_root, _ = write_plugged(directory, "second")
-        await asyncio.wait_for(_until(lambda: changes), 5)
+        await eventually(lambda: changes, 5, "the reloaded CA", interval=0.02)
         assert ca.bundle.root == second_root != first_root
         (directory / "ca-key.pem").write_text("not a key")
         await asyncio.sleep(0.3)
         assert ca.bundle.root == second_root and changes == [second_root]
     finally:
         watch.cancel()
-
-
-async def _until(check) -> None:  # type: ignore[no-untyped-def]
-    while not check():
-        await asyncio.sleep(0.02)
 
 
 def test_bundle_needs_a_ca_certificate(tmp_path: Path) -> None:

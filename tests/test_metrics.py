@@ -115,3 +115,31 @@ async def test_nacks_of_each_type_count_as_rejects(
     gone = istiod.metrics()
     assert all(metric(gone, f"pilot_xds_{short}_reject", node=node, err="InvalidArgument") == 0
                for short, _, _ in XDS_TYPES)
+
+
+async def test_a_reject_stays_while_another_connection_of_the_proxy_has_it(
+    synced_mesh: Mesh, ads_client: Callable[..., AdsClient]
+) -> None:
+    """pilot_xds_*_reject is per proxy: a reconnect overlaps the old stream, and the old one closing must
+    not remove the series while the new one still has the NACK."""
+    istiod = synced_mesh.istiod
+    before = istiod.metrics()
+    old = ads_client(istiod, "reconnecting", "echo-ns", istio_version="1.98.0")
+    new = ads_client(istiod, "reconnecting", "echo-ns", istio_version="1.98.0")
+    node = old.node.id
+    assert new.node.id == node
+    for client in (old, new):
+        await client.subscribe(types.CLUSTER, [CLUSTER], nack="rejecting cds for the test")
+    await eventually(lambda: changed(before, istiod.metrics(), "pilot_total_xds_rejects", type="cds") == 2, 5,
+                     "both NACKs")
+    both = istiod.metrics()
+    assert metric(both, "pilot_xds_cds_reject", node=node, err="InvalidArgument") == 1
+    assert metric(both, "pilot_xds", version="1.98.0") == 2
+
+    await old.close()
+    await eventually(lambda: metric(istiod.metrics(), "pilot_xds", version="1.98.0") == 1, 5, "the old disconnect")
+    assert metric(istiod.metrics(), "pilot_xds_cds_reject", node=node, err="InvalidArgument") == 1
+
+    await new.close()
+    await eventually(lambda: metric(istiod.metrics(), "pilot_xds", version="1.98.0") == 0, 5, "the new disconnect")
+    assert metric(istiod.metrics(), "pilot_xds_cds_reject", node=node, err="InvalidArgument") == 0

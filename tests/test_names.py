@@ -39,3 +39,12 @@ def test_split_host_port_rejects(bad: str) -> None:
 @given(st.from_regex(r"[a-z0-9][a-z0-9.-]{0,40}", fullmatch=True) | st.ip_addresses().map(str), st.integers(1, 65535))
 def test_host_port_round_trip(host: str, port: int) -> None:
     assert names.split_host_port(names.join_host_port(host, port)) == (host, port)
+
+
+def test_split_host_port_listen_addresses() -> None:
+    assert names.split_host_port(":0", allow_empty_host=True, allow_zero_port=True) == ("", 0)
+    assert names.split_host_port("[::1]:0", allow_zero_port=True) == ("::1", 0)
+    with pytest.raises(ValueError):
+        names.split_host_port(":80", allow_zero_port=True)
+    with pytest.raises(ValueError):
+        names.split_host_port("host:0", allow_empty_host=True)

@@ -22,16 +22,18 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.x509.oid import NameOID
 
-from istiod.agent.bootstrap import CERT_CHAIN_FILE, KEY_FILE, ROOT_CERT_FILE, bootstrap_json
+from istiod.agent.bootstrap import bootstrap_json
 from istiod.agent.settings import AgentSettings
 from istiod.atomicfile import write_atomic
 from istiod.ca.pki import PrivateKey, key_pem, load_certs, new_key, same_public_key, uri_sans
+from istiod.certfiles import CERT_CHAIN_FILE, KEY_FILE, ROOT_CERT_FILE
 from istiod.gen.istio.v1.auth import ca_pb2, ca_pb2_grpc
 from istiod.model.names import spiffe_identity
+from istiod.sources.kube import Backoff
 
 log = logging.getLogger(__name__)
 _UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-MAX_BACKOFF = 30.0
+RETRY_BACKOFF = Backoff(initial=1.0, cap=30.0)
 
 
 class AgentError(Exception):
@@ -124,7 +126,7 @@ def write_bootstrap(settings: AgentSettings) -> None:
 
 async def run(settings: AgentSettings, stop: asyncio.Event) -> int:
     issued: Issued | None = None
-    backoff = 1.0
+    attempt = 0  # failed requests since the last success
     while not stop.is_set():
         try:
             renewed = await request_certificate(settings, issued)
@@ -132,8 +134,9 @@ async def run(settings: AgentSettings, stop: asyncio.Event) -> int:
             if issued is None and not isinstance(error, CaUnreachable):
                 log.error("%s", error)
                 return 1
-            log.error("%s; retrying in %gs", error, backoff)
-            delay, backoff = backoff, min(backoff * 2, MAX_BACKOFF)
+            delay = RETRY_BACKOFF.delay(attempt)
+            attempt += 1
+            log.error("%s; retrying in %.1fs", error, delay)
         else:
             write_certs(settings, renewed)
             if issued is None:  # the workload may start once its certificates are in place
@@ -143,7 +146,8 @@ async def run(settings: AgentSettings, stop: asyncio.Event) -> int:
             log.info("wrote certificate for %s serial=%x expires=%s renew_at=%s into %s",
                      ",".join(uri_sans(issued.leaf)), issued.leaf.serial_number,
                      issued.leaf.not_valid_after_utc.isoformat(), issued.renew_at.isoformat(), settings.certs.directory)
-            delay, backoff = (issued.renew_at - datetime.now(timezone.utc)).total_seconds(), 1.0
+            delay = (issued.renew_at - datetime.now(timezone.utc)).total_seconds()
+            attempt = 0
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), max(delay, 0.0))
     return 0

@@ -7,12 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from istiod.certfiles import CERT_CHAIN_FILE, KEY_FILE, PROVIDER_INSTANCE, ROOT_CERT_FILE
 from istiod.model.names import DEFAULT_DOMAIN, INBOUND_LISTENER_PREFIX
-
-CERT_CHAIN_FILE = "cert-chain.pem"
-KEY_FILE = "key.pem"
-ROOT_CERT_FILE = "root-cert.pem"
-CERT_PROVIDER = "default"  # the instance name istiod's generators put in TLS contexts
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +66,7 @@ def bootstrap(xds_address: str, node: NodeInfo, certs: CertFiles | None = None) 
     }
     if certs is not None:
         config = {**certs.files, "refresh_interval": f"{certs.refresh_interval:g}s"}
-        document["certificate_providers"] = {CERT_PROVIDER: {"plugin_name": "file_watcher", "config": config}}
+        document["certificate_providers"] = {PROVIDER_INSTANCE: {"plugin_name": "file_watcher", "config": config}}
     return document
 
 

@@ -60,10 +60,12 @@ def uri_sans(cert: x509.Certificate) -> list[str]:
     return names.get_values_for_type(x509.UniformResourceIdentifier)
 
 
-def same_public_key(key: PrivateKey, cert: x509.Certificate) -> bool:
-    def spki(public: object) -> bytes:
-        return public.public_bytes(  # type: ignore[attr-defined]
-            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
+def spki(public: object) -> bytes:
+    """A public key's DER SubjectPublicKeyInfo."""
+    return public.public_bytes(  # type: ignore[attr-defined]
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
 
+
+def same_public_key(key: PrivateKey, cert: x509.Certificate) -> bool:
     return spki(key.public_key()) == spki(cert.public_key())

@@ -29,6 +29,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from istiod.ca.pki import PrivateKey, cert_pem, key_pem, key_usage, load_certs, load_key, new_key, same_public_key
+from istiod.certfiles import CERT_CHAIN_FILE, ROOT_CERT_FILE
 from istiod.sources.kube import API_ERRORS, Backoff, describe_error
 
 log = logging.getLogger(__name__)
@@ -36,8 +37,6 @@ log = logging.getLogger(__name__)
 CA_SECRET = "istio-ca-secret"
 CA_CERT_FILE = "ca-cert.pem"
 CA_KEY_FILE = "ca-key.pem"
-CERT_CHAIN_FILE = "cert-chain.pem"
-ROOT_CERT_FILE = "root-cert.pem"
 ROOT_TTL = timedelta(days=3650)  # istiod's self-signed root lives 10 years
 REQUEST_TIMEOUT = 10.0
 SECRET_PATIENCE = 1200.0  # istiod gives up on its CA Secret after 20 minutes
@@ -241,18 +240,25 @@ def read_plugged(directory: Path) -> tuple[bytes, bytes, bytes, bytes]:
 class CertificateAuthority:
     """The bundle in force. A plugged-in one is re-read when its files change; bad files keep the old one."""
 
-    def __init__(self, bundle: CaBundle, plugged_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        bundle: CaBundle,
+        plugged_dir: Path | None = None,
+        files: tuple[bytes, bytes, bytes, bytes] | None = None,
+    ) -> None:
+        """`files` are the plugged-in files `bundle` was built from, so a change after that read is seen."""
         self.bundle = bundle
         self.plugged_dir = plugged_dir
-        self._files = read_plugged(plugged_dir) if plugged_dir is not None else None
+        self._files = files
 
     @classmethod
     def plugged(cls, directory: Path) -> CertificateAuthority:
         try:
-            bundle = bundle_from_pem(*read_plugged(directory))
+            files = read_plugged(directory)
+            bundle = bundle_from_pem(*files)
         except (OSError, ValueError) as error:
             raise ValueError(f"plugged-in CA in {directory}: {error}") from None
-        return cls(bundle, directory)
+        return cls(bundle, directory, files)
 
     async def watch(self, interval: float, on_change: Callable[[CaBundle], None]) -> None:
         if self.plugged_dir is None:

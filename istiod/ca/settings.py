@@ -19,7 +19,6 @@ class CaSettings:
     ttl: TtlPolicy = TtlPolicy()
     static_tokens: Path | None = None
     extra_sans: tuple[str, ...] = ()
-    namespace: str = "istio-system"  # istiod's own namespace, for its DNS names
     reload_interval: float = 1.0  # how often a plugged-in CA's files are checked
 
 
@@ -58,5 +57,4 @@ def ca_settings_from_args(args: argparse.Namespace) -> CaSettings:
         ttl=ttl,
         static_tokens=args.ca_static_tokens,
         extra_sans=tuple(args.tls_extra_san),
-        namespace=os.environ.get("POD_NAMESPACE", "istio-system"),
     )

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from istiod.ca.authenticate import AuthenticationError, Authenticator, Credentials, authenticate
+from istiod.ca.authenticate import AuthenticationError, Authenticator, Credentials, authenticate, bearer_token
 from istiod.model.names import parse_spiffe_identity
 
 
@@ -40,16 +40,17 @@ class AccessPolicy:
             return None
         if self.token is None and not self.authenticators:
             return "debug endpoints are served to loopback callers only (no --debug-auth-token-file is set)"
-        scheme, _, credential = (authorization or "").partition(" ")
-        credential = credential.strip()
-        if scheme.lower() != "bearer" or not credential:
+        credentials = Credentials(authorization=authorization)
+        try:
+            token = bearer_token(credentials)
+        except AuthenticationError:
             return "a caller outside loopback must present 'Authorization: Bearer <token>'"
-        if self.token is not None and hmac.compare_digest(credential.encode(), self.token.encode()):
+        if self.token is not None and hmac.compare_digest(token.encode(), self.token.encode()):
             return None
         if not self.authenticators:
             return "the bearer token is not valid"
         try:
-            caller = await authenticate(self.authenticators, Credentials(authorization=f"Bearer {credential}"))
+            caller = await authenticate(self.authenticators, credentials)
         except AuthenticationError as error:
             return f"the bearer token is not valid: {error}"
         namespaces = {parsed[1] for parsed in map(parse_spiffe_identity, caller.identities) if parsed}

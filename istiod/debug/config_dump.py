@@ -17,6 +17,7 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import http_con
 from google.protobuf import any_pb2, json_format, timestamp_pb2
 from google.protobuf.message import Message
 
+from istiod.debug.dump_layout import DUMP_LAYOUT, DumpLayout
 from istiod.debug.views import SYNC_TYPES, sync_state
 from istiod.xds import types
 from istiod.xds.cache import Resource
@@ -28,10 +29,10 @@ Status = dump_pb2.ClientResourceStatus
 def config_dump(connection: Connection) -> dict[str, Any]:
     """Envoy's ConfigDump of the last response of each type: clusters, listeners, routes, endpoints."""
     dump = config_dump_pb2.ConfigDump()
-    for type_url in DUMP_ORDER:
-        watched = connection.watched.get(type_url)
+    for layout in DUMP_LAYOUT:
+        watched = connection.watched.get(layout.type_url)
         if watched is not None:
-            dump.configs.add().Pack(_dump(watched))
+            dump.configs.add().Pack(_dump(layout, watched))
     return json_format.MessageToDict(dump, preserving_proto_field_name=True)
 
 
@@ -80,34 +81,22 @@ def _time(seconds: float) -> timestamp_pb2.Timestamp:
     return stamp
 
 
-def _dump(watched: WatchedResource) -> Message:
-    if watched.type_url == types.LISTENER:
-        listeners = dump_pb2.ListenersConfigDump(version_info=watched.version_sent)
-        for resource in watched.sent.values():
-            status, error = _entry_state(watched, resource)
-            listeners.dynamic_listeners.add(
-                name=resource.name,
-                active_state=dump_pb2.ListenersConfigDump.DynamicListenerState(
-                    version_info=watched.version_sent, listener=_any(resource), last_updated=_time(watched.sent_at)
-                ),
-                client_status=status, error_state=error,
-            )
-        return listeners
-    message, entries, field = _FLAT_DUMPS[watched.type_url]
-    result = message()
+def _dump(layout: DumpLayout, watched: WatchedResource) -> Message:
+    result = getattr(dump_pb2, layout.dump_type)()
+    if watched.type_url == types.LISTENER:  # of these dumps, istiod fills the dump's own version for listeners only
+        result.version_info = watched.version_sent
+    *to_state, resource_field = layout.path
     for resource in watched.sent.values():
         status, error = _entry_state(watched, resource)
-        getattr(result, entries).add(
-            version_info=watched.version_sent, last_updated=_time(watched.sent_at), client_status=status,
-            error_state=error, **{field: _any(resource)},
-        )
+        entry = getattr(result, layout.entries).add(client_status=status)
+        if error is not None:
+            entry.error_state.CopyFrom(error)
+        if "name" in entry.DESCRIPTOR.fields_by_name:  # a listener entry names its listener
+            entry.name = resource.name
+        state = entry
+        for key in to_state:  # a listener's version and resource sit in its active_state
+            state = getattr(state, key)
+        state.version_info = watched.version_sent
+        state.last_updated.CopyFrom(_time(watched.sent_at))
+        getattr(state, resource_field).CopyFrom(_any(resource))
     return result
-
-
-# type URL -> (its dump message, the dump's list of dynamic entries, the entry's resource field)
-_FLAT_DUMPS: dict[str, tuple[type[Message], str, str]] = {
-    types.CLUSTER: (dump_pb2.ClustersConfigDump, "dynamic_active_clusters", "cluster"),
-    types.ROUTE: (dump_pb2.RoutesConfigDump, "dynamic_route_configs", "route_config"),
-    types.ENDPOINT: (dump_pb2.EndpointsConfigDump, "dynamic_endpoint_configs", "endpoint_config"),
-}
-DUMP_ORDER = (types.CLUSTER, types.LISTENER, types.ROUTE, types.ENDPOINT)  # Envoy's

@@ -20,6 +20,7 @@ import time
 from concurrent import futures
 
 from istiod.agent.bootstrap import NodeInfo, bootstrap_json
+from istiod.model.names import split_host_port
 
 METHOD = "/demo.Echo/Echo"
 
@@ -34,7 +35,7 @@ def _ensure_bootstrap(args: argparse.Namespace, ip: str, pod: str) -> None:
 def serve(args: argparse.Namespace) -> int:
     import grpc
 
-    host = args.address.rsplit(":", 1)[0].strip("[]")
+    host, _ = split_host_port(args.address, allow_zero_port=True)
     _ensure_bootstrap(args, host, args.name)
     reply = f"{args.name} {args.address}".encode()
 
@@ -87,11 +88,19 @@ def call(args: argparse.Namespace) -> int:
     return 1 if failures == sent else 0
 
 
+def _listen_address(text: str) -> str:
+    try:
+        split_host_port(text, allow_zero_port=True)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"address {text!r} must be ip:port or [ipv6]:port") from None
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m istiod.demo")
     commands = parser.add_subparsers(dest="command", required=True)
     server = commands.add_parser("server", help="run an echo backend")
-    server.add_argument("--address", required=True, help="ip:port to listen on, e.g. 127.0.0.10:7070")
+    server.add_argument("--address", required=True, type=_listen_address, help="ip:port to listen on, e.g. 127.0.0.10:7070")
     server.add_argument("--name", default="echo", help="the name it answers with (its pod name)")
     server.add_argument("--xds", help="istiod's xDS address: serve as an xDS-enabled gRPC server")
     server.add_argument("--namespace", default="demo")

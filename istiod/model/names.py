@@ -34,8 +34,12 @@ def join_host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def split_host_port(value: str) -> tuple[str, int]:
-    """`host:port` or `[v6]:port` -> (host, port); raises ValueError."""
+def split_host_port(value: str, *, allow_empty_host: bool = False, allow_zero_port: bool = False) -> tuple[str, int]:
+    """`host:port` or `[v6]:port` -> (host, port); raises ValueError.
+
+    A listen address may leave the host empty (`:15010`, every interface) and use port 0 (a free
+    port): the flags allow those, a name to connect to does not.
+    """
     if value.startswith("["):
         host, sep, rest = value[1:].partition("]:")
         if not sep:
@@ -43,9 +47,9 @@ def split_host_port(value: str) -> tuple[str, int]:
         port_text = rest
     else:
         host, sep, port_text = value.rpartition(":")
-        if not sep or not host:
+        if not sep or not (host or allow_empty_host):
             raise ValueError(f"bad host:port {value!r}")
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+    if not port_text.isdigit() or not (0 if allow_zero_port else 1) <= int(port_text) < 65536:
         raise ValueError(f"bad port in {value!r}")
     return host, int(port_text)
 

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from istiod.debug.dump_layout import BY_KIND
 from istiod.model.names import parse_cluster_name
 from istiod.tools import tables
 from istiod.tools.debug_client import DebugClient
@@ -24,22 +25,13 @@ def run(client: DebugClient, kind: str, proxy: str, output: str) -> int:
     return 0
 
 
-# kind -> (the config dump's type, its list of entries, the path to the resource in one entry)
-_DUMP_PATHS = {
-    "clusters": ("ClustersConfigDump", "dynamic_active_clusters", ("cluster",)),
-    "listeners": ("ListenersConfigDump", "dynamic_listeners", ("active_state", "listener")),
-    "routes": ("RoutesConfigDump", "dynamic_route_configs", ("route_config",)),
-    "endpoints": ("EndpointsConfigDump", "dynamic_endpoint_configs", ("endpoint_config",)),
-}
-
-
 def resources_of(dump: Json, kind: str) -> list[Json]:
     """The resources of one kind in an Envoy config dump, in the order istiod sent them."""
-    dump_type, entries, path = _DUMP_PATHS[kind]
-    config: Json = next((c for c in dump.get("configs", []) if c.get("@type", "").endswith("." + dump_type)), {})
+    layout = BY_KIND[kind]
+    config: Json = next((c for c in dump.get("configs", []) if c.get("@type", "").endswith("." + layout.dump_type)), {})
     result = []
-    for entry in config.get(entries, []):
-        for key in path:
+    for entry in config.get(layout.entries, []):
+        for key in layout.path:
             entry = entry.get(key, {})
         result.append(entry)
     return result

@@ -6,7 +6,6 @@ or resources at scrape time.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import time
@@ -57,7 +56,10 @@ class AdsMonitor:
         self.last_push: PushStatus | None = None
         self._start_monotonic = 0.0
         self._pending: set[str] = set()  # connections that have not handled the last push yet
-        self._rejected: dict[str, set[tuple[str, str]]] = {}  # connection -> (type, err) gauges set
+        # pilot_xds_*_reject{node, err} is per proxy, but a proxy may have several connections (a
+        # reconnect overlaps the old stream): a series goes only when no connection still has its NACK.
+        self._rejecting: dict[tuple[str, str, str], set[str]] = {}  # (proxy, type, err) -> connections
+        self._rejected: dict[str, set[tuple[str, str, str]]] = {}  # connection -> its (proxy, type, err)
 
     def published(self, event: PushEvent, connection_ids: Iterable[str]) -> None:
         for kind, count in event.reason.items():
@@ -85,9 +87,13 @@ class AdsMonitor:
 
     def disconnected(self, connection: Connection) -> None:
         metrics.XDS_CLIENTS.labels(version=_version(connection)).dec()
-        for short, err in self._rejected.pop(connection.id, ()):
-            with contextlib.suppress(KeyError):  # another connection of the same proxy removed it
-                metrics.XDS_REJECTS[short].remove(connection.proxy.id, err)
+        for key in self._rejected.pop(connection.id, ()):
+            connections = self._rejecting[key]
+            connections.discard(connection.id)
+            if not connections:
+                del self._rejecting[key]
+                proxy, short, err = key
+                metrics.XDS_REJECTS[short].remove(proxy, err)
         self._handled(connection.id)
 
     def dequeued(self, queued_seconds: float) -> None:
@@ -118,7 +124,9 @@ class AdsMonitor:
         metrics.TOTAL_XDS_REJECTS.labels(type=short).inc()
         if short in metrics.XDS_REJECTS:
             metrics.XDS_REJECTS[short].labels(node=connection.proxy.id, err=err).set(1)
-            self._rejected.setdefault(connection.id, set()).add((short, err))
+            key = (connection.proxy.id, short, err)
+            self._rejecting.setdefault(key, set()).add(connection.id)
+            self._rejected.setdefault(connection.id, set()).add(key)
         status = self.last_push
         if status is not None and watched.version_sent == status.version and len(status.errors) < MAX_PUSH_ERRORS:
             error = PushError(connection.proxy.id, short, request.error_detail.message)

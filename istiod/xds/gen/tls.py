@@ -14,11 +14,11 @@ from envoy.extensions.transport_sockets.tls.v3 import common_pb2, tls_pb2
 from envoy.type.matcher.v3 import string_pb2
 from google.protobuf import any_pb2, wrappers_pb2
 
+from istiod.certfiles import PROVIDER_INSTANCE
 from istiod.model.names import spiffe_identity
 from istiod.model.service import Endpoint
 
 TLS_TRANSPORT_SOCKET = "envoy.transport_sockets.tls"
-PROVIDER_INSTANCE = "default"
 IDENTITY_CERTIFICATE = "default"
 ROOT_CERTIFICATE = "ROOTCA"
 
