@@ -11,7 +11,8 @@ from kubernetes_asyncio import client, config
 from e2e.harness import ApiServer, Cluster
 from e2e.kube_objects import create_running_pod, echo_service, ensure_namespace, pod_body, service_body
 from istiod.sources.convert import ObjectKey
-from istiod.sources.kube import Backoff, Informer, KubeWriter, list_calls
+from istiod.backoff import Backoff
+from istiod.sources.kube import Informer, KubeWriter, list_calls
 from istiod.sources.namespaces import NamespaceFilter
 from istiod.sources.store import Store
 from tests.peers import Istiod, Process, eventually, free_port, wait_until

@@ -222,7 +222,7 @@ async def test_serving_certificate_renews_at_half_life_off_the_accept_path(tmp_p
     assert serving.ssl_context() is first_context  # no work per connection
     renewal = asyncio.create_task(serving.keep_fresh(0.05))
     try:
-        await asyncio.wait_for(_until(lambda: serving.cert is not first), 5)
+        await eventually(lambda: serving.cert is not first, 5, "the renewed serving certificate")
     finally:
         renewal.cancel()
     assert serving.ssl_context() is not first_context

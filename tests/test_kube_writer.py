@@ -10,7 +10,8 @@ import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from istiod.sources.convert import ObjectKey
-from istiod.sources.kube import Backoff, Gone, Informer, KubeWriter
+from istiod.backoff import Backoff
+from istiod.sources.kube import Gone, Informer, KubeWriter
 from istiod.sources.namespaces import NamespaceFilter, Selector
 from istiod.sources.store import Store
 

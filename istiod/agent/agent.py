@@ -29,7 +29,7 @@ from istiod.ca.pki import PrivateKey, key_pem, load_certs, new_key, same_public_
 from istiod.certfiles import CERT_CHAIN_FILE, KEY_FILE, ROOT_CERT_FILE
 from istiod.gen.istio.v1.auth import ca_pb2, ca_pb2_grpc
 from istiod.model.names import spiffe_identity
-from istiod.sources.kube import Backoff
+from istiod.backoff import Backoff
 
 log = logging.getLogger(__name__)
 _UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)

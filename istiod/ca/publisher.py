@@ -19,7 +19,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from istiod.ca.root import ROOT_CERT_FILE, CaBundle
 from istiod.sources.convert import ObjectKey
-from istiod.sources.kube import API_ERRORS, Backoff, Informer, describe_error
+from istiod.backoff import Backoff
+from istiod.sources.kube import API_ERRORS, Informer, describe_error
 from istiod.sources.namespaces import NamespaceFilter
 from istiod.sources.store import Change, EventType, Store
 

@@ -30,7 +30,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from istiod.ca.pki import PrivateKey, cert_pem, key_pem, key_usage, load_certs, load_key, new_key, same_public_key
 from istiod.certfiles import CERT_CHAIN_FILE, ROOT_CERT_FILE
-from istiod.sources.kube import API_ERRORS, Backoff, describe_error
+from istiod.backoff import Backoff
+from istiod.sources.kube import API_ERRORS, describe_error
 
 log = logging.getLogger(__name__)
 

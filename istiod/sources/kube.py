@@ -12,15 +12,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import aiohttp
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from istiod.backoff import Backoff
 from istiod.sources.convert import CLUSTER_SCOPED, ConversionError, ObjectKey, object_key
 from istiod.sources.namespaces import NamespaceFilter
 from istiod.sources.store import Store
@@ -34,16 +33,6 @@ API_ERRORS = (ApiException, aiohttp.ClientError, asyncio.TimeoutError, OSError) 
 
 class Gone(Exception):
     """The resourceVersion we watch from is older than the API server keeps (410)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    initial: float = 0.2
-    cap: float = 30.0
-
-    def delay(self, attempt: int) -> float:
-        """Full jitter, so informers that failed together do not retry together."""
-        return random.uniform(0, min(self.cap, self.initial * 2**attempt))
 
 
 def list_calls(api: client.ApiClient) -> dict[str, ListCall]:
