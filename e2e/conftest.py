@@ -4,10 +4,11 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 
 from e2e.harness import Cluster
 from e2e.kube_objects import ISTIO_NAMESPACE, ensure_namespace
+from istiod.kubeapi import api_client
 from tests.conftest import processes, start_agent, start_demo  # noqa: F401  (shared fixtures)
 from tests.peers import Istiod, Process
 
@@ -25,9 +26,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 @pytest.fixture
 async def kube(cluster: Cluster) -> AsyncIterator[client.ApiClient]:
-    configuration = client.Configuration()
-    await config.load_kube_config(config_file=str(cluster.kubeconfig), client_configuration=configuration)
-    async with client.ApiClient(configuration) as api:
+    async with await api_client(cluster.kubeconfig) as api:
         yield api
 
 

@@ -18,13 +18,14 @@ import grpc
 import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from e2e.harness import Cluster
 from e2e.kube_objects import ISTIO_NAMESPACE, create_running_pod, ensure_namespace, pod_body, service_body
 from e2e.test_rbac import istiod_kubeconfig
 from istiod.ca.pki import load_certs, new_key, uri_sans
+from istiod.kubeapi import api_client
 from tests.peers import Istiod, Process, eventually, free_port, wait_until
 from tests.pki import csr_pem
 from tests.secure_port import CaEndpoint, start_secure
@@ -149,9 +150,7 @@ async def start_istiod_sa(cluster: Cluster, kube: client.ApiClient, tmp_path: Pa
 async def as_istiod(cluster: Cluster, kube: client.ApiClient, tmp_path: Path) -> AsyncIterator[client.ApiClient]:
     """An API client with istiod's own ServiceAccount token, for the CA in this process."""
     kubeconfig, _ = await istiod_kubeconfig(cluster, kube, tmp_path / "istiod.kubeconfig")
-    configuration = client.Configuration()
-    await config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
-    async with client.ApiClient(configuration) as api:
+    async with await api_client(kubeconfig) as api:
         yield api
 
 

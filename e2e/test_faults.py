@@ -6,12 +6,13 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 
 from e2e.harness import ApiServer, Cluster
 from e2e.kube_objects import create_running_pod, echo_service, ensure_namespace, pod_body, service_body
-from istiod.sources.convert import ObjectKey
 from istiod.backoff import Backoff
+from istiod.kubeapi import api_client
+from istiod.sources.convert import ObjectKey
 from istiod.sources.kube import Informer, KubeWriter, list_calls
 from istiod.sources.namespaces import NamespaceFilter
 from istiod.sources.store import Store
@@ -22,12 +23,6 @@ from tests.test_proxyless_grpc import replies_from, start_client, wait_for_repli
 NS = "e2e-faults"
 # Reconnects back off with jitter up to 30 s, so a restart may take that long to be noticed.
 RECONNECT = 45.0
-
-
-async def api_for(server: ApiServer) -> client.ApiClient:
-    configuration = client.Configuration()
-    await config.load_kube_config(config_file=str(server.kubeconfig), client_configuration=configuration)
-    return client.ApiClient(configuration)
 
 
 def endpoint_addresses(istiod: Istiod, host: str) -> list[str]:
@@ -51,7 +46,7 @@ async def test_restarts_keep_serving_and_catch_up(
     second = cluster.second_apiserver()
     try:
         cluster.apiserver.stop()
-        async with await api_for(second) as other:
+        async with await api_client(second.kubeconfig) as other:
             await create_running_pod(other, NS, pod_body("faulty-b", "faulty", port), ips["faulty-b"])
         assert replies_from(client_proc, 1.0) == {"faulty-a"}  # last good state keeps serving
         cluster.apiserver.start()

@@ -9,11 +9,12 @@ import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 
 from e2e.harness import Cluster
 from e2e.kube_objects import ensure_namespace
 from e2e.test_rbac import token_kubeconfig
+from istiod.kubeapi import api_client
 from istiod.leader import LeaderElection, LeaseTimings
 from tests.peers import eventually
 
@@ -118,10 +119,7 @@ async def test_renewals_the_api_refuses_end_leadership_by_the_deadline(
                "subjects": [{"kind": "ServiceAccount", "name": "elector", "namespace": NS}]}
     await rbac.create_namespaced_role_binding(NS, binding)
     token = await core.create_namespaced_service_account_token("elector", NS, {"spec": {"expirationSeconds": 600}})
-    configuration = client.Configuration()
-    await config.load_kube_config(config_file=str(token_kubeconfig(cluster, token.status.token, tmp_path / "kubeconfig")),
-                                  client_configuration=configuration)
-    async with client.ApiClient(configuration) as api:
+    async with await api_client(token_kubeconfig(cluster, token.status.token, tmp_path / "kubeconfig")) as api:
         a = Candidate(api, "refused", "a")
         async with running(a):
             await eventually(lambda: a.working, 5, "a to lead")

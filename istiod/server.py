@@ -14,12 +14,12 @@ from envoy.service.discovery.v3 import ads_pb2, ads_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from kubernetes_asyncio import client
-from kubernetes_asyncio import config as kube_config
 
 from istiod import logs
 from istiod.debug.access import AccessPolicy
 from istiod.ca.publisher import ELECTION, RootCertPublisher
 from istiod.debug.app import DebugView, create_app
+from istiod.kubeapi import api_client
 from istiod.leader import LeaderElection
 from istiod.model.names import join_host_port
 from istiod.secure import SecurePort
@@ -62,14 +62,9 @@ class Discovery:
         settings = self.settings
         if settings.config_dir is not None:
             return ConfigDirSource(settings.config_dir, self.store, settings.poll_interval)
-        configuration = client.Configuration()
-        if settings.in_cluster:
-            kube_config.load_incluster_config(client_configuration=configuration)
-        elif settings.kubeconfig is not None:
-            await kube_config.load_kube_config(config_file=str(settings.kubeconfig), client_configuration=configuration)
-        else:
+        if not settings.in_cluster and settings.kubeconfig is None:
             raise ValueError("no config dir, no kubeconfig and not in a pod: nothing to read the mesh from")
-        self._api = client.ApiClient(configuration)
+        self._api = await api_client(None if settings.in_cluster else settings.kubeconfig)
         return KubeSource(self._api, self.store, self.namespaces, settings.watch_timeout)
 
     async def start(self) -> None:

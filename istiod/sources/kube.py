@@ -25,8 +25,6 @@ from istiod.sources.namespaces import NamespaceFilter
 from istiod.sources.store import Store
 
 log = logging.getLogger(__name__)
-# The client logs every response body at debug level, Secrets' keys and TokenReviews' tokens among them.
-logging.getLogger("kubernetes_asyncio.client.rest").setLevel(logging.INFO)
 ListCall = Callable[..., Awaitable[Any]]
 API_ERRORS = (ApiException, aiohttp.ClientError, asyncio.TimeoutError, OSError)  # what a call to the API may raise
 
