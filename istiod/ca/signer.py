@@ -63,14 +63,14 @@ def lifetime(requested_seconds: int, policy: TtlPolicy) -> timedelta:
     """0 (or less) asks for the default; more than the max is refused, as istiod does."""
     if requested_seconds <= 0:
         return policy.default
-    requested = timedelta(seconds=requested_seconds)
-    if requested > policy.max:
+    # Compared as integers: an int64 of seconds overflows timedelta long before it reaches its max.
+    if requested_seconds > policy.max.total_seconds():
         raise SignError(
             SignErrorKind.TTL,
-            f"requested TTL {go_duration(requested.total_seconds())} is greater than the max allowed TTL "
+            f"requested TTL {go_duration(requested_seconds)} is greater than the max allowed TTL "
             f"{go_duration(policy.max.total_seconds())}",
         )
-    return requested
+    return timedelta(seconds=requested_seconds)
 
 
 def issue(bundle: CaBundle, public_key: object, names: list[x509.GeneralName], not_before: datetime,
