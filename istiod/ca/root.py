@@ -28,6 +28,7 @@ from cryptography.x509.oid import NameOID
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from istiod import metrics
 from istiod.ca.pki import PrivateKey, cert_pem, key_pem, key_usage, load_certs, load_key, new_key, same_public_key
 from istiod.certfiles import CERT_CHAIN_FILE, ROOT_CERT_FILE
 from istiod.backoff import Backoff
@@ -252,6 +253,17 @@ class CertificateAuthority:
         self.plugged_dir = plugged_dir
         self._files = files
 
+    @property
+    def bundle(self) -> CaBundle:
+        return self._bundle
+
+    @bundle.setter
+    def bundle(self, bundle: CaBundle) -> None:
+        """Every bundle put in force sets the expiry gauges, from the start, not from the first CSR."""
+        self._bundle = bundle
+        _record_expiry(bundle.root.not_valid_after_utc.timestamp(),
+                       min(c.not_valid_after_utc for c in bundle.issuers).timestamp())
+
     @classmethod
     def plugged(cls, directory: Path) -> CertificateAuthority:
         try:
@@ -282,3 +294,11 @@ class CertificateAuthority:
             self.bundle = bundle
             log.info("reloaded the plugged-in CA from %s (signing cert serial %x)", self.plugged_dir, bundle.cert.serial_number)
             on_change(bundle)
+
+
+def _record_expiry(root_expiry: float, chain_expiry: float) -> None:
+    """The timestamps as Istio sets them; the seconds-left gauges count down at scrape time."""
+    metrics.ROOT_CERT_EXPIRY_TIMESTAMP.set(root_expiry)
+    metrics.CERT_CHAIN_EXPIRY_TIMESTAMP.set(chain_expiry)
+    metrics.ROOT_CERT_EXPIRY_SECONDS.set_function(lambda: root_expiry - time.time())
+    metrics.CERT_CHAIN_EXPIRY_SECONDS.set_function(lambda: chain_expiry - time.time())
