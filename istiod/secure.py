@@ -29,6 +29,7 @@ from istiod.ca.serving import ServingCertificate, serving_names
 from istiod.ca.service import CertificateService
 from istiod.gen.istio.v1.auth import ca_pb2_grpc
 from istiod.settings import Settings
+from istiod.supervisor import Supervisor
 from istiod.tlsfront import TlsFront
 from istiod.xds.authz import XdsAuthorizer
 from istiod.xds.server import DiscoveryServer
@@ -37,9 +38,10 @@ log = logging.getLogger(__name__)
 
 
 class SecurePort:
-    def __init__(self, settings: Settings, ads: DiscoveryServer) -> None:
+    def __init__(self, settings: Settings, ads: DiscoveryServer, supervisor: Supervisor | None = None) -> None:
         self.settings = settings
         self.ads = ads
+        self.supervisor = supervisor or Supervisor()
         self.ca: CertificateAuthority | None = None
         self.serving: ServingCertificate | None = None
         self._inner: grpc.aio.Server | None = None
@@ -88,8 +90,12 @@ class SecurePort:
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(ads, self._inner)
         await self._inner.start()
         port = await front.start()
-        self._watch = asyncio.create_task(self.ca.watch(ca_settings.reload_interval, self._publish_root), name="ca-watch")
-        self._renewal = asyncio.create_task(serving.keep_fresh(ca_settings.reload_interval), name="serving-cert")
+        ca = self.ca
+        if ca.plugged_dir is not None:
+            self._watch = self.supervisor.start("ca-watch", lambda: ca.watch(ca_settings.reload_interval, self._publish_root),
+                                                restart=True)
+        self._renewal = self.supervisor.start("serving-cert", lambda: serving.keep_fresh(ca_settings.reload_interval),
+                                              restart=True)
         log.info("CA root serial %x (%s)", self.ca.bundle.root.serial_number, where)
         return port
 

@@ -274,8 +274,8 @@ class CertificateAuthority:
         return cls(bundle, directory, files)
 
     async def watch(self, interval: float, on_change: Callable[[CaBundle], None]) -> None:
-        if self.plugged_dir is None:
-            return
+        """A plugged-in CA's files, checked every `interval`."""
+        assert self.plugged_dir is not None
         while True:
             await asyncio.sleep(interval)
             try:
