@@ -21,7 +21,8 @@ from istiod.ca.authenticate import (
 )
 from istiod.agent.settings import add_agent_flags, agent_settings_from_args
 from istiod.ca.pki import load_certs, new_key, uri_sans
-from istiod.ca.root import CertificateAuthority, DirRootStore, bundle_from_pem, self_signed_bundle
+from istiod.ca.root import CertificateAuthority, bundle_from_pem
+from istiod.ca.selfsigned import DirRootStore, self_signed_bundle
 from istiod.ca.serving import ServingCertificate, serving_names
 from istiod.ca.signer import SignError, SignErrorKind, TtlPolicy, sign_csr
 from istiod.model.names import parse_spiffe_identity, spiffe_identity

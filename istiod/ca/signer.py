@@ -101,7 +101,8 @@ def issue(bundle: CaBundle, public_key: object, names: list[x509.GeneralName], n
 
 def sign_csr(bundle: CaBundle, csr_pem: str, identities: tuple[str, ...], requested_seconds: int,
              policy: TtlPolicy, now: datetime) -> list[str]:
-    """The response's cert_chain: the new leaf first, then the CA's chain, the root last."""
+    """The response's cert_chain as istiod's: the new leaf first, then the CA's chain, and last every
+    root to trust in one entry (two during a root rotation), which agents write as root-cert.pem."""
     csr = parse_csr(csr_pem)
     ttl = lifetime(requested_seconds, policy)
     names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(identity) for identity in identities]
@@ -109,4 +110,4 @@ def sign_csr(bundle: CaBundle, csr_pem: str, identities: tuple[str, ...], reques
         leaf = issue(bundle, csr.public_key(), names, now, ttl)
     except ValueError as error:
         raise SignError(SignErrorKind.CERT_GEN, f"failed to generate the certificate: {error}") from None
-    return [cert_pem(leaf), *(cert_pem(c) for c in bundle.issuers)]
+    return [cert_pem(leaf), *(cert_pem(c) for c in bundle.issuers[:-1]), bundle.roots_pem]
