@@ -193,15 +193,15 @@ class SecretRootStore:
         self._version: str | None = None  # the resourceVersion last read, for a guarded update
 
     async def load_or_create(self, create: Callable[[], StoredRoot]) -> StoredRoot:
-        return await self._patiently(lambda: self._load_or_create(create))
+        return await self._patiently("read or create", lambda: self._load_or_create(create))
 
     async def load(self) -> StoredRoot:
         return _stored(await self._read())
 
     async def replace(self, current: StoredRoot, new: StoredRoot) -> StoredRoot:
-        return await self._patiently(lambda: self._replace(current, new))
+        return await self._patiently("update", lambda: self._replace(current, new))
 
-    async def _patiently(self, call: Callable[[], Awaitable[T]]) -> T:
+    async def _patiently(self, doing: str, call: Callable[[], Awaitable[T]]) -> T:
         deadline = time.monotonic() + SECRET_PATIENCE
         attempt = 0
         while True:
@@ -210,10 +210,10 @@ class SecretRootStore:
             except API_ERRORS as error:
                 reason = describe_error(error)
                 if time.monotonic() >= deadline:
-                    raise ValueError(f"cannot read or write {self.where} for {SECRET_PATIENCE:g}s: {reason}") from None
+                    raise ValueError(f"cannot {doing} {self.where} for {SECRET_PATIENCE:g}s: {reason}") from None
                 delay = SECRET_BACKOFF.delay(attempt)
                 attempt += 1
-                log.warning("CA root: cannot read or write %s: %s; retrying in %.1fs", self.where, reason, delay)
+                log.warning("CA root: cannot %s %s: %s; retrying in %.1fs", doing, self.where, reason, delay)
                 await asyncio.sleep(delay)
 
     async def _load_or_create(self, create: Callable[[], StoredRoot]) -> StoredRoot:
