@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import signal
@@ -103,7 +104,7 @@ class Discovery:
                                                    log_config=None, proxy_headers=False))
             self._http.append(server)
             # A server that ends is not restarted: its socket is gone with it.
-            self._tasks.append(self.supervisor.start(name, lambda s=server, k=sock: s.serve(sockets=[k]), restart=False))
+            self._tasks.append(self.supervisor.start(name, functools.partial(server.serve, sockets=[sock]), restart=False))
         self._tasks += [
             self.supervisor.start("source", self.source.run, restart=True),
             self.supervisor.start("pusher", self._push, restart=True),
