@@ -7,7 +7,7 @@ import argparse
 import asyncio
 import json
 import shutil
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -20,9 +20,11 @@ from istiod.ca.authenticate import (
     service_account_of, token_review_account,
 )
 from istiod.agent.settings import add_agent_flags, agent_settings_from_args
-from istiod.ca.pki import load_certs, new_key, uri_sans
+from istiod.ca.pki import cert_pem, load_certs, new_key, uri_sans
 from istiod.ca.root import CertificateAuthority, bundle_from_pem
-from istiod.ca.selfsigned import DirRootStore, self_signed_bundle
+from istiod.ca.selfsigned import (
+    DirRootStore, RootPolicy, RootRotator, rotated, self_signed_bundle, self_signed_root,
+)
 from istiod.ca.serving import ServingCertificate, serving_names
 from istiod.ca.signer import SignError, SignErrorKind, TtlPolicy, sign_csr
 from istiod.model.names import parse_spiffe_identity, spiffe_identity
@@ -273,3 +275,24 @@ async def test_serving_certificate_renews_at_half_life_off_the_accept_path(tmp_p
         renewal.cancel()
     assert serving.ssl_context() is not first_context
     assert serving.cert is not None and first is not None and serving.cert.serial_number != first.serial_number
+
+
+async def test_rotator_adopts_another_replicas_rotation_and_drops_expired_roots(tmp_path: Path) -> None:
+    store, policy = DirRootStore(tmp_path), RootPolicy(ttl=timedelta(seconds=100))
+    ca = CertificateAuthority(await self_signed_bundle(store, TD, policy))
+    first, changes = ca.bundle, []
+    rotator = RootRotator(store, ca, policy, changes.append)
+    await rotator.check()
+    assert ca.bundle is first and changes == []  # 100 s left of 100 s: not due
+
+    stored = await store.load()
+    theirs = await store.replace(stored, rotated(stored, datetime.now(timezone.utc), policy.ttl))  # another replica's
+    assert await store.replace(stored, rotated(stored, datetime.now(timezone.utc), policy.ttl)) == theirs  # a late one loses
+    await rotator.check()
+    assert cert_pem(ca.bundle.cert).encode() == theirs.cert and ca.bundle.roots[1] == first.cert
+    assert changes == [ca.bundle]
+
+    expired = load_certs(self_signed_root(TD, NOW - timedelta(days=2), timedelta(days=1)).cert, "expired")[0]
+    (store.path / "root-cert.pem").write_text(cert_pem(ca.bundle.cert) + cert_pem(expired))
+    await rotator.check()
+    assert ca.bundle.roots == (ca.bundle.cert,) and len(changes) == 2
