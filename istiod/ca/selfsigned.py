@@ -190,7 +190,6 @@ class SecretRootStore:
         self.core = core
         self.namespace = namespace
         self.where = f"Secret {namespace}/{CA_SECRET}"
-        self._version: str | None = None  # the resourceVersion last read, for a guarded update
 
     async def load_or_create(self, create: Callable[[], StoredRoot]) -> StoredRoot:
         return await self._patiently("read or create", lambda: self._load_or_create(create))
@@ -230,8 +229,7 @@ class SecretRootStore:
             data={k: base64.b64encode(v).decode() for k, v in data.items()},
         )
         try:
-            created = await self.core.create_namespaced_secret(self.namespace, secret, _request_timeout=REQUEST_TIMEOUT)
-            self._version = created.metadata.resource_version
+            await self.core.create_namespaced_secret(self.namespace, secret, _request_timeout=REQUEST_TIMEOUT)
             log.info("created a self-signed root CA in %s", self.where)
             return stored
         except ApiException as error:
@@ -241,6 +239,7 @@ class SecretRootStore:
         return _stored(await self._read())
 
     async def _replace(self, current: StoredRoot, new: StoredRoot) -> StoredRoot:
+        """An update carrying the resourceVersion just read: a replica that rotated meanwhile wins (409)."""
         secret = await self._read()
         if _stored(secret) != current:
             return _stored(secret)
@@ -277,11 +276,10 @@ async def self_signed_bundle(store: RootStore, trust_domain: str, policy: RootPo
             stored = await store.replace(stored, rotated(stored, now, policy.ttl))
             bundle = stored_bundle(stored, now)
             if old.not_valid_after_utc <= now:
-                log.warning(logs.event(
-                    f"the self-signed root in {store.where} expired at {old.not_valid_after_utc.isoformat()}: "
-                    f"replaced by a new root of the same key, valid until {bundle.root.not_valid_after_utc.isoformat()}; "
-                    "workloads get certificates from it at their next request, restart those that gave up",
-                    serial=f"{bundle.root.serial_number:x}"))
+                log.warning("the self-signed root in %s expired at %s: replaced by a new root of the same key "
+                            "(serial %x), valid until %s; workloads get certificates from it at their next request, "
+                            "restart those that gave up", store.where, old.not_valid_after_utc.isoformat(),
+                            bundle.root.serial_number, bundle.root.not_valid_after_utc.isoformat())
             else:
                 _log_rotation(old, bundle, store.where)
             return bundle
