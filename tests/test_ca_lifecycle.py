@@ -116,7 +116,7 @@ def verifies(leaf: x509.Certificate, root: x509.Certificate) -> bool:
 
 
 async def test_the_root_is_rotated_before_it_expires_and_both_are_trusted(
-    tmp_path: Path, mesh_dir: Path, processes: list[Process]
+    tmp_path: Path, mesh_dir: Path, processes: list[Process], start_agent: Callable[..., Process]
 ) -> None:
     """A 100 s root, 70 s old: with istiod's 20% grace period it is due in 10 s. The new root has the same
     key and subject; both roots are published and handed to workloads, and each side verifies the other's."""
@@ -148,6 +148,16 @@ async def test_the_root_is_rotated_before_it_expires_and_both_are_trusted(
     renewed = await create(ca, csr_pem(new_key()), cert=(key_pem(key), "".join(before[:-1]).encode()))
     assert uri_sans(load_certs(renewed.cert_chain[0].encode(), "leaf")[0]) == ["spiffe://cluster.local/ns/app/sa/web"]
     assert metric(istiod.metrics(), "citadel_server_root_cert_expiry_timestamp") == new.not_valid_after_utc.timestamp()
+
+    # The agent of a workload whose mounted root is still the old one writes both for its bootstrap.
+    (tmp_path / "old-root.pem").write_bytes(cert_pem(old).encode())
+    (tmp_path / "token").write_text(TOKEN)
+    agent = start_agent("--ca-addr", istiod.secure_address, "--ca-root-cert", str(tmp_path / "old-root.pem"),
+                        "--token-file", str(tmp_path / "token"), "--output-dir", str(tmp_path / "certs"),
+                        "--bootstrap", str(tmp_path / "bootstrap.json"), "--pod-name", "web-1",
+                        "--pod-namespace", "app", "--instance-ip", "127.0.0.5", "--service-account", "web")
+    await eventually(lambda: (tmp_path / "bootstrap.json").exists() or agent.proc.poll() is not None, 20, "the bootstrap")
+    assert load_certs((tmp_path / "certs" / "root-cert.pem").read_bytes(), "agent roots") == [new, old], agent.log()
 
 
 async def test_an_expired_root_is_replaced_at_start_with_one_line_saying_so(
