@@ -41,15 +41,16 @@ def add_ca_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ca-static-tokens", type=Path,
                         help="config-dir mode: a STAND-IN for Kubernetes TokenReview, a JSON file mapping"
                              " each token to 'namespace/serviceaccount'")
+    # String defaults: argparse converts them with `type`, so a bad variable is an error naming the flag.
     root = RootPolicy()
     parser.add_argument("--self-signed-ca-cert-ttl", type=parse_duration,
-                        default=parse_duration(env("CITADEL_SELF_SIGNED_CA_CERT_TTL", f"{root.ttl.days * 24}h")),
+                        default=env("CITADEL_SELF_SIGNED_CA_CERT_TTL", f"{root.ttl.days * 24}h"),
                         help="lifetime of a self-signed root, the first and each rotated one (default 87600h, 10 years)")
     parser.add_argument("--self-signed-root-cert-check-interval", type=parse_duration,
-                        default=parse_duration(env("CITADEL_SELF_SIGNED_ROOT_CERT_CHECK_INTERVAL", "1h")),
+                        default=env("CITADEL_SELF_SIGNED_ROOT_CERT_CHECK_INTERVAL", "1h"),
                         help="how often the self-signed root is checked for rotation (default 1h)")
     parser.add_argument("--self-signed-root-cert-grace-period-percentile", type=int,
-                        default=int(env("CITADEL_SELF_SIGNED_ROOT_CERT_GRACE_PERIOD_PERCENTILE", str(root.grace_percent))),
+                        default=env("CITADEL_SELF_SIGNED_ROOT_CERT_GRACE_PERIOD_PERCENTILE", str(root.grace_percent)),
                         help="rotate the self-signed root when less than this percent of its lifetime is left (default 20)")
     parser.add_argument("--tls-extra-san", action="append",
                         default=[h for h in env("ISTIOD_CUSTOM_HOST", "").split(",") if h],
