@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from cryptography import x509
 
+from istiod.agent.admin import EnvoyAdmin
 from istiod.agent.envoy import find_envoy
 from tests.conftest import render, synced
 from tests.peers import Istiod, Process, free_port, wait_until
@@ -50,13 +51,16 @@ class Sidecar:
 
     agent: Process
     workdir: Path
-    admin: int
+    admin: EnvoyAdmin
     status: int
     readiness: int
     tls_port: int  # a listener from the bootstrap override whose certificate comes over SDS
 
     def envoy(self, path: str) -> tuple[int, str]:
-        return http_get(f"http://127.0.0.1:{self.admin}{path}")
+        try:
+            return self.admin.call("GET", path)
+        except OSError as error:
+            return 0, str(error)
 
     def ready(self) -> tuple[int, str]:
         return http_get(f"http://127.0.0.1:{self.readiness}/healthz/ready")
@@ -150,19 +154,23 @@ def mesh(mesh_dir: Path, tmp_path: Path) -> Path:
 
 @pytest.fixture
 def start_sidecar(processes: list[Process], workdir: Path) -> Callable[..., Sidecar]:
-    def start(istiod: Istiod, *extra: str, secure_address: str | None = None) -> Sidecar:
+    def start(istiod: Istiod, *extra: str, unix_admin: bool = False) -> Sidecar:
+        """`unix_admin`: Envoy's admin on a Unix socket under the workdir (as for a pod in its own
+        network namespace), else on a loopback port."""
         (workdir / "token").write_text("web-s3cret")
         tls_port = free_port()
         override = workdir / "override.json"
         override.write_text(json.dumps(tls_listener_override(tls_port)))
-        admin, status, readiness = free_port(), free_port(), free_port()
+        status, readiness = free_port(), free_port()
+        admin = EnvoyAdmin(workdir / "admin.sock" if unix_admin else ("127.0.0.1", free_port()))
+        admin_flag = "unix:admin.sock" if unix_admin else str(admin)
         agent = Process([
             sys.executable, "-m", "istiod", "agent",
-            "--ca-addr", secure_address or istiod.secure_address, "--ca-root-cert", str(istiod.root_cert),
+            "--ca-addr", istiod.secure_address, "--ca-root-cert", str(istiod.root_cert),
             "--token-file", str(workdir / "token"), "--output-dir", str(workdir / "certs"),
             "--pod-name", POD, "--pod-namespace", NAMESPACE, "--instance-ip", POD_IP, "--service-account", "web",
             *extra,
-            "proxy", "--workdir", str(workdir), "--proxy-admin-addr", f"127.0.0.1:{admin}",
+            "proxy", "--workdir", str(workdir), "--proxy-admin-addr", admin_flag,
             "--status-addr", f"127.0.0.1:{status}", "--readiness-addr", f"127.0.0.1:{readiness}",
             "--termination-drain-duration", "1s", "--proxy-log-level", "info",
             "--proxy-component-log-level", "misc:error,main:warning",
@@ -244,7 +252,7 @@ def test_rotation_reaches_envoy_over_sds_without_restart(mesh: Path, mesh_dir: P
 def test_crashed_envoy_is_restarted(mesh: Path, mesh_dir: Path, start_istiod: Callable[..., Istiod],
                                     start_sidecar: Callable[..., Sidecar]) -> None:
     istiod = start_istiod(mesh_dir, "--ca-static-tokens", str(mesh))
-    sidecar = start_sidecar(istiod)
+    sidecar = start_sidecar(istiod, unix_admin=True)
     first = sidecar.envoy_pid()
     os.kill(first, signal.SIGKILL)
     wait_until(lambda: sidecar.agent.text().count("Envoy started pid=") == 2, 20, "the agent to restart Envoy")
@@ -260,9 +268,8 @@ def test_sigterm_fails_readiness_then_drains_and_exits_0(mesh: Path, mesh_dir: P
                                                           start_istiod: Callable[..., Istiod],
                                                           start_sidecar: Callable[..., Sidecar]) -> None:
     istiod = start_istiod(mesh_dir, "--ca-static-tokens", str(mesh))
-    sidecar = start_sidecar(istiod)
+    sidecar = start_sidecar(istiod, unix_admin=True)
     pid = sidecar.envoy_pid()
-    # During the 1 s drain: the agent's readiness fails while Envoy itself is draining.
     assert sidecar.probe() == 200 and sidecar.stat("http.sds_probe.downstream_cx_drain_close") == 0
     sidecar.agent.proc.send_signal(signal.SIGTERM)
     # During the 1 s drain: the agent's readiness fails, and the inbound listener closes connections.

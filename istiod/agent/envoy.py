@@ -13,10 +13,10 @@ import contextlib
 import logging
 import shutil
 import signal
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from istiod.agent.admin import EnvoyAdmin
 from istiod.backoff import Backoff
 
 log = logging.getLogger(__name__)
@@ -73,9 +73,9 @@ class EnvoyOptions:
 
 
 class EnvoySupervisor:
-    def __init__(self, options: EnvoyOptions, admin_url: str) -> None:
+    def __init__(self, options: EnvoyOptions, admin: EnvoyAdmin) -> None:
         self.options = options
-        self.admin_url = admin_url
+        self.admin = admin
         self.process: asyncio.subprocess.Process | None = None
         self.starts = 0
         self._stopping = asyncio.Event()
@@ -114,7 +114,9 @@ class EnvoySupervisor:
         if process is None or process.returncode is not None:
             return
         try:
-            await asyncio.to_thread(_post, f"{self.admin_url}/drain_listeners?inboundonly&graceful")
+            status, body = await self.admin.request("POST", "/drain_listeners?inboundonly&graceful")
+            if status != 200:
+                raise OSError(f"HTTP {status}: {body.strip()}")
             log.info("Envoy is draining its inbound listeners; stopping it in %gs", duration)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(process.wait(), duration)
@@ -132,11 +134,6 @@ class EnvoySupervisor:
                 process.kill()
                 await process.wait()
         log.info("Envoy pid=%d exited %s", process.pid, _exit(process.returncode))
-
-
-def _post(url: str) -> None:
-    with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=5) as reply:
-        reply.read()
 
 
 def _exit(code: int | None) -> str:

@@ -44,10 +44,13 @@ async def run_proxy(settings: AgentSettings, proxy: ProxySettings, stop: asyncio
         options = EnvoyOptions(find_envoy(), proxy.workdir / ENVOY_BOOTSTRAP, proxy.workdir, proxy.log_level,
                                proxy.component_log_level, proxy.concurrency)
         bootstrap = merge_override(
-            envoy_bootstrap(settings.node, node_metadata(settings.node, dict(proxy.metadata)), *proxy.admin),
+            envoy_bootstrap(settings.node, node_metadata(settings.node, dict(proxy.metadata)),
+                            proxy.admin.bootstrap_address()),
             _read_override(proxy.bootstrap_override),
         )
-        xds_path, sds_path = (_socket_path(proxy.workdir, relative) for relative in (XDS_SOCKET, SDS_SOCKET))
+        xds_path, sds_path = (_socket_path(proxy.workdir / relative) for relative in (XDS_SOCKET, SDS_SOCKET))
+        if isinstance(proxy.admin.address, Path):
+            _socket_path(proxy.admin.address)
     except (EnvoyNotFound, ValueError) as error:
         log.error("%s", error)
         return 1
@@ -78,8 +81,8 @@ async def run_proxy(settings: AgentSettings, proxy: ProxySettings, stop: asyncio
     sds_pb2_grpc.add_SecretDiscoveryServiceServicer_to_server(secrets, sds_server)
     ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(
         XdsProxy(settings.xds_address, upstream_credentials), xds_server)
-    status = StatusServer(proxy.admin_url)
-    supervisor = EnvoySupervisor(options, proxy.admin_url)
+    status = StatusServer(proxy.admin)
+    supervisor = EnvoySupervisor(options, proxy.admin)
     stopping = asyncio.create_task(stop.wait())
     try:
         for server, path in ((sds_server, sds_path), (xds_server, xds_path)):
@@ -95,8 +98,8 @@ async def run_proxy(settings: AgentSettings, proxy: ProxySettings, stop: asyncio
                       join_host_port(*proxy.readiness), error.strerror)
             return 1
         log.info("serving SDS on %s, the xDS proxy on %s (istiod at %s), /stats/prometheus on port %d, "
-                 "/healthz/ready on port %d; Envoy bootstrap %s", sds_path, xds_path, settings.xds_address,
-                 status_port, readiness_port, options.bootstrap)
+                 "/healthz/ready on port %d; Envoy bootstrap %s, admin %s", sds_path, xds_path, settings.xds_address,
+                 status_port, readiness_port, options.bootstrap, proxy.admin)
         envoy = asyncio.create_task(supervisor.run(), name="envoy")
         await asyncio.wait([envoy, stopping], return_when=asyncio.FIRST_COMPLETED)
         if envoy.done():
@@ -121,8 +124,7 @@ async def run_proxy_agent(settings: AgentSettings, proxy: ProxySettings) -> int:
     return await run_until_signalled(lambda stop: run_proxy(settings, proxy, stop))
 
 
-def _socket_path(workdir: Path, relative: str) -> Path:
-    path = workdir / relative
+def _socket_path(path: Path) -> Path:
     if len(str(path).encode()) > MAX_SOCKET_PATH:
         raise ValueError(f"the Unix socket path {path} is longer than the system's {MAX_SOCKET_PATH} bytes: "
                          "use a shorter --workdir")
