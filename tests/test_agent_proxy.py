@@ -154,9 +154,10 @@ def mesh(mesh_dir: Path, tmp_path: Path) -> Path:
 
 @pytest.fixture
 def start_sidecar(processes: list[Process], workdir: Path) -> Callable[..., Sidecar]:
-    def start(istiod: Istiod, *extra: str, unix_admin: bool = False) -> Sidecar:
+    def start(istiod: Istiod, *extra: str, unix_admin: bool = False, env: dict[str, str] | None = None,
+              ready: bool = True) -> Sidecar:
         """`unix_admin`: Envoy's admin on a Unix socket under the workdir (as for a pod in its own
-        network namespace), else on a loopback port."""
+        network namespace), else on a loopback port. `ready`: wait until it is."""
         (workdir / "token").write_text("web-s3cret")
         tls_port = free_port()
         override = workdir / "override.json"
@@ -175,9 +176,12 @@ def start_sidecar(processes: list[Process], workdir: Path) -> Callable[..., Side
             "--termination-drain-duration", "1s", "--proxy-log-level", "info",
             "--proxy-component-log-level", "misc:error,main:warning",
             "--bootstrap-override", str(override),
-        ], env={"ISTIO_META_CLUSTER_ID": "Kubernetes", "ISTIO_METAJSON_LABELS": '{"app": "web"}'}, name="agent-proxy")
+        ], env={"ISTIO_META_CLUSTER_ID": "Kubernetes", "ISTIO_METAJSON_LABELS": '{"app": "web"}', **(env or {})},
+            name="agent-proxy")
         processes.append(agent)
         sidecar = Sidecar(agent, workdir, admin, status, readiness, tls_port)
+        if not ready:
+            return sidecar
         try:
             wait_until(lambda: sidecar.ready()[0] == 200 or agent.proc.poll() is not None, 30, "the sidecar to be ready")
         except AssertionError:
@@ -306,6 +310,18 @@ def test_dropped_istiod_is_redialled_without_restarting_envoy(
     print(f"Envoy after istiod's restart: {stats.strip()}")
     assert "control_plane.connected_state: 1" in stats
     print("agent:", *[l.strip() for l in sidecar.agent.output if "xDS proxy" in l], sep="\n  ")
+
+
+def test_istiod_refuses_a_sidecar_claiming_another_namespace(mesh: Path, mesh_dir: Path,
+                                                            start_istiod: Callable[..., Istiod],
+                                                            start_sidecar: Callable[..., Sidecar]) -> None:
+    """The xDS proxy dials istiod as the workload (app/web); a node claiming namespace `other` is refused."""
+    istiod = start_istiod(mesh_dir, "--ca-static-tokens", str(mesh))
+    sidecar = start_sidecar(istiod, env={"ISTIO_META_NAMESPACE": "other"}, ready=False)
+    refused = "PERMISSION_DENIED: authorization failed: no identities ([spiffe://cluster.local/ns/app/sa/web]) matched other/web"
+    wait_until(lambda: refused in sidecar.agent.text(), 20, "istiod's refusal in the agent's log")
+    print("agent and Envoy:", *[l.strip() for l in sidecar.agent.output if "authorization failed" in l][:2], sep="\n  ")
+    assert sidecar.ready()[0] == 503
 
 
 def test_no_envoy_binary_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -98,7 +98,8 @@ class EnvoySupervisor:
             if loop.time() - started >= HEALTHY_RUN:
                 attempt = 0
             if attempt >= MAX_QUICK_RESTARTS:
-                log.error("Envoy exited %s %d times in a row; giving up", _exit(code), attempt + 1)
+                log.error("Envoy exited %d times in a row, each soon after its start (the last %s); giving up",
+                          attempt + 1, _exit(code))
                 return 1
             delay = RESTART_BACKOFF.delay(attempt)
             attempt += 1
