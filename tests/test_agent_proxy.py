@@ -228,6 +228,7 @@ def test_envoy_gets_istiod_config_through_the_agent(mesh: Path, mesh_dir: Path, 
     # 15020: Envoy's stats and the agent's own, in one Prometheus text.
     status, stats = http_get(f"http://127.0.0.1:{sidecar.status}/stats/prometheus")
     assert status == 200
+    assert http_get(f"http://127.0.0.1:{sidecar.status}/healthz/ready") == (200, "")  # on 15020 too, as pilot-agent
     for family in ("envoy_cluster_manager_cds_update_success", "istio_agent_xds_proxy_requests",
                    "istio_agent_xds_proxy_responses", "istio_agent_cert_expiry_seconds",
                    'istio_agent_num_outgoing_requests{request_type="csr"}', "istio_agent_scrapes_total"):
