@@ -155,9 +155,9 @@ def mesh(mesh_dir: Path, tmp_path: Path) -> Path:
 @pytest.fixture
 def start_sidecar(processes: list[Process], workdir: Path) -> Callable[..., Sidecar]:
     def start(istiod: Istiod, *extra: str, unix_admin: bool = False, env: dict[str, str] | None = None,
-              ready: bool = True) -> Sidecar:
-        """`unix_admin`: Envoy's admin on a Unix socket under the workdir (as for a pod in its own
-        network namespace), else on a loopback port. `ready`: wait until it is."""
+              ready: bool = True, drain: str = "1s") -> Sidecar:
+        """`extra`: agent flags. `unix_admin`: Envoy's admin on a Unix socket under the workdir (as for
+        a pod in its own network namespace), else on a loopback port. `ready`: wait until it is."""
         (workdir / "token").write_text("web-s3cret")
         tls_port = free_port()
         override = workdir / "override.json"
@@ -173,7 +173,7 @@ def start_sidecar(processes: list[Process], workdir: Path) -> Callable[..., Side
             *extra,
             "proxy", "--workdir", str(workdir), "--proxy-admin-addr", admin_flag,
             "--status-addr", f"127.0.0.1:{status}", "--readiness-addr", f"127.0.0.1:{readiness}",
-            "--termination-drain-duration", "1s", "--proxy-log-level", "info",
+            "--termination-drain-duration", drain, "--proxy-log-level", "info",
             "--proxy-component-log-level", "misc:error,main:warning",
             "--bootstrap-override", str(override),
         ], env={
@@ -243,14 +243,18 @@ def test_rotation_reaches_envoy_over_sds_without_restart(mesh: Path, mesh_dir: P
                                                          start_istiod: Callable[..., Istiod],
                                                          start_sidecar: Callable[..., Sidecar]) -> None:
     istiod = start_istiod(mesh_dir, "--ca-static-tokens", str(mesh))
-    sidecar = start_sidecar(istiod, "--cert-ttl", "4s")
+    sidecar = start_sidecar(istiod, "--cert-ttl", "6s")
     pid = sidecar.envoy_pid()
     first = sidecar.served_certificate().serial_number
-    serials = wait_until(lambda: (s := sidecar.certs_serials()) and s != [first] and s, 10,
-                         "a renewed certificate in Envoy's /certs")
-    renewed = sidecar.served_certificate().serial_number
-    print(f"Envoy's /certs serial {first:x} -> {serials[0]:x}; a new TLS connection is served serial {renewed:x}")
-    assert renewed != first and renewed in serials
+    assert sidecar.certs_serials() == [first]
+
+    def renewed_everywhere() -> int | None:
+        """A new serial that a new TLS connection is served and Envoy's /certs lists."""
+        served = sidecar.served_certificate().serial_number
+        return served if served != first and served in sidecar.certs_serials() else None
+
+    renewed = wait_until(renewed_everywhere, 15, "a renewed certificate served and in Envoy's /certs")
+    print(f"Envoy's /certs and a new TLS connection: serial {first:x} -> {renewed:x}")
     assert sidecar.envoy_pid() == pid and sidecar.agent.text().count("Envoy started pid=") == 1
     os.kill(pid, 0)  # the same Envoy process is still there
     sds_lines = [l.strip() for l in sidecar.agent.output if "SDS: pushed" in l]
@@ -277,11 +281,11 @@ def test_sigterm_fails_readiness_then_drains_and_exits_0(mesh: Path, mesh_dir: P
                                                           start_istiod: Callable[..., Istiod],
                                                           start_sidecar: Callable[..., Sidecar]) -> None:
     istiod = start_istiod(mesh_dir, "--ca-static-tokens", str(mesh))
-    sidecar = start_sidecar(istiod, unix_admin=True)
+    sidecar = start_sidecar(istiod, unix_admin=True, drain="5s")
     pid = sidecar.envoy_pid()
     assert sidecar.probe() == 200 and sidecar.stat("http.sds_probe.downstream_cx_drain_close") == 0
     sidecar.agent.proc.send_signal(signal.SIGTERM)
-    # During the 1 s drain: the agent's readiness fails, and the inbound listener closes connections.
+    # During the 5 s drain: the agent's readiness fails, and the inbound listener closes connections.
     status, reason = wait_until(lambda: (r := sidecar.ready())[0] != 200 and r, 5, "readiness to fail")
     wait_until(lambda: "Envoy is draining" in sidecar.agent.text(), 5, "the drain to start")
     assert sidecar.probe() == 200  # still served, on a connection Envoy then closes
