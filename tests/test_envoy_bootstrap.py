@@ -4,6 +4,7 @@ start-up mistakes (one line, exit 1, before any request to the CA)."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -51,10 +52,15 @@ def agent_proxy(workdir: Path, *extra: str, env: dict[str, str]) -> subprocess.C
     )
 
 
-@pytest.mark.parametrize("problem", ["long workdir", "bad override", "bad metadata"])
+@pytest.mark.parametrize("problem", ["long workdir", "bad override", "bad metadata", "port in use"])
 def test_start_up_mistakes_are_one_line(tmp_path: Path, problem: str) -> None:
     workdir, extra, env = tmp_path, [], dict(os.environ)
-    if problem == "long workdir":
+    taken = socket.create_server(("127.0.0.1", 0))
+    port = taken.getsockname()[1]
+    if problem == "port in use":
+        extra = ["--status-addr", f"127.0.0.1:{port}", "--readiness-addr", "127.0.0.1:0"]
+        expected = f"cannot serve in {tmp_path}, or on 127.0.0.1:{port} and 127.0.0.1:0: [Errno 98] Address already in use"
+    elif problem == "long workdir":
         workdir = tmp_path / ("w" * 80)
         expected = f"the Unix socket path {workdir}/etc/istio/proxy/XDS is longer than the system's 107 bytes"
     elif problem == "bad override":
@@ -64,7 +70,8 @@ def test_start_up_mistakes_are_one_line(tmp_path: Path, problem: str) -> None:
     else:
         env["ISTIO_METAJSON_LABELS"] = "{nope"
         expected = "ISTIO_METAJSON_LABELS is not JSON: Expecting property name enclosed in double quotes"
-    result = agent_proxy(workdir, *extra, env=env)
+    with taken:
+        result = agent_proxy(workdir, *extra, env=env)
     print(result.stderr.strip())
     assert result.returncode == 1
     assert expected in result.stderr and "Traceback" not in result.stderr
