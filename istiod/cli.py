@@ -7,7 +7,7 @@ import asyncio
 import sys
 
 from istiod import __version__, logs
-from istiod.agent.settings import add_agent_flags, agent_settings_from_args
+from istiod.agent.settings import add_agent_flags, add_proxy_flags, agent_settings_from_args, proxy_settings_from_args
 from istiod.settings import add_discovery_flags, settings_from_args
 
 DEFAULT_ISTIOD_URL = "http://localhost:15014"
@@ -24,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     add_discovery_flags(discovery)
     agent = commands.add_parser("agent", help="get workload certificates from istiod's CA and write the gRPC bootstrap")
     add_agent_flags(agent)
+    agent_modes = agent.add_subparsers(dest="agent_mode")
+    add_proxy_flags(agent_modes.add_parser(
+        "proxy", help="run an Envoy sidecar: SDS, the xDS proxy, the Envoy bootstrap, Envoy's supervision, status ports"))
 
     status = commands.add_parser("proxy-status", help="each connected proxy's sync state, or one proxy's diff")
     status.add_argument("proxy", nargs="?", help="a proxy ID or <pod>.<namespace>: show what it has not ACKed")
@@ -41,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
         from istiod.server import run_discovery
 
         return asyncio.run(run_discovery(settings_from_args(args)))
+    if args.command == "agent" and args.agent_mode == "proxy":
+        from istiod.agent.proxy import run_proxy_agent
+
+        return asyncio.run(run_proxy_agent(agent_settings_from_args(args), proxy_settings_from_args(args)))
     if args.command == "agent":
         from istiod.agent.agent import run_agent
 
