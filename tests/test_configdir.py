@@ -276,3 +276,17 @@ async def test_file_events_apply_without_polling(tmp_path: Path) -> None:
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_file_events_for_a_relative_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # `--config-dir .`: its parent is watched too, its own events still count
+    store = Store()
+    source = ConfigDirSource(Path("."), store, poll_interval=3600, resync=3600)
+    task = asyncio.create_task(source.run())
+    try:
+        await asyncio.wait_for(source.synced.wait(), 10)
+        touch(tmp_path / "ns.yaml", NS_A)
+        await eventually(lambda: names(store, "Namespace") == ["a"], 5, "a new file")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

@@ -97,11 +97,12 @@ class ConfigDirSource:
         try:
             listing = await asyncio.to_thread(_list, self.root, watcher.add if watcher else None)
         except OSError as error:
+            listing = None
             self._track({self.root: ("dir", f"config dir {self.root}: {_reason(error)}")})
+        if watcher is not None:
+            watcher.walked()
+        if listing is None:
             return
-        finally:
-            if watcher is not None:
-                watcher.walked()
         if not listing.files and not listing.problems and self._files:
             self._track({self.root: ("empty_dir", f"config dir {self.root} has no YAML file (an unmounted volume?)")})
             return
@@ -194,7 +195,7 @@ class _Watcher:
     inactive and the source polls."""
 
     def __init__(self, root: Path) -> None:
-        self.root = root
+        self.root = Path(os.path.abspath(root))  # so that `.` has a parent to watch
         self.active = False
         self._wake = asyncio.Event()
         self._walked: set[int] = set()
@@ -215,7 +216,7 @@ class _Watcher:
         created in between is missed. Runs in the listing's thread."""
         if self._inotify is None:
             return
-        if directory == self.root:
+        if os.path.abspath(directory) == str(self.root):
             self._watch_parent()
         try:
             watch = self._inotify.add_watch(directory, _DIR_EVENTS)
@@ -232,6 +233,8 @@ class _Watcher:
 
     def _watch_parent(self) -> None:
         assert self._inotify is not None
+        if self.root.parent == self.root:
+            return  # `/` has no parent
         try:
             self._parent_wd = self._inotify.add_watch(self.root.parent, _PARENT_EVENTS).wd
         except OSError:
