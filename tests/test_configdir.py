@@ -290,3 +290,18 @@ async def test_file_events_for_a_relative_root(tmp_path: Path, monkeypatch: pyte
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_configmap_update_is_seen_by_file_events(tmp_path: Path) -> None:
+    store = Store()
+    configmap_version(tmp_path, "01", {"mesh.yaml": SVC % 80})
+    source = ConfigDirSource(tmp_path, store, poll_interval=3600, resync=3600)
+    task = asyncio.create_task(source.run())
+    try:
+        await asyncio.wait_for(source.synced.wait(), 10)
+        configmap_version(tmp_path, "02", {"mesh.yaml": SVC % 81})
+        key = ObjectKey("Service", "a", "s")
+        await eventually(lambda: store.get(key).value.ports[0].port == 81, 5, "the swapped ..data")  # type: ignore[union-attr]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
