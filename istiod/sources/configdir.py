@@ -253,10 +253,15 @@ class _Watcher:
 
     async def _read(self) -> None:
         assert self._inotify is not None
-        async for event in self._inotify:
-            watch = event.watch
-            if watch is not None and watch.wd == self._parent_wd and event.name != Path(self.root.name):
-                continue  # a sibling of the root
+        try:
+            async for event in self._inotify:
+                watch = event.watch
+                if watch is not None and watch.wd == self._parent_wd and event.name != Path(self.root.name):
+                    continue  # a sibling of the root
+                self._wake.set()
+        except OSError as error:
+            log.warning("config dir %s: file events failed (%s); polling instead", self.root, _reason(error))
+            self.active = False
             self._wake.set()
 
     async def wait(self, timeout: float) -> None:
