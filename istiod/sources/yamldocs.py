@@ -32,7 +32,7 @@ def load_documents(text: str) -> list[Any]:
     documents = [doc for doc in yaml.load_all(text, Loader=_Loader) if doc is not None]
     limit = ALIAS_ALLOWANCE + len(text)
     if count_values(documents, limit) > limit:
-        raise LimitError(f"aliases expand it to more than {limit} values (or make a cycle); refused")
+        raise LimitError(f"it expands to more than {limit} values or {MAX_DEPTH} levels (aliases, or a cycle); refused")
     return documents
 
 
