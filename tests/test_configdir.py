@@ -132,18 +132,31 @@ async def test_missing_or_empty_dir_keeps_the_last_good_state(tmp_path: Path, ca
 
 
 async def test_unreadable_entries_keep_their_objects(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root = tmp_path / "d"
+    (root / "sub").mkdir(parents=True)
     store = Store()
-    source = ConfigDirSource(tmp_path, store)
-    (tmp_path / "sub").mkdir()
-    touch(tmp_path / "sub" / "ns.yaml", NS_A)
+    source = ConfigDirSource(root, store)
+    touch(root / "sub" / "ns.yaml", NS_A)
+    volume = tmp_path / "volume"  # a file on another volume, which is then unmounted
+    volume.mkdir()
+    touch(volume / "ns.yaml", NS_B)
+    (root / "b.yaml").symlink_to(volume / "ns.yaml")
     await source.scan()
-    shutil.rmtree(tmp_path / "sub")
-    (tmp_path / "sub").symlink_to("loop")  # a symlink loop where the directory was
-    (tmp_path / "loop").symlink_to("sub")
+    assert names(store, "Namespace") == ["a", "b"]
+
+    shutil.rmtree(root / "sub")
+    (root / "sub").symlink_to("loop")  # a symlink loop where the directory was
+    (root / "loop").symlink_to("sub")
+    shutil.rmtree(volume)
     with caplog.at_level(logging.ERROR):
         await source.scan()
+    assert names(store, "Namespace") == ["a", "b"]
+    assert f"config dir entry {root / 'sub'}: Too many levels of symbolic links" in caplog.text
+    assert f"config dir entry {root / 'b.yaml'}: a symlink whose target is missing" in caplog.text
+
+    (root / "b.yaml").unlink()  # the link itself removed: now `b` goes
+    await source.scan()
     assert names(store, "Namespace") == ["a"]
-    assert f"config dir entry {tmp_path / 'sub'}: Too many levels of symbolic links" in caplog.text
 
 
 async def test_special_files_never_block(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -318,7 +318,9 @@ def _list(root: Path, watch: Callable[[Path], None] | None) -> _Listing:
             try:
                 info = os.stat(path)  # through symlinks
             except FileNotFoundError:
-                continue  # removed, or a dangling symlink
+                if os.path.islink(path):  # its target gone, maybe with an unmounted volume: keep what it had
+                    listing.problems[path] = "a symlink whose target is missing"
+                continue  # else removed
             except OSError as error:  # ELOOP for a symlink loop, EACCES below an unreadable dir
                 listing.problems[path] = _reason(error)
                 continue
