@@ -6,11 +6,15 @@ import asyncio
 import logging
 import os
 import shutil
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
 from prometheus_client import REGISTRY
 
+from istiod.sources import configdir
 from istiod.sources.configdir import ConfigDirSource, _read_documents
 from istiod.sources.convert import ObjectKey
 from istiod.sources.store import Change, EventType, Store
@@ -171,6 +175,53 @@ async def test_special_files_never_block(tmp_path: Path, caplog: pytest.LogCaptu
     # A FIFO put in place between the listing and the read: the read refuses it at once.
     with pytest.raises(LimitError, match="not a regular file"):
         await asyncio.wait_for(asyncio.to_thread(_read_documents, tmp_path / "fifo.yaml"), 10)
+
+
+async def test_hung_reads_are_given_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        caplog: pytest.LogCaptureFixture) -> None:
+    """A read that never returns (a dead network mount) fails after a timeout, keeps the file's
+    objects, and is left to a daemon thread, which istiod's exit does not wait for."""
+    store = Store()
+    source = ConfigDirSource(tmp_path, store)
+    touch(tmp_path / "ns.yaml", NS_A)
+    await source.scan()
+    hang = threading.Event()
+    monkeypatch.setattr(configdir, "IO_TIMEOUT", 0.5)
+    monkeypatch.setattr(configdir, "_read_documents", lambda path: hang.wait(60))
+    touch(tmp_path / "ns.yaml", NS_B)
+    try:
+        with caplog.at_level(logging.ERROR):
+            await asyncio.wait_for(source.scan(), 10)
+        assert names(store, "Namespace") == ["a"]
+        assert f"config file {tmp_path / 'ns.yaml'}: reading took longer than 0.5s; keeping its last good objects" in caplog.text
+        assert all(t.daemon for t in threading.enumerate() if t.name == "config-dir-io")
+    finally:
+        hang.set()
+
+
+HUNG_READ = """
+import asyncio, sys, threading
+from pathlib import Path
+from istiod.sources import configdir
+from istiod.sources.store import Store
+configdir._read_documents = lambda path: threading.Event().wait()  # a read that never returns
+
+async def main() -> None:
+    task = asyncio.create_task(configdir.ConfigDirSource(Path(sys.argv[1]), Store()).run())
+    await asyncio.sleep(1)
+    task.cancel()  # what SIGTERM does to istiod's tasks
+    await asyncio.gather(task, return_exceptions=True)
+
+asyncio.run(main())
+"""
+
+
+def test_a_hung_read_does_not_hold_up_exit(tmp_path: Path) -> None:
+    touch(tmp_path / "ns.yaml", NS_A)
+    try:
+        subprocess.run([sys.executable, "-c", HUNG_READ, str(tmp_path)], timeout=20, check=True)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("the process waited for a hung read at exit") from None
 
 
 async def test_symlinks_are_followed_and_loops_stopped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -26,10 +26,11 @@ import asyncio
 import logging
 import os
 import stat
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from asyncinotify import Inotify, Mask
@@ -45,12 +46,14 @@ MAX_FILE_BYTES = 32 << 20  # far above any config file; a ConfigMap holds at mos
 RESYNC = 30.0  # seconds between full rescans when file events work
 DEBOUNCE = 0.1  # quiet time after the last event before a rescan ...
 DEBOUNCE_MAX = 1.0  # ... but never longer than this after the first
+IO_TIMEOUT = 60.0  # a listing, or a file's read and parse, that takes longer is given up as failed
 _DIR_EVENTS = (Mask.CREATE | Mask.DELETE | Mask.MOVED_FROM | Mask.MOVED_TO | Mask.MODIFY | Mask.CLOSE_WRITE
                | Mask.ATTRIB | Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.ONLYDIR)
 _PARENT_EVENTS = Mask.CREATE | Mask.DELETE | Mask.MOVED_FROM | Mask.MOVED_TO | Mask.ATTRIB | Mask.ONLYDIR
 
 # (mtime, ctime, size, inode, device): ctime moves on chmod too, so a file made readable is re-read.
 Signature = tuple[int, int, int, int, int]
+T = TypeVar("T")
 
 
 @dataclass
@@ -95,7 +98,7 @@ class ConfigDirSource:
         """Apply every file added, changed or removed since the last scan."""
         watcher = self._watcher
         try:
-            listing = await asyncio.to_thread(_list, self.root, watcher.add if watcher else None)
+            listing = await _io(lambda: _list(self.root, watcher.add if watcher else None), "listing the dir")
         except OSError as error:
             listing = None
             self._track({self.root: ("dir", f"config dir {self.root}: {_reason(error)}")})
@@ -116,7 +119,7 @@ class ConfigDirSource:
             if state is not None and state.signature == signature:
                 continue
             try:
-                documents = await asyncio.to_thread(_read_documents, path)
+                documents = await _io(lambda: _read_documents(path), "reading")
             except (OSError, UnicodeDecodeError, yaml.YAMLError, LimitError) as error:
                 metrics.CONFIG_DIR_ERRORS.labels(type="file").inc()
                 log.error("config file %s: %s; keeping its last good objects", path, _one_line(error))
@@ -242,7 +245,7 @@ class _Watcher:
 
     def walked(self) -> None:
         """After a listing: stop watching directories it no longer reached."""
-        for wd in set(self._watched) - self._walked:
+        for wd in set(self._watched.copy()) - self._walked.copy():  # copies: a listing given up may still add
             watch = self._watched.pop(wd)
             try:
                 if self._inotify is not None:
@@ -340,8 +343,7 @@ def _list(root: Path, watch: Callable[[Path], None] | None) -> _Listing:
 
 
 def _read_documents(path: Path) -> list[Any]:
-    # Non-blocking open: a FIFO put in place since the listing must not hang this thread (and with
-    # it istiod's shutdown, which waits for its threads).
+    # Non-blocking open: a FIFO put in place since the listing must not hang the read.
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     with os.fdopen(fd, "rb") as stream:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -350,6 +352,34 @@ def _read_documents(path: Path) -> list[Any]:
     if len(data) > MAX_FILE_BYTES:
         raise LimitError(f"larger than {MAX_FILE_BYTES} bytes; refused")
     return load_documents(data.decode("utf-8"))
+
+
+async def _io(work: Callable[[], T], what: str) -> T:
+    """Blocking file work in a daemon thread, given up after IO_TIMEOUT (TimeoutError, an OSError):
+    a read that hangs (a dead network mount) must hold up neither the source for ever nor istiod's
+    exit, which waits for asyncio.to_thread's threads but not for daemon threads."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: T | None, error: BaseException | None) -> None:
+        if not future.done():
+            future.set_exception(error) if error is not None else future.set_result(result)  # type: ignore[arg-type]
+
+    def run() -> None:
+        try:
+            outcome: tuple[T | None, BaseException | None] = (work(), None)
+        except BaseException as error:  # handed to the awaiting task
+            outcome = (None, error)
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:
+            pass  # the loop is closed: nobody waits any more
+
+    threading.Thread(target=run, name="config-dir-io", daemon=True).start()
+    try:
+        return await asyncio.wait_for(future, IO_TIMEOUT)
+    except TimeoutError:
+        raise TimeoutError(f"{what} took longer than {IO_TIMEOUT:g}s") from None
 
 
 def _expand_lists(documents: list[Any]) -> Iterator[Any]:
