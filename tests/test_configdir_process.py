@@ -10,16 +10,17 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tests.conftest import CLIENT_PROXY, ECHO_PORT, Mesh, render
-from tests.peers import Istiod, metric, wait_until
+from tests.peers import Istiod, Process, metric, wait_until
 
 
-def replies(client: object, window: float) -> list[dict]:
+def replies(client: Process, window: float) -> list[dict[str, Any]]:
     """What the client printed over the next `window` seconds."""
-    client.drain()  # type: ignore[attr-defined]
+    client.drain()
     time.sleep(window)
-    return client.drain()  # type: ignore[attr-defined,no-any-return]
+    return client.drain()
 
 
 def test_dir_replaced_keeps_serving_and_applies_the_new_contents(synced_mesh: Mesh, tmp_path: Path) -> None:
