@@ -59,6 +59,10 @@ DEBOUNCE_TIME = Histogram(
 INBOUND_UPDATES = Counter("pilot_inbound_updates", "Total number of updates received by pilot.", ["type"])
 SERVICES = Gauge("pilot_services", "Total services known to pilot.")
 K8S_REG_EVENTS = Counter("pilot_k8s_reg_events", "Events from k8s registry.", ["type", "event"])
+# The config dir (Istio's file monitor logs these; we count them too, so the state can be alerted on).
+CONFIG_DIR_ERRORS = Counter(
+    "pilot_config_dir_errors", "Config dir reads that failed and kept the last good state, by what failed.", ["type"]
+)
 
 # CA (security/pkg/server/ca/monitoring.go, security/pkg/pki/ca): defined here for the CA to record.
 CSR_COUNT = Counter("citadel_server_csr_count", "The number of CSRs received by Citadel server.")

@@ -90,7 +90,7 @@ def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--push-concurrency", type=int, default=int(env("PILOT_PUSH_THROTTLE", "100")),
                         help="connections sending a push at once (default 100)")
     parser.add_argument("--poll-interval", type=_seconds, default=_seconds("250ms"),
-                        help="how often the config dir is scanned (default 250ms)")
+                        help="how often the config dir is scanned when file events are unavailable (default 250ms)")
     parser.add_argument("--ports-file", type=Path,
                         help="write the bound ports as JSON here once serving (for :0 addresses)")
     parser.add_argument("--secure-grpc-addr", type=Address.parse,
