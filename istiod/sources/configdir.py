@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from istiod.logs import one_line
 from istiod.sources.convert import ConversionError, ObjectKey, object_key
 from istiod.sources.store import Store
 
@@ -62,7 +63,7 @@ class ConfigDirSource:
             try:
                 documents = await asyncio.to_thread(_read_documents, path)
             except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
-                log.error("config file %s: %s; keeping its last good objects", path, _one_line(error))
+                log.error("config file %s: %s; keeping its last good objects", path, one_line(error))
                 if state is not None:
                     state.signature = signature
                 else:
@@ -123,7 +124,3 @@ def _expand_lists(documents: list[Any]) -> Iterator[Any]:
             yield from doc["items"]
         else:
             yield doc
-
-
-def _one_line(error: Exception) -> str:
-    return " ".join(str(error).split())
