@@ -133,14 +133,15 @@ class RootCertPublisher:
             self._retry(namespace, describe_error(error))
         else:
             # Known at once, so a namespace queued again before the watch reports it is not written twice.
-            self._configmaps[namespace] = self.core.api_client.sanitize_for_serialization(written)
+            self._configmaps[namespace] = self.core.api_client.sanitize_for_serialization(written)  # type: ignore[attr-defined]  # set by the client, not in its stubs
             self._failures.pop(namespace, None)
 
     async def _create(self, namespace: str) -> object:
         body = {"apiVersion": "v1", "kind": "ConfigMap",
                 "metadata": {"name": CONFIGMAP, "namespace": namespace, "labels": LABELS},
                 "data": {ROOT_CERT_FILE: self.roots}}
-        created = await self.core.create_namespaced_config_map(namespace, body, _request_timeout=REQUEST_TIMEOUT)
+        created = await self.core.create_namespaced_config_map(namespace, body,  # type: ignore[arg-type]  # a dict body is sent as is
+                                                               _request_timeout=REQUEST_TIMEOUT)
         log.info("root-cert publisher: created ConfigMap %s/%s", namespace, CONFIGMAP)
         return created
 
@@ -149,7 +150,7 @@ class RootCertPublisher:
         namespace = _namespace(current)
         body = {**current, "apiVersion": "v1", "kind": "ConfigMap",
                 "data": {**(current.get("data") or {}), ROOT_CERT_FILE: self.roots}}
-        updated = await self.core.replace_namespaced_config_map(CONFIGMAP, namespace, body,
+        updated = await self.core.replace_namespaced_config_map(CONFIGMAP, namespace, body,  # type: ignore[arg-type]  # as above
                                                                 _request_timeout=REQUEST_TIMEOUT)
         log.info("root-cert publisher: updated ConfigMap %s/%s to the current root", namespace, CONFIGMAP)
         return updated
