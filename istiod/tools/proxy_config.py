@@ -71,7 +71,7 @@ def as_istioctl(resource: Json) -> Json:
     import istiod.debug.config_dump  # noqa: F401  (registers every type a dump can hold, as the server does)
     import istiod.xds.gen  # noqa: F401
 
-    printed = json_format.MessageToDict(json_format.ParseDict(resource, any_pb2.Any()))
+    printed: Json = json.loads(json_format.MessageToJson(json_format.ParseDict(resource, any_pb2.Any())))
     printed.pop("@type", None)
     return printed
 
