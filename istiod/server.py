@@ -17,9 +17,9 @@ import uvicorn
 from envoy.service.discovery.v3 import ads_pb2, ads_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.config import ConfigException
+import yaml
 
 from istiod import logs
 from istiod.debug.access import AccessPolicy

@@ -141,13 +141,6 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and args.config_dir is None and kubeconfig is None
     if args.config_dir is None and kubeconfig is None and not in_cluster:
         raise SystemExit("istiod discovery: give --config-dir or --kubeconfig (or run in a pod)")
-    _check_dir(args.config_dir, "--config-dir")
-    _check_file(args.kubeconfig, "--kubeconfig")
-    if args.kubeconfig is None:
-        _check_file(kubeconfig, "KUBECONFIG")
-    for path, flag in ((args.debug_auth_token_file, "--debug-auth-token-file"),
-                       (args.ca_static_tokens, "--ca-static-tokens"), (args.mesh_config, "--mesh-config")):
-        _check_file(path, flag)
     if args.watch_timeout < 1:
         raise SystemExit("istiod discovery: --watch-timeout must be 1s or more")
     for selector in args.discovery_selectors:
@@ -160,7 +153,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         leader.check()
     except ValueError as error:
         raise SystemExit(f"istiod discovery: {error}") from None
-    return Settings(
+    settings = Settings(
         config_dir=args.config_dir,
         grpc_addr=args.grpc_addr,
         http_addr=args.http_addr,
@@ -186,6 +179,13 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         monitoring_addr=args.monitoring_addr,
         debug_token_file=args.debug_auth_token_file,
     )
+    # Files and directories last: a flag that contradicts another is the first thing to say.
+    _check_dir(args.config_dir, "--config-dir")
+    _check_file(kubeconfig, "--kubeconfig" if args.kubeconfig else "KUBECONFIG")
+    for path, flag in ((args.debug_auth_token_file, "--debug-auth-token-file"),
+                       (args.ca_static_tokens, "--ca-static-tokens"), (args.mesh_config, "--mesh-config")):
+        _check_file(path, flag)
+    return settings
 
 
 def _check_dir(path: Path | None, flag: str) -> None:
