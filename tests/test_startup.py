@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -189,3 +190,21 @@ def test_the_readme_edit_and_watch_works_as_written(tmp_path: Path, processes: l
     client.drain()
     wait_until(replies({"echo-1", "echo-3"}), 10, "replies after the edit")
     assert client.proc.poll() is None, "the client stopped calling"
+
+
+def test_xds_connections_are_recycled_after_the_max_connection_age(tmp_path: Path, processes: list[Process]) -> None:
+    # pilot-discovery's --keepaliveMaxServerConnectionAge: GOAWAY after the age, streams closed after
+    # istiod's 10s grace, and a real grpcio client reconnects (to any replica, in a cluster).
+    istiod = Istiod(tmp_path, "--config-dir", "deploy/demo", "--keepaliveMaxServerConnectionAge", "1s")
+    processes.append(istiod)
+    client = demo("client", "xds:///echo.demo.svc.cluster.local:7070", "--xds", istiod.xds_address, "--count", "0",
+                  "--namespace", "demo", name="client")
+    processes.append(client)
+
+    def connection_ids() -> set[str]:
+        return {s["connection_id"] for s in istiod.get("/debug/syncz")[1] if ".demo~" in s["proxy"]}
+
+    first = wait_until(connection_ids, 20, "the client's ADS connection")
+    started = time.monotonic()
+    wait_until(lambda: connection_ids() - first, 30, "the client to come back on a new connection")
+    print(f"new connection after {time.monotonic() - started:.1f}s (age 1s + grace 10s)")
