@@ -185,6 +185,11 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     for path, flag in ((args.debug_auth_token_file, "--debug-auth-token-file"),
                        (args.ca_static_tokens, "--ca-static-tokens"), (args.mesh_config, "--mesh-config")):
         _check_file(path, flag)
+    _check_dir(args.plugged_ca_dir, "--plugged-ca-dir")
+    if args.ports_file is not None:
+        _check_dir(args.ports_file.parent, "--ports-file: the directory")
+    if args.config_dir is not None and args.ca_state_dir.exists():  # else created at start; unused with a cluster
+        _check_dir(args.ca_state_dir, "--ca-state-dir")
     return settings
 
 

@@ -80,6 +80,13 @@ def test_missing_or_wrong_files_and_directories(tmp_path: Path) -> None:
          f"istiod discovery: --debug-auth-token-file {tmp_path / 'token'}: no such file"),
         (("--config-dir", demo_dir, "--ca-static-tokens", str(tmp_path / "tokens.json")),
          f"istiod discovery: --ca-static-tokens {tmp_path / 'tokens.json'}: no such file"),
+        (("--config-dir", demo_dir, "--ca-state-dir", str(afile)), f"istiod discovery: --ca-state-dir {afile}: is not a directory"),
+        (("--config-dir", demo_dir, "--ports-file", str(tmp_path / "nope/ports.json")),
+         f"istiod discovery: --ports-file: the directory {tmp_path / 'nope'}: no such directory"),
+        (("--config-dir", demo_dir, "--plugged-ca-dir", str(tmp_path / "cacerts")),
+         f"istiod discovery: --plugged-ca-dir {tmp_path / 'cacerts'}: no such directory"),
+        (("--config-dir", demo_dir, "--ca-state-dir", str(afile / "state")),
+         f"istiod: cannot start the CA: [Errno 20] Not a directory: '{afile / 'state'}'"),
     ]
     for args, line in cases:
         result = discovery(tmp_path, *args)
