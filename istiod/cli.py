@@ -51,22 +51,22 @@ def build_parser() -> _Parser:
     _add_istiod_url(status)
     config = command("proxy-config", "the clusters, listeners, routes or endpoints a proxy was sent", ("pc",))
     kinds = config.add_subparsers(dest="kind", required=True, metavar="KIND")
-    filters: dict[str, argparse.ArgumentParser] = {}
+    by_kind: dict[str, argparse.ArgumentParser] = {}
     for kind, aliases in CONFIG_KINDS.items():
-        sub = filters[kind] = kinds.add_parser(kind, aliases=list(aliases), allow_abbrev=False,
+        sub = by_kind[kind] = kinds.add_parser(kind, aliases=list(aliases), allow_abbrev=False,
                                                help=f"the {kind} a proxy was sent")
         sub.set_defaults(kind=kind, parser=sub)
         sub.add_argument("proxy", help="a proxy ID or <pod>.<namespace>")
         sub.add_argument("-o", "--output", choices=("short", "json", "yaml"), default="short")
         _add_istiod_url(sub)
-    filters["clusters"].add_argument("--fqdn", help="only clusters of this service host (or a part of it)")
-    filters["clusters"].add_argument("--port", type=int, help="only clusters of this service port")
-    filters["clusters"].add_argument("--direction", type=str.lower, choices=("inbound", "outbound"))
-    filters["clusters"].add_argument("--subset", help="only clusters of this subset")
-    filters["listeners"].add_argument("--port", type=int, help="only listeners on this port")
-    filters["routes"].add_argument("--name", help="only the route configuration of this name")
-    filters["endpoints"].add_argument("--port", type=int, help="only endpoints on this port")
-    filters["endpoints"].add_argument("--cluster", help="only endpoints of clusters whose name contains this")
+    by_kind["clusters"].add_argument("--fqdn", help="only clusters of this service host (or a part of it)")
+    by_kind["clusters"].add_argument("--port", type=int, help="only clusters of this service port")
+    by_kind["clusters"].add_argument("--direction", type=str.lower, choices=("inbound", "outbound"))
+    by_kind["clusters"].add_argument("--subset", help="only clusters of this subset")
+    by_kind["listeners"].add_argument("--port", type=int, help="only listeners on this port")
+    by_kind["routes"].add_argument("--name", help="only the route configuration of this name")
+    by_kind["endpoints"].add_argument("--port", type=int, help="only endpoints on this port")
+    by_kind["endpoints"].add_argument("--cluster", help="only endpoints of clusters whose name contains this")
     version = command("version", "istiod's version (with --remote, also the running istiod's)")
     version.add_argument("-s", "--short", action="store_true", help="the version number only")
     version.add_argument("--remote", action="store_true", help="also ask the istiod at --istiod")
