@@ -32,6 +32,11 @@ def event(name: str, **facts: Any) -> Event:
     return Event(name, facts)
 
 
+def one_line(error: BaseException) -> str:
+    """An error's text on one line (YAML and kubeconfig errors span several)."""
+    return " ".join(str(error).split())
+
+
 def setup(level: str = "info", output: str = "kv") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if output == "json" else KeyValueFormatter())

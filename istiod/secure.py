@@ -73,7 +73,7 @@ class SecurePort:
                 authenticators.append(TokenReviewAuthenticator(client.AuthenticationV1Api(api), trust_domain))
             elif ca_settings.static_tokens is not None:
                 authenticators.append(StaticTokenAuthenticator.from_file(ca_settings.static_tokens, trust_domain))
-        except ValueError as error:
+        except (ValueError, OSError) as error:  # OSError: a state dir that cannot be created or written
             raise SystemExit(f"istiod: cannot start the CA: {error}") from None
         self._publish_root(self.ca.bundle)
         self.serving = serving = ServingCertificate(

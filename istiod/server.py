@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import functools
 import json
 import logging
 import signal
+from collections import Counter
+from collections.abc import Iterator
 from datetime import datetime, timezone
 
 import grpc
@@ -15,6 +19,8 @@ from envoy.service.discovery.v3 import ads_pb2, ads_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from kubernetes_asyncio import client
+from kubernetes_asyncio.config import ConfigException
+import yaml
 
 from istiod import logs
 from istiod.debug.access import AccessPolicy
@@ -25,7 +31,7 @@ from istiod.leader import LeaderElection
 from istiod.listen import listen_tcp
 from istiod.model.names import join_host_port
 from istiod.secure import SecurePort
-from istiod.settings import Settings
+from istiod.settings import Address, Settings
 from istiod.sources.configdir import ConfigDirSource
 from istiod.sources.monitoring import record_change
 from istiod.sources.kube import KubeSource
@@ -68,7 +74,11 @@ class Discovery:
             return ConfigDirSource(settings.config_dir, self.store, settings.poll_interval)
         if not settings.in_cluster and settings.kubeconfig is None:
             raise ValueError("no config dir, no kubeconfig and not in a pod: nothing to read the mesh from")
-        self._api = await api_client(None if settings.in_cluster else settings.kubeconfig)
+        try:
+            self._api = await api_client(None if settings.in_cluster else settings.kubeconfig)
+        except (ConfigException, OSError, yaml.YAMLError) as error:
+            where = "the in-cluster config" if settings.in_cluster else f"kubeconfig {settings.kubeconfig}"
+            raise SystemExit(f"istiod: cannot use {where}: {logs.one_line(error)}") from None
         return KubeSource(self._api, self.store, self.namespaces, settings.watch_timeout)
 
     async def start(self) -> None:
@@ -80,22 +90,33 @@ class Discovery:
                                                settings.watch_timeout)
             self.election = LeaderElection(api, settings.namespace, ELECTION, settings.pod_name, settings.leader)
         # Before any port opens: a CA that cannot start stops istiod here.
-        self.ports["secure-grpc"] = await self.secure.start(self._api, self.publisher.publish if self.publisher else None)
-        self._grpc = grpc.aio.server(options=[("grpc.max_concurrent_streams", 1 << 20)])
+        with _listening("--secure-grpc-addr", settings.secure_grpc_addr):
+            self.ports["secure-grpc"] = await self.secure.start(self._api,
+                                                                self.publisher.publish if self.publisher else None)
+        age_ms = int(settings.keepalive_max_server_connection_age * 1000)
+        # so_reuseport off: a second istiod on the same port must fail, not silently share it.
+        self._grpc = grpc.aio.server(options=[("grpc.max_concurrent_streams", 1 << 20), ("grpc.so_reuseport", 0),
+                                              ("grpc.max_connection_age_ms", age_ms),
+                                              ("grpc.max_connection_age_grace_ms", 10_000)])
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(self.ads, self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc)
         reflection.enable_server_reflection((ADS_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), self._grpc)
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         grpc_addr = self.settings.grpc_addr
-        self.ports["grpc"] = self._grpc.add_insecure_port(join_host_port(grpc_addr.bind_host, grpc_addr.port))
+        with _listening("--grpc-addr", grpc_addr):
+            self.ports["grpc"] = self._grpc.add_insecure_port(join_host_port(grpc_addr.bind_host, grpc_addr.port))
         await self._grpc.start()
 
         view = DebugView(lambda: self.pusher.snapshot, lambda: self.ads.connections, self.not_ready,
                          self.store.objects, lambda: self.ads.monitor.last_push)
-        access = AccessPolicy.from_token_file(self.settings.debug_token_file, self.secure.authenticators,
-                                              self.settings.namespace)
+        try:
+            access = AccessPolicy.from_token_file(self.settings.debug_token_file, self.secure.authenticators,
+                                                  self.settings.namespace)
+        except (OSError, ValueError) as error:
+            raise SystemExit(f"istiod: --debug-auth-token-file: {logs.one_line(error)}") from None
         for name, address in (("http", self.settings.http_addr), ("monitoring", self.settings.monitoring_addr)):
-            sock = listen_tcp(address.bind_host, address.port)
+            with _listening(f"--{name}-addr", address):
+                sock = listen_tcp(address.bind_host, address.port)
             self.ports[name] = sock.getsockname()[1]
             app = create_app(view, access, monitoring=name == "monitoring")
             # log_config=None: uvicorn logs through our structured handler; no proxy headers, so the
@@ -114,6 +135,7 @@ class Discovery:
             self._tasks.append(self.supervisor.start("root-cert-publisher", lambda: election.run(publisher.run),
                                                      restart=True))
         log.info(logs.event("serving", **self.ports))
+        log.info(logs.event("listening", **_urls(settings, self.ports)))
         if self.settings.ports_file:
             self.settings.ports_file.write_text(json.dumps(self.ports))
 
@@ -139,6 +161,8 @@ class Discovery:
         self.ads.ready = True
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         log.info("sources synced; ready with %d services", len(self.pusher.snapshot.services))
+        source = self.settings.config_dir or self.settings.kubeconfig or "the in-cluster config"
+        log.info(logs.event("loaded", source=source, **Counter(o.key.kind for o in self.store.objects())))
 
     async def stop(self) -> None:
         self.supervisor.stopping = True
@@ -186,3 +210,39 @@ async def run_discovery(settings: Settings) -> int:
         log.info("shutting down")
         await discovery.stop()
     return 1 if discovery.supervisor.failure is not None else 0
+
+
+@contextlib.contextmanager
+def _listening(flag: str, address: Address) -> Iterator[None]:
+    """A port that cannot be opened stops istiod with one line naming the address and its flag."""
+    try:
+        yield
+    except RuntimeError:  # grpcio says only that binding failed: a plain socket tells why
+        try:
+            listen_tcp(address.bind_host, address.port).close()
+            reason = "grpcio could not bind it"
+        except OSError as error:
+            reason = _os_reason(error)
+        raise SystemExit(f"istiod: cannot listen on {address} ({flag}): {reason}; choose another with {flag}") from None
+    except OSError as error:
+        if error.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
+            raise
+        raise SystemExit(f"istiod: cannot listen on {address} ({flag}): {_os_reason(error)};"
+                         f" choose another with {flag}") from None
+
+
+def _os_reason(error: OSError) -> str:
+    return "the port is in use" if error.errno == errno.EADDRINUSE else (error.strerror or str(error)).lower()
+
+
+def _urls(settings: Settings, ports: dict[str, int]) -> dict[str, str]:
+    """Where to point clients, browsers and Prometheus (loopback names for addresses bound to every interface)."""
+    def at(address: Address, port: int) -> str:
+        return join_host_port(address.host or "localhost", port)
+
+    return {
+        "xds": at(settings.grpc_addr, ports["grpc"]),
+        "xds_tls_and_ca": at(settings.secure_grpc_addr, ports["secure-grpc"]),
+        "debug": f"http://{at(settings.http_addr, ports['http'])}/debug",
+        "metrics": f"http://{at(settings.monitoring_addr, ports['monitoring'])}/metrics",
+    }

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from istiod.ca.settings import CaSettings, add_ca_flags, ca_settings_from_args
 from istiod.durations import parse_duration as _seconds
+from istiod.envvars import env_default
 from istiod.leader import LeaseTimings
 from istiod.model.mesh import DEFAULT_TRUST_DOMAIN, MeshConfig
 from istiod.model.names import DEFAULT_DOMAIN, join_host_port, split_host_port
@@ -52,6 +53,8 @@ class Settings:
     in_cluster: bool = False
     discovery_selectors: tuple[str, ...] = ()
     watch_timeout: int = 300
+    keepalive_max_server_connection_age: float = 1800.0  # istiod's 30m: clients reconnect, spreading over replicas
+    mesh_config_file: Path | None = None
     namespace: str = "istio-system"  # istiod's own (POD_NAMESPACE): its Secret, Lease and serving DNS names
     pod_name: str = ""  # who holds a leader Lease
     leader: LeaseTimings = LeaseTimings()
@@ -62,39 +65,61 @@ class Settings:
     debug_token_file: Path | None = None  # a bearer token that lets non-loopback callers read /debug
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
+    return value
+
+
 def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
+    # pilot-discovery's camelCase spellings are aliases, so istiod's manifests and habits work unchanged.
     env = os.environ.get
-    parser.add_argument("--config-dir", type=Path, help="read Kubernetes YAML from this directory")
-    parser.add_argument("--kubeconfig", type=Path, default=Path(env("KUBECONFIG")) if env("KUBECONFIG") else None,
-                        help="read from this cluster (in a pod, the in-cluster config is used)")
+    parser.add_argument("--config-dir", "--configDir", type=Path, help="read Kubernetes YAML from this directory")
+    parser.add_argument("--kubeconfig", type=Path,
+                        help="read from this cluster (default $KUBECONFIG unless --config-dir is given;"
+                             " in a pod, the in-cluster config)")
+    parser.add_argument("--mesh-config", "--meshConfig", type=Path, help="istiod's mesh config file (YAML)")
     parser.add_argument("--discovery-selector", dest="discovery_selectors", action="append", default=[],
                         metavar="SELECTOR",
-                        help="only read namespaces whose labels match (key=value,key,!key); repeat to OR")
-    parser.add_argument("--watch-timeout", type=int, default=300,
-                        help="seconds a Kubernetes watch lasts before it is resumed (default 300)")
-    parser.add_argument("--grpc-addr", type=Address.parse, default=Address.parse(env("GRPC_ADDR", ":15010")),
-                        help="plaintext xDS (default :15010)")
-    parser.add_argument("--http-addr", type=Address.parse, default=Address.parse(env("HTTP_ADDR", ":8080")),
-                        help="debug endpoints and /ready (default :8080)")
-    parser.add_argument("--monitoring-addr", type=Address.parse,
-                        default=Address.parse(env("MONITORING_ADDR", ":15014")),
-                        help="/metrics, /version and debug endpoints (default :15014)")
+                        help="only read namespaces whose labels match this Kubernetes label selector"
+                             " (key=value,key!=value,key,!key,key in (a,b),key notin (a,b)); repeat to OR")
+    parser.add_argument("--watch-timeout", type=_seconds, default=300.0,
+                        help="how long a Kubernetes watch lasts before it is resumed (default 5m)")
+    parser.add_argument("--grpc-addr", "--grpcAddr", type=Address.parse,
+                        default=env_default("GRPC_ADDR", ":15010", Address.parse),
+                        help="plaintext xDS (default :15010, every interface)")
+    parser.add_argument("--http-addr", "--httpAddr", type=Address.parse,
+                        default=env_default("HTTP_ADDR", ":8080", Address.parse),
+                        help="debug endpoints and /ready (default :8080, every interface)")
+    parser.add_argument("--monitoring-addr", "--monitoringAddr", type=Address.parse,
+                        default=env_default("MONITORING_ADDR", ":15014", Address.parse),
+                        help="/metrics, /version and debug endpoints (default :15014, every interface)")
     parser.add_argument("--debug-auth-token-file", type=Path,
                         help="a file holding a bearer token that admits non-loopback callers to /debug "
                              "(without it, /debug answers loopback callers only)")
-    parser.add_argument("--domain", default=env("DOMAIN_SUFFIX", DEFAULT_DOMAIN), help="cluster DNS domain")
-    parser.add_argument("--debounce-after", type=_seconds, default=_seconds(env("PILOT_DEBOUNCE_AFTER", "100ms")),
+    parser.add_argument("--domain", default=env("DOMAIN_SUFFIX", DEFAULT_DOMAIN),
+                        help="cluster DNS domain (default cluster.local)")
+    parser.add_argument("--debounce-after", type=_seconds, default=env_default("PILOT_DEBOUNCE_AFTER", "100ms", _seconds),
                         help="quiet time before a push (default 100ms)")
-    parser.add_argument("--debounce-max", type=_seconds, default=_seconds(env("PILOT_DEBOUNCE_MAX", "1s")),
+    parser.add_argument("--debounce-max", type=_seconds, default=env_default("PILOT_DEBOUNCE_MAX", "1s", _seconds),
                         help="longest a push waits for quiet (default 1s)")
-    parser.add_argument("--push-concurrency", type=int, default=int(env("PILOT_PUSH_THROTTLE", "100")),
+    parser.add_argument("--push-concurrency", type=_positive_int,
+                        default=env_default("PILOT_PUSH_THROTTLE", "100", _positive_int),
                         help="connections sending a push at once (default 100)")
     parser.add_argument("--poll-interval", type=_seconds, default=_seconds("250ms"),
                         help="how often the config dir is scanned when file events are unavailable (default 250ms)")
     parser.add_argument("--ports-file", type=Path,
                         help="write the bound ports as JSON here once serving (for :0 addresses)")
     parser.add_argument("--secure-grpc-addr", type=Address.parse,
-                        default=Address.parse(env("SECURE_GRPC_ADDR", ":15012")), help="xDS and the CA over TLS (default :15012)")
+                        default=env_default("SECURE_GRPC_ADDR", ":15012", Address.parse),
+                        help="xDS and the CA over TLS (default :15012, every interface)")
+    parser.add_argument("--keepalive-max-server-connection-age", "--keepaliveMaxServerConnectionAge", type=_seconds,
+                        default=1800.0, help="an xDS connection is closed after this long, so clients spread"
+                                             " over replicas (default 30m)")
     parser.add_argument("--trust-domain", default=env("TRUST_DOMAIN", DEFAULT_TRUST_DOMAIN), help="SPIFFE trust domain")
     parser.add_argument("--mtls", action="store_true", help="mesh-wide mTLS between proxyless gRPC workloads (default off)")
     timings = LeaseTimings()
@@ -108,11 +133,16 @@ def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and args.kubeconfig is None
-    if args.config_dir is None and args.kubeconfig is None and not in_cluster:
-        raise SystemExit("istiod discovery: give --config-dir or --kubeconfig (or run in a pod)")
-    if args.config_dir is not None and args.kubeconfig is not None:
+    kubeconfig = args.kubeconfig
+    if args.config_dir is not None and kubeconfig is not None:
         raise SystemExit("istiod discovery: --config-dir and --kubeconfig are alternatives; give one")
+    if args.config_dir is None and kubeconfig is None and os.environ.get("KUBECONFIG"):
+        kubeconfig = Path(os.environ["KUBECONFIG"])  # an explicit --config-dir wins over the environment
+    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and args.config_dir is None and kubeconfig is None
+    if args.config_dir is None and kubeconfig is None and not in_cluster:
+        raise SystemExit("istiod discovery: give --config-dir or --kubeconfig (or run in a pod)")
+    if args.watch_timeout < 1:
+        raise SystemExit("istiod discovery: --watch-timeout must be 1s or more")
     for selector in args.discovery_selectors:
         try:
             Selector.parse(selector)
@@ -123,7 +153,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         leader.check()
     except ValueError as error:
         raise SystemExit(f"istiod discovery: {error}") from None
-    return Settings(
+    settings = Settings(
         config_dir=args.config_dir,
         grpc_addr=args.grpc_addr,
         http_addr=args.http_addr,
@@ -133,10 +163,12 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         push_concurrency=args.push_concurrency,
         poll_interval=args.poll_interval,
         ports_file=args.ports_file,
-        kubeconfig=args.kubeconfig,
-        in_cluster=in_cluster and args.config_dir is None,
+        kubeconfig=kubeconfig,
+        in_cluster=in_cluster,
         discovery_selectors=tuple(args.discovery_selectors),
-        watch_timeout=args.watch_timeout,
+        watch_timeout=int(args.watch_timeout),
+        keepalive_max_server_connection_age=args.keepalive_max_server_connection_age,
+        mesh_config_file=args.mesh_config,
         namespace=os.environ.get("POD_NAMESPACE", "istio-system"),
         # Outside a pod, two istiods on one host must not share an identity.
         pod_name=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
@@ -147,3 +179,26 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         monitoring_addr=args.monitoring_addr,
         debug_token_file=args.debug_auth_token_file,
     )
+    # Files and directories last: a flag that contradicts another is the first thing to say.
+    _check_dir(args.config_dir, "--config-dir")
+    _check_file(kubeconfig, "--kubeconfig" if args.kubeconfig else "KUBECONFIG")
+    for path, flag in ((args.debug_auth_token_file, "--debug-auth-token-file"),
+                       (args.ca_static_tokens, "--ca-static-tokens"), (args.mesh_config, "--mesh-config")):
+        _check_file(path, flag)
+    _check_dir(args.plugged_ca_dir, "--plugged-ca-dir")
+    if args.ports_file is not None:
+        _check_dir(args.ports_file.parent, "--ports-file: the directory")
+    if args.config_dir is not None and args.ca_state_dir.exists():  # else created at start; unused with a cluster
+        _check_dir(args.ca_state_dir, "--ca-state-dir")
+    return settings
+
+
+def _check_dir(path: Path | None, flag: str) -> None:
+    if path is not None and not path.is_dir():
+        raise SystemExit(f"istiod discovery: {flag} {path}: "
+                         f"{'is not a directory' if path.exists() else 'no such directory'}")
+
+
+def _check_file(path: Path | None, flag: str) -> None:
+    if path is not None and not path.is_file():
+        raise SystemExit(f"istiod discovery: {flag} {path}: {'is not a file' if path.exists() else 'no such file'}")

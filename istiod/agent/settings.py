@@ -10,6 +10,7 @@ from pathlib import Path
 from istiod.agent.admin import EnvoyAdmin
 from istiod.agent.bootstrap import CertFiles, NodeInfo
 from istiod.durations import parse_duration
+from istiod.envvars import env_default
 from istiod.model.mesh import DEFAULT_TRUST_DOMAIN
 from istiod.model.names import check_account, split_host_port
 
@@ -48,7 +49,7 @@ def add_agent_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--service-account", default=env("SERVICE_ACCOUNT", "default"))
     parser.add_argument("--cluster-id", default=env("ISTIO_META_CLUSTER_ID", "Kubernetes"))
     parser.add_argument("--trust-domain", default=env("TRUST_DOMAIN", DEFAULT_TRUST_DOMAIN))
-    parser.add_argument("--cert-ttl", type=parse_duration, default=parse_duration(env("SECRET_TTL", "24h")),
+    parser.add_argument("--cert-ttl", type=parse_duration, default=env_default("SECRET_TTL", "24h", parse_duration),
                         help="certificate lifetime to ask for; renewed at half of it (default 24h)")
     parser.add_argument("--cert-refresh-interval", type=parse_duration, default=parse_duration("15m"),
                         help="how often gRPC re-reads the certificate files (default 15m)")

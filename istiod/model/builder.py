@@ -30,10 +30,13 @@ class ObjectValues(Protocol):
     def values(self, kind: str) -> Iterable[Any]: ...
 
 
-class ChangedKey(Protocol):
-    kind: str
-    namespace: str
-    name: str
+class ChangedKey(Protocol):  # read-only, so frozen dataclasses such as ObjectKey satisfy it
+    @property
+    def kind(self) -> str: ...
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def name(self) -> str: ...
 
 
 def build_snapshot(
@@ -200,8 +203,8 @@ def _volume_mounts(
     claims_by_volume = {c.volume_name: c for c in claims_by_key.values() if c.volume_name}
     mounts: dict[tuple[str, str], list[Workload]] = defaultdict(list)
     for workload in workloads.values():
-        for claim in workload.claims:
-            mounts[(workload.namespace, claim)].append(workload)
+        for claim_name in workload.claims:
+            mounts[(workload.namespace, claim_name)].append(workload)
     result = []
     for volume in sorted(volumes, key=lambda v: v.name):
         claim = claims_by_key.get(volume.claim) if volume.claim else claims_by_volume.get(volume.name)

@@ -36,6 +36,7 @@ import yaml
 from asyncinotify import Inotify, Mask
 
 from istiod import metrics
+from istiod.logs import one_line
 from istiod.sources.convert import ConversionError, ObjectKey, object_key
 from istiod.sources.store import Store
 from istiod.sources.yamldocs import LimitError, load_documents
@@ -122,7 +123,7 @@ class ConfigDirSource:
                 documents = await _io(lambda: _read_documents(path), "reading")
             except (OSError, UnicodeDecodeError, yaml.YAMLError, LimitError) as error:
                 metrics.CONFIG_DIR_ERRORS.labels(type="file").inc()
-                log.error("config file %s: %s; keeping its last good objects", path, _one_line(error))
+                log.error("config file %s: %s; keeping its last good objects", path, one_line(error))
                 if state is not None:
                     state.signature = signature
                 else:
@@ -392,7 +393,3 @@ def _expand_lists(documents: list[Any]) -> Iterator[Any]:
 
 def _reason(error: OSError) -> str:
     return error.strerror or str(error)
-
-
-def _one_line(error: Exception) -> str:
-    return " ".join(str(error).split())
