@@ -48,7 +48,7 @@ class Discovery:
         self.publisher: RootCertPublisher | None = None
         self.election: LeaderElection | None = None
         self.pusher = Pusher(self.store, settings.debounce_after, settings.debounce_max, settings.mesh)
-        self.ads = DiscoveryServer(lambda: self.pusher.snapshot, settings.push_concurrency)
+        self.ads = DiscoveryServer(lambda: self.pusher.snapshot, settings.push_concurrency, settings.xds_send_timeout)
         self.pusher.subscribe(self.ads.on_push)
         self.secure = SecurePort(settings, self.ads)
         self.health = health.aio.HealthServicer()
@@ -77,7 +77,7 @@ class Discovery:
             self.election = LeaderElection(api, settings.namespace, ELECTION, settings.pod_name, settings.leader)
         # Before any port opens: a CA that cannot start stops istiod here.
         self.ports["secure-grpc"] = await self.secure.start(self._api, self.publisher.publish if self.publisher else None)
-        self._grpc = grpc.aio.server(options=[("grpc.max_concurrent_streams", 1 << 20)])
+        self._grpc = grpc.aio.server(options=[("grpc.max_concurrent_streams", 1 << 20), *settings.keepalive.server_options()])
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(self.ads, self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc)
         reflection.enable_server_reflection((ADS_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), self._grpc)
