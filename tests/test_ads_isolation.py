@@ -6,12 +6,21 @@ are real grpcio xDS clients in subprocesses.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
+import pytest
+from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+
+from istiod.xds import types
+from istiod.xds.server import MAX_RESOURCE_NAMES
+from tests.ads_client import AdsClient
 from tests.conftest import render
+from tests.hostile import NOT_READING, node
 from tests.peers import Istiod, Process, metric, wait_until
 from tests.test_proxyless_grpc import SERVICE_PORT, echo_mesh, start_client, wait_for_replies  # noqa: F401
 
@@ -62,3 +71,91 @@ def test_streams_that_never_read_cost_only_themselves(
 
 def replies_ok(client: Process) -> bool:
     return wait_until(lambda: any(line["ok"] for line in client.drain()), 5, "a reply")
+
+
+def vm_rss_mb(istiod: Istiod) -> float:
+    for line in Path(f"/proc/{istiod.proc.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.fixture
+def echo_istiod(mesh_dir: Path, start_istiod: Callable[..., Istiod]) -> Callable[..., Istiod]:
+    """istiod serving namespace echo-ns with Service echo (no pods)."""
+    (mesh_dir / "ns.yaml").write_text(render("namespace.yaml", namespace="echo-ns"))
+    (mesh_dir / "svc.yaml").write_text(render("service.yaml", name="echo", namespace="echo-ns", port=SERVICE_PORT))
+    return lambda *flags: start_istiod(mesh_dir, *flags)
+
+
+async def test_requests_wait_for_their_stream_so_flow_control_holds_the_client_back(
+    echo_istiod: Callable[..., Istiod],
+) -> None:
+    istiod = echo_istiod("--xds-send-timeout", "60s")
+    before = vm_rss_mb(istiod)
+    channel = grpc.aio.insecure_channel(istiod.xds_address, options=NOT_READING)
+    try:
+        call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel).StreamAggregatedResources()
+        await call.write(discovery_pb2.DiscoveryRequest(type_url=types.CLUSTER, node=node("flood")))
+        megabyte = discovery_pb2.DiscoveryRequest(type_url=types.CLUSTER, resource_names=[f"{i:0>1000}" for i in range(1000)])
+        sent = 0
+        while sent < 200:  # 200 MB if nothing holds the client back
+            write = asyncio.ensure_future(call.write(megabyte))
+            done, _ = await asyncio.wait({write}, timeout=3)
+            if not done:
+                break
+            sent += 1
+        grown = vm_rss_mb(istiod) - before
+        print(f"1 MB requests on a stream that does not read: {sent} taken before the client was held back; "
+              f"istiod grew {grown:.0f} MB")
+        assert sent < 50
+        call.cancel()
+    finally:
+        await channel.close()
+
+
+async def test_names_are_deduplicated_and_capped(
+    echo_istiod: Callable[..., Istiod], ads_client: Callable[..., AdsClient],
+) -> None:
+    istiod = echo_istiod()
+    cluster = f"outbound|{SERVICE_PORT}||echo.echo-ns.svc.cluster.local"
+    client = ads_client(istiod, "dup", "echo-ns")
+    client.send(types.CLUSTER, [cluster] * 50_000)
+    response = await client.receive()
+    print(f"a request naming one cluster 50000 times: {len(response.resources)} resource, "
+          f"{response.ByteSize()} bytes")
+    assert len(response.resources) == 1
+    status, body = istiod.get("/debug/connections")
+    (watching,) = [c for c in body["clients"] if "dup." in c["proxy"]]
+    assert watching["watches"][types.CLUSTER] == [cluster]
+
+    client = ads_client(istiod, "many", "echo-ns")
+    client.send(types.CLUSTER, [f"c{i}" for i in range(MAX_RESOURCE_NAMES + 1)])
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await client.receive()
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    print(f"{MAX_RESOURCE_NAMES + 1} names: {refused.value.details()}")
+
+
+async def test_malformed_requests_are_refused_without_a_traceback(
+    echo_istiod: Callable[..., Istiod],
+) -> None:
+    istiod = echo_istiod()
+    method = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
+    good_first = discovery_pb2.DiscoveryRequest(type_url=types.CLUSTER, node=node("garbage")).SerializeToString()
+    async with grpc.aio.insecure_channel(istiod.xds_address) as channel:
+        for attempt in range(30):
+            call = channel.stream_stream(method)()  # raw bytes both ways
+            if attempt % 2:
+                await call.write(good_first)  # malformed after a good first request, too
+            await call.write(b"\xff\xff\xff\xff not a protobuf")
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                async for _ in call:  # the status comes after the response to the good request
+                    pass
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value.details()
+        details = refused.value.details()
+    await asyncio.sleep(1.5)
+    lines = istiod.text().count("ads malformed request")
+    print(f"30 malformed requests: INVALID_ARGUMENT ({details}); {lines} log lines")
+    assert "Traceback" not in istiod.text()
+    assert 1 <= lines <= 3
