@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import resource
 import signal
 import socket
 
@@ -19,6 +20,7 @@ from istiod import logs
 from istiod.debug.access import AccessPolicy
 from istiod.ca.publisher import ELECTION, RootCertPublisher
 from istiod.debug.app import DebugView, create_app
+from istiod.debug.serving import http_server
 from istiod.kubeapi import api_client
 from istiod.leader import LeaderElection
 from istiod.model.names import join_host_port
@@ -94,10 +96,7 @@ class Discovery:
             sock = _bind(address)
             self.ports[name] = sock.getsockname()[1]
             app = create_app(view, access, monitoring=name == "monitoring")
-            # log_config=None: uvicorn logs through our structured handler; no proxy headers, so the
-            # client address the debug access check sees is the socket's peer.
-            server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False,
-                                                   log_config=None, proxy_headers=False))
+            server = http_server(app, sock, settings.http_read_timeout, settings.max_connections)
             self._http.append(server)
             self._tasks.append(asyncio.create_task(server.serve(sockets=[sock]), name=name))
         self._tasks += [
@@ -140,6 +139,7 @@ class Discovery:
 
 
 async def run_discovery(settings: Settings) -> None:
+    _raise_open_file_limit()
     discovery = Discovery(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -159,6 +159,17 @@ async def run_discovery(settings: Settings) -> None:
     finally:
         log.info("shutting down")
         await discovery.stop()
+
+
+def _raise_open_file_limit() -> None:
+    """As Go programs (istiod) do at start: the soft limit on open files up to the hard one, so a low
+    default soft limit (often 1024) is not what caps the connections istiod can hold."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as error:
+            log.warning(logs.event("cannot raise the open files limit", soft=soft, hard=hard, error=str(error)))
 
 
 def _bind(address: Address) -> socket.socket:
