@@ -25,8 +25,12 @@ class Keepalive:
         return [
             ("grpc.keepalive_time_ms", _ms(self.time)),
             ("grpc.keepalive_timeout_ms", _ms(self.timeout)),
+            # grpcio 1.85 times a keepalive ping out only after this (default 1 min), whatever the above.
+            ("grpc.http2.ping_timeout_ms", _ms(self.timeout)),
             # grpc-go servers ping connections without streams too, so a dead idle peer goes as well.
             ("grpc.keepalive_permit_without_calls", 1),
+            # gRPC core stops pinging after two pings without data in between; grpc-go never does.
+            ("grpc.http2.max_pings_without_data", 0),
             # istiod's EnforcementPolicy{MinTime: Time / 2}: a client pinging more often gets a GOAWAY.
             ("grpc.http2.min_recv_ping_interval_without_data_ms", _ms(self.time / 2)),
             ("grpc.http2.max_ping_strikes", 2),

@@ -7,6 +7,9 @@ are real grpcio xDS clients in subprocesses.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -22,6 +25,7 @@ from tests.ads_client import AdsClient
 from tests.conftest import render
 from tests.hostile import NOT_READING, node
 from tests.peers import Istiod, Process, metric, wait_until
+from tests.test_mtls import Workload, mesh, run_agent  # noqa: F401
 from tests.test_proxyless_grpc import SERVICE_PORT, echo_mesh, start_client, wait_for_replies  # noqa: F401
 
 ECHO = f"xds:///echo.echo-ns.svc.cluster.local:{SERVICE_PORT}"
@@ -159,3 +163,79 @@ async def test_malformed_requests_are_refused_without_a_traceback(
     print(f"30 malformed requests: INVALID_ARGUMENT ({details}); {lines} log lines")
     assert "Traceback" not in istiod.text()
     assert 1 <= lines <= 3
+
+
+def test_vanished_proxies_go_as_fast_from_the_secure_port_as_from_the_plaintext_one(
+    mesh: dict[str, Workload], mesh_dir: Path, tmp_path: Path, start_istiod: Callable[..., Istiod],
+    start_demo: Callable[..., Process], start_agent: Callable[..., Process],
+) -> None:
+    istiod = start_istiod(mesh_dir, "--ca-static-tokens", str(tmp_path / "tokens.json"),
+                          "--keepaliveInterval", "1s", "--keepaliveTimeout", "1s")
+    workload = mesh["client"]
+    run_agent(start_agent, istiod, workload)
+    target = f"xds:///xecho.echo-ns.svc.cluster.local:{SERVICE_PORT}"
+    clients = {  # real grpcio xDS clients, one per port; frozen below, as a vanished host is
+        "15012": start_demo("client", target, "--xds", istiod.secure_address, "--namespace", "echo-ns", "--count", "0",
+                            env={"GRPC_XDS_BOOTSTRAP": str(workload.bootstrap)}, name="secure-client"),
+        "15010": start_demo("client", target, "--xds", istiod.xds_address, "--namespace", "echo-ns", "--count", "0",
+                            name="plain-client"),
+    }
+    pods = {"15012": f"{workload.pod}.echo-ns", "15010": "demo-client.echo-ns"}
+
+    def connected(port: str) -> bool:
+        return any(c.split("~")[2] == pods[port] for c in connections(istiod))
+
+    wait_until(lambda: all(connected(port) for port in clients), 20, "both clients' ADS connections")
+    for client in clients.values():
+        os.killpg(client.proc.pid, signal.SIGSTOP)
+    try:
+        frozen = time.monotonic()
+        gone = {}
+        while len(gone) < len(clients):
+            for port in clients.keys() - gone.keys():
+                if not connected(port):
+                    gone[port] = time.monotonic() - frozen
+            assert time.monotonic() - frozen < 30, f"still connected after 30s: {clients.keys() - gone.keys()}"
+            time.sleep(0.1)
+        print("frozen proxies dropped (keepalive 1s/1s): " + ", ".join(f"{p} after {s:.1f}s" for p, s in sorted(gone.items())))
+    finally:
+        for client in clients.values():
+            os.killpg(client.proc.pid, signal.SIGCONT)
+
+
+def open_fds(istiod: Istiod) -> int:
+    return len(os.listdir(f"/proc/{istiod.proc.pid}/fd"))
+
+
+def test_idle_sockets_cannot_use_up_fds_and_real_clients_are_served(
+    mesh: dict[str, Workload], mesh_dir: Path, tmp_path: Path, start_istiod: Callable[..., Istiod],
+    start_agent: Callable[..., Process],
+) -> None:
+    cap, idle = 100, 300
+    istiod = start_istiod(mesh_dir, "--ca-static-tokens", str(tmp_path / "tokens.json"),
+                          "--max-connections", str(cap), "--http-read-timeout", "3s")
+    before = open_fds(istiod)
+    sockets: list[socket.socket] = []
+    try:
+        for port in ("http", "monitoring", "secure-grpc"):
+            for i in range(idle):
+                sock = socket.create_connection(("127.0.0.1", istiod.ports[port]), timeout=5)
+                if i % 3 == 0:  # a slowloris: part of a request, never the rest
+                    sock.sendall(b"GET /ready HTTP/1.1\r\nHost: x\r\n" if port != "secure-grpc" else b"\x16\x03\x01")
+                sockets.append(sock)
+        time.sleep(0.5)
+        during = open_fds(istiod)
+        # Real clients are served meanwhile: probes, a scrape, and a workload's certificate over 15012.
+        assert istiod.get("/ready")[0] == 200
+        assert istiod.get("/metrics", port="monitoring")[0] == 200
+        run_agent(start_agent, istiod, mesh["client"])
+        served = open_fds(istiod)
+        # Without traffic the idle ones go within the read and handshake timeouts.
+        wait_until(lambda: open_fds(istiod) <= before + 10, 20, "istiod to close the idle sockets")
+        after = open_fds(istiod)
+    finally:
+        for sock in sockets:
+            sock.close()
+    print(f"istiod's fds: {before} before, {during} with {idle} idle sockets on each of 8080, 15014, 15012 "
+          f"(cap {cap} a port), {served} while real clients were served, {after} after the timeouts")
+    assert during <= before + 3 * cap + 10
