@@ -44,7 +44,7 @@ class TlsFront:
         self.user_timeout = user_timeout
         self._cap = ConnectionCap(max_connections)
         self._peers: dict[str, x509.Certificate | None] = {}
-        self._transports: set[asyncio.BaseTransport] = set()
+        self._transports: set[asyncio.Transport] = set()
         self._tasks: set[asyncio.Task[None]] = set()  # the loop keeps only weak references to tasks
         self._server: asyncio.Server | None = None
 

@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
@@ -61,7 +62,7 @@ class _Push:
     """The event that means "a newer snapshot is waiting"."""
 
 
-Event = discovery_pb2.DiscoveryRequest | Closed | _Push
+Event: TypeAlias = discovery_pb2.DiscoveryRequest | Closed | _Push
 
 
 class Connection:
