@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import signal
 import socket
 import sys
@@ -239,3 +240,17 @@ def test_idle_sockets_cannot_use_up_fds_and_real_clients_are_served(
     print(f"istiod's fds: {before} before, {during} with {idle} idle sockets on each of 8080, 15014, 15012 "
           f"(cap {cap} a port), {served} while real clients were served, {after} after the timeouts")
     assert during <= before + 3 * cap + 10
+
+
+def test_soft_open_files_limit_is_raised_to_the_hard_one(
+    mesh_dir: Path, start_istiod: Callable[..., Istiod],
+) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))  # inherited by istiod
+    try:
+        istiod = start_istiod(mesh_dir)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    line = next(l for l in Path(f"/proc/{istiod.proc.pid}/limits").read_text().splitlines() if l.startswith("Max open files"))
+    print(f"started with a soft limit of 256: {line}")
+    assert line.split()[3:5] == [str(hard), str(hard)]
