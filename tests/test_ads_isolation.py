@@ -148,6 +148,7 @@ async def test_malformed_requests_are_refused_without_a_traceback(
     istiod = echo_istiod()
     method = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
     good_first = discovery_pb2.DiscoveryRequest(type_url=types.CLUSTER, node=node("garbage")).SerializeToString()
+    started = time.monotonic()
     async with grpc.aio.insecure_channel(istiod.xds_address) as channel:
         for attempt in range(30):
             call = channel.stream_stream(method)()  # raw bytes both ways
@@ -159,11 +160,12 @@ async def test_malformed_requests_are_refused_without_a_traceback(
                     pass
             assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value.details()
         details = refused.value.details()
+    seconds = time.monotonic() - started
     await asyncio.sleep(1.5)
     lines = istiod.text().count("ads malformed request")
-    print(f"30 malformed requests: INVALID_ARGUMENT ({details}); {lines} log lines")
+    print(f"30 malformed requests in {seconds:.1f}s: INVALID_ARGUMENT ({details}); {lines} log lines")
     assert "Traceback" not in istiod.text()
-    assert 1 <= lines <= 3
+    assert 1 <= lines <= seconds + 2  # at most one a second
 
 
 def test_vanished_proxies_go_as_fast_from_the_secure_port_as_from_the_plaintext_one(
