@@ -39,6 +39,7 @@ PROXY_QUEUE_TIME = Histogram(
     "pilot_proxy_queue_time", "Time in seconds, a proxy is in the push queue before being dequeued.",
     buckets=_CONVERGENCE_BUCKETS,
 )
+XDS_WRITE_TIMEOUTS = Counter("pilot_xds_write_timeout", "Pilot XDS response write timeouts.")
 TOTAL_XDS_REJECTS = Counter(
     "pilot_total_xds_rejects", "Total number of XDS responses from pilot rejected by proxy.", ["type"]
 )

@@ -8,6 +8,7 @@ import errno
 import functools
 import json
 import logging
+import resource
 import signal
 from collections import Counter
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ from istiod import logs
 from istiod.debug.access import AccessPolicy
 from istiod.ca.publisher import ELECTION, RootCertPublisher
 from istiod.debug.app import DebugView, create_app
+from istiod.debug.serving import http_server
 from istiod.kubeapi import api_client
 from istiod.leader import LeaderElection
 from istiod.listen import listen_tcp
@@ -57,7 +59,7 @@ class Discovery:
         self.publisher: RootCertPublisher | None = None
         self.election: LeaderElection | None = None
         self.pusher = Pusher(self.store, settings.debounce_after, settings.debounce_max, settings.mesh)
-        self.ads = DiscoveryServer(lambda: self.pusher.snapshot, settings.push_concurrency)
+        self.ads = DiscoveryServer(lambda: self.pusher.snapshot, settings.push_concurrency, settings.xds_send_timeout)
         self.pusher.subscribe(self.ads.on_push)
         self.supervisor = Supervisor()
         self.secure = SecurePort(settings, self.ads, self.supervisor)
@@ -93,11 +95,9 @@ class Discovery:
         with _listening("--secure-grpc-addr", settings.secure_grpc_addr):
             self.ports["secure-grpc"] = await self.secure.start(self._api,
                                                                 self.publisher.publish if self.publisher else None)
-        age_ms = int(settings.keepalive_max_server_connection_age * 1000)
         # so_reuseport off: a second istiod on the same port must fail, not silently share it.
         self._grpc = grpc.aio.server(options=[("grpc.max_concurrent_streams", 1 << 20), ("grpc.so_reuseport", 0),
-                                              ("grpc.max_connection_age_ms", age_ms),
-                                              ("grpc.max_connection_age_grace_ms", 10_000)])
+                                              *settings.keepalive.server_options()])
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(self.ads, self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc)
         reflection.enable_server_reflection((ADS_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), self._grpc)
@@ -119,10 +119,7 @@ class Discovery:
                 sock = listen_tcp(address.bind_host, address.port)
             self.ports[name] = sock.getsockname()[1]
             app = create_app(view, access, monitoring=name == "monitoring")
-            # log_config=None: uvicorn logs through our structured handler; no proxy headers, so the
-            # client address the debug access check sees is the socket's peer.
-            server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False,
-                                                   log_config=None, proxy_headers=False))
+            server = http_server(app, sock, settings.http_read_timeout, settings.max_connections)
             self._http.append(server)
             # A server that ends is not restarted: its socket is gone with it.
             self._tasks.append(self.supervisor.start(name, functools.partial(server.serve, sockets=[sock]), restart=False))
@@ -188,6 +185,7 @@ class Discovery:
 
 async def run_discovery(settings: Settings) -> int:
     """Serves until SIGINT or SIGTERM (0), or until a background task fails that cannot be restarted (1)."""
+    _raise_open_file_limit()
     discovery = Discovery(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -246,3 +244,14 @@ def _urls(settings: Settings, ports: dict[str, int]) -> dict[str, str]:
         "debug": f"http://{at(settings.http_addr, ports['http'])}/debug",
         "metrics": f"http://{at(settings.monitoring_addr, ports['monitoring'])}/metrics",
     }
+
+
+def _raise_open_file_limit() -> None:
+    """As Go programs (istiod) do at start: the soft limit on open files up to the hard one, so a low
+    default soft limit (often 1024) is not what caps the connections istiod can hold."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as error:
+            log.warning(logs.event("cannot raise the open files limit", soft=soft, hard=hard, error=str(error)))

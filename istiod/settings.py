@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import socket
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from pathlib import Path
 from istiod.ca.settings import CaSettings, add_ca_flags, ca_settings_from_args
 from istiod.durations import parse_duration as _seconds
 from istiod.envvars import env_default
+from istiod.keepalive import Keepalive
 from istiod.leader import LeaseTimings
 from istiod.model.mesh import DEFAULT_TRUST_DOMAIN, MeshConfig
 from istiod.model.names import DEFAULT_DOMAIN, join_host_port, split_host_port
@@ -53,7 +55,6 @@ class Settings:
     in_cluster: bool = False
     discovery_selectors: tuple[str, ...] = ()
     watch_timeout: int = 300
-    keepalive_max_server_connection_age: float = 1800.0  # istiod's 30m: clients reconnect, spreading over replicas
     mesh_config_file: Path | None = None
     namespace: str = "istio-system"  # istiod's own (POD_NAMESPACE): its Secret, Lease and serving DNS names
     pod_name: str = ""  # who holds a leader Lease
@@ -63,6 +64,10 @@ class Settings:
     ca: CaSettings = CaSettings()
     monitoring_addr: Address = Address("", 15014)
     debug_token_file: Path | None = None  # a bearer token that lets non-loopback callers read /debug
+    keepalive: Keepalive = Keepalive()  # both xDS ports
+    xds_send_timeout: float = 5.0  # a stream whose client takes no response for this long is closed; 0: never
+    max_connections: int = 4096  # per port served in Python: 8080, 15014 and 15012's TLS front
+    http_read_timeout: float = 30.0  # a connection to 8080 or 15014 must send its request within this
 
 
 def _positive_int(text: str) -> int:
@@ -117,9 +122,6 @@ def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--secure-grpc-addr", type=Address.parse,
                         default=env_default("SECURE_GRPC_ADDR", ":15012", Address.parse),
                         help="xDS and the CA over TLS (default :15012, every interface)")
-    parser.add_argument("--keepalive-max-server-connection-age", "--keepaliveMaxServerConnectionAge", type=_seconds,
-                        default=1800.0, help="an xDS connection is closed after this long, so clients spread"
-                                             " over replicas (default 30m)")
     parser.add_argument("--trust-domain", default=env("TRUST_DOMAIN", DEFAULT_TRUST_DOMAIN), help="SPIFFE trust domain")
     parser.add_argument("--mtls", action="store_true", help="mesh-wide mTLS between proxyless gRPC workloads (default off)")
     timings = LeaseTimings()
@@ -129,6 +131,23 @@ def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
                         help="a leader that could not renew for this long stops leading (default 15s)")
     parser.add_argument("--leader-retry-period", type=_seconds, default=timings.retry_period,
                         help="how often a leader renews and the others try to take over (default 7.5s)")
+    keepalive = Keepalive()
+    parser.add_argument("--keepalive-interval", "--keepaliveInterval", dest="keepalive_interval", type=_seconds,
+                        default=keepalive.time, help="xDS ports: ping a connection quiet for this long (default 30s)")
+    parser.add_argument("--keepalive-timeout", "--keepaliveTimeout", dest="keepalive_timeout", type=_seconds,
+                        default=keepalive.timeout,
+                        help="xDS ports: close a connection whose ping is not answered within this (default 10s)")
+    parser.add_argument("--keepalive-max-server-connection-age", "--keepaliveMaxServerConnectionAge",
+                        dest="keepalive_max_server_connection_age", type=_seconds, default=1800.0,
+                        help="xDS ports: close connections gracefully at this age, so clients spread over"
+                             " replicas; 0 never (default 30m, as Istio's chart sets)")
+    parser.add_argument("--xds-send-timeout", type=_seconds, default=env_default("PILOT_XDS_SEND_TIMEOUT", "5s", _seconds),
+                        help="close an xDS stream whose client takes no response for this long; 0 never (default 5s)")
+    parser.add_argument("--max-connections", type=int, default=4096,
+                        help="connections per port on 8080, 15014 and 15012; beyond it the longest idle one "
+                             "that has not sent a request is closed (default 4096)")
+    parser.add_argument("--http-read-timeout", type=_seconds, default=30.0,
+                        help="8080 and 15014: a connection's request must arrive within this (default 30s)")
     add_ca_flags(parser)
 
 
@@ -148,6 +167,12 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
             Selector.parse(selector)
         except ValueError as error:
             raise SystemExit(f"istiod discovery: {error}") from None
+    for flag, value in (("--keepalive-interval", args.keepalive_interval), ("--keepalive-timeout", args.keepalive_timeout),
+                        ("--max-connections", args.max_connections), ("--http-read-timeout", args.http_read_timeout)):
+        if not value > 0:
+            raise SystemExit(f"istiod discovery: {flag} must be positive")
+    age = args.keepalive_max_server_connection_age
+    keepalive = Keepalive(args.keepalive_interval, args.keepalive_timeout, age if age else math.inf)
     leader = LeaseTimings(args.leader_lease_duration, args.leader_renew_deadline, args.leader_retry_period)
     try:
         leader.check()
@@ -167,7 +192,6 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         in_cluster=in_cluster,
         discovery_selectors=tuple(args.discovery_selectors),
         watch_timeout=int(args.watch_timeout),
-        keepalive_max_server_connection_age=args.keepalive_max_server_connection_age,
         mesh_config_file=args.mesh_config,
         namespace=os.environ.get("POD_NAMESPACE", "istio-system"),
         # Outside a pod, two istiods on one host must not share an identity.
@@ -178,6 +202,10 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         ca=ca_settings_from_args(args),
         monitoring_addr=args.monitoring_addr,
         debug_token_file=args.debug_auth_token_file,
+        keepalive=keepalive,
+        xds_send_timeout=args.xds_send_timeout,
+        max_connections=args.max_connections,
+        http_read_timeout=args.http_read_timeout,
     )
     # Files and directories last: a flag that contradicts another is the first thing to say.
     _check_dir(args.config_dir, "--config-dir")

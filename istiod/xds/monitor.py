@@ -105,6 +105,9 @@ class AdsMonitor:
         metrics.XDS_PUSH_TIME.labels(type=short).observe(seconds)
         metrics.CONFIG_SIZE_BYTES.labels(type=short).observe(sum(len(r.value) for r in response.resources))
 
+    def write_timeout(self) -> None:
+        metrics.XDS_WRITE_TIMEOUTS.inc()
+
     def pushed(self, connection: Connection, version: str, responses: int) -> None:
         """The connection handled a push of `version`, sending `responses` responses."""
         status = self.last_push
