@@ -66,4 +66,67 @@ def test_envoy_acks_istios_sidecar_layout(mesh_dir: Path, start_istiod: Callable
             WEB, f"{WEB}:80", "web.shop.svc", "web.shop.svc:80", "web.shop", "web.shop:80", "web", "web:80",
             "10.96.0.10", "10.96.0.10:80"}
         assert hosts["allow_any"]["routes"][0]["route"]["cluster"] == "PassthroughCluster"
-        print("Envoy printed:\n" + envoy.log()[-3000:])
+        print("Envoy printed:\n" + _notable(envoy))
+
+
+def _notable(envoy: Envoy) -> str:
+    """What Envoy said about the config it was sent (not its start-up inventory)."""
+    words = ("cds:", "lds:", "warning", "error", "rejected", "initialized")
+    return "".join(line for line in envoy.log().splitlines(True) if any(w in line for w in words))
+
+
+CART = """
+apiVersion: v1
+kind: Service
+metadata: {name: cart, namespace: shop}
+spec:
+  clusterIP: 10.96.0.13
+  selector: {app: cart}
+  ports: [{name: http, port: 9090}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: cart-1, namespace: shop, labels: {app: cart}}
+spec:
+  containers: [{name: cart, ports: [{containerPort: 9090}]}]
+status: {phase: Running, podIP: 127.0.0.34, conditions: [{type: Ready, status: "True"}]}
+"""
+
+
+def test_service_changes_reach_envoy(mesh_dir: Path, start_istiod: Callable[..., Istiod]) -> None:
+    _mesh(mesh_dir)
+    istiod = start_istiod(mesh_dir)
+    with sidecar_envoy(istiod.xds_address, "web-1", "shop", "127.0.0.31", service_account="web") as envoy:
+        _acked(istiod, envoy)
+        (mesh_dir / "cart.yaml").write_text(CART)
+        mesh = (mesh_dir / "mesh.yaml").read_text()
+        # rpc turns from gRPC into HTTP/1.1: its cluster changes under the same name.
+        (mesh_dir / "mesh.yaml").write_text(mesh.replace("appProtocol: grpc", "appProtocol: http"))
+
+        def changed() -> dict[str, Any] | None:
+            dump = envoy.config_dump()
+            listeners, clusters = _dynamic(dump, "listeners"), _dynamic(dump, "clusters")
+            endpoints, routes = _dynamic(dump, "endpoints"), _dynamic(dump, "routes")
+            rpc = clusters.get("outbound|7070||rpc.shop.svc.cluster.local", {})
+            done = ("0.0.0.0_9090" in listeners and "9090" in routes and "typed_extension_protocol_options" not in rpc
+                    and "outbound|9090||cart.shop.svc.cluster.local" in endpoints
+                    and not dump["ClustersConfigDump"].get("dynamic_warming_clusters"))
+            return dump if done else None
+
+        dump = wait_until(changed, 15, "the new service and the changed cluster in Envoy")
+        cart = _dynamic(dump, "endpoints")["outbound|9090||cart.shop.svc.cluster.local"]["endpoints"][0]["lb_endpoints"]
+        assert cart[0]["endpoint"]["address"]["socket_address"]["address"] == "127.0.0.34"
+        assert "metadata" not in cart[0]  # no sidecar: plaintext
+        _acked(istiod, envoy)
+
+        documents = mesh.split("---\n")
+        (mesh_dir / "mesh.yaml").write_text("---\n".join(d for d in documents if "kind: Service\nmetadata: {name: db" not in d))
+
+        def db_gone() -> bool:
+            dump = envoy.config_dump()
+            return ("10.96.0.11_5432" not in _dynamic(dump, "listeners")
+                    and "outbound|5432||db.shop.svc.cluster.local" not in _dynamic(dump, "clusters"))
+
+        wait_until(db_gone, 15, "the deleted service's listener and cluster to leave Envoy")
+        _acked(istiod, envoy)
+        print("Envoy printed:\n" + _notable(envoy))
