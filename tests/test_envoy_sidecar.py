@@ -11,6 +11,7 @@ from typing import Any
 from tests.conftest import DATA, synced
 from tests.envoy_peer import Envoy, node_id, sidecar_envoy
 from tests.peers import Istiod, wait_until
+from tests.test_cli import istiod_cli, table
 
 WEB = "web.shop.svc.cluster.local"
 PROXY = node_id("web-1", "shop", "127.0.0.31")
@@ -66,7 +67,27 @@ def test_envoy_acks_istios_sidecar_layout(mesh_dir: Path, start_istiod: Callable
             WEB, f"{WEB}:80", "web.shop.svc", "web.shop.svc:80", "web.shop", "web.shop:80", "web", "web:80",
             "10.96.0.10", "10.96.0.10:80"}
         assert hosts["allow_any"]["routes"][0]["route"]["cluster"] == "PassthroughCluster"
+        assert listeners["virtualOutbound"]["default_filter_chain"]["filters"][0]["typed_config"]["cluster"] == \
+            "PassthroughCluster"
         print("Envoy printed:\n" + _notable(envoy))
+
+        # The CLI reads what istiod sent, as for proxyless clients.
+        assert table(istiod_cli(istiod, "proxy-status").stdout)["web-1.shop"][2:6] == ["SYNCED"] * 4
+        rows = _rows(istiod_cli(istiod, "proxy-config", "listeners", "web-1.shop").stdout)
+        assert ["virtualOutbound", "OUTBOUND", "ALL (default)", "Cluster: PassthroughCluster"] in rows
+        assert ["0.0.0.0_80", "OUTBOUND", "ALL", "Route: 80"] in rows
+        assert ["10.96.0.11_5432", "OUTBOUND", "ALL", "Cluster: outbound|5432||db.shop.svc.cluster.local"] in rows
+        assert ["virtualInbound", "INBOUND", "Port: 8080; Trans: raw_buffer", "Inline Route: inbound|8080||"] in rows
+        clusters_table = table(istiod_cli(istiod, "proxy-config", "clusters", "web-1.shop").stdout)
+        assert clusters_table[WEB] == [WEB, "80", "-", "OUTBOUND", "EDS", "LEAST_REQUEST"]
+        routes_rows = _rows(istiod_cli(istiod, "proxy-config", "routes", "web-1.shop").stdout)
+        assert ["80", f"{WEB}:80", f"{WEB} +9 more", "/*", f"outbound|80||{WEB}"] in routes_rows
+        assert ["80", "allow_any", "*", "/*", "PassthroughCluster"] in routes_rows
+
+
+def _rows(output: str) -> list[list[str]]:
+    """Every row of a CLI table, split on its runs of three or more spaces."""
+    return [[cell.strip() for cell in line.split("   ") if cell.strip()] for line in output.splitlines()]
 
 
 def _notable(envoy: Envoy) -> str:
