@@ -3,14 +3,32 @@ type, and its own /config_dump holds Istio's listeners, clusters, endpoints and 
 
 from __future__ import annotations
 
+import asyncio
+import json
 import shutil
+import subprocess
+import sys
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+from envoy.config.core.v3 import address_pb2
+from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
+from google.protobuf import wrappers_pb2
+
+from istiod.ca.settings import CaSettings
+from istiod.model.proxy import Proxy
+from istiod.model.snapshot import Snapshot
+from istiod.server import Discovery
+from istiod.settings import Address, Settings
+from istiod.xds import gen, types
+from istiod.xds.cache import Resource, ResourceCache
+from istiod.xds.gen.filters import tcp_proxy
 from tests.conftest import DATA, synced
 from tests.envoy_peer import Envoy, node_id, sidecar_envoy
-from tests.peers import Istiod, wait_until
+from tests.peers import ROOT, Istiod, eventually, wait_until
 from tests.test_cli import istiod_cli, table
 
 WEB = "web.shop.svc.cluster.local"
@@ -151,3 +169,112 @@ def test_service_changes_reach_envoy(mesh_dir: Path, start_istiod: Callable[...,
         wait_until(db_gone, 15, "the deleted service's listener and cluster to leave Envoy")
         _acked(istiod, envoy)
         print("Envoy printed:\n" + _notable(envoy))
+
+
+def test_registry_only_blackholes_unknown_destinations(mesh_dir: Path, start_istiod: Callable[..., Istiod]) -> None:
+    _mesh(mesh_dir)
+    istiod = start_istiod(mesh_dir, "--outbound-traffic-policy", "REGISTRY_ONLY")
+    with sidecar_envoy(istiod.xds_address, "web-1", "shop", "127.0.0.31", service_account="web") as envoy:
+        _acked(istiod, envoy)
+        dump = envoy.config_dump()
+        outbound = _dynamic(dump, "listeners")["virtualOutbound"]
+        assert outbound["default_filter_chain"]["filters"][0]["typed_config"]["cluster"] == "BlackHoleCluster"
+        hosts = {h["name"]: h for h in _dynamic(dump, "routes")["80"]["virtual_hosts"]}
+        assert "allow_any" not in hosts
+        assert hosts["block_all"]["routes"][0]["direct_response"]["status"] == 502
+
+
+def _duplicate_chains_listener() -> listener_pb2.Listener:
+    """Valid protobuf that Envoy refuses: two filter chains with the same match."""
+    chain = listener_components_pb2.FilterChain(filters=[tcp_proxy("BlackHoleCluster", "BlackHoleCluster")])
+    return listener_pb2.Listener(
+        name="duplicate-chains", bind_to_port=wrappers_pb2.BoolValue(value=False), filter_chains=[chain, chain],
+        address=address_pb2.Address(socket_address=address_pb2.SocketAddress(address="0.0.0.0", port_value=9999)),
+    )
+
+
+async def test_a_rejected_listener_shows_nacked_and_the_last_good_config_serves(
+    mesh_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """istiod in this process, so one generator can be made to add a listener Envoy rejects while
+    the `cart` service exists: what every rejection by a real Envoy must look like."""
+    _mesh(mesh_dir)
+    sidecar_listeners = gen.SIDECAR[types.LISTENER]
+
+    def with_rejected(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
+        resources = sidecar_listeners(snapshot, proxy, names, cache)
+        if "cart.shop.svc.cluster.local" in snapshot.services:
+            bad = _duplicate_chains_listener()
+            resources.append(Resource(bad.name, types.LISTENER, bad.SerializeToString()))
+        return resources
+
+    monkeypatch.setitem(gen.SIDECAR, types.LISTENER, with_rejected)
+    loopback = Address("127.0.0.1", 0)
+    discovery = Discovery(Settings(
+        config_dir=mesh_dir, grpc_addr=loopback, http_addr=loopback, monitoring_addr=loopback,
+        secure_grpc_addr=loopback, poll_interval=0.1, debounce_after=0.05,
+        ca=CaSettings(state_dir=tmp_path / "state", extra_sans=("127.0.0.1",)),
+    ))
+    await discovery.start()
+    ready = asyncio.create_task(discovery.wait_synced())
+    debug = f"http://127.0.0.1:{discovery.ports['http']}"
+
+    async def syncz() -> dict[str, Any]:
+        def get() -> list[dict[str, Any]]:
+            with urllib.request.urlopen(f"{debug}/debug/syncz", timeout=5) as reply:
+                return json.loads(reply.read())
+        return next((s for s in await asyncio.to_thread(get) if s["proxy"] == PROXY), {})
+
+    async def cli(*args: str) -> str:
+        result = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "istiod", *args, "--istiod", debug],
+                                         cwd=ROOT, capture_output=True, text=True, timeout=30)
+        print(f"$ istiod {' '.join(args)}\n{result.stdout}{result.stderr}")
+        return result.stdout
+
+    def states(status: dict[str, Any]) -> list[bool]:
+        return [bool(status.get(f"{t}_sent")) and status[f"{t}_sent"] == status.get(f"{t}_acked") for t in TYPES]
+
+    try:
+        await eventually(lambda: discovery.ads.ready, 10, "istiod ready")
+        with sidecar_envoy(f"127.0.0.1:{discovery.ports['grpc']}", "web-1", "shop", "127.0.0.31",
+                           service_account="web") as envoy:
+            await eventually(lambda: _all_acked(syncz, states), 20, "Envoy to ACK every type")
+            (mesh_dir / "cart.yaml").write_text(CART)
+            status = await eventually(lambda: _nacked(syncz), 15, "Envoy's NACK of the listeners")
+            error = status["listener_nacked_error"]
+            print(f"Envoy's NACK: {error}")
+            assert "duplicate-chains" in error and "has the same matching rules" in error
+            assert states(status) == [True, False, True, True]  # CDS, LDS, EDS, RDS
+
+            # Envoy kept its last good listeners and took the good ones of the rejected response.
+            listeners = _dynamic(envoy.config_dump(), "listeners")
+            assert {"virtualOutbound", "virtualInbound", "0.0.0.0_80", "0.0.0.0_9090"} <= set(listeners)
+            assert "duplicate-chains" not in listeners
+
+            # No push loop: the rejected response is not sent again while nothing changes.
+            connection = next(c for c in discovery.ads.connections.values() if c.proxy.id == PROXY)
+            nonce = connection.watched[types.LISTENER].nonce_sent
+            await asyncio.sleep(1.5)
+            assert connection.watched[types.LISTENER].nonce_sent == nonce
+
+            table_row = _rows(await cli("proxy-status"))
+            assert ["web-1.shop", "Kubernetes", "SYNCED", "NACKED", "SYNCED", "SYNCED"] == next(
+                r for r in table_row if r[0] == "web-1.shop")[:6]
+            diff = await cli("proxy-status", "web-1.shop")
+            assert "Listeners Do Not Match (NACKED version " in diff and "has the same matching rules" in diff
+
+            (mesh_dir / "cart.yaml").unlink()  # the bad listener goes: Envoy ACKs again
+            await eventually(lambda: _all_acked(syncz, states), 15, "Envoy to ACK the listeners again")
+            print("Envoy printed:\n" + _notable(envoy))
+    finally:
+        ready.cancel()
+        await discovery.stop()
+
+
+async def _all_acked(syncz: Callable[[], Any], states: Callable[[dict[str, Any]], list[bool]]) -> bool:
+    return all(states(await syncz()))
+
+
+async def _nacked(syncz: Callable[[], Any]) -> dict[str, Any] | None:
+    status = await syncz()
+    return status if status.get("listener_nacked_error") else None
