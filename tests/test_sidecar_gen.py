@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import yaml
 from envoy.config.cluster.v3 import cluster_pb2
@@ -40,7 +41,7 @@ def _snapshot(mesh: MeshConfig = MeshConfig()) -> Snapshot:
 
 
 def _generate(type_url: str, snapshot: Snapshot, node: str = SIDECAR_NODE, names: list[str] | None = None,
-              message: type = cluster_pb2.Cluster) -> dict[str, object]:
+              message: Any = cluster_pb2.Cluster) -> dict[str, object]:
     proxy = proxy_from_node(node, {})
     resources: list[Resource] = SIDECAR[type_url](snapshot, proxy, names, ResourceCache())
     return {r.name: message.FromString(r.value) for r in resources}
