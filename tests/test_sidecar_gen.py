@@ -159,6 +159,8 @@ def test_route_domains_depend_on_the_proxys_namespace_and_stay_unique() -> None:
     assert isinstance(same, route_pb2.RouteConfiguration) and isinstance(other, route_pb2.RouteConfiguration)
     assert "web" in same.virtual_hosts[0].domains and "web:80" in same.virtual_hosts[0].domains
     assert "web" not in other.virtual_hosts[0].domains and "web.shop:80" in other.virtual_hosts[0].domains
+    retries = same.virtual_hosts[0].routes[0].route.retry_policy  # istiod's default
+    assert (retries.num_retries.value, retries.retry_host_predicate[0].name) == (2, "envoy.retry_host_predicates.previous_hosts")
 
     # Two services claiming one ClusterIP: the VIP stays with the first, or Envoy rejects the routes.
     web = snapshot.services[WEB]
@@ -168,3 +170,18 @@ def test_route_domains_depend_on_the_proxys_namespace_and_stay_unique() -> None:
     domains = [d for host in hosts for d in host.domains]
     assert len(domains) == len(set(domains))
     assert "10.96.0.10" in hosts[0].domains and "10.96.0.10" not in hosts[1].domains
+
+
+def test_addresses_envoy_would_reject_are_left_out() -> None:
+    snapshot = _snapshot()
+    web = snapshot.services[WEB]
+    scoped = dataclasses.replace(web, cluster_ip="fe80::1%eth0")
+    endpoints = {**snapshot.endpoints, (WEB, 80): tuple(
+        dataclasses.replace(e, address=address) for e in snapshot.endpoints[(WEB, 80)] for address in ("not-an-ip", e.address))}
+    odd = dataclasses.replace(snapshot, services={**snapshot.services, WEB: scoped}, endpoints=endpoints)
+    assignment = _generate(types.ENDPOINT, odd, names=[f"outbound|80||{WEB}"],
+                           message=endpoint_pb2.ClusterLoadAssignment)[f"outbound|80||{WEB}"]
+    assert [e.endpoint.address.socket_address.address  # type: ignore[attr-defined]
+            for group in assignment.endpoints for e in group.lb_endpoints] == ["127.0.0.31"]  # type: ignore[attr-defined]
+    route = _generate(types.ROUTE, odd, names=["80"], message=route_pb2.RouteConfiguration)["80"]
+    assert not any("fe80" in d for d in route.virtual_hosts[0].domains)  # type: ignore[attr-defined]
