@@ -170,6 +170,10 @@ class Envoy:
     def log(self) -> str:
         return self.process.text()
 
+    def netns(self, *command: str) -> list[str]:
+        """`command` run inside Envoy's network namespace (for a test's iptables, app and client)."""
+        return ["nsenter", "-t", str(self.process.proc.pid), "-n", *command]
+
     def stop(self) -> None:
         self.process.stop()
 

@@ -28,7 +28,7 @@ from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.gen.filters import tcp_proxy
 from tests.conftest import DATA, synced
 from tests.envoy_peer import Envoy, node_id, sidecar_envoy
-from tests.peers import ROOT, Istiod, eventually, wait_until
+from tests.peers import ROOT, Istiod, Process, eventually, wait_until
 from tests.test_cli import istiod_cli, table
 
 WEB = "web.shop.svc.cluster.local"
@@ -278,3 +278,56 @@ async def _all_acked(syncz: Callable[[], Any], states: Callable[[dict[str, Any]]
 async def _nacked(syncz: Callable[[], Any]) -> dict[str, Any] | None:
     status = await syncz()
     return status if status.get("listener_nacked_error") else None
+
+
+# istio-init's rules, cut down to one pod whose Envoy also serves its own calls: the VIP range to
+# 15001, the app's port to 15006, and what the inbound clusters send (from 127.0.0.6) let through.
+CAPTURE = (
+    ("-s", "127.0.0.6/32", "-j", "RETURN"),
+    ("-p", "tcp", "-d", "10.96.0.0/16", "-j", "REDIRECT", "--to-ports", "15001"),
+    ("-p", "tcp", "-d", "127.0.0.31", "--dport", "8080", "-j", "REDIRECT", "--to-ports", "15006"),
+)
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["permissive", "strict"])
+def test_traffic_through_the_sidecar_both_ways(mesh_dir: Path, start_istiod: Callable[..., Istiod],
+                                               strict: bool) -> None:
+    """web-1 calls its own service by VIP and name: out through virtualOutbound and the route, mTLS
+    to itself (its pod has a sidecar), in through virtualInbound, to the app. A plaintext call
+    straight to the app's port is served under PERMISSIVE and refused under STRICT."""
+    if shutil.which("iptables") is None:
+        pytest.skip("needs iptables (Debian's package) for the capture rules")
+    _mesh(mesh_dir)
+    istiod = start_istiod(mesh_dir, *(["--mtls"] if strict else []))
+    with sidecar_envoy(istiod.xds_address, "web-1", "shop", "127.0.0.31", service_account="web") as envoy:
+        def run(*command: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(envoy.netns(*command), capture_output=True, text=True, timeout=20)
+
+        for command in (("ip", "link", "set", "lo", "up"), ("ip", "addr", "add", "10.96.0.10/32", "dev", "lo"),
+                        *(("iptables", "-t", "nat", "-A", "OUTPUT", *rule) for rule in CAPTURE)):
+            assert run(*command).returncode == 0, command
+        app = Process(envoy.netns(sys.executable, "tests/http_echo.py", "127.0.0.31", "8080"), name="app")
+        try:
+            _acked(istiod, envoy)
+            wait_until(lambda: envoy.get("/ready")[0] == 200, 10, "Envoy ready")
+
+            def call(url: str, host: str = "") -> subprocess.CompletedProcess[str]:
+                return run("curl", "-s", "--max-time", "5", *(["-H", f"Host: {host}"] if host else []), url)
+
+            # Until the app listens, Envoy answers 503 itself.
+            reply = wait_until(lambda: (out := call("http://10.96.0.10/").stdout).startswith("{") and out, 10,
+                               "the app's reply through the sidecar")
+            seen = json.loads(reply)
+            assert seen["host"] == "10.96.0.10"
+            assert "URI=spiffe://cluster.local/ns/shop/sa/web" in seen["xfcc"]  # mTLS, the caller's identity
+            assert json.loads(call("http://10.96.0.10/", host="web.shop:80").stdout)["host"] == "web.shop:80"
+            plaintext = call("http://127.0.0.31:8080/")
+            if strict:
+                assert plaintext.returncode != 0 and not plaintext.stdout
+            else:
+                assert json.loads(plaintext.stdout)["xfcc"] is None
+            stats = envoy.get("/stats?filter=(upstream_rq_200|ssl\\.handshake)$")[1]
+            stats = "".join(line for line in stats.splitlines(True) if "|80||" in line or "|8080||" in line)
+            print(f"Envoy's stats:\n{stats}")
+        finally:
+            app.stop()
