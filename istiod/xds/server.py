@@ -145,7 +145,10 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             if watched is None:
                 continue
             resources = self._generate(connection, watched, snapshot)
-            if watched.differs_from(resources):
+            # Envoy warms a changed cluster until it gets its endpoints again, and asks for them with
+            # a request that looks like an ACK: after clusters, endpoints go too, as with istiod.
+            clusters_sent = bool(responses) and responses[0].type_url == types.CLUSTER
+            if watched.differs_from(resources) or (type_url == types.ENDPOINT and clusters_sent):
                 responses.append(self._respond(watched, snapshot, resources))
         return responses
 
