@@ -177,6 +177,16 @@ def test_route_domains_depend_on_the_proxys_namespace_and_stay_unique() -> None:
     assert "10.96.0.10" in hosts[0].domains and "10.96.0.10" not in hosts[1].domains
 
 
+def test_two_services_on_one_vip_and_tcp_port_make_one_listener() -> None:
+    snapshot = _snapshot()
+    db = snapshot.services["db.shop.svc.cluster.local"]
+    twin = dataclasses.replace(db, name="db-twin")
+    crowded = dataclasses.replace(snapshot, services={**snapshot.services, twin.hostname: twin})
+    proxy = proxy_from_node(SIDECAR_NODE, {})
+    names = [r.name for r in SIDECAR[types.LISTENER](crowded, proxy, None, ResourceCache())]
+    assert names.count("10.96.0.11_5432") == 1 and len(names) == len(set(names))
+
+
 def test_addresses_envoy_would_reject_are_left_out() -> None:
     snapshot = _snapshot()
     web = snapshot.services[WEB]

@@ -49,19 +49,25 @@ ANY_ADDRESS = "0.0.0.0"
 def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
     mesh = snapshot.mesh
     result = [cache.get(types.LISTENER, VIRTUAL_OUTBOUND, mesh, lambda: virtual_outbound(mesh))]
-    http_ports: set[int] = set()
+    # One listener per address: Envoy refuses two of one name (two Services claiming one ClusterIP
+    # and port); the first by hostname keeps it.
+    named: set[str] = set()
     for target in outbound_ports(snapshot, proxy):
         number = target.port.port
         if number in PROXY_PORTS:
             continue
         if target.protocol.is_http:
-            if number not in http_ports:
-                http_ports.add(number)
-                name = f"{ANY_ADDRESS}_{number}"
+            name = f"{ANY_ADDRESS}_{number}"
+            if name not in named:
                 result.append(cache.get(types.LISTENER, name, None, lambda: http_outbound_listener(number)))
         elif (vip := target.vip) is not None:
             name = f"{vip}_{number}"
-            result.append(cache.get(types.LISTENER, name, target.service, lambda: tcp_outbound_listener(vip, target)))
+            if name not in named:
+                result.append(cache.get(types.LISTENER, name, target.service,
+                                        lambda: tcp_outbound_listener(vip, target)))
+        else:
+            continue  # headless TCP: its traffic takes virtualOutbound's passthrough
+        named.add(name)
     inbound = inbound_ports(snapshot, proxy)
     # Proxies whose pods serve the same ports share one copy: the scope says what it holds.
     scope = f"{mesh.mtls}:" + ",".join(f"{p.port}/{p.protocol.value}" for p in inbound)
