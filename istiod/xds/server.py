@@ -139,7 +139,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                                version=watched.version_sent, error=request.error_detail.message))
 
     def _push(self, connection: Connection, snapshot: Snapshot) -> list[discovery_pb2.DiscoveryResponse]:
-        responses = []
+        responses: list[discovery_pb2.DiscoveryResponse] = []
         for type_url in types.PUSH_ORDER:
             watched = connection.watched.get(type_url)
             if watched is None:
