@@ -22,7 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from istiod.model.builder import build_snapshot
-from istiod.model.mesh import REGISTRY_ONLY, MeshConfig
+from istiod.model.mesh import MeshConfig, OutboundTrafficPolicy
 from istiod.model.protocol import Protocol, port_protocol
 from istiod.model.proxy import proxy_from_node
 from istiod.model.service import Port
@@ -149,7 +149,7 @@ def test_outbound_listeners_never_bind() -> None:
     assert isinstance(tcp, listener_pb2.Listener)
     proxy = tcp_proxy_pb2.TcpProxy.FromString(tcp.filter_chains[0].filters[0].typed_config.value)
     assert proxy.cluster == "outbound|5432||db.shop.svc.cluster.local"
-    outbound = _generate(types.LISTENER, _snapshot(MeshConfig(outbound_traffic_policy=REGISTRY_ONLY)),
+    outbound = _generate(types.LISTENER, _snapshot(MeshConfig(outbound_traffic_policy=OutboundTrafficPolicy.REGISTRY_ONLY)),
                          message=listener_pb2.Listener)["virtualOutbound"]
     assert isinstance(outbound, listener_pb2.Listener)
     unmatched = tcp_proxy_pb2.TcpProxy.FromString(outbound.default_filter_chain.filters[0].typed_config.value)

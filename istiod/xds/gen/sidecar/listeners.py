@@ -20,7 +20,7 @@ from envoy.extensions.filters.listener.tls_inspector.v3 import tls_inspector_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from google.protobuf import duration_pb2, wrappers_pb2
 
-from istiod.model.mesh import REGISTRY_ONLY, MeshConfig
+from istiod.model.mesh import MeshConfig, OutboundTrafficPolicy
 from istiod.model.names import inbound_cluster_name
 from istiod.model.proxy import Proxy
 from istiod.model.snapshot import Snapshot
@@ -80,7 +80,7 @@ def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
 
 
 def virtual_outbound(mesh: MeshConfig) -> listener_pb2.Listener:
-    unmatched, chain = ((BLACKHOLE, "BlackHoleFilterChain") if mesh.outbound_traffic_policy == REGISTRY_ONLY
+    unmatched, chain = ((BLACKHOLE, "BlackHoleFilterChain") if mesh.outbound_traffic_policy is OutboundTrafficPolicy.REGISTRY_ONLY
                         else (PASSTHROUGH, "PassthroughFilterChain"))
     return listener_pb2.Listener(
         name=VIRTUAL_OUTBOUND,
