@@ -132,6 +132,8 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             proxy = proxy_from_node(first.node.id, json_format.MessageToDict(first.node.metadata))
         except NodeIdError as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        if not generators_for(proxy):
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{proxy.type} proxies are not served yet")
         if authorize is not None:
             await authorize(proxy, context)
         return Connection(proxy, context.peer())
@@ -175,13 +177,16 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                                version=watched.version_sent, error=request.error_detail.message))
 
     def _push(self, connection: Connection, snapshot: Snapshot) -> list[discovery_pb2.DiscoveryResponse]:
-        responses = []
+        responses: list[discovery_pb2.DiscoveryResponse] = []
         for type_url in types.PUSH_ORDER:
             watched = connection.watched.get(type_url)
             if watched is None:
                 continue
             resources = self._generate(connection, watched, snapshot)
-            if watched.differs_from(resources):
+            # Envoy warms a changed cluster until it gets its endpoints again, and asks for them with
+            # a request that looks like an ACK: after clusters, endpoints go too, as with istiod.
+            clusters_sent = bool(responses) and responses[0].type_url == types.CLUSTER
+            if watched.differs_from(resources) or (type_url == types.ENDPOINT and clusters_sent):
                 responses.append(self._respond(watched, snapshot, resources))
         return responses
 
