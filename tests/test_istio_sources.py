@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from istiod.model.builder import build_snapshot
 from istiod.model.config.kinds import CONFIG_KINDS
 from istiod.sources.configdir import ConfigDirSource
 from istiod.sources.convert import ObjectKey
@@ -67,3 +68,13 @@ def test_configz_lists_istio_objects(mesh_dir: Path, start_istiod: Callable[...,
     (mesh_dir / "bad.yaml").write_text(VS % -1)
     wait_until(lambda: "VirtualService demo/echo" in istiod.log(), 10, "the refusal in istiod's log")
     assert "spec.http[0].route[0]: weight: -1 < 0" in istiod.log()
+
+
+async def test_snapshot_carries_the_config(tmp_path: Path) -> None:
+    shutil.copy(VALID, tmp_path / "istio.yaml")
+    store = Store()
+    await ConfigDirSource(tmp_path, store).scan()
+    config = build_snapshot(store, "1").config
+    assert [vs.meta.name for vs in config.virtual_services] == ["reviews"]
+    assert [se.meta.name for se in config.service_entries] == ["external-api", "static-backend"]
+    assert len(config.peer_authentications) == 2 and config.peer_authentications[0].meta.namespace == "demo"
