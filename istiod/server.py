@@ -21,12 +21,14 @@ from istiod.ca.publisher import ELECTION, RootCertPublisher
 from istiod.debug.app import DebugView, create_app
 from istiod.kubeapi import api_client
 from istiod.leader import LeaderElection
+from istiod.model.mesh import MeshConfig
 from istiod.model.names import join_host_port
 from istiod.secure import SecurePort
 from istiod.settings import Address, Settings
 from istiod.sources.configdir import ConfigDirSource
 from istiod.sources.monitoring import record_change
 from istiod.sources.kube import KubeSource
+from istiod.sources.meshconfig import MeshConfigMapWatcher, MeshFileWatcher
 from istiod.sources.namespaces import NamespaceFilter, Selector
 from istiod.sources.store import Store
 from istiod.xds.pusher import Pusher
@@ -43,7 +45,8 @@ class Discovery:
         self.settings = settings
         self.store = Store(settings.domain)
         self.store.subscribe(record_change)
-        self.namespaces = NamespaceFilter(tuple(Selector.parse(s) for s in settings.discovery_selectors))
+        self._flag_selectors = tuple(Selector.parse(s) for s in settings.discovery_selectors)
+        self.namespaces = NamespaceFilter(settings.mesh.discovery_selectors or self._flag_selectors)
         self.source: ConfigDirSource | KubeSource | None = None
         self.publisher: RootCertPublisher | None = None
         self.election: LeaderElection | None = None
@@ -67,9 +70,32 @@ class Discovery:
         self._api = await api_client(None if settings.in_cluster else settings.kubeconfig)
         return KubeSource(self._api, self.store, self.namespaces, settings.watch_timeout)
 
+    def apply_mesh(self, mesh: MeshConfig) -> None:
+        """A changed mesh config, applied without a restart: namespaces are filtered again and every
+        proxy gets a full push. (The CA keeps the trust domain it started with.)"""
+        self.pusher.mesh = mesh
+        if isinstance(self.source, KubeSource):
+            self.source.writer.reselect(mesh.discovery_selectors or self._flag_selectors)
+        log.info(logs.event("mesh config applied", trust_domain=mesh.trust_domain, root_namespace=mesh.root_namespace,
+                            outbound_traffic_policy=mesh.outbound_traffic_policy.value,
+                            discovery_selectors=len(mesh.discovery_selectors)))
+        if self.ads.ready:
+            self.pusher.publish(full=True)
+
     async def start(self) -> None:
         settings = self.settings
         self.source = await self._make_source()
+        mesh_task = None
+        if settings.mesh_config is not None:
+            watcher = MeshFileWatcher(settings.mesh_config, settings.mesh_defaults, self.apply_mesh, settings.poll_interval)
+            mesh_task = asyncio.create_task(watcher.run(), name="mesh-config")
+        elif isinstance(self.source, KubeSource):
+            configmap = MeshConfigMapWatcher(self.source.api, settings.namespace, settings.mesh_defaults,
+                                             self.apply_mesh, settings.watch_timeout)
+            mesh_task = asyncio.create_task(configmap.informer.run(), name="mesh-config")
+            await configmap.informer.synced.wait()  # discoverySelectors apply before the informers list
+        if mesh_task is not None:
+            self._tasks.append(mesh_task)
         if isinstance(self.source, KubeSource):  # the CA's leader-elected writer
             api = self.source.api
             self.publisher = RootCertPublisher(api, self.store, self.namespaces, self.source.informers["Namespace"].synced,

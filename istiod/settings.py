@@ -60,6 +60,8 @@ class Settings:
     ca: CaSettings = CaSettings()
     monitoring_addr: Address = Address("", 15014)
     debug_token_file: Path | None = None  # a bearer token that lets non-loopback callers read /debug
+    mesh_config: Path | None = None  # watched; in a cluster without it, the ConfigMap `istio` key `mesh`
+    mesh_defaults: MeshConfig = MeshConfig()  # the flags' values, under whatever the mesh config sets
 
 
 def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
@@ -104,6 +106,10 @@ def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
                         help="a leader that could not renew for this long stops leading (default 15s)")
     parser.add_argument("--leader-retry-period", type=_seconds, default=timings.retry_period,
                         help="how often a leader renews and the others try to take over (default 7.5s)")
+    parser.add_argument("--mesh-config", type=Path,
+                        help="Istio mesh config YAML (trustDomain, rootNamespace, outboundTrafficPolicy, "
+                             "enableAutoMtls, defaultConfig, discoverySelectors), watched; its fields win over "
+                             "the flags (in a cluster without it: the ConfigMap istio, key mesh, in istiod's namespace)")
     add_ca_flags(parser)
 
 
@@ -142,8 +148,21 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         pod_name=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
         leader=leader,
         secure_grpc_addr=args.secure_grpc_addr,
-        mesh=MeshConfig(trust_domain=args.trust_domain, mtls=args.mtls),
+        mesh=_mesh(args),
         ca=ca_settings_from_args(args),
         monitoring_addr=args.monitoring_addr,
         debug_token_file=args.debug_auth_token_file,
+        mesh_config=args.mesh_config,
+        mesh_defaults=MeshConfig(trust_domain=args.trust_domain, mtls=args.mtls),
     )
+
+
+def _mesh(args: argparse.Namespace) -> MeshConfig:
+    # Late: the watcher module loads the Kubernetes client, which the other commands do without.
+    from istiod.sources.meshconfig import MeshConfigError, read_mesh_file
+
+    mesh = MeshConfig(trust_domain=args.trust_domain, mtls=args.mtls)
+    try:
+        return read_mesh_file(args.mesh_config, mesh) if args.mesh_config else mesh
+    except MeshConfigError as error:
+        raise SystemExit(f"istiod discovery: --mesh-config: {error}") from None

@@ -21,7 +21,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from istiod.backoff import Backoff
 from istiod.sources.convert import CLUSTER_SCOPED, ConversionError, ObjectKey, object_key
-from istiod.sources.namespaces import NamespaceFilter
+from istiod.sources.namespaces import LabelMatcher, NamespaceFilter
 from istiod.sources.store import Store
 
 log = logging.getLogger(__name__)
@@ -218,6 +218,18 @@ class KubeWriter:
             log.info("kube %s vanished while not watched; deleting", key)
             self._remove(key)
 
+    def reselect(self, selectors: tuple[LabelMatcher, ...]) -> None:
+        """New discovery selectors (a mesh config change): every namespace is filtered again."""
+        if selectors == self.namespaces.selectors:
+            return
+        names = [o.key.name for o in self.store.objects("Namespace")]
+        before = {name: self.namespaces.selected(name) for name in names}
+        self.namespaces.selectors = selectors
+        for name in names:
+            self.namespaces.update(name, self._labels(name))
+            if self.namespaces.selected(name) != before[name]:
+                self._move(name)
+
     def _remove(self, key: ObjectKey) -> None:
         self._excluded.pop(key, None)
         self.store.delete(key)
@@ -232,10 +244,15 @@ class KubeWriter:
 
     def _refilter(self, namespace: str) -> None:
         """The namespace's labels may have moved it in or out of the discovery selectors."""
+        if self.namespaces.update(namespace, self._labels(namespace)):
+            self._move(namespace)
+
+    def _labels(self, namespace: str) -> dict[str, str]:
         namespace_object = self.store.get(ObjectKey("Namespace", "", namespace))
-        labels = dict(namespace_object.value.labels) if namespace_object else {}
-        if not self.namespaces.update(namespace, labels):
-            return
+        return dict(namespace_object.value.labels) if namespace_object else {}
+
+    def _move(self, namespace: str) -> None:
+        """Fill in or take out a namespace's objects after it moved in or out of the selectors."""
         if self.namespaces.selected(namespace):
             for key in [k for k in self._excluded if k.namespace == namespace]:
                 self._write(self._excluded.pop(key))

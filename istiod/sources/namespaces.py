@@ -7,7 +7,9 @@ a bare `key` that the label exists, `!key` that it does not.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,9 +41,15 @@ class Selector:
         )
 
 
+class LabelMatcher(Protocol):
+    """A flag's Selector, or the mesh config's LabelSelector (matchLabels and matchExpressions)."""
+
+    def matches(self, labels: dict[str, str]) -> bool: ...
+
+
 @dataclass
 class NamespaceFilter:
-    selectors: tuple[Selector, ...] = ()
+    selectors: tuple[LabelMatcher, ...] = ()
     _selected: dict[str, bool] = field(default_factory=dict)
 
     def selected(self, namespace: str) -> bool:
