@@ -36,12 +36,7 @@ def fields(f: _Fields, path: str) -> _Fields | None:
 
 def items(f: _Fields, path: str) -> list[_Fields]:
     """A list of maps, each a reader whose errors name `<object> <path>[i]`."""
-    result = []
-    for i, item in enumerate(f.get(path, list, [])):
-        if not isinstance(item, dict):
-            raise f.fail(f"{path}[{i}]: expected a map")
-        result.append(_Fields(f"{_join(f.key, path)}[{i}]", item))
-    return result
+    return [_Fields(f"{_join(f.key, path)}[{i}]", item.body) for i, item in enumerate(f.items(path))]
 
 
 def only(f: _Fields, known: Iterable[str], unsupported: Iterable[str] = ()) -> None:
