@@ -31,6 +31,8 @@ from istiod.sources.kube import KubeSource
 from istiod.sources.meshconfig import MeshConfigMapWatcher, MeshFileWatcher
 from istiod.sources.namespaces import NamespaceFilter, Selector
 from istiod.sources.store import Store
+from istiod.webhooks.cabundle import CaBundlePatcher
+from istiod.webhooks.serve import WebhookServer
 from istiod.xds.pusher import Pusher
 from istiod.xds.server import DiscoveryServer
 
@@ -85,17 +87,6 @@ class Discovery:
     async def start(self) -> None:
         settings = self.settings
         self.source = await self._make_source()
-        mesh_task = None
-        if settings.mesh_config is not None:
-            watcher = MeshFileWatcher(settings.mesh_config, settings.mesh_defaults, self.apply_mesh, settings.poll_interval)
-            mesh_task = asyncio.create_task(watcher.run(), name="mesh-config")
-        elif isinstance(self.source, KubeSource):
-            configmap = MeshConfigMapWatcher(self.source.api, settings.namespace, settings.mesh_defaults,
-                                             self.apply_mesh, settings.watch_timeout)
-            mesh_task = asyncio.create_task(configmap.informer.run(), name="mesh-config")
-            await configmap.informer.synced.wait()  # discoverySelectors apply before the informers list
-        if mesh_task is not None:
-            self._tasks.append(mesh_task)
         if isinstance(self.source, KubeSource):  # the CA's leader-elected writer
             api = self.source.api
             self.publisher = RootCertPublisher(api, self.store, self.namespaces, self.source.informers["Namespace"].synced,
@@ -103,6 +94,15 @@ class Discovery:
             self.election = LeaderElection(api, settings.namespace, ELECTION, settings.pod_name, settings.leader)
         # Before any port opens: a CA that cannot start stops istiod here.
         self.ports["secure-grpc"] = await self.secure.start(self._api, self.publisher.publish if self.publisher else None)
+        # The mesh config after the CA, which must hold its root before anything else starts.
+        if settings.mesh_config is not None:
+            watcher = MeshFileWatcher(settings.mesh_config, settings.mesh_defaults, self.apply_mesh, settings.poll_interval)
+            self._tasks.append(asyncio.create_task(watcher.run(), name="mesh-config"))
+        elif isinstance(self.source, KubeSource):
+            configmap = MeshConfigMapWatcher(self.source.api, settings.namespace, settings.mesh_defaults,
+                                             self.apply_mesh, settings.watch_timeout)
+            self._tasks.append(asyncio.create_task(configmap.informer.run(), name="mesh-config"))
+            await configmap.informer.synced.wait()  # discoverySelectors apply before the informers list
         self._grpc = grpc.aio.server(options=[("grpc.max_concurrent_streams", 1 << 20)])
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(self.ads, self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc)
@@ -126,10 +126,18 @@ class Discovery:
                                                    log_config=None, proxy_headers=False))
             self._http.append(server)
             self._tasks.append(asyncio.create_task(server.serve(sockets=[sock]), name=name))
+        assert self.secure.ca is not None
+        webhook, sock = WebhookServer(settings, self.secure.ca), _bind(settings.webhook_addr)
+        self.ports["webhook"] = sock.getsockname()[1]
+        self._http.append(webhook.server)
         self._tasks += [
+            asyncio.create_task(webhook.serve(sock), name="webhook"),
             asyncio.create_task(self.source.run(), name="source"),
             asyncio.create_task(self.pusher.run(), name="pusher"),
         ]
+        if self._api is not None:
+            patcher = CaBundlePatcher(self._api, self.secure.ca, settings.namespace)
+            self._tasks.append(asyncio.create_task(patcher.run(), name="webhook-ca-bundle"))
         if self.election is not None and self.publisher is not None:
             self._tasks.append(asyncio.create_task(self.election.run(self.publisher.run), name="root-cert-publisher"))
         log.info(logs.event("serving", **self.ports))
@@ -153,7 +161,7 @@ class Discovery:
         for server in self._http:
             server.should_exit = True
         for task in self._tasks:
-            if task.get_name() not in ("http", "monitoring"):
+            if task.get_name() not in ("http", "monitoring", "webhook"):
                 task.cancel()
         try:
             _, pending = await asyncio.wait(self._tasks, timeout=5) if self._tasks else (set(), set())

@@ -60,6 +60,7 @@ class Settings:
     ca: CaSettings = CaSettings()
     monitoring_addr: Address = Address("", 15014)
     debug_token_file: Path | None = None  # a bearer token that lets non-loopback callers read /debug
+    webhook_addr: Address = Address("", 15017)
     mesh_config: Path | None = None  # watched; in a cluster without it, the ConfigMap `istio` key `mesh`
     mesh_defaults: MeshConfig = MeshConfig()  # the flags' values, under whatever the mesh config sets
 
@@ -106,6 +107,8 @@ def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
                         help="a leader that could not renew for this long stops leading (default 15s)")
     parser.add_argument("--leader-retry-period", type=_seconds, default=timings.retry_period,
                         help="how often a leader renews and the others try to take over (default 7.5s)")
+    parser.add_argument("--webhook-addr", type=Address.parse, default=Address.parse(env("HTTPS_ADDR", ":15017")),
+                        help="the webhooks over HTTPS with istiod's certificate: config validation at /validate (default :15017)")
     parser.add_argument("--mesh-config", type=Path,
                         help="Istio mesh config YAML (trustDomain, rootNamespace, outboundTrafficPolicy, "
                              "enableAutoMtls, defaultConfig, discoverySelectors), watched; its fields win over "
@@ -153,6 +156,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         monitoring_addr=args.monitoring_addr,
         debug_token_file=args.debug_auth_token_file,
         mesh_config=args.mesh_config,
+        webhook_addr=args.webhook_addr,
         mesh_defaults=MeshConfig(trust_domain=args.trust_domain, mtls=args.mtls),
     )
 
