@@ -4,12 +4,15 @@ reading them through its informers (a bad one logged and skipped, the last good 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 from kubernetes_asyncio import client
 
+from e2e.harness import Cluster
 from e2e.istio_crds import create_istio_object, install_crds
 from e2e.kube_objects import ensure_namespace
 from istiod.model.config.kinds import CONFIG_KINDS
@@ -67,3 +70,18 @@ async def test_crds_objects_columns_and_informers(kube: client.ApiClient, start_
         await custom.delete_namespaced_custom_object(kind.group, "v1", body["metadata"]["namespace"], kind.plural,
                                                      body["metadata"]["name"])
     wait_until(lambda: not ({k.kind for k in CONFIG_KINDS} & kinds()), 10, "deletions followed")
+
+
+async def test_analyze_a_cluster(kube: client.ApiClient, cluster: Cluster) -> None:
+    await install_crds(kube)
+    await ensure_namespace(kube, "e2e-analyze")
+    await create_istio_object(kube, {
+        "apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+        "metadata": {"name": "lost", "namespace": "e2e-analyze"},
+        "spec": {"hosts": ["lost"], "http": [{"route": [{"destination": {"host": "nowhere"}}]}]}})
+    result = subprocess.run([sys.executable, "-m", "istiod", "analyze", "--kubeconfig", str(cluster.kubeconfig)],
+                            capture_output=True, text=True, timeout=60)
+    print(result.stdout)
+    assert result.returncode == 1, result.stderr
+    assert ('Error [IST0101] (VirtualService e2e-analyze/lost) Referenced host not found: '
+            '"nowhere.e2e-analyze.svc.cluster.local"') in result.stdout.splitlines()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from pathlib import Path
 
 from istiod import __version__, logs
 from istiod.agent.settings import add_agent_flags, agent_settings_from_args
@@ -31,6 +32,12 @@ def main(argv: list[str] | None = None) -> int:
     config.add_argument("kind", choices=("clusters", "listeners", "routes", "endpoints"))
     config.add_argument("proxy", help="a proxy ID or <pod>.<namespace>")
     config.add_argument("-o", "--output", choices=("short", "json"), default="short")
+    analyze = commands.add_parser("analyze", help="validate Istio config and check it across objects, as istioctl analyze")
+    analyze.add_argument("files", nargs="*", type=Path, metavar="FILE", help="YAML files or directories")
+    analyze.add_argument("--kubeconfig", type=Path, help="analyze this cluster's objects (the files go on top)")
+    analyze.add_argument("--mesh-config", type=Path, help="the mesh config (its rootNamespace)")
+    analyze.add_argument("--domain", default="cluster.local", help="cluster DNS domain (default cluster.local)")
+    analyze.add_argument("-o", "--output", choices=("short", "json"), default="short")
     for tool in (status, config):
         tool.add_argument("--istiod", default=DEFAULT_ISTIOD_URL,
                           help=f"istiod's debug URL (default {DEFAULT_ISTIOD_URL})")
@@ -46,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         from istiod.agent.agent import run_agent
 
         return asyncio.run(run_agent(agent_settings_from_args(args)))
+    if args.command == "analyze":
+        return _analyze(args)
     from istiod.tools import proxy_config, proxy_status
     from istiod.tools.debug_client import DebugClient, ToolError
 
@@ -57,6 +66,22 @@ def main(argv: list[str] | None = None) -> int:
     except ToolError as error:
         print(f"istiod {args.command}: {error}", file=sys.stderr)
         return 1
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    from istiod.model.mesh import MeshConfig
+    from istiod.sources.meshconfig import MeshConfigError, read_mesh_file
+    from istiod.tools import analyze
+
+    if not args.files and args.kubeconfig is None:
+        print("istiod analyze: give FILES or --kubeconfig", file=sys.stderr)
+        return 2
+    try:
+        mesh = read_mesh_file(args.mesh_config, MeshConfig()) if args.mesh_config else MeshConfig()
+    except MeshConfigError as error:
+        print(f"istiod analyze: {error}", file=sys.stderr)
+        return 2
+    return analyze.run(args.files, args.kubeconfig, args.output, mesh, args.domain)
 
 
 if __name__ == "__main__":
