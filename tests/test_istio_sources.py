@@ -78,3 +78,15 @@ async def test_snapshot_carries_the_config(tmp_path: Path) -> None:
     assert [vs.meta.name for vs in config.virtual_services] == ["reviews"]
     assert [se.meta.name for se in config.service_entries] == ["external-api", "static-backend"]
     assert len(config.peer_authentications) == 2 and config.peer_authentications[0].meta.namespace == "demo"
+
+
+def test_push_status_and_log_name_the_config(mesh_dir: Path, start_istiod: Callable[..., Istiod]) -> None:
+    istiod = start_istiod(mesh_dir)
+    (mesh_dir / "vs.yaml").write_text(VS % 100)
+
+    def configs() -> list[str]:
+        status, push = istiod.get("/debug/push_status")
+        return push.get("configs", []) if status == 200 and push else []
+
+    wait_until(lambda: configs() == ["VirtualService/demo/echo"], 10, "the push that the VirtualService caused")
+    assert "configs=VirtualService/demo/echo" in istiod.log()
