@@ -73,7 +73,7 @@ def test_destination_rule_and_service_entry_values() -> None:
 
 def test_security_values() -> None:
     pa: PeerAuthentication = converted("PeerAuthentication", "reviews")
-    assert pa.mode is MTLSMode.UNSET and pa.port_level == ((9080, MTLSMode.DISABLE),)
+    assert pa.mode is MTLSMode.UNSET and pa.port_level == ((9080, MTLSMode.DISABLE), (9081, MTLSMode.STRICT))
     ap: AuthorizationPolicy = converted("AuthorizationPolicy", "reviews-deny")
     assert ap.action is Action.DENY and ap.rules[0].operations[0].ports == (9080,)
     assert ap.rules[0].when[0].key == "request.headers[x-token]"

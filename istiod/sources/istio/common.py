@@ -10,6 +10,7 @@ import ipaddress
 import re
 from collections.abc import Iterable
 from datetime import timedelta
+from typing import Any
 
 import durationpy
 
@@ -105,37 +106,48 @@ def percentage(f: _Fields, path: str) -> float | None:
 
 def string_match(f: _Fields, path: str) -> StringMatch | None:
     sub = fields(f, path)
-    if sub is None:
-        return None
+    return None if sub is None else _string_match(sub)
+
+
+def _string_match(sub: _Fields) -> StringMatch:
     only(sub, ("exact", "prefix", "regex"))
     if len(sub.body) != 1:
-        raise f.fail(f"{path}: exactly one of exact, prefix or regex is required")
+        raise sub.fail("exactly one of exact, prefix or regex is required")
     name, value = next(iter(sub.body.items()))
     if not isinstance(value, str):
-        raise f.fail(f"{path}.{name}: expected str")
+        raise sub.fail(f"{name}: expected str")
     if name == "regex":
         if not value:
-            raise f.fail(f"{path}.regex: regex string match should not be empty")
-        regex(f, f"{path}.regex", value)
+            raise sub.fail("regex: regex string match should not be empty")
+        regex(sub, "regex", value)
     return StringMatch(MatchKind(name), value)
 
 
 def string_matches(f: _Fields, path: str) -> tuple[tuple[str, StringMatch], ...]:
-    """A map of name -> StringMatch (header and query-parameter matches)."""
+    """A map of name -> StringMatch (header and query-parameter matches; names may hold dots)."""
     result = []
-    for name in sorted(f.get(path, dict, {})):
-        match = string_match(f, f"{path}.{name}")
-        if match is None:
-            raise f.fail(f"{path}.{name}: match cannot be null")
-        result.append((name, match))
+    for name, value in sorted(str_keyed(f, path).items()):
+        if not isinstance(value, dict):
+            raise f.fail(f"{path}.{name}: expected a match (exact, prefix or regex)")
+        result.append((name, _string_match(_Fields(f"{_join(f.key, path)}.{name}", value))))
     return tuple(result)
+
+
+def str_keyed(f: _Fields, path: str) -> dict[str, Any]:
+    """A map whose keys must be strings (names), whatever its values."""
+    value = f.get(path, dict, {})
+    if not all(isinstance(k, str) for k in value):
+        raise f.fail(f"{path}: keys must be strings")
+    return value
 
 
 def regex(f: _Fields, path: str, pattern: str) -> None:
     try:
         compile_regex(pattern)
     except Exception as error:  # re2.error and its pybind11 relatives
-        raise f.fail(f"{path}: {pattern!r} is not a valid RE2 regex: {error}") from None
+        detail = error.args[0] if error.args else error
+        detail = detail.decode(errors="replace") if isinstance(detail, bytes) else detail
+        raise f.fail(f"{path}: {pattern!r} is not a valid RE2 regex: {detail}") from None
 
 
 def labels(f: _Fields, path: str) -> Labels:

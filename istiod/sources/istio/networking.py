@@ -13,7 +13,7 @@ from istiod.model.config.networking import (
 from istiod.sources.convert import ObjectKey, _Fields
 from istiod.sources.istio.common import (
     dns1123_label, duration, export_to, fields, items, fqdn_error, integer, ip_or_cidr, is_ip, labels, only, percentage,
-    port, protocol, raise_if, regex, resolve_host, str_list, string_match, string_matches, wildcard_domain_error,
+    port, protocol, raise_if, regex, resolve_host, str_keyed, str_list, string_match, string_matches, wildcard_domain_error,
     workload_selector,
 )
 
@@ -481,7 +481,7 @@ def _workload_entry(f: _Fields, meta: Meta, port_names: set[str] | None) -> Work
     if address and fqdn_error(address) and not is_ip(address):
         raise f.fail(f"address: endpoint address {address!r} is not a valid FQDN or an IP address")
     ports = []
-    for name, number in sorted(f.get("ports", dict, {}).items()):
+    for name, number in sorted(str_keyed(f, "ports").items()):
         if port_names is not None and name not in port_names:
             raise f.fail(f"ports: endpoint port {name} is not defined by the service entry")
         if not dns1123_label(name):

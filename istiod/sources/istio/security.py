@@ -16,8 +16,7 @@ from istiod.sources.istio.networking import _enum, _meta, _spec
 _TARGET_REFS = ("targetRef", "targetRefs")  # Gateway API policy attachment: not implemented
 
 
-def _mode(f: _Fields, path: str) -> MTLSMode:
-    sub = fields(f, path)
+def _mode(sub: _Fields | None) -> MTLSMode:
     if sub is None:
         return MTLSMode.UNSET
     only(sub, ("mode",))
@@ -28,13 +27,17 @@ def peer_authentication(key: ObjectKey, f: _Fields, domain: str) -> PeerAuthenti
     _spec(f, ("selector", "mtls", "portLevelMtls"), _TARGET_REFS)
     selector = workload_selector(f)
     port_level = []
-    for name in sorted(f.get("spec.portLevelMtls", dict, {}), key=str):
+    # YAML writes the ports as numbers or strings: `{8080: {mode: DISABLE}}`.
+    for name, value in f.get("spec.portLevelMtls", dict, {}).items():
+        where = f"spec.portLevelMtls.{name}"
         if not str(name).isdigit() or not 0 < int(name) < 65536:
             raise f.fail(f"spec.portLevelMtls: port {name!r} is not in 1-65535")
-        port_level.append((int(name), _mode(f, f"spec.portLevelMtls.{name}")))
+        if not isinstance(value, dict):
+            raise f.fail(f"{where}: expected a map")
+        port_level.append((int(name), _mode(_Fields(f"{f.key} {where}", value))))
     if port_level and not selector:
         raise f.fail("spec.portLevelMtls: mesh/namespace peer authentication cannot have port level mTLS")
-    return PeerAuthentication(_meta(key), selector, _mode(f, "spec.mtls"), tuple(sorted(port_level)))
+    return PeerAuthentication(_meta(key), selector, _mode(fields(f, "spec.mtls")), tuple(sorted(port_level)))
 
 
 _SOURCE_FIELDS = ("principals", "notPrincipals", "requestPrincipals", "notRequestPrincipals", "namespaces",
