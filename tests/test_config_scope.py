@@ -5,10 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from istiod.model.config.common import Meta
-from istiod.model.config.networking import DestinationRule, EgressListener, Gateway, Server, ServicePort, Sidecar, VirtualService
+from istiod.model.config.networking import (
+    DestinationRule, EgressListener, Gateway, Server, ServiceEntry, ServicePort, Sidecar, VirtualService, WorkloadEntry,
+)
 from istiod.model.config.scope import (
     destination_rule_for, exported_to, gateways_for, host_matches, most_specific, peer_authentication_mode,
-    policies_for, sidecar_allows, sidecar_for, virtual_service_for_host, virtual_services_for,
+    policies_for, service_entry_endpoints, sidecar_allows, sidecar_for, virtual_service_for_host,
+    virtual_services_for,
 )
 from istiod.model.config.security import AuthorizationPolicy, MTLSMode, PeerAuthentication
 
@@ -121,3 +124,13 @@ def test_gateways_by_selector() -> None:
     ingress = Gateway(Meta("ingress", "demo"), (server,), (("istio", "ingressgateway"),))
     assert gateways_for([ingress], {"istio": "ingressgateway", "app": "x"}) == [ingress]
     assert gateways_for([ingress], {"app": "x"}) == []
+
+
+def test_service_entry_workload_selector() -> None:
+    vm = WorkloadEntry(Meta("vm", "demo"), "10.0.0.1", labels=(("app", "backend"),))
+    other_ns = WorkloadEntry(Meta("vm", "other"), "10.0.0.2", labels=(("app", "backend"),))
+    unlabelled = WorkloadEntry(Meta("x", "demo"), "10.0.0.3")
+    selecting = ServiceEntry(Meta("vms", "demo"), ("vms.internal",), workload_selector=(("app", "backend"),))
+    inline = ServiceEntry(Meta("static", "demo"), ("s.internal",), endpoints=(unlabelled,))
+    assert service_entry_endpoints(selecting, [other_ns, unlabelled, vm]) == (vm,)
+    assert service_entry_endpoints(inline, [vm]) == (unlabelled,)

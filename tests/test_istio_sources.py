@@ -76,7 +76,8 @@ async def test_snapshot_carries_the_config(tmp_path: Path) -> None:
     await ConfigDirSource(tmp_path, store).scan()
     config = build_snapshot(store, "1").config
     assert [vs.meta.name for vs in config.virtual_services] == ["reviews"]
-    assert [se.meta.name for se in config.service_entries] == ["external-api", "static-backend"]
+    assert [se.meta.name for se in config.service_entries] == ["external-api", "static-backend", "vms"]
+    assert config.service_entries[2].workload_selector == (("app", "backend"),)
     assert len(config.peer_authentications) == 2 and config.peer_authentications[0].meta.namespace == "demo"
 
 

@@ -18,7 +18,7 @@ from typing import Protocol, TypeVar
 
 from istiod.model.config.common import Labels, Meta, selector_matches
 from istiod.model.config.networking import (
-    MESH_GATEWAY, DestinationRule, EgressListener, Gateway, Sidecar, VirtualService,
+    MESH_GATEWAY, DestinationRule, EgressListener, Gateway, ServiceEntry, Sidecar, VirtualService, WorkloadEntry,
 )
 from istiod.model.config.security import MTLSMode, PeerAuthentication
 
@@ -189,3 +189,12 @@ def gateways_for(gateways: Iterable[Gateway], labels: Mapping[str, str]) -> list
     """Gateways whose selector picks a gateway workload with these labels (in any namespace, as
     istiod does by default); a Gateway with no selector picks none."""
     return [g for g in _ordered(gateways) if g.selector and selector_matches(g.selector, labels)]
+
+
+def service_entry_endpoints(entry: ServiceEntry, workload_entries: Iterable[WorkloadEntry]) -> tuple[WorkloadEntry, ...]:
+    """A ServiceEntry's endpoints: inline ones, or the WorkloadEntries of its namespace that its
+    workloadSelector picks (Pods it selects are the translators' to add, from the snapshot)."""
+    if not entry.workload_selector:
+        return entry.endpoints
+    return tuple(w for w in _ordered(workload_entries) if w.meta.namespace == entry.meta.namespace
+                 and selector_matches(entry.workload_selector, dict(w.labels)))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from istiod.model.config.common import Meta
+from istiod.model.config.common import Labels, Meta
 from istiod.model.config.networking import (
     MESH_GATEWAY, ClientTLS, ConnectionPool, ConsistentHash, Destination, DestinationRule, EgressListener, Fault,
     FaultAbort, FaultDelay, Gateway, HeaderOperations, Headers, HTTPMatch, HTTPRoute, HTTPSettings, IngressListener,
@@ -532,7 +532,7 @@ def service_entry(key: ObjectKey, f: _Fields, domain: str) -> ServiceEntry:
     names = {p.name for p in ports}
     meta = _meta(key)
     endpoints = tuple(_workload_entry(e, meta, names) for e in items(f, "spec.endpoints"))
-    selector = workload_selector(f, "spec.workloadSelector")
+    selector = _labels_selector(f)
     if "workloadSelector" in (f.get("spec", dict, {})) and endpoints:
         raise f.fail("spec: only one of WorkloadSelector or Endpoints is allowed in Service Entry")
     if resolution is Resolution.NONE and endpoints:
@@ -550,6 +550,17 @@ def service_entry(key: ObjectKey, f: _Fields, domain: str) -> ServiceEntry:
     return ServiceEntry(meta, tuple(resolve_host(h, key.namespace, domain) for h in hosts), tuple(ports), addresses,
                         _enum(f, "spec.location", Location, "MESH_EXTERNAL"), resolution,  # type: ignore[arg-type]
                         endpoints, selector, export_to(f), str_list(f, "spec.subjectAltNames"))
+
+
+def _labels_selector(f: _Fields) -> Labels:
+    """`workloadSelector: {labels: {...}}`, as ServiceEntry and Sidecar spell it (not matchLabels)."""
+    if (ws := fields(f, "spec.workloadSelector")) is not None:
+        only(ws, ("labels",))
+    selector = labels(f, "spec.workloadSelector.labels")
+    for key, value in selector:
+        if "*" in key or "*" in value:
+            raise f.fail("spec.workloadSelector.labels: wildcard is not supported in selector")
+    return selector
 
 
 # --- Gateway, Sidecar -------------------------------------------------------------------------
@@ -640,11 +651,9 @@ def _capture_mode(f: _Fields, path: str) -> str:
 def sidecar(key: ObjectKey, f: _Fields, domain: str) -> Sidecar:
     _spec(f, ("workloadSelector", "ingress", "egress", "outboundTrafficPolicy"), ("inboundConnectionPool",))
     spec = f.get("spec", dict, {})
-    if "workloadSelector" in spec and not f.get("spec.workloadSelector.labels", dict, {}):
+    selector = _labels_selector(f)
+    if "workloadSelector" in spec and not selector:
         raise f.fail("spec.workloadSelector: sidecar: workloadSelector cannot have empty labels")
-    if (ws := fields(f, "spec.workloadSelector")) is not None:
-        only(ws, ("labels",))
-    selector = labels(f, "spec.workloadSelector.labels")
     if not any(spec.get(k) for k in ("ingress", "egress", "outboundTrafficPolicy")):
         raise f.fail("spec: sidecar: empty configuration provided")
     ingress: list[IngressListener] = []
