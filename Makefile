@@ -46,6 +46,7 @@ demo-client: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/push.py
+	$(BIN)/python bench/config.py
 
 # Generated code is committed; tests/test_protos.py fails when it is stale.
 PROTOS := $(shell find api -name '*.proto')

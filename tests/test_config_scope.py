@@ -134,3 +134,19 @@ def test_service_entry_workload_selector() -> None:
     inline = ServiceEntry(Meta("static", "demo"), ("s.internal",), endpoints=(unlabelled,))
     assert service_entry_endpoints(selecting, [other_ns, unlabelled, vm]) == (vm,)
     assert service_entry_endpoints(inline, [vm]) == (unlabelled,)
+
+
+def test_config_set_indexed_lookups_agree_with_the_rules() -> None:
+    from istiod.model.config import ConfigSet
+
+    rules = (dr("client", "local"), dr("demo", "svc"), dr("other", "unrelated"), dr(ROOT, "mesh", host="*.svc.cluster.local"))
+    services = (VirtualService(Meta("r", "demo"), (REVIEWS,)), VirtualService(Meta("w", "demo"), ("*.demo.svc.cluster.local",)))
+    sidecars = (Sidecar(Meta("default", ROOT), egress=(EgressListener((("*", "*"),)),)),)
+    config = ConfigSet(virtual_services=services, destination_rules=rules, sidecars=sidecars)
+    for proxy_ns in ("client", "demo", "x"):
+        assert config.destination_rule_for(proxy_ns, {}, REVIEWS, "demo", ROOT) is destination_rule_for(
+            rules, proxy_ns, {}, REVIEWS, "demo", ROOT)
+        assert config.sidecar_for(proxy_ns, {}, ROOT) is sidecars[0]
+    assert config.virtual_service_for_host("x", REVIEWS) is services[0]
+    assert config.virtual_service_for_host("x", "ratings.demo.svc.cluster.local") is services[1]
+    assert config.virtual_service_for_host("x", "a.example.com") is None
