@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from istiod.model.config import ConfigSet
 from istiod.model.config.networking import MESH_GATEWAY, DestinationRule
-from istiod.model.config.scope import destination_rule_for, most_specific
+from istiod.model.config.scope import most_specific
 from istiod.model.service import Service
 from istiod.model.workload import Workload
 
@@ -72,8 +72,7 @@ def _virtual_services(config: ConfigSet, hosts: Mapping[str, str], root_namespac
                 continue
             if not destination.subset:
                 continue
-            rule = destination_rule_for(config.destination_rules, vs.meta.namespace, {}, destination.host, namespace,
-                                        root_namespace)
+            rule = config.destination_rule_for(vs.meta.namespace, {}, destination.host, namespace, root_namespace)
             if rule is None or rule.subset(destination.subset) is None:
                 findings.append(Finding(origin, "IST0101", "Referenced host+subset in destinationrule not found: "
                                                            f'"{destination.host}+{destination.subset}"'))
