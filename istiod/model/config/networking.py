@@ -258,7 +258,7 @@ class DestinationRule:
 @dataclass(frozen=True, slots=True)
 class ServicePort:
     number: int
-    protocol: str  # upper case: HTTP, HTTPS, GRPC, HTTP2, MONGO, TCP, TLS, UDP (refused)
+    protocol: str  # upper case (HTTP, HTTPS, GRPC, HTTP2, TCP, TLS, ...); "" on a ServiceEntry: sniffed
     name: str
     target_port: int = 0
 

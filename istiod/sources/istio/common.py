@@ -249,10 +249,11 @@ PROTOCOLS = frozenset({"TCP", "UDP", "GRPC", "GRPC-WEB", "HTTP", "HTTP_PROXY", "
                        "MONGO", "REDIS", "MYSQL"})
 
 
-def protocol(f: _Fields, path: str, default: str = "") -> str:
-    """Istio's protocol names, case-insensitive as istiod parses them, stored upper-case."""
-    value = f.get(path, str, default)
-    if value.upper() not in PROTOCOLS:
+def protocol(f: _Fields, path: str, allow_empty: bool = False) -> str:
+    """Istio's protocol names, case-insensitive as istiod parses them, stored upper-case; empty
+    (protocol sniffing) only where istiod allows it (ServiceEntry ports)."""
+    value = f.get(path, str, "")
+    if not (allow_empty and value == "") and value.upper() not in PROTOCOLS:
         raise f.fail(f"{path}: {value!r} is not a valid protocol")
     return value.upper()
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from istiod.model.config.common import Labels, Meta
+import re
+
+from istiod.model.config.common import Labels, Meta, StringMatch
 from istiod.model.config.networking import (
     MESH_GATEWAY, ClientTLS, ConnectionPool, ConsistentHash, Destination, DestinationRule, EgressListener, Fault,
     FaultAbort, FaultDelay, Gateway, HeaderOperations, Headers, HTTPMatch, HTTPRoute, HTTPSettings, IngressListener,
@@ -139,6 +141,17 @@ def _source_namespace(f: _Fields) -> str:
     return value
 
 
+_HEADER_NAME = re.compile(r"[-_A-Za-z0-9]+")  # istiod's rule for header match names
+
+
+def _header_matches(m: _Fields, path: str) -> tuple[tuple[str, StringMatch], ...]:
+    matches = string_matches(m, path)
+    for name, _ in matches:
+        if not _HEADER_NAME.fullmatch(name):
+            raise m.fail(f"{path}: header name {name!r} is not a valid header name")
+    return matches
+
+
 def _http_match(m: _Fields, namespace: str, domain: str) -> HTTPMatch:
     only(m, ("name", "uri", "scheme", "method", "authority", "headers", "withoutHeaders", "queryParams", "port",
              "sourceLabels", "gateways", "sourceNamespace", "ignoreUriCase"), ("statPrefix",))
@@ -148,8 +161,8 @@ def _http_match(m: _Fields, namespace: str, domain: str) -> HTTPMatch:
         scheme=string_match(m, "scheme"),
         method=string_match(m, "method"),
         authority=string_match(m, "authority"),
-        headers=string_matches(m, "headers"),
-        without_headers=string_matches(m, "withoutHeaders"),
+        headers=_header_matches(m, "headers"),
+        without_headers=_header_matches(m, "withoutHeaders"),
         query_params=string_matches(m, "queryParams"),
         port=port(m, "port") or 0,
         source_labels=labels(m, "sourceLabels"),
@@ -463,7 +476,7 @@ def _required(f: _Fields, path: str) -> _Fields:
     return sub
 
 
-def _service_port(sub: _Fields, default_protocol: str = "TCP") -> ServicePort:
+def _service_port(sub: _Fields, sniffed: bool = False) -> ServicePort:
     only(sub, ("number", "protocol", "name", "targetPort"))
     number = port(sub, "number")
     if number is None:
@@ -471,7 +484,7 @@ def _service_port(sub: _Fields, default_protocol: str = "TCP") -> ServicePort:
     name = sub.get("name", str, "")
     if name and not dns1123_label(name):
         raise sub.fail(f"name: invalid port name: {name}")
-    return ServicePort(number, protocol(sub, "protocol", default_protocol), name, port(sub, "targetPort") or 0)
+    return ServicePort(number, protocol(sub, "protocol", sniffed), name, port(sub, "targetPort") or 0)
 
 
 def _workload_entry(f: _Fields, meta: Meta, port_names: set[str] | None) -> WorkloadEntry:
@@ -523,7 +536,7 @@ def service_entry(key: ObjectKey, f: _Fields, domain: str) -> ServiceEntry:
         raise f.fail("spec.addresses: CIDR addresses are allowed only for NONE/STATIC resolution types")
     ports: list[ServicePort] = []
     for i, item in enumerate(items(f, "spec.ports")):
-        p = _service_port(item, "")
+        p = _service_port(item, sniffed=True)
         if any(o.name == p.name for o in ports):
             raise f.fail(f"spec.ports[{i}].name: service entry port name {p.name!r} already defined")
         if any(o.number == p.number for o in ports):
