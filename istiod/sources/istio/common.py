@@ -14,7 +14,7 @@ from typing import Any
 
 import durationpy
 
-from istiod.model.config.common import Labels, MatchKind, StringMatch, compile_regex
+from istiod.model.config.common import Labels, MatchKind, Meta, StringMatch, compile_regex
 from istiod.sources.convert import ObjectKey, _Fields
 
 _DNS1123_LABEL = re.compile(r"[a-zA-Z0-9]([-a-zA-Z0-9]{0,61}[a-zA-Z0-9])?")
@@ -262,3 +262,24 @@ def raise_if(f: _Fields, error: str | None, path: str) -> None:
     if error:
         raise f.fail(f"{path}: {error}")
 
+
+def meta(key: ObjectKey) -> Meta:
+    return Meta(key.name, key.namespace)
+
+
+def spec(f: _Fields, known: tuple[str, ...], unsupported: tuple[str, ...] = ()) -> _Fields:
+    """The object's spec, with only the fields we know (and none of those we refuse)."""
+    body = fields(f, "spec")
+    if body is None:
+        raise f.fail("spec is required")
+    only(body, known, unsupported)
+    return body
+
+
+def enum_field(f: _Fields, path: str, enum_type: type, default: str) -> object:
+    value = f.get(path, str, default)
+    try:
+        return enum_type(value)
+    except ValueError:
+        names = ", ".join(m.value for m in enum_type)  # type: ignore[attr-defined]
+        raise f.fail(f"{path}: {value!r} is not one of {names}") from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from istiod.model.config.common import Labels, Meta, StringMatch
+from istiod.model.config.scope import host_matches
 from istiod.model.config.networking import (
     MESH_GATEWAY, ClientTLS, ConnectionPool, ConsistentHash, Destination, DestinationRule, EgressListener, Fault,
     FaultAbort, FaultDelay, Gateway, HeaderOperations, Headers, HTTPMatch, HTTPRoute, HTTPSettings, IngressListener,
@@ -14,7 +15,7 @@ from istiod.model.config.networking import (
 )
 from istiod.sources.convert import ObjectKey, _Fields
 from istiod.sources.istio.common import (
-    dns1123_label, duration, export_to, fields, items, fqdn_error, integer, ip_or_cidr, is_ip, labels, only, percentage,
+    dns1123_label, duration, enum_field, export_to, fields, items, meta, spec, fqdn_error, integer, ip_or_cidr, is_ip, labels, only, percentage,
     port, protocol, raise_if, regex, resolve_host, str_keyed, str_list, string_match, string_matches, wildcard_domain_error,
     workload_selector,
 )
@@ -32,30 +33,9 @@ GRPC_CODES = frozenset({
 })
 
 
-def _meta(key: ObjectKey) -> Meta:
-    return Meta(key.name, key.namespace)
-
-
-def _spec(f: _Fields, known: tuple[str, ...], unsupported: tuple[str, ...] = ()) -> _Fields:
-    spec = fields(f, "spec")
-    if spec is None:
-        raise f.fail("spec is required")
-    only(spec, known, unsupported)
-    return f
-
-
-def _enum(f: _Fields, path: str, enum_type: type, default: str) -> object:
-    value = f.get(path, str, default)
-    try:
-        return enum_type(value)
-    except ValueError:
-        names = ", ".join(m.value for m in enum_type)  # type: ignore[attr-defined]
-        raise f.fail(f"{path}: {value!r} is not one of {names}") from None
-
-
 # --- VirtualService ---------------------------------------------------------------------------
 
-def _gateway_ref(f: _Fields, path: str, name: str, namespace: str, domain: str) -> str:
+def _gateway_ref(f: _Fields, path: str, name: str, namespace: str) -> str:
     """`mesh`, `<ns>/<name>`, a bare name (in the object's namespace), or the legacy FQDN form."""
     if name == MESH_GATEWAY:
         return name
@@ -72,8 +52,8 @@ def _gateway_ref(f: _Fields, path: str, name: str, namespace: str, domain: str) 
     raise f.fail(f"{path}: invalid gateway name {name!r}")
 
 
-def _gateway_refs(f: _Fields, path: str, namespace: str, domain: str) -> tuple[str, ...]:
-    return tuple(_gateway_ref(f, f"{path}[{i}]", g, namespace, domain) for i, g in enumerate(str_list(f, path)))
+def _gateway_refs(f: _Fields, path: str, namespace: str) -> tuple[str, ...]:
+    return tuple(_gateway_ref(f, f"{path}[{i}]", g, namespace) for i, g in enumerate(str_list(f, path)))
 
 
 def _destination(f: _Fields, path: str, namespace: str, domain: str) -> Destination:
@@ -166,7 +146,7 @@ def _http_match(m: _Fields, namespace: str, domain: str) -> HTTPMatch:
         query_params=string_matches(m, "queryParams"),
         port=port(m, "port") or 0,
         source_labels=labels(m, "sourceLabels"),
-        gateways=_gateway_refs(m, "gateways", namespace, domain),
+        gateways=_gateway_refs(m, "gateways", namespace),
         source_namespace=_source_namespace(m),
         ignore_uri_case=m.get("ignoreUriCase", bool, False),
     )
@@ -286,10 +266,10 @@ def _l4_route(r: _Fields, namespace: str, domain: str, tls: bool, hosts: tuple[s
             raise m.fail("TLS match must have at least one SNI host")
         for name in sni:
             raise_if(m, wildcard_domain_error(name), "sniHosts")
-            if not any(_host_covers(h, resolve_host(name, namespace, domain)) for h in hosts):
+            if not any(host_matches(h, resolve_host(name, namespace, domain)) for h in hosts):
                 raise m.fail(f"sniHosts: the SNI host {name!r} is not a subset of any of the virtual service hosts")
         matches.append(L4Match(str_list(m, "destinationSubnets"), port(m, "port") or 0, labels(m, "sourceLabels"),
-                               _gateway_refs(m, "gateways", namespace, domain), _source_namespace(m), sni))
+                               _gateway_refs(m, "gateways", namespace), _source_namespace(m), sni))
     if tls and not matches:
         raise r.fail("TLS route must have at least one match condition")
     route = _route_destinations(r, "route", namespace, domain)
@@ -298,18 +278,12 @@ def _l4_route(r: _Fields, namespace: str, domain: str, tls: bool, hosts: tuple[s
     return L4Route(tuple(matches), route)
 
 
-def _host_covers(pattern: str, host: str) -> bool:
-    if pattern == "*" or pattern == host:
-        return True
-    return pattern.startswith("*") and host.endswith(pattern[1:])
-
-
 def virtual_service(key: ObjectKey, f: _Fields, domain: str) -> VirtualService:
-    _spec(f, ("hosts", "gateways", "http", "tcp", "tls", "exportTo"), ("delegate",))
+    spec(f, ("hosts", "gateways", "http", "tcp", "tls", "exportTo"), ("delegate",))
     hosts = str_list(f, "spec.hosts")
     if not hosts:
         raise f.fail("spec.hosts: virtual service must have at least one host")
-    gateways = _gateway_refs(f, "spec.gateways", key.namespace, domain) or (MESH_GATEWAY,)
+    gateways = _gateway_refs(f, "spec.gateways", key.namespace) or (MESH_GATEWAY,)
     for i, host in enumerate(hosts):
         if host == "*" and MESH_GATEWAY in gateways:
             raise f.fail(f"spec.hosts[{i}]: wildcard host * is not allowed for virtual services bound to the mesh gateway")
@@ -319,7 +293,7 @@ def virtual_service(key: ObjectKey, f: _Fields, domain: str) -> VirtualService:
     if not any(f.get(f"spec.{p}", list, []) for p in ("http", "tcp", "tls")):
         raise f.fail("spec: http, tcp or tls must be provided in virtual service")
     return VirtualService(
-        meta=_meta(key),
+        meta=meta(key),
         hosts=resolved,
         gateways=gateways,
         http=tuple(_http_route(r, key.namespace, domain) for r in items(f, "spec.http")),
@@ -336,7 +310,7 @@ def _load_balancer(f: _Fields, path: str) -> LoadBalancerSettings | None:
     if sub is None:
         return None
     only(sub, ("simple", "consistentHash"), ("localityLbSetting", "warmupDurationSecs", "warmup"))
-    simple = _enum(sub, "simple", LoadBalancer, "UNSPECIFIED") if "simple" in sub.body else None
+    simple = enum_field(sub, "simple", LoadBalancer, "UNSPECIFIED") if "simple" in sub.body else None
     consistent = None
     if (c := fields(sub, "consistentHash")) is not None:
         only(c, ("httpHeaderName", "httpCookie", "useSourceIp", "httpQueryParameterName", "minimumRingSize"),
@@ -407,7 +381,7 @@ def _client_tls(f: _Fields, path: str) -> ClientTLS | None:
         return None
     only(sub, ("mode", "clientCertificate", "privateKey", "caCertificates", "credentialName", "subjectAltNames",
                "sni", "insecureSkipVerify"), ("caCrl",))
-    tls = ClientTLS(_enum(sub, "mode", TLSMode, "DISABLE"), sub.get("clientCertificate", str, ""),  # type: ignore[arg-type]
+    tls = ClientTLS(enum_field(sub, "mode", TLSMode, "DISABLE"), sub.get("clientCertificate", str, ""),  # type: ignore[arg-type]
                     sub.get("privateKey", str, ""), sub.get("caCertificates", str, ""),
                     sub.get("credentialName", str, ""), str_list(sub, "subjectAltNames"), sub.get("sni", str, ""),
                     sub.get("insecureSkipVerify", bool, None))
@@ -449,7 +423,7 @@ def _policy_parts(f: _Fields) -> tuple[LoadBalancerSettings | None, ConnectionPo
 
 
 def destination_rule(key: ObjectKey, f: _Fields, domain: str) -> DestinationRule:
-    _spec(f, ("host", "trafficPolicy", "subsets", "exportTo", "workloadSelector"))
+    spec(f, ("host", "trafficPolicy", "subsets", "exportTo", "workloadSelector"))
     host = f.get("spec.host", str, "")
     if not host:
         raise f.fail("spec.host is required")
@@ -463,7 +437,7 @@ def destination_rule(key: ObjectKey, f: _Fields, domain: str) -> DestinationRule
         if any(existing.name == name for existing in subsets):
             raise f.fail(f"spec.subsets[{i}].name: duplicate subset names: {name}")
         subsets.append(Subset(name, labels(s, "labels"), _traffic_policy(s, "trafficPolicy")))
-    return DestinationRule(_meta(key), resolve_host(host, key.namespace, domain), _traffic_policy(f, "spec.trafficPolicy"),
+    return DestinationRule(meta(key), resolve_host(host, key.namespace, domain), _traffic_policy(f, "spec.trafficPolicy"),
                            tuple(subsets), export_to(f), workload_selector(f, "spec.workloadSelector"))
 
 
@@ -510,16 +484,14 @@ _ENDPOINT_FIELDS = ("address", "ports", "labels", "network", "locality", "weight
 
 
 def workload_entry(key: ObjectKey, f: _Fields, domain: str) -> WorkloadEntry:
-    _spec(f, _ENDPOINT_FIELDS)
-    spec = fields(f, "spec")
-    assert spec is not None
-    if not spec.get("address", str, "") and not spec.get("network", str, ""):
+    body = spec(f, _ENDPOINT_FIELDS)
+    if not body.get("address", str, "") and not body.get("network", str, ""):
         raise f.fail("spec.address must be set")
-    return _workload_entry(spec, _meta(key), None)
+    return _workload_entry(body, meta(key), None)
 
 
 def service_entry(key: ObjectKey, f: _Fields, domain: str) -> ServiceEntry:
-    _spec(f, ("hosts", "addresses", "ports", "location", "resolution", "endpoints", "workloadSelector", "exportTo",
+    spec(f, ("hosts", "addresses", "ports", "location", "resolution", "endpoints", "workloadSelector", "exportTo",
               "subjectAltNames"))
     hosts = str_list(f, "spec.hosts")
     if not hosts:
@@ -531,7 +503,7 @@ def service_entry(key: ObjectKey, f: _Fields, domain: str) -> ServiceEntry:
     addresses = str_list(f, "spec.addresses")
     for i, address in enumerate(addresses):
         ip_or_cidr(f, f"spec.addresses[{i}]", address)
-    resolution: Resolution = _enum(f, "spec.resolution", Resolution, "NONE")  # type: ignore[assignment]
+    resolution: Resolution = enum_field(f, "spec.resolution", Resolution, "NONE")  # type: ignore[assignment]
     if any("/" in a for a in addresses) and resolution not in (Resolution.NONE, Resolution.STATIC):
         raise f.fail("spec.addresses: CIDR addresses are allowed only for NONE/STATIC resolution types")
     ports: list[ServicePort] = []
@@ -543,8 +515,8 @@ def service_entry(key: ObjectKey, f: _Fields, domain: str) -> ServiceEntry:
             raise f.fail(f"spec.ports[{i}].number: service entry port {p.number} already defined")
         ports.append(p)
     names = {p.name for p in ports}
-    meta = _meta(key)
-    endpoints = tuple(_workload_entry(e, meta, names) for e in items(f, "spec.endpoints"))
+    owner = meta(key)
+    endpoints = tuple(_workload_entry(e, owner, names) for e in items(f, "spec.endpoints"))
     selector = _labels_selector(f)
     if "workloadSelector" in (f.get("spec", dict, {})) and endpoints:
         raise f.fail("spec: only one of WorkloadSelector or Endpoints is allowed in Service Entry")
@@ -560,8 +532,8 @@ def service_entry(key: ObjectKey, f: _Fields, domain: str) -> ServiceEntry:
                 raise f.fail("spec.hosts: hosts must be FQDN if no endpoints are provided for resolution mode DNS")
     if resolution is Resolution.DNS_ROUND_ROBIN and len(endpoints) > 1:
         raise f.fail("spec.endpoints: there must only be 0 or 1 endpoint for resolution mode DNS_ROUND_ROBIN")
-    return ServiceEntry(meta, tuple(resolve_host(h, key.namespace, domain) for h in hosts), tuple(ports), addresses,
-                        _enum(f, "spec.location", Location, "MESH_EXTERNAL"), resolution,  # type: ignore[arg-type]
+    return ServiceEntry(owner, tuple(resolve_host(h, key.namespace, domain) for h in hosts), tuple(ports), addresses,
+                        enum_field(f, "spec.location", Location, "MESH_EXTERNAL"), resolution,  # type: ignore[arg-type]
                         endpoints, selector, export_to(f), str_list(f, "spec.subjectAltNames"))
 
 
@@ -602,7 +574,7 @@ def _server_tls(f: _Fields, path: str) -> ServerTLS | None:
     only(sub, ("httpsRedirect", "mode", "serverCertificate", "privateKey", "caCertificates", "credentialName",
                "subjectAltNames", "minProtocolVersion", "maxProtocolVersion", "cipherSuites"),
          ("credentialNames", "tlsCertificates", "verifyCertificateSpki", "verifyCertificateHash", "caCrl"))
-    tls = ServerTLS(_enum(sub, "mode", ServerTLSMode, "PASSTHROUGH"), sub.get("httpsRedirect", bool, False),  # type: ignore[arg-type]
+    tls = ServerTLS(enum_field(sub, "mode", ServerTLSMode, "PASSTHROUGH"), sub.get("httpsRedirect", bool, False),  # type: ignore[arg-type]
                     sub.get("serverCertificate", str, ""), sub.get("privateKey", str, ""),
                     sub.get("caCertificates", str, ""), sub.get("credentialName", str, ""),
                     str_list(sub, "subjectAltNames"), sub.get("minProtocolVersion", str, ""),
@@ -621,7 +593,7 @@ def _server_tls(f: _Fields, path: str) -> ServerTLS | None:
 
 
 def gateway(key: ObjectKey, f: _Fields, domain: str) -> Gateway:
-    _spec(f, ("servers", "selector"))
+    spec(f, ("servers", "selector"))
     servers: list[Server] = []
     for i, s in enumerate(items(f, "spec.servers")):
         where = f"spec.servers[{i}]"
@@ -648,7 +620,7 @@ def gateway(key: ObjectKey, f: _Fields, domain: str) -> Gateway:
                                                  for j, h in enumerate(hosts)), bind, tls, s.get("name", str, "")))
     if not servers:
         raise f.fail("spec.servers: gateway must have at least one server")
-    return Gateway(_meta(key), tuple(servers), labels(f, "spec.selector"))
+    return Gateway(meta(key), tuple(servers), labels(f, "spec.selector"))
 
 
 _CAPTURE_MODES = ("DEFAULT", "IPTABLES", "NONE")
@@ -662,12 +634,11 @@ def _capture_mode(f: _Fields, path: str) -> str:
 
 
 def sidecar(key: ObjectKey, f: _Fields, domain: str) -> Sidecar:
-    _spec(f, ("workloadSelector", "ingress", "egress", "outboundTrafficPolicy"), ("inboundConnectionPool",))
-    spec = f.get("spec", dict, {})
+    body = spec(f, ("workloadSelector", "ingress", "egress", "outboundTrafficPolicy"), ("inboundConnectionPool",)).body
     selector = _labels_selector(f)
-    if "workloadSelector" in spec and not selector:
+    if "workloadSelector" in body and not selector:
         raise f.fail("spec.workloadSelector: sidecar: workloadSelector cannot have empty labels")
-    if not any(spec.get(k) for k in ("ingress", "egress", "outboundTrafficPolicy")):
+    if not any(body.get(k) for k in ("ingress", "egress", "outboundTrafficPolicy")):
         raise f.fail("spec: sidecar: empty configuration provided")
     ingress: list[IngressListener] = []
     for i, item in enumerate(items(f, "spec.ingress")):
@@ -704,7 +675,7 @@ def sidecar(key: ObjectKey, f: _Fields, domain: str) -> Sidecar:
         mode = policy.get("mode", str, "REGISTRY_ONLY")
         if mode not in ("ALLOW_ANY", "REGISTRY_ONLY"):
             raise f.fail(f"spec.outboundTrafficPolicy.mode: {mode!r} is not one of ALLOW_ANY, REGISTRY_ONLY")
-    return Sidecar(_meta(key), tuple(egress), tuple(ingress), selector, mode)
+    return Sidecar(meta(key), tuple(egress), tuple(ingress), selector, mode)
 
 
 def _default_endpoint_ok(endpoint: str) -> bool:

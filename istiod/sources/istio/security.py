@@ -10,8 +10,7 @@ from istiod.model.config.security import (
     RequestAuthentication, Rule, Source,
 )
 from istiod.sources.convert import ObjectKey, _Fields
-from istiod.sources.istio.common import fields, ip_or_cidr, items, only, str_list, workload_selector
-from istiod.sources.istio.networking import _enum, _meta, _spec
+from istiod.sources.istio.common import enum_field, fields, ip_or_cidr, items, meta, spec, only, str_list, workload_selector
 
 _TARGET_REFS = ("targetRef", "targetRefs")  # Gateway API policy attachment: not implemented
 
@@ -20,11 +19,11 @@ def _mode(sub: _Fields | None) -> MTLSMode:
     if sub is None:
         return MTLSMode.UNSET
     only(sub, ("mode",))
-    return _enum(sub, "mode", MTLSMode, "UNSET")  # type: ignore[return-value]
+    return enum_field(sub, "mode", MTLSMode, "UNSET")  # type: ignore[return-value]
 
 
 def peer_authentication(key: ObjectKey, f: _Fields, domain: str) -> PeerAuthentication:
-    _spec(f, ("selector", "mtls", "portLevelMtls"), _TARGET_REFS)
+    spec(f, ("selector", "mtls", "portLevelMtls"), _TARGET_REFS)
     selector = workload_selector(f)
     port_level = []
     # YAML writes the ports as numbers or strings: `{8080: {mode: DISABLE}}`.
@@ -37,7 +36,7 @@ def peer_authentication(key: ObjectKey, f: _Fields, domain: str) -> PeerAuthenti
         port_level.append((int(name), _mode(_Fields(f"{f.key} {where}", value))))
     if port_level and not selector:
         raise f.fail("spec.portLevelMtls: mesh/namespace peer authentication cannot have port level mTLS")
-    return PeerAuthentication(_meta(key), selector, _mode(fields(f, "spec.mtls")), tuple(sorted(port_level)))
+    return PeerAuthentication(meta(key), selector, _mode(fields(f, "spec.mtls")), tuple(sorted(port_level)))
 
 
 _SOURCE_FIELDS = ("principals", "notPrincipals", "requestPrincipals", "notRequestPrincipals", "namespaces",
@@ -117,8 +116,8 @@ def _condition(c: _Fields) -> Condition:
 
 
 def authorization_policy(key: ObjectKey, f: _Fields, domain: str) -> AuthorizationPolicy:
-    _spec(f, ("selector", "action", "rules", "provider"), _TARGET_REFS)
-    action: Action = _enum(f, "spec.action", Action, "ALLOW")  # type: ignore[assignment]
+    spec(f, ("selector", "action", "rules", "provider"), _TARGET_REFS)
+    action: Action = enum_field(f, "spec.action", Action, "ALLOW")  # type: ignore[assignment]
     has_rules = "rules" in f.get("spec", dict, {})
     provider = ""
     if (p := fields(f, "spec.provider")) is not None:
@@ -149,7 +148,7 @@ def authorization_policy(key: ObjectKey, f: _Fields, domain: str) -> Authorizati
         sources = tuple(_source(item, "source", action) for item in items(r, "from"))
         operations = tuple(_operation(item, "operation") for item in items(r, "to"))
         rules.append(Rule(sources, operations, tuple(_condition(c) for c in items(r, "when"))))
-    return AuthorizationPolicy(_meta(key), workload_selector(f), action, tuple(rules), provider)
+    return AuthorizationPolicy(meta(key), workload_selector(f), action, tuple(rules), provider)
 
 
 def _jwt_rule(r: _Fields) -> JWTRule:
@@ -195,5 +194,5 @@ def _jwt_rule(r: _Fields) -> JWTRule:
 
 
 def request_authentication(key: ObjectKey, f: _Fields, domain: str) -> RequestAuthentication:
-    _spec(f, ("selector", "jwtRules"), _TARGET_REFS)
-    return RequestAuthentication(_meta(key), workload_selector(f), tuple(_jwt_rule(r) for r in items(f, "spec.jwtRules")))
+    spec(f, ("selector", "jwtRules"), _TARGET_REFS)
+    return RequestAuthentication(meta(key), workload_selector(f), tuple(_jwt_rule(r) for r in items(f, "spec.jwtRules")))
