@@ -47,8 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "discovery":
         from istiod.server import run_discovery
 
-        asyncio.run(run_discovery(settings_from_args(args)))
-        return 0
+        return asyncio.run(run_discovery(settings_from_args(args)))
     if args.command == "agent":
         from istiod.agent.agent import run_agent
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import signal
 import socket
+from datetime import datetime, timezone
 
 import grpc
 import uvicorn
@@ -31,6 +33,7 @@ from istiod.sources.kube import KubeSource
 from istiod.sources.meshconfig import MeshConfigMapWatcher, MeshFileWatcher
 from istiod.sources.namespaces import NamespaceFilter, Selector
 from istiod.sources.store import Store
+from istiod.supervisor import Supervisor
 from istiod.webhooks.cabundle import CaBundlePatcher
 from istiod.webhooks.serve import WebhookServer
 from istiod.xds.pusher import Pusher
@@ -55,13 +58,16 @@ class Discovery:
         self.pusher = Pusher(self.store, settings.debounce_after, settings.debounce_max, settings.mesh)
         self.ads = DiscoveryServer(lambda: self.pusher.snapshot, settings.push_concurrency)
         self.pusher.subscribe(self.ads.on_push)
-        self.secure = SecurePort(settings, self.ads)
+        self.supervisor = Supervisor()
+        self.secure = SecurePort(settings, self.ads, self.supervisor)
         self.health = health.aio.HealthServicer()
         self.ports: dict[str, int] = {}
         self._grpc: grpc.aio.Server | None = None
         self._http: list[uvicorn.Server] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._api: client.ApiClient | None = None
+        self._mesh_synced = asyncio.Event()  # set now unless the mesh config comes from the cluster
+        self._mesh_synced.set()
 
     async def _make_source(self) -> ConfigDirSource | KubeSource:
         settings = self.settings
@@ -97,12 +103,12 @@ class Discovery:
         # The mesh config after the CA, which must hold its root before anything else starts.
         if settings.mesh_config is not None:
             watcher = MeshFileWatcher(settings.mesh_config, settings.mesh_defaults, self.apply_mesh, settings.poll_interval)
-            self._tasks.append(asyncio.create_task(watcher.run(), name="mesh-config"))
+            self._tasks.append(self.supervisor.start("mesh-config", watcher.run, restart=True))
         elif isinstance(self.source, KubeSource):
             configmap = MeshConfigMapWatcher(self.source.api, settings.namespace, settings.mesh_defaults,
                                              self.apply_mesh, settings.watch_timeout)
-            self._tasks.append(asyncio.create_task(configmap.informer.run(), name="mesh-config"))
-            await configmap.informer.synced.wait()  # discoverySelectors apply before the informers list
+            self._mesh_synced = configmap.informer.synced
+            self._tasks.append(self.supervisor.start("mesh-config", configmap.informer.run, restart=True))
         self._grpc = grpc.aio.server(options=[("grpc.max_concurrent_streams", 1 << 20)])
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(self.ads, self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc)
@@ -112,7 +118,7 @@ class Discovery:
         self.ports["grpc"] = self._grpc.add_insecure_port(join_host_port(grpc_addr.bind_host, grpc_addr.port))
         await self._grpc.start()
 
-        view = DebugView(lambda: self.pusher.snapshot, lambda: self.ads.connections, lambda: self.ads.ready,
+        view = DebugView(lambda: self.pusher.snapshot, lambda: self.ads.connections, self.not_ready,
                          self.store.objects, lambda: self.ads.monitor.last_push)
         access = AccessPolicy.from_token_file(self.settings.debug_token_file, self.secure.authenticators,
                                               self.settings.namespace)
@@ -125,24 +131,48 @@ class Discovery:
             server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False,
                                                    log_config=None, proxy_headers=False))
             self._http.append(server)
-            self._tasks.append(asyncio.create_task(server.serve(sockets=[sock]), name=name))
+            # A server that ends is not restarted: its socket is gone with it.
+            self._tasks.append(self.supervisor.start(name, functools.partial(server.serve, sockets=[sock]), restart=False))
         assert self.secure.ca is not None
         webhook, sock = WebhookServer(settings, self.secure.ca), _bind(settings.webhook_addr)
         self.ports["webhook"] = sock.getsockname()[1]
         self._http.append(webhook.server)
         self._tasks += [
-            asyncio.create_task(webhook.serve(sock), name="webhook"),
-            asyncio.create_task(self.source.run(), name="source"),
-            asyncio.create_task(self.pusher.run(), name="pusher"),
+            self.supervisor.start("webhook", functools.partial(webhook.serve, sock), restart=False),
+            self.supervisor.start("source", self._read_source, restart=True),
+            self.supervisor.start("pusher", self._push, restart=True),
         ]
         if self._api is not None:
             patcher = CaBundlePatcher(self._api, self.secure.ca, settings.namespace)
-            self._tasks.append(asyncio.create_task(patcher.run(), name="webhook-ca-bundle"))
+            self._tasks.append(self.supervisor.start("webhook-ca-bundle", patcher.run, restart=True))
         if self.election is not None and self.publisher is not None:
-            self._tasks.append(asyncio.create_task(self.election.run(self.publisher.run), name="root-cert-publisher"))
+            election, publisher = self.election, self.publisher
+            self._tasks.append(self.supervisor.start("root-cert-publisher", lambda: election.run(publisher.run),
+                                                     restart=True))
         log.info(logs.event("serving", **self.ports))
         if self.settings.ports_file:
             self.settings.ports_file.write_text(json.dumps(self.ports))
+
+    async def _read_source(self) -> None:
+        # The mesh config's discoverySelectors apply before the informers list; until then /ready
+        # says the sources have not synced (the ports are open: the API may be down for a while).
+        await self._mesh_synced.wait()
+        assert self.source is not None
+        await self.source.run()
+
+    async def _push(self) -> None:
+        if self.ads.ready:  # a restart: what the crashed run had taken from the store is built again
+            self.pusher.publish(full=True)
+        await self.pusher.run()
+
+    def not_ready(self) -> str | None:
+        """Why /ready answers 503, or None."""
+        if self.supervisor.failure is not None:
+            return f"{self.supervisor.failure}; istiod is stopping"
+        if not self.ads.ready:
+            return "sources have not synced"
+        serving = self.secure.serving
+        return serving.expiring(datetime.now(timezone.utc)) if serving is not None else None
 
     async def wait_synced(self) -> None:
         """Ready once the source has synced and the first snapshot is built from it."""
@@ -154,7 +184,9 @@ class Discovery:
         log.info("sources synced; ready with %d services", len(self.pusher.snapshot.services))
 
     async def stop(self) -> None:
+        self.supervisor.stopping = True
         self.ads.ready = False
+        await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         if self._grpc is not None:
             await self._grpc.stop(grace=1.0)
         await self.secure.stop()
@@ -173,7 +205,8 @@ class Discovery:
                 await self._api.close()
 
 
-async def run_discovery(settings: Settings) -> None:
+async def run_discovery(settings: Settings) -> int:
+    """Serves until SIGINT or SIGTERM (0), or until a background task fails that cannot be restarted (1)."""
     discovery = Discovery(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -186,13 +219,16 @@ async def run_discovery(settings: Settings) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         synced = asyncio.create_task(discovery.wait_synced())
-        await stop.wait()
-        synced.cancel()
+        ends = [asyncio.create_task(stop.wait()), asyncio.create_task(discovery.supervisor.failed.wait())]
+        await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
+        for task in (synced, *ends):
+            task.cancel()
     except asyncio.CancelledError:
         log.info("stopped while starting")
     finally:
         log.info("shutting down")
         await discovery.stop()
+    return 1 if discovery.supervisor.failure is not None else 0
 
 
 def _bind(address: Address) -> socket.socket:

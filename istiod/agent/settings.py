@@ -10,6 +10,7 @@ from pathlib import Path
 from istiod.agent.bootstrap import CertFiles, NodeInfo
 from istiod.durations import parse_duration
 from istiod.model.mesh import DEFAULT_TRUST_DOMAIN
+from istiod.model.names import check_account
 
 DEFAULT_CA_ADDRESS = "istiod.istio-system.svc:15012"
 
@@ -53,6 +54,10 @@ def add_agent_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def agent_settings_from_args(args: argparse.Namespace) -> AgentSettings:
+    try:
+        check_account(args.pod_namespace, args.service_account)
+    except ValueError as error:
+        raise SystemExit(f"istiod agent: --pod-namespace/--service-account: {error}") from None
     node = NodeInfo(ip=args.instance_ip, pod=args.pod_name, namespace=args.pod_namespace,
                     service_account=args.service_account, cluster_id=args.cluster_id)
     return AgentSettings(
