@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from cryptography import x509
 
-from istiod.ca.root import CertificateAuthority, DirRootStore, self_signed_bundle
+from istiod.ca.root import CertificateAuthority
+from istiod.ca.selfsigned import DirRootStore, self_signed_bundle
 from istiod.ca.settings import CaSettings
 from istiod.ca.signer import TtlPolicy
 from istiod.settings import Address, Settings
