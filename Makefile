@@ -58,6 +58,7 @@ demo-client: $(BASE)
 bench: $(STAMP)
 	$(BIN)/python bench/push.py
 	$(BIN)/python bench/configdir.py
+	$(BIN)/python bench/config.py
 
 # Generated code is committed; tests/test_protos.py fails when it is stale.
 PROTOS := $(shell find api -name '*.proto')

@@ -7,6 +7,7 @@ import asyncio
 import difflib
 import sys
 from typing import NoReturn
+from pathlib import Path
 
 from istiod import __version__, logs
 from istiod.agent.settings import add_agent_flags, add_proxy_flags, agent_settings_from_args, proxy_settings_from_args
@@ -77,6 +78,12 @@ def build_parser() -> _Parser:
     version.add_argument("-s", "--short", action="store_true", help="the version number only")
     version.add_argument("--remote", action="store_true", help="also ask the istiod at --istiod")
     _add_istiod_url(version)
+    analyze = commands.add_parser("analyze", help="validate Istio config and check it across objects, as istioctl analyze")
+    analyze.add_argument("files", nargs="*", type=Path, metavar="FILE", help="YAML files or directories")
+    analyze.add_argument("--kubeconfig", type=Path, help="analyze this cluster's objects (the files go on top)")
+    analyze.add_argument("--mesh-config", type=Path, help="the mesh config (its rootNamespace)")
+    analyze.add_argument("--domain", default="cluster.local", help="cluster DNS domain (default cluster.local)")
+    analyze.add_argument("-o", "--output", choices=("short", "json"), default="short")
     return parser
 
 
@@ -119,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         from istiod.agent.agent import run_agent
 
         return asyncio.run(run_agent(agent_settings_from_args(args)))
+    if args.command == "analyze":
+        return _analyze(args)
     from istiod.tools import proxy_config, proxy_status, version
     from istiod.tools.debug_client import DebugClient, ToolError
 
@@ -132,6 +141,22 @@ def main(argv: list[str] | None = None) -> int:
     except ToolError as error:
         print(f"istiod {args.command}: {error}", file=sys.stderr)
         return 1
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    from istiod.model.mesh import MeshConfig
+    from istiod.sources.meshconfig import MeshConfigError, read_mesh_file
+    from istiod.tools import analyze
+
+    if not args.files and args.kubeconfig is None:
+        print("istiod analyze: give FILES or --kubeconfig", file=sys.stderr)
+        return 2
+    try:
+        mesh = read_mesh_file(args.mesh_config, MeshConfig()) if args.mesh_config else MeshConfig()
+    except MeshConfigError as error:
+        print(f"istiod analyze: {error}", file=sys.stderr)
+        return 2
+    return analyze.run(args.files, args.kubeconfig, args.output, mesh, args.domain)
 
 
 if __name__ == "__main__":

@@ -31,15 +31,19 @@ from istiod.debug.serving import http_server
 from istiod.kubeapi import api_client
 from istiod.leader import LeaderElection
 from istiod.listen import listen_tcp
+from istiod.model.mesh import MeshConfig
 from istiod.model.names import join_host_port
 from istiod.secure import SecurePort
 from istiod.settings import Address, Settings
 from istiod.sources.configdir import ConfigDirSource
 from istiod.sources.monitoring import record_change
 from istiod.sources.kube import KubeSource
+from istiod.sources.meshconfig import MeshConfigMapWatcher, MeshFileWatcher
 from istiod.sources.namespaces import NamespaceFilter, Selector
 from istiod.sources.store import Store
 from istiod.supervisor import Supervisor
+from istiod.webhooks.cabundle import CaBundlePatcher
+from istiod.webhooks.serve import WebhookServer
 from istiod.xds.pusher import Pusher
 from istiod.xds.server import DiscoveryServer
 
@@ -54,7 +58,8 @@ class Discovery:
         self.settings = settings
         self.store = Store(settings.domain)
         self.store.subscribe(record_change)
-        self.namespaces = NamespaceFilter(tuple(Selector.parse(s) for s in settings.discovery_selectors))
+        self._flag_selectors = tuple(Selector.parse(s) for s in settings.discovery_selectors)
+        self.namespaces = NamespaceFilter(settings.mesh.discovery_selectors or self._flag_selectors)
         self.source: ConfigDirSource | KubeSource | None = None
         self.publisher: RootCertPublisher | None = None
         self.election: LeaderElection | None = None
@@ -69,6 +74,8 @@ class Discovery:
         self._http: list[uvicorn.Server] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._api: client.ApiClient | None = None
+        self._mesh_synced = asyncio.Event()  # set now unless the mesh config comes from the cluster
+        self._mesh_synced.set()
 
     async def _make_source(self) -> ConfigDirSource | KubeSource:
         settings = self.settings
@@ -83,6 +90,18 @@ class Discovery:
             raise SystemExit(f"istiod: cannot use {where}: {logs.one_line(error)}") from None
         return KubeSource(self._api, self.store, self.namespaces, settings.watch_timeout)
 
+    def apply_mesh(self, mesh: MeshConfig) -> None:
+        """A changed mesh config, applied without a restart: namespaces are filtered again and every
+        proxy gets a full push. (The CA keeps the trust domain it started with.)"""
+        self.pusher.mesh = mesh
+        if isinstance(self.source, KubeSource):
+            self.source.writer.reselect(mesh.discovery_selectors or self._flag_selectors)
+        log.info(logs.event("mesh config applied", trust_domain=mesh.trust_domain, root_namespace=mesh.root_namespace,
+                            outbound_traffic_policy=mesh.outbound_traffic_policy.value,
+                            discovery_selectors=len(mesh.discovery_selectors)))
+        if self.ads.ready:
+            self.pusher.publish(full=True)
+
     async def start(self) -> None:
         settings = self.settings
         self.source = await self._make_source()
@@ -95,6 +114,15 @@ class Discovery:
         with _listening("--secure-grpc-addr", settings.secure_grpc_addr):
             self.ports["secure-grpc"] = await self.secure.start(self._api,
                                                                 self.publisher.publish if self.publisher else None)
+        # The mesh config after the CA, which must hold its root before anything else starts.
+        if settings.mesh_config is not None:
+            watcher = MeshFileWatcher(settings.mesh_config, settings.mesh_defaults, self.apply_mesh, settings.poll_interval)
+            self._tasks.append(self.supervisor.start("mesh-config", watcher.run, restart=True))
+        elif isinstance(self.source, KubeSource):
+            configmap = MeshConfigMapWatcher(self.source.api, settings.namespace, settings.mesh_defaults,
+                                             self.apply_mesh, settings.watch_timeout)
+            self._mesh_synced = configmap.informer.synced
+            self._tasks.append(self.supervisor.start("mesh-config", configmap.informer.run, restart=True))
         # so_reuseport off: a second istiod on the same port must fail, not silently share it.
         self._grpc = grpc.aio.server(options=[("grpc.max_concurrent_streams", 1 << 20), ("grpc.so_reuseport", 0),
                                               *settings.keepalive.server_options()])
@@ -123,10 +151,20 @@ class Discovery:
             self._http.append(server)
             # A server that ends is not restarted: its socket is gone with it.
             self._tasks.append(self.supervisor.start(name, functools.partial(server.serve, sockets=[sock]), restart=False))
+        assert self.secure.ca is not None
+        with _listening("--webhook-addr", settings.webhook_addr):
+            sock = listen_tcp(settings.webhook_addr.bind_host, settings.webhook_addr.port)
+        webhook = WebhookServer(settings, self.secure.ca)
+        self.ports["webhook"] = sock.getsockname()[1]
+        self._http.append(webhook.server)
         self._tasks += [
-            self.supervisor.start("source", self.source.run, restart=True),
+            self.supervisor.start("webhook", functools.partial(webhook.serve, sock), restart=False),
+            self.supervisor.start("source", self._read_source, restart=True),
             self.supervisor.start("pusher", self._push, restart=True),
         ]
+        if self._api is not None:
+            patcher = CaBundlePatcher(self._api, self.secure.ca, settings.namespace)
+            self._tasks.append(self.supervisor.start("webhook-ca-bundle", patcher.run, restart=True))
         if self.election is not None and self.publisher is not None:
             election, publisher = self.election, self.publisher
             self._tasks.append(self.supervisor.start("root-cert-publisher", lambda: election.run(publisher.run),
@@ -135,6 +173,13 @@ class Discovery:
         log.info(logs.event("listening", **_urls(settings, self.ports)))
         if self.settings.ports_file:
             self.settings.ports_file.write_text(json.dumps(self.ports))
+
+    async def _read_source(self) -> None:
+        # The mesh config's discoverySelectors apply before the informers list; until then /ready
+        # says the sources have not synced (the ports are open: the API may be down for a while).
+        await self._mesh_synced.wait()
+        assert self.source is not None
+        await self.source.run()
 
     async def _push(self) -> None:
         if self.ads.ready:  # a restart: what the crashed run had taken from the store is built again
@@ -171,7 +216,7 @@ class Discovery:
         for server in self._http:
             server.should_exit = True
         for task in self._tasks:
-            if task.get_name() not in ("http", "monitoring"):
+            if task.get_name() not in ("http", "monitoring", "webhook"):
                 task.cancel()
         try:
             _, pending = await asyncio.wait(self._tasks, timeout=5) if self._tasks else (set(), set())

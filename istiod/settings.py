@@ -55,7 +55,6 @@ class Settings:
     in_cluster: bool = False
     discovery_selectors: tuple[str, ...] = ()
     watch_timeout: int = 300
-    mesh_config_file: Path | None = None
     namespace: str = "istio-system"  # istiod's own (POD_NAMESPACE): its Secret, Lease and serving DNS names
     pod_name: str = ""  # who holds a leader Lease
     leader: LeaseTimings = LeaseTimings()
@@ -68,6 +67,9 @@ class Settings:
     xds_send_timeout: float = 5.0  # a stream whose client takes no response for this long is closed; 0: never
     max_connections: int = 4096  # per port served in Python: 8080, 15014 and 15012's TLS front
     http_read_timeout: float = 30.0  # a connection to 8080 or 15014 must send its request within this
+    webhook_addr: Address = Address("", 15017)
+    mesh_config: Path | None = None  # watched; in a cluster without it, the ConfigMap `istio` key `mesh`
+    mesh_defaults: MeshConfig = MeshConfig()  # the flags' values, under whatever the mesh config sets
 
 
 def _positive_int(text: str) -> int:
@@ -87,7 +89,10 @@ def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kubeconfig", type=Path,
                         help="read from this cluster (default $KUBECONFIG unless --config-dir is given;"
                              " in a pod, the in-cluster config)")
-    parser.add_argument("--mesh-config", "--meshConfig", type=Path, help="istiod's mesh config file (YAML)")
+    parser.add_argument("--mesh-config", "--meshConfig", type=Path,
+                        help="Istio mesh config YAML (trustDomain, rootNamespace, outboundTrafficPolicy, "
+                             "enableAutoMtls, defaultConfig, discoverySelectors), watched; its fields win over "
+                             "the flags (in a cluster without it: the ConfigMap istio, key mesh, in istiod's namespace)")
     parser.add_argument("--discovery-selector", dest="discovery_selectors", action="append", default=[],
                         metavar="SELECTOR",
                         help="only read namespaces whose labels match this Kubernetes label selector"
@@ -154,6 +159,9 @@ def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
                              "that has not sent a request is closed (default 4096)")
     parser.add_argument("--http-read-timeout", type=_seconds, default=30.0,
                         help="8080 and 15014: a connection's request must arrive within this (default 30s)")
+    parser.add_argument("--webhook-addr", "--httpsAddr", type=Address.parse,
+                        default=env_default("HTTPS_ADDR", ":15017", Address.parse),
+                        help="the webhooks over HTTPS with istiod's certificate: config validation at /validate (default :15017)")
     add_ca_flags(parser)
 
 
@@ -184,7 +192,20 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         leader.check()
     except ValueError as error:
         raise SystemExit(f"istiod discovery: {error}") from None
-    settings = Settings(
+    # Files and directories last: a flag that contradicts another is the first thing to say.
+    _check_dir(args.config_dir, "--config-dir")
+    _check_file(kubeconfig, "--kubeconfig" if args.kubeconfig else "KUBECONFIG")
+    for path, flag in ((args.debug_auth_token_file, "--debug-auth-token-file"),
+                       (args.ca_static_tokens, "--ca-static-tokens"), (args.mesh_config, "--mesh-config")):
+        _check_file(path, flag)
+    _check_dir(args.plugged_ca_dir, "--plugged-ca-dir")
+    if args.ports_file is not None:
+        _check_dir(args.ports_file.parent, "--ports-file: the directory")
+    if args.config_dir is not None and args.ca_state_dir.exists():  # else created at start; unused with a cluster
+        _check_dir(args.ca_state_dir, "--ca-state-dir")
+    defaults = MeshConfig(trust_domain=args.trust_domain, mtls=args.mtls,
+                          outbound_traffic_policy=OutboundTrafficPolicy(args.outbound_traffic_policy))
+    return Settings(
         config_dir=args.config_dir,
         grpc_addr=args.grpc_addr,
         http_addr=args.http_addr,
@@ -198,14 +219,15 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         in_cluster=in_cluster,
         discovery_selectors=tuple(args.discovery_selectors),
         watch_timeout=int(args.watch_timeout),
-        mesh_config_file=args.mesh_config,
+        mesh_config=args.mesh_config,
         namespace=os.environ.get("POD_NAMESPACE", "istio-system"),
         # Outside a pod, two istiods on one host must not share an identity.
         pod_name=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
         leader=leader,
         secure_grpc_addr=args.secure_grpc_addr,
-        mesh=MeshConfig(trust_domain=args.trust_domain, mtls=args.mtls,
-                        outbound_traffic_policy=OutboundTrafficPolicy(args.outbound_traffic_policy)),
+        mesh=_mesh(args.mesh_config, defaults),
+        mesh_defaults=defaults,
+        webhook_addr=args.webhook_addr,
         ca=ca_settings_from_args(args),
         monitoring_addr=args.monitoring_addr,
         debug_token_file=args.debug_auth_token_file,
@@ -214,18 +236,6 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         max_connections=args.max_connections,
         http_read_timeout=args.http_read_timeout,
     )
-    # Files and directories last: a flag that contradicts another is the first thing to say.
-    _check_dir(args.config_dir, "--config-dir")
-    _check_file(kubeconfig, "--kubeconfig" if args.kubeconfig else "KUBECONFIG")
-    for path, flag in ((args.debug_auth_token_file, "--debug-auth-token-file"),
-                       (args.ca_static_tokens, "--ca-static-tokens"), (args.mesh_config, "--mesh-config")):
-        _check_file(path, flag)
-    _check_dir(args.plugged_ca_dir, "--plugged-ca-dir")
-    if args.ports_file is not None:
-        _check_dir(args.ports_file.parent, "--ports-file: the directory")
-    if args.config_dir is not None and args.ca_state_dir.exists():  # else created at start; unused with a cluster
-        _check_dir(args.ca_state_dir, "--ca-state-dir")
-    return settings
 
 
 def _check_dir(path: Path | None, flag: str) -> None:
@@ -237,3 +247,14 @@ def _check_dir(path: Path | None, flag: str) -> None:
 def _check_file(path: Path | None, flag: str) -> None:
     if path is not None and not path.is_file():
         raise SystemExit(f"istiod discovery: {flag} {path}: {'is not a file' if path.exists() else 'no such file'}")
+
+
+def _mesh(path: Path | None, defaults: MeshConfig) -> MeshConfig:
+    """The flags' mesh config under what the mesh config file sets."""
+    # Late: the watcher module loads the Kubernetes client, which the other commands do without.
+    from istiod.sources.meshconfig import MeshConfigError, read_mesh_file
+
+    try:
+        return read_mesh_file(path, defaults) if path else defaults
+    except MeshConfigError as error:
+        raise SystemExit(f"istiod discovery: --mesh-config: {error}") from None

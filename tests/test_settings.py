@@ -126,7 +126,7 @@ def test_pilot_discovery_spellings_are_aliases(tmp_path: Path) -> None:
                       "--keepaliveMaxServerConnectionAge", "5m")
     assert (result.config_dir, str(result.grpc_addr), str(result.http_addr), str(result.monitoring_addr)) == (
         tmp_path, "127.0.0.1:1", ":2", "127.0.0.2:3")
-    assert (result.mesh_config_file, result.domain, result.keepalive.max_connection_age) == (mesh, "example.org", 300)
+    assert (result.mesh_config, result.domain, result.keepalive.max_connection_age) == (mesh, "example.org", 300)
 
 
 def test_an_explicit_config_dir_wins_over_kubeconfig_in_the_environment(

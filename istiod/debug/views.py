@@ -241,6 +241,7 @@ def push_status_json(status: PushStatus) -> dict[str, Any]:
     return {
         "version": status.version,
         "reason": dict(status.reason),
+        "configs": list(status.configs),
         "full": status.full,
         "start": rfc3339(status.start),
         "end": rfc3339(status.end),

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from istiod.model.batch import CronJob, Job
 from istiod.model.cluster import Node
+from istiod.model.config import ConfigSet
 from istiod.model.endpointslice import EndpointSlice
 from istiod.model.mesh import MeshConfig
 from istiod.model.service import Endpoint, Locality, Port, Service
@@ -82,6 +83,7 @@ def build_snapshot(
         jobs=MappingProxyType(jobs),
         cronjobs=MappingProxyType(cronjobs),
         mesh=mesh,
+        config=ConfigSet.collect(objects),
         volumes=_volume_mounts(objects.values("PersistentVolume"), objects.values("PersistentVolumeClaim"), workloads),
     )
 

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from istiod.model.batch import CronJob, Job
+from istiod.model.config import ConfigSet
 from istiod.model.mesh import MeshConfig
 from istiod.model.service import Endpoint, Service
 from istiod.model.storage import PersistentVolume, PersistentVolumeClaim
@@ -35,6 +36,7 @@ class Snapshot:
     cronjobs: Mapping[tuple[str, str], CronJob] = field(default_factory=dict)
     volumes: tuple[VolumeMount, ...] = ()
     mesh: MeshConfig = MeshConfig()
+    config: ConfigSet = ConfigSet()  # Istio's config objects (VirtualService, DestinationRule, ...)
     _aliases: dict[str, Service] = field(default_factory=dict, compare=False, repr=False)
     _inbound: dict[tuple[str, int], list[tuple[Service, Endpoint]]] = field(
         default_factory=dict, compare=False, repr=False

@@ -128,6 +128,10 @@ def convert(body: Mapping[str, Any], domain: str = DEFAULT_DOMAIN) -> tuple[Obje
     key = object_key(body)
     converter = CONVERTERS.get(key.kind)
     if converter is None:
+        from istiod.sources.istio import istio_converter  # late: it reads objects with _Fields above
+
+        converter = istio_converter(key, body)
+    if converter is None:
         raise ConversionError(f"{key}: kind {key.kind!r} is not one istiod reads")
     _check_names(key)
     return key, converter(key, _Fields(key, body), domain)

@@ -9,7 +9,9 @@ requirements that must all hold, each `key`, `!key`, `key=value` (or `==`), `key
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 # Label keys and values as the API server validates them (a qualified name; a value of 63 characters at most).
 _NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
@@ -138,9 +140,15 @@ class _Parser:
         return tuple(values)
 
 
+class LabelMatcher(Protocol):
+    """A flag's Selector, or the mesh config's LabelSelector (matchLabels and matchExpressions)."""
+
+    def matches(self, labels: dict[str, str]) -> bool: ...
+
+
 @dataclass
 class NamespaceFilter:
-    selectors: tuple[Selector, ...] = ()
+    selectors: tuple[LabelMatcher, ...] = ()
     _selected: dict[str, bool] = field(default_factory=dict)
 
     def selected(self, namespace: str) -> bool:

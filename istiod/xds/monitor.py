@@ -49,6 +49,7 @@ class PushStatus:
     responses_sent: int = 0
     end: float | None = None  # when the last proxy connected at publish time had handled it
     errors: tuple[PushError, ...] = ()
+    configs: tuple[str, ...] = ()  # the Istio config objects that led to it
 
 
 class AdsMonitor:
@@ -80,6 +81,7 @@ class AdsMonitor:
             build_seconds=event.build_seconds,
             proxies_connected=len(self._pending),
             end=None if self._pending else time.time(),
+            configs=event.configs,
         )
 
     def connected(self, connection: Connection) -> None:
