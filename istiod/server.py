@@ -39,7 +39,7 @@ from istiod.sources.configdir import ConfigDirSource
 from istiod.sources.monitoring import record_change
 from istiod.sources.kube import KubeSource
 from istiod.sources.meshconfig import MeshConfigMapWatcher, MeshFileWatcher
-from istiod.sources.namespaces import NamespaceFilter, Selector
+from istiod.sources.namespaces import NamespaceFilter, parse_selector
 from istiod.sources.store import Store
 from istiod.supervisor import Supervisor
 from istiod.webhooks.cabundle import CaBundlePatcher
@@ -58,7 +58,7 @@ class Discovery:
         self.settings = settings
         self.store = Store(settings.domain)
         self.store.subscribe(record_change)
-        self._flag_selectors = tuple(Selector.parse(s) for s in settings.discovery_selectors)
+        self._flag_selectors = tuple(parse_selector(s) for s in settings.discovery_selectors)
         self.namespaces = NamespaceFilter(settings.mesh.discovery_selectors or self._flag_selectors)
         self.source: ConfigDirSource | KubeSource | None = None
         self.publisher: RootCertPublisher | None = None

@@ -16,7 +16,7 @@ from istiod.keepalive import Keepalive
 from istiod.leader import LeaseTimings
 from istiod.model.mesh import DEFAULT_TRUST_DOMAIN, MeshConfig, OutboundTrafficPolicy
 from istiod.model.names import DEFAULT_DOMAIN, join_host_port, split_host_port
-from istiod.sources.namespaces import Selector
+from istiod.sources.namespaces import parse_selector
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +178,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         raise SystemExit("istiod discovery: --watch-timeout must be 1s or more")
     for selector in args.discovery_selectors:
         try:
-            Selector.parse(selector)
+            parse_selector(selector)
         except ValueError as error:
             raise SystemExit(f"istiod discovery: {error}") from None
     for flag, value in (("--keepalive-interval", args.keepalive_interval), ("--keepalive-timeout", args.keepalive_timeout),
