@@ -4,9 +4,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 CHROMIUM := /usr/bin/chromium
+IPTABLES := /usr/sbin/iptables-restore
 SUDO     := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: run test unit e2e e2e-bin bench protos demo-server demo-client chromium clean
+.PHONY: run test unit e2e e2e-bin bench protos demo-server demo-client demo-sidecars chromium netns-tools clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH"; exit 1; }
@@ -18,10 +19,10 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/istiod discovery --config-dir deploy/demo
 
-test: $(STAMP) $(CHROMIUM) e2e-bin
+test: $(STAMP) $(CHROMIUM) $(IPTABLES) e2e-bin
 	$(BIN)/pytest -q tests e2e
 
-unit: $(STAMP) $(CHROMIUM)
+unit: $(STAMP) $(CHROMIUM) $(IPTABLES)
 	$(BIN)/pytest -q tests
 
 # Headless Chromium renders /debug/ui in the tests: Debian's package, installed once.
@@ -30,6 +31,14 @@ chromium: $(CHROMIUM)
 $(CHROMIUM):
 	$(SUDO) apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core
+
+# Pods with sidecars are network namespaces with istio-init's capture: Debian's iptables, iproute2,
+# setpriv (util-linux) and curl (Envoy's admin inside a pod). Installed once, as root only: without
+# root the pod tests skip, so there is nothing to install.
+netns-tools: $(IPTABLES)
+
+$(IPTABLES):
+	@if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iptables iproute2 util-linux curl; fi
 
 # The real kube-apiserver and etcd for e2e/, built with Go from the module proxy; reused when present.
 e2e-bin:

@@ -7,6 +7,7 @@ import asyncio
 import sys
 
 from istiod import __version__, logs
+from istiod.agent.iptables import add_iptables_flags
 from istiod.agent.settings import add_agent_flags, agent_settings_from_args
 from istiod.settings import add_discovery_flags, settings_from_args
 
@@ -24,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     add_discovery_flags(discovery)
     agent = commands.add_parser("agent", help="get workload certificates from istiod's CA and write the gRPC bootstrap")
     add_agent_flags(agent)
+    agent_modes = agent.add_subparsers(dest="agent_mode", metavar="{iptables}")
+    add_iptables_flags(agent_modes.add_parser("iptables", help="install istio-init's traffic capture in this network namespace"))
 
     status = commands.add_parser("proxy-status", help="each connected proxy's sync state, or one proxy's diff")
     status.add_argument("proxy", nargs="?", help="a proxy ID or <pod>.<namespace>: show what it has not ACKed")
@@ -42,6 +45,10 @@ def main(argv: list[str] | None = None) -> int:
 
         asyncio.run(run_discovery(settings_from_args(args)))
         return 0
+    if args.command == "agent" and args.agent_mode == "iptables":
+        from istiod.agent.iptables import run_iptables
+
+        return run_iptables(args)
     if args.command == "agent":
         from istiod.agent.agent import run_agent
 

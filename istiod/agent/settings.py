@@ -40,9 +40,10 @@ def add_agent_flags(parser: argparse.ArgumentParser) -> None:
                         help="where cert-chain.pem, key.pem and root-cert.pem are written")
     parser.add_argument("--bootstrap", type=Path, default=Path(env("GRPC_XDS_BOOTSTRAP", "/etc/istio/proxy/grpc-bootstrap.json")),
                         help="where the gRPC xDS bootstrap is written")
-    parser.add_argument("--pod-name", default=env("POD_NAME", ""), required=not env("POD_NAME"))
-    parser.add_argument("--pod-namespace", default=env("POD_NAMESPACE", ""), required=not env("POD_NAMESPACE"))
-    parser.add_argument("--instance-ip", default=env("INSTANCE_IP", ""), required=not env("INSTANCE_IP"))
+    # Required, but checked in agent_settings_from_args: `istiod agent iptables` does not need them.
+    parser.add_argument("--pod-name", default=env("POD_NAME", ""))
+    parser.add_argument("--pod-namespace", default=env("POD_NAMESPACE", ""))
+    parser.add_argument("--instance-ip", default=env("INSTANCE_IP", ""))
     parser.add_argument("--service-account", default=env("SERVICE_ACCOUNT", "default"))
     parser.add_argument("--cluster-id", default=env("ISTIO_META_CLUSTER_ID", "Kubernetes"))
     parser.add_argument("--trust-domain", default=env("TRUST_DOMAIN", DEFAULT_TRUST_DOMAIN))
@@ -53,6 +54,11 @@ def add_agent_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def agent_settings_from_args(args: argparse.Namespace) -> AgentSettings:
+    missing = [f"{flag} (or {variable})" for flag, variable, value in (
+        ("--pod-name", "POD_NAME", args.pod_name), ("--pod-namespace", "POD_NAMESPACE", args.pod_namespace),
+        ("--instance-ip", "INSTANCE_IP", args.instance_ip)) if not value]
+    if missing:
+        raise SystemExit(f"istiod agent: required: {', '.join(missing)}")
     node = NodeInfo(ip=args.instance_ip, pod=args.pod_name, namespace=args.pod_namespace,
                     service_account=args.service_account, cluster_id=args.cluster_id)
     return AgentSettings(
