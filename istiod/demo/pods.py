@@ -1,0 +1,146 @@
+"""Pods as network namespaces, for the sidecar demo and the traffic tests (root only).
+
+A "node" namespace holds a bridge; each pod is a namespace with a veth pair to that bridge and a
+10.x address that exists only in these namespaces. The root namespace is not touched: both ends of
+each veth are created directly inside the namespaces. `ip netns exec` bind-mounts
+/etc/netns/<name>/hosts over /etc/hosts, which is how a pod resolves service names to VIPs.
+Namespace names are `sp-<pid>-<name>`, so a sweep can remove those of processes that are gone.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+PREFIX = "sp-"
+NETNS_ETC = Path("/etc/netns")
+ENVOY_UID = 1337  # istio-proxy's uid and gid, exempt from capture
+POD_PREFIX_LENGTH = 16  # pods and the node share one 10.x/16
+_OWNED = re.compile(rf"^{PREFIX}(\d+)-")
+
+
+def missing_privileges() -> str:
+    """Why pods cannot be made here, or '' when they can."""
+    if os.geteuid() != 0:
+        return "needs root to create network namespaces (run as root, as CI does)"
+    for tool in ("ip", "iptables-restore", "setpriv"):
+        if shutil.which(tool) is None:
+            return f"needs `{tool}` (Debian's iproute2, iptables, util-linux)"
+    return ""
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=30)
+
+
+class Netns:
+    """A network namespace this process created; `exec_args` runs a command inside it."""
+
+    def __init__(self, name: str, hosts: dict[str, str] | None = None) -> None:
+        self.name = f"{PREFIX}{os.getpid()}-{name}"
+        _ip("netns", "add", self.name)
+        _ip("-n", self.name, "link", "set", "lo", "up")
+        if hosts is not None:
+            self.write_hosts(hosts)
+
+    def write_hosts(self, hosts: dict[str, str]) -> None:
+        """/etc/hosts as seen inside: each name -> address (service names -> VIPs)."""
+        directory = NETNS_ETC / self.name
+        directory.mkdir(parents=True, exist_ok=True)
+        lines = ["127.0.0.1 localhost"] + [f"{address} {name}" for name, address in hosts.items()]
+        (directory / "hosts").write_text("\n".join(lines) + "\n")
+
+    def exec_args(self, *command: str, uid: int | None = None) -> list[str]:
+        """`command` inside the namespace, as `uid` (and the same gid, no other groups) if given."""
+        user = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"] if uid is not None else []
+        return ["ip", "netns", "exec", self.name, *user, *command]
+
+    def run(self, *command: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.exec_args(*command), capture_output=True, text=True, timeout=timeout)
+
+    def delete(self) -> None:
+        delete_netns(self.name)
+
+
+def delete_netns(name: str) -> None:
+    """Remove a namespace (its veth ends go with it) and its /etc/netns files; absent is fine."""
+    subprocess.run(["ip", "netns", "delete", name], capture_output=True, timeout=30)
+    shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
+
+
+def sweep() -> list[str]:
+    """Delete `sp-` namespaces left by processes that no longer run (a killed test run)."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30).stdout
+    removed = []
+    for name in (line.split()[0] for line in listed.splitlines() if line.strip()):
+        owner = _OWNED.match(name)
+        if owner and not _alive(int(owner.group(1))):
+            delete_netns(name)
+            removed.append(name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Node:
+    """The node: a namespace with a bridge that every pod's veth is plugged into."""
+
+    def __init__(self, subnet: str = "10.44") -> None:
+        self.subnet = subnet
+        self.pods: list[Netns] = []
+        self.ns = Netns("node")
+        try:
+            _ip("-n", self.ns.name, "link", "add", "br0", "type", "bridge")
+            _ip("-n", self.ns.name, "addr", "add", f"{subnet}.0.1/{POD_PREFIX_LENGTH}", "dev", "br0")
+            _ip("-n", self.ns.name, "link", "set", "br0", "up")
+        except BaseException:
+            self.ns.delete()
+            raise
+
+    def add_pod(self, name: str, host: int, hosts: dict[str, str] | None = None) -> Netns:
+        """A pod namespace with `eth0` at <subnet>.0.<host> and a default route out of it."""
+        pod = Netns(name, hosts)
+        self.pods.append(pod)
+        ip = self.pod_ip(host)
+        port = f"veth{len(self.pods)}"  # interface names are at most 15 characters
+        _ip("link", "add", "eth0", "netns", pod.name, "type", "veth", "peer", "name", port, "netns", self.ns.name)
+        _ip("-n", self.ns.name, "link", "set", port, "master", "br0", "up")
+        _ip("-n", pod.name, "addr", "add", f"{ip}/{POD_PREFIX_LENGTH}", "dev", "eth0")
+        _ip("-n", pod.name, "link", "set", "eth0", "up")
+        # Service VIPs are outside the subnet: a route must exist before iptables can redirect them.
+        _ip("-n", pod.name, "route", "add", "default", "via", f"{self.subnet}.0.1")
+        return pod
+
+    def pod_ip(self, host: int) -> str:
+        return f"{self.subnet}.0.{host}"
+
+    def delete(self) -> None:
+        for pod in reversed(self.pods):
+            pod.delete()
+        self.pods.clear()
+        self.ns.delete()
+
+
+def envoy_command(directory: Path, pod: Netns, envoy: str) -> Path:
+    """An `envoy` wrapper for the agent's PATH: the real Envoy inside `pod`, as uid/gid 1337.
+
+    The agent stays outside (it dials istiod on loopback) and serves the pod's Unix sockets; Envoy
+    reaches them through the filesystem, so they and their directories must be open to uid 1337.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    wrapper = directory / "envoy"
+    inner = " ".join(pod.exec_args(envoy, uid=ENVOY_UID))
+    wrapper.write_text(f'#!/bin/sh\nexec {inner} "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper
