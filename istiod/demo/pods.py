@@ -9,11 +9,18 @@ Namespace names are `sp-<pid>-<name>`, so a sweep can remove those of processes 
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import ctypes
+import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 from pathlib import Path
+
+from istiod.model.names import split_host_port
 
 PREFIX = "sp-"
 NETNS_ETC = Path("/etc/netns")
@@ -132,15 +139,78 @@ class Node:
         self.ns.delete()
 
 
-def envoy_command(directory: Path, pod: Netns, envoy: str) -> Path:
-    """An `envoy` wrapper for the agent's PATH: the real Envoy inside `pod`, as uid/gid 1337.
 
-    The agent stays outside (it dials istiod on loopback) and serves the pod's Unix sockets; Envoy
-    reaches them through the filesystem, so they and their directories must be open to uid 1337.
-    """
-    directory.mkdir(parents=True, exist_ok=True)
-    wrapper = directory / "envoy"
-    inner = " ".join(pod.exec_args(envoy, uid=ENVOY_UID))
-    wrapper.write_text(f'#!/bin/sh\nexec {inner} "$@"\n')
-    wrapper.chmod(0o755)
-    return wrapper
+class Tunnel:
+    """Pods reach istiod as a Service, which on loopback they cannot: this listens on an address
+    inside a pod's namespace and forwards each connection to an address in this process's own
+    namespace (istiod's port on the host's loopback). Run it as `python -m istiod.demo.pods tunnel`."""
+
+    def __init__(self, netns: str, listen: tuple[str, int], upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        own = os.open("/proc/self/ns/net", os.O_RDONLY)
+        try:
+            _setns(f"/var/run/netns/{netns}")
+            try:
+                self.sock = socket.create_server(listen)
+            finally:
+                _setns_fd(own)  # a socket keeps the namespace it was made in
+        finally:
+            os.close(own)
+
+    async def serve(self) -> None:
+        server = await asyncio.start_server(self._forward, sock=self.sock)
+        print(json.dumps({"serving": "%s:%d" % self.sock.getsockname()[:2], "to": "%s:%d" % self.upstream}), flush=True)
+        await server.serve_forever()
+
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+        except OSError:
+            writer.close()
+            return
+        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while chunk := await reader.read(65536):
+            writer.write(chunk)
+            await writer.drain()
+    except OSError:
+        pass
+    finally:
+        writer.close()
+
+
+_CLONE_NEWNET = 0x40000000
+
+
+def _setns(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _setns_fd(fd)
+    finally:
+        os.close(fd)
+
+
+def _setns_fd(fd: int) -> None:
+    """setns(2) for this thread (os.setns arrives with Python 3.12)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, _CLONE_NEWNET) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"setns: {os.strerror(error)}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m istiod.demo.pods")
+    commands = parser.add_subparsers(dest="command", required=True)
+    tunnel = commands.add_parser("tunnel", help="forward from an address inside a namespace to one outside")
+    tunnel.add_argument("--netns", required=True)
+    tunnel.add_argument("--listen", required=True, type=split_host_port)
+    tunnel.add_argument("--to", required=True, type=split_host_port)
+    args = parser.parse_args(argv)
+    asyncio.run(Tunnel(args.netns, args.listen, args.to).serve())
+
+
+if __name__ == "__main__":
+    main()
