@@ -50,14 +50,14 @@ def shared_dir(prefix: str) -> Path:
 
 
 def app(pod: Netns, *args: str, name: str) -> Process:
-    """`python -m tests.pod_apps ...` inside the pod; it prints one JSON line once it serves."""
-    return Process(pod.exec_args(sys.executable, "-m", "tests.pod_apps", *args), name=name,
+    """`python -m istiod.demo.apps ...` inside the pod; it prints one JSON line once it serves."""
+    return Process(pod.exec_args(sys.executable, "-m", "istiod.demo.apps", *args), name=name,
                    env={"GRPC_DNS_RESOLVER": "native", "PYTHONUNBUFFERED": "1"})
 
 
 def call(pod: Netns, *args: str, timeout: float = 10) -> dict[str, Any]:
-    """One call by `python -m tests.pod_apps <kind> ...` from inside the pod: its JSON answer."""
-    done = pod.run(sys.executable, "-m", "tests.pod_apps", *args, timeout=timeout)
+    """One call by `python -m istiod.demo.apps <kind> ...` from inside the pod: its JSON answer."""
+    done = pod.run(sys.executable, "-m", "istiod.demo.apps", *args, timeout=timeout)
     try:
         return json.loads(done.stdout.splitlines()[-1])
     except (IndexError, json.JSONDecodeError):

@@ -1,5 +1,6 @@
-"""The apps inside test pods: an HTTP server that reports what it received, a TCP echo, and one-shot
-clients that print one JSON line. `python -m tests.pod_apps <command> ...`"""
+"""The apps inside demo and test pods: an HTTP server that reports what it received (headers too,
+so x-forwarded-client-cert shows), a TCP echo, and one-shot clients that print one JSON line.
+`python -m istiod.demo.apps <command> ...`"""
 
 from __future__ import annotations
 
@@ -123,7 +124,7 @@ def grpc_call(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m tests.pod_apps")
+    parser = argparse.ArgumentParser(prog="python -m istiod.demo.apps")
     commands = parser.add_subparsers(dest="command", required=True)
     for command, function in (("http-server", http_server), ("tcp-echo", tcp_echo)):
         server = commands.add_parser(command)
