@@ -49,10 +49,9 @@ def shared_dir(prefix: str) -> Path:
     return path
 
 
-def app(pod: Netns, *args: str, name: str) -> Process:
-    """`python -m istiod.demo.apps ...` inside the pod; it prints one JSON line once it serves."""
-    return Process(pod.exec_args(sys.executable, "-m", "istiod.demo.apps", *args), name=name,
-                   env={"GRPC_DNS_RESOLVER": "native", "PYTHONUNBUFFERED": "1"})
+def app(pod: Netns, *args: str, name: str, module: str = "istiod.demo.apps") -> Process:
+    """`python -m <module> ...` inside the pod (an app, or a client that keeps calling)."""
+    return Process(pod.exec_args(sys.executable, "-m", module, *args), name=name)
 
 
 def call(pod: Netns, *args: str, timeout: float = 10) -> dict[str, Any]:
@@ -71,11 +70,11 @@ def admin(pod: Netns, path: str) -> str:
 
 
 def stats(pod: Netns, contains: str) -> dict[str, int]:
-    """Envoy's counters and gauges whose names contain `contains`."""
+    """Envoy's counters and gauges whose names contain `contains` (plain text, not a regex)."""
     values = {}
-    for line in admin(pod, f"/stats?filter={contains}").splitlines():
+    for line in admin(pod, "/stats").splitlines():
         name, _, value = line.partition(": ")
-        if value.strip().isdigit():
+        if contains in name and value.strip().isdigit():
             values[name] = int(value)
     return values
 

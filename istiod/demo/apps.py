@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import socket
 import sys
+import time
 import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -71,25 +73,33 @@ def _serve(server: Any, address: str, name: str) -> None:
 
 
 def http_get(args: argparse.Namespace) -> None:
+    """One GET, or `--count` of them (0: until stopped) every `--interval` seconds, a JSON line each."""
     request = urllib.request.Request(args.url, headers=dict(h.split(": ", 1) for h in args.header))
     # Never a proxy from the environment: the call must go where the pod's capture sends it.
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    sent = 0
+    while args.count == 0 or sent < args.count:
+        if sent:
+            time.sleep(args.interval)
+        sent += 1
+        _print(_get(opener, request, args.timeout))
+
+
+def _get(opener: urllib.request.OpenerDirector, request: urllib.request.Request, timeout: float) -> dict[str, Any]:
     try:
-        with opener.open(request, timeout=args.timeout) as reply:
+        with opener.open(request, timeout=timeout) as reply:
             body = reply.read().decode()
             status = reply.status
             headers = dict(reply.headers.items())
     except urllib.error.HTTPError as error:
         body, status, headers = error.read().decode(), error.code, dict(error.headers.items())
     except OSError as error:
-        _print({"ok": False, "error": f"{type(error).__name__}: {error}"})
-        return
+        return {"ok": False, "error": f"{type(error).__name__}: {error}"}
     try:
         parsed: Any = json.loads(body)
     except json.JSONDecodeError:
         parsed = body
-    _print({"ok": status == 200, "status": status, "body": parsed,
-            "server": headers.get("server", ""), "headers": {k.lower(): v for k, v in headers.items()}})
+    return {"ok": status == 200, "status": status, "body": parsed, "headers": {k.lower(): v for k, v in headers.items()}}
 
 
 def tcp_call(args: argparse.Namespace) -> None:
@@ -110,6 +120,8 @@ def tcp_call(args: argparse.Namespace) -> None:
 
 
 def grpc_call(args: argparse.Namespace) -> None:
+    # The pod's /etc/hosts names the Service's VIP; gRPC's own resolver would not read it.
+    os.environ.setdefault("GRPC_DNS_RESOLVER", "native")
     import grpc
 
     from istiod.demo.__main__ import METHOD
@@ -134,6 +146,8 @@ def main(argv: list[str] | None = None) -> None:
     get = commands.add_parser("http-get")
     get.add_argument("url")
     get.add_argument("--header", action="append", default=[], help="'name: value'")
+    get.add_argument("--count", type=int, default=1, help="calls to make; 0 = until stopped")
+    get.add_argument("--interval", type=float, default=0.1)
     get.set_defaults(function=http_get)
     tcp = commands.add_parser("tcp-call")
     tcp.add_argument("address")

@@ -18,6 +18,8 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from istiod.model.names import split_host_port
@@ -138,6 +140,47 @@ class Node:
         self.pods.clear()
         self.ns.delete()
 
+
+
+ISTIOD_IN_POD = "127.0.0.1:15012"  # where a pod's agent finds istiod: the tunnel's end in the pod
+
+
+@dataclass(frozen=True, slots=True)
+class Sidecar:
+    """A pod's istio-proxy container: the agent and Envoy run inside the pod as uid 1337, with their
+    files under `home` (token, root certificate, certificates, Envoy's working directory)."""
+
+    pod: Netns
+    home: Path
+    name: str
+    namespace: str
+    service_account: str
+    ip: str
+
+    def prepare(self, root_cert: Path, token: str) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root_cert, self.home / "root-cert.pem")
+        (self.home / "token").write_text(token)
+        for path in (self.home, *self.home.rglob("*")):
+            os.chown(path, ENVOY_UID, ENVOY_UID)
+
+    def capture_command(self) -> list[str]:
+        """istio-init's job, as root inside the pod."""
+        return self.pod.exec_args(sys.executable, "-m", "istiod", "agent", "iptables")
+
+    def tunnel_command(self, istiod: str) -> list[str]:
+        return [sys.executable, "-m", "istiod.demo.pods", "tunnel", "--netns", self.pod.name,
+                "--listen", ISTIOD_IN_POD, "--to", istiod]
+
+    def agent_command(self, *extra: str) -> list[str]:
+        home = self.home
+        return self.pod.exec_args(
+            sys.executable, "-m", "istiod", "agent", "--ca-addr", ISTIOD_IN_POD,
+            "--ca-root-cert", str(home / "root-cert.pem"), "--token-file", str(home / "token"),
+            "--output-dir", str(home / "certs"), "--bootstrap", str(home / "grpc-bootstrap.json"),
+            "--pod-name", self.name, "--pod-namespace", self.namespace, "--instance-ip", self.ip,
+            "--service-account", self.service_account,
+            "proxy", "--workdir", str(home), *extra, uid=ENVOY_UID)
 
 
 class Tunnel:
