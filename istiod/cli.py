@@ -8,7 +8,7 @@ import sys
 
 from istiod import __version__, logs
 from istiod.agent.iptables import add_iptables_flags
-from istiod.agent.settings import add_agent_flags, agent_settings_from_args
+from istiod.agent.settings import add_agent_flags, add_proxy_flags, agent_settings_from_args, proxy_settings_from_args
 from istiod.settings import add_discovery_flags, settings_from_args
 
 DEFAULT_ISTIOD_URL = "http://localhost:15014"
@@ -25,7 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     add_discovery_flags(discovery)
     agent = commands.add_parser("agent", help="get workload certificates from istiod's CA and write the gRPC bootstrap")
     add_agent_flags(agent)
-    agent_modes = agent.add_subparsers(dest="agent_mode", metavar="{iptables}")
+    agent_modes = agent.add_subparsers(dest="agent_mode")
+    add_proxy_flags(agent_modes.add_parser(
+        "proxy", help="run an Envoy sidecar: SDS, the xDS proxy, the Envoy bootstrap, Envoy's supervision, status ports"))
     add_iptables_flags(agent_modes.add_parser("iptables", help="install istio-init's traffic capture in this network namespace"))
 
     status = commands.add_parser("proxy-status", help="each connected proxy's sync state, or one proxy's diff")
@@ -49,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
         from istiod.agent.iptables import run_iptables
 
         return run_iptables(args)
+    if args.command == "agent" and args.agent_mode == "proxy":
+        from istiod.agent.proxy import run_proxy_agent
+
+        return asyncio.run(run_proxy_agent(agent_settings_from_args(args), proxy_settings_from_args(args)))
     if args.command == "agent":
         from istiod.agent.agent import run_agent
 

@@ -9,9 +9,10 @@ text format; `exposition()` renames our counters back.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 import prometheus_client
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 prometheus_client.disable_created_metrics()  # Istio exports no `*_created` series
 
@@ -88,10 +89,13 @@ CERT_CHAIN_EXPIRY_SECONDS = Gauge(
     "citadel_server_cert_chain_expiry_seconds", "The time remaining, in seconds, before the cert chain will expire."
 )
 
-_COUNTER_NAMES = [family.name for m in list(globals().values()) if isinstance(m, Counter) for family in m.describe()]
-_COUNTER_TOTAL = re.compile(
-    r"^((?:# (?:HELP|TYPE) )?(?:" + "|".join(map(re.escape, _COUNTER_NAMES)) + r"))_total\b", re.MULTILINE
-)
+def counters_without_total(counters: Iterable[Counter]) -> re.Pattern[str]:
+    """Matches these counters' `_total` in the text format, to be cut off (Istio's names)."""
+    names = [family.name for counter in counters for family in counter.describe()]
+    return re.compile(r"^((?:# (?:HELP|TYPE) )?(?:" + "|".join(map(re.escape, names)) + r"))_total\b", re.MULTILINE)
+
+
+_COUNTER_TOTAL = counters_without_total(m for m in list(globals().values()) if isinstance(m, Counter))
 
 # Kubernetes kinds -> Istio's update type (pilot_inbound_updates) and push trigger (pilot_push_triggers).
 _UPDATE_TYPES = {"Service": "svc", "Pod": "eds", "EndpointSlice": "eds"}
@@ -106,6 +110,6 @@ def trigger_type(kind: str) -> str:
     return _TRIGGERS[update_type(kind)]
 
 
-def exposition() -> bytes:
-    """The Prometheus text format of the default registry, counters named as Istio names them."""
-    return _COUNTER_TOTAL.sub(r"\1", generate_latest(REGISTRY).decode()).encode()
+def exposition(registry: CollectorRegistry = REGISTRY, counter_total: re.Pattern[str] = _COUNTER_TOTAL) -> bytes:
+    """The Prometheus text format of a registry (istiod's by default), counters named as Istio names them."""
+    return counter_total.sub(r"\1", generate_latest(registry).decode()).encode()

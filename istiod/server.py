@@ -6,7 +6,6 @@ import asyncio
 import json
 import logging
 import signal
-import socket
 
 import grpc
 import uvicorn
@@ -21,9 +20,10 @@ from istiod.ca.publisher import ELECTION, RootCertPublisher
 from istiod.debug.app import DebugView, create_app
 from istiod.kubeapi import api_client
 from istiod.leader import LeaderElection
+from istiod.listen import listen_tcp
 from istiod.model.names import join_host_port
 from istiod.secure import SecurePort
-from istiod.settings import Address, Settings
+from istiod.settings import Settings
 from istiod.sources.configdir import ConfigDirSource
 from istiod.sources.monitoring import record_change
 from istiod.sources.kube import KubeSource
@@ -91,7 +91,7 @@ class Discovery:
         access = AccessPolicy.from_token_file(self.settings.debug_token_file, self.secure.authenticators,
                                               self.settings.namespace)
         for name, address in (("http", self.settings.http_addr), ("monitoring", self.settings.monitoring_addr)):
-            sock = _bind(address)
+            sock = listen_tcp(address.bind_host, address.port)
             self.ports[name] = sock.getsockname()[1]
             app = create_app(view, access, monitoring=name == "monitoring")
             # log_config=None: uvicorn logs through our structured handler; no proxy headers, so the
@@ -159,13 +159,3 @@ async def run_discovery(settings: Settings) -> None:
     finally:
         log.info("shutting down")
         await discovery.stop()
-
-
-def _bind(address: Address) -> socket.socket:
-    family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((address.bind_host, address.port))
-    sock.listen(128)
-    sock.setblocking(False)
-    return sock

@@ -10,6 +10,7 @@ from pathlib import Path
 from istiod.agent.bootstrap import CertFiles, NodeInfo
 from istiod.durations import parse_duration
 from istiod.model.mesh import DEFAULT_TRUST_DOMAIN
+from istiod.model.names import join_host_port, split_host_port
 
 DEFAULT_CA_ADDRESS = "istiod.istio-system.svc:15012"
 
@@ -71,4 +72,72 @@ def agent_settings_from_args(args: argparse.Namespace) -> AgentSettings:
         node=node,
         trust_domain=args.trust_domain,
         cert_ttl=args.cert_ttl,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ProxySettings:
+    """`istiod agent proxy`: the Envoy sidecar's side of the agent."""
+
+    workdir: Path  # Envoy's working directory: the bootstrap's Unix socket paths are relative to it
+    admin: tuple[str, int] = ("127.0.0.1", 15000)
+    status: tuple[str, int] = ("", 15020)
+    readiness: tuple[str, int] = ("", 15021)
+    drain_duration: float = 5.0
+    log_level: str = "warning"
+    component_log_level: str = "misc:error"
+    concurrency: int = 2
+    bootstrap_override: Path | None = None
+    metadata: tuple[tuple[str, str], ...] = ()  # the environment's ISTIO_META_* and ISTIO_METAJSON_* values
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://{join_host_port(*self.admin)}"
+
+
+def _listen_address(text: str) -> tuple[str, int]:
+    try:
+        return split_host_port(text, allow_empty_host=True, allow_zero_port=True)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"address {text!r} must be [host]:port") from None
+
+
+def _admin_address(text: str) -> tuple[str, int]:
+    try:
+        return split_host_port(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"address {text!r} must be host:port with a port other than 0") from None
+
+
+def add_proxy_flags(parser: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    parser.add_argument("--workdir", type=Path, default=Path("."),
+                        help="Envoy's working directory, under which the agent serves ./etc/istio/proxy/XDS and "
+                             "./var/run/secrets/workload-spiffe-uds/socket and writes ./etc/istio/proxy/envoy-rev.json "
+                             "(default: the current directory, as pilot-agent's /)")
+    parser.add_argument("--proxy-admin-addr", type=_admin_address, default=_admin_address("127.0.0.1:15000"),
+                        help="Envoy's admin address (default 127.0.0.1:15000)")
+    parser.add_argument("--status-addr", type=_listen_address, default=_listen_address(f":{env('STATUS_PORT', '15020')}"),
+                        help="/stats/prometheus (Envoy's and the agent's) and /healthz/ready (default :15020)")
+    parser.add_argument("--readiness-addr", type=_listen_address, default=_listen_address(":15021"),
+                        help="/healthz/ready: Envoy is LIVE and the agent is not draining (default :15021)")
+    parser.add_argument("--termination-drain-duration", type=parse_duration,
+                        default=f"{env('TERMINATION_DRAIN_DURATION_SECONDS', '5')}s",
+                        help="after SIGTERM, how long Envoy drains before it is stopped (default 5s)")
+    parser.add_argument("--proxy-log-level", default="warning", help="Envoy's log level (default warning)")
+    parser.add_argument("--proxy-component-log-level", default="misc:error",
+                        help="Envoy's per-component log levels (default misc:error)")
+    parser.add_argument("--concurrency", type=int, default=2, help="Envoy's worker threads (default 2)")
+    parser.add_argument("--bootstrap-override", type=Path, default=env("ISTIO_BOOTSTRAP_OVERRIDE"),
+                        help="a JSON or YAML file merged into the generated Envoy bootstrap (ISTIO_BOOTSTRAP_OVERRIDE)")
+
+
+def proxy_settings_from_args(args: argparse.Namespace) -> ProxySettings:
+    metadata = tuple((name, value) for name, value in sorted(os.environ.items())
+                     if name.startswith(("ISTIO_META_", "ISTIO_METAJSON_")))
+    return ProxySettings(
+        workdir=args.workdir.absolute(), admin=args.proxy_admin_addr, status=args.status_addr,
+        readiness=args.readiness_addr, drain_duration=args.termination_drain_duration,
+        log_level=args.proxy_log_level, component_log_level=args.proxy_component_log_level,
+        concurrency=args.concurrency, bootstrap_override=args.bootstrap_override, metadata=metadata,
     )
