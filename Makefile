@@ -53,6 +53,10 @@ demo-server: $(STAMP)
 demo-client: $(STAMP)
 	$(BIN)/python -m istiod.demo client xds:///echo.demo.svc.cluster.local:7070 --xds 127.0.0.1:15010 --count 5
 
+# Two pods with Envoy sidecars (network namespaces, so root only) and a call from one to the other.
+demo-sidecars: $(STAMP) $(IPTABLES)
+	$(BIN)/python -m istiod.demo.sidecars
+
 bench: $(STAMP)
 	$(BIN)/python bench/push.py
 

@@ -96,7 +96,8 @@ class SidecarMesh:
         assert capture.returncode == 0, capture.stderr
         tunnel = self.start(Process(sidecar.tunnel_command(f"127.0.0.1:{self.secure_port}"), name=f"tunnel-{name}"))
         wait_serving(tunnel)
-        self.agents[name] = self.start(Process(sidecar.agent_command("--status-addr", ":15020"), name=f"agent-{name}"))
+        self.agents[name] = self.start(Process(sidecar.agent_command("--termination-drain-duration", "1s"),
+                                                     name=f"agent-{name}"))
 
     def use(self, *flags: str) -> Istiod:
         """istiod with these flags (restarted if it has others), both Envoys synced with it."""
