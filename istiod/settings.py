@@ -11,7 +11,7 @@ from pathlib import Path
 from istiod.ca.settings import CaSettings, add_ca_flags, ca_settings_from_args
 from istiod.durations import parse_duration as _seconds
 from istiod.leader import LeaseTimings
-from istiod.model.mesh import DEFAULT_TRUST_DOMAIN, MeshConfig
+from istiod.model.mesh import ALLOW_ANY, DEFAULT_TRUST_DOMAIN, OUTBOUND_TRAFFIC_POLICIES, MeshConfig
 from istiod.model.names import DEFAULT_DOMAIN, join_host_port, split_host_port
 from istiod.sources.namespaces import Selector
 
@@ -96,7 +96,12 @@ def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--secure-grpc-addr", type=Address.parse,
                         default=Address.parse(env("SECURE_GRPC_ADDR", ":15012")), help="xDS and the CA over TLS (default :15012)")
     parser.add_argument("--trust-domain", default=env("TRUST_DOMAIN", DEFAULT_TRUST_DOMAIN), help="SPIFFE trust domain")
-    parser.add_argument("--mtls", action="store_true", help="mesh-wide mTLS between proxyless gRPC workloads (default off)")
+    parser.add_argument("--mtls", action="store_true",
+                        help="mesh-wide STRICT mTLS (proxyless gRPC and Envoy sidecars); without it sidecars "
+                             "accept both (PERMISSIVE) and use mTLS to pods that have a sidecar (default off)")
+    parser.add_argument("--outbound-traffic-policy", choices=OUTBOUND_TRAFFIC_POLICIES, default=ALLOW_ANY,
+                        help="meshConfig outboundTrafficPolicy.mode: sidecars pass traffic to unknown hosts "
+                             "through (ALLOW_ANY, the default) or drop it (REGISTRY_ONLY)")
     timings = LeaseTimings()
     parser.add_argument("--leader-lease-duration", type=_seconds, default=timings.duration,
                         help="a leader's Lease lapses after this long without renewal (default 30s)")
@@ -142,7 +147,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         pod_name=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
         leader=leader,
         secure_grpc_addr=args.secure_grpc_addr,
-        mesh=MeshConfig(trust_domain=args.trust_domain, mtls=args.mtls),
+        mesh=MeshConfig(trust_domain=args.trust_domain, mtls=args.mtls,
+                        outbound_traffic_policy=args.outbound_traffic_policy),
         ca=ca_settings_from_args(args),
         monitoring_addr=args.monitoring_addr,
         debug_token_file=args.debug_auth_token_file,

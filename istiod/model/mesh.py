@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from istiod.model.names import DEFAULT_DOMAIN
 
 DEFAULT_TRUST_DOMAIN = DEFAULT_DOMAIN  # istiod's default trust domain is cluster.local too
+ALLOW_ANY = "ALLOW_ANY"
+REGISTRY_ONLY = "REGISTRY_ONLY"
+OUTBOUND_TRAFFIC_POLICIES = (ALLOW_ANY, REGISTRY_ONLY)
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,3 +18,5 @@ class MeshConfig:
     # Mesh-wide mTLS between proxyless gRPC workloads (STRICT); PeerAuthentication and
     # DestinationRule will refine it per workload and service.
     mtls: bool = False
+    # outboundTrafficPolicy.mode: where a sidecar sends traffic for hosts outside the registry.
+    outbound_traffic_policy: str = ALLOW_ANY

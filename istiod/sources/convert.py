@@ -145,7 +145,8 @@ def _service(key: ObjectKey, f: _Fields, domain: str) -> Service:
             target = number
         if isinstance(target, int) and not 0 < target < 65536:
             raise f.fail(f"spec.ports[{i}].targetPort {target} is not in 1-65535")
-        ports.append(Port(p.get("name", str, ""), number, p.get("protocol", str, "TCP"), target))
+        ports.append(Port(p.get("name", str, ""), number, p.get("protocol", str, "TCP"), target,
+                          p.get("appProtocol", str, "")))
     if len({p.port for p in ports}) != len(ports):
         raise f.fail("spec.ports has the same port twice")
     return Service(

@@ -97,6 +97,8 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             proxy = proxy_from_node(first.node.id, json_format.MessageToDict(first.node.metadata))
         except NodeIdError as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        if not generators_for(proxy):
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{proxy.type} proxies are not served yet")
         if authorize is not None:
             await authorize(proxy, context)
         return Connection(proxy, context.peer())
