@@ -32,6 +32,9 @@ VIP = "10.96.0.3"
 A_ID = f"spiffe://cluster.local/ns/{NAMESPACE}/sa/a"
 TOKENS = {"a-s3cret": f"{NAMESPACE}/a", "b-s3cret": f"{NAMESPACE}/b"}
 OUTSIDE_IP = "10.44.0.200"
+OUTSIDE_TCP_PORT = 9100  # a port no Service has
+PASSTHROUGH = "cluster.PassthroughCluster.upstream_cx_total"
+BLACKHOLE = "cluster.BlackHoleCluster.upstream_cx_none_healthy"
 XDS_TYPES = ("cluster", "listener", "endpoint", "route")
 SECOND_BACKEND = f"""\
 apiVersion: v1
@@ -74,6 +77,7 @@ class SidecarMesh:
         self.plain = node.add_pod("plain", 5)
         self.outside = node.add_pod("outside", 200)
         self.agents: dict[str, Process] = {}
+        self.outside_http: Process  # an HTTP server at an address outside the mesh
 
     def start(self, process: Process) -> Process:
         self.processes.append(process)
@@ -125,6 +129,8 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarMesh]:
     try:
         mesh = SidecarMesh(tmp_path_factory.mktemp("sidecars"), home, node)
         mesh.start_istiod()
+        mesh.outside_http = mesh.start(app(mesh.outside, "http-server", "--address", f"{OUTSIDE_IP}:8080",
+                                           "--name", "outside", name="outside-http"))
         mesh.start_sidecar(mesh.a, "a-1", "10.44.0.2", "a", "a-s3cret")
         mesh.start_sidecar(mesh.b, "b-1", "10.44.0.3", "b", "b-s3cret")
         b_apps = [
@@ -132,8 +138,9 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarMesh]:
             mesh.start(app(mesh.b, "server", "--address", "10.44.0.3:7070", "--name", "b-1", name="b-grpc",
                            module="istiod.demo")),
             mesh.start(app(mesh.b, "tcp-echo", "--address", "10.44.0.3:9000", "--name", "b-1", name="b-tcp")),
-            mesh.start(app(mesh.outside, "http-server", "--address", f"{OUTSIDE_IP}:8080", "--name", "outside",
-                           name="outside-http")),
+            mesh.start(app(mesh.outside, "tcp-echo", "--address", f"{OUTSIDE_IP}:{OUTSIDE_TCP_PORT}",
+                           "--name", "outside", name="outside-tcp")),
+            mesh.outside_http,
         ]
         for process in b_apps:
             wait_serving(process)
@@ -229,25 +236,28 @@ def test_second_backend_gets_traffic_and_its_removal_is_followed(mesh: SidecarMe
     wait_serving(backend)
     client = mesh.start(app(mesh.a, "http-get", f"http://{HOST}:8080/", "--count", "0", "--interval", "0.05",
                             "--timeout", "2", name="a-client"))
-    wait_until(lambda: any(line.get("ok") for line in client.drain()), 20, "a-1's calls to b")
-    added = time.monotonic()
-    (mesh.config / "b-2.yaml").write_text(SECOND_BACKEND)
-    wait_until(lambda: any(line.get("ok") and line["body"]["name"] == "b-2" for line in client.drain()), 20,
-               "a reply from b-2")
-    print(f"b-2 answered {time.monotonic() - added:.2f}s after its Pod was written")
+    replies: list[str] = []  # who answered each call, in order
 
-    (mesh.config / "b-2.yaml").unlink()
-    removed = time.monotonic()
+    def answered(name: str, last: int = 1) -> bool:
+        replies.extend(line["body"]["name"] if line.get("ok") else "error" for line in client.drain())
+        return len(replies) >= last and set(replies[-last:]) == {name}
 
-    def only_b1() -> bool:
-        lines = client.drain()
-        names = [line["body"]["name"] for line in lines if line.get("ok")]
-        return len(names) >= 10 and set(names[-10:]) == {"b-1"}
-
-    wait_until(only_b1, 20, "calls to go to b-1 alone")
-    print(f"b-2 left the rotation within {time.monotonic() - removed:.2f}s of its Pod's removal")
-    client.stop()
-    backend.stop()
+    try:
+        wait_until(lambda: answered("b-1"), 20, "a-1's calls to b")
+        added = time.monotonic()
+        (mesh.config / "b-2.yaml").write_text(SECOND_BACKEND)
+        wait_until(lambda: answered("b-2"), 20, "a reply from b-2")
+        print(f"b-2 answered {time.monotonic() - added:.2f}s after its Pod was written")
+        (mesh.config / "b-2.yaml").unlink()
+        removed = time.monotonic()
+        replies.clear()
+        wait_until(lambda: answered("b-1", last=20), 20, "20 calls in a row answered by b-1 alone")
+        print(f"b-2 left the rotation: 20 calls in a row to b-1 {time.monotonic() - removed:.2f}s after its Pod's "
+              f"removal; answers since: {replies}")
+    finally:
+        (mesh.config / "b-2.yaml").unlink(missing_ok=True)
+        client.stop()
+        backend.stop()
 
 
 def test_service_deletion_is_followed(mesh: SidecarMesh) -> None:
@@ -272,17 +282,24 @@ def test_allow_any_passes_an_address_outside_the_mesh(mesh: SidecarMesh) -> None
     reply = call(mesh.a, "http-get", f"http://{OUTSIDE_IP}:8080/")
     print("a-1 to the outside address, ALLOW_ANY:", reply)
     assert reply["ok"] and reply["body"]["name"] == "outside", reply
-    assert stats(mesh.a, "cluster.PassthroughCluster.upstream_cx_total")["cluster.PassthroughCluster.upstream_cx_total"] >= 1
+    reply = call(mesh.a, "tcp-call", f"{OUTSIDE_IP}:{OUTSIDE_TCP_PORT}", "hello")
+    assert reply == {"ok": True, "reply": "outside: hello"}
+    assert stats(mesh.a, PASSTHROUGH)[PASSTHROUGH] >= 1
 
 
 def test_registry_only_blackholes_an_address_outside_the_mesh(mesh: SidecarMesh) -> None:
     mesh.use("--outbound-traffic-policy", "REGISTRY_ONLY")
+    before = len(mesh.outside_http.output)
+    # HTTP on a mesh port: the route's catch-all virtual host answers 502 instead of passing through.
     reply = call(mesh.a, "http-get", f"http://{OUTSIDE_IP}:8080/")
-    print("a-1 to the outside address, REGISTRY_ONLY:", reply)
+    print("a-1 to the outside address over HTTP, REGISTRY_ONLY:", reply)
+    assert reply.get("status") == 502 and reply["headers"]["server"] == "envoy", reply
+    # TCP on another port: virtualOutbound's default chain goes to BlackHoleCluster.
+    reply = call(mesh.a, "tcp-call", f"{OUTSIDE_IP}:{OUTSIDE_TCP_PORT}", "hello")
+    print("a-1 to the outside address over TCP, REGISTRY_ONLY:", reply)
     assert not reply["ok"], reply
-    blackholed = stats(mesh.a, "cluster.BlackHoleCluster.")
-    print("A's BlackHoleCluster:", blackholed)
-    assert blackholed.get("cluster.BlackHoleCluster.upstream_cx_none_healthy", 0) >= 1
+    assert stats(mesh.a, BLACKHOLE)[BLACKHOLE] >= 1
+    assert len(mesh.outside_http.output) == before  # the outside server saw nothing
     assert call(mesh.a, "http-get", f"http://{HOST}:8080/")["ok"]  # the mesh itself still works
 
 
