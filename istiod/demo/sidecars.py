@@ -90,6 +90,7 @@ def run(keep: bool) -> int:
             print(f"pod {name}: namespace {pod.name}, IP {node.pod_ip(host)}, agent and Envoy as uid 1337")
         demo.start("app-b-1", pods["b-1"].exec_args(sys.executable, "-m", "istiod.demo.apps", "http-server",
                                                     "--address", "10.44.0.3:8080", "--name", "b-1"))
+        wait(lambda: '"serving"' in demo.log("app-b-1"), 30, "b-1's app to serve")
         for name, pod in pods.items():
             wait(lambda: _admin(pod, "/ready") == "LIVE", 60, f"{name}'s Envoy to be ready")
         print(f"\n$ ip netns exec {pods['a-1'].name} python -m istiod.demo.apps http-get {URL}")
@@ -97,7 +98,8 @@ def run(keep: bool) -> int:
         print(json.dumps(reply, indent=2))
         print(f"\na-1's Envoy: {_counters(pods['a-1'], 'outbound|8080||b.sidecars.svc.cluster.local')}")
         print(f"b-1's Envoy: {_counters(pods['b-1'], 'inbound|8080||')}")
-        print(f"\nproxy-status: .venv/bin/istiod proxy-status --istiod http://127.0.0.1:{ports['monitoring']}")
+        status = [sys.executable, "-m", "istiod", "proxy-status", "--istiod", f"http://127.0.0.1:{ports['monitoring']}"]
+        print(f"\n$ istiod proxy-status\n{subprocess.run(status, capture_output=True, text=True, timeout=30).stdout}")
         if keep:
             print(f"\nRunning until Ctrl-C. Try: ip netns exec {pods['a-1'].name} curl -s {URL}")
             signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
