@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from istiod.demo.pods import Netns, Node, Sidecar, sweep
+from istiod.demo.pods import ENVOY_UID, Netns, Node, Sidecar, sweep
 from tests.conftest import synced
 from tests.peers import ROOT, Istiod, Process, free_port, wait_until
 from tests.pods import admin, app, call, requires_root, shared_dir, stats, wait_envoy_ready, wait_serving
@@ -169,6 +169,16 @@ def test_http_through_both_envoys(mesh: SidecarMesh) -> None:
     print("A's Envoy:", outbound, "B's Envoy:", inbound)
     assert outbound[f"cluster.outbound|8080||{HOST}.upstream_rq_total"] >= 1
     assert inbound["cluster.inbound|8080||.upstream_rq_total"] >= 1
+
+
+def test_envoy_runs_as_1337_inside_each_pod(mesh: SidecarMesh) -> None:
+    for pod in (mesh.a, mesh.b):
+        pids = subprocess.run(["ip", "netns", "pids", pod.name], capture_output=True, text=True, timeout=10).stdout.split()
+        commands = {pid: Path(f"/proc/{pid}/comm").read_text().strip() for pid in pids}
+        envoys = [pid for pid, command in commands.items() if command == "envoy"]
+        assert len(envoys) == 1, commands
+        uids = next(line for line in Path(f"/proc/{envoys[0]}/status").read_text().splitlines() if line.startswith("Uid:"))
+        assert uids.split()[1:] == [str(ENVOY_UID)] * 4, uids
 
 
 def test_grpc_through_both_envoys(mesh: SidecarMesh) -> None:

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import ctypes
 import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -75,7 +77,14 @@ class Netns:
 
 
 def delete_netns(name: str) -> None:
-    """Remove a namespace (its veth ends go with it) and its /etc/netns files; absent is fine."""
+    """Remove a namespace (its veth ends go with it) and its /etc/netns files; absent is fine.
+
+    A process still inside (an Envoy whose agent was killed before it could stop it) would keep
+    the namespace alive unseen, so each is killed first, by its pid."""
+    pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True, timeout=30).stdout
+    for pid in pids.split():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
     subprocess.run(["ip", "netns", "delete", name], capture_output=True, timeout=30)
     shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
 
