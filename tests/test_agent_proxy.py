@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from cryptography import x509
 
+from istiod.agent.admin import EnvoyAdmin
 from istiod.agent.envoy import find_envoy
 from tests.conftest import render, synced
 from tests.peers import Istiod, Process, free_port, wait_until
@@ -50,13 +51,16 @@ class Sidecar:
 
     agent: Process
     workdir: Path
-    admin: int
+    admin: EnvoyAdmin
     status: int
     readiness: int
     tls_port: int  # a listener from the bootstrap override whose certificate comes over SDS
 
     def envoy(self, path: str) -> tuple[int, str]:
-        return http_get(f"http://127.0.0.1:{self.admin}{path}")
+        try:
+            return self.admin.call("GET", path)
+        except OSError as error:
+            return 0, str(error)
 
     def ready(self) -> tuple[int, str]:
         return http_get(f"http://127.0.0.1:{self.readiness}/healthz/ready")
@@ -150,26 +154,38 @@ def mesh(mesh_dir: Path, tmp_path: Path) -> Path:
 
 @pytest.fixture
 def start_sidecar(processes: list[Process], workdir: Path) -> Callable[..., Sidecar]:
-    def start(istiod: Istiod, *extra: str, secure_address: str | None = None) -> Sidecar:
+    def start(istiod: Istiod, *extra: str, unix_admin: bool = False, env: dict[str, str] | None = None,
+              ready: bool = True, drain: str = "1s") -> Sidecar:
+        """`extra`: agent flags. `unix_admin`: Envoy's admin on a Unix socket under the workdir (as for
+        a pod in its own network namespace), else on a loopback port. `ready`: wait until it is."""
         (workdir / "token").write_text("web-s3cret")
         tls_port = free_port()
         override = workdir / "override.json"
         override.write_text(json.dumps(tls_listener_override(tls_port)))
-        admin, status, readiness = free_port(), free_port(), free_port()
+        status, readiness = free_port(), free_port()
+        admin = EnvoyAdmin(workdir / "admin.sock" if unix_admin else ("127.0.0.1", free_port()))
+        admin_flag = "unix:admin.sock" if unix_admin else str(admin)
         agent = Process([
             sys.executable, "-m", "istiod", "agent",
-            "--ca-addr", secure_address or istiod.secure_address, "--ca-root-cert", str(istiod.root_cert),
+            "--ca-addr", istiod.secure_address, "--ca-root-cert", str(istiod.root_cert),
             "--token-file", str(workdir / "token"), "--output-dir", str(workdir / "certs"),
             "--pod-name", POD, "--pod-namespace", NAMESPACE, "--instance-ip", POD_IP, "--service-account", "web",
             *extra,
-            "proxy", "--workdir", str(workdir), "--proxy-admin-addr", f"127.0.0.1:{admin}",
+            "proxy", "--workdir", str(workdir), "--proxy-admin-addr", admin_flag,
             "--status-addr", f"127.0.0.1:{status}", "--readiness-addr", f"127.0.0.1:{readiness}",
-            "--termination-drain-duration", "1s", "--proxy-log-level", "info",
+            "--termination-drain-duration", drain, "--proxy-log-level", "info",
             "--proxy-component-log-level", "misc:error,main:warning",
             "--bootstrap-override", str(override),
-        ], env={"ISTIO_META_CLUSTER_ID": "Kubernetes", "ISTIO_METAJSON_LABELS": '{"app": "web"}'}, name="agent-proxy")
+        ], env={
+            # istiod's proxyless flavor binds nothing, so these Envoys on the host's network leave its
+            # 15001 and 15006 alone; the sidecar flavor runs in pods (network namespaces) elsewhere.
+            "ISTIO_META_GENERATOR": "grpc",
+            "ISTIO_META_CLUSTER_ID": "Kubernetes", "ISTIO_METAJSON_LABELS": '{"app": "web"}', **(env or {}),
+        }, name="agent-proxy")
         processes.append(agent)
         sidecar = Sidecar(agent, workdir, admin, status, readiness, tls_port)
+        if not ready:
+            return sidecar
         try:
             wait_until(lambda: sidecar.ready()[0] == 200 or agent.proc.poll() is not None, 30, "the sidecar to be ready")
         except AssertionError:
@@ -212,6 +228,7 @@ def test_envoy_gets_istiod_config_through_the_agent(mesh: Path, mesh_dir: Path, 
     # 15020: Envoy's stats and the agent's own, in one Prometheus text.
     status, stats = http_get(f"http://127.0.0.1:{sidecar.status}/stats/prometheus")
     assert status == 200
+    assert http_get(f"http://127.0.0.1:{sidecar.status}/healthz/ready") == (200, "")  # on 15020 too, as pilot-agent
     for family in ("envoy_cluster_manager_cds_update_success", "istio_agent_xds_proxy_requests",
                    "istio_agent_xds_proxy_responses", "istio_agent_cert_expiry_seconds",
                    'istio_agent_num_outgoing_requests{request_type="csr"}', "istio_agent_scrapes_total"):
@@ -226,14 +243,18 @@ def test_rotation_reaches_envoy_over_sds_without_restart(mesh: Path, mesh_dir: P
                                                          start_istiod: Callable[..., Istiod],
                                                          start_sidecar: Callable[..., Sidecar]) -> None:
     istiod = start_istiod(mesh_dir, "--ca-static-tokens", str(mesh))
-    sidecar = start_sidecar(istiod, "--cert-ttl", "4s")
+    sidecar = start_sidecar(istiod, "--cert-ttl", "6s")
     pid = sidecar.envoy_pid()
     first = sidecar.served_certificate().serial_number
-    serials = wait_until(lambda: (s := sidecar.certs_serials()) and s != [first] and s, 10,
-                         "a renewed certificate in Envoy's /certs")
-    renewed = sidecar.served_certificate().serial_number
-    print(f"Envoy's /certs serial {first:x} -> {serials[0]:x}; a new TLS connection is served serial {renewed:x}")
-    assert renewed != first and renewed in serials
+    assert sidecar.certs_serials() == [first]
+
+    def renewed_everywhere() -> int | None:
+        """A new serial that a new TLS connection is served and Envoy's /certs lists."""
+        served = sidecar.served_certificate().serial_number
+        return served if served != first and served in sidecar.certs_serials() else None
+
+    renewed = wait_until(renewed_everywhere, 15, "a renewed certificate served and in Envoy's /certs")
+    print(f"Envoy's /certs and a new TLS connection: serial {first:x} -> {renewed:x}")
     assert sidecar.envoy_pid() == pid and sidecar.agent.text().count("Envoy started pid=") == 1
     os.kill(pid, 0)  # the same Envoy process is still there
     sds_lines = [l.strip() for l in sidecar.agent.output if "SDS: pushed" in l]
@@ -244,7 +265,7 @@ def test_rotation_reaches_envoy_over_sds_without_restart(mesh: Path, mesh_dir: P
 def test_crashed_envoy_is_restarted(mesh: Path, mesh_dir: Path, start_istiod: Callable[..., Istiod],
                                     start_sidecar: Callable[..., Sidecar]) -> None:
     istiod = start_istiod(mesh_dir, "--ca-static-tokens", str(mesh))
-    sidecar = start_sidecar(istiod)
+    sidecar = start_sidecar(istiod, unix_admin=True)
     first = sidecar.envoy_pid()
     os.kill(first, signal.SIGKILL)
     wait_until(lambda: sidecar.agent.text().count("Envoy started pid=") == 2, 20, "the agent to restart Envoy")
@@ -260,12 +281,11 @@ def test_sigterm_fails_readiness_then_drains_and_exits_0(mesh: Path, mesh_dir: P
                                                           start_istiod: Callable[..., Istiod],
                                                           start_sidecar: Callable[..., Sidecar]) -> None:
     istiod = start_istiod(mesh_dir, "--ca-static-tokens", str(mesh))
-    sidecar = start_sidecar(istiod)
+    sidecar = start_sidecar(istiod, unix_admin=True, drain="5s")
     pid = sidecar.envoy_pid()
-    # During the 1 s drain: the agent's readiness fails while Envoy itself is draining.
     assert sidecar.probe() == 200 and sidecar.stat("http.sds_probe.downstream_cx_drain_close") == 0
     sidecar.agent.proc.send_signal(signal.SIGTERM)
-    # During the 1 s drain: the agent's readiness fails, and the inbound listener closes connections.
+    # During the 5 s drain: the agent's readiness fails, and the inbound listener closes connections.
     status, reason = wait_until(lambda: (r := sidecar.ready())[0] != 200 and r, 5, "readiness to fail")
     wait_until(lambda: "Envoy is draining" in sidecar.agent.text(), 5, "the drain to start")
     assert sidecar.probe() == 200  # still served, on a connection Envoy then closes
@@ -299,6 +319,18 @@ def test_dropped_istiod_is_redialled_without_restarting_envoy(
     print(f"Envoy after istiod's restart: {stats.strip()}")
     assert "control_plane.connected_state: 1" in stats
     print("agent:", *[l.strip() for l in sidecar.agent.output if "xDS proxy" in l], sep="\n  ")
+
+
+def test_istiod_refuses_a_sidecar_claiming_another_namespace(mesh: Path, mesh_dir: Path,
+                                                            start_istiod: Callable[..., Istiod],
+                                                            start_sidecar: Callable[..., Sidecar]) -> None:
+    """The xDS proxy dials istiod as the workload (app/web); a node claiming namespace `other` is refused."""
+    istiod = start_istiod(mesh_dir, "--ca-static-tokens", str(mesh))
+    sidecar = start_sidecar(istiod, env={"ISTIO_META_NAMESPACE": "other"}, ready=False)
+    refused = "PERMISSION_DENIED: authorization failed: no identities ([spiffe://cluster.local/ns/app/sa/web]) matched other/web"
+    wait_until(lambda: refused in sidecar.agent.text(), 20, "istiod's refusal in the agent's log")
+    print("agent and Envoy:", *[l.strip() for l in sidecar.agent.output if "authorization failed" in l][:2], sep="\n  ")
+    assert sidecar.ready()[0] == 503
 
 
 def test_no_envoy_binary_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:

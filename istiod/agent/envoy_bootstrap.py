@@ -63,7 +63,8 @@ def _unix_grpc_cluster(name: str, path: str) -> dict[str, Any]:
     }
 
 
-def envoy_bootstrap(node: NodeInfo, metadata: Mapping[str, Any], admin_host: str, admin_port: int) -> dict[str, Any]:
+def envoy_bootstrap(node: NodeInfo, metadata: Mapping[str, Any], admin: Mapping[str, Any]) -> dict[str, Any]:
+    """`admin`: the admin address as the bootstrap spells it (EnvoyAdmin.bootstrap_address())."""
     ads = {"ads": {}, "initial_fetch_timeout": "0s", "resource_api_version": "V3"}
     return {
         "node": {
@@ -72,7 +73,7 @@ def envoy_bootstrap(node: NodeInfo, metadata: Mapping[str, Any], admin_host: str
             "locality": {},
             "metadata": dict(metadata),
         },
-        "admin": {"address": {"socket_address": {"address": admin_host, "port_value": admin_port}}},
+        "admin": {"address": dict(admin)},
         "dynamic_resources": {
             "lds_config": ads,
             "cds_config": ads,

@@ -1,10 +1,10 @@
 """`istiod agent proxy`: pilot-agent for an Envoy sidecar.
 
-In pilot-agent's order: the workload certificate first (key and CSR, as the proxyless agent gets
-it, files written too); then the SDS server and the xDS proxy on their Unix sockets under the
-working directory, the Envoy bootstrap, the status ports; then Envoy, supervised. Renewals at
-half-life go to Envoy over SDS. On SIGTERM readiness fails first, then Envoy drains and is
-stopped, and the agent exits 0.
+The SDS server and the xDS proxy on their Unix sockets under the working directory, the Envoy
+bootstrap and the status ports first (a local mistake ends the agent before the CA is asked); then
+the workload certificate (key and CSR, as the proxyless agent gets it, files written too); then
+Envoy, supervised. Renewals at half-life go to Envoy over SDS. On SIGTERM readiness fails first,
+then Envoy drains and is stopped, and the agent exits 0.
 """
 
 from __future__ import annotations
@@ -44,10 +44,13 @@ async def run_proxy(settings: AgentSettings, proxy: ProxySettings, stop: asyncio
         options = EnvoyOptions(find_envoy(), proxy.workdir / ENVOY_BOOTSTRAP, proxy.workdir, proxy.log_level,
                                proxy.component_log_level, proxy.concurrency)
         bootstrap = merge_override(
-            envoy_bootstrap(settings.node, node_metadata(settings.node, dict(proxy.metadata)), *proxy.admin),
+            envoy_bootstrap(settings.node, node_metadata(settings.node, dict(proxy.metadata)),
+                            proxy.admin.bootstrap_address()),
             _read_override(proxy.bootstrap_override),
         )
-        xds_path, sds_path = (_socket_path(proxy.workdir, relative) for relative in (XDS_SOCKET, SDS_SOCKET))
+        xds_path, sds_path = (_socket_path(proxy.workdir / relative) for relative in (XDS_SOCKET, SDS_SOCKET))
+        if isinstance(proxy.admin.address, Path):
+            _socket_path(proxy.admin.address)
     except (EnvoyNotFound, ValueError) as error:
         log.error("%s", error)
         return 1
@@ -63,43 +66,39 @@ async def run_proxy(settings: AgentSettings, proxy: ProxySettings, stop: asyncio
                 if secrets.issued else 0.0)
             first.set()
 
-    renewal = asyncio.create_task(keep_certificate(settings, stop, on_issued), name="certificate")
-    waiting = asyncio.create_task(first.wait())
-    await asyncio.wait([renewal, waiting], return_when=asyncio.FIRST_COMPLETED)
-    if not first.is_set():
-        waiting.cancel()
-        return await renewal  # refused, or stopped before the first certificate
-
     def upstream_credentials() -> grpc.ChannelCredentials:
-        assert secrets.issued is not None
+        assert secrets.issued is not None  # Envoy, the only caller, starts after the first certificate
         return istiod_credentials(settings, secrets.issued)
 
     sds_server, xds_server = grpc.aio.server(), grpc.aio.server()
     sds_pb2_grpc.add_SecretDiscoveryServiceServicer_to_server(secrets, sds_server)
     ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(
         XdsProxy(settings.xds_address, upstream_credentials), xds_server)
-    status = StatusServer(proxy.admin_url)
-    supervisor = EnvoySupervisor(options, proxy.admin_url)
-    stopping = asyncio.create_task(stop.wait())
+    status = StatusServer(proxy.admin)
+    supervisor = EnvoySupervisor(options, proxy.admin)
+    renewal: asyncio.Task[int] | None = None
     try:
-        for server, path in ((sds_server, sds_path), (xds_server, xds_path)):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.unlink(missing_ok=True)  # a previous agent's
-            server.add_insecure_port(f"unix:{path}")
-            await server.start()
-        write_atomic(options.bootstrap, json.dumps(bootstrap, indent=2).encode())
-        try:
+        try:  # everything that can fail on a local mistake, before the CA is asked
+            for server, path in ((sds_server, sds_path), (xds_server, xds_path)):
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.unlink(missing_ok=True)  # a previous agent's
+                server.add_insecure_port(f"unix:{path}")  # RuntimeError when it cannot bind
+                await server.start()
+            write_atomic(options.bootstrap, json.dumps(bootstrap, indent=2).encode())
             status_port, readiness_port = await status.start(proxy.status, proxy.readiness)
-        except OSError as error:
-            log.error("cannot serve the status ports %s and %s: %s", join_host_port(*proxy.status),
-                      join_host_port(*proxy.readiness), error.strerror)
+        except (OSError, RuntimeError) as error:
+            log.error("cannot serve in %s, or on %s and %s: %s", proxy.workdir, join_host_port(*proxy.status),
+                      join_host_port(*proxy.readiness), error)
             return 1
         log.info("serving SDS on %s, the xDS proxy on %s (istiod at %s), /stats/prometheus on port %d, "
-                 "/healthz/ready on port %d; Envoy bootstrap %s", sds_path, xds_path, settings.xds_address,
-                 status_port, readiness_port, options.bootstrap)
+                 "/healthz/ready on port %d; Envoy bootstrap %s, admin %s", sds_path, xds_path, settings.xds_address,
+                 status_port, readiness_port, options.bootstrap, proxy.admin)
+
+        renewal = asyncio.create_task(keep_certificate(settings, stop, on_issued), name="certificate")
+        if not await _first_or_end(first, renewal):
+            return await renewal  # refused, or stopped before the first certificate
         envoy = asyncio.create_task(supervisor.run(), name="envoy")
-        await asyncio.wait([envoy, stopping], return_when=asyncio.FIRST_COMPLETED)
-        if envoy.done():
+        if not await _first_or_end(stop, envoy):
             return envoy.result()  # Envoy kept failing
         status.draining = True
         log.info("shutting down: /healthz/ready fails from now, then Envoy drains for %gs", proxy.drain_duration)
@@ -108,21 +107,28 @@ async def run_proxy(settings: AgentSettings, proxy: ProxySettings, stop: asyncio
         log.info("Envoy stopped; agent exiting %d", code)
         return code
     finally:
-        stopping.cancel()
-        renewal.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await renewal
+        if renewal is not None:
+            renewal.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewal
         await status.stop()
         for server in (xds_server, sds_server):
             await server.stop(grace=1.0)
+
+
+async def _first_or_end(event: asyncio.Event, task: asyncio.Task[int]) -> bool:
+    """Whether `event` is set before `task` ends."""
+    waiting = asyncio.create_task(event.wait())
+    await asyncio.wait([waiting, task], return_when=asyncio.FIRST_COMPLETED)
+    waiting.cancel()
+    return event.is_set()
 
 
 async def run_proxy_agent(settings: AgentSettings, proxy: ProxySettings) -> int:
     return await run_until_signalled(lambda stop: run_proxy(settings, proxy, stop))
 
 
-def _socket_path(workdir: Path, relative: str) -> Path:
-    path = workdir / relative
+def _socket_path(path: Path) -> Path:
     if len(str(path).encode()) > MAX_SOCKET_PATH:
         raise ValueError(f"the Unix socket path {path} is longer than the system's {MAX_SOCKET_PATH} bytes: "
                          "use a shorter --workdir")

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 import grpc
 from envoy.config.core.v3 import base_pb2
@@ -48,7 +48,7 @@ def secret(name: str, issued: Issued) -> secret_pb2.Secret:
 
 
 _ROTATED, _CLOSED = "rotated", "closed"
-_Event = discovery_pb2.DiscoveryRequest | str
+_Event: TypeAlias = "discovery_pb2.DiscoveryRequest | str"
 
 
 class SecretServer(sds_pb2_grpc.SecretDiscoveryServiceServicer):

@@ -7,10 +7,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from istiod.agent.admin import EnvoyAdmin
 from istiod.agent.bootstrap import CertFiles, NodeInfo
 from istiod.durations import parse_duration
 from istiod.model.mesh import DEFAULT_TRUST_DOMAIN
-from istiod.model.names import join_host_port, split_host_port
+from istiod.model.names import split_host_port
 
 DEFAULT_CA_ADDRESS = "istiod.istio-system.svc:15012"
 
@@ -80,7 +81,7 @@ class ProxySettings:
     """`istiod agent proxy`: the Envoy sidecar's side of the agent."""
 
     workdir: Path  # Envoy's working directory: the bootstrap's Unix socket paths are relative to it
-    admin: tuple[str, int] = ("127.0.0.1", 15000)
+    admin: EnvoyAdmin = EnvoyAdmin(("127.0.0.1", 15000))
     status: tuple[str, int] = ("", 15020)
     readiness: tuple[str, int] = ("", 15021)
     drain_duration: float = 5.0
@@ -90,10 +91,6 @@ class ProxySettings:
     bootstrap_override: Path | None = None
     metadata: tuple[tuple[str, str], ...] = ()  # the environment's ISTIO_META_* and ISTIO_METAJSON_* values
 
-    @property
-    def admin_url(self) -> str:
-        return f"http://{join_host_port(*self.admin)}"
-
 
 def _listen_address(text: str) -> tuple[str, int]:
     try:
@@ -102,11 +99,14 @@ def _listen_address(text: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(f"address {text!r} must be [host]:port") from None
 
 
-def _admin_address(text: str) -> tuple[str, int]:
+def _admin_address(text: str) -> tuple[str, int] | Path:
+    if text.startswith("unix:"):
+        return Path(text.removeprefix("unix:"))
     try:
         return split_host_port(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"address {text!r} must be host:port with a port other than 0") from None
+        raise argparse.ArgumentTypeError(
+            f"address {text!r} must be host:port with a port other than 0, or unix:PATH") from None
 
 
 def add_proxy_flags(parser: argparse.ArgumentParser) -> None:
@@ -116,7 +116,8 @@ def add_proxy_flags(parser: argparse.ArgumentParser) -> None:
                              "./var/run/secrets/workload-spiffe-uds/socket and writes ./etc/istio/proxy/envoy-rev.json "
                              "(default: the current directory, as pilot-agent's /)")
     parser.add_argument("--proxy-admin-addr", type=_admin_address, default=_admin_address("127.0.0.1:15000"),
-                        help="Envoy's admin address (default 127.0.0.1:15000)")
+                        help="Envoy's admin address: host:port (default 127.0.0.1:15000), or unix:PATH (relative to "
+                             "--workdir), which the agent reaches from outside the pod's network namespace")
     parser.add_argument("--status-addr", type=_listen_address, default=_listen_address(f":{env('STATUS_PORT', '15020')}"),
                         help="/stats/prometheus (Envoy's and the agent's) and /healthz/ready (default :15020)")
     parser.add_argument("--readiness-addr", type=_listen_address, default=_listen_address(":15021"),
@@ -133,10 +134,12 @@ def add_proxy_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def proxy_settings_from_args(args: argparse.Namespace) -> ProxySettings:
+    workdir = args.workdir.absolute()
+    admin = workdir / args.proxy_admin_addr if isinstance(args.proxy_admin_addr, Path) else args.proxy_admin_addr
     metadata = tuple((name, value) for name, value in sorted(os.environ.items())
                      if name.startswith(("ISTIO_META_", "ISTIO_METAJSON_")))
     return ProxySettings(
-        workdir=args.workdir.absolute(), admin=args.proxy_admin_addr, status=args.status_addr,
+        workdir=workdir, admin=EnvoyAdmin(admin), status=args.status_addr,
         readiness=args.readiness_addr, drain_duration=args.termination_drain_duration,
         log_level=args.proxy_log_level, component_log_level=args.proxy_component_log_level,
         concurrency=args.concurrency, bootstrap_override=args.bootstrap_override, metadata=metadata,

@@ -11,19 +11,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 
 import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse, Response
 
+from istiod.agent.admin import EnvoyAdmin
 from istiod.agent.metrics import SCRAPES, agent_exposition
 from istiod.listen import listen_tcp
 
 log = logging.getLogger(__name__)
-ADMIN_TIMEOUT = 5.0
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -34,8 +32,8 @@ class _Server(uvicorn.Server):
 
 
 class StatusServer:
-    def __init__(self, admin_url: str) -> None:
-        self.admin_url = admin_url
+    def __init__(self, admin: EnvoyAdmin) -> None:
+        self.admin = admin
         self.draining = False
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
@@ -44,7 +42,7 @@ class StatusServer:
         if self.draining:
             return 503, "the agent is draining"
         try:
-            status, body = await asyncio.to_thread(_get, f"{self.admin_url}/ready")
+            status, body = await self.admin.request("GET", "/ready")
         except OSError as error:
             return 503, f"Envoy's admin is unreachable: {error}"
         state = body.strip()
@@ -53,7 +51,7 @@ class StatusServer:
     async def prometheus(self) -> bytes:
         SCRAPES.inc()
         try:
-            status, envoy = await asyncio.to_thread(_get, f"{self.admin_url}/stats/prometheus")
+            status, envoy = await self.admin.request("GET", "/stats/prometheus")
         except OSError as error:
             log.warning("cannot scrape Envoy's stats: %s", error)
             envoy = ""
@@ -91,11 +89,3 @@ class StatusServer:
         if self._server is not None and self._task is not None:
             self._server.should_exit = True
             await asyncio.wait([self._task], timeout=5)
-
-
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=ADMIN_TIMEOUT) as reply:
-            return reply.status, reply.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()

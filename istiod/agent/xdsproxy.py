@@ -58,7 +58,7 @@ class XdsProxy(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         async with grpc.aio.secure_channel(self.address, credentials) as channel:
             call = getattr(ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel), method)()
             upstream = asyncio.create_task(_send(requests, call))
-            log.info("xDS proxy: stream %d from Envoy forwarded to istiod at %s", stream, self.address)
+            log.info("xDS proxy: stream %d from Envoy, dialling istiod at %s", stream, self.address)
             try:
                 async for response in call:
                     XDS_PROXY_RESPONSES.inc()
