@@ -104,11 +104,11 @@ def test_proxy_config_tables_and_json(synced_mesh: Mesh) -> None:
     assert clusters[ECHO_HOST] == [ECHO_HOST, "7070", "-", "OUTBOUND", "EDS", "ROUND_ROBIN"]
 
     listeners = table(istiod_cli(istiod, "proxy-config", "listeners", proxy).stdout)
-    assert listeners[f"{ECHO_HOST}:7070"] == [f"{ECHO_HOST}:7070", "OUTBOUND", f"Route: {ECHO_HOST}:7070"]
+    assert listeners[f"{ECHO_HOST}:7070"] == [f"{ECHO_HOST}:7070", "OUTBOUND", "ALL", f"Route: {ECHO_HOST}:7070"]
     inbound = table(istiod_cli(istiod, "proxy-config", "listeners", "echo-a.echo-ns").stdout)
     port = synced_mesh.server_port
     name = f"xds.istio.io/grpc/lds/inbound/127.0.0.21:{port}"
-    assert inbound[name] == [name, "INBOUND", f"Inline Route: inbound|{port}||"]
+    assert inbound[name] == [name, "INBOUND", "ALL", f"Inline Route: inbound|{port}||"]
 
     routes = table(istiod_cli(istiod, "proxy-config", "routes", proxy).stdout)
     assert routes[f"{ECHO_HOST}:7070"] == [f"{ECHO_HOST}:7070", f"{ECHO_HOST}:7070", f"{ECHO_HOST} +5 more", "/*",

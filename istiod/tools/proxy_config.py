@@ -48,15 +48,41 @@ def _cluster_rows(cluster: Json) -> Iterator[tuple[str, ...]]:
 
 
 def _listener_rows(listener: Json) -> Iterator[tuple[str, ...]]:
+    """One row per filter chain (an Envoy sidecar's) or per api_listener (a proxyless client's)."""
     name = listener.get("name", "")
     manager = listener.get("api_listener", {}).get("api_listener")
     if manager is not None:
-        yield name, "OUTBOUND", f"Route: {manager.get('rds', {}).get('route_config_name', '-')}"
+        yield name, "OUTBOUND", "ALL", f"Route: {manager.get('rds', {}).get('route_config_name', '-')}"
         return
-    for chain in listener.get("filter_chains", []):
+    direction = listener.get("traffic_direction", "-")
+    chains = [(chain, _chain_match(chain.get("filter_chain_match", {}))) for chain in listener.get("filter_chains", [])]
+    if "default_filter_chain" in listener:
+        chains.append((listener["default_filter_chain"], "ALL (default)"))
+    for chain, match in chains:
         for network_filter in chain.get("filters", []):
-            route = network_filter.get("typed_config", {}).get("route_config", {})
-            yield name, listener.get("traffic_direction", "-"), f"Inline Route: {route.get('name', '-')}"
+            yield name, direction, match, _filter_destination(network_filter.get("typed_config", {}))
+
+
+def _chain_match(match: Json) -> str:
+    """istioctl's MATCH: what a connection must show to take the chain."""
+    parts = []
+    if "destination_port" in match:
+        parts.append(f"Port: {match['destination_port']}")
+    if "transport_protocol" in match:
+        parts.append(f"Trans: {match['transport_protocol']}")
+    if match.get("application_protocols"):
+        parts.append(f"App: {','.join(match['application_protocols'])}")
+    return "; ".join(parts) or "ALL"
+
+
+def _filter_destination(config: Json) -> str:
+    if "rds" in config:
+        return f"Route: {config['rds'].get('route_config_name', '-')}"
+    if "route_config" in config:
+        return f"Inline Route: {config['route_config'].get('name', '-')}"
+    if "cluster" in config:  # tcp_proxy
+        return f"Cluster: {config['cluster']}"
+    return config.get("@type", "-").rsplit(".", 1)[-1]
 
 
 def _route_rows(route_config: Json) -> Iterator[tuple[str, ...]]:
@@ -92,7 +118,7 @@ def _endpoint_rows(assignment: Json) -> Iterator[tuple[str, ...]]:
 
 _TABLES: dict[str, tuple[tuple[str, ...], Callable[[Json], Iterator[tuple[str, ...]]]]] = {
     "clusters": (("SERVICE FQDN", "PORT", "SUBSET", "DIRECTION", "TYPE", "LB POLICY"), _cluster_rows),
-    "listeners": (("NAME", "DIRECTION", "DESTINATION"), _listener_rows),
+    "listeners": (("NAME", "DIRECTION", "MATCH", "DESTINATION"), _listener_rows),
     "routes": (("NAME", "VHOST NAME", "DOMAINS", "MATCH", "DESTINATION"), _route_rows),
     "endpoints": (("ENDPOINT", "STATUS", "LOCALITY", "CLUSTER"), _endpoint_rows),
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from itertools import groupby
 
 from envoy.config.core.v3 import address_pb2, base_pb2, health_check_pb2
@@ -29,9 +30,11 @@ def endpoints(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
 
 
 def load_assignment(cluster_name: str, endpoint_list: tuple[Endpoint, ...]) -> endpoint_pb2.ClusterLoadAssignment:
-    """gRPC drops a locality without a locality or with weight 0, so every group gets both."""
+    """gRPC drops a locality without a locality or with weight 0, so every group gets both. Envoy
+    and gRPC take IP addresses only (one bad address would reject the whole assignment)."""
     assignment = endpoint_pb2.ClusterLoadAssignment(cluster_name=cluster_name)
-    by_locality = sorted(endpoint_list, key=lambda e: (str(e.locality), e.address, e.port))
+    usable = [e for e in endpoint_list if is_ip(e.address)]
+    by_locality = sorted(usable, key=lambda e: (str(e.locality), e.address, e.port))
     for locality, group in groupby(by_locality, key=lambda e: e.locality):
         members = list(group)
         assignment.endpoints.append(
@@ -61,3 +64,12 @@ def _lb_endpoint(endpoint: Endpoint) -> endpoint_components_pb2.LbEndpoint:
         health_status=health_check_pb2.HEALTHY if endpoint.healthy else health_check_pb2.UNHEALTHY,
         load_balancing_weight=wrappers_pb2.UInt32Value(value=1),
     )
+
+
+def is_ip(address: str) -> bool:
+    """An address Envoy and gRPC accept for an endpoint or a listener."""
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return "%" not in address  # a scoped IPv6 address means nothing off the node that wrote it

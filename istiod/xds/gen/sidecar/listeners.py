@@ -81,15 +81,7 @@ def virtual_outbound(mesh: MeshConfig) -> listener_pb2.Listener:
         address=_address(ANY_ADDRESS, VIRTUAL_OUTBOUND_PORT),
         use_original_dst=wrappers_pb2.BoolValue(value=True),
         traffic_direction=base_pb2.OUTBOUND,
-        filter_chains=[
-            # A connection straight to 15001 would loop back into this listener forever.
-            listener_components_pb2.FilterChain(
-                name=f"{VIRTUAL_OUTBOUND}-blackhole",
-                filter_chain_match=listener_components_pb2.FilterChainMatch(
-                    destination_port=wrappers_pb2.UInt32Value(value=VIRTUAL_OUTBOUND_PORT)),
-                filters=[tcp_proxy(BLACKHOLE, BLACKHOLE)],
-            ),
-        ],
+        filter_chains=[_loop_breaker(VIRTUAL_OUTBOUND, VIRTUAL_OUTBOUND_PORT)],
         default_filter_chain=listener_components_pb2.FilterChain(
             name=chain,
             filters=[tcp_proxy(unmatched, unmatched)],
@@ -97,17 +89,21 @@ def virtual_outbound(mesh: MeshConfig) -> listener_pb2.Listener:
     )
 
 
+def _loop_breaker(listener: str, port: int) -> listener_components_pb2.FilterChain:
+    """A connection addressed to the virtual listener's own port would come back to it forever."""
+    return listener_components_pb2.FilterChain(
+        name=f"{listener}-blackhole",
+        filter_chain_match=listener_components_pb2.FilterChainMatch(
+            destination_port=wrappers_pb2.UInt32Value(value=port)),
+        filters=[tcp_proxy(BLACKHOLE, BLACKHOLE)],
+    )
+
+
 def http_outbound_listener(port: int) -> listener_pb2.Listener:
     name = f"{ANY_ADDRESS}_{port}"
-    manager = http_connection_manager(
-        stat_prefix=f"outbound_{name}",
-        rds=hcm_pb2.Rds(config_source=ads_source(initial_fetch_timeout=duration_pb2.Duration()),
-                        route_config_name=str(port)),
-        use_remote_address=wrappers_pb2.BoolValue(value=False),
-        normalize_path=wrappers_pb2.BoolValue(value=True),
-        upgrade_configs=[hcm_pb2.HttpConnectionManager.UpgradeConfig(upgrade_type="websocket")],
-    )
-    return _outbound_listener(name, ANY_ADDRESS, port, network_filter(HCM_FILTER, manager))
+    rds = hcm_pb2.Rds(config_source=ads_source(initial_fetch_timeout=duration_pb2.Duration()),
+                      route_config_name=str(port))
+    return _outbound_listener(name, ANY_ADDRESS, port, _sidecar_hcm(f"outbound_{name}", rds=rds))
 
 
 def tcp_outbound_listener(vip: str, target: OutboundPort) -> listener_pb2.Listener:
@@ -126,15 +122,7 @@ def _outbound_listener(name: str, ip: str, port: int, main: listener_components_
 
 
 def virtual_inbound(ports: tuple[InboundPort, ...], strict: bool) -> listener_pb2.Listener:
-    chains = [
-        # A connection straight to 15006 would loop back into this listener forever.
-        listener_components_pb2.FilterChain(
-            name=f"{VIRTUAL_INBOUND}-blackhole",
-            filter_chain_match=listener_components_pb2.FilterChainMatch(
-                destination_port=wrappers_pb2.UInt32Value(value=VIRTUAL_INBOUND_PORT)),
-            filters=[tcp_proxy(BLACKHOLE, BLACKHOLE)],
-        ),
-    ]
+    chains = [_loop_breaker(VIRTUAL_INBOUND, VIRTUAL_INBOUND_PORT)]
     for inbound in ports:
         chains += _inbound_chains(inbound, strict)
     # Ports no service names: mTLS is terminated here, everything else passes through untouched.
@@ -213,13 +201,16 @@ def _inbound_filter(inbound: InboundPort, cluster: str, mtls: bool) -> listener_
             set_current_client_cert_details=hcm_pb2.HttpConnectionManager.SetCurrentClientCertDetails(
                 subject=wrappers_pb2.BoolValue(value=True), dns=True, uri=True),
         )
+    return _sidecar_hcm(stat_prefix, route_config=route, server_name="istio-envoy", **fields)
+
+
+def _sidecar_hcm(stat_prefix: str, **fields: object) -> listener_components_pb2.Filter:
+    """Istio's defaults: the client's address is not trusted, paths are normalised, websockets pass."""
     manager = http_connection_manager(
         stat_prefix=stat_prefix,
-        route_config=route,
         use_remote_address=wrappers_pb2.BoolValue(value=False),
         normalize_path=wrappers_pb2.BoolValue(value=True),
         upgrade_configs=[hcm_pb2.HttpConnectionManager.UpgradeConfig(upgrade_type="websocket")],
-        server_name="istio-envoy",
         **fields,
     )
     return network_filter(HCM_FILTER, manager)

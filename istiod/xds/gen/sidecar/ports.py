@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
 
 from istiod.model.protocol import Protocol, port_protocol
 from istiod.model.proxy import Proxy
 from istiod.model.service import Port, Service
 from istiod.model.snapshot import Snapshot
+from istiod.xds.gen.eds import is_ip
 from istiod.xds.gen.targets import visible_services
 
 VIRTUAL_OUTBOUND_PORT = 15001
@@ -30,10 +30,7 @@ class OutboundPort:
     @property
     def vip(self) -> str | None:
         """The ClusterIP, when the service has one (not headless)."""
-        try:
-            return str(ipaddress.ip_address(self.service.cluster_ip))
-        except ValueError:
-            return None
+        return self.service.cluster_ip if is_ip(self.service.cluster_ip) else None
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -10,6 +10,7 @@ the ClusterIP. Any other host goes to PassthroughCluster (`allow_any`), or gets 
 from __future__ import annotations
 
 from envoy.config.route.v3 import route_components_pb2, route_pb2
+from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2
 from google.protobuf import duration_pb2, wrappers_pb2
 
 from istiod.model.mesh import REGISTRY_ONLY, MeshConfig
@@ -18,10 +19,12 @@ from istiod.model.proxy import Proxy
 from istiod.model.snapshot import Snapshot
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
+from istiod.xds.gen.filters import pack
 from istiod.xds.gen.sidecar.clusters import PASSTHROUGH
 from istiod.xds.gen.sidecar.ports import OutboundPort, outbound_ports
 
 BLOCKED_STATUS = 502
+PREVIOUS_HOSTS = "envoy.retry_host_predicates.previous_hosts"
 
 
 def routes(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
@@ -88,5 +91,19 @@ def _route(name: str, cluster: str) -> route_components_pb2.Route:
         name=name,
         match=route_components_pb2.RouteMatch(prefix="/"),
         # No route timeout, as istiod's default (Envoy's would be 15 s).
-        route=route_components_pb2.RouteAction(cluster=cluster, timeout=duration_pb2.Duration()),
+        route=route_components_pb2.RouteAction(cluster=cluster, timeout=duration_pb2.Duration(),
+                                               retry_policy=_default_retries()),
+    )
+
+
+def _default_retries() -> route_components_pb2.RetryPolicy:
+    """istiod's default: twice, on another endpoint, when a connection fails or is refused (an
+    endpoint that just went away) or the upstream answers 503."""
+    return route_components_pb2.RetryPolicy(
+        retry_on="connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes",
+        num_retries=wrappers_pb2.UInt32Value(value=2),
+        retry_host_predicate=[route_components_pb2.RetryPolicy.RetryHostPredicate(
+            name=PREVIOUS_HOSTS, typed_config=pack(previous_hosts_pb2.PreviousHostsPredicate()))],
+        host_selection_retry_max_attempts=5,
+        retriable_status_codes=[503],
     )
