@@ -79,6 +79,12 @@ def stats(pod: Netns, contains: str) -> dict[str, int]:
     return values
 
 
+def uids(pid: int | str) -> list[str]:
+    """A process's real, effective, saved and filesystem uids."""
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return next(line for line in status if line.startswith("Uid:")).split()[1:]
+
+
 def wait_serving(process: Process, timeout: float = 20) -> dict[str, Any]:
     first = process.next_json(timeout)
     assert "serving" in first, process.log()

@@ -13,7 +13,7 @@ import pytest
 
 from istiod.demo.pods import ENVOY_UID, Netns, Node, sweep
 from tests.peers import Process
-from tests.pods import app, call, envoy_binary, requires_root, shared_dir, stats, wait_envoy_ready, wait_serving
+from tests.pods import app, call, envoy_binary, requires_root, shared_dir, stats, uids, wait_envoy_ready, wait_serving
 
 pytestmark = requires_root
 
@@ -108,10 +108,8 @@ def test_http_between_pods_goes_through_both_envoys(static_pods: StaticPods) -> 
 
 
 def test_envoys_run_as_1337_and_are_not_captured_themselves(static_pods: StaticPods) -> None:
-    for name, process in static_pods.envoys.items():
-        status = open(f"/proc/{process.proc.pid}/status").read()
-        uid_line = next(line for line in status.splitlines() if line.startswith("Uid:"))
-        assert uid_line.split()[1:] == [str(ENVOY_UID)] * 4, (name, uid_line)
+    for process in static_pods.envoys.values():
+        assert uids(process.proc.pid) == [str(ENVOY_UID)] * 4
     # 15021 (the agent's readiness) is not captured inbound: A's Envoy gets a refusal from B's
     # kernel, and B's Envoy never sees the connection.
     a, b = static_pods.a, static_pods.b

@@ -22,7 +22,7 @@ import pytest
 from istiod.demo.pods import ENVOY_UID, Netns, Node, Sidecar, sweep
 from tests.conftest import synced
 from tests.peers import ROOT, Istiod, Process, free_port, wait_until
-from tests.pods import admin, app, call, requires_root, shared_dir, stats, wait_envoy_ready, wait_serving
+from tests.pods import admin, app, call, requires_root, shared_dir, stats, uids, wait_envoy_ready, wait_serving
 
 pytestmark = requires_root
 
@@ -157,18 +157,27 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarMesh]:
         shutil.rmtree(home, ignore_errors=True)
 
 
-def test_http_through_both_envoys(mesh: SidecarMesh) -> None:
+# Per protocol: the port, a client call from a-1, what b-1's app answers, and the Envoy counter.
+PROTOCOLS = {
+    "http": (8080, ("http-get", f"http://{HOST}:8080/hello"), "b-1", "upstream_rq_total"),
+    "grpc": (7070, ("grpc-call", f"dns:///{HOST}:7070"), "b-1 10.44.0.3:7070", "upstream_rq_total"),
+    "tcp": (9000, ("tcp-call", f"{HOST}:9000", "hello"), "b-1: hello", "upstream_cx_total"),
+}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_traffic_through_both_envoys(mesh: SidecarMesh, protocol: str) -> None:
     mesh.use()
-    reply = call(mesh.a, "http-get", f"http://{HOST}:8080/hello")
-    print("a-1 got:", reply)
+    port, client, answer, counter = PROTOCOLS[protocol]
+    reply = call(mesh.a, *client)
+    print(f"a-1 got over {protocol}:", reply)
     assert reply["ok"], reply
-    assert reply["body"]["name"] == "b-1"
-    assert reply["headers"].get("server") == "envoy"  # answered through A's Envoy
-    outbound = stats(mesh.a, f"cluster.outbound|8080||{HOST}.upstream_rq_total")
-    inbound = stats(mesh.b, "cluster.inbound|8080||.upstream_rq_total")
-    print("A's Envoy:", outbound, "B's Envoy:", inbound)
-    assert outbound[f"cluster.outbound|8080||{HOST}.upstream_rq_total"] >= 1
-    assert inbound["cluster.inbound|8080||.upstream_rq_total"] >= 1
+    assert (reply["body"]["name"] if protocol == "http" else reply["reply"]) == answer
+    outbound = f"cluster.outbound|{port}||{HOST}.{counter}"
+    inbound = f"cluster.inbound|{port}||.{counter}"
+    print("A's Envoy:", stats(mesh.a, outbound), "B's Envoy:", stats(mesh.b, inbound))
+    assert stats(mesh.a, outbound)[outbound] >= 1
+    assert stats(mesh.b, inbound)[inbound] >= 1
 
 
 def test_envoy_runs_as_1337_inside_each_pod(mesh: SidecarMesh) -> None:
@@ -177,28 +186,7 @@ def test_envoy_runs_as_1337_inside_each_pod(mesh: SidecarMesh) -> None:
         commands = {pid: Path(f"/proc/{pid}/comm").read_text().strip() for pid in pids}
         envoys = [pid for pid, command in commands.items() if command == "envoy"]
         assert len(envoys) == 1, commands
-        uids = next(line for line in Path(f"/proc/{envoys[0]}/status").read_text().splitlines() if line.startswith("Uid:"))
-        assert uids.split()[1:] == [str(ENVOY_UID)] * 4, uids
-
-
-def test_grpc_through_both_envoys(mesh: SidecarMesh) -> None:
-    mesh.use()
-    reply = call(mesh.a, "grpc-call", f"dns:///{HOST}:7070")
-    print("a-1 got:", reply)
-    assert reply == {"ok": True, "reply": "b-1 10.44.0.3:7070"}
-    counter = f"cluster.outbound|7070||{HOST}.upstream_rq_total"
-    assert stats(mesh.a, counter)[counter] >= 1
-    assert stats(mesh.b, "cluster.inbound|7070||.upstream_rq_total")["cluster.inbound|7070||.upstream_rq_total"] >= 1
-
-
-def test_tcp_through_both_envoys(mesh: SidecarMesh) -> None:
-    mesh.use()
-    reply = call(mesh.a, "tcp-call", f"{HOST}:9000", "hello")
-    print("a-1 got:", reply)
-    assert reply == {"ok": True, "reply": "b-1: hello"}
-    counter = f"cluster.outbound|9000||{HOST}.upstream_cx_total"
-    assert stats(mesh.a, counter)[counter] >= 1
-    assert stats(mesh.b, "cluster.inbound|9000||.upstream_cx_total")["cluster.inbound|9000||.upstream_cx_total"] >= 1
+        assert uids(envoys[0]) == [str(ENVOY_UID)] * 4
 
 
 def test_b_sees_a_spiffe_identity(mesh: SidecarMesh) -> None:

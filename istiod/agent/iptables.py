@@ -62,12 +62,11 @@ def _inbound(config: CaptureConfig) -> list[str]:
         return []
     rules = ["-A PREROUTING -p tcp -j ISTIO_INBOUND"]
     if config.include_inbound_ports == ("*",):
-        for port in (INBOUND_TUNNEL_PORT, *config.exclude_inbound_ports):
-            rules.append(f"-A ISTIO_INBOUND -p tcp --dport {port} -j RETURN")
+        rules += [f"-A ISTIO_INBOUND -p tcp --dport {port} -j RETURN"
+                  for port in (INBOUND_TUNNEL_PORT, *config.exclude_inbound_ports)]
         rules.append("-A ISTIO_INBOUND -p tcp -j ISTIO_IN_REDIRECT")
     else:
-        for port in config.include_inbound_ports:
-            rules.append(f"-A ISTIO_INBOUND -p tcp --dport {port} -j ISTIO_IN_REDIRECT")
+        rules += [f"-A ISTIO_INBOUND -p tcp --dport {port} -j ISTIO_IN_REDIRECT" for port in config.include_inbound_ports]
     return rules
 
 
