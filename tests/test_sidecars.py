@@ -189,6 +189,19 @@ def test_envoy_runs_as_1337_inside_each_pod(mesh: SidecarMesh) -> None:
         assert uids(envoys[0]) == [str(ENVOY_UID)] * 4
 
 
+def test_agent_status_ports_answer_on_the_pod_ip_uncaptured(mesh: SidecarMesh) -> None:
+    mesh.use()
+    inbound_before = stats(mesh.b, "cluster.inbound|8080||.upstream_rq_total")
+    ready = call(mesh.plain, "http-get", "http://10.44.0.3:15021/healthz/ready")
+    print("b-1's /healthz/ready from another pod:", ready.get("status"), ready.get("body"))
+    assert ready["status"] == 200, ready
+    metrics = call(mesh.plain, "http-get", "http://10.44.0.3:15020/stats/prometheus")
+    assert metrics["status"] == 200, metrics
+    # Envoy's own stats, merged by b-1's agent: the inbound cluster's traffic is there.
+    assert 'cluster_name="inbound|8080||"' in metrics["body"]
+    assert stats(mesh.b, "cluster.inbound|8080||.upstream_rq_total") == inbound_before  # not through Envoy
+
+
 def test_b_sees_a_spiffe_identity(mesh: SidecarMesh) -> None:
     mesh.use()
     reply = call(mesh.a, "http-get", f"http://{HOST}:8080/who")
