@@ -37,9 +37,9 @@ def missing_privileges() -> str:
     """Why pods cannot be made here, or '' when they can."""
     if os.geteuid() != 0:
         return "needs root to create network namespaces (run as root, as CI does)"
-    for tool in ("ip", "iptables-restore", "setpriv"):
+    for tool in ("ip", "iptables-restore", "setpriv", "curl"):
         if shutil.which(tool) is None:
-            return f"needs `{tool}` (Debian's iproute2, iptables, util-linux)"
+            return f"needs `{tool}` (Debian's iproute2, iptables, util-linux, curl: make netns-tools)"
     return ""
 
 
@@ -53,9 +53,13 @@ class Netns:
     def __init__(self, name: str, hosts: dict[str, str] | None = None) -> None:
         self.name = f"{PREFIX}{os.getpid()}-{name}"
         _ip("netns", "add", self.name)
-        _ip("-n", self.name, "link", "set", "lo", "up")
-        if hosts is not None:
-            self.write_hosts(hosts)
+        try:
+            _ip("-n", self.name, "link", "set", "lo", "up")
+            if hosts is not None:
+                self.write_hosts(hosts)
+        except BaseException:
+            self.delete()
+            raise
 
     def write_hosts(self, hosts: dict[str, str]) -> None:
         """/etc/hosts as seen inside: each name -> address (service names -> VIPs)."""
