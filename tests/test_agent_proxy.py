@@ -54,6 +54,7 @@ class Sidecar:
     admin: EnvoyAdmin
     status: int
     readiness: int
+    prometheus: int  # Envoy's own stats listener
     tls_port: int  # a listener from the bootstrap override whose certificate comes over SDS
 
     def envoy(self, path: str) -> tuple[int, str]:
@@ -162,7 +163,7 @@ def start_sidecar(processes: list[Process], workdir: Path) -> Callable[..., Side
         tls_port = free_port()
         override = workdir / "override.json"
         override.write_text(json.dumps(tls_listener_override(tls_port)))
-        status, readiness = free_port(), free_port()
+        status, readiness, prometheus = free_port(), free_port(), free_port()
         admin = EnvoyAdmin(workdir / "admin.sock" if unix_admin else ("127.0.0.1", free_port()))
         admin_flag = "unix:admin.sock" if unix_admin else str(admin)
         agent = Process([
@@ -173,6 +174,7 @@ def start_sidecar(processes: list[Process], workdir: Path) -> Callable[..., Side
             *extra,
             "proxy", "--workdir", str(workdir), "--proxy-admin-addr", admin_flag,
             "--status-addr", f"127.0.0.1:{status}", "--readiness-addr", f"127.0.0.1:{readiness}",
+            "--envoy-prometheus-addr", f"127.0.0.1:{prometheus}",
             "--termination-drain-duration", drain, "--proxy-log-level", "info",
             "--proxy-component-log-level", "misc:error,main:warning",
             "--bootstrap-override", str(override),
@@ -183,7 +185,7 @@ def start_sidecar(processes: list[Process], workdir: Path) -> Callable[..., Side
             "ISTIO_META_CLUSTER_ID": "Kubernetes", "ISTIO_METAJSON_LABELS": '{"app": "web"}', **(env or {}),
         }, name="agent-proxy")
         processes.append(agent)
-        sidecar = Sidecar(agent, workdir, admin, status, readiness, tls_port)
+        sidecar = Sidecar(agent, workdir, admin, status, readiness, prometheus, tls_port)
         if not ready:
             return sidecar
         try:
@@ -208,7 +210,7 @@ def test_envoy_gets_istiod_config_through_the_agent(mesh: Path, mesh_dir: Path, 
     assert bootstrap["node"]["metadata"]["LABELS"] == {"app": "web"}
     assert bootstrap["node"]["metadata"]["SERVICE_ACCOUNT"] == "web"
     assert [c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["pipe"]["path"]
-            for c in bootstrap["static_resources"]["clusters"]] == [
+            for c in bootstrap["static_resources"]["clusters"][:2]] == [
         "./etc/istio/proxy/XDS", "./var/run/secrets/workload-spiffe-uds/socket"]
 
     # Envoy holds istiod's clusters, fetched through the agent's xDS proxy.
@@ -233,6 +235,9 @@ def test_envoy_gets_istiod_config_through_the_agent(mesh: Path, mesh_dir: Path, 
                    "istio_agent_xds_proxy_responses", "istio_agent_cert_expiry_seconds",
                    'istio_agent_num_outgoing_requests{request_type="csr"}', "istio_agent_scrapes_total"):
         assert f"\n{family}" in stats, family
+    status, envoy_stats = http_get(f"http://127.0.0.1:{sidecar.prometheus}/stats/prometheus")  # Envoy's 15090
+    assert status == 200 and "\nenvoy_cluster_manager_cds_update_success" in envoy_stats
+    assert http_get(f"http://127.0.0.1:{sidecar.prometheus}/config_dump")[0] == 404  # nothing else of the admin
     print("merged stats:", *[l for l in stats.splitlines() if l.startswith("istio_agent_")], sep="\n  ")
     print("agent and Envoy printed:\n" + sidecar.agent.log())
     assert "web-s3cret" not in sidecar.agent.text() + istiod.text()

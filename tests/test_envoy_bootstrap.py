@@ -29,17 +29,20 @@ def test_metadata_from_the_pod_and_istio_meta_environment() -> None:
 
 
 def test_bootstrap_and_override() -> None:
-    bootstrap = envoy_bootstrap(NODE, {"NAMESPACE": "app"}, EnvoyAdmin(("127.0.0.1", 15000)).bootstrap_address())
+    bootstrap = envoy_bootstrap(NODE, {"NAMESPACE": "app"}, EnvoyAdmin(("127.0.0.1", 15000)).bootstrap_address(),
+                                ("", 15090))
     assert bootstrap["node"]["id"] == "sidecar~10.1.2.3~web-1.app~app.svc.cluster.local"
     assert bootstrap["admin"] == {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 15000}}}
-    assert [c["name"] for c in bootstrap["static_resources"]["clusters"]] == ["xds-grpc", "sds-grpc"]
-    for cluster in bootstrap["static_resources"]["clusters"]:  # gRPC needs HTTP/2, or Envoy connects to nothing
+    assert [c["name"] for c in bootstrap["static_resources"]["clusters"]] == ["xds-grpc", "sds-grpc", "prometheus_stats"]
+    assert bootstrap["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"] == 15090
+    for cluster in bootstrap["static_resources"]["clusters"][:2]:  # gRPC needs HTTP/2, or Envoy connects to nothing
         options = cluster["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
         assert options["explicit_http_config"] == {"http2_protocol_options": {}}
     merged = merge_override(bootstrap, {"admin": {"address": {"socket_address": {"port_value": 15001}}},
                                         "static_resources": {"clusters": [{"name": "extra"}]}})
     assert merged["admin"]["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": 15001}
-    assert [c["name"] for c in merged["static_resources"]["clusters"]] == ["xds-grpc", "sds-grpc", "extra"]
+    assert [c["name"] for c in merged["static_resources"]["clusters"]] == [
+        "xds-grpc", "sds-grpc", "prometheus_stats", "extra"]
     assert bootstrap["admin"]["address"]["socket_address"]["port_value"] == 15000  # the input is not changed
     assert EnvoyAdmin(Path("/pod/admin")).bootstrap_address() == {"pipe": {"path": "/pod/admin"}}
 

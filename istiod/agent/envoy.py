@@ -86,10 +86,9 @@ class EnvoySupervisor:
         attempt = 0  # quick exits in a row
         while not self._stopping.is_set():
             started = loop.time()
-            # Envoy writes to the agent's stdout and stderr, as under pilot-agent.
-            self.process = await asyncio.create_subprocess_exec(
-                *self.options.command(), cwd=self.options.workdir, start_new_session=True,
-            )
+            # As under pilot-agent: Envoy writes to the agent's stdout and stderr, and stays in the
+            # agent's process group, so whatever ends the group ends Envoy too.
+            self.process = await asyncio.create_subprocess_exec(*self.options.command(), cwd=self.options.workdir)
             self.starts += 1
             log.info("Envoy started pid=%d (start %d): %s", self.process.pid, self.starts, " ".join(self.options.command()))
             code = await self.process.wait()

@@ -18,6 +18,7 @@ XDS_SOCKET = "./etc/istio/proxy/XDS"
 SDS_SOCKET = "./var/run/secrets/workload-spiffe-uds/socket"
 XDS_CLUSTER = "xds-grpc"
 SDS_CLUSTER = "sds-grpc"
+PROMETHEUS_CLUSTER = "prometheus_stats"
 META_PREFIX = "ISTIO_META_"
 META_JSON_PREFIX = "ISTIO_METAJSON_"
 
@@ -45,15 +46,21 @@ def node_metadata(node: NodeInfo, environ: Mapping[str, str]) -> dict[str, Any]:
     return metadata
 
 
-def _unix_grpc_cluster(name: str, path: str) -> dict[str, Any]:
+def _static_cluster(name: str, address: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "name": name,
         "type": "STATIC",
         "connect_timeout": "1s",
         "load_assignment": {
             "cluster_name": name,
-            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"pipe": {"path": path}}}}]}],
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": dict(address)}}]}],
         },
+    }
+
+
+def _grpc_cluster(name: str, socket_path: str) -> dict[str, Any]:
+    return {
+        **_static_cluster(name, {"pipe": {"path": socket_path}}),
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                 "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
@@ -63,8 +70,27 @@ def _unix_grpc_cluster(name: str, path: str) -> dict[str, Any]:
     }
 
 
-def envoy_bootstrap(node: NodeInfo, metadata: Mapping[str, Any], admin: Mapping[str, Any]) -> dict[str, Any]:
-    """`admin`: the admin address as the bootstrap spells it (EnvoyAdmin.bootstrap_address())."""
+def _prometheus_listener(host: str, port: int) -> dict[str, Any]:
+    """Istio's 15090: Envoy's /stats/prometheus from its admin, and nothing else of the admin API."""
+    hcm = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "codec_type": "AUTO",
+        "stat_prefix": "stats",
+        "route_config": {"virtual_hosts": [{"name": "backend", "domains": ["*"], "routes": [
+            {"match": {"prefix": "/stats/prometheus"}, "route": {"cluster": PROMETHEUS_CLUSTER}}]}]},
+        "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}],
+    }
+    return {
+        "address": {"socket_address": {"protocol": "TCP", "address": host or "0.0.0.0", "port_value": port}},
+        "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}],
+    }
+
+
+def envoy_bootstrap(node: NodeInfo, metadata: Mapping[str, Any], admin: Mapping[str, Any],
+                    prometheus: tuple[str, int]) -> dict[str, Any]:
+    """`admin`: the admin address as the bootstrap spells it (EnvoyAdmin.bootstrap_address());
+    `prometheus`: where Envoy serves its stats (Istio's :15090)."""
     ads = {"ads": {}, "initial_fetch_timeout": "0s", "resource_api_version": "V3"}
     return {
         "node": {
@@ -85,7 +111,9 @@ def envoy_bootstrap(node: NodeInfo, metadata: Mapping[str, Any], admin: Mapping[
             },
         },
         "static_resources": {
-            "clusters": [_unix_grpc_cluster(XDS_CLUSTER, XDS_SOCKET), _unix_grpc_cluster(SDS_CLUSTER, SDS_SOCKET)],
+            "clusters": [_grpc_cluster(XDS_CLUSTER, XDS_SOCKET), _grpc_cluster(SDS_CLUSTER, SDS_SOCKET),
+                         _static_cluster(PROMETHEUS_CLUSTER, admin)],
+            "listeners": [_prometheus_listener(*prometheus)],
         },
     }
 

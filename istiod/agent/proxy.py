@@ -45,7 +45,7 @@ async def run_proxy(settings: AgentSettings, proxy: ProxySettings, stop: asyncio
                                proxy.component_log_level, proxy.concurrency)
         bootstrap = merge_override(
             envoy_bootstrap(settings.node, node_metadata(settings.node, dict(proxy.metadata)),
-                            proxy.admin.bootstrap_address()),
+                            proxy.admin.bootstrap_address(), proxy.prometheus),
             _read_override(proxy.bootstrap_override),
         )
         xds_path, sds_path = (_socket_path(proxy.workdir / relative) for relative in (XDS_SOCKET, SDS_SOCKET))

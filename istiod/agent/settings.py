@@ -84,6 +84,7 @@ class ProxySettings:
     admin: EnvoyAdmin = EnvoyAdmin(("127.0.0.1", 15000))
     status: tuple[str, int] = ("", 15020)
     readiness: tuple[str, int] = ("", 15021)
+    prometheus: tuple[str, int] = ("", 15090)  # Envoy's own listener for its stats
     drain_duration: float = 5.0
     log_level: str = "warning"
     component_log_level: str = "misc:error"
@@ -122,6 +123,8 @@ def add_proxy_flags(parser: argparse.ArgumentParser) -> None:
                         help="/stats/prometheus (Envoy's and the agent's) and /healthz/ready (default :15020)")
     parser.add_argument("--readiness-addr", type=_listen_address, default=_listen_address(":15021"),
                         help="/healthz/ready: Envoy is LIVE and the agent is not draining (default :15021)")
+    parser.add_argument("--envoy-prometheus-addr", type=_listen_address, default=_listen_address(":15090"),
+                        help="Envoy's listener for its /stats/prometheus (default :15090)")
     parser.add_argument("--termination-drain-duration", type=parse_duration,
                         default=f"{env('TERMINATION_DRAIN_DURATION_SECONDS', '5')}s",
                         help="after SIGTERM, how long Envoy drains before it is stopped (default 5s)")
@@ -140,7 +143,7 @@ def proxy_settings_from_args(args: argparse.Namespace) -> ProxySettings:
                      if name.startswith(("ISTIO_META_", "ISTIO_METAJSON_")))
     return ProxySettings(
         workdir=workdir, admin=EnvoyAdmin(admin), status=args.status_addr,
-        readiness=args.readiness_addr, drain_duration=args.termination_drain_duration,
+        readiness=args.readiness_addr, prometheus=args.envoy_prometheus_addr, drain_duration=args.termination_drain_duration,
         log_level=args.proxy_log_level, component_log_level=args.proxy_component_log_level,
         concurrency=args.concurrency, bootstrap_override=args.bootstrap_override, metadata=metadata,
     )

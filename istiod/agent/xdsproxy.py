@@ -23,6 +23,8 @@ from istiod.agent.metrics import XDS_PROXY_REQUESTS, XDS_PROXY_RESPONSES
 
 log = logging.getLogger(__name__)
 
+# A mesh's CDS or EDS can pass gRPC's 4 MB default; pilot-agent takes any size from istiod too.
+UPSTREAM_OPTIONS = [("grpc.max_receive_message_length", -1)]
 Request = TypeVar("Request", discovery_pb2.DiscoveryRequest, discovery_pb2.DeltaDiscoveryRequest)
 Response = TypeVar("Response", discovery_pb2.DiscoveryResponse, discovery_pb2.DeltaDiscoveryResponse)
 
@@ -55,7 +57,7 @@ class XdsProxy(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         except AgentError as error:
             log.error("xDS proxy: %s", error)
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
-        async with grpc.aio.secure_channel(self.address, credentials) as channel:
+        async with grpc.aio.secure_channel(self.address, credentials, options=UPSTREAM_OPTIONS) as channel:
             call = getattr(ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel), method)()
             upstream = asyncio.create_task(_send(requests, call))
             log.info("xDS proxy: stream %d from Envoy, dialling istiod at %s", stream, self.address)
