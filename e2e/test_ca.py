@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import grpc
@@ -24,7 +25,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from e2e.harness import Cluster
 from e2e.kube_objects import ISTIO_NAMESPACE, create_running_pod, ensure_namespace, pod_body, service_body
 from e2e.test_rbac import istiod_kubeconfig
-from istiod.ca.pki import load_certs, new_key, uri_sans
+from istiod.ca.pki import cert_pem, load_certs, new_key, uri_sans
+from istiod.ca.selfsigned import self_signed_root
 from istiod.kubeapi import api_client
 from tests.peers import Istiod, Process, eventually, free_port, wait_until
 from tests.pki import csr_pem
@@ -322,6 +324,50 @@ async def test_two_istiods_at_once_agree_on_one_root_and_one_writer(
     leader.stop()  # hands the Lease back: the other takes over at its next try
     wait_until(lambda: leads(follower), 5, "the other istiod to lead")
     await rewritten_by(kube, follower, leader, root)
+
+
+async def test_the_root_rotates_in_its_secret_and_reaches_every_namespace(
+    kube: client.ApiClient, start_istiod_sa: Callable[..., Istiod]
+) -> None:
+    """A root due for rotation within seconds (100 s old of 130 s, istiod's 20% grace period) in the
+    Secret, and two replicas: one rotates, the other adopts it; the Secret and every namespace's
+    ConfigMap then hold the new root and the old, and workloads trusting either get both."""
+    await ensure_namespace(kube, NS)
+    await ensure_account(kube, NS, "web")
+    await forget_the_root(kube)
+    planted = self_signed_root("cluster.local", datetime.now(timezone.utc) - timedelta(seconds=100),
+                               timedelta(seconds=130))
+    data = {"ca-cert.pem": planted.cert, "ca-key.pem": planted.key, "cert-chain.pem": b"", "root-cert.pem": b""}
+    await client.CoreV1Api(kube).create_namespaced_secret(ISTIO_NAMESPACE, {
+        "metadata": {"name": "istio-ca-secret"}, "type": "istio.io/ca-root",
+        "data": {k: base64.b64encode(v).decode() for k, v in data.items()}})
+    old = load_certs(planted.cert, "planted root")[0]
+    flags = ("--self-signed-ca-cert-ttl", "100s", "--self-signed-root-cert-check-interval", "500ms")
+    with ThreadPoolExecutor(2) as pool:
+        both = list(pool.map(lambda pod: start_istiod_sa(pod, *flags), ("istiod-a", "istiod-b")))
+
+    async def rotated() -> str | None:
+        secret = await client.CoreV1Api(kube).read_namespaced_secret("istio-ca-secret", ISTIO_NAMESPACE)
+        roots = base64.b64decode(secret.data.get("root-cert.pem") or "").decode()
+        return roots if len(load_certs(roots.encode(), "roots") if roots else []) == 2 else None
+
+    roots = await eventually(rotated, 30, "the rotated root in the Secret")
+    new = load_certs(roots.encode(), "roots")
+    print("rotated:", f"{old.serial_number:x} -> {new[0].serial_number:x}, roots in the Secret: {len(new)}")
+    assert new[1] == old and new[0] != old and new[0].public_key() == old.public_key()
+    assert await secret_root(kube) == cert_pem(new[0])
+    for namespace in ("default", ISTIO_NAMESPACE, NS):
+        await published_root(kube, namespace, roots)
+    token = await token_for(kube, NS, "web")
+    for istiod in both:  # each signs with the new root and hands out both, to callers trusting only the old
+        ca = CaEndpoint(istiod.secure_address, planted.cert)
+        chain = await eventually(lambda: _chain_ending_in(ca, token, roots), 10, "both roots from each istiod")
+        assert load_certs(chain[0].encode(), "leaf")[0].issuer == new[0].subject
+
+
+async def _chain_ending_in(ca: CaEndpoint, token: str, roots: str) -> list[str] | None:
+    chain = list((await create(ca, csr_pem(new_key()), token=token)).cert_chain)
+    return chain if chain[-1] == roots else None
 
 
 async def rewritten_by(kube: client.ApiClient, writer: Istiod, idle: Istiod, root: str) -> None:

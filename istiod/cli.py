@@ -45,8 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "discovery":
         from istiod.server import run_discovery
 
-        asyncio.run(run_discovery(settings_from_args(args)))
-        return 0
+        return asyncio.run(run_discovery(settings_from_args(args)))
     if args.command == "agent" and args.agent_mode == "iptables":
         from istiod.agent.iptables import run_iptables
 

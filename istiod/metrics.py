@@ -89,6 +89,16 @@ CERT_CHAIN_EXPIRY_SECONDS = Gauge(
     "citadel_server_cert_chain_expiry_seconds", "The time remaining, in seconds, before the cert chain will expire."
 )
 
+# istiod's own serving certificate (15012). Istio exports nothing for it (istio/istio#54662); named
+# like the CA's gauges, so one alert rule shape covers both.
+SERVING_CERT_EXPIRY_TIMESTAMP = Gauge(
+    "istiod_serving_cert_expiry_timestamp", "The unix timestamp, in seconds, when istiod's serving certificate will expire."
+)
+SERVING_CERT_RENEWAL_FAILURES = Counter(
+    "istiod_serving_cert_renewal_failures", "The number of failed renewals of istiod's serving certificate."
+)
+
+
 def counters_without_total(counters: Iterable[Counter]) -> re.Pattern[str]:
     """Matches these counters' `_total` in the text format, to be cut off (Istio's names)."""
     names = [family.name for counter in counters for family in counter.describe()]

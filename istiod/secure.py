@@ -22,13 +22,13 @@ from istiod.atomicfile import write_atomic
 from istiod.ca.authenticate import (
     Authenticator, ClientCertAuthenticator, StaticTokenAuthenticator, TokenReviewAuthenticator,
 )
-from istiod.ca.root import (
-    ROOT_CERT_FILE, CaBundle, CertificateAuthority, DirRootStore, RootStore, SecretRootStore, self_signed_bundle,
-)
+from istiod.ca.root import ROOT_CERT_FILE, CaBundle, CertificateAuthority
+from istiod.ca.selfsigned import DirRootStore, RootRotator, RootStore, SecretRootStore, self_signed_bundle
 from istiod.ca.serving import ServingCertificate, serving_names
 from istiod.ca.service import CertificateService
 from istiod.gen.istio.v1.auth import ca_pb2_grpc
 from istiod.settings import Settings
+from istiod.supervisor import Supervisor
 from istiod.tlsfront import TlsFront
 from istiod.xds.authz import XdsAuthorizer
 from istiod.xds.server import DiscoveryServer
@@ -37,15 +37,18 @@ log = logging.getLogger(__name__)
 
 
 class SecurePort:
-    def __init__(self, settings: Settings, ads: DiscoveryServer) -> None:
+    def __init__(self, settings: Settings, ads: DiscoveryServer, supervisor: Supervisor | None = None) -> None:
         self.settings = settings
         self.ads = ads
+        self.supervisor = supervisor or Supervisor()
         self.ca: CertificateAuthority | None = None
         self.serving: ServingCertificate | None = None
         self._inner: grpc.aio.Server | None = None
         self._front: TlsFront | None = None
         self._watch: asyncio.Task[None] | None = None
         self._renewal: asyncio.Task[None] | None = None
+        self._rotation: asyncio.Task[None] | None = None
+        self._rotator: RootRotator | None = None
         self.authenticators: list[Authenticator] = []  # set by start(); the debug access check uses them too
         self._publish_root: Callable[[CaBundle], None] = self._write_root_file
 
@@ -63,7 +66,8 @@ class SecurePort:
             else:
                 store: RootStore = (SecretRootStore(client.CoreV1Api(api), settings.namespace) if api is not None
                                     else DirRootStore(ca_settings.state_dir))
-                self.ca = CertificateAuthority(await self_signed_bundle(store, trust_domain))
+                self.ca = CertificateAuthority(await self_signed_bundle(store, trust_domain, ca_settings.root))
+                self._rotator = RootRotator(store, self.ca, ca_settings.root, self._publish_root)
                 where = store.where
             if api is not None:
                 authenticators.append(TokenReviewAuthenticator(client.AuthenticationV1Api(api), trust_domain))
@@ -88,8 +92,14 @@ class SecurePort:
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(ads, self._inner)
         await self._inner.start()
         port = await front.start()
-        self._watch = asyncio.create_task(self.ca.watch(ca_settings.reload_interval, self._publish_root), name="ca-watch")
-        self._renewal = asyncio.create_task(serving.keep_fresh(ca_settings.reload_interval), name="serving-cert")
+        ca = self.ca
+        if ca.plugged_dir is not None:
+            self._watch = self.supervisor.start("ca-watch", lambda: ca.watch(ca_settings.reload_interval, self._publish_root),
+                                                restart=True)
+        self._renewal = self.supervisor.start("serving-cert", lambda: serving.keep_fresh(ca_settings.reload_interval),
+                                              restart=True)
+        if self._rotator is not None:
+            self._rotation = self.supervisor.start("root-rotation", self._rotator.run, restart=True)
         log.info("CA root serial %x (%s)", self.ca.bundle.root.serial_number, where)
         return port
 
@@ -97,7 +107,7 @@ class SecurePort:
         write_atomic(self.settings.ca.state_dir / ROOT_CERT_FILE, bundle.roots_pem.encode())
 
     async def stop(self) -> None:
-        for task in (self._watch, self._renewal):
+        for task in (self._watch, self._renewal, self._rotation):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

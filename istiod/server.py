@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import signal
+from datetime import datetime, timezone
 
 import grpc
 import uvicorn
@@ -29,6 +31,7 @@ from istiod.sources.monitoring import record_change
 from istiod.sources.kube import KubeSource
 from istiod.sources.namespaces import NamespaceFilter, Selector
 from istiod.sources.store import Store
+from istiod.supervisor import Supervisor
 from istiod.xds.pusher import Pusher
 from istiod.xds.server import DiscoveryServer
 
@@ -50,7 +53,8 @@ class Discovery:
         self.pusher = Pusher(self.store, settings.debounce_after, settings.debounce_max, settings.mesh)
         self.ads = DiscoveryServer(lambda: self.pusher.snapshot, settings.push_concurrency)
         self.pusher.subscribe(self.ads.on_push)
-        self.secure = SecurePort(settings, self.ads)
+        self.supervisor = Supervisor()
+        self.secure = SecurePort(settings, self.ads, self.supervisor)
         self.health = health.aio.HealthServicer()
         self.ports: dict[str, int] = {}
         self._grpc: grpc.aio.Server | None = None
@@ -86,7 +90,7 @@ class Discovery:
         self.ports["grpc"] = self._grpc.add_insecure_port(join_host_port(grpc_addr.bind_host, grpc_addr.port))
         await self._grpc.start()
 
-        view = DebugView(lambda: self.pusher.snapshot, lambda: self.ads.connections, lambda: self.ads.ready,
+        view = DebugView(lambda: self.pusher.snapshot, lambda: self.ads.connections, self.not_ready,
                          self.store.objects, lambda: self.ads.monitor.last_push)
         access = AccessPolicy.from_token_file(self.settings.debug_token_file, self.secure.authenticators,
                                               self.settings.namespace)
@@ -99,16 +103,33 @@ class Discovery:
             server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False,
                                                    log_config=None, proxy_headers=False))
             self._http.append(server)
-            self._tasks.append(asyncio.create_task(server.serve(sockets=[sock]), name=name))
+            # A server that ends is not restarted: its socket is gone with it.
+            self._tasks.append(self.supervisor.start(name, functools.partial(server.serve, sockets=[sock]), restart=False))
         self._tasks += [
-            asyncio.create_task(self.source.run(), name="source"),
-            asyncio.create_task(self.pusher.run(), name="pusher"),
+            self.supervisor.start("source", self.source.run, restart=True),
+            self.supervisor.start("pusher", self._push, restart=True),
         ]
         if self.election is not None and self.publisher is not None:
-            self._tasks.append(asyncio.create_task(self.election.run(self.publisher.run), name="root-cert-publisher"))
+            election, publisher = self.election, self.publisher
+            self._tasks.append(self.supervisor.start("root-cert-publisher", lambda: election.run(publisher.run),
+                                                     restart=True))
         log.info(logs.event("serving", **self.ports))
         if self.settings.ports_file:
             self.settings.ports_file.write_text(json.dumps(self.ports))
+
+    async def _push(self) -> None:
+        if self.ads.ready:  # a restart: what the crashed run had taken from the store is built again
+            self.pusher.publish(full=True)
+        await self.pusher.run()
+
+    def not_ready(self) -> str | None:
+        """Why /ready answers 503, or None."""
+        if self.supervisor.failure is not None:
+            return f"{self.supervisor.failure}; istiod is stopping"
+        if not self.ads.ready:
+            return "sources have not synced"
+        serving = self.secure.serving
+        return serving.expiring(datetime.now(timezone.utc)) if serving is not None else None
 
     async def wait_synced(self) -> None:
         """Ready once the source has synced and the first snapshot is built from it."""
@@ -120,7 +141,9 @@ class Discovery:
         log.info("sources synced; ready with %d services", len(self.pusher.snapshot.services))
 
     async def stop(self) -> None:
+        self.supervisor.stopping = True
         self.ads.ready = False
+        await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         if self._grpc is not None:
             await self._grpc.stop(grace=1.0)
         await self.secure.stop()
@@ -139,7 +162,8 @@ class Discovery:
                 await self._api.close()
 
 
-async def run_discovery(settings: Settings) -> None:
+async def run_discovery(settings: Settings) -> int:
+    """Serves until SIGINT or SIGTERM (0), or until a background task fails that cannot be restarted (1)."""
     discovery = Discovery(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -152,10 +176,13 @@ async def run_discovery(settings: Settings) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         synced = asyncio.create_task(discovery.wait_synced())
-        await stop.wait()
-        synced.cancel()
+        ends = [asyncio.create_task(stop.wait()), asyncio.create_task(discovery.supervisor.failed.wait())]
+        await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
+        for task in (synced, *ends):
+            task.cancel()
     except asyncio.CancelledError:
         log.info("stopped while starting")
     finally:
         log.info("shutting down")
         await discovery.stop()
+    return 1 if discovery.supervisor.failure is not None else 0

@@ -11,7 +11,7 @@ from pathlib import Path
 from istiod.ca.settings import CaSettings, add_ca_flags, ca_settings_from_args
 from istiod.durations import parse_duration as _seconds
 from istiod.leader import LeaseTimings
-from istiod.model.mesh import ALLOW_ANY, DEFAULT_TRUST_DOMAIN, OUTBOUND_TRAFFIC_POLICIES, MeshConfig
+from istiod.model.mesh import DEFAULT_TRUST_DOMAIN, MeshConfig, OutboundTrafficPolicy
 from istiod.model.names import DEFAULT_DOMAIN, join_host_port, split_host_port
 from istiod.sources.namespaces import Selector
 
@@ -99,7 +99,8 @@ def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mtls", action="store_true",
                         help="mesh-wide STRICT mTLS (proxyless gRPC and Envoy sidecars); without it sidecars "
                              "accept both (PERMISSIVE) and use mTLS to pods that have a sidecar (default off)")
-    parser.add_argument("--outbound-traffic-policy", choices=OUTBOUND_TRAFFIC_POLICIES, default=ALLOW_ANY,
+    parser.add_argument("--outbound-traffic-policy", choices=[p.value for p in OutboundTrafficPolicy],
+                        default=OutboundTrafficPolicy.ALLOW_ANY.value,
                         help="meshConfig outboundTrafficPolicy.mode: sidecars pass traffic to unknown hosts "
                              "through (ALLOW_ANY, the default) or drop it (REGISTRY_ONLY)")
     timings = LeaseTimings()
@@ -148,7 +149,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         leader=leader,
         secure_grpc_addr=args.secure_grpc_addr,
         mesh=MeshConfig(trust_domain=args.trust_domain, mtls=args.mtls,
-                        outbound_traffic_policy=args.outbound_traffic_policy),
+                        outbound_traffic_policy=OutboundTrafficPolicy(args.outbound_traffic_policy)),
         ca=ca_settings_from_args(args),
         monitoring_addr=args.monitoring_addr,
         debug_token_file=args.debug_auth_token_file,

@@ -3,9 +3,11 @@ identity from the caller, and the authenticators (without any API server)."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
 import shutil
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -17,10 +19,16 @@ from istiod.ca.authenticate import (
     AuthenticationError, ClientCertAuthenticator, Credentials, StaticTokenAuthenticator, authenticate,
     service_account_of, token_review_account,
 )
-from istiod.ca.pki import load_certs, new_key, uri_sans
-from istiod.ca.root import CertificateAuthority, DirRootStore, bundle_from_pem, self_signed_bundle
+from istiod.agent.settings import add_agent_flags, agent_settings_from_args
+from istiod.ca.pki import cert_pem, load_certs, new_key, uri_sans
+from istiod.ca.root import CertificateAuthority, bundle_from_pem
+from istiod.ca.selfsigned import (
+    DirRootStore, RootPolicy, RootRotator, rotated, self_signed_bundle, self_signed_root,
+)
 from istiod.ca.serving import ServingCertificate, serving_names
 from istiod.ca.signer import SignError, SignErrorKind, TtlPolicy, sign_csr
+from istiod.model.names import parse_spiffe_identity, spiffe_identity
+from istiod.sources.convert import ConversionError, convert
 from tests.peers import eventually
 from tests.pki import NOW, csr_claiming_other_key, csr_pem, write_plugged
 
@@ -170,6 +178,46 @@ def test_static_token_file_errors_name_the_entry_not_the_token(tmp_path: Path) -
     assert "entry #2 must map to 'namespace/serviceaccount'" in str(bad.value) and "s3cret" not in str(bad.value)
 
 
+HOSTILE_ACCOUNTS = ("ns/../sa/x", "demo?x=1#/web", "app/web?x=1#", "App/web", "app/", "/web", "app/web/x",
+                    "app/we b", "app/" + "w" * 64, "app/web.v1")
+
+
+@pytest.mark.parametrize("account", HOSTILE_ACCOUNTS)
+def test_static_token_accounts_are_dns_labels(tmp_path: Path, account: str) -> None:
+    """Text that would put another account, a query or a fragment into the SPIFFE URI is refused at load."""
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps({"good": "a/b", "s3cret": account}))
+    with pytest.raises(ValueError) as bad:
+        StaticTokenAuthenticator.from_file(tokens, TD)
+    print(bad.value)
+    assert "entry #2" in str(bad.value) and "s3cret" not in str(bad.value)
+
+
+@pytest.mark.parametrize("account", HOSTILE_ACCOUNTS)
+def test_every_identity_builder_refuses_what_is_not_a_dns_label(account: str) -> None:
+    namespace, _, service_account = account.partition("/")
+    with pytest.raises(ValueError):
+        spiffe_identity(TD, namespace, service_account)
+    with pytest.raises(ValueError, match="invalid username field"):
+        service_account_of(f"system:serviceaccount:{namespace}:{service_account}")
+    assert parse_spiffe_identity(f"spiffe://{TD}/ns/{namespace}/sa/{service_account}") is None
+    with pytest.raises(SystemExit, match="is not a DNS-1123 label"):
+        agent_settings_from_args(agent_parser().parse_args(
+            ["--pod-name", "p", "--pod-namespace", namespace, "--instance-ip", "10.0.0.1",
+             "--service-account", service_account]))
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "app"},
+           "spec": {"serviceAccountName": service_account or "x?y"}}
+    if namespace == "app":
+        with pytest.raises(ConversionError, match="serviceAccountName"):
+            convert(pod)
+
+
+def agent_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    add_agent_flags(parser)
+    return parser
+
+
 def test_token_review_results() -> None:
     def status(**fields: object) -> V1TokenReviewStatus:
         return V1TokenReviewStatus(**fields)
@@ -227,3 +275,24 @@ async def test_serving_certificate_renews_at_half_life_off_the_accept_path(tmp_p
         renewal.cancel()
     assert serving.ssl_context() is not first_context
     assert serving.cert is not None and first is not None and serving.cert.serial_number != first.serial_number
+
+
+async def test_rotator_adopts_another_replicas_rotation_and_drops_expired_roots(tmp_path: Path) -> None:
+    store, policy = DirRootStore(tmp_path), RootPolicy(ttl=timedelta(seconds=100))
+    ca = CertificateAuthority(await self_signed_bundle(store, TD, policy))
+    first, changes = ca.bundle, []
+    rotator = RootRotator(store, ca, policy, changes.append)
+    await rotator.check()
+    assert ca.bundle is first and changes == []  # 100 s left of 100 s: not due
+
+    stored = await store.load()
+    theirs = await store.replace(stored, rotated(stored, datetime.now(timezone.utc), policy.ttl))  # another replica's
+    assert await store.replace(stored, rotated(stored, datetime.now(timezone.utc), policy.ttl)) == theirs  # a late one loses
+    await rotator.check()
+    assert cert_pem(ca.bundle.cert).encode() == theirs.cert and ca.bundle.roots[1] == first.cert
+    assert changes == [ca.bundle]
+
+    expired = load_certs(self_signed_root(TD, NOW - timedelta(days=2), timedelta(days=1)).cert, "expired")[0]
+    (store.path / "root-cert.pem").write_text(cert_pem(ca.bundle.cert) + cert_pem(expired))
+    await rotator.check()
+    assert ca.bundle.roots == (ca.bundle.cert,) and len(changes) == 2

@@ -210,3 +210,14 @@ async def test_short_ttl_policy(tmp_path: Path) -> None:
             grpc.StatusCode.INVALID_ARGUMENT, "CSR signing error (requested TTL 2m1s is greater than the max allowed TTL 2m0s)")
     finally:
         await secure.port.stop()
+
+
+@pytest.mark.parametrize("ttl", [2**63 - 1, 10**14])
+async def test_huge_ttl_is_a_ttl_error_not_a_crash(secure: Secure, ttl: int, caplog: pytest.LogCaptureFixture) -> None:
+    """The proto's int64 of seconds is far beyond what a timedelta holds: refused like any TTL over the max."""
+    before = metric("citadel_server_csr_sign_err_count_total", error="TTL_ERROR")
+    code, message = await refusal(secure, csr_pem(new_key()), ttl, token=TOKEN)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert message.startswith("CSR signing error (requested TTL ") and "greater than the max allowed TTL 2160h0m0s" in message
+    assert metric("citadel_server_csr_sign_err_count_total", error="TTL_ERROR") == before + 1
+    assert "Traceback" not in caplog.text

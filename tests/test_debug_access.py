@@ -95,7 +95,7 @@ async def asgi_get(app: FastAPI, path: str, client: str, headers: dict[str, str]
 
 
 def empty_view() -> DebugView:
-    return DebugView(lambda: Snapshot("v1"), lambda: {}, lambda: True, lambda: [], lambda: None)
+    return DebugView(lambda: Snapshot("v1"), lambda: {}, lambda: None, lambda: [], lambda: None)
 
 
 async def test_remote_callers_are_refused_without_the_token() -> None:

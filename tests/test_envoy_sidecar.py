@@ -137,28 +137,34 @@ def test_service_changes_reach_envoy(mesh_dir: Path, start_istiod: Callable[...,
     istiod = start_istiod(mesh_dir)
     with sidecar_envoy(istiod.xds_address, "web-1", "shop", "127.0.0.31", service_account="web") as envoy:
         _acked(istiod, envoy)
-        (mesh_dir / "cart.yaml").write_text(CART)
         mesh = (mesh_dir / "mesh.yaml").read_text()
-        # rpc turns from gRPC into HTTP/1.1: its cluster changes under the same name.
+        # rpc turns from gRPC into HTTP/1.1: its cluster changes under the same name, its endpoints
+        # do not. Envoy must not be left with it warming.
         (mesh_dir / "mesh.yaml").write_text(mesh.replace("appProtocol: grpc", "appProtocol: http"))
+
+        def rpc_changed() -> bool:
+            clusters = envoy.config_dump()["ClustersConfigDump"]
+            rpc = _dynamic({"ClustersConfigDump": clusters}, "clusters")["outbound|7070||rpc.shop.svc.cluster.local"]
+            return "typed_extension_protocol_options" not in rpc and not clusters.get("dynamic_warming_clusters")
+
+        wait_until(rpc_changed, 15, "rpc's cluster changed and active in Envoy")
+        (mesh_dir / "cart.yaml").write_text(CART)
 
         def changed() -> dict[str, Any] | None:
             dump = envoy.config_dump()
-            listeners, clusters = _dynamic(dump, "listeners"), _dynamic(dump, "clusters")
-            endpoints, routes = _dynamic(dump, "endpoints"), _dynamic(dump, "routes")
-            rpc = clusters.get("outbound|7070||rpc.shop.svc.cluster.local", {})
-            done = ("0.0.0.0_9090" in listeners and "9090" in routes and "typed_extension_protocol_options" not in rpc
+            listeners, endpoints, routes = (_dynamic(dump, kind) for kind in ("listeners", "endpoints", "routes"))
+            done = ("0.0.0.0_9090" in listeners and "9090" in routes
                     and "outbound|9090||cart.shop.svc.cluster.local" in endpoints
                     and not dump["ClustersConfigDump"].get("dynamic_warming_clusters"))
             return dump if done else None
 
-        dump = wait_until(changed, 15, "the new service and the changed cluster in Envoy")
+        dump = wait_until(changed, 15, "the new service in Envoy")
         cart = _dynamic(dump, "endpoints")["outbound|9090||cart.shop.svc.cluster.local"]["endpoints"][0]["lb_endpoints"]
         assert cart[0]["endpoint"]["address"]["socket_address"]["address"] == "127.0.0.34"
         assert "metadata" not in cart[0]  # no sidecar: plaintext
         _acked(istiod, envoy)
 
-        documents = mesh.split("---\n")
+        documents = (mesh_dir / "mesh.yaml").read_text().split("---\n")
         (mesh_dir / "mesh.yaml").write_text("---\n".join(d for d in documents if "kind: Service\nmetadata: {name: db" not in d))
 
         def db_gone() -> bool:

@@ -22,7 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from istiod.model.builder import build_snapshot
-from istiod.model.mesh import REGISTRY_ONLY, MeshConfig
+from istiod.model.mesh import MeshConfig, OutboundTrafficPolicy
 from istiod.model.protocol import Protocol, port_protocol
 from istiod.model.proxy import proxy_from_node
 from istiod.model.service import Port
@@ -149,7 +149,7 @@ def test_outbound_listeners_never_bind() -> None:
     assert isinstance(tcp, listener_pb2.Listener)
     proxy = tcp_proxy_pb2.TcpProxy.FromString(tcp.filter_chains[0].filters[0].typed_config.value)
     assert proxy.cluster == "outbound|5432||db.shop.svc.cluster.local"
-    outbound = _generate(types.LISTENER, _snapshot(MeshConfig(outbound_traffic_policy=REGISTRY_ONLY)),
+    outbound = _generate(types.LISTENER, _snapshot(MeshConfig(outbound_traffic_policy=OutboundTrafficPolicy.REGISTRY_ONLY)),
                          message=listener_pb2.Listener)["virtualOutbound"]
     assert isinstance(outbound, listener_pb2.Listener)
     unmatched = tcp_proxy_pb2.TcpProxy.FromString(outbound.default_filter_chain.filters[0].typed_config.value)
@@ -175,6 +175,16 @@ def test_route_domains_depend_on_the_proxys_namespace_and_stay_unique() -> None:
     domains = [d for host in hosts for d in host.domains]
     assert len(domains) == len(set(domains))
     assert "10.96.0.10" in hosts[0].domains and "10.96.0.10" not in hosts[1].domains
+
+
+def test_two_services_on_one_vip_and_tcp_port_make_one_listener() -> None:
+    snapshot = _snapshot()
+    db = snapshot.services["db.shop.svc.cluster.local"]
+    twin = dataclasses.replace(db, name="db-twin")
+    crowded = dataclasses.replace(snapshot, services={**snapshot.services, twin.hostname: twin})
+    proxy = proxy_from_node(SIDECAR_NODE, {})
+    names = [r.name for r in SIDECAR[types.LISTENER](crowded, proxy, None, ResourceCache())]
+    assert names.count("10.96.0.11_5432") == 1 and len(names) == len(set(names))
 
 
 def test_addresses_envoy_would_reject_are_left_out() -> None:

@@ -11,7 +11,7 @@ from istiod.agent.admin import EnvoyAdmin
 from istiod.agent.bootstrap import CertFiles, NodeInfo
 from istiod.durations import parse_duration
 from istiod.model.mesh import DEFAULT_TRUST_DOMAIN
-from istiod.model.names import split_host_port
+from istiod.model.names import check_account, split_host_port
 
 DEFAULT_CA_ADDRESS = "istiod.istio-system.svc:15012"
 
@@ -61,6 +61,10 @@ def agent_settings_from_args(args: argparse.Namespace) -> AgentSettings:
         ("--instance-ip", "INSTANCE_IP", args.instance_ip)) if not value]
     if missing:
         raise SystemExit(f"istiod agent: required: {', '.join(missing)}")
+    try:
+        check_account(args.pod_namespace, args.service_account)
+    except ValueError as error:
+        raise SystemExit(f"istiod agent: --pod-namespace/--service-account: {error}") from None
     node = NodeInfo(ip=args.instance_ip, pod=args.pod_name, namespace=args.pod_namespace,
                     service_account=args.service_account, cluster_id=args.cluster_id)
     return AgentSettings(

@@ -19,7 +19,7 @@ from cryptography import x509
 from kubernetes_asyncio.client import AuthenticationV1Api, V1TokenReview, V1TokenReviewSpec
 
 from istiod.ca.pki import uri_sans
-from istiod.model.names import spiffe_identity
+from istiod.model.names import check_account, spiffe_identity
 from istiod.sources.kube import API_ERRORS, describe_error
 
 TOKEN_AUDIENCE = "istio-ca"
@@ -116,8 +116,12 @@ class StaticTokenAuthenticator:
         accounts = {}
         for number, (token, account) in enumerate(entries.items(), 1):
             namespace, slash, service_account = str(account).partition("/")
-            if not slash or not namespace or not service_account or "/" in service_account:
+            if not slash:
                 raise ValueError(f"static token file {path}: entry #{number} must map to 'namespace/serviceaccount'")
+            try:
+                check_account(namespace, service_account)
+            except ValueError as error:
+                raise ValueError(f"static token file {path}: entry #{number}: {error}") from None
             accounts[str(token)] = (namespace, service_account)
         return cls(accounts, trust_domain)
 
@@ -168,8 +172,12 @@ def token_review_account(status: Any) -> tuple[str, str]:
 def service_account_of(username: str) -> tuple[str, str]:
     """`system:serviceaccount:<namespace>:<name>` -> (namespace, name)."""
     parts = username.split(":")
-    if len(parts) != 4 or parts[:2] != ["system", "serviceaccount"] or not parts[2] or not parts[3]:
+    if len(parts) != 4 or parts[:2] != ["system", "serviceaccount"]:
         raise ValueError("invalid username field in the token review result")
+    try:
+        check_account(parts[2], parts[3])
+    except ValueError as error:
+        raise ValueError(f"invalid username field in the token review result: {error}") from None
     return parts[2], parts[3]
 
 

@@ -36,6 +36,7 @@ RETRY = Backoff()  # a namespace whose write failed is tried again, up to every 
 class RootCertPublisher:
     def __init__(self, api: client.ApiClient, store: Store, namespaces: NamespaceFilter,
                  namespaces_synced: asyncio.Event, watch_timeout: int = 300) -> None:
+        self.api = api
         self.core = client.CoreV1Api(api)
         self.store = store
         self.namespaces = namespaces
@@ -133,13 +134,13 @@ class RootCertPublisher:
             self._retry(namespace, describe_error(error))
         else:
             # Known at once, so a namespace queued again before the watch reports it is not written twice.
-            self._configmaps[namespace] = self.core.api_client.sanitize_for_serialization(written)
+            self._configmaps[namespace] = self.api.sanitize_for_serialization(written)
             self._failures.pop(namespace, None)
 
     async def _create(self, namespace: str) -> object:
-        body = {"apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": CONFIGMAP, "namespace": namespace, "labels": LABELS},
-                "data": {ROOT_CERT_FILE: self.roots}}
+        body: Any = {"apiVersion": "v1", "kind": "ConfigMap",  # the client takes plain dicts too
+                     "metadata": {"name": CONFIGMAP, "namespace": namespace, "labels": LABELS},
+                     "data": {ROOT_CERT_FILE: self.roots}}
         created = await self.core.create_namespaced_config_map(namespace, body, _request_timeout=REQUEST_TIMEOUT)
         log.info("root-cert publisher: created ConfigMap %s/%s", namespace, CONFIGMAP)
         return created
@@ -147,8 +148,8 @@ class RootCertPublisher:
     async def _update(self, current: dict[str, Any]) -> object:
         """As istiod: our key set to the root, any other keys kept; the resourceVersion guards against races."""
         namespace = _namespace(current)
-        body = {**current, "apiVersion": "v1", "kind": "ConfigMap",
-                "data": {**(current.get("data") or {}), ROOT_CERT_FILE: self.roots}}
+        body: Any = {**current, "apiVersion": "v1", "kind": "ConfigMap",
+                     "data": {**(current.get("data") or {}), ROOT_CERT_FILE: self.roots}}
         updated = await self.core.replace_namespaced_config_map(CONFIGMAP, namespace, body,
                                                                 _request_timeout=REQUEST_TIMEOUT)
         log.info("root-cert publisher: updated ConfigMap %s/%s to the current root", namespace, CONFIGMAP)

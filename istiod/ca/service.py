@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 
@@ -60,15 +59,6 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
             log.warning("CA: CSR signing error for %s: %s", ",".join(caller.identities), error)
             await context.abort(_STATUS[error.kind], f"CSR signing error ({error})")
         metrics.SUCCESS_CERT_ISSUANCE_COUNT.inc()
-        _record_expiry(bundle.root.not_valid_after_utc.timestamp(),
-                       min(c.not_valid_after_utc for c in bundle.issuers).timestamp())
         log.info("CA: issued a certificate for %s (by %s)", ",".join(caller.identities), caller.authenticator)
         return ca_pb2.IstioCertificateResponse(cert_chain=chain)
 
-
-def _record_expiry(root_expiry: float, chain_expiry: float) -> None:
-    """The timestamps as Istio sets them; the seconds-left gauges count down at scrape time."""
-    metrics.ROOT_CERT_EXPIRY_TIMESTAMP.set(root_expiry)
-    metrics.CERT_CHAIN_EXPIRY_TIMESTAMP.set(chain_expiry)
-    metrics.ROOT_CERT_EXPIRY_SECONDS.set_function(lambda: root_expiry - time.time())
-    metrics.CERT_CHAIN_EXPIRY_SECONDS.set_function(lambda: chain_expiry - time.time())

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
+from istiod.ca.selfsigned import RootPolicy
 from istiod.ca.signer import TtlPolicy
 from istiod.durations import parse_duration
 
@@ -20,6 +21,7 @@ class CaSettings:
     static_tokens: Path | None = None
     extra_sans: tuple[str, ...] = ()
     reload_interval: float = 1.0  # how often a plugged-in CA's files are checked
+    root: RootPolicy = RootPolicy()  # the self-signed root's lifetime and rotation
 
 
 def add_ca_flags(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +41,17 @@ def add_ca_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ca-static-tokens", type=Path,
                         help="config-dir mode: a STAND-IN for Kubernetes TokenReview, a JSON file mapping"
                              " each token to 'namespace/serviceaccount'")
+    # String defaults: argparse converts them with `type`, so a bad variable is an error naming the flag.
+    root = RootPolicy()
+    parser.add_argument("--self-signed-ca-cert-ttl", type=parse_duration,
+                        default=env("CITADEL_SELF_SIGNED_CA_CERT_TTL", f"{root.ttl.days * 24}h"),
+                        help="lifetime of a self-signed root, the first and each rotated one (default 87600h, 10 years)")
+    parser.add_argument("--self-signed-root-cert-check-interval", type=parse_duration,
+                        default=env("CITADEL_SELF_SIGNED_ROOT_CERT_CHECK_INTERVAL", "1h"),
+                        help="how often the self-signed root is checked for rotation (default 1h)")
+    parser.add_argument("--self-signed-root-cert-grace-period-percentile", type=int,
+                        default=env("CITADEL_SELF_SIGNED_ROOT_CERT_GRACE_PERIOD_PERCENTILE", str(root.grace_percent)),
+                        help="rotate the self-signed root when less than this percent of its lifetime is left (default 20)")
     parser.add_argument("--tls-extra-san", action="append",
                         default=[h for h in env("ISTIOD_CUSTOM_HOST", "").split(",") if h],
                         help="another DNS name or IP for istiod's serving certificate (repeatable)")
@@ -51,10 +64,14 @@ def ca_settings_from_args(args: argparse.Namespace) -> CaSettings:
     if args.ca_static_tokens is not None and args.config_dir is None:
         raise SystemExit("istiod discovery: --ca-static-tokens is for --config-dir only; a cluster's tokens are checked"
                          " with TokenReview")
+    if not 0 < args.self_signed_root_cert_grace_period_percentile < 100:
+        raise SystemExit("istiod discovery: --self-signed-root-cert-grace-period-percentile must be between 1 and 99")
     return CaSettings(
         state_dir=args.ca_state_dir,
         plugged_dir=args.plugged_ca_dir,
         ttl=ttl,
         static_tokens=args.ca_static_tokens,
         extra_sans=tuple(args.tls_extra_san),
+        root=RootPolicy(timedelta(seconds=args.self_signed_ca_cert_ttl), args.self_signed_root_cert_check_interval,
+                        args.self_signed_root_cert_grace_period_percentile),
     )

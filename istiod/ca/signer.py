@@ -63,14 +63,14 @@ def lifetime(requested_seconds: int, policy: TtlPolicy) -> timedelta:
     """0 (or less) asks for the default; more than the max is refused, as istiod does."""
     if requested_seconds <= 0:
         return policy.default
-    requested = timedelta(seconds=requested_seconds)
-    if requested > policy.max:
+    # Compared as integers: an int64 of seconds overflows timedelta long before it reaches its max.
+    if requested_seconds > policy.max.total_seconds():
         raise SignError(
             SignErrorKind.TTL,
-            f"requested TTL {go_duration(requested.total_seconds())} is greater than the max allowed TTL "
+            f"requested TTL {go_duration(requested_seconds)} is greater than the max allowed TTL "
             f"{go_duration(policy.max.total_seconds())}",
         )
-    return requested
+    return timedelta(seconds=requested_seconds)
 
 
 def issue(bundle: CaBundle, public_key: object, names: list[x509.GeneralName], not_before: datetime,
@@ -101,7 +101,8 @@ def issue(bundle: CaBundle, public_key: object, names: list[x509.GeneralName], n
 
 def sign_csr(bundle: CaBundle, csr_pem: str, identities: tuple[str, ...], requested_seconds: int,
              policy: TtlPolicy, now: datetime) -> list[str]:
-    """The response's cert_chain: the new leaf first, then the CA's chain, the root last."""
+    """The response's cert_chain as istiod's: the new leaf first, then the CA's chain, and last every
+    root to trust in one entry (two during a root rotation), which agents write as root-cert.pem."""
     csr = parse_csr(csr_pem)
     ttl = lifetime(requested_seconds, policy)
     names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(identity) for identity in identities]
@@ -109,4 +110,4 @@ def sign_csr(bundle: CaBundle, csr_pem: str, identities: tuple[str, ...], reques
         leaf = issue(bundle, csr.public_key(), names, now, ttl)
     except ValueError as error:
         raise SignError(SignErrorKind.CERT_GEN, f"failed to generate the certificate: {error}") from None
-    return [cert_pem(leaf), *(cert_pem(c) for c in bundle.issuers)]
+    return [cert_pem(leaf), *(cert_pem(c) for c in bundle.issuers[:-1]), bundle.roots_pem]

@@ -40,7 +40,7 @@ DEBUG_ENDPOINTS = {
     "/debug/config_dump?proxyID=": "the resources a proxy was sent, as an Envoy config dump",
     "/debug/sync_diff?proxyID=": "per type, which resources a proxy was sent but has not acknowledged",
 }
-PROBES = {"/ready": "200 once sources have synced", "/healthz": "200 while the process serves"}
+PROBES = {"/ready": "200 once sources have synced, while istiod's certificate is fresh; else 503 and why", "/healthz": "200 while the process serves"}
 MONITORING = {"/metrics": "Prometheus metrics", "/version": "istiod's version"}
 _UI_PAGE = resources.files("istiod.debug").joinpath("ui.html").read_text(encoding="utf-8")
 
@@ -51,7 +51,7 @@ class DebugView:
 
     snapshot: Callable[[], Snapshot]
     connections: Callable[[], Mapping[str, Connection]]
-    ready: Callable[[], bool]
+    not_ready: Callable[[], str | None]  # why /ready fails, None when ready
     objects: Callable[[], Iterable[StoredObject]]
     last_push: Callable[[], PushStatus | None]
 
@@ -83,9 +83,10 @@ def create_app(view: DebugView, access: AccessPolicy = AccessPolicy(), monitorin
 
     @app.get("/ready")
     async def ready() -> Response:
-        if view.ready():
+        reason = view.not_ready()
+        if reason is None:
             return Response("ready\n", media_type="text/plain")
-        return Response("not ready: sources have not synced\n", status_code=503, media_type="text/plain")
+        return Response(f"not ready: {reason}\n", status_code=503, media_type="text/plain")
 
     @app.get("/healthz")
     async def healthz() -> Response:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from istiod.model.names import DEFAULT_DOMAIN
 
 DEFAULT_TRUST_DOMAIN = DEFAULT_DOMAIN  # istiod's default trust domain is cluster.local too
-ALLOW_ANY = "ALLOW_ANY"
-REGISTRY_ONLY = "REGISTRY_ONLY"
-OUTBOUND_TRAFFIC_POLICIES = (ALLOW_ANY, REGISTRY_ONLY)
+
+
+class OutboundTrafficPolicy(enum.Enum):
+    ALLOW_ANY = "ALLOW_ANY"
+    REGISTRY_ONLY = "REGISTRY_ONLY"
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,4 +22,4 @@ class MeshConfig:
     # DestinationRule will refine it per workload and service.
     mtls: bool = False
     # outboundTrafficPolicy.mode: where a sidecar sends traffic for hosts outside the registry.
-    outbound_traffic_policy: str = ALLOW_ANY
+    outbound_traffic_policy: OutboundTrafficPolicy = OutboundTrafficPolicy.ALLOW_ANY

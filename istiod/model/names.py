@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 DEFAULT_DOMAIN = "cluster.local"
 INBOUND_LISTENER_PREFIX = "xds.istio.io/grpc/lds/inbound/"
 
@@ -63,7 +65,19 @@ def listener_host_aliases(name: str, namespace: str, domain: str = DEFAULT_DOMAI
     )
 
 
+DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def check_account(namespace: str, service_account: str) -> None:
+    """An identity's parts must be DNS-1123 labels, or text like `ns/../sa/x` or `demo?x=1#` would
+    become a SPIFFE URI that names another account, or none; ValueError says which part is wrong."""
+    for what, value in (("namespace", namespace), ("service account", service_account)):
+        if not DNS_1123_LABEL.fullmatch(value):
+            raise ValueError(f"{what} {value!r} is not a DNS-1123 label")
+
+
 def spiffe_identity(trust_domain: str, namespace: str, service_account: str) -> str:
+    check_account(namespace, service_account)
     return f"spiffe://{trust_domain}/ns/{namespace}/sa/{service_account}"
 
 
@@ -73,6 +87,10 @@ def parse_spiffe_identity(uri: str) -> tuple[str, str, str] | None:
     if not uri.startswith(prefix):
         return None
     parts = uri[len(prefix):].split("/")
-    if len(parts) != 5 or parts[1] != "ns" or parts[3] != "sa" or not all(parts[i] for i in (0, 2, 4)):
+    if len(parts) != 5 or parts[1] != "ns" or parts[3] != "sa" or not parts[0]:
+        return None
+    try:
+        check_account(parts[2], parts[4])
+    except ValueError:
         return None
     return parts[0], parts[2], parts[4]

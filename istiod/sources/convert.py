@@ -178,6 +178,9 @@ def _pod(key: ObjectKey, f: _Fields, domain: str) -> Workload:
             if not 0 < number < 65536:
                 raise f.fail(f"containerPort {number} is not in 1-65535")
             container_ports.append((p.get("name", str, ""), number))
+    service_account = f.get("spec.serviceAccountName", str, "") or "default"
+    if not _DNS_LABEL.fullmatch(service_account):  # it becomes part of the workload's SPIFFE identity
+        raise f.fail(f"spec.serviceAccountName {service_account!r} is not a DNS-1123 label")
     claims = tuple(
         v.get("persistentVolumeClaim.claimName", str, "")
         for v in f.items("spec.volumes")
@@ -190,7 +193,7 @@ def _pod(key: ObjectKey, f: _Fields, domain: str) -> Workload:
         ready=ready,
         phase=f.get("status.phase", str, ""),
         labels=labels,
-        service_account=f.get("spec.serviceAccountName", str, "") or "default",
+        service_account=service_account,
         workload_name=name,
         workload_kind=kind,
         node_name=f.get("spec.nodeName", str, ""),

@@ -139,13 +139,16 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                                version=watched.version_sent, error=request.error_detail.message))
 
     def _push(self, connection: Connection, snapshot: Snapshot) -> list[discovery_pb2.DiscoveryResponse]:
-        responses = []
+        responses: list[discovery_pb2.DiscoveryResponse] = []
         for type_url in types.PUSH_ORDER:
             watched = connection.watched.get(type_url)
             if watched is None:
                 continue
             resources = self._generate(connection, watched, snapshot)
-            if watched.differs_from(resources):
+            # Envoy warms a changed cluster until it gets its endpoints again, and asks for them with
+            # a request that looks like an ACK: after clusters, endpoints go too, as with istiod.
+            clusters_sent = bool(responses) and responses[0].type_url == types.CLUSTER
+            if watched.differs_from(resources) or (type_url == types.ENDPOINT and clusters_sent):
                 responses.append(self._respond(watched, snapshot, resources))
         return responses
 

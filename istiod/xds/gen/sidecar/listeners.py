@@ -20,7 +20,7 @@ from envoy.extensions.filters.listener.tls_inspector.v3 import tls_inspector_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from google.protobuf import duration_pb2, wrappers_pb2
 
-from istiod.model.mesh import REGISTRY_ONLY, MeshConfig
+from istiod.model.mesh import MeshConfig, OutboundTrafficPolicy
 from istiod.model.names import inbound_cluster_name
 from istiod.model.proxy import Proxy
 from istiod.model.snapshot import Snapshot
@@ -49,19 +49,25 @@ ANY_ADDRESS = "0.0.0.0"
 def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
     mesh = snapshot.mesh
     result = [cache.get(types.LISTENER, VIRTUAL_OUTBOUND, mesh, lambda: virtual_outbound(mesh))]
-    http_ports: set[int] = set()
+    # One listener per address: Envoy refuses two of one name (two Services claiming one ClusterIP
+    # and port); the first by hostname keeps it.
+    named: set[str] = set()
     for target in outbound_ports(snapshot, proxy):
         number = target.port.port
         if number in PROXY_PORTS:
             continue
         if target.protocol.is_http:
-            if number not in http_ports:
-                http_ports.add(number)
-                name = f"{ANY_ADDRESS}_{number}"
+            name = f"{ANY_ADDRESS}_{number}"
+            if name not in named:
                 result.append(cache.get(types.LISTENER, name, None, lambda: http_outbound_listener(number)))
         elif (vip := target.vip) is not None:
             name = f"{vip}_{number}"
-            result.append(cache.get(types.LISTENER, name, target.service, lambda: tcp_outbound_listener(vip, target)))
+            if name not in named:
+                result.append(cache.get(types.LISTENER, name, target.service,
+                                        lambda: tcp_outbound_listener(vip, target)))
+        else:
+            continue  # headless TCP: its traffic takes virtualOutbound's passthrough
+        named.add(name)
     inbound = inbound_ports(snapshot, proxy)
     # Proxies whose pods serve the same ports share one copy: the scope says what it holds.
     scope = f"{mesh.mtls}:" + ",".join(f"{p.port}/{p.protocol.value}" for p in inbound)
@@ -74,7 +80,7 @@ def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
 
 
 def virtual_outbound(mesh: MeshConfig) -> listener_pb2.Listener:
-    unmatched, chain = ((BLACKHOLE, "BlackHoleFilterChain") if mesh.outbound_traffic_policy == REGISTRY_ONLY
+    unmatched, chain = ((BLACKHOLE, "BlackHoleFilterChain") if mesh.outbound_traffic_policy is OutboundTrafficPolicy.REGISTRY_ONLY
                         else (PASSTHROUGH, "PassthroughFilterChain"))
     return listener_pb2.Listener(
         name=VIRTUAL_OUTBOUND,

@@ -13,7 +13,7 @@ from envoy.config.route.v3 import route_components_pb2, route_pb2
 from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2
 from google.protobuf import duration_pb2, wrappers_pb2
 
-from istiod.model.mesh import REGISTRY_ONLY, MeshConfig
+from istiod.model.mesh import MeshConfig, OutboundTrafficPolicy
 from istiod.model.names import join_host_port
 from istiod.model.proxy import Proxy
 from istiod.model.snapshot import Snapshot
@@ -60,7 +60,7 @@ def route_configuration(port: int, targets: list[OutboundPort], namespace: str,
             routes=[_route("default", target.cluster)],
             include_request_attempt_count=True,
         ))
-    if mesh.outbound_traffic_policy == REGISTRY_ONLY:
+    if mesh.outbound_traffic_policy is OutboundTrafficPolicy.REGISTRY_ONLY:
         hosts.append(route_components_pb2.VirtualHost(name="block_all", domains=["*"], routes=[
             route_components_pb2.Route(
                 name="block_all", match=route_components_pb2.RouteMatch(prefix="/"),
