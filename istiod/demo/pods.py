@@ -126,6 +126,9 @@ class Node:
             _ip("-n", self.ns.name, "link", "add", "br0", "type", "bridge")
             _ip("-n", self.ns.name, "addr", "add", f"{subnet}.0.1/{POD_PREFIX_LENGTH}", "dev", "br0")
             _ip("-n", self.ns.name, "link", "set", "br0", "up")
+            # An address that is nowhere (a deleted Service's VIP) is refused at once, not a timeout.
+            _ip("-n", self.ns.name, "route", "add", "unreachable", "default")
+            subprocess.run(self.ns.exec_args("sysctl", "-qw", "net.ipv4.ip_forward=1"), check=True, timeout=30)
         except BaseException:
             self.ns.delete()
             raise
