@@ -24,7 +24,7 @@ def ap(name: str, action: Action = Action.ALLOW, *rules: Rule, namespace: str = 
 def rules_of(policies: list[AuthorizationPolicy]) -> list[dict]:  # type: ignore[type-arg]
     result = []
     for f in authorization_filters(policies).filters:
-        assert f.name == RBAC_FILTER
+        assert f.name in (f"{RBAC_FILTER}.deny", f"{RBAC_FILTER}.allow")
         config = http_rbac_pb2.RBAC()
         assert f.typed_config.Unpack(config)
         result.append(MessageToDict(config.rules))

@@ -1,8 +1,8 @@
 """AuthorizationPolicy -> the RBAC HTTP filter (envoy.extensions.filters.http.rbac.v3), as istiod
 translates it, for every flavor's inbound listeners. Pure.
 
-DENY policies make one RBAC filter (action DENY), ALLOW policies another (action ALLOW), in that
-order before the router; policies are named `ns[<ns>]-policy[<name>]-rule[<i>]` as istiod names
+DENY policies make one RBAC filter (action DENY, named `envoy.filters.http.rbac.deny`), ALLOW
+policies another (`...rbac.allow`), in that order before the router; policies are named `ns[<ns>]-policy[<name>]-rule[<i>]` as istiod names
 them. Only matchers that both Envoy and gRPC's xDS server (gRFC A41) evaluate are produced. A
 field neither can check here (requestPrincipals and JWT claims, which need RequestAuthentication;
 hosts; path templates; connection.sni; source.serviceAccount; experimental keys) fails closed, as
@@ -78,7 +78,9 @@ def authorization_filters(policies: Iterable[AuthorizationPolicy]) -> Authorizat
 
 def _filter(action: rbac_pb2.RBAC.Action.ValueType, policies: dict[str, rbac_pb2.Policy]) -> hcm_pb2.HttpFilter:
     rules = rbac_pb2.RBAC(action=action, policies=dict(sorted(policies.items())))
-    return hcm_pb2.HttpFilter(name=RBAC_FILTER, typed_config=pack(http_rbac_pb2.RBAC(rules=rules)))
+    # gRPC refuses two HTTP filters of one name (an HCM NACK), so each action has its own.
+    name = f"{RBAC_FILTER}.{rbac_pb2.RBAC.Action.Name(action).lower()}"
+    return hcm_pb2.HttpFilter(name=name, typed_config=pack(http_rbac_pb2.RBAC(rules=rules)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,10 +13,17 @@ def inbound_mtls_mode(snapshot: Snapshot, proxy: Proxy, port: int) -> MTLSMode:
     """Workload, namespace, then mesh-wide PeerAuthentication (port-level first); with none, STRICT
     when the mesh turns mTLS on (`--mtls`) and istiod's PERMISSIVE otherwise."""
     default = MTLSMode.STRICT if snapshot.mesh.mtls else MTLSMode.PERMISSIVE
-    return scope.peer_authentication_mode(snapshot.config.peer_authentications, proxy.namespace, dict(proxy.labels),
+    return scope.peer_authentication_mode(snapshot.config.peer_authentications, proxy.namespace, workload_labels(snapshot, proxy),
                                           snapshot.mesh.root_namespace, port, default)
 
 
 def authorization_policies(snapshot: Snapshot, proxy: Proxy) -> tuple[AuthorizationPolicy, ...]:
-    return tuple(scope.policies_for(snapshot.config.authorization_policies, proxy.namespace, dict(proxy.labels),
+    return tuple(scope.policies_for(snapshot.config.authorization_policies, proxy.namespace, workload_labels(snapshot, proxy),
                                     snapshot.mesh.root_namespace))
+
+
+def workload_labels(snapshot: Snapshot, proxy: Proxy) -> dict[str, str]:
+    """The proxy's Pod labels from the registry, as istiod prefers them; else its LABELS metadata
+    (proxyless bootstraps written outside Kubernetes rarely carry them)."""
+    workload = snapshot.workloads.get((proxy.namespace, proxy.pod_name))
+    return workload.label_map() if workload is not None else dict(proxy.labels)
