@@ -31,7 +31,7 @@ def ads_source(initial_fetch_timeout: duration_pb2.Duration | None = None) -> co
     )
 
 
-def http_connection_manager(http_filters: Sequence[hcm_pb2.HttpFilter] = (),
+def http_connection_manager(http_filters: Sequence[hcm_pb2.HttpFilter] = (), /,
                             **fields: object) -> hcm_pb2.HttpConnectionManager:
     """`http_filters` run in order before the router."""
     return hcm_pb2.HttpConnectionManager(
