@@ -16,7 +16,8 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from envoy.config.core.v3 import address_pb2
 from envoy.config.rbac.v3 import rbac_pb2
@@ -234,21 +235,21 @@ def _re2_escape(text: str) -> str:
     return "".join("\\" + ch if ch in r".^$*+?()[]{}|\-" else ch for ch in text)
 
 
-def _or_ids(ids: list[rbac_pb2.Principal]) -> rbac_pb2.Principal:
-    return ids[0] if len(ids) == 1 else rbac_pb2.Principal(or_ids=rbac_pb2.Principal.Set(ids=ids))
+M = TypeVar("M", rbac_pb2.Principal, rbac_pb2.Permission)
 
 
-def _and_ids(ids: list[rbac_pb2.Principal]) -> rbac_pb2.Principal:
-    if not ids:
-        return rbac_pb2.Principal(any=True)
-    return ids[0] if len(ids) == 1 else rbac_pb2.Principal(and_ids=rbac_pb2.Principal.Set(ids=ids))
+def _joined(cls: type[M], how: str, items: list[M]) -> M:
+    """One matcher for all (`and`) or any (`or`) of `items`; all of none is `any`."""
+    if len(items) == 1:
+        return items[0]
+    if not items:
+        return cls(any=True)
+    if cls is rbac_pb2.Principal:
+        return cls(**{f"{how}_ids": rbac_pb2.Principal.Set(ids=items)})
+    return cls(**{f"{how}_rules": rbac_pb2.Permission.Set(rules=items)})
 
 
-def _or_rules(rules: list[rbac_pb2.Permission]) -> rbac_pb2.Permission:
-    return rules[0] if len(rules) == 1 else rbac_pb2.Permission(or_rules=rbac_pb2.Permission.Set(rules=rules))
-
-
-def _and_rules(rules: list[rbac_pb2.Permission]) -> rbac_pb2.Permission:
-    if not rules:
-        return rbac_pb2.Permission(any=True)
-    return rules[0] if len(rules) == 1 else rbac_pb2.Permission(and_rules=rbac_pb2.Permission.Set(rules=rules))
+_or_ids = partial(_joined, rbac_pb2.Principal, "or")
+_and_ids = partial(_joined, rbac_pb2.Principal, "and")
+_or_rules = partial(_joined, rbac_pb2.Permission, "or")
+_and_rules = partial(_joined, rbac_pb2.Permission, "and")
