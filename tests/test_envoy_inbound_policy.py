@@ -4,10 +4,7 @@ through the capture rules, plaintext straight to the app's port."""
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.envoy_peer import sidecar_envoy
-from tests.peers import Istiod, Process, wait_until
-from tests.test_envoy_sidecar import CAPTURE, _acked, _mesh
+from tests.peers import Istiod, wait_until
+from tests.test_envoy_sidecar import _mesh, captured_pod
 
 POLICY = """apiVersion: security.istio.io/v1
 kind: AuthorizationPolicy
@@ -39,43 +36,31 @@ def test_envoy_inbound_policy(mesh_dir: Path, start_istiod: Callable[..., Istiod
   rules: [{from: [{source: {principals: [cluster.local/ns/shop/sa/web]}}], to: [{operation: {paths: [/denied*]}}]}]
 """)
     istiod = start_istiod(mesh_dir)  # no --mtls: the PeerAuthentication alone makes the port STRICT
-    with sidecar_envoy(istiod.xds_address, "web-1", "shop", "127.0.0.31", service_account="web") as envoy:
-        def run(*command: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run(envoy.netns(*command), capture_output=True, text=True, timeout=20)
+    with sidecar_envoy(istiod.xds_address, "web-1", "shop", "127.0.0.31", service_account="web") as envoy, \
+            captured_pod(istiod, envoy) as run:
+        def call(url: str) -> str:
+            """`<status> <body>` as curl saw it (000: no HTTP answer)."""
+            done = run("curl", "-s", "--max-time", "5", "-w", " %{http_code}", url)
+            body, _, status = done.stdout.rpartition(" ")
+            line = f"{status} {body[:80]}"
+            print(f"curl {url}: {line}")
+            return line
 
-        for command in (("ip", "link", "set", "lo", "up"), ("ip", "addr", "add", "10.96.0.10/32", "dev", "lo"),
-                        *(("iptables", "-t", "nat", "-A", "OUTPUT", *rule) for rule in CAPTURE)):
-            assert run(*command).returncode == 0, command
-        app = Process(envoy.netns(sys.executable, "tests/http_echo.py", "127.0.0.31", "8080"), name="app")
-        try:
-            _acked(istiod, envoy)
-            wait_until(lambda: envoy.get("/ready")[0] == 200, 10, "Envoy ready")
+        # Through the sidecar (mTLS, identity web): allowed, except the denied path: 403 from RBAC.
+        wait_until(lambda: call("http://10.96.0.10/").startswith("200"), 10, "the app's reply through the sidecar")
+        assert call("http://10.96.0.10/denied/x") == "403 RBAC: access denied"
+        # STRICT: plaintext straight to the app's port is refused.
+        assert call("http://127.0.0.31:8080/").startswith("000")
 
-            def call(url: str) -> str:
-                """`<status> <body>` as curl saw it (000: no HTTP answer)."""
-                done = run("curl", "-s", "--max-time", "5", "-w", " %{http_code}", url)
-                body, _, status = done.stdout.rpartition(" ")
-                line = f"{status} {body[:80]}"
-                print(f"curl {url}: {line}")
-                return line
-
-            # Through the sidecar (mTLS, identity web): allowed, except the denied path: 403 from RBAC.
-            wait_until(lambda: call("http://10.96.0.10/").startswith("200"), 10, "the app's reply through the sidecar")
-            assert call("http://10.96.0.10/denied/x") == "403 RBAC: access denied"
-            # STRICT: plaintext straight to the app's port is refused.
-            assert call("http://127.0.0.31:8080/").startswith("000")
-
-            # PERMISSIVE and an ALLOW for web's identity only: plaintext is served, then denied by RBAC.
-            (mesh_dir / "pa.yaml").write_text(peer_authentication("PERMISSIVE"))
-            (mesh_dir / "ap.yaml").write_text(POLICY + """  rules: [{from: [{source: {principals: [cluster.local/ns/shop/sa/web]}}]}]
+        # PERMISSIVE and an ALLOW for web's identity only: plaintext is served, then denied by RBAC.
+        (mesh_dir / "pa.yaml").write_text(peer_authentication("PERMISSIVE"))
+        (mesh_dir / "ap.yaml").write_text(POLICY + """  rules: [{from: [{source: {principals: [cluster.local/ns/shop/sa/web]}}]}]
 """)
-            since = time.monotonic()
-            wait_until(lambda: call("http://127.0.0.31:8080/").startswith("403"), 5, "plaintext served, then denied")
-            print(f"applied after {time.monotonic() - since:.2f} s")
-            # The sidecar's pooled connection to itself keeps the old chain (and its DENY) until Envoy's
-            # gradual drain closes it: the chance grows with each response, so this takes seconds.
-            since = time.monotonic()
-            wait_until(lambda: call("http://10.96.0.10/denied/x").startswith("200"), 60, "web's identity allowed")
-            print(f"web's identity allowed on a new connection after {time.monotonic() - since:.2f} s")
-        finally:
-            app.stop()
+        since = time.monotonic()
+        wait_until(lambda: call("http://127.0.0.31:8080/").startswith("403"), 5, "plaintext served, then denied")
+        print(f"applied after {time.monotonic() - since:.2f} s")
+        # The sidecar's pooled connection to itself keeps the old chain (and its DENY) until Envoy's
+        # gradual drain closes it: the chance grows with each response, so this takes seconds.
+        since = time.monotonic()
+        wait_until(lambda: call("http://10.96.0.10/denied/x").startswith("200"), 60, "web's identity allowed")
+        print(f"web's identity allowed on a new connection after {time.monotonic() - since:.2f} s")
