@@ -9,7 +9,8 @@ import shutil
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -305,35 +306,42 @@ def test_traffic_through_the_sidecar_both_ways(mesh_dir: Path, start_istiod: Cal
         pytest.skip("needs iptables (Debian's package) for the capture rules")
     _mesh(mesh_dir)
     istiod = start_istiod(mesh_dir, *(["--mtls"] if strict else []))
-    with sidecar_envoy(istiod.xds_address, "web-1", "shop", "127.0.0.31", service_account="web") as envoy:
-        def run(*command: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run(envoy.netns(*command), capture_output=True, text=True, timeout=20)
+    with sidecar_envoy(istiod.xds_address, "web-1", "shop", "127.0.0.31", service_account="web") as envoy, \
+            captured_pod(istiod, envoy) as run:
+        def call(url: str, host: str = "") -> subprocess.CompletedProcess[str]:
+            return run("curl", "-s", "--max-time", "5", *(["-H", f"Host: {host}"] if host else []), url)
 
-        for command in (("ip", "link", "set", "lo", "up"), ("ip", "addr", "add", "10.96.0.10/32", "dev", "lo"),
-                        *(("iptables", "-t", "nat", "-A", "OUTPUT", *rule) for rule in CAPTURE)):
-            assert run(*command).returncode == 0, command
-        app = Process(envoy.netns(sys.executable, "tests/http_echo.py", "127.0.0.31", "8080"), name="app")
-        try:
-            _acked(istiod, envoy)
-            wait_until(lambda: envoy.get("/ready")[0] == 200, 10, "Envoy ready")
+        # Until the app listens, Envoy answers 503 itself.
+        reply = wait_until(lambda: (out := call("http://10.96.0.10/").stdout).startswith("{") and out, 10,
+                           "the app's reply through the sidecar")
+        seen = json.loads(reply)
+        assert seen["host"] == "10.96.0.10"
+        assert "URI=spiffe://cluster.local/ns/shop/sa/web" in seen["xfcc"]  # mTLS, the caller's identity
+        assert json.loads(call("http://10.96.0.10/", host="web.shop:80").stdout)["host"] == "web.shop:80"
+        plaintext = call("http://127.0.0.31:8080/")
+        if strict:
+            assert plaintext.returncode != 0 and not plaintext.stdout
+        else:
+            assert json.loads(plaintext.stdout)["xfcc"] is None
+        stats = envoy.get("/stats?filter=(upstream_rq_200|ssl\\.handshake)$")[1]
+        stats = "".join(line for line in stats.splitlines(True) if "|80||" in line or "|8080||" in line)
+        print(f"Envoy's stats:\n{stats}")
 
-            def call(url: str, host: str = "") -> subprocess.CompletedProcess[str]:
-                return run("curl", "-s", "--max-time", "5", *(["-H", f"Host: {host}"] if host else []), url)
 
-            # Until the app listens, Envoy answers 503 itself.
-            reply = wait_until(lambda: (out := call("http://10.96.0.10/").stdout).startswith("{") and out, 10,
-                               "the app's reply through the sidecar")
-            seen = json.loads(reply)
-            assert seen["host"] == "10.96.0.10"
-            assert "URI=spiffe://cluster.local/ns/shop/sa/web" in seen["xfcc"]  # mTLS, the caller's identity
-            assert json.loads(call("http://10.96.0.10/", host="web.shop:80").stdout)["host"] == "web.shop:80"
-            plaintext = call("http://127.0.0.31:8080/")
-            if strict:
-                assert plaintext.returncode != 0 and not plaintext.stdout
-            else:
-                assert json.loads(plaintext.stdout)["xfcc"] is None
-            stats = envoy.get("/stats?filter=(upstream_rq_200|ssl\\.handshake)$")[1]
-            stats = "".join(line for line in stats.splitlines(True) if "|80||" in line or "|8080||" in line)
-            print(f"Envoy's stats:\n{stats}")
-        finally:
-            app.stop()
+@contextmanager
+def captured_pod(istiod: Istiod, envoy: Envoy) -> Iterator[Callable[..., subprocess.CompletedProcess[str]]]:
+    """web-1's network namespace with istio-init's capture rules and the app on 8080, once Envoy
+    is synced and ready: yields `run`, a command in that namespace."""
+    def run(*command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(envoy.netns(*command), capture_output=True, text=True, timeout=20)
+
+    for command in (("ip", "link", "set", "lo", "up"), ("ip", "addr", "add", "10.96.0.10/32", "dev", "lo"),
+                    *(("iptables", "-t", "nat", "-A", "OUTPUT", *rule) for rule in CAPTURE)):
+        assert run(*command).returncode == 0, command
+    app = Process(envoy.netns(sys.executable, "tests/http_echo.py", "127.0.0.31", "8080"), name="app")
+    try:
+        _acked(istiod, envoy)
+        wait_until(lambda: envoy.get("/ready")[0] == 200, 10, "Envoy ready")
+        yield run
+    finally:
+        app.stop()

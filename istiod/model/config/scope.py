@@ -169,9 +169,10 @@ def policies_for(policies: Iterable[S], namespace: str, labels: Mapping[str, str
 
 
 def peer_authentication_mode(policies: Iterable[PeerAuthentication], namespace: str, labels: Mapping[str, str],
-                             root_namespace: str, port: int = 0) -> MTLSMode:
+                             root_namespace: str, port: int = 0,
+                             default: MTLSMode = MTLSMode.PERMISSIVE) -> MTLSMode:
     """The effective mTLS mode for a workload (and port): workload policy, namespace policy,
-    mesh policy, each UNSET level inheriting from the next; PERMISSIVE when none says."""
+    mesh policy, each UNSET level inheriting from the next; `default` (PERMISSIVE) when none says."""
     policies = list(policies)
     selecting, namespace_wide = _selected(policies, namespace, labels)
     _, mesh_wide = _selected(policies, root_namespace, labels)
@@ -182,7 +183,7 @@ def peer_authentication_mode(policies: Iterable[PeerAuthentication], namespace: 
             mode = policy.mode
         if mode is not MTLSMode.UNSET:
             return mode
-    return MTLSMode.PERMISSIVE
+    return default
 
 
 def gateways_for(gateways: Iterable[Gateway], labels: Mapping[str, str]) -> list[Gateway]:

@@ -3,6 +3,8 @@ source, the HTTP connection manager with the router last. Upstream Envoy extensi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from envoy.config.core.v3 import config_source_pb2
 from envoy.config.listener.v3 import listener_components_pb2
 from envoy.extensions.filters.http.router.v3 import router_pb2
@@ -29,9 +31,11 @@ def ads_source(initial_fetch_timeout: duration_pb2.Duration | None = None) -> co
     )
 
 
-def http_connection_manager(**fields: object) -> hcm_pb2.HttpConnectionManager:
+def http_connection_manager(http_filters: Sequence[hcm_pb2.HttpFilter] = (), /,
+                            **fields: object) -> hcm_pb2.HttpConnectionManager:
+    """`http_filters` run in order before the router."""
     return hcm_pb2.HttpConnectionManager(
-        http_filters=[hcm_pb2.HttpFilter(name=ROUTER_FILTER, typed_config=pack(router_pb2.Router()))],
+        http_filters=[*http_filters, hcm_pb2.HttpFilter(name=ROUTER_FILTER, typed_config=pack(router_pb2.Router()))],
         **fields,  # type: ignore[arg-type]
     )
 

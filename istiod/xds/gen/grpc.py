@@ -6,12 +6,15 @@ a route configuration named `<fqdn>:<port>`; inbound listeners serve xDS-enabled
 
 from __future__ import annotations
 
+import logging
+
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import address_pb2, base_pb2
 from envoy.config.listener.v3 import api_listener_pb2, listener_components_pb2, listener_pb2
 from envoy.config.route.v3 import route_components_pb2, route_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 
+from istiod.model.config.security import AuthorizationPolicy, MTLSMode
 from istiod.model.names import (
     INBOUND_LISTENER_PREFIX,
     inbound_cluster_name,
@@ -24,8 +27,12 @@ from istiod.model.snapshot import Snapshot
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.gen.filters import HCM_FILTER, ads_source, http_connection_manager, pack
+from istiod.xds.gen.rbac import authorization_filters
+from istiod.xds.gen.security import authorization_policies, inbound_mtls_mode
 from istiod.xds.gen.targets import outbound_clusters, outbound_host_ports
 from istiod.xds.gen.tls import destination_identities, downstream_tls, upstream_tls
+
+log = logging.getLogger(__name__)
 
 
 def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
@@ -36,9 +43,14 @@ def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
     ]
     for name in inbound:
         address = _inbound_address(snapshot, proxy, name)
-        if address is not None:  # whether it exists is per proxy; what it holds depends on name and mesh only
-            result.append(cache.get(types.LISTENER, name, snapshot.mesh,
-                                    lambda: _inbound_listener(name, *address, snapshot.mesh.mtls)))
+        if address is None:
+            continue
+        ip, port = address
+        mode = inbound_mtls_mode(snapshot, proxy, port)
+        policies = authorization_policies(snapshot, proxy)
+        # What it holds depends on the workload's labels and namespace: one entry per proxy.
+        result.append(cache.get(types.LISTENER, name, (mode, *policies), scope=proxy.id,
+                                build=lambda: _inbound_listener(name, ip, port, mode, policies)))
     return result
 
 
@@ -118,8 +130,13 @@ def _inbound_address(snapshot: Snapshot, proxy: Proxy, name: str) -> tuple[str, 
     return ip, port
 
 
-def _inbound_listener(name: str, ip: str, port: int, mtls: bool) -> listener_pb2.Listener:
-    """A listener for an xDS-enabled gRPC server: every request is served locally."""
+def _inbound_listener(name: str, ip: str, port: int, mode: MTLSMode,
+                      policies: tuple[AuthorizationPolicy, ...]) -> listener_pb2.Listener:
+    """A listener for an xDS-enabled gRPC server: every request is served locally, after the RBAC
+    filters of the AuthorizationPolicies that select the workload."""
+    authz = authorization_filters(policies)
+    for problem in authz.problems:
+        log.warning("%s (proxyless inbound listener %s)", problem, name)
     route = route_pb2.RouteConfiguration(
         name=inbound_cluster_name(port),
         virtual_hosts=[
@@ -140,11 +157,13 @@ def _inbound_listener(name: str, ip: str, port: int, mtls: bool) -> listener_pb2
         filters=[
             listener_components_pb2.Filter(
                 name=HCM_FILTER,
-                typed_config=pack(http_connection_manager(stat_prefix=join_host_port(ip, port), route_config=route)),
+                typed_config=pack(http_connection_manager(
+                    authz.filters, stat_prefix=join_host_port(ip, port), route_config=route)),
             )
         ],
-        # gRPC servers cannot tell TLS from plaintext on one port, so mTLS on means STRICT.
-        transport_socket=downstream_tls() if mtls else None,
+        # gRPC's filter chain match ignores transport_protocol, so a server cannot tell TLS from
+        # plaintext on one port: PERMISSIVE serves plaintext, as DISABLE does (mTLS clients fail).
+        transport_socket=downstream_tls() if mode is MTLSMode.STRICT else None,
     )
     return listener_pb2.Listener(
         name=name,

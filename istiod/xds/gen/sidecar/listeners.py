@@ -12,6 +12,9 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping, Sequence
+
 from envoy.config.core.v3 import address_pb2, base_pb2
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
 from envoy.config.route.v3 import route_components_pb2, route_pb2
@@ -20,6 +23,7 @@ from envoy.extensions.filters.listener.tls_inspector.v3 import tls_inspector_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from google.protobuf import duration_pb2, wrappers_pb2
 
+from istiod.model.config.security import AuthorizationPolicy, MTLSMode
 from istiod.model.mesh import MeshConfig, OutboundTrafficPolicy
 from istiod.model.names import inbound_cluster_name
 from istiod.model.proxy import Proxy
@@ -37,6 +41,8 @@ from istiod.xds.gen.sidecar.ports import (
     inbound_ports,
     outbound_ports,
 )
+from istiod.xds.gen.rbac import authorization_filters
+from istiod.xds.gen.security import authorization_policies, inbound_mtls_mode
 from istiod.xds.gen.tls import HTTP_ALPN, MESH_ALPN_MATCH, sds_downstream_tls
 
 VIRTUAL_OUTBOUND = "virtualOutbound"
@@ -44,6 +50,8 @@ VIRTUAL_INBOUND = "virtualInbound"
 ORIGINAL_DST_FILTER = "envoy.filters.listener.original_dst"
 TLS_INSPECTOR_FILTER = "envoy.filters.listener.tls_inspector"
 ANY_ADDRESS = "0.0.0.0"
+
+log = logging.getLogger(__name__)
 
 
 def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
@@ -69,10 +77,16 @@ def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
             continue  # headless TCP: its traffic takes virtualOutbound's passthrough
         named.add(name)
     inbound = inbound_ports(snapshot, proxy)
-    # Proxies whose pods serve the same ports share one copy: the scope says what it holds.
-    scope = f"{mesh.mtls}:" + ",".join(f"{p.port}/{p.protocol.value}" for p in inbound)
-    result.append(cache.get(types.LISTENER, VIRTUAL_INBOUND, None, lambda: virtual_inbound(inbound, mesh.mtls),
-                            scope=scope))
+    # PeerAuthentication per port (port 0: ports no service names) and the AuthorizationPolicies
+    # selecting the workload, translated as for proxyless servers.
+    modes = {port: inbound_mtls_mode(snapshot, proxy, port) for port in (0, *(p.port for p in inbound))}
+    policies = authorization_policies(snapshot, proxy)
+    # Proxies whose pods serve the same ports under the same policies share one copy: the scope
+    # says what it holds.
+    scope = ",".join(f"{p.port}/{p.protocol.value}" for p in inbound) + ":" + ",".join(
+        f"{port}={mode.value}" for port, mode in modes.items()) + ":" + ",".join(str(p.meta) for p in policies)
+    result.append(cache.get(types.LISTENER, VIRTUAL_INBOUND, policies, scope=scope,
+                            build=lambda: virtual_inbound(inbound, modes, policies)))
     if names is not None:
         wanted = set(names)
         result = [r for r in result if r.name in wanted]
@@ -127,10 +141,20 @@ def _outbound_listener(name: str, ip: str, port: int, main: listener_components_
     )
 
 
-def virtual_inbound(ports: tuple[InboundPort, ...], strict: bool) -> listener_pb2.Listener:
+def virtual_inbound(ports: tuple[InboundPort, ...], modes: Mapping[int, MTLSMode],
+                    policies: tuple[AuthorizationPolicy, ...] = ()) -> listener_pb2.Listener:
+    """`modes`: the mTLS mode of each inbound port, and of the rest under port 0."""
+    authz = authorization_filters(policies)
+    for problem in authz.problems:
+        log.warning("%s (sidecar %s)", problem, VIRTUAL_INBOUND)
+    if policies and any(not p.protocol.is_http for p in ports):
+        log.warning("AuthorizationPolicy on TCP ports is not implemented: %s are not enforced on %s",
+                    ", ".join(str(p.meta) for p in policies),
+                    ", ".join(str(p.port) for p in ports if not p.protocol.is_http))
     chains = [_loop_breaker(VIRTUAL_INBOUND, VIRTUAL_INBOUND_PORT)]
     for inbound in ports:
-        chains += _inbound_chains(inbound, strict)
+        chains += _inbound_chains(inbound, modes[inbound.port], authz.filters)
+    strict = modes[0] is MTLSMode.STRICT
     # Ports no service names: mTLS is terminated here, everything else passes through untouched.
     chains.append(listener_components_pb2.FilterChain(
         name=f"{VIRTUAL_INBOUND}-mtls-passthrough",
@@ -157,19 +181,29 @@ def virtual_inbound(ports: tuple[InboundPort, ...], strict: bool) -> listener_pb
     )
 
 
-def _inbound_chains(inbound: InboundPort, strict: bool) -> list[listener_components_pb2.FilterChain]:
+def _inbound_chains(inbound: InboundPort, mode: MTLSMode,
+                    authz: Sequence[hcm_pb2.HttpFilter]) -> list[listener_components_pb2.FilterChain]:
+    """STRICT: mTLS only; PERMISSIVE: mesh mTLS (by ALPN) and plaintext; DISABLE: the port as it comes."""
     cluster = inbound_cluster_name(inbound.port)
+    if mode is MTLSMode.DISABLE:
+        return [listener_components_pb2.FilterChain(
+            name=f"{cluster}-plaintext",
+            filter_chain_match=listener_components_pb2.FilterChainMatch(
+                destination_port=wrappers_pb2.UInt32Value(value=inbound.port)),
+            filters=[_inbound_filter(inbound, cluster, mtls=False, authz=authz)],
+        )]
+    strict = mode is MTLSMode.STRICT
     chains = [listener_components_pb2.FilterChain(
         name=f"{cluster}-mtls",
         filter_chain_match=_transport_match(inbound.port, mtls=True, strict=strict),
         transport_socket=sds_downstream_tls(HTTP_ALPN if inbound.protocol.is_http else ()),
-        filters=[_inbound_filter(inbound, cluster, mtls=True)],
+        filters=[_inbound_filter(inbound, cluster, mtls=True, authz=authz)],
     )]
     if not strict:
         chains.append(listener_components_pb2.FilterChain(
             name=f"{cluster}-plaintext",
             filter_chain_match=_transport_match(inbound.port, mtls=False, strict=strict),
-            filters=[_inbound_filter(inbound, cluster, mtls=False)],
+            filters=[_inbound_filter(inbound, cluster, mtls=False, authz=authz)],
         ))
     return chains
 
@@ -183,7 +217,8 @@ def _transport_match(port: int | None, mtls: bool, strict: bool) -> listener_com
     )
 
 
-def _inbound_filter(inbound: InboundPort, cluster: str, mtls: bool) -> listener_components_pb2.Filter:
+def _inbound_filter(inbound: InboundPort, cluster: str, mtls: bool,
+                    authz: Sequence[hcm_pb2.HttpFilter]) -> listener_components_pb2.Filter:
     stat_prefix = f"inbound_{ANY_ADDRESS}_{inbound.port}"
     if not inbound.protocol.is_http:
         return tcp_proxy(cluster, cluster)
@@ -207,12 +242,14 @@ def _inbound_filter(inbound: InboundPort, cluster: str, mtls: bool) -> listener_
             set_current_client_cert_details=hcm_pb2.HttpConnectionManager.SetCurrentClientCertDetails(
                 subject=wrappers_pb2.BoolValue(value=True), dns=True, uri=True),
         )
-    return _sidecar_hcm(stat_prefix, route_config=route, server_name="istio-envoy", **fields)
+    return _sidecar_hcm(stat_prefix, authz, route_config=route, server_name="istio-envoy", **fields)
 
 
-def _sidecar_hcm(stat_prefix: str, **fields: object) -> listener_components_pb2.Filter:
+def _sidecar_hcm(stat_prefix: str, http_filters: Sequence[hcm_pb2.HttpFilter] = (), /,
+                 **fields: object) -> listener_components_pb2.Filter:
     """Istio's defaults: the client's address is not trusted, paths are normalised, websockets pass."""
     manager = http_connection_manager(
+        http_filters,
         stat_prefix=stat_prefix,
         use_remote_address=wrappers_pb2.BoolValue(value=False),
         normalize_path=wrappers_pb2.BoolValue(value=True),
