@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 CHROMIUM := /usr/bin/chromium
 SUDO     := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: run test unit e2e e2e-bin bench protos demo-server demo-client chromium clean
+.PHONY: run test unit e2e e2e-bin helm-bin bench protos demo-server demo-client chromium clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH"; exit 1; }
@@ -18,10 +18,10 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/istiod discovery --config-dir deploy/demo
 
-test: $(STAMP) $(CHROMIUM) e2e-bin
+test: $(STAMP) $(CHROMIUM) e2e-bin helm-bin
 	$(BIN)/pytest -q tests e2e
 
-unit: $(STAMP) $(CHROMIUM)
+unit: $(STAMP) $(CHROMIUM) helm-bin
 	$(BIN)/pytest -q tests
 
 # Headless Chromium renders /debug/ui in the tests: Debian's package, installed once.
@@ -34,6 +34,10 @@ $(CHROMIUM):
 # The real kube-apiserver and etcd for e2e/, built with Go from the module proxy; reused when present.
 e2e-bin:
 	@bash e2e/cluster/build.sh
+
+# The real helm for the chart tests (tests/test_charts.py), built and reused the same way.
+helm-bin:
+	@bash e2e/cluster/build-helm.sh
 
 e2e: $(STAMP) e2e-bin
 	$(BIN)/pytest -q e2e
