@@ -35,7 +35,7 @@ def by_kind(objects: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, An
     return {(o["kind"], o["metadata"]["name"]): o for o in objects}
 
 
-def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+def container(objects: list[dict[str, Any]]) -> Any:
     [discovery] = by_kind(objects)["Deployment", "istiod"]["spec"]["template"]["spec"]["containers"]
     return discovery
 
