@@ -8,7 +8,7 @@ import sys
 
 from istiod import __version__, logs
 from istiod.agent.settings import add_agent_flags, agent_settings_from_args
-from istiod.operator.cli import add_manifest_flags, run_manifest
+from istiod.operator.cli import add_install_flags, add_manifest_flags, run_manifest
 from istiod.settings import add_discovery_flags, settings_from_args
 
 DEFAULT_ISTIOD_URL = "http://localhost:15014"
@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     generate = manifest.add_subparsers(dest="action", required=True).add_parser(
         "generate", help="render an IstioOperator spec with the Helm charts, to stdout")
     add_manifest_flags(generate)
+    add_install_flags(commands.add_parser("install", help="apply an IstioOperator spec's manifests and wait for istiod"))
 
     args = parser.parse_args(argv)
     logs.setup(args.log_level, args.log_format)
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         from istiod.agent.agent import run_agent
 
         return asyncio.run(run_agent(agent_settings_from_args(args)))
-    if args.command == "manifest":
+    if args.command in ("manifest", "install"):
         return run_manifest(args)
     from istiod.tools import proxy_config, proxy_status
     from istiod.tools.debug_client import DebugClient, ToolError
