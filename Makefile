@@ -2,20 +2,30 @@
 PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+BASE   := $(VENV)/.installed-base# istiod and what it needs to run: all `make run` installs
+STAMP  := $(VENV)/.installed# plus the test extras
 CHROMIUM := /usr/bin/chromium
 SUDO     := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: run test unit e2e e2e-bin helm-bin bench protos demo-server demo-client chromium clean
 
-$(STAMP): pyproject.toml
+# pip without --quiet: the first install takes a minute or two, and shows what it is doing.
+$(BASE): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH"; exit 1; }
+	@echo "==> creating $(VENV) with $(PYTHON)"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	@echo "==> installing istiod and its dependencies into $(VENV)"
+	$(BIN)/pip install --upgrade pip
+	$(BIN)/pip install -e .
+	touch $(BASE)
+
+$(STAMP): $(BASE)
+	@echo "==> installing the test tools into $(VENV)"
+	$(BIN)/pip install -e '.[test]'
 	touch $(STAMP)
 
-run: $(STAMP)
+# An explicit --config-dir: KUBECONFIG in the environment does not turn this into cluster mode.
+run: $(BASE)
 	$(BIN)/istiod discovery --config-dir deploy/demo
 
 test: $(STAMP) $(CHROMIUM) e2e-bin helm-bin
@@ -42,14 +52,17 @@ helm-bin:
 e2e: $(STAMP) e2e-bin
 	$(BIN)/pytest -q e2e
 
-demo-server: $(STAMP)
+demo-server: $(BASE)
 	$(BIN)/python -m istiod.demo server --address 127.0.0.10:7070 --name echo-v1
 
-demo-client: $(STAMP)
-	$(BIN)/python -m istiod.demo client xds:///echo.demo.svc.cluster.local:7070 --xds 127.0.0.1:15010 --count 5
+# Calls until stopped (Ctrl-C), so edits under deploy/demo/ show in its output.
+demo-client: $(BASE)
+	$(BIN)/python -m istiod.demo client xds:///echo.demo.svc.cluster.local:7070 --xds 127.0.0.1:15010 --count 0
 
 bench: $(STAMP)
 	$(BIN)/python bench/push.py
+	$(BIN)/python bench/configdir.py
+	$(BIN)/python bench/config.py
 
 # Generated code is committed; tests/test_protos.py fails when it is stale.
 PROTOS := $(shell find api -name '*.proto')

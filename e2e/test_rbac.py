@@ -9,6 +9,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from e2e.harness import Cluster
+from e2e.istio_crds import create_istio_object, install_crds
 from e2e.kube_objects import ISTIO_NAMESPACE, ensure_namespace, service_body
 from tests.peers import ROOT, Istiod, Process, wait_until
 
@@ -62,11 +63,17 @@ async def test_informers_need_only_list_and_watch(
     await ensure_namespace(kube, NS)
     kubeconfig, token = await istiod_kubeconfig(cluster, kube, tmp_path / "istiod.kubeconfig")
     await core.create_namespaced_service(NS, service_body("guarded"))
+    await install_crds(kube)
+    await create_istio_object(kube, {"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+                                     "metadata": {"name": "guarded", "namespace": NS},
+                                     "spec": {"hosts": ["guarded"], "http": [{"route": [{"destination": {"host": "guarded"}}]}]}})
 
     istiod = Istiod(tmp_path, "--kubeconfig", str(kubeconfig), ready_timeout=60)
     processes.append(istiod)
     wait_until(lambda: any(s["hostname"] == f"guarded.{NS}.svc.cluster.local" for s in istiod.get("/debug/registryz")[1]),
                10, "the service, read with the ServiceAccount's token")
+    wait_until(lambda: any(o["kind"] == "VirtualService" for o in istiod.get("/debug/configz")[1]), 10,
+               "the VirtualService, read with the ServiceAccount's token")
     assert "Forbidden" not in istiod.text()  # (not "403": timestamps and serial numbers may hold it)
     assert token not in istiod.text()  # tokens never reach the logs
     await core.delete_namespaced_service("guarded", NS)

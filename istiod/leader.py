@@ -15,7 +15,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -67,7 +67,7 @@ class LeaderElection:
     def lease(self) -> str:
         return f"Lease {self.namespace}/{self.name}"
 
-    async def run(self, work: Callable[[], Awaitable[None]]) -> None:
+    async def run(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Forever: wait to lead, then run `work` until leadership ends; cancelled, hand the Lease back."""
         while True:
             if await self._attempt():
@@ -82,7 +82,7 @@ class LeaderElection:
             log.warning("leader election: %s: %s", self.lease, describe_error(error))
             return False
 
-    async def _lead(self, work: Callable[[], Awaitable[None]]) -> None:
+    async def _lead(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
         worker = asyncio.create_task(work(), name=f"leader-{self.name}")
         renewer = asyncio.create_task(self._keep_renewing(), name=f"renew-{self.name}")
         release = True  # unless the Lease is already lost
@@ -141,10 +141,11 @@ class LeaderElection:
         """Create (no resourceVersion) or update the Lease; False when another replica wrote first."""
         try:
             if "resourceVersion" in body["metadata"]:
-                written = await self.api.replace_namespaced_lease(self.name, self.namespace, body,
+                written = await self.api.replace_namespaced_lease(self.name, self.namespace, body,  # type: ignore[arg-type]  # a dict body is sent as is
                                                                   _request_timeout=REQUEST_TIMEOUT)
             else:
-                written = await self.api.create_namespaced_lease(self.namespace, body, _request_timeout=REQUEST_TIMEOUT)
+                written = await self.api.create_namespaced_lease(self.namespace, body,  # type: ignore[arg-type]  # as above
+                                                                 _request_timeout=REQUEST_TIMEOUT)
         except ApiException as error:
             if error.status == 409:
                 return False

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -30,6 +31,33 @@ class Event:
 
 def event(name: str, **facts: Any) -> Event:
     return Event(name, facts)
+
+
+def one_line(error: BaseException) -> str:
+    """An error's text on one line (YAML and kubeconfig errors span several)."""
+    return " ".join(str(error).split())
+
+
+class Throttled:
+    """A recurring warning that a client can cause at will: at most one line per `interval` seconds,
+    the next line counting the ones left out."""
+
+    def __init__(self, logger: logging.Logger, interval: float = 1.0) -> None:
+        self._logger = logger
+        self._interval = interval
+        self._next = 0.0
+        self._dropped = 0
+
+    def warning(self, message: Event) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            self._dropped += 1
+            return
+        self._next = now + self._interval
+        if self._dropped:
+            message = Event(message.name, {**message.facts, "suppressed": self._dropped})
+            self._dropped = 0
+        self._logger.warning(message)
 
 
 def setup(level: str = "info", output: str = "kv") -> None:

@@ -9,9 +9,10 @@ text format; `exposition()` renames our counters back.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 import prometheus_client
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 prometheus_client.disable_created_metrics()  # Istio exports no `*_created` series
 
@@ -38,6 +39,7 @@ PROXY_QUEUE_TIME = Histogram(
     "pilot_proxy_queue_time", "Time in seconds, a proxy is in the push queue before being dequeued.",
     buckets=_CONVERGENCE_BUCKETS,
 )
+XDS_WRITE_TIMEOUTS = Counter("pilot_xds_write_timeout", "Pilot XDS response write timeouts.")
 TOTAL_XDS_REJECTS = Counter(
     "pilot_total_xds_rejects", "Total number of XDS responses from pilot rejected by proxy.", ["type"]
 )
@@ -58,6 +60,10 @@ DEBOUNCE_TIME = Histogram(
 INBOUND_UPDATES = Counter("pilot_inbound_updates", "Total number of updates received by pilot.", ["type"])
 SERVICES = Gauge("pilot_services", "Total services known to pilot.")
 K8S_REG_EVENTS = Counter("pilot_k8s_reg_events", "Events from k8s registry.", ["type", "event"])
+# The config dir (Istio's file monitor logs these; we count them too, so the state can be alerted on).
+CONFIG_DIR_ERRORS = Counter(
+    "pilot_config_dir_errors", "Config dir reads that failed and kept the last good state, by what failed.", ["type"]
+)
 
 # CA (security/pkg/server/ca/monitoring.go, security/pkg/pki/ca): defined here for the CA to record.
 CSR_COUNT = Counter("citadel_server_csr_count", "The number of CSRs received by Citadel server.")
@@ -97,10 +103,14 @@ SERVING_CERT_RENEWAL_FAILURES = Counter(
     "istiod_serving_cert_renewal_failures", "The number of failed renewals of istiod's serving certificate."
 )
 
-_COUNTER_NAMES = [family.name for m in list(globals().values()) if isinstance(m, Counter) for family in m.describe()]
-_COUNTER_TOTAL = re.compile(
-    r"^((?:# (?:HELP|TYPE) )?(?:" + "|".join(map(re.escape, _COUNTER_NAMES)) + r"))_total\b", re.MULTILINE
-)
+
+def counters_without_total(counters: Iterable[Counter]) -> re.Pattern[str]:
+    """Matches these counters' `_total` in the text format, to be cut off (Istio's names)."""
+    names = [family.name for counter in counters for family in counter.describe()]
+    return re.compile(r"^((?:# (?:HELP|TYPE) )?(?:" + "|".join(map(re.escape, names)) + r"))_total\b", re.MULTILINE)
+
+
+_COUNTER_TOTAL = counters_without_total(m for m in list(globals().values()) if isinstance(m, Counter))
 
 # Kubernetes kinds -> Istio's update type (pilot_inbound_updates) and push trigger (pilot_push_triggers).
 _UPDATE_TYPES = {"Service": "svc", "Pod": "eds", "EndpointSlice": "eds"}
@@ -115,6 +125,6 @@ def trigger_type(kind: str) -> str:
     return _TRIGGERS[update_type(kind)]
 
 
-def exposition() -> bytes:
-    """The Prometheus text format of the default registry, counters named as Istio names them."""
-    return _COUNTER_TOTAL.sub(r"\1", generate_latest(REGISTRY).decode()).encode()
+def exposition(registry: CollectorRegistry = REGISTRY, counter_total: re.Pattern[str] = _COUNTER_TOTAL) -> bytes:
+    """The Prometheus text format of a registry (istiod's by default), counters named as Istio names them."""
+    return counter_total.sub(r"\1", generate_latest(registry).decode()).encode()

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import functools
 import json
 import logging
+import resource
 import signal
-import socket
+from collections import Counter
+from collections.abc import Iterator
 from datetime import datetime, timezone
 
 import grpc
@@ -16,22 +20,30 @@ from envoy.service.discovery.v3 import ads_pb2, ads_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from kubernetes_asyncio import client
+from kubernetes_asyncio.config import ConfigException
+import yaml
 
 from istiod import logs
 from istiod.debug.access import AccessPolicy
 from istiod.ca.publisher import ELECTION, RootCertPublisher
 from istiod.debug.app import DebugView, create_app
+from istiod.debug.serving import http_server
 from istiod.kubeapi import api_client
 from istiod.leader import LeaderElection
+from istiod.listen import listen_tcp
+from istiod.model.mesh import MeshConfig
 from istiod.model.names import join_host_port
 from istiod.secure import SecurePort
 from istiod.settings import Address, Settings
 from istiod.sources.configdir import ConfigDirSource
 from istiod.sources.monitoring import record_change
 from istiod.sources.kube import KubeSource
-from istiod.sources.namespaces import NamespaceFilter, Selector
+from istiod.sources.meshconfig import MeshConfigMapWatcher, MeshFileWatcher
+from istiod.sources.namespaces import NamespaceFilter, parse_selector
 from istiod.sources.store import Store
 from istiod.supervisor import Supervisor
+from istiod.webhooks.cabundle import CaBundlePatcher
+from istiod.webhooks.serve import WebhookServer
 from istiod.xds.pusher import Pusher
 from istiod.xds.server import DiscoveryServer
 
@@ -46,12 +58,13 @@ class Discovery:
         self.settings = settings
         self.store = Store(settings.domain)
         self.store.subscribe(record_change)
-        self.namespaces = NamespaceFilter(tuple(Selector.parse(s) for s in settings.discovery_selectors))
+        self._flag_selectors = tuple(parse_selector(s) for s in settings.discovery_selectors)
+        self.namespaces = NamespaceFilter(settings.mesh.discovery_selectors or self._flag_selectors)
         self.source: ConfigDirSource | KubeSource | None = None
         self.publisher: RootCertPublisher | None = None
         self.election: LeaderElection | None = None
         self.pusher = Pusher(self.store, settings.debounce_after, settings.debounce_max, settings.mesh)
-        self.ads = DiscoveryServer(lambda: self.pusher.snapshot, settings.push_concurrency)
+        self.ads = DiscoveryServer(lambda: self.pusher.snapshot, settings.push_concurrency, settings.xds_send_timeout)
         self.pusher.subscribe(self.ads.on_push)
         self.supervisor = Supervisor()
         self.secure = SecurePort(settings, self.ads, self.supervisor)
@@ -61,6 +74,8 @@ class Discovery:
         self._http: list[uvicorn.Server] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._api: client.ApiClient | None = None
+        self._mesh_synced = asyncio.Event()  # set now unless the mesh config comes from the cluster
+        self._mesh_synced.set()
 
     async def _make_source(self) -> ConfigDirSource | KubeSource:
         settings = self.settings
@@ -68,8 +83,24 @@ class Discovery:
             return ConfigDirSource(settings.config_dir, self.store, settings.poll_interval)
         if not settings.in_cluster and settings.kubeconfig is None:
             raise ValueError("no config dir, no kubeconfig and not in a pod: nothing to read the mesh from")
-        self._api = await api_client(None if settings.in_cluster else settings.kubeconfig)
+        try:
+            self._api = await api_client(None if settings.in_cluster else settings.kubeconfig)
+        except (ConfigException, OSError, yaml.YAMLError) as error:
+            where = "the in-cluster config" if settings.in_cluster else f"kubeconfig {settings.kubeconfig}"
+            raise SystemExit(f"istiod: cannot use {where}: {logs.one_line(error)}") from None
         return KubeSource(self._api, self.store, self.namespaces, settings.watch_timeout)
+
+    def apply_mesh(self, mesh: MeshConfig) -> None:
+        """A changed mesh config, applied without a restart: namespaces are filtered again and every
+        proxy gets a full push. (The CA keeps the trust domain it started with.)"""
+        self.pusher.mesh = mesh
+        if isinstance(self.source, KubeSource):
+            self.source.writer.reselect(mesh.discovery_selectors or self._flag_selectors)
+        log.info(logs.event("mesh config applied", trust_domain=mesh.trust_domain, root_namespace=mesh.root_namespace,
+                            outbound_traffic_policy=mesh.outbound_traffic_policy.value,
+                            discovery_selectors=len(mesh.discovery_selectors)))
+        if self.ads.ready:
+            self.pusher.publish(full=True)
 
     async def start(self) -> None:
         settings = self.settings
@@ -80,42 +111,75 @@ class Discovery:
                                                settings.watch_timeout)
             self.election = LeaderElection(api, settings.namespace, ELECTION, settings.pod_name, settings.leader)
         # Before any port opens: a CA that cannot start stops istiod here.
-        self.ports["secure-grpc"] = await self.secure.start(self._api, self.publisher.publish if self.publisher else None)
-        self._grpc = grpc.aio.server(options=[("grpc.max_concurrent_streams", 1 << 20)])
+        with _listening("--secure-grpc-addr", settings.secure_grpc_addr):
+            self.ports["secure-grpc"] = await self.secure.start(self._api,
+                                                                self.publisher.publish if self.publisher else None)
+        # The mesh config after the CA, which must hold its root before anything else starts.
+        if settings.mesh_config is not None:
+            watcher = MeshFileWatcher(settings.mesh_config, settings.mesh_defaults, self.apply_mesh, settings.poll_interval)
+            self._tasks.append(self.supervisor.start("mesh-config", watcher.run, restart=True))
+        elif isinstance(self.source, KubeSource):
+            configmap = MeshConfigMapWatcher(self.source.api, settings.namespace, settings.mesh_defaults,
+                                             self.apply_mesh, settings.watch_timeout)
+            self._mesh_synced = configmap.informer.synced
+            self._tasks.append(self.supervisor.start("mesh-config", configmap.informer.run, restart=True))
+        # so_reuseport off: a second istiod on the same port must fail, not silently share it.
+        self._grpc = grpc.aio.server(options=[("grpc.max_concurrent_streams", 1 << 20), ("grpc.so_reuseport", 0),
+                                              *settings.keepalive.server_options()])
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(self.ads, self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc)
         reflection.enable_server_reflection((ADS_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), self._grpc)
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         grpc_addr = self.settings.grpc_addr
-        self.ports["grpc"] = self._grpc.add_insecure_port(join_host_port(grpc_addr.bind_host, grpc_addr.port))
+        with _listening("--grpc-addr", grpc_addr):
+            self.ports["grpc"] = self._grpc.add_insecure_port(join_host_port(grpc_addr.bind_host, grpc_addr.port))
         await self._grpc.start()
 
         view = DebugView(lambda: self.pusher.snapshot, lambda: self.ads.connections, self.not_ready,
                          self.store.objects, lambda: self.ads.monitor.last_push)
-        access = AccessPolicy.from_token_file(self.settings.debug_token_file, self.secure.authenticators,
-                                              self.settings.namespace)
+        try:
+            access = AccessPolicy.from_token_file(self.settings.debug_token_file, self.secure.authenticators,
+                                                  self.settings.namespace)
+        except (OSError, ValueError) as error:
+            raise SystemExit(f"istiod: --debug-auth-token-file: {logs.one_line(error)}") from None
         for name, address in (("http", self.settings.http_addr), ("monitoring", self.settings.monitoring_addr)):
-            sock = _bind(address)
+            with _listening(f"--{name}-addr", address):
+                sock = listen_tcp(address.bind_host, address.port)
             self.ports[name] = sock.getsockname()[1]
             app = create_app(view, access, monitoring=name == "monitoring")
-            # log_config=None: uvicorn logs through our structured handler; no proxy headers, so the
-            # client address the debug access check sees is the socket's peer.
-            server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False,
-                                                   log_config=None, proxy_headers=False))
+            server = http_server(app, sock, settings.http_read_timeout, settings.max_connections)
             self._http.append(server)
             # A server that ends is not restarted: its socket is gone with it.
             self._tasks.append(self.supervisor.start(name, functools.partial(server.serve, sockets=[sock]), restart=False))
+        assert self.secure.ca is not None
+        with _listening("--webhook-addr", settings.webhook_addr):
+            sock = listen_tcp(settings.webhook_addr.bind_host, settings.webhook_addr.port)
+        webhook = WebhookServer(settings, self.secure.ca)
+        self.ports["webhook"] = sock.getsockname()[1]
+        self._http.append(webhook.server)
         self._tasks += [
-            self.supervisor.start("source", self.source.run, restart=True),
+            self.supervisor.start("webhook", functools.partial(webhook.serve, sock), restart=False),
+            self.supervisor.start("source", self._read_source, restart=True),
             self.supervisor.start("pusher", self._push, restart=True),
         ]
+        if self._api is not None:
+            patcher = CaBundlePatcher(self._api, self.secure.ca, settings.namespace)
+            self._tasks.append(self.supervisor.start("webhook-ca-bundle", patcher.run, restart=True))
         if self.election is not None and self.publisher is not None:
             election, publisher = self.election, self.publisher
             self._tasks.append(self.supervisor.start("root-cert-publisher", lambda: election.run(publisher.run),
                                                      restart=True))
         log.info(logs.event("serving", **self.ports))
+        log.info(logs.event("listening", **_urls(settings, self.ports)))
         if self.settings.ports_file:
             self.settings.ports_file.write_text(json.dumps(self.ports))
+
+    async def _read_source(self) -> None:
+        # The mesh config's discoverySelectors apply before the informers list; until then /ready
+        # says the sources have not synced (the ports are open: the API may be down for a while).
+        await self._mesh_synced.wait()
+        assert self.source is not None
+        await self.source.run()
 
     async def _push(self) -> None:
         if self.ads.ready:  # a restart: what the crashed run had taken from the store is built again
@@ -139,6 +203,8 @@ class Discovery:
         self.ads.ready = True
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         log.info("sources synced; ready with %d services", len(self.pusher.snapshot.services))
+        source = self.settings.config_dir or self.settings.kubeconfig or "the in-cluster config"
+        log.info(logs.event("loaded", source=source, **Counter(o.key.kind for o in self.store.objects())))
 
     async def stop(self) -> None:
         self.supervisor.stopping = True
@@ -150,7 +216,7 @@ class Discovery:
         for server in self._http:
             server.should_exit = True
         for task in self._tasks:
-            if task.get_name() not in ("http", "monitoring"):
+            if task.get_name() not in ("http", "monitoring", "webhook"):
                 task.cancel()
         try:
             _, pending = await asyncio.wait(self._tasks, timeout=5) if self._tasks else (set(), set())
@@ -164,6 +230,7 @@ class Discovery:
 
 async def run_discovery(settings: Settings) -> int:
     """Serves until SIGINT or SIGTERM (0), or until a background task fails that cannot be restarted (1)."""
+    _raise_open_file_limit()
     discovery = Discovery(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -188,11 +255,48 @@ async def run_discovery(settings: Settings) -> int:
     return 1 if discovery.supervisor.failure is not None else 0
 
 
-def _bind(address: Address) -> socket.socket:
-    family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((address.bind_host, address.port))
-    sock.listen(128)
-    sock.setblocking(False)
-    return sock
+@contextlib.contextmanager
+def _listening(flag: str, address: Address) -> Iterator[None]:
+    """A port that cannot be opened stops istiod with one line naming the address and its flag."""
+    try:
+        yield
+    except RuntimeError:  # grpcio says only that binding failed: a plain socket tells why
+        try:
+            listen_tcp(address.bind_host, address.port).close()
+            reason = "grpcio could not bind it"
+        except OSError as error:
+            reason = _os_reason(error)
+        raise SystemExit(f"istiod: cannot listen on {address} ({flag}): {reason}; choose another with {flag}") from None
+    except OSError as error:
+        if error.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
+            raise
+        raise SystemExit(f"istiod: cannot listen on {address} ({flag}): {_os_reason(error)};"
+                         f" choose another with {flag}") from None
+
+
+def _os_reason(error: OSError) -> str:
+    return "the port is in use" if error.errno == errno.EADDRINUSE else (error.strerror or str(error)).lower()
+
+
+def _urls(settings: Settings, ports: dict[str, int]) -> dict[str, str]:
+    """Where to point clients, browsers and Prometheus (loopback names for addresses bound to every interface)."""
+    def at(address: Address, port: int) -> str:
+        return join_host_port(address.host or "localhost", port)
+
+    return {
+        "xds": at(settings.grpc_addr, ports["grpc"]),
+        "xds_tls_and_ca": at(settings.secure_grpc_addr, ports["secure-grpc"]),
+        "debug": f"http://{at(settings.http_addr, ports['http'])}/debug",
+        "metrics": f"http://{at(settings.monitoring_addr, ports['monitoring'])}/metrics",
+    }
+
+
+def _raise_open_file_limit() -> None:
+    """As Go programs (istiod) do at start: the soft limit on open files up to the hard one, so a low
+    default soft limit (often 1024) is not what caps the connections istiod can hold."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as error:
+            log.warning(logs.event("cannot raise the open files limit", soft=soft, hard=hard, error=str(error)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import socket
 from dataclasses import dataclass
@@ -10,10 +11,12 @@ from pathlib import Path
 
 from istiod.ca.settings import CaSettings, add_ca_flags, ca_settings_from_args
 from istiod.durations import parse_duration as _seconds
+from istiod.envvars import env_default
+from istiod.keepalive import Keepalive
 from istiod.leader import LeaseTimings
-from istiod.model.mesh import DEFAULT_TRUST_DOMAIN, MeshConfig
+from istiod.model.mesh import DEFAULT_TRUST_DOMAIN, MeshConfig, OutboundTrafficPolicy
 from istiod.model.names import DEFAULT_DOMAIN, join_host_port, split_host_port
-from istiod.sources.namespaces import Selector
+from istiod.sources.namespaces import parse_selector
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,43 +63,78 @@ class Settings:
     ca: CaSettings = CaSettings()
     monitoring_addr: Address = Address("", 15014)
     debug_token_file: Path | None = None  # a bearer token that lets non-loopback callers read /debug
+    keepalive: Keepalive = Keepalive()  # both xDS ports
+    xds_send_timeout: float = 5.0  # a stream whose client takes no response for this long is closed; 0: never
+    max_connections: int = 4096  # per port served in Python: 8080, 15014 and 15012's TLS front
+    http_read_timeout: float = 30.0  # a connection to 8080 or 15014 must send its request within this
+    webhook_addr: Address = Address("", 15017)
+    mesh_config: Path | None = None  # watched; in a cluster without it, the ConfigMap `istio` key `mesh`
+    mesh_defaults: MeshConfig = MeshConfig()  # the flags' values, under whatever the mesh config sets
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
+    return value
 
 
 def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
+    # pilot-discovery's camelCase spellings are aliases, so istiod's manifests and habits work unchanged.
     env = os.environ.get
-    parser.add_argument("--config-dir", type=Path, help="read Kubernetes YAML from this directory")
-    parser.add_argument("--kubeconfig", type=Path, default=Path(env("KUBECONFIG")) if env("KUBECONFIG") else None,
-                        help="read from this cluster (in a pod, the in-cluster config is used)")
+    parser.add_argument("--config-dir", "--configDir", type=Path, help="read Kubernetes YAML from this directory")
+    parser.add_argument("--kubeconfig", type=Path,
+                        help="read from this cluster (default $KUBECONFIG unless --config-dir is given;"
+                             " in a pod, the in-cluster config)")
+    parser.add_argument("--mesh-config", "--meshConfig", type=Path,
+                        help="Istio mesh config YAML (trustDomain, rootNamespace, outboundTrafficPolicy, "
+                             "enableAutoMtls, defaultConfig, discoverySelectors), watched; its fields win over "
+                             "the flags (in a cluster without it: the ConfigMap istio, key mesh, in istiod's namespace)")
     parser.add_argument("--discovery-selector", dest="discovery_selectors", action="append", default=[],
                         metavar="SELECTOR",
-                        help="only read namespaces whose labels match (key=value,key,!key); repeat to OR")
-    parser.add_argument("--watch-timeout", type=int, default=300,
-                        help="seconds a Kubernetes watch lasts before it is resumed (default 300)")
-    parser.add_argument("--grpc-addr", type=Address.parse, default=Address.parse(env("GRPC_ADDR", ":15010")),
-                        help="plaintext xDS (default :15010)")
-    parser.add_argument("--http-addr", type=Address.parse, default=Address.parse(env("HTTP_ADDR", ":8080")),
-                        help="debug endpoints and /ready (default :8080)")
-    parser.add_argument("--monitoring-addr", type=Address.parse,
-                        default=Address.parse(env("MONITORING_ADDR", ":15014")),
-                        help="/metrics, /version and debug endpoints (default :15014)")
+                        help="only read namespaces whose labels match this Kubernetes label selector"
+                             " (key=value,key!=value,key,!key,key in (a,b),key notin (a,b)); repeat to OR")
+    parser.add_argument("--watch-timeout", type=_seconds, default=300.0,
+                        help="how long a Kubernetes watch lasts before it is resumed (default 5m)")
+    parser.add_argument("--grpc-addr", "--grpcAddr", type=Address.parse,
+                        default=env_default("GRPC_ADDR", ":15010", Address.parse),
+                        help="plaintext xDS (default :15010, every interface)")
+    parser.add_argument("--http-addr", "--httpAddr", type=Address.parse,
+                        default=env_default("HTTP_ADDR", ":8080", Address.parse),
+                        help="debug endpoints and /ready (default :8080, every interface)")
+    parser.add_argument("--monitoring-addr", "--monitoringAddr", type=Address.parse,
+                        default=env_default("MONITORING_ADDR", ":15014", Address.parse),
+                        help="/metrics, /version and debug endpoints (default :15014, every interface)")
     parser.add_argument("--debug-auth-token-file", type=Path,
                         help="a file holding a bearer token that admits non-loopback callers to /debug "
                              "(without it, /debug answers loopback callers only)")
-    parser.add_argument("--domain", default=env("DOMAIN_SUFFIX", DEFAULT_DOMAIN), help="cluster DNS domain")
-    parser.add_argument("--debounce-after", type=_seconds, default=_seconds(env("PILOT_DEBOUNCE_AFTER", "100ms")),
+    parser.add_argument("--domain", default=env("DOMAIN_SUFFIX", DEFAULT_DOMAIN),
+                        help="cluster DNS domain (default cluster.local)")
+    parser.add_argument("--debounce-after", type=_seconds, default=env_default("PILOT_DEBOUNCE_AFTER", "100ms", _seconds),
                         help="quiet time before a push (default 100ms)")
-    parser.add_argument("--debounce-max", type=_seconds, default=_seconds(env("PILOT_DEBOUNCE_MAX", "1s")),
+    parser.add_argument("--debounce-max", type=_seconds, default=env_default("PILOT_DEBOUNCE_MAX", "1s", _seconds),
                         help="longest a push waits for quiet (default 1s)")
-    parser.add_argument("--push-concurrency", type=int, default=int(env("PILOT_PUSH_THROTTLE", "100")),
+    parser.add_argument("--push-concurrency", type=_positive_int,
+                        default=env_default("PILOT_PUSH_THROTTLE", "100", _positive_int),
                         help="connections sending a push at once (default 100)")
     parser.add_argument("--poll-interval", type=_seconds, default=_seconds("250ms"),
-                        help="how often the config dir is scanned (default 250ms)")
+                        help="how often the config dir is scanned when file events are unavailable (default 250ms)")
     parser.add_argument("--ports-file", type=Path,
                         help="write the bound ports as JSON here once serving (for :0 addresses)")
     parser.add_argument("--secure-grpc-addr", type=Address.parse,
-                        default=Address.parse(env("SECURE_GRPC_ADDR", ":15012")), help="xDS and the CA over TLS (default :15012)")
+                        default=env_default("SECURE_GRPC_ADDR", ":15012", Address.parse),
+                        help="xDS and the CA over TLS (default :15012, every interface)")
     parser.add_argument("--trust-domain", default=env("TRUST_DOMAIN", DEFAULT_TRUST_DOMAIN), help="SPIFFE trust domain")
-    parser.add_argument("--mtls", action="store_true", help="mesh-wide mTLS between proxyless gRPC workloads (default off)")
+    parser.add_argument("--mtls", action="store_true",
+                        help="mesh-wide STRICT mTLS (proxyless gRPC and Envoy sidecars); without it sidecars "
+                             "accept both (PERMISSIVE) and use mTLS to pods that have a sidecar (default off)")
+    parser.add_argument("--outbound-traffic-policy", choices=[p.value for p in OutboundTrafficPolicy],
+                        default=OutboundTrafficPolicy.ALLOW_ANY.value,
+                        help="meshConfig outboundTrafficPolicy.mode: sidecars pass traffic to unknown hosts "
+                             "through (ALLOW_ANY, the default) or drop it (REGISTRY_ONLY)")
     timings = LeaseTimings()
     parser.add_argument("--leader-lease-duration", type=_seconds, default=timings.duration,
                         help="a leader's Lease lapses after this long without renewal (default 30s)")
@@ -104,25 +142,69 @@ def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
                         help="a leader that could not renew for this long stops leading (default 15s)")
     parser.add_argument("--leader-retry-period", type=_seconds, default=timings.retry_period,
                         help="how often a leader renews and the others try to take over (default 7.5s)")
+    keepalive = Keepalive()
+    parser.add_argument("--keepalive-interval", "--keepaliveInterval", dest="keepalive_interval", type=_seconds,
+                        default=keepalive.time, help="xDS ports: ping a connection quiet for this long (default 30s)")
+    parser.add_argument("--keepalive-timeout", "--keepaliveTimeout", dest="keepalive_timeout", type=_seconds,
+                        default=keepalive.timeout,
+                        help="xDS ports: close a connection whose ping is not answered within this (default 10s)")
+    parser.add_argument("--keepalive-max-server-connection-age", "--keepaliveMaxServerConnectionAge",
+                        dest="keepalive_max_server_connection_age", type=_seconds, default=1800.0,
+                        help="xDS ports: close connections gracefully at this age, so clients spread over"
+                             " replicas; 0 never (default 30m, as Istio's chart sets)")
+    parser.add_argument("--xds-send-timeout", type=_seconds, default=env_default("PILOT_XDS_SEND_TIMEOUT", "5s", _seconds),
+                        help="close an xDS stream whose client takes no response for this long; 0 never (default 5s)")
+    parser.add_argument("--max-connections", type=int, default=4096,
+                        help="connections per port on 8080, 15014 and 15012; beyond it the longest idle one "
+                             "that has not sent a request is closed (default 4096)")
+    parser.add_argument("--http-read-timeout", type=_seconds, default=30.0,
+                        help="8080 and 15014: a connection's request must arrive within this (default 30s)")
+    parser.add_argument("--webhook-addr", "--httpsAddr", type=Address.parse,
+                        default=env_default("HTTPS_ADDR", ":15017", Address.parse),
+                        help="the webhooks over HTTPS with istiod's certificate: config validation at /validate (default :15017)")
     add_ca_flags(parser)
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and args.kubeconfig is None
-    if args.config_dir is None and args.kubeconfig is None and not in_cluster:
-        raise SystemExit("istiod discovery: give --config-dir or --kubeconfig (or run in a pod)")
-    if args.config_dir is not None and args.kubeconfig is not None:
+    kubeconfig = args.kubeconfig
+    if args.config_dir is not None and kubeconfig is not None:
         raise SystemExit("istiod discovery: --config-dir and --kubeconfig are alternatives; give one")
+    if args.config_dir is None and kubeconfig is None and os.environ.get("KUBECONFIG"):
+        kubeconfig = Path(os.environ["KUBECONFIG"])  # an explicit --config-dir wins over the environment
+    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and args.config_dir is None and kubeconfig is None
+    if args.config_dir is None and kubeconfig is None and not in_cluster:
+        raise SystemExit("istiod discovery: give --config-dir or --kubeconfig (or run in a pod)")
+    if args.watch_timeout < 1:
+        raise SystemExit("istiod discovery: --watch-timeout must be 1s or more")
     for selector in args.discovery_selectors:
         try:
-            Selector.parse(selector)
+            parse_selector(selector)
         except ValueError as error:
             raise SystemExit(f"istiod discovery: {error}") from None
+    for flag, value in (("--keepalive-interval", args.keepalive_interval), ("--keepalive-timeout", args.keepalive_timeout),
+                        ("--max-connections", args.max_connections), ("--http-read-timeout", args.http_read_timeout)):
+        if not value > 0:
+            raise SystemExit(f"istiod discovery: {flag} must be positive")
+    age = args.keepalive_max_server_connection_age
+    keepalive = Keepalive(args.keepalive_interval, args.keepalive_timeout, age if age else math.inf)
     leader = LeaseTimings(args.leader_lease_duration, args.leader_renew_deadline, args.leader_retry_period)
     try:
         leader.check()
     except ValueError as error:
         raise SystemExit(f"istiod discovery: {error}") from None
+    # Files and directories last: a flag that contradicts another is the first thing to say.
+    _check_dir(args.config_dir, "--config-dir")
+    _check_file(kubeconfig, "--kubeconfig" if args.kubeconfig else "KUBECONFIG")
+    for path, flag in ((args.debug_auth_token_file, "--debug-auth-token-file"),
+                       (args.ca_static_tokens, "--ca-static-tokens"), (args.mesh_config, "--mesh-config")):
+        _check_file(path, flag)
+    _check_dir(args.plugged_ca_dir, "--plugged-ca-dir")
+    if args.ports_file is not None:
+        _check_dir(args.ports_file.parent, "--ports-file: the directory")
+    if args.config_dir is not None and args.ca_state_dir.exists():  # else created at start; unused with a cluster
+        _check_dir(args.ca_state_dir, "--ca-state-dir")
+    defaults = MeshConfig(trust_domain=args.trust_domain, mtls=args.mtls,
+                          outbound_traffic_policy=OutboundTrafficPolicy(args.outbound_traffic_policy))
     return Settings(
         config_dir=args.config_dir,
         grpc_addr=args.grpc_addr,
@@ -133,17 +215,46 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         push_concurrency=args.push_concurrency,
         poll_interval=args.poll_interval,
         ports_file=args.ports_file,
-        kubeconfig=args.kubeconfig,
-        in_cluster=in_cluster and args.config_dir is None,
+        kubeconfig=kubeconfig,
+        in_cluster=in_cluster,
         discovery_selectors=tuple(args.discovery_selectors),
-        watch_timeout=args.watch_timeout,
+        watch_timeout=int(args.watch_timeout),
+        mesh_config=args.mesh_config,
         namespace=os.environ.get("POD_NAMESPACE", "istio-system"),
         # Outside a pod, two istiods on one host must not share an identity.
         pod_name=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
         leader=leader,
         secure_grpc_addr=args.secure_grpc_addr,
-        mesh=MeshConfig(trust_domain=args.trust_domain, mtls=args.mtls),
+        mesh=_mesh(args.mesh_config, defaults),
+        mesh_defaults=defaults,
+        webhook_addr=args.webhook_addr,
         ca=ca_settings_from_args(args),
         monitoring_addr=args.monitoring_addr,
         debug_token_file=args.debug_auth_token_file,
+        keepalive=keepalive,
+        xds_send_timeout=args.xds_send_timeout,
+        max_connections=args.max_connections,
+        http_read_timeout=args.http_read_timeout,
     )
+
+
+def _check_dir(path: Path | None, flag: str) -> None:
+    if path is not None and not path.is_dir():
+        raise SystemExit(f"istiod discovery: {flag} {path}: "
+                         f"{'is not a directory' if path.exists() else 'no such directory'}")
+
+
+def _check_file(path: Path | None, flag: str) -> None:
+    if path is not None and not path.is_file():
+        raise SystemExit(f"istiod discovery: {flag} {path}: {'is not a file' if path.exists() else 'no such file'}")
+
+
+def _mesh(path: Path | None, defaults: MeshConfig) -> MeshConfig:
+    """The flags' mesh config under what the mesh config file sets."""
+    # Late: the watcher module loads the Kubernetes client, which the other commands do without.
+    from istiod.sources.meshconfig import MeshConfigError, read_mesh_file
+
+    try:
+        return read_mesh_file(path, defaults) if path else defaults
+    except MeshConfigError as error:
+        raise SystemExit(f"istiod discovery: --mesh-config: {error}") from None

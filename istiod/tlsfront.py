@@ -13,26 +13,38 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import ssl
 from collections.abc import Callable
 
 import grpc
 from cryptography import x509
 
+from istiod import logs
 from istiod.ca.authenticate import Credentials
+from istiod.connlimit import ConnectionCap
 from istiod.model.names import join_host_port
 
 log = logging.getLogger(__name__)
+_refusals = logs.Throttled(log)  # a client can cause these at will
+# The TLS handshake and the client's first bytes (a gRPC client's HTTP/2 preface comes at once) must
+# arrive within this; after that the inner server's keepalive finds dead and idle peers.
 HANDSHAKE_TIMEOUT = 10.0
+CLOSE_TIMEOUT = 2.0  # how long a closing connection may take to flush to a client before it is cut
 
 
 class TlsFront:
-    def __init__(self, host: str, port: int, backend_port: int, context: Callable[[], ssl.SSLContext]) -> None:
+    def __init__(self, host: str, port: int, backend_port: int, context: Callable[[], ssl.SSLContext],
+                 user_timeout: float = 10.0, max_connections: int = 4096) -> None:
         self.host, self.port = host, port
         self.backend_port = backend_port
         self.context = context
+        # gRPC core sets TCP_USER_TIMEOUT to the keepalive timeout on 15010's sockets: a peer that stops
+        # acknowledging is dropped by the kernel. The same here, or it lingers behind the front.
+        self.user_timeout = user_timeout
+        self._cap = ConnectionCap(max_connections)
         self._peers: dict[str, x509.Certificate | None] = {}
-        self._transports: set[asyncio.BaseTransport] = set()
+        self._transports: set[asyncio.Transport] = set()
         self._tasks: set[asyncio.Task[None]] = set()  # the loop keeps only weak references to tasks
         self._server: asyncio.Server | None = None
 
@@ -44,14 +56,23 @@ class TlsFront:
         if self._server is not None:
             self._server.close()
         for transport in list(self._transports):
-            transport.close()
+            transport.abort()
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=2)
 
     def accept(self, transport: asyncio.Transport) -> None:
-        task = asyncio.get_running_loop().create_task(self.serve(transport))
+        client = _address(transport.get_extra_info("peername"))
+        if not self._cap.admit(transport, transport.abort):
+            _refusals.warning(logs.event("secure port: connection refused, every connection busy",
+                                         client=client, max_connections=self._cap.limit))
+            transport.abort()
+            return
+        sock = transport.get_extra_info("socket")
+        if sock is not None and hasattr(socket, "TCP_USER_TIMEOUT"):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, round(self.user_timeout * 1000))
+        task = asyncio.get_running_loop().create_task(self.serve(transport, client))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -60,29 +81,45 @@ class TlsFront:
         metadata = {key: value for key, value in (context.invocation_metadata() or ()) if isinstance(value, str)}
         return Credentials(metadata.get("authorization"), self._peers.get(context.peer() or ""))
 
-    async def serve(self, transport: asyncio.Transport) -> None:
+    async def serve(self, transport: asyncio.Transport, client: str) -> None:
         self._transports.add(transport)
         try:
-            await self._forward(transport)
+            await self._forward(transport, client)
         finally:
+            self._cap.release(transport)
             self._transports.discard(transport)
-            transport.close()
+            transport.abort()
 
-    async def _forward(self, transport: asyncio.Transport) -> None:
+    async def _forward(self, transport: asyncio.Transport, client: str) -> None:
         loop = asyncio.get_running_loop()
-        client = transport.get_extra_info("peername")
         reader = asyncio.StreamReader()
         protocol = _TlsStreamProtocol(reader)
+        tls: asyncio.Transport | None = None
         try:
-            tls = await asyncio.wait_for(
-                loop.start_tls(transport, protocol, self.context(), server_side=True), HANDSHAKE_TIMEOUT
-            )
-        except (ssl.SSLError, OSError, asyncio.TimeoutError) as error:
-            log.warning("TLS handshake with %s refused: %s", _address(client), _reason(error))
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT):
+                tls = await loop.start_tls(transport, protocol, self.context(), server_side=True,
+                                           ssl_shutdown_timeout=CLOSE_TIMEOUT)
+                assert tls is not None
+                first = await reader.read(1 << 16)
+        except (ssl.SSLError, OSError, TimeoutError) as error:
+            _refusals.warning(logs.event("secure port: TLS handshake refused", client=client, reason=_reason(error)))
+            if tls is not None:
+                tls.abort()
             return
         assert tls is not None
-        self._transports.add(tls)
+        self._cap.busy(transport)
         writer = asyncio.StreamWriter(tls, protocol, reader, loop)
+        try:
+            if first:
+                await self._pipe(tls, reader, writer, first)
+        finally:
+            tls.close()  # flushes what is left to the client, or gives up after CLOSE_TIMEOUT
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(CLOSE_TIMEOUT):
+                    await writer.wait_closed()
+
+    async def _pipe(self, tls: asyncio.Transport, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    first: bytes) -> None:
         der = tls.get_extra_info("ssl_object").getpeercert(binary_form=True)
         cert = x509.load_der_x509_certificate(der) if der else None
         try:
@@ -92,16 +129,18 @@ class TlsFront:
             return
         peer = f"ipv4:127.0.0.1:{backend_writer.get_extra_info('sockname')[1]}"
         self._peers[peer] = cert  # before a byte is forwarded, so every RPC finds it
+        backend_writer.write(first)
+        # Either side closing ends both: a pump waiting to write to a client that stopped reading
+        # must not keep the connection when the inner server has dropped it (its keepalive failed).
+        tasks = [asyncio.create_task(_pump(reader, backend_writer)), asyncio.create_task(_pump(backend_reader, writer)),
+                 asyncio.create_task(_closed(backend_writer)), asyncio.create_task(_closed(writer))]
         try:
-            pumps = [asyncio.create_task(_pump(reader, backend_writer)), asyncio.create_task(_pump(backend_reader, writer))]
-            await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
-            for pump in pumps:
-                pump.cancel()
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            for task in tasks:
+                task.cancel()
             backend_writer.close()
             del self._peers[peer]
-            self._transports.discard(tls)
-            tls.close()
 
 
 class _TlsStreamProtocol(asyncio.StreamReaderProtocol):
@@ -130,6 +169,11 @@ async def _pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> Non
             await sink.drain()
 
 
+async def _closed(writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(Exception):
+        await writer.wait_closed()
+
+
 def _address(peername: object) -> str:
     return join_host_port(peername[0], peername[1]) if isinstance(peername, tuple) else str(peername)
 
@@ -137,6 +181,6 @@ def _address(peername: object) -> str:
 def _reason(error: BaseException) -> str:
     if isinstance(error, ssl.SSLCertVerificationError):
         return f"client certificate not accepted ({error.verify_message})"
-    if isinstance(error, asyncio.TimeoutError):
+    if isinstance(error, TimeoutError):
         return f"no handshake within {HANDSHAKE_TIMEOUT:g}s"
     return str(error) or type(error).__name__

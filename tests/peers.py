@@ -136,7 +136,7 @@ class Istiod(Process):
             [sys.executable, "-m", "istiod", "--log-format", log_format, "discovery",
              "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--monitoring-addr", "127.0.0.1:0",
              "--ports-file", str(ports_file),
-             "--secure-grpc-addr", "127.0.0.1:0", "--ca-state-dir", str(self.state_dir), "--tls-extra-san", "127.0.0.1",
+             "--secure-grpc-addr", "127.0.0.1:0", "--webhook-addr", "127.0.0.1:0", "--ca-state-dir", str(self.state_dir), "--tls-extra-san", "127.0.0.1",
              "--debounce-after", "50ms", *args],
             env=env,
             name="istiod",

@@ -9,6 +9,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import yaml
+
+from istiod import __version__
+
 from istiod.xds import types
 from tests.ads_client import AdsClient
 from tests.conftest import CLIENT_PROXY, ECHO_HOST, ECHO_PORT, Mesh, render
@@ -104,11 +108,11 @@ def test_proxy_config_tables_and_json(synced_mesh: Mesh) -> None:
     assert clusters[ECHO_HOST] == [ECHO_HOST, "7070", "-", "OUTBOUND", "EDS", "ROUND_ROBIN"]
 
     listeners = table(istiod_cli(istiod, "proxy-config", "listeners", proxy).stdout)
-    assert listeners[f"{ECHO_HOST}:7070"] == [f"{ECHO_HOST}:7070", "OUTBOUND", f"Route: {ECHO_HOST}:7070"]
+    assert listeners[f"{ECHO_HOST}:7070"] == [f"{ECHO_HOST}:7070", "OUTBOUND", "ALL", f"Route: {ECHO_HOST}:7070"]
     inbound = table(istiod_cli(istiod, "proxy-config", "listeners", "echo-a.echo-ns").stdout)
     port = synced_mesh.server_port
     name = f"xds.istio.io/grpc/lds/inbound/127.0.0.21:{port}"
-    assert inbound[name] == [name, "INBOUND", f"Inline Route: inbound|{port}||"]
+    assert inbound[name] == [name, "INBOUND", "ALL", f"Inline Route: inbound|{port}||"]
 
     routes = table(istiod_cli(istiod, "proxy-config", "routes", proxy).stdout)
     assert routes[f"{ECHO_HOST}:7070"] == [f"{ECHO_HOST}:7070", f"{ECHO_HOST}:7070", f"{ECHO_HOST} +5 more", "/*",
@@ -118,7 +122,7 @@ def test_proxy_config_tables_and_json(synced_mesh: Mesh) -> None:
     assert endpoints[f"127.0.0.21:{port}"] == [f"127.0.0.21:{port}", "HEALTHY", "-", CLUSTER]
 
     raw = json.loads(istiod_cli(istiod, "proxy-config", "clusters", proxy, "-o", "json").stdout)
-    assert [c["name"] for c in raw] == [CLUSTER] and raw[0]["@type"].endswith("envoy.config.cluster.v3.Cluster")
+    assert [c["name"] for c in raw] == [CLUSTER]
 
 
 def test_cli_errors_are_one_line(synced_mesh: Mesh) -> None:
@@ -129,3 +133,45 @@ def test_cli_errors_are_one_line(synced_mesh: Mesh) -> None:
     down = subprocess.run([sys.executable, "-m", "istiod", "proxy-status", "--istiod", "http://127.0.0.1:9"],
                           cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert down.returncode == 1 and down.stderr.startswith("istiod proxy-status: cannot reach istiod at ")
+
+
+def test_istioctl_habits(synced_mesh: Mesh) -> None:
+    istiod = synced_mesh.istiod
+    proxy = "demo-client.echo-ns"
+    assert istiod_cli(istiod, "ps").stdout == istiod_cli(istiod, "proxy-status").stdout
+    clusters = istiod_cli(istiod, "proxy-config", "clusters", proxy).stdout
+    for kind in ("cluster", "c"):
+        assert istiod_cli(istiod, "pc", kind, proxy).stdout == clusters
+    assert istiod_cli(istiod, "pc", "ep", proxy).stdout == istiod_cli(istiod, "proxy-config", "endpoints", proxy).stdout
+
+    # Filters, as istioctl's: what matches stays, the rest goes (the header stays).
+    assert list(table(istiod_cli(istiod, "pc", "cluster", proxy, "--fqdn", "echo.echo-ns", "--port", "7070").stdout)) == [
+        "SERVICE FQDN", ECHO_HOST]
+    assert list(table(istiod_cli(istiod, "pc", "cluster", proxy, "--port", "7071").stdout)) == ["SERVICE FQDN"]
+    assert list(table(istiod_cli(istiod, "pc", "cluster", proxy, "--fqdn", "other").stdout)) == ["SERVICE FQDN"]
+    port = synced_mesh.server_port
+    assert list(table(istiod_cli(istiod, "pc", "ep", proxy, "--port", str(port)).stdout)) == [
+        "ENDPOINT", f"127.0.0.21:{port}"]
+    assert list(table(istiod_cli(istiod, "pc", "ep", proxy, "--port", "1").stdout)) == ["ENDPOINT"]
+    assert list(table(istiod_cli(istiod, "pc", "listener", proxy, "--port", "7070").stdout)) == ["NAME", f"{ECHO_HOST}:7070"]
+    assert len(table(istiod_cli(istiod, "pc", "route", proxy, "--name", "nothing").stdout)) == 1
+
+    # -o json is protobuf JSON as istioctl prints it: camelCase names, no @type on the resource itself.
+    printed = istiod_cli(istiod, "pc", "cluster", proxy, "-o", "json").stdout
+    cluster = json.loads(printed)[0]
+    assert printed.startswith("[\n    {\n")  # istioctl's four-space indent
+    assert cluster["name"] == CLUSTER and cluster["type"] == "EDS" and "edsClusterConfig" in cluster
+    assert "@type" not in cluster and not [key for key in cluster if "_" in key]
+    assert yaml.safe_load(istiod_cli(istiod, "pc", "cluster", proxy, "-o", "yaml").stdout) == [cluster]
+
+    assert istiod_cli(istiod, "version").stdout == f"client version: {__version__}\n"
+    assert istiod_cli(istiod, "version", "--short").stdout == f"{__version__}\n"
+    assert istiod_cli(istiod, "version", "--remote").stdout == (
+        f"client version: {__version__}\ncontrol plane version: {__version__}\n")
+
+    refused = istiod_cli(istiod, "pc", "secret", proxy)
+    assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1
+    assert refused.stderr.startswith("istiod proxy-config: argument KIND: invalid choice: 'secret'")
+    wrong = istiod_cli(istiod, "pc", "listener", proxy, "--fqdn", "x")
+    assert (wrong.returncode, wrong.stderr) == (
+        2, "istiod proxy-config listeners: unknown flag --fqdn (see istiod proxy-config listeners --help)\n")

@@ -164,3 +164,17 @@ def test_configz_hides_environment_values_and_kubectls_copy() -> None:
     shown = json.dumps(configz(store.objects()))
     assert secret not in shown and "DB_PASSWORD" in shown and "secretKeyRef" in shown and '"team": "a"' in shown
     assert store.get(next(iter(store.keys("Pod")))).raw["spec"]["containers"][0]["env"][0]["value"] == secret  # type: ignore[union-attr]
+
+
+def test_configz_bounds_what_shared_references_expand_to() -> None:
+    """Aliases kept as shared references: 10 levels of 10 make 10^10 values; configz names the object
+    instead of expanding it, and shows the others as they are."""
+    bomb: list[object] = ["x"] * 10
+    for _ in range(9):
+        bomb = [bomb] * 10
+    store = Store()
+    store.apply({"kind": "Namespace", "metadata": {"name": "bomb"}, "spec": {"laughs": bomb}})
+    store.apply({"kind": "Namespace", "metadata": {"name": "fine"}})
+    shown = configz(store.objects())
+    assert shown == [{"kind": "Namespace", "metadata": {"name": "bomb"}, "omitted": "expands to more than 200000 values"},
+                     {"kind": "Namespace", "metadata": {"name": "fine"}}]

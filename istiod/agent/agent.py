@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,6 +24,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.x509.oid import NameOID
 
 from istiod.agent.bootstrap import bootstrap_json
+from istiod.agent.metrics import OUTGOING_REQUESTS
 from istiod.agent.settings import AgentSettings
 from istiod.atomicfile import write_atomic
 from istiod.ca.pki import PrivateKey, key_pem, load_certs, new_key, same_public_key, uri_sans
@@ -87,12 +89,13 @@ async def request_certificate(settings: AgentSettings, previous: Issued | None) 
     )
     if token is None:
         assert previous is not None
-        channel_creds = grpc.ssl_channel_credentials(root, key_pem(previous.key), "".join(previous.chain[:-1]).encode())
+        channel_creds = _client_tls(root, previous)
     else:
         channel_creds = grpc.composite_channel_credentials(
             grpc.ssl_channel_credentials(root), grpc.access_token_call_credentials(token)
         )
     metadata = (("clusterid", settings.node.cluster_id),)
+    OUTGOING_REQUESTS.labels(request_type="csr").inc()
     async with grpc.aio.secure_channel(settings.ca_address, channel_creds) as channel:
         stub = ca_pb2_grpc.IstioCertificateServiceStub(channel)
         try:
@@ -112,6 +115,21 @@ async def request_certificate(settings: AgentSettings, previous: Issued | None) 
     return Issued(chain, key, leaf)
 
 
+def istiod_credentials(settings: AgentSettings, issued: Issued) -> grpc.ChannelCredentials:
+    """TLS to istiod as pilot-agent's xDS proxy dials it: the workload certificate as the client
+    certificate, and the service-account token too when it can be read."""
+    creds = _client_tls(_read(settings.ca_root_cert, "the CA root certificate"), issued)
+    try:
+        token = settings.token_file.read_text().strip()
+    except OSError:
+        return creds
+    return grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(token))
+
+
+def _client_tls(root: bytes, issued: Issued) -> grpc.ChannelCredentials:
+    return grpc.ssl_channel_credentials(root, key_pem(issued.key), "".join(issued.chain[:-1]).encode())
+
+
 def write_certs(settings: AgentSettings, issued: Issued) -> None:
     """Root first, key, then the chain: gRPC's file watcher re-reads if files change while it reads."""
     directory = settings.certs.directory
@@ -124,7 +142,10 @@ def write_bootstrap(settings: AgentSettings) -> None:
     write_atomic(settings.bootstrap_file, bootstrap_json(settings.xds_address, settings.node, settings.certs).encode())
 
 
-async def run(settings: AgentSettings, stop: asyncio.Event) -> int:
+async def keep_certificate(settings: AgentSettings, stop: asyncio.Event,
+                           on_issued: Callable[[Issued, bool], None]) -> int:
+    """Gets the certificate, writes its files, hands it to `on_issued` (with True the first time) and
+    renews it at half-life until `stop`; 1 if the first request is refused, else 0."""
     issued: Issued | None = None
     attempt = 0  # failed requests since the last success
     while not stop.is_set():
@@ -139,9 +160,7 @@ async def run(settings: AgentSettings, stop: asyncio.Event) -> int:
             log.error("%s; retrying in %.1fs", error, delay)
         else:
             write_certs(settings, renewed)
-            if issued is None:  # the workload may start once its certificates are in place
-                write_bootstrap(settings)
-                log.info("wrote the gRPC bootstrap %s", settings.bootstrap_file)
+            on_issued(renewed, issued is None)
             issued = renewed
             log.info("wrote certificate for %s serial=%x expires=%s renew_at=%s into %s",
                      ",".join(uri_sans(issued.leaf)), issued.leaf.serial_number,
@@ -153,12 +172,26 @@ async def run(settings: AgentSettings, stop: asyncio.Event) -> int:
     return 0
 
 
-async def run_agent(settings: AgentSettings) -> int:
+async def run(settings: AgentSettings, stop: asyncio.Event) -> int:
+    def issued(_: Issued, first: bool) -> None:
+        if first:  # the workload may start once its certificates are in place
+            write_bootstrap(settings)
+            log.info("wrote the gRPC bootstrap %s", settings.bootstrap_file)
+
+    return await keep_certificate(settings, stop, issued)
+
+
+async def run_until_signalled(run: Callable[[asyncio.Event], Awaitable[int]]) -> int:
+    """`run` with an event that SIGINT and SIGTERM set."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    return await run(settings, stop)
+    return await run(stop)
+
+
+async def run_agent(settings: AgentSettings) -> int:
+    return await run_until_signalled(lambda stop: run(settings, stop))
 
 
 def _read(path: Path, what: str) -> bytes:

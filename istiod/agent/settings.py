@@ -7,10 +7,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from istiod.agent.admin import EnvoyAdmin
 from istiod.agent.bootstrap import CertFiles, NodeInfo
 from istiod.durations import parse_duration
+from istiod.envvars import env_default
 from istiod.model.mesh import DEFAULT_TRUST_DOMAIN
-from istiod.model.names import check_account
+from istiod.model.names import check_account, split_host_port
 
 DEFAULT_CA_ADDRESS = "istiod.istio-system.svc:15012"
 
@@ -47,7 +49,7 @@ def add_agent_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--service-account", default=env("SERVICE_ACCOUNT", "default"))
     parser.add_argument("--cluster-id", default=env("ISTIO_META_CLUSTER_ID", "Kubernetes"))
     parser.add_argument("--trust-domain", default=env("TRUST_DOMAIN", DEFAULT_TRUST_DOMAIN))
-    parser.add_argument("--cert-ttl", type=parse_duration, default=parse_duration(env("SECRET_TTL", "24h")),
+    parser.add_argument("--cert-ttl", type=parse_duration, default=env_default("SECRET_TTL", "24h", parse_duration),
                         help="certificate lifetime to ask for; renewed at half of it (default 24h)")
     parser.add_argument("--cert-refresh-interval", type=parse_duration, default=parse_duration("15m"),
                         help="how often gRPC re-reads the certificate files (default 15m)")
@@ -70,4 +72,77 @@ def agent_settings_from_args(args: argparse.Namespace) -> AgentSettings:
         node=node,
         trust_domain=args.trust_domain,
         cert_ttl=args.cert_ttl,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ProxySettings:
+    """`istiod agent proxy`: the Envoy sidecar's side of the agent."""
+
+    workdir: Path  # Envoy's working directory: the bootstrap's Unix socket paths are relative to it
+    admin: EnvoyAdmin = EnvoyAdmin(("127.0.0.1", 15000))
+    status: tuple[str, int] = ("", 15020)
+    readiness: tuple[str, int] = ("", 15021)
+    prometheus: tuple[str, int] = ("", 15090)  # Envoy's own listener for its stats
+    drain_duration: float = 5.0
+    log_level: str = "warning"
+    component_log_level: str = "misc:error"
+    concurrency: int = 2
+    bootstrap_override: Path | None = None
+    metadata: tuple[tuple[str, str], ...] = ()  # the environment's ISTIO_META_* and ISTIO_METAJSON_* values
+
+
+def _listen_address(text: str) -> tuple[str, int]:
+    try:
+        return split_host_port(text, allow_empty_host=True, allow_zero_port=True)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"address {text!r} must be [host]:port") from None
+
+
+def _admin_address(text: str) -> tuple[str, int] | Path:
+    if text.startswith("unix:"):
+        return Path(text.removeprefix("unix:"))
+    try:
+        return split_host_port(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"address {text!r} must be host:port with a port other than 0, or unix:PATH") from None
+
+
+def add_proxy_flags(parser: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    parser.add_argument("--workdir", type=Path, default=Path("."),
+                        help="Envoy's working directory, under which the agent serves ./etc/istio/proxy/XDS and "
+                             "./var/run/secrets/workload-spiffe-uds/socket and writes ./etc/istio/proxy/envoy-rev.json "
+                             "(default: the current directory, as pilot-agent's /)")
+    parser.add_argument("--proxy-admin-addr", type=_admin_address, default=_admin_address("127.0.0.1:15000"),
+                        help="Envoy's admin address: host:port (default 127.0.0.1:15000), or unix:PATH (relative to "
+                             "--workdir), which the agent reaches from outside the pod's network namespace")
+    parser.add_argument("--status-addr", type=_listen_address, default=_listen_address(f":{env('STATUS_PORT', '15020')}"),
+                        help="/stats/prometheus (Envoy's and the agent's) and /healthz/ready (default :15020)")
+    parser.add_argument("--readiness-addr", type=_listen_address, default=_listen_address(":15021"),
+                        help="/healthz/ready: Envoy is LIVE and the agent is not draining (default :15021)")
+    parser.add_argument("--envoy-prometheus-addr", type=_listen_address, default=_listen_address(":15090"),
+                        help="Envoy's listener for its /stats/prometheus (default :15090)")
+    parser.add_argument("--termination-drain-duration", type=parse_duration,
+                        default=f"{env('TERMINATION_DRAIN_DURATION_SECONDS', '5')}s",
+                        help="after SIGTERM, how long Envoy drains before it is stopped (default 5s)")
+    parser.add_argument("--proxy-log-level", default="warning", help="Envoy's log level (default warning)")
+    parser.add_argument("--proxy-component-log-level", default="misc:error",
+                        help="Envoy's per-component log levels (default misc:error)")
+    parser.add_argument("--concurrency", type=int, default=2, help="Envoy's worker threads (default 2)")
+    parser.add_argument("--bootstrap-override", type=Path, default=env("ISTIO_BOOTSTRAP_OVERRIDE"),
+                        help="a JSON or YAML file merged into the generated Envoy bootstrap (ISTIO_BOOTSTRAP_OVERRIDE)")
+
+
+def proxy_settings_from_args(args: argparse.Namespace) -> ProxySettings:
+    workdir = args.workdir.absolute()
+    admin = workdir / args.proxy_admin_addr if isinstance(args.proxy_admin_addr, Path) else args.proxy_admin_addr
+    metadata = tuple((name, value) for name, value in sorted(os.environ.items())
+                     if name.startswith(("ISTIO_META_", "ISTIO_METAJSON_")))
+    return ProxySettings(
+        workdir=workdir, admin=EnvoyAdmin(admin), status=args.status_addr,
+        readiness=args.readiness_addr, prometheus=args.envoy_prometheus_addr, drain_duration=args.termination_drain_duration,
+        log_level=args.proxy_log_level, component_log_level=args.proxy_component_log_level,
+        concurrency=args.concurrency, bootstrap_override=args.bootstrap_override, metadata=metadata,
     )

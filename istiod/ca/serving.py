@@ -43,8 +43,10 @@ def serving_names(namespace: str, domain: str, extra: Sequence[str] = ()) -> lis
 
 
 class ServingCertificate:
-    def __init__(self, ca: CertificateAuthority, names: list[x509.GeneralName], ttl: timedelta) -> None:
+    def __init__(self, ca: CertificateAuthority, names: list[x509.GeneralName], ttl: timedelta,
+                 alpn: Sequence[str] = ("h2",)) -> None:
         self.ca = ca
+        self.alpn = list(alpn)  # h2 for gRPC; the webhooks' HTTP/1.1 server must not offer it
         self.names = names
         self.ttl = ttl
         self.cert: x509.Certificate | None = None
@@ -131,5 +133,5 @@ class ServingCertificate:
             context.load_cert_chain(chain_file, key_file)
         context.load_verify_locations(cadata=bundle.roots_pem)
         context.verify_mode = ssl.CERT_OPTIONAL  # as istiod: verify a client certificate if given
-        context.set_alpn_protocols(["h2"])
+        context.set_alpn_protocols(self.alpn)
         return context, cert, bundle, now

@@ -11,6 +11,7 @@ from pathlib import Path
 from istiod.ca.selfsigned import RootPolicy
 from istiod.ca.signer import TtlPolicy
 from istiod.durations import parse_duration
+from istiod.envvars import env_default
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,16 +28,17 @@ class CaSettings:
 def add_ca_flags(parser: argparse.ArgumentParser) -> None:
     env = os.environ.get
     parser.add_argument("--ca-state-dir", type=Path, default=Path(env("CA_STATE_DIR", "state")),
-                        help="config-dir mode: where the self-signed root persists (default ./state);"
+                        help="config-dir mode: where the self-signed root persists (default ./state, under the directory"
+                             " istiod starts in);"
                              " against a cluster it is the Secret istio-ca-secret")
     parser.add_argument("--plugged-ca-dir", type=Path,
                         help="use the CA in this directory (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem),"
                              " reloaded when the files change")
     parser.add_argument("--workload-cert-ttl", type=parse_duration,
-                        default=parse_duration(env("DEFAULT_WORKLOAD_CERT_TTL", "24h")),
+                        default=env_default("DEFAULT_WORKLOAD_CERT_TTL", "24h", parse_duration),
                         help="lifetime of a workload certificate when the request names none (default 24h)")
     parser.add_argument("--max-workload-cert-ttl", type=parse_duration,
-                        default=parse_duration(env("MAX_WORKLOAD_CERT_TTL", "2160h")),
+                        default=env_default("MAX_WORKLOAD_CERT_TTL", "2160h", parse_duration),
                         help="longest lifetime a request may ask for (default 2160h, 90 days)")
     parser.add_argument("--ca-static-tokens", type=Path,
                         help="config-dir mode: a STAND-IN for Kubernetes TokenReview, a JSON file mapping"

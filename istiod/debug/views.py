@@ -15,6 +15,7 @@ from istiod.model.service import Endpoint, Service
 from istiod.model.snapshot import Snapshot, VolumeMount
 from istiod.model.workload import Workload
 from istiod.sources.store import StoredObject
+from istiod.sources.yamldocs import count_values
 from istiod.xds import types
 from istiod.xds.connection import Connection
 from istiod.xds.monitor import PushStatus
@@ -134,7 +135,20 @@ def _volume_json(mount: VolumeMount) -> dict[str, Any]:
 
 
 def configz(objects: Iterable[StoredObject]) -> list[Mapping[str, Any]]:
-    return [_redacted(o.raw) for o in objects if o.key.kind not in _SECRET_KINDS]
+    return [_bounded(o) for o in objects if o.key.kind not in _SECRET_KINDS]
+
+
+# Values one object may expand to on /debug/configz: a Kubernetes object of the largest size the
+# API server stores has fewer; shared references (YAML aliases) must not expand on the event loop.
+CONFIGZ_MAX_VALUES = 200_000
+
+
+def _bounded(stored: StoredObject) -> Mapping[str, Any]:
+    if count_values(stored.raw, CONFIGZ_MAX_VALUES) <= CONFIGZ_MAX_VALUES:
+        return _redacted(stored.raw)
+    key = stored.key
+    return {"kind": key.kind, "metadata": {"name": key.name, **({"namespace": key.namespace} if key.namespace else {})},
+            "omitted": f"expands to more than {CONFIGZ_MAX_VALUES} values"}
 
 
 _CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
@@ -227,6 +241,7 @@ def push_status_json(status: PushStatus) -> dict[str, Any]:
     return {
         "version": status.version,
         "reason": dict(status.reason),
+        "configs": list(status.configs),
         "full": status.full,
         "start": rfc3339(status.start),
         "end": rfc3339(status.end),

@@ -40,7 +40,7 @@ def serve(args: argparse.Namespace) -> int:
     reply = f"{args.name} {args.address}".encode()
 
     def echo(request: bytes, context: grpc.ServicerContext) -> bytes:
-        peer = dict(context.auth_context()).get("x509_subject_alternative_name", [b""])
+        peer: list[bytes] = dict(context.auth_context()).get("x509_subject_alternative_name", [b""])  # type: ignore[assignment]  # grpcio gives lists, its stubs say bytes
         return reply + (b" peer=" + b",".join(peer) if any(peer) else b"")
 
     handler = grpc.method_handlers_generic_handler("demo.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(echo)})
@@ -72,7 +72,7 @@ def call(args: argparse.Namespace) -> int:
         channel = grpc.secure_channel(args.target, grpc.xds_channel_credentials(insecure_channel_credentials()))
     else:
         channel = grpc.insecure_channel(args.target)
-    echo = channel.unary_unary(METHOD)
+    echo: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(METHOD)
     failures = 0
     sent = 0
     while args.count == 0 or sent < args.count:

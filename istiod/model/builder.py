@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from istiod.model.batch import CronJob, Job
 from istiod.model.cluster import Node
+from istiod.model.config import ConfigSet
 from istiod.model.endpointslice import EndpointSlice
 from istiod.model.mesh import MeshConfig
 from istiod.model.service import Endpoint, Locality, Port, Service
@@ -30,10 +31,13 @@ class ObjectValues(Protocol):
     def values(self, kind: str) -> Iterable[Any]: ...
 
 
-class ChangedKey(Protocol):
-    kind: str
-    namespace: str
-    name: str
+class ChangedKey(Protocol):  # read-only, so frozen dataclasses such as ObjectKey satisfy it
+    @property
+    def kind(self) -> str: ...
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def name(self) -> str: ...
 
 
 def build_snapshot(
@@ -79,6 +83,7 @@ def build_snapshot(
         jobs=MappingProxyType(jobs),
         cronjobs=MappingProxyType(cronjobs),
         mesh=mesh,
+        config=ConfigSet.collect(objects),
         volumes=_volume_mounts(objects.values("PersistentVolume"), objects.values("PersistentVolumeClaim"), workloads),
     )
 
@@ -200,8 +205,8 @@ def _volume_mounts(
     claims_by_volume = {c.volume_name: c for c in claims_by_key.values() if c.volume_name}
     mounts: dict[tuple[str, str], list[Workload]] = defaultdict(list)
     for workload in workloads.values():
-        for claim in workload.claims:
-            mounts[(workload.namespace, claim)].append(workload)
+        for claim_name in workload.claims:
+            mounts[(workload.namespace, claim_name)].append(workload)
     result = []
     for volume in sorted(volumes, key=lambda v: v.name):
         claim = claims_by_key.get(volume.claim) if volume.claim else claims_by_volume.get(volume.name)

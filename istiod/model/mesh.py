@@ -1,12 +1,29 @@
-"""Mesh-wide settings the generators read (the parts of Istio's MeshConfig used so far)."""
+"""Mesh-wide settings the generators read: the parts of Istio's MeshConfig istiod implements."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
+from istiod.model.labels import Selector
 from istiod.model.names import DEFAULT_DOMAIN
 
 DEFAULT_TRUST_DOMAIN = DEFAULT_DOMAIN  # istiod's default trust domain is cluster.local too
+DEFAULT_ROOT_NAMESPACE = "istio-system"
+
+
+class OutboundTrafficPolicy(enum.Enum):
+    ALLOW_ANY = "ALLOW_ANY"
+    REGISTRY_ONLY = "REGISTRY_ONLY"
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyConfig:
+    """defaultConfig: what proxies get unless their own annotation says otherwise."""
+
+    discovery_address: str = "istiod.istio-system.svc:15012"
+    proxy_metadata: tuple[tuple[str, str], ...] = ()
+    hold_application_until_proxy_starts: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,3 +32,8 @@ class MeshConfig:
     # Mesh-wide mTLS between proxyless gRPC workloads (STRICT); PeerAuthentication and
     # DestinationRule will refine it per workload and service.
     mtls: bool = False
+    root_namespace: str = DEFAULT_ROOT_NAMESPACE
+    outbound_traffic_policy: OutboundTrafficPolicy = OutboundTrafficPolicy.ALLOW_ANY
+    enable_auto_mtls: bool = True
+    default_config: ProxyConfig = ProxyConfig()
+    discovery_selectors: tuple[Selector, ...] = ()  # none: every namespace

@@ -29,6 +29,7 @@ class Port:
     port: int
     protocol: str = "TCP"
     target_port: int | str = 0  # a container port number or name; 0 means "same as port"
+    app_protocol: str = ""  # spec.ports[].appProtocol
 
 
 @dataclass(frozen=True, slots=True)

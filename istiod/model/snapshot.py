@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from istiod.model.batch import CronJob, Job
+from istiod.model.config import ConfigSet
 from istiod.model.mesh import MeshConfig
 from istiod.model.service import Endpoint, Service
 from istiod.model.storage import PersistentVolume, PersistentVolumeClaim
@@ -35,10 +36,12 @@ class Snapshot:
     cronjobs: Mapping[tuple[str, str], CronJob] = field(default_factory=dict)
     volumes: tuple[VolumeMount, ...] = ()
     mesh: MeshConfig = MeshConfig()
+    config: ConfigSet = ConfigSet()  # Istio's config objects (VirtualService, DestinationRule, ...)
     _aliases: dict[str, Service] = field(default_factory=dict, compare=False, repr=False)
     _inbound: dict[tuple[str, int], list[tuple[Service, Endpoint]]] = field(
         default_factory=dict, compare=False, repr=False
     )
+    _by_address: dict[str, list[tuple[Service, Endpoint]]] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for service in self.services.values():
@@ -48,6 +51,7 @@ class Snapshot:
             service = self.services[hostname]
             for endpoint in endpoints:
                 self._inbound.setdefault((endpoint.address, endpoint.port), []).append((service, endpoint))
+                self._by_address.setdefault(endpoint.address, []).append((service, endpoint))
 
     def service_for_host(self, host: str) -> Service | None:
         """A Service by any spelling a proxyless client may use: FQDN, name.ns.svc or name.ns."""
@@ -59,3 +63,7 @@ class Snapshot:
     def instances_at(self, address: str, port: int) -> list[tuple[Service, Endpoint]]:
         """The services an address:port serves (Istio's service targets), for inbound listeners."""
         return self._inbound.get((address, port), [])
+
+    def instances_on(self, address: str) -> list[tuple[Service, Endpoint]]:
+        """Every (service, endpoint) served at an address: a sidecar's inbound ports."""
+        return self._by_address.get(address, [])

@@ -6,6 +6,7 @@ field that is wrong, so a source can log it and keep the object's last good stat
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -64,6 +65,17 @@ class _Fields:
             raise self.fail(f"{path}: expected {expected}, got {type(value).__name__}")
         return value
 
+    def ip(self, path: str, value: str, version: int | None = None) -> str:
+        """`value` as the API server accepts an IP (no zone, no leading zeros), of `version` if given."""
+        try:
+            address = ipaddress.ip_address(value)
+        except ValueError:
+            address = None
+        if address is None or "%" in value or version is not None and address.version != version:
+            kind = f"an IPv{version}" if version else "an IP"
+            raise self.fail(f"{path}: {value!r} is not {kind} address")
+        return value
+
     def str_map(self, path: str) -> tuple[tuple[str, str], ...]:
         value = self.get(path, dict, {})
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
@@ -116,6 +128,10 @@ def convert(body: Mapping[str, Any], domain: str = DEFAULT_DOMAIN) -> tuple[Obje
     key = object_key(body)
     converter = CONVERTERS.get(key.kind)
     if converter is None:
+        from istiod.sources.istio import istio_converter  # late: it reads objects with _Fields above
+
+        converter = istio_converter(key, body)
+    if converter is None:
         raise ConversionError(f"{key}: kind {key.kind!r} is not one istiod reads")
     _check_names(key)
     return key, converter(key, _Fields(key, body), domain)
@@ -145,7 +161,8 @@ def _service(key: ObjectKey, f: _Fields, domain: str) -> Service:
             target = number
         if isinstance(target, int) and not 0 < target < 65536:
             raise f.fail(f"spec.ports[{i}].targetPort {target} is not in 1-65535")
-        ports.append(Port(p.get("name", str, ""), number, p.get("protocol", str, "TCP"), target))
+        ports.append(Port(p.get("name", str, ""), number, p.get("protocol", str, "TCP"), target,
+                          p.get("appProtocol", str, "")))
     if len({p.port for p in ports}) != len(ports):
         raise f.fail("spec.ports has the same port twice")
     return Service(
@@ -155,8 +172,18 @@ def _service(key: ObjectKey, f: _Fields, domain: str) -> Service:
         ports=tuple(ports),
         selector=f.str_map("spec.selector"),
         labels=f.str_map("metadata.labels"),
-        cluster_ip=f.get("spec.clusterIP", str, ""),
+        cluster_ip=_cluster_ip(f),
     )
+
+
+def _cluster_ip(f: _Fields) -> str:
+    value: str = f.get("spec.clusterIP", str, "")
+    return value if value in ("", "None") else f.ip("spec.clusterIP", value)
+
+
+def _pod_ip(f: _Fields) -> str:
+    value: str = f.get("status.podIP", str, "")
+    return value and f.ip("status.podIP", value)
 
 
 def _pod(key: ObjectKey, f: _Fields, domain: str) -> Workload:
@@ -188,7 +215,7 @@ def _pod(key: ObjectKey, f: _Fields, domain: str) -> Workload:
     return Workload(
         name=key.name,
         namespace=key.namespace,
-        ip=f.get("status.podIP", str, ""),
+        ip=_pod_ip(f),
         ready=ready,
         phase=f.get("status.phase", str, ""),
         labels=labels,
@@ -204,7 +231,8 @@ def _pod(key: ObjectKey, f: _Fields, domain: str) -> Workload:
 
 
 def _endpoint_slice(key: ObjectKey, f: _Fields, domain: str) -> EndpointSlice:
-    if f.get("addressType", str, "IPv4") not in ("IPv4", "IPv6"):
+    address_type = f.get("addressType", str, "IPv4")
+    if address_type not in ("IPv4", "IPv6"):
         return EndpointSlice(key.name, key.namespace, "", (), ())  # FQDN slices carry no IPs
     ports = []
     for i, p in enumerate(f.items("ports")):
@@ -214,10 +242,12 @@ def _endpoint_slice(key: ObjectKey, f: _Fields, domain: str) -> EndpointSlice:
         if number is not None:
             ports.append((p.get("name", str, ""), number))
     endpoints = []
-    for e in f.items("endpoints"):
+    for i, e in enumerate(f.items("endpoints")):
         addresses = e.get("addresses", list, [])
         if not all(isinstance(a, str) for a in addresses):
             raise f.fail("endpoints[].addresses must be strings")
+        for j, address in enumerate(addresses):
+            f.ip(f"endpoints[{i}].addresses[{j}]", address, 4 if address_type == "IPv4" else 6)
         target_is_pod = e.get("targetRef.kind", str, "") == "Pod"
         endpoints.append(
             SliceEndpoint(

@@ -10,6 +10,7 @@ and skipped (keeping their last good state) without stopping the informer.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -20,7 +21,9 @@ from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from istiod.backoff import Backoff
+from istiod.model.config.kinds import CONFIG_KINDS
 from istiod.sources.convert import CLUSTER_SCOPED, ConversionError, ObjectKey, object_key
+from istiod.model.labels import Selector
 from istiod.sources.namespaces import NamespaceFilter
 from istiod.sources.store import Store
 
@@ -49,6 +52,12 @@ def list_calls(api: client.ApiClient) -> dict[str, ListCall]:
     }
 
 
+def istio_list_calls(api: client.ApiClient) -> dict[str, ListCall]:
+    """Istio's config kinds, across all namespaces, at their v1 (every version has the same schema)."""
+    custom = client.CustomObjectsApi(api)
+    return {k.kind: functools.partial(custom.list_cluster_custom_object, k.group, "v1", k.plural) for k in CONFIG_KINDS}
+
+
 class Writer(Protocol):
     """Where an informer puts what it lists and watches (the store's KubeWriter, or a controller's cache)."""
 
@@ -75,8 +84,12 @@ class Informer:
         watch_timeout: int = 300,
         page_size: int = 500,
         backoff: Backoff = Backoff(),
+        optional: bool = False,
     ) -> None:
         self.kind = kind
+        # An optional kind whose resource the API does not serve (a CRD not installed) counts as
+        # synced and empty, and is retried until it appears, as istiod does with Istio's CRDs.
+        self.optional = optional
         self.list_call = list_call
         self.writer = writer
         self.watch_timeout = watch_timeout
@@ -104,6 +117,9 @@ class Informer:
                 reason, gone = str(error), True
             except (*API_ERRORS, ValueError) as error:
                 reason, gone = describe_error(error), False
+                if self.optional and isinstance(error, ApiException) and error.status == 404:
+                    reason = "not served (CRD not installed?); read as empty until it is"
+                    self.synced.set()
             self.resource_version = None
             if self.events > progress:
                 failures = 0  # it worked for a while: retry soon
@@ -218,6 +234,18 @@ class KubeWriter:
             log.info("kube %s vanished while not watched; deleting", key)
             self._remove(key)
 
+    def reselect(self, selectors: tuple[Selector, ...]) -> None:
+        """New discovery selectors (a mesh config change): every namespace is filtered again."""
+        if selectors == self.namespaces.selectors:
+            return
+        names = [o.key.name for o in self.store.objects("Namespace")]
+        before = {name: self.namespaces.selected(name) for name in names}
+        self.namespaces.selectors = selectors
+        for name in names:
+            self.namespaces.update(name, self._labels(name))
+            if self.namespaces.selected(name) != before[name]:
+                self._move(name)
+
     def _remove(self, key: ObjectKey) -> None:
         self._excluded.pop(key, None)
         self.store.delete(key)
@@ -232,10 +260,15 @@ class KubeWriter:
 
     def _refilter(self, namespace: str) -> None:
         """The namespace's labels may have moved it in or out of the discovery selectors."""
+        if self.namespaces.update(namespace, self._labels(namespace)):
+            self._move(namespace)
+
+    def _labels(self, namespace: str) -> dict[str, str]:
         namespace_object = self.store.get(ObjectKey("Namespace", "", namespace))
-        labels = dict(namespace_object.value.labels) if namespace_object else {}
-        if not self.namespaces.update(namespace, labels):
-            return
+        return dict(namespace_object.value.labels) if namespace_object else {}
+
+    def _move(self, namespace: str) -> None:
+        """Fill in or take out a namespace's objects after it moved in or out of the selectors."""
         if self.namespaces.selected(namespace):
             for key in [k for k in self._excluded if k.namespace == namespace]:
                 self._write(self._excluded.pop(key))
@@ -262,6 +295,9 @@ class KubeSource:
         self.informers = {
             kind: Informer(kind, call, self.writer, watch_timeout) for kind, call in list_calls(api).items()
         }
+        self.informers.update(
+            (kind, Informer(kind, call, self.writer, watch_timeout, optional=True))
+            for kind, call in istio_list_calls(api).items())
         self.synced = asyncio.Event()
 
     async def run(self) -> None:

@@ -54,7 +54,7 @@ def render_diff(diff: dict[str, Any]) -> str:
         title = f"{_TITLES.get(entry['type'], entry['type'])} {'Match' if not changes else 'Do Not Match'}"
         status = entry["status"]
         if status == "NACKED":
-            title += f" (NACKED version {entry['version_sent']}: {entry['error']})"
+            title += f" (NACKED version {entry['version_sent']}: {entry['error'].strip()})"
         elif status == "STALE":
             title += f" (STALE: version {entry['version_sent']} sent, {entry['version_acked'] or 'none'} ACKed)"
         elif status == "SYNCED":

@@ -31,12 +31,15 @@ class _Entry:
 
 class ResourceCache:
     def __init__(self) -> None:
-        self._entries: dict[tuple[str, str], _Entry] = {}
+        self._entries: dict[tuple[str, str, str], _Entry] = {}
         self._generation = 0
         self.hits = 0
 
-    def get(self, type_url: str, name: str, depends_on: object, build: Callable[[], Message]) -> Resource:
-        key = (type_url, name)
+    def get(self, type_url: str, name: str, depends_on: object, build: Callable[[], Message],
+            scope: str = "") -> Resource:
+        """`scope` tells apart resources of one name whose content differs between proxies (a
+        sidecar's route `80` lists short host names only to proxies in the service's namespace)."""
+        key = (type_url, name, scope)
         entry = self._entries.get(key)
         if entry is not None and _same(entry.depends_on, depends_on):
             entry.used = self._generation

@@ -6,6 +6,10 @@ import asyncio
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import TypeAlias
+
+import grpc
+from envoy.service.discovery.v3 import discovery_pb2
 
 from istiod.model.proxy import Proxy
 from istiod.xds.cache import Resource
@@ -38,10 +42,38 @@ class WatchedResource:
         return len(resources) != len(self.sent) or any(not r.same_as(self.sent.get(r.name)) for r in resources)
 
 
-class Connection:
-    """An ADS stream. Its events are handled by one task, in order, so state needs no locks."""
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """The end of a stream, and the status it ends with."""
 
-    PUSH = object()  # the event that means "a newer snapshot is waiting"
+    code: grpc.StatusCode = grpc.StatusCode.OK
+    details: str = ""
+
+
+class StreamClosed(Exception):
+    """Ends one stream with a status; raised where the reason is found, handled where the stream ends."""
+
+    def __init__(self, closed: Closed) -> None:
+        super().__init__(closed.details)
+        self.closed = closed
+
+
+class _Push:
+    """The event that means "a newer snapshot is waiting"."""
+
+
+Event: TypeAlias = discovery_pb2.DiscoveryRequest | Closed | _Push
+
+
+class Connection:
+    """An ADS stream. Its events are handled by one task, in order, so state needs no locks.
+
+    The client's requests wait in a one-slot queue (istiod's reqChannel): while the connection's task
+    is busy, its reader stops reading and gRPC flow control holds the client back. Pushes coalesce
+    into one flag, so a connection that falls behind costs one pending push, however many happen.
+    """
+
+    PUSH = _Push()
 
     def __init__(self, proxy: Proxy, peer: str) -> None:
         self.proxy = proxy
@@ -49,16 +81,32 @@ class Connection:
         self.id = f"{proxy.id}-{next(_connection_numbers)}"
         self.connected_at = time.time()
         self.watched: dict[str, WatchedResource] = {}
-        self.events: asyncio.Queue[object] = asyncio.Queue()
+        self._requests: asyncio.Queue[discovery_pb2.DiscoveryRequest | Closed] = asyncio.Queue(maxsize=1)
+        self._wake = asyncio.Event()
         self._push_queued = False
         self._queued_at = 0.0
+
+    async def received(self, request: discovery_pb2.DiscoveryRequest | Closed) -> None:
+        """From the reader: waits while the previous request is still unhandled."""
+        await self._requests.put(request)
+        self._wake.set()
 
     def request_push(self) -> None:
         """Coalesce: one queued push covers every snapshot published until it runs."""
         if not self._push_queued:
             self._push_queued = True
             self._queued_at = time.monotonic()
-            self.events.put_nowait(self.PUSH)
+            self._wake.set()
+
+    async def next_event(self) -> Event:
+        # Requests first, as istiod does: they are cheap (mostly ACKs) and a starting client waits on them.
+        while True:
+            if not self._requests.empty():
+                return self._requests.get_nowait()
+            if self._push_queued:
+                return self.PUSH
+            self._wake.clear()
+            await self._wake.wait()
 
     def push_started(self) -> float:
         """Seconds the push waited in this connection's queue."""

@@ -49,6 +49,7 @@ class PushStatus:
     responses_sent: int = 0
     end: float | None = None  # when the last proxy connected at publish time had handled it
     errors: tuple[PushError, ...] = ()
+    configs: tuple[str, ...] = ()  # the Istio config objects that led to it
 
 
 class AdsMonitor:
@@ -80,6 +81,7 @@ class AdsMonitor:
             build_seconds=event.build_seconds,
             proxies_connected=len(self._pending),
             end=None if self._pending else time.time(),
+            configs=event.configs,
         )
 
     def connected(self, connection: Connection) -> None:
@@ -104,6 +106,9 @@ class AdsMonitor:
         metrics.XDS_PUSHES.labels(type=short).inc()
         metrics.XDS_PUSH_TIME.labels(type=short).observe(seconds)
         metrics.CONFIG_SIZE_BYTES.labels(type=short).observe(sum(len(r.value) for r in response.resources))
+
+    def write_timeout(self) -> None:
+        metrics.XDS_WRITE_TIMEOUTS.inc()
 
     def pushed(self, connection: Connection, version: str, responses: int) -> None:
         """The connection handled a push of `version`, sending `responses` responses."""

@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 
 from istiod import logs
 from istiod.model.builder import build_snapshot
+from istiod.model.config.kinds import BY_KIND
 from istiod.model.mesh import MeshConfig
 from istiod.model.snapshot import Snapshot
 from istiod.sources.convert import ObjectKey
@@ -34,6 +35,7 @@ class PushEvent:
     debounce_seconds: float = 0.0
     build_seconds: float = 0.0
     full: bool = True
+    configs: tuple[str, ...] = ()  # the Istio config objects that changed, as istiod names them (Kind/ns/name)
 
 
 Subscriber = Callable[[PushEvent], None]
@@ -87,12 +89,18 @@ class Pusher:
         started = time.perf_counter()
         self._count += 1
         self.snapshot = build_snapshot(self.store, _version(self._count), self.snapshot, None if full else changed, self.mesh)
-        event = PushEvent(self.snapshot, reason, debounced, time.perf_counter() - started, full)
+        configs = tuple(sorted(f"{k.kind}/{k.namespace}/{k.name}" for k in changed if k.kind in BY_KIND))
+        event = PushEvent(self.snapshot, reason, debounced, time.perf_counter() - started, full, configs)
+        shown = ",".join(configs[:_CONFIGS_LOGGED]) + (f",+{len(configs) - _CONFIGS_LOGGED} more"
+                                                        if len(configs) > _CONFIGS_LOGGED else "")
         log.info(logs.event("push", version=self.snapshot.version, reason=reason or "full",
-                            build_ms=round(event.build_seconds * 1e3, 1)))
+                            build_ms=round(event.build_seconds * 1e3, 1), **({"configs": shown} if configs else {})))
         for subscriber in self._subscribers:
             subscriber(event)
         return event
+
+
+_CONFIGS_LOGGED = 10  # a push of thousands of objects still logs one short line
 
 
 def _version(count: int) -> str:

@@ -11,31 +11,38 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.protobuf import any_pb2, json_format
+from google.protobuf.message import DecodeError
 
 from istiod import logs
 from istiod.model.proxy import NodeIdError, Proxy, proxy_from_node
 from istiod.model.snapshot import Snapshot
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
-from istiod.xds.connection import Connection, WatchedResource
+from istiod.xds.connection import Closed, Connection, StreamClosed, WatchedResource
 from istiod.xds.gen import generators_for
 from istiod.xds.monitor import AdsMonitor
 from istiod.xds.pusher import PushEvent
 
 log = logging.getLogger(__name__)
-_CLOSED = object()
+_malformed = logs.Throttled(log)
+# A request naming more resources than this is refused: far beyond any mesh's clusters, and a bound on
+# what one client can make every later push send.
+MAX_RESOURCE_NAMES = 100_000
 # Checks the caller may connect as the proxy; aborts the stream if not.
 Authorizer = Callable[[Proxy, grpc.aio.ServicerContext], Awaitable[None]]
 
 
 class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
-    def __init__(self, snapshot: Callable[[], Snapshot], push_concurrency: int = 100) -> None:
+    def __init__(self, snapshot: Callable[[], Snapshot], push_concurrency: int = 100, send_timeout: float = 5.0) -> None:
         self._snapshot = snapshot
         self.cache = ResourceCache()
         self.connections: dict[str, Connection] = {}
         self.ready = False  # set once the sources synced and the first snapshot exists
         self.monitor = AdsMonitor()
+        # Throttles building pushes only: a send never holds a slot, so a client that stops reading
+        # costs only its own stream.
         self._push_slots = asyncio.Semaphore(push_concurrency)
+        self.send_timeout = send_timeout  # 0: none (PILOT_XDS_SEND_TIMEOUT)
 
     def on_push(self, event: PushEvent) -> None:
         self.cache.sweep()
@@ -52,39 +59,67 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         request_iterator: AsyncIterator[discovery_pb2.DiscoveryRequest],
         context: grpc.aio.ServicerContext,
         authorize: Authorizer | None = None,
-    ) -> AsyncIterator[discovery_pb2.DiscoveryResponse]:
+    ) -> None:
+        # A coroutine writing with context.write (not an async generator), so each send has a deadline
+        # and the stream can end with a status while a send is still stuck on the client.
         if not self.ready:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "server is not ready to serve discovery information")
         try:
             first = await anext(request_iterator)
         except StopAsyncIteration:
             return
+        except DecodeError as error:
+            _end(context, _malformed_request(context.peer(), error))
+            return
         connection = await self._connect(first, context, authorize)
         self.connections[connection.id] = connection
         self.monitor.connected(connection)
         log.info(logs.event("ads connected", id=connection.id, peer=connection.peer))
-        connection.events.put_nowait(first)
+        await connection.received(first)
         reader = asyncio.create_task(_read(request_iterator, connection))
         try:
-            while (event := await connection.events.get()) is not _CLOSED:
-                started = time.perf_counter()
-                snapshot = self._snapshot()  # one snapshot for everything this event sends
-                if event is Connection.PUSH:
-                    self.monitor.dequeued(connection.push_started())
-                    responses = self._push(connection, snapshot)
-                else:
-                    responses = self._on_request(connection, event, snapshot)  # type: ignore[arg-type]
-                async with self._push_slots:
-                    for response in responses:
-                        yield response
-                        self.monitor.response_sent(response, time.perf_counter() - started)
-                if event is Connection.PUSH:
-                    self.monitor.pushed(connection, snapshot.version, len(responses))
+            await self._serve(connection, context)
+        except StreamClosed as closed:
+            _end(context, closed.closed)
         finally:
             reader.cancel()
             del self.connections[connection.id]
             self.monitor.disconnected(connection)
             log.info(logs.event("ads disconnected", id=connection.id))
+
+    async def _serve(self, connection: Connection, context: grpc.aio.ServicerContext) -> None:
+        """The connection's task: answers its requests and sends its pushes, one event at a time."""
+        while not isinstance(event := await connection.next_event(), Closed):
+            started = time.perf_counter()
+            snapshot = self._snapshot()  # one snapshot for everything this event sends
+            if event is Connection.PUSH:
+                self.monitor.dequeued(connection.push_started())
+                async with self._push_slots:
+                    responses = self._push(connection, snapshot)
+            else:
+                assert isinstance(event, discovery_pb2.DiscoveryRequest)
+                responses = self._on_request(connection, event, snapshot)
+            for response in responses:
+                await self._send(connection, context, response)
+                self.monitor.response_sent(response, time.perf_counter() - started)
+            if event is Connection.PUSH:
+                self.monitor.pushed(connection, snapshot.version, len(responses))
+        if event.code is not grpc.StatusCode.OK:
+            raise StreamClosed(event)
+
+    async def _send(
+        self, connection: Connection, context: grpc.aio.ServicerContext, response: discovery_pb2.DiscoveryResponse
+    ) -> None:
+        """One response at a time per stream: a client that does not read holds back only its own stream,
+        and after the send timeout that stream is closed (istiod's "Timeout writing")."""
+        try:
+            async with asyncio.timeout(self.send_timeout or None):
+                await context.write(response)
+        except TimeoutError:
+            self.monitor.write_timeout()
+            log.warning(logs.event("ads send timeout; closing the stream", id=connection.id,
+                                   type=types.short_name(response.type_url), timeout=f"{self.send_timeout:g}s"))
+            raise StreamClosed(Closed(grpc.StatusCode.DEADLINE_EXCEEDED, "timeout sending")) from None
 
     StreamAggregatedResources = stream  # the plaintext port: no caller checks, as in istiod
 
@@ -97,6 +132,8 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             proxy = proxy_from_node(first.node.id, json_format.MessageToDict(first.node.metadata))
         except NodeIdError as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        if not generators_for(proxy):
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{proxy.type} proxies are not served yet")
         if authorize is not None:
             await authorize(proxy, context)
         return Connection(proxy, context.peer())
@@ -109,7 +146,10 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             log.warning("ads id=%s asked for unsupported type %s; not answered", connection.id, type_url)
             return []
         watched = connection.watched.get(type_url)
-        names = list(request.resource_names)
+        names = list(dict.fromkeys(request.resource_names))  # a name asked for twice is sent once
+        if len(names) > MAX_RESOURCE_NAMES:
+            raise StreamClosed(Closed(grpc.StatusCode.INVALID_ARGUMENT,
+                                      f"{len(names)} resource names in one request; at most {MAX_RESOURCE_NAMES}"))
         if watched is None or not request.response_nonce:
             # A new watch, or a client that reconnected and re-requests: always answer.
             wildcard = not names or "*" in names
@@ -137,13 +177,16 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                                version=watched.version_sent, error=request.error_detail.message))
 
     def _push(self, connection: Connection, snapshot: Snapshot) -> list[discovery_pb2.DiscoveryResponse]:
-        responses = []
+        responses: list[discovery_pb2.DiscoveryResponse] = []
         for type_url in types.PUSH_ORDER:
             watched = connection.watched.get(type_url)
             if watched is None:
                 continue
             resources = self._generate(connection, watched, snapshot)
-            if watched.differs_from(resources):
+            # Envoy warms a changed cluster until it gets its endpoints again, and asks for them with
+            # a request that looks like an ACK: after clusters, endpoints go too, as with istiod.
+            clusters_sent = bool(responses) and responses[0].type_url == types.CLUSTER
+            if watched.differs_from(resources) or (type_url == types.ENDPOINT and clusters_sent):
                 responses.append(self._respond(watched, snapshot, resources))
         return responses
 
@@ -174,17 +217,30 @@ class _Authorized(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
 
     async def StreamAggregatedResources(
         self, request_iterator: AsyncIterator[discovery_pb2.DiscoveryRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[discovery_pb2.DiscoveryResponse]:
-        # grpc.aio needs an async generator function here, not a function returning one.
-        async for response in self.server.stream(request_iterator, context, self.authorize):
-            yield response
+    ) -> None:
+        await self.server.stream(request_iterator, context, self.authorize)
 
 
 async def _read(requests: AsyncIterator[discovery_pb2.DiscoveryRequest], connection: Connection) -> None:
+    closed = Closed()
     try:
         async for request in requests:
-            connection.events.put_nowait(request)
-    except (asyncio.CancelledError, grpc.aio.AioRpcError):
+            await connection.received(request)
+    except grpc.aio.AioRpcError:
         pass
-    finally:
-        connection.events.put_nowait(_CLOSED)
+    except DecodeError as error:
+        closed = _malformed_request(connection.id, error)
+    await connection.received(closed)
+
+
+def _malformed_request(who: str, error: DecodeError) -> Closed:
+    """A request that is not a DiscoveryRequest ends its stream; logged without a traceback, and throttled,
+    since a client can send them as fast as it likes."""
+    _malformed.warning(logs.event("ads malformed request; closing the stream", id=who, error=str(error)))
+    return Closed(grpc.StatusCode.INVALID_ARGUMENT, f"malformed DiscoveryRequest: {error}")
+
+
+def _end(context: grpc.aio.ServicerContext, closed: Closed) -> None:
+    # Not context.abort(): it waits until the status is sent, which is never for a client that stopped reading.
+    context.set_code(closed.code)
+    context.set_details(closed.details)

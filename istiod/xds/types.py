@@ -6,6 +6,7 @@ LISTENER = "type.googleapis.com/envoy.config.listener.v3.Listener"
 ROUTE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
 CLUSTER = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 ENDPOINT = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+SECRET = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"  # SDS, served by the agent
 
 SHORT_NAMES = {CLUSTER: "cds", LISTENER: "lds", ROUTE: "rds", ENDPOINT: "eds"}
 # The order istiod pushes in, so a client never sees a reference before what it refers to.

@@ -12,6 +12,7 @@ from istiod.model.snapshot import Snapshot
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.gen import eds, grpc
+from istiod.xds.gen.sidecar import clusters, listeners, routes
 
 Generator = Callable[[Snapshot, Proxy, list[str] | None, ResourceCache], list[Resource]]
 
@@ -21,8 +22,20 @@ PROXYLESS_GRPC: dict[str, Generator] = {
     types.CLUSTER: grpc.clusters,
     types.ENDPOINT: eds.endpoints,
 }
+SIDECAR: dict[str, Generator] = {
+    types.CLUSTER: clusters.clusters,
+    types.ENDPOINT: eds.endpoints,
+    types.LISTENER: listeners.listeners,
+    types.ROUTE: routes.routes,
+}
 
 
 def generators_for(proxy: Proxy) -> dict[str, Generator]:
-    """Proxyless gRPC is the only flavor so far; Envoy and ztunnel generators will key off proxy."""
-    return PROXYLESS_GRPC
+    """By the node's GENERATOR metadata, then its type, as istiod picks. Gateways (`router`),
+    waypoints and ztunnel are not served yet: they get no generator, and so no config, rather
+    than config meant for someone else."""
+    if proxy.proxyless:
+        return PROXYLESS_GRPC
+    if proxy.type == "sidecar":
+        return SIDECAR
+    return {}

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import ipaddress
 from itertools import groupby
 
 from envoy.config.core.v3 import address_pb2, base_pb2, health_check_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
-from google.protobuf import wrappers_pb2
+from google.protobuf import struct_pb2, wrappers_pb2
 
 from istiod.model.proxy import Proxy
 from istiod.model.service import Endpoint
@@ -15,19 +16,25 @@ from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.gen.targets import outbound_clusters
 
+TLS_MODE_LABEL = "security.istio.io/tlsMode"
+# Where a cluster's transport_socket_matches look for an endpoint's tlsMode (auto mTLS).
+TRANSPORT_SOCKET_MATCH = "envoy.transport_socket_match"
+
 
 def endpoints(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
     result = []
-    for name, service, port in outbound_clusters(snapshot, names):
+    for name, service, port in outbound_clusters(snapshot, proxy, names):
         endpoint_list = snapshot.endpoints_for(service.hostname, port)
         result.append(cache.get(types.ENDPOINT, name, endpoint_list, lambda: load_assignment(name, endpoint_list)))
     return result
 
 
 def load_assignment(cluster_name: str, endpoint_list: tuple[Endpoint, ...]) -> endpoint_pb2.ClusterLoadAssignment:
-    """gRPC drops a locality without a locality or with weight 0, so every group gets both."""
+    """gRPC drops a locality without a locality or with weight 0, so every group gets both. Envoy
+    and gRPC take IP addresses only (one bad address would reject the whole assignment)."""
     assignment = endpoint_pb2.ClusterLoadAssignment(cluster_name=cluster_name)
-    by_locality = sorted(endpoint_list, key=lambda e: (str(e.locality), e.address, e.port))
+    usable = [e for e in endpoint_list if is_ip(e.address)]
+    by_locality = sorted(usable, key=lambda e: (str(e.locality), e.address, e.port))
     for locality, group in groupby(by_locality, key=lambda e: e.locality):
         members = list(group)
         assignment.endpoints.append(
@@ -41,7 +48,14 @@ def load_assignment(cluster_name: str, endpoint_list: tuple[Endpoint, ...]) -> e
 
 
 def _lb_endpoint(endpoint: Endpoint) -> endpoint_components_pb2.LbEndpoint:
+    tls_mode = dict(endpoint.labels).get(TLS_MODE_LABEL)
+    metadata = None
+    if tls_mode:  # the pod has a sidecar (the injector labels it `istio`)
+        fields = struct_pb2.Struct()
+        fields.update({"tlsMode": tls_mode})
+        metadata = base_pb2.Metadata(filter_metadata={TRANSPORT_SOCKET_MATCH: fields})
     return endpoint_components_pb2.LbEndpoint(
+        metadata=metadata,
         endpoint=endpoint_components_pb2.Endpoint(
             address=address_pb2.Address(
                 socket_address=address_pb2.SocketAddress(address=endpoint.address, port_value=endpoint.port)
@@ -50,3 +64,12 @@ def _lb_endpoint(endpoint: Endpoint) -> endpoint_components_pb2.LbEndpoint:
         health_status=health_check_pb2.HEALTHY if endpoint.healthy else health_check_pb2.UNHEALTHY,
         load_balancing_weight=wrappers_pb2.UInt32Value(value=1),
     )
+
+
+def is_ip(address: str) -> bool:
+    """An address Envoy and gRPC accept for an endpoint or a listener."""
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return "%" not in address  # a scoped IPv6 address means nothing off the node that wrote it

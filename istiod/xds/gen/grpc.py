@@ -7,12 +7,10 @@ a route configuration named `<fqdn>:<port>`; inbound listeners serve xDS-enabled
 from __future__ import annotations
 
 from envoy.config.cluster.v3 import cluster_pb2
-from envoy.config.core.v3 import address_pb2, base_pb2, config_source_pb2
+from envoy.config.core.v3 import address_pb2, base_pb2
 from envoy.config.listener.v3 import api_listener_pb2, listener_components_pb2, listener_pb2
 from envoy.config.route.v3 import route_components_pb2, route_pb2
-from envoy.extensions.filters.http.router.v3 import router_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
-from google.protobuf import any_pb2
 
 from istiod.model.names import (
     INBOUND_LISTENER_PREFIX,
@@ -25,18 +23,16 @@ from istiod.model.service import Service
 from istiod.model.snapshot import Snapshot
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
+from istiod.xds.gen.filters import HCM_FILTER, ads_source, http_connection_manager, pack
 from istiod.xds.gen.targets import outbound_clusters, outbound_host_ports
 from istiod.xds.gen.tls import destination_identities, downstream_tls, upstream_tls
-
-ROUTER_FILTER = "envoy.filters.http.router"
-HCM_FILTER = "envoy.filters.network.http_connection_manager"
 
 
 def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
     inbound = [n for n in names or () if n.startswith(INBOUND_LISTENER_PREFIX)]
     result = [
         cache.get(types.LISTENER, name, service, lambda: _outbound_listener(name, service, port))
-        for name, service, port in outbound_host_ports(snapshot, names)
+        for name, service, port in outbound_host_ports(snapshot, proxy, names)
     ]
     for name in inbound:
         address = _inbound_address(snapshot, proxy, name)
@@ -49,13 +45,13 @@ def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
 def routes(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
     return [
         cache.get(types.ROUTE, name, service, lambda: _route_configuration(name, service, port))
-        for name, service, port in outbound_host_ports(snapshot, names)
+        for name, service, port in outbound_host_ports(snapshot, proxy, names)
     ]
 
 
 def clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
     result = []
-    for name, service, port in outbound_clusters(snapshot, names):
+    for name, service, port in outbound_clusters(snapshot, proxy, names):
         # With mTLS the cluster names its destination's identities, so its endpoints matter too.
         endpoints = snapshot.endpoints_for(service.hostname, port) if snapshot.mesh.mtls else None
         depends_on = (service, snapshot.mesh, endpoints)
@@ -64,24 +60,11 @@ def clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: R
     return result
 
 
-def _http_connection_manager(**fields: object) -> any_pb2.Any:
-    manager = hcm_pb2.HttpConnectionManager(
-        http_filters=[hcm_pb2.HttpFilter(name=ROUTER_FILTER, typed_config=_pack(router_pb2.Router()))],
-        **fields,
-    )
-    return _pack(manager)
-
-
 def _outbound_listener(name: str, service: Service, port: int) -> listener_pb2.Listener:
-    rds = hcm_pb2.Rds(
-        config_source=config_source_pb2.ConfigSource(
-            ads=config_source_pb2.AggregatedConfigSource(), resource_api_version=config_source_pb2.V3
-        ),
-        route_config_name=f"{service.hostname}:{port}",
-    )
+    rds = hcm_pb2.Rds(config_source=ads_source(), route_config_name=f"{service.hostname}:{port}")
     return listener_pb2.Listener(
         name=name,
-        api_listener=api_listener_pb2.ApiListener(api_listener=_http_connection_manager(rds=rds)),
+        api_listener=api_listener_pb2.ApiListener(api_listener=pack(http_connection_manager(rds=rds))),
     )
 
 
@@ -115,9 +98,7 @@ def _cluster(name: str, identities: tuple[str, ...] | None) -> cluster_pb2.Clust
         name=name,
         type=cluster_pb2.Cluster.EDS,
         eds_cluster_config=cluster_pb2.Cluster.EdsClusterConfig(
-            eds_config=config_source_pb2.ConfigSource(
-                ads=config_source_pb2.AggregatedConfigSource(), resource_api_version=config_source_pb2.V3
-            ),
+            eds_config=ads_source(),
             service_name=name,
         ),
         lb_policy=cluster_pb2.Cluster.ROUND_ROBIN,
@@ -159,7 +140,7 @@ def _inbound_listener(name: str, ip: str, port: int, mtls: bool) -> listener_pb2
         filters=[
             listener_components_pb2.Filter(
                 name=HCM_FILTER,
-                typed_config=_http_connection_manager(stat_prefix=join_host_port(ip, port), route_config=route),
+                typed_config=pack(http_connection_manager(stat_prefix=join_host_port(ip, port), route_config=route)),
             )
         ],
         # gRPC servers cannot tell TLS from plaintext on one port, so mTLS on means STRICT.
@@ -171,9 +152,3 @@ def _inbound_listener(name: str, ip: str, port: int, mtls: bool) -> listener_pb2
         filter_chains=[chain],
         traffic_direction=base_pb2.INBOUND,
     )
-
-
-def _pack(message: object) -> any_pb2.Any:
-    packed = any_pb2.Any()
-    packed.Pack(message)  # type: ignore[arg-type]
-    return packed

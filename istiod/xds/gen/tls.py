@@ -1,26 +1,35 @@
-"""mTLS for proxyless gRPC: the transport sockets Istio's grpc generator adds. Pure.
+"""mTLS transport sockets, as Istio's generators add them. Pure.
 
-gRPC takes certificates only from certificate provider instances named in its bootstrap; the agent
-writes one called `default` (a file_watcher) whose `default` certificate is the workload's and
-whose `ROOTCA` certificate is the mesh root.
+Both flavors name the workload's certificate `default` and the mesh root `ROOTCA`. gRPC takes them
+only from certificate provider instances named in its bootstrap (the agent writes a file_watcher
+called `default`); Envoy asks the agent for them over SDS, through the bootstrap's `sds-grpc`
+cluster, as it does with pilot-agent.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from envoy.config.core.v3 import base_pb2
-from envoy.extensions.transport_sockets.tls.v3 import common_pb2, tls_pb2
+from envoy.config.core.v3 import base_pb2, config_source_pb2, grpc_service_pb2
+from envoy.extensions.transport_sockets.raw_buffer.v3 import raw_buffer_pb2
+from envoy.extensions.transport_sockets.tls.v3 import common_pb2, secret_pb2, tls_pb2
 from envoy.type.matcher.v3 import string_pb2
-from google.protobuf import any_pb2, wrappers_pb2
+from google.protobuf import any_pb2, duration_pb2, wrappers_pb2
 
 from istiod.certfiles import PROVIDER_INSTANCE
 from istiod.model.names import spiffe_identity
 from istiod.model.service import Endpoint
 
 TLS_TRANSPORT_SOCKET = "envoy.transport_sockets.tls"
+RAW_BUFFER_TRANSPORT_SOCKET = "envoy.transport_sockets.raw_buffer"
 IDENTITY_CERTIFICATE = "default"
 ROOT_CERTIFICATE = "ROOTCA"
+SDS_CLUSTER = "sds-grpc"
+# What a sidecar offers in its mTLS handshakes, and what marks a connection as mesh mTLS on the
+# inbound side (Istio's ALPNs, so Istio's sidecars and ours recognise each other).
+MESH_ALPN = ("istio-peer-exchange", "istio")
+MESH_ALPN_MATCH = ("istio-peer-exchange", "istio", "istio-http/1.0", "istio-http/1.1", "istio-h2")
+HTTP_ALPN = ("h2", "http/1.1")
 
 
 def destination_identities(endpoints: Iterable[Endpoint], trust_domain: str) -> tuple[str, ...]:
@@ -60,3 +69,64 @@ def _transport_socket(context: tls_pb2.UpstreamTlsContext | tls_pb2.DownstreamTl
     packed = any_pb2.Any()
     packed.Pack(context)
     return base_pb2.TransportSocket(name=TLS_TRANSPORT_SOCKET, typed_config=packed)
+
+
+def sds_upstream_tls(identities: Iterable[str], sni: str) -> base_pb2.TransportSocket:
+    """Envoy, client side: our certificate over SDS, the root over SDS, the destination's IDs only."""
+    context = tls_pb2.UpstreamTlsContext(
+        common_tls_context=_sds_tls_context(MESH_ALPN, identities), sni=sni
+    )
+    return _transport_socket(context)
+
+
+def sds_downstream_tls(alpn: Iterable[str]) -> base_pb2.TransportSocket:
+    """Envoy, server side: require a client certificate the mesh root signed (any mesh identity)."""
+    context = tls_pb2.DownstreamTlsContext(
+        common_tls_context=_sds_tls_context(alpn, ()), require_client_certificate=wrappers_pb2.BoolValue(value=True)
+    )
+    return _transport_socket(context)
+
+
+def raw_buffer() -> base_pb2.TransportSocket:
+    packed = any_pb2.Any()
+    packed.Pack(raw_buffer_pb2.RawBuffer())
+    return base_pb2.TransportSocket(name=RAW_BUFFER_TRANSPORT_SOCKET, typed_config=packed)
+
+
+def _sds_tls_context(alpn: Iterable[str], identities: Iterable[str]) -> tls_pb2.CommonTlsContext:
+    return tls_pb2.CommonTlsContext(
+        alpn_protocols=list(alpn),
+        tls_params=common_pb2.TlsParameters(
+            tls_minimum_protocol_version=common_pb2.TlsParameters.TLSv1_2,
+            tls_maximum_protocol_version=common_pb2.TlsParameters.TLSv1_3,
+        ),
+        tls_certificate_sds_secret_configs=[_sds_secret(IDENTITY_CERTIFICATE)],
+        combined_validation_context=tls_pb2.CommonTlsContext.CombinedCertificateValidationContext(
+            default_validation_context=common_pb2.CertificateValidationContext(
+                match_typed_subject_alt_names=[
+                    common_pb2.SubjectAltNameMatcher(
+                        san_type=common_pb2.SubjectAltNameMatcher.URI, matcher=string_pb2.StringMatcher(exact=identity)
+                    )
+                    for identity in identities
+                ]
+            ),
+            validation_context_sds_secret_config=_sds_secret(ROOT_CERTIFICATE),
+        ),
+    )
+
+
+def _sds_secret(name: str) -> secret_pb2.SdsSecretConfig:
+    # No fetch timeout, as Istio: a listener or cluster waits for its certificate rather than
+    # coming up without one.
+    source = config_source_pb2.ConfigSource(
+        api_config_source=config_source_pb2.ApiConfigSource(
+            api_type=config_source_pb2.ApiConfigSource.GRPC,
+            transport_api_version=config_source_pb2.V3,
+            grpc_services=[grpc_service_pb2.GrpcService(
+                envoy_grpc=grpc_service_pb2.GrpcService.EnvoyGrpc(cluster_name=SDS_CLUSTER))],
+            set_node_on_first_message_only=True,
+        ),
+        initial_fetch_timeout=duration_pb2.Duration(),
+        resource_api_version=config_source_pb2.V3,
+    )
+    return secret_pb2.SdsSecretConfig(name=name, sds_config=source)

@@ -1,0 +1,62 @@
+"""The real kube-apiserver asks istiod's validating webhook: a bad VirtualService is refused with
+istiod's message, a good one is stored. istiod runs as its ServiceAccount under deploy/rbac and
+sets the webhook's caBundle itself."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from e2e.harness import Cluster
+from e2e.istio_crds import create_istio_object, install_crds
+from e2e.kube_objects import ensure_namespace
+from e2e.test_rbac import istiod_kubeconfig
+from tests.peers import ROOT, Istiod, Process, eventually, free_port
+
+NS = "e2e-webhook"
+
+
+def vs(name: str, weight: int) -> dict:
+    return {"apiVersion": "networking.istio.io/v1", "kind": "VirtualService", "metadata": {"name": name, "namespace": NS},
+            "spec": {"hosts": ["echo"], "http": [{"route": [{"destination": {"host": "echo"}, "weight": weight}]}]}}
+
+
+async def test_api_server_refuses_what_istiod_refuses(
+    cluster: Cluster, kube: client.ApiClient, tmp_path: Path, processes: list[Process]
+) -> None:
+    admission = client.AdmissionregistrationV1Api(kube)
+    await install_crds(kube)
+    await ensure_namespace(kube, NS)
+    kubeconfig, _ = await istiod_kubeconfig(cluster, kube, tmp_path / "istiod.kubeconfig")
+    port = free_port()
+    config = yaml.safe_load((ROOT / "deploy" / "webhooks" / "validation.yaml").read_text())
+    # No Service routes to a process in this cluster: the same webhook, addressed by URL.
+    config["webhooks"][0]["clientConfig"] = {"url": f"https://127.0.0.1:{port}/validate", "caBundle": ""}
+    await admission.create_validating_webhook_configuration(config)
+    try:
+        istiod = Istiod(tmp_path, "--kubeconfig", str(kubeconfig), "--webhook-addr", f"127.0.0.1:{port}",
+                        ready_timeout=60)
+        processes.append(istiod)
+
+        async def patched() -> bool:
+            hook = await admission.read_validating_webhook_configuration(config["metadata"]["name"])
+            return bool(hook.webhooks[0].client_config.ca_bundle)
+
+        await eventually(patched, 10, "istiod to set the webhook's caBundle")
+        with pytest.raises(ApiException) as refused:
+            await create_istio_object(kube, vs("bad", -1))
+        message = json.loads(refused.value.body)["message"]
+        print("kube-apiserver said:", message)
+        assert refused.value.status == 400
+        assert message == ('admission webhook "validation.istio.io" denied the request: configuration is invalid: '
+                           f"VirtualService {NS}/bad spec.http[0].route[0]: weight: -1 < 0")
+        await create_istio_object(kube, vs("good", 100))
+        assert "Forbidden" not in istiod.text()
+    finally:
+        # With failurePolicy Fail and istiod gone, the webhook would refuse every later Istio object.
+        await admission.delete_validating_webhook_configuration(config["metadata"]["name"])

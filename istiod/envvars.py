@@ -1,0 +1,19 @@
+"""Istio's environment variables as flag defaults, read with the flag's own parser."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def env_default(name: str, default: str, parse: Callable[[str], T]) -> T:
+    """$name (else `default`) parsed as its flag would be; a bad value stops istiod with one line naming it."""
+    text = os.environ.get(name, default)
+    try:
+        return parse(text)
+    except (ValueError, argparse.ArgumentTypeError) as error:
+        raise SystemExit(f"istiod: environment variable {name}={text!r} is not valid: {error}") from None

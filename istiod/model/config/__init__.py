@@ -1,0 +1,83 @@
+"""Istio's configuration as typed, immutable values, and the rules that scope it to proxies."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from istiod.model.config import scope
+from istiod.model.config.networking import (
+    MESH_GATEWAY, DestinationRule, Gateway, ServiceEntry, Sidecar, VirtualService, WorkloadEntry,
+)
+from istiod.model.config.security import AuthorizationPolicy, PeerAuthentication, RequestAuthentication
+
+
+class _Values(Protocol):
+    def values(self, kind: str) -> Iterable[Any]: ...
+
+
+def _sorted(values: Iterable[Any]) -> tuple[Any, ...]:
+    return tuple(sorted(values, key=lambda v: (v.meta.namespace, v.meta.name)))
+
+
+def _by_namespace(items: Iterable[Any]) -> dict[str, list[Any]]:
+    grouped: dict[str, list[Any]] = defaultdict(list)
+    for item in items:
+        grouped[item.meta.namespace].append(item)
+    return grouped
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigSet:
+    """Every Istio config object of one snapshot, each kind ordered by namespace and name, with
+    the lookups of `scope` over indexes built on first use (a push asks them per proxy and host)."""
+
+    virtual_services: tuple[VirtualService, ...] = ()
+    destination_rules: tuple[DestinationRule, ...] = ()
+    service_entries: tuple[ServiceEntry, ...] = ()
+    gateways: tuple[Gateway, ...] = ()
+    sidecars: tuple[Sidecar, ...] = ()
+    workload_entries: tuple[WorkloadEntry, ...] = ()
+    peer_authentications: tuple[PeerAuthentication, ...] = ()
+    authorization_policies: tuple[AuthorizationPolicy, ...] = ()
+    request_authentications: tuple[RequestAuthentication, ...] = ()
+    _index: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def collect(cls, objects: _Values) -> ConfigSet:
+        v = objects.values
+        return cls(_sorted(v("VirtualService")), _sorted(v("DestinationRule")), _sorted(v("ServiceEntry")),
+                   _sorted(v("Gateway")), _sorted(v("Sidecar")), _sorted(v("WorkloadEntry")),
+                   _sorted(v("PeerAuthentication")), _sorted(v("AuthorizationPolicy")),
+                   _sorted(v("RequestAuthentication")))
+
+    def _grouped(self, name: str) -> Mapping[str, list[Any]]:
+        if name not in self._index:
+            self._index[name] = _by_namespace(getattr(self, name))
+        return self._index[name]
+
+    def _in(self, name: str, *namespaces: str) -> list[Any]:
+        grouped = self._grouped(name)
+        return [item for ns in dict.fromkeys(namespaces) for item in grouped.get(ns, ())]
+
+    def destination_rule_for(self, proxy_namespace: str, proxy_labels: Mapping[str, str], host: str,
+                             service_namespace: str, root_namespace: str) -> DestinationRule | None:
+        rules = self._in("destination_rules", proxy_namespace, service_namespace, root_namespace)
+        return scope.destination_rule_for(rules, proxy_namespace, proxy_labels, host, service_namespace, root_namespace)
+
+    def virtual_service_for_host(self, namespace: str, host: str, gateway: str = MESH_GATEWAY) -> VirtualService | None:
+        if "vs_hosts" not in self._index:
+            exact: dict[str, list[VirtualService]] = defaultdict(list)
+            wildcard: list[VirtualService] = []
+            for vs in self.virtual_services:
+                for h in vs.hosts:
+                    (wildcard if h.startswith("*") else exact[h]).append(vs)
+            self._index["vs_hosts"] = (exact, wildcard)
+        exact, wildcard = self._index["vs_hosts"]
+        candidates = list(dict.fromkeys(exact.get(host, []) + wildcard))
+        return scope.virtual_service_for_host(candidates, namespace, host, gateway)
+
+    def sidecar_for(self, namespace: str, labels: Mapping[str, str], root_namespace: str) -> Sidecar | None:
+        return scope.sidecar_for(self._in("sidecars", namespace, root_namespace), namespace, labels, root_namespace)

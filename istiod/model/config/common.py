@@ -1,0 +1,58 @@
+"""Values shared by Istio's config kinds: string matches, workload selectors, exportTo, durations."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import re2  # type: ignore[import-untyped]
+
+Labels = tuple[tuple[str, str], ...]  # sorted (key, value) pairs, as Service.selector
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # a bad pattern is an error we report, not a line on stderr
+
+
+def compile_regex(pattern: str) -> Any:
+    """RE2, the syntax Envoy, gRPC and istiod's Go validation share; raises re2.error."""
+    return re2.compile(pattern, _RE2_OPTIONS)
+
+
+class MatchKind(enum.Enum):
+    EXACT = "exact"
+    PREFIX = "prefix"
+    REGEX = "regex"
+
+
+@dataclass(frozen=True, slots=True)
+class StringMatch:
+    kind: MatchKind
+    value: str
+
+    def matches(self, text: str, ignore_case: bool = False) -> bool:
+        if self.kind is MatchKind.REGEX:
+            return compile_regex(self.value).fullmatch(text) is not None
+        value = self.value.lower() if ignore_case else self.value
+        text = text.lower() if ignore_case else text
+        return text == value if self.kind is MatchKind.EXACT else text.startswith(value)
+
+
+def selector_matches(selector: Labels, labels: Mapping[str, str]) -> bool:
+    """A workloadSelector's matchLabels; an empty selector matches every workload."""
+    return all(labels.get(k) == v for k, v in selector)
+
+
+@dataclass(frozen=True, slots=True)
+class Meta:
+    """Where an object lives; translation names its output after it."""
+
+    name: str
+    namespace: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+Duration = timedelta

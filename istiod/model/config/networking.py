@@ -1,0 +1,369 @@
+"""networking.istio.io values: VirtualService, DestinationRule, ServiceEntry, Gateway, Sidecar, WorkloadEntry.
+
+Hosts are stored resolved as istiod resolves them: a short name (no dot) in the object's namespace
+becomes `<name>.<namespace>.svc.<domain>`; anything else stays as written. Gateway references
+become `<namespace>/<name>` (or `mesh`).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from istiod.model.config.common import Duration, Labels, Meta, StringMatch
+
+MESH_GATEWAY = "mesh"
+
+
+# --- VirtualService ---------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Destination:
+    host: str
+    subset: str = ""
+    port: int = 0  # 0: the only port of the service, or the port the request came in on
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderOperations:
+    set: Labels = ()
+    add: Labels = ()
+    remove: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Headers:
+    request: HeaderOperations = HeaderOperations()
+    response: HeaderOperations = HeaderOperations()
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDestination:
+    destination: Destination
+    weight: int = 0  # 0 with one destination means all traffic, as istiod reads it
+    headers: Headers = Headers()
+
+
+@dataclass(frozen=True, slots=True)
+class HTTPMatch:
+    name: str = ""
+    uri: StringMatch | None = None
+    scheme: StringMatch | None = None
+    method: StringMatch | None = None
+    authority: StringMatch | None = None
+    headers: tuple[tuple[str, StringMatch], ...] = ()
+    without_headers: tuple[tuple[str, StringMatch], ...] = ()
+    query_params: tuple[tuple[str, StringMatch], ...] = ()
+    port: int = 0
+    source_labels: Labels = ()
+    gateways: tuple[str, ...] = ()
+    source_namespace: str = ""
+    ignore_uri_case: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class FaultDelay:
+    fixed_delay: Duration
+    percentage: float = 100.0
+
+
+@dataclass(frozen=True, slots=True)
+class FaultAbort:
+    http_status: int = 0
+    grpc_status: str = ""  # a gRPC code name (UNAVAILABLE, ...)
+    percentage: float = 100.0
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    delay: FaultDelay | None = None
+    abort: FaultAbort | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Retries:
+    attempts: int
+    per_try_timeout: Duration | None = None
+    retry_on: tuple[str, ...] = ()  # Envoy retry_on names, gRPC code names, HTTP status numbers
+    retry_remote_localities: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Rewrite:
+    uri: str = ""
+    authority: str = ""
+    uri_regex: tuple[str, str] | None = None  # (match, rewrite)
+
+
+@dataclass(frozen=True, slots=True)
+class HTTPRoute:
+    name: str = ""
+    match: tuple[HTTPMatch, ...] = ()  # empty: every request
+    route: tuple[RouteDestination, ...] = ()
+    rewrite: Rewrite | None = None
+    timeout: Duration | None = None
+    retries: Retries | None = None  # None: istiod's default retry policy
+    fault: Fault | None = None
+    headers: Headers = Headers()
+
+
+@dataclass(frozen=True, slots=True)
+class L4Match:
+    destination_subnets: tuple[str, ...] = ()
+    port: int = 0
+    source_labels: Labels = ()
+    gateways: tuple[str, ...] = ()
+    source_namespace: str = ""
+    sni_hosts: tuple[str, ...] = ()  # TLS routes only
+
+
+@dataclass(frozen=True, slots=True)
+class L4Route:
+    """A TCP or TLS route: the first whose match holds sends to its weighted destinations."""
+
+    match: tuple[L4Match, ...] = ()
+    route: tuple[RouteDestination, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class VirtualService:
+    meta: Meta
+    hosts: tuple[str, ...]
+    gateways: tuple[str, ...] = (MESH_GATEWAY,)  # `mesh`, or `<namespace>/<name>`
+    http: tuple[HTTPRoute, ...] = ()
+    tcp: tuple[L4Route, ...] = ()
+    tls: tuple[L4Route, ...] = ()
+    export_to: tuple[str, ...] = ()
+
+
+# --- DestinationRule --------------------------------------------------------------------------
+
+class LoadBalancer(enum.Enum):
+    UNSPECIFIED = "UNSPECIFIED"
+    LEAST_REQUEST = "LEAST_REQUEST"
+    RANDOM = "RANDOM"
+    PASSTHROUGH = "PASSTHROUGH"
+    ROUND_ROBIN = "ROUND_ROBIN"
+    LEAST_CONN = "LEAST_CONN"  # istiod reads it as LEAST_REQUEST
+
+
+@dataclass(frozen=True, slots=True)
+class ConsistentHash:
+    http_header_name: str = ""
+    http_cookie: tuple[str, str, Duration | None] | None = None  # (name, path, ttl)
+    use_source_ip: bool = False
+    http_query_parameter_name: str = ""
+    minimum_ring_size: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LoadBalancerSettings:
+    simple: LoadBalancer | None = None
+    consistent_hash: ConsistentHash | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TCPSettings:
+    max_connections: int = 0
+    connect_timeout: Duration | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HTTPSettings:
+    http1_max_pending_requests: int = 0
+    http2_max_requests: int = 0
+    max_requests_per_connection: int = 0
+    max_retries: int = 0
+    idle_timeout: Duration | None = None
+    max_concurrent_streams: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionPool:
+    tcp: TCPSettings | None = None
+    http: HTTPSettings | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OutlierDetection:
+    consecutive_5xx_errors: int | None = None
+    consecutive_gateway_errors: int | None = None
+    interval: Duration | None = None
+    base_ejection_time: Duration | None = None
+    max_ejection_percent: int | None = None
+    min_health_percent: int | None = None
+    split_external_local_origin_errors: bool = False
+    consecutive_local_origin_failures: int | None = None
+
+
+class TLSMode(enum.Enum):
+    DISABLE = "DISABLE"
+    SIMPLE = "SIMPLE"
+    MUTUAL = "MUTUAL"
+    ISTIO_MUTUAL = "ISTIO_MUTUAL"
+
+
+@dataclass(frozen=True, slots=True)
+class ClientTLS:
+    mode: TLSMode = TLSMode.DISABLE
+    client_certificate: str = ""
+    private_key: str = ""
+    ca_certificates: str = ""
+    credential_name: str = ""
+    subject_alt_names: tuple[str, ...] = ()
+    sni: str = ""
+    insecure_skip_verify: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PortTrafficPolicy:
+    port: int
+    load_balancer: LoadBalancerSettings | None = None
+    connection_pool: ConnectionPool | None = None
+    outlier_detection: OutlierDetection | None = None
+    tls: ClientTLS | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TrafficPolicy:
+    load_balancer: LoadBalancerSettings | None = None
+    connection_pool: ConnectionPool | None = None
+    outlier_detection: OutlierDetection | None = None
+    tls: ClientTLS | None = None
+    port_level_settings: tuple[PortTrafficPolicy, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Subset:
+    name: str
+    labels: Labels = ()
+    traffic_policy: TrafficPolicy | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DestinationRule:
+    meta: Meta
+    host: str
+    traffic_policy: TrafficPolicy | None = None
+    subsets: tuple[Subset, ...] = ()
+    export_to: tuple[str, ...] = ()
+    workload_selector: Labels = ()
+
+    def subset(self, name: str) -> Subset | None:
+        return next((s for s in self.subsets if s.name == name), None)
+
+
+# --- ServiceEntry, WorkloadEntry --------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class ServicePort:
+    number: int
+    protocol: str  # upper case (HTTP, HTTPS, GRPC, HTTP2, TCP, TLS, ...); "" on a ServiceEntry: sniffed
+    name: str
+    target_port: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadEntry:
+    meta: Meta  # for an inline ServiceEntry endpoint, the ServiceEntry's
+    address: str = ""
+    ports: tuple[tuple[str, int], ...] = ()  # port name -> number
+    labels: Labels = ()
+    network: str = ""
+    locality: str = ""
+    weight: int = 0
+    service_account: str = ""
+
+
+class Location(enum.Enum):
+    MESH_EXTERNAL = "MESH_EXTERNAL"
+    MESH_INTERNAL = "MESH_INTERNAL"
+
+
+class Resolution(enum.Enum):
+    NONE = "NONE"
+    STATIC = "STATIC"
+    DNS = "DNS"
+    DNS_ROUND_ROBIN = "DNS_ROUND_ROBIN"
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceEntry:
+    meta: Meta
+    hosts: tuple[str, ...]
+    ports: tuple[ServicePort, ...] = ()
+    addresses: tuple[str, ...] = ()
+    location: Location = Location.MESH_EXTERNAL
+    resolution: Resolution = Resolution.NONE
+    endpoints: tuple[WorkloadEntry, ...] = ()
+    workload_selector: Labels = ()
+    export_to: tuple[str, ...] = ()
+    subject_alt_names: tuple[str, ...] = ()
+
+
+# --- Gateway ----------------------------------------------------------------------------------
+
+class ServerTLSMode(enum.Enum):
+    PASSTHROUGH = "PASSTHROUGH"
+    SIMPLE = "SIMPLE"
+    MUTUAL = "MUTUAL"
+    AUTO_PASSTHROUGH = "AUTO_PASSTHROUGH"
+    ISTIO_MUTUAL = "ISTIO_MUTUAL"
+    OPTIONAL_MUTUAL = "OPTIONAL_MUTUAL"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerTLS:
+    mode: ServerTLSMode = ServerTLSMode.PASSTHROUGH
+    https_redirect: bool = False
+    server_certificate: str = ""
+    private_key: str = ""
+    ca_certificates: str = ""
+    credential_name: str = ""
+    subject_alt_names: tuple[str, ...] = ()
+    min_protocol_version: str = ""
+    max_protocol_version: str = ""
+    cipher_suites: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Server:
+    port: ServicePort
+    hosts: tuple[tuple[str, str], ...]  # (namespace or "*" or ".", dnsName)
+    bind: str = ""
+    tls: ServerTLS | None = None
+    name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Gateway:
+    meta: Meta
+    servers: tuple[Server, ...]
+    selector: Labels = ()
+
+
+# --- Sidecar ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class IngressListener:
+    port: ServicePort
+    bind: str = ""
+    default_endpoint: str = ""
+    capture_mode: str = "DEFAULT"
+
+
+@dataclass(frozen=True, slots=True)
+class EgressListener:
+    hosts: tuple[tuple[str, str], ...]  # (namespace or "*" or "." or "~", dnsName)
+    port: ServicePort | None = None
+    bind: str = ""
+    capture_mode: str = "DEFAULT"
+
+
+@dataclass(frozen=True, slots=True)
+class Sidecar:
+    meta: Meta
+    egress: tuple[EgressListener, ...] = ()
+    ingress: tuple[IngressListener, ...] = ()
+    workload_selector: Labels = ()
+    outbound_traffic_policy: str = ""  # "" (the mesh's), ALLOW_ANY or REGISTRY_ONLY

@@ -1,0 +1,108 @@
+"""security.istio.io values: PeerAuthentication, AuthorizationPolicy, RequestAuthentication."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from istiod.model.config.common import Labels, Meta
+
+
+class MTLSMode(enum.Enum):
+    UNSET = "UNSET"  # inherit from the parent (namespace, then mesh)
+    DISABLE = "DISABLE"
+    PERMISSIVE = "PERMISSIVE"
+    STRICT = "STRICT"
+
+
+@dataclass(frozen=True, slots=True)
+class PeerAuthentication:
+    meta: Meta
+    selector: Labels = ()
+    mode: MTLSMode = MTLSMode.UNSET
+    port_level: tuple[tuple[int, MTLSMode], ...] = ()
+
+
+class Action(enum.Enum):
+    ALLOW = "ALLOW"
+    DENY = "DENY"
+    AUDIT = "AUDIT"
+    CUSTOM = "CUSTOM"
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    principals: tuple[str, ...] = ()
+    not_principals: tuple[str, ...] = ()
+    request_principals: tuple[str, ...] = ()
+    not_request_principals: tuple[str, ...] = ()
+    namespaces: tuple[str, ...] = ()
+    not_namespaces: tuple[str, ...] = ()
+    ip_blocks: tuple[str, ...] = ()
+    not_ip_blocks: tuple[str, ...] = ()
+    remote_ip_blocks: tuple[str, ...] = ()
+    not_remote_ip_blocks: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    hosts: tuple[str, ...] = ()
+    not_hosts: tuple[str, ...] = ()
+    ports: tuple[int, ...] = ()
+    not_ports: tuple[int, ...] = ()
+    methods: tuple[str, ...] = ()
+    not_methods: tuple[str, ...] = ()
+    paths: tuple[str, ...] = ()
+    not_paths: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    key: str
+    values: tuple[str, ...] = ()
+    not_values: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """Matches when any `from` and any `to` and every `when` holds (an empty list holds)."""
+
+    sources: tuple[Source, ...] = ()
+    operations: tuple[Operation, ...] = ()
+    when: tuple[Condition, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AuthorizationPolicy:
+    meta: Meta
+    selector: Labels = ()
+    action: Action = Action.ALLOW
+    rules: tuple[Rule, ...] = ()  # ALLOW with no rules allows nothing; DENY with none denies nothing
+    provider: str = ""  # CUSTOM only
+
+
+@dataclass(frozen=True, slots=True)
+class JWTHeader:
+    name: str
+    prefix: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class JWTRule:
+    issuer: str
+    audiences: tuple[str, ...] = ()
+    jwks_uri: str = ""
+    jwks: str = ""
+    from_headers: tuple[JWTHeader, ...] = ()
+    from_params: tuple[str, ...] = ()
+    from_cookies: tuple[str, ...] = ()
+    output_payload_to_header: str = ""
+    forward_original_token: bool = False
+    output_claim_to_headers: tuple[tuple[str, str], ...] = ()  # (header, claim)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestAuthentication:
+    meta: Meta
+    selector: Labels = ()
+    jwt_rules: tuple[JWTRule, ...] = ()

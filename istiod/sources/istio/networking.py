@@ -1,0 +1,685 @@
+"""networking.istio.io objects -> model values, validated as istiod validates them."""
+
+from __future__ import annotations
+
+import re
+
+from istiod.model.config.common import Labels, Meta, StringMatch
+from istiod.model.config.scope import host_matches
+from istiod.model.config.networking import (
+    MESH_GATEWAY, ClientTLS, ConnectionPool, ConsistentHash, Destination, DestinationRule, EgressListener, Fault,
+    FaultAbort, FaultDelay, Gateway, HeaderOperations, Headers, HTTPMatch, HTTPRoute, HTTPSettings, IngressListener,
+    L4Match, L4Route, LoadBalancer, LoadBalancerSettings, Location, OutlierDetection, PortTrafficPolicy, Resolution,
+    Retries, Rewrite, RouteDestination, Server, ServerTLS, ServerTLSMode, ServiceEntry, ServicePort, Sidecar, Subset,
+    TCPSettings, TLSMode, TrafficPolicy, VirtualService, WorkloadEntry,
+)
+from istiod.sources.convert import ObjectKey, _Fields
+from istiod.sources.istio.common import (
+    dns1123_label, duration, enum_field, export_to, fields, items, meta, spec, fqdn_error, integer, ip_or_cidr, is_ip, labels, only, percentage,
+    port, protocol, raise_if, regex, resolve_host, str_keyed, str_list, string_match, string_matches, wildcard_domain_error,
+    workload_selector,
+)
+
+# Envoy's retry_on conditions and gRPC codes istiod accepts in retries.retryOn (plus HTTP status numbers).
+RETRY_ON = frozenset({
+    "5xx", "gateway-error", "reset", "reset-before-request", "connect-failure", "envoy-ratelimited", "retriable-4xx",
+    "refused-stream", "retriable-status-codes", "retriable-headers", "http3-post-connect-failure",
+    "cancelled", "deadline-exceeded", "internal", "resource-exhausted", "unavailable",
+})
+GRPC_CODES = frozenset({
+    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
+    "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED",
+    "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED",
+})
+
+
+# --- VirtualService ---------------------------------------------------------------------------
+
+def _gateway_ref(f: _Fields, path: str, name: str, namespace: str) -> str:
+    """`mesh`, `<ns>/<name>`, a bare name (in the object's namespace), or the legacy FQDN form."""
+    if name == MESH_GATEWAY:
+        return name
+    ns, slash, gw = name.partition("/")
+    if slash:
+        if not (dns1123_label(ns) and dns1123_label(gw)):
+            raise f.fail(f"{path}: invalid gateway name {name!r}")
+        return name
+    if dns1123_label(name):
+        return f"{namespace}/{name}"
+    parts = name.split(".")
+    if len(parts) >= 2 and all(dns1123_label(p) for p in parts[:2]) and fqdn_error(name) is None:
+        return f"{parts[1]}/{parts[0]}"  # name.namespace.svc.cluster.local
+    raise f.fail(f"{path}: invalid gateway name {name!r}")
+
+
+def _gateway_refs(f: _Fields, path: str, namespace: str) -> tuple[str, ...]:
+    return tuple(_gateway_ref(f, f"{path}[{i}]", g, namespace) for i, g in enumerate(str_list(f, path)))
+
+
+def _destination(f: _Fields, path: str, namespace: str, domain: str) -> Destination:
+    sub = fields(f, path)
+    if sub is None:
+        raise f.fail(f"{path} is required")
+    only(sub, ("host", "subset", "port"))
+    host = sub.get("host", str, "")
+    if not host:
+        raise f.fail(f"{path}.host is required")
+    if host == "*":
+        raise f.fail(f"{path}.host: invalid destination host {host}")
+    raise_if(f, wildcard_domain_error(host), f"{path}.host")
+    subset = sub.get("subset", str, "")
+    if subset and not dns1123_label(subset):
+        raise f.fail(f"{path}.subset: subset name is invalid: {subset}")
+    number = 0
+    port_fields = fields(sub, "port")
+    if port_fields is not None:
+        only(port_fields, ("number",))
+        number = port(f, f"{path}.port.number") or 0
+    return Destination(resolve_host(host, namespace, domain), subset, number)
+
+
+def _header_operations(f: _Fields, path: str) -> HeaderOperations:
+    sub = fields(f, path)
+    if sub is None:
+        return HeaderOperations()
+    only(sub, ("set", "add", "remove"))
+    for op in ("set", "add"):
+        for name, _ in sub.str_map(op):
+            if not name or name.startswith(":") or name.lower() == "host" and path.endswith("response"):
+                raise f.fail(f"{path}.{op}: invalid header name {name!r}")
+    removed = str_list(sub, "remove")
+    for name in removed:
+        if not name or name.startswith(":") or name.lower() == "host":
+            raise f.fail(f"{path}.remove: invalid header name {name!r}")
+    return HeaderOperations(sub.str_map("set"), sub.str_map("add"), removed)
+
+
+def _headers(f: _Fields, path: str) -> Headers:
+    sub = fields(f, path)
+    if sub is None:
+        return Headers()
+    only(sub, ("request", "response"))
+    return Headers(_header_operations(f, f"{path}.request"), _header_operations(f, f"{path}.response"))
+
+
+def _route_destinations(f: _Fields, path: str, namespace: str, domain: str) -> tuple[RouteDestination, ...]:
+    result = []
+    for i, item in enumerate(items(f, path)):
+        only(item, ("destination", "weight", "headers"))
+        weight = integer(item, "weight", 0)
+        result.append(RouteDestination(_destination(item, "destination", namespace, domain), weight or 0,
+                                       _headers(item, "headers")))
+    if len(result) > 1 and sum(r.weight for r in result) == 0:
+        raise f.fail(f"{path}: total destination weight = 0")
+    return tuple(result)
+
+
+def _source_namespace(f: _Fields) -> str:
+    value = f.get("sourceNamespace", str, "")
+    if value and not dns1123_label(value):
+        raise f.fail(f"sourceNamespace match {value} is invalid")
+    return value
+
+
+_HEADER_NAME = re.compile(r"[-_A-Za-z0-9]+")  # istiod's rule for header match names
+
+
+def _header_matches(m: _Fields, path: str) -> tuple[tuple[str, StringMatch], ...]:
+    matches = string_matches(m, path)
+    for name, _ in matches:
+        if not _HEADER_NAME.fullmatch(name):
+            raise m.fail(f"{path}: header name {name!r} is not a valid header name")
+    return matches
+
+
+def _http_match(m: _Fields, namespace: str, domain: str) -> HTTPMatch:
+    only(m, ("name", "uri", "scheme", "method", "authority", "headers", "withoutHeaders", "queryParams", "port",
+             "sourceLabels", "gateways", "sourceNamespace", "ignoreUriCase"), ("statPrefix",))
+    return HTTPMatch(
+        name=m.get("name", str, ""),
+        uri=string_match(m, "uri"),
+        scheme=string_match(m, "scheme"),
+        method=string_match(m, "method"),
+        authority=string_match(m, "authority"),
+        headers=_header_matches(m, "headers"),
+        without_headers=_header_matches(m, "withoutHeaders"),
+        query_params=string_matches(m, "queryParams"),
+        port=port(m, "port") or 0,
+        source_labels=labels(m, "sourceLabels"),
+        gateways=_gateway_refs(m, "gateways", namespace),
+        source_namespace=_source_namespace(m),
+        ignore_uri_case=m.get("ignoreUriCase", bool, False),
+    )
+
+
+def _fault(f: _Fields, path: str) -> Fault | None:
+    sub = fields(f, path)
+    if sub is None:
+        return None
+    only(sub, ("delay", "abort"))
+    delay = abort = None
+    if (d := fields(sub, "delay")) is not None:
+        only(d, ("fixedDelay", "percentage", "percent"), ("exponentialDelay",))
+        fixed = duration(d, "fixedDelay")
+        if fixed is None:
+            raise f.fail(f"{path}.delay.fixedDelay is required")
+        delay = FaultDelay(fixed, _percent(d))
+    if (a := fields(sub, "abort")) is not None:
+        only(a, ("httpStatus", "grpcStatus", "percentage"), ("http2Error",))
+        status = integer(a, "httpStatus", 0) or 0
+        grpc_status = a.get("grpcStatus", str, "")
+        if bool(status) == bool(grpc_status):
+            raise f.fail(f"{path}.abort: exactly one of httpStatus or grpcStatus is required")
+        if status and not 200 <= status <= 599:
+            raise f.fail(f"{path}.abort.httpStatus: invalid abort http status {status}")
+        if grpc_status and grpc_status not in GRPC_CODES:
+            raise f.fail(f"{path}.abort.grpcStatus: {grpc_status!r} is not a gRPC status code name")
+        abort = FaultAbort(status, grpc_status, _percent(a))
+    if delay is None and abort is None:
+        raise f.fail(f"{path}: HTTP fault injection must have an abort and/or a delay")
+    return Fault(delay, abort)
+
+
+def _percent(f: _Fields) -> float:
+    """`percentage: {value: x}`, or the deprecated integer `percent`; 100 when neither is given."""
+    value = percentage(f, "percentage")
+    if value is None and (legacy := integer(f, "percent", 0, 100)) is not None:
+        value = float(legacy)
+    return 100.0 if value is None else value
+
+
+def _retries(f: _Fields, path: str) -> Retries | None:
+    sub = fields(f, path)
+    if sub is None:
+        return None
+    only(sub, ("attempts", "perTryTimeout", "retryOn", "retryRemoteLocalities"), ("retryIgnorePreviousHosts", "backoff"))
+    attempts = sub.get("attempts", int, 0)
+    if attempts < 0:
+        raise f.fail(f"{path}.attempts: attempts cannot be negative")
+    per_try = duration(sub, "perTryTimeout")
+    retry_on = tuple(p.strip() for p in sub.get("retryOn", str, "").split(",") if p.strip())
+    remote = sub.get("retryRemoteLocalities", bool, None)
+    if attempts == 0 and (per_try is not None or retry_on or remote is not None):
+        raise f.fail(f"{path}: http retry policy configured when attempts are set to 0 (disabled)")
+    for policy in retry_on:
+        if policy not in RETRY_ON and not (policy.isdigit() and 100 <= int(policy) <= 599):
+            raise f.fail(f"{path}.retryOn: {policy!r} is not a valid retryOn policy")
+    return Retries(attempts, per_try, retry_on, remote)
+
+
+def _rewrite(f: _Fields, path: str) -> Rewrite | None:
+    sub = fields(f, path)
+    if sub is None:
+        return None
+    only(sub, ("uri", "authority", "uriRegexRewrite"))
+    uri, authority = sub.get("uri", str, ""), sub.get("authority", str, "")
+    uri_regex = None
+    if (r := fields(sub, "uriRegexRewrite")) is not None:
+        only(r, ("match", "rewrite"))
+        match = r.get("match", str, "")
+        if not match:
+            raise f.fail(f"{path}.uriRegexRewrite.match is required")
+        regex(f, f"{path}.uriRegexRewrite.match", match)
+        uri_regex = (match, r.get("rewrite", str, ""))
+    if not (uri or authority or uri_regex):
+        raise f.fail(f"{path}: rewrite must specify URI, authority, or uriRegexRewrite")
+    if uri and uri_regex:
+        raise f.fail(f"{path}: rewrite may only contain one of URI or uriRegexRewrite")
+    return Rewrite(uri, authority, uri_regex)
+
+
+_HTTP_UNSUPPORTED = ("redirect", "directResponse", "delegate", "mirror", "mirrors", "mirrorPercent",
+                     "mirrorPercentage", "mirror_percent", "corsPolicy")
+
+
+def _http_route(r: _Fields, namespace: str, domain: str) -> HTTPRoute:
+    only(r, ("name", "match", "route", "rewrite", "timeout", "retries", "fault", "headers"), _HTTP_UNSUPPORTED)
+    route = _route_destinations(r, "route", namespace, domain)
+    if not route:
+        raise r.fail("HTTP route or redirect is required")
+    rewrite, headers = _rewrite(r, "rewrite"), _headers(r, "headers")
+    authorities = [v for k, v in headers.request.set + headers.request.add if k.lower() in (":authority", "host")]
+    if len(authorities) + bool(rewrite and rewrite.authority) > 1:
+        raise r.fail("authority header cannot be set multiple times")
+    return HTTPRoute(
+        name=r.get("name", str, ""),
+        match=tuple(_http_match(m, namespace, domain) for m in items(r, "match")),
+        route=route,
+        rewrite=rewrite,
+        timeout=duration(r, "timeout"),
+        retries=_retries(r, "retries"),
+        fault=_fault(r, "fault"),
+        headers=headers,
+    )
+
+
+def _l4_route(r: _Fields, namespace: str, domain: str, tls: bool, hosts: tuple[str, ...]) -> L4Route:
+    only(r, ("match", "route"))
+    matches = []
+    for m in items(r, "match"):
+        only(m, ("destinationSubnets", "port", "sourceLabels", "gateways", "sourceNamespace")
+             + (("sniHosts",) if tls else ()), () if tls else ("sniHosts",))
+        for i, subnet in enumerate(str_list(m, "destinationSubnets")):
+            ip_or_cidr(m, f"destinationSubnets[{i}]", subnet)
+        sni = str_list(m, "sniHosts")
+        if tls and not sni:
+            raise m.fail("TLS match must have at least one SNI host")
+        for name in sni:
+            raise_if(m, wildcard_domain_error(name), "sniHosts")
+            if not any(host_matches(h, resolve_host(name, namespace, domain)) for h in hosts):
+                raise m.fail(f"sniHosts: the SNI host {name!r} is not a subset of any of the virtual service hosts")
+        matches.append(L4Match(str_list(m, "destinationSubnets"), port(m, "port") or 0, labels(m, "sourceLabels"),
+                               _gateway_refs(m, "gateways", namespace), _source_namespace(m), sni))
+    if tls and not matches:
+        raise r.fail("TLS route must have at least one match condition")
+    route = _route_destinations(r, "route", namespace, domain)
+    if not route:
+        raise r.fail("route is required")
+    return L4Route(tuple(matches), route)
+
+
+def virtual_service(key: ObjectKey, f: _Fields, domain: str) -> VirtualService:
+    spec(f, ("hosts", "gateways", "http", "tcp", "tls", "exportTo"), ("delegate",))
+    hosts = str_list(f, "spec.hosts")
+    if not hosts:
+        raise f.fail("spec.hosts: virtual service must have at least one host")
+    gateways = _gateway_refs(f, "spec.gateways", key.namespace) or (MESH_GATEWAY,)
+    for i, host in enumerate(hosts):
+        if host == "*" and MESH_GATEWAY in gateways:
+            raise f.fail(f"spec.hosts[{i}]: wildcard host * is not allowed for virtual services bound to the mesh gateway")
+        if (error := wildcard_domain_error(host)) and not is_ip(host):
+            raise f.fail(f"spec.hosts[{i}]: {error}")
+    resolved = tuple(resolve_host(h, key.namespace, domain) for h in hosts)
+    if not any(f.get(f"spec.{p}", list, []) for p in ("http", "tcp", "tls")):
+        raise f.fail("spec: http, tcp or tls must be provided in virtual service")
+    return VirtualService(
+        meta=meta(key),
+        hosts=resolved,
+        gateways=gateways,
+        http=tuple(_http_route(r, key.namespace, domain) for r in items(f, "spec.http")),
+        tcp=tuple(_l4_route(r, key.namespace, domain, False, resolved) for r in items(f, "spec.tcp")),
+        tls=tuple(_l4_route(r, key.namespace, domain, True, resolved) for r in items(f, "spec.tls")),
+        export_to=export_to(f),
+    )
+
+
+# --- DestinationRule --------------------------------------------------------------------------
+
+def _load_balancer(f: _Fields, path: str) -> LoadBalancerSettings | None:
+    sub = fields(f, path)
+    if sub is None:
+        return None
+    only(sub, ("simple", "consistentHash"), ("localityLbSetting", "warmupDurationSecs", "warmup"))
+    simple = enum_field(sub, "simple", LoadBalancer, "UNSPECIFIED") if "simple" in sub.body else None
+    consistent = None
+    if (c := fields(sub, "consistentHash")) is not None:
+        only(c, ("httpHeaderName", "httpCookie", "useSourceIp", "httpQueryParameterName", "minimumRingSize"),
+             ("ringHash", "maglev"))
+        keys = [k for k in ("httpHeaderName", "httpCookie", "useSourceIp", "httpQueryParameterName") if k in c.body]
+        if len(keys) != 1:
+            raise f.fail(f"{path}.consistentHash: exactly one hash key is required")
+        cookie = None
+        if (k := fields(c, "httpCookie")) is not None:
+            only(k, ("name", "path", "ttl"), ("attributes",))
+            if not k.get("name", str, ""):
+                raise f.fail(f"{path}.consistentHash.httpCookie.name is required")
+            cookie = (k.get("name", str, ""), k.get("path", str, ""), duration(k, "ttl", check=False))
+        consistent = ConsistentHash(c.get("httpHeaderName", str, ""), cookie, c.get("useSourceIp", bool, False),
+                                    c.get("httpQueryParameterName", str, ""), integer(c, "minimumRingSize", 0) or 0)
+    if simple is not None and consistent is not None:
+        raise f.fail(f"{path}: only one of simple or consistentHash")
+    return LoadBalancerSettings(simple, consistent)  # type: ignore[arg-type]
+
+
+def _connection_pool(f: _Fields, path: str) -> ConnectionPool | None:
+    sub = fields(f, path)
+    if sub is None:
+        return None
+    only(sub, ("tcp", "http"))
+    if not sub.body:
+        raise f.fail(f"{path}: connection pool must have at least one field")
+    tcp = http = None
+    if (t := fields(sub, "tcp")) is not None:
+        only(t, ("maxConnections", "connectTimeout"), ("tcpKeepalive", "maxConnectionDuration", "idleTimeout"))
+        tcp = TCPSettings(integer(t, "maxConnections", 0) or 0, duration(t, "connectTimeout"))
+    if (h := fields(sub, "http")) is not None:
+        only(h, ("http1MaxPendingRequests", "http2MaxRequests", "maxRequestsPerConnection", "maxRetries",
+                 "idleTimeout", "maxConcurrentStreams"), ("h2UpgradePolicy", "useClientProtocol"))
+        http = HTTPSettings(
+            http1_max_pending_requests=integer(h, "http1MaxPendingRequests", 0) or 0,
+            http2_max_requests=integer(h, "http2MaxRequests", 0) or 0,
+            max_requests_per_connection=integer(h, "maxRequestsPerConnection", 0) or 0,
+            max_retries=integer(h, "maxRetries", 0) or 0,
+            idle_timeout=duration(h, "idleTimeout"),
+            max_concurrent_streams=integer(h, "maxConcurrentStreams", 0) or 0,
+        )
+    return ConnectionPool(tcp, http)
+
+
+def _outlier_detection(f: _Fields, path: str) -> OutlierDetection | None:
+    sub = fields(f, path)
+    if sub is None:
+        return None
+    only(sub, ("consecutive5xxErrors", "consecutiveGatewayErrors", "interval", "baseEjectionTime",
+               "maxEjectionPercent", "minHealthPercent", "splitExternalLocalOriginErrors",
+               "consecutiveLocalOriginFailures"), ("consecutiveErrors",))
+    return OutlierDetection(
+        consecutive_5xx_errors=integer(sub, "consecutive5xxErrors", 0),
+        consecutive_gateway_errors=integer(sub, "consecutiveGatewayErrors", 0),
+        interval=duration(sub, "interval"),
+        base_ejection_time=duration(sub, "baseEjectionTime"),
+        max_ejection_percent=integer(sub, "maxEjectionPercent", 0, 100),
+        min_health_percent=integer(sub, "minHealthPercent", 0, 100),
+        split_external_local_origin_errors=sub.get("splitExternalLocalOriginErrors", bool, False),
+        consecutive_local_origin_failures=integer(sub, "consecutiveLocalOriginFailures", 0),
+    )
+
+
+def _client_tls(f: _Fields, path: str) -> ClientTLS | None:
+    sub = fields(f, path)
+    if sub is None:
+        return None
+    only(sub, ("mode", "clientCertificate", "privateKey", "caCertificates", "credentialName", "subjectAltNames",
+               "sni", "insecureSkipVerify"), ("caCrl",))
+    tls = ClientTLS(enum_field(sub, "mode", TLSMode, "DISABLE"), sub.get("clientCertificate", str, ""),  # type: ignore[arg-type]
+                    sub.get("privateKey", str, ""), sub.get("caCertificates", str, ""),
+                    sub.get("credentialName", str, ""), str_list(sub, "subjectAltNames"), sub.get("sni", str, ""),
+                    sub.get("insecureSkipVerify", bool, None))
+    if tls.mode is TLSMode.MUTUAL and not tls.credential_name:
+        if not tls.client_certificate:
+            raise f.fail(f"{path}: client certificate required for mutual tls")
+        if not tls.private_key:
+            raise f.fail(f"{path}: private key required for mutual tls")
+    return tls
+
+
+_POLICY_FIELDS = ("loadBalancer", "connectionPool", "outlierDetection", "tls")
+_POLICY_UNSUPPORTED = ("tunnel", "proxyProtocol")
+
+
+def _traffic_policy(f: _Fields, path: str) -> TrafficPolicy | None:
+    sub = fields(f, path)
+    if sub is None:
+        return None
+    only(sub, _POLICY_FIELDS + ("portLevelSettings",), _POLICY_UNSUPPORTED)
+    if not sub.body:
+        raise f.fail(f"{path}: traffic policy must have at least one field")
+    port_level = []
+    for p in items(sub, "portLevelSettings"):
+        only(p, _POLICY_FIELDS + ("port",))
+        number = port(p, "port.number")
+        if number is None:
+            raise p.fail("portTrafficPolicy must have valid port")
+        if len(p.body) == 1:
+            raise p.fail("port traffic policy must have at least one field")
+        port_level.append(PortTrafficPolicy(number, *_policy_parts(p)))
+    return TrafficPolicy(*_policy_parts(sub), port_level_settings=tuple(port_level))
+
+
+def _policy_parts(f: _Fields) -> tuple[LoadBalancerSettings | None, ConnectionPool | None,
+                                       OutlierDetection | None, ClientTLS | None]:
+    return (_load_balancer(f, "loadBalancer"), _connection_pool(f, "connectionPool"),
+            _outlier_detection(f, "outlierDetection"), _client_tls(f, "tls"))
+
+
+def destination_rule(key: ObjectKey, f: _Fields, domain: str) -> DestinationRule:
+    spec(f, ("host", "trafficPolicy", "subsets", "exportTo", "workloadSelector"))
+    host = f.get("spec.host", str, "")
+    if not host:
+        raise f.fail("spec.host is required")
+    raise_if(f, wildcard_domain_error(host), "spec.host")
+    subsets: list[Subset] = []
+    for i, s in enumerate(items(f, "spec.subsets")):
+        only(s, ("name", "labels", "trafficPolicy"))
+        name = s.get("name", str, "")
+        if not dns1123_label(name):
+            raise f.fail(f"spec.subsets[{i}].name: subset name is invalid: {name!r}")
+        if any(existing.name == name for existing in subsets):
+            raise f.fail(f"spec.subsets[{i}].name: duplicate subset names: {name}")
+        subsets.append(Subset(name, labels(s, "labels"), _traffic_policy(s, "trafficPolicy")))
+    return DestinationRule(meta(key), resolve_host(host, key.namespace, domain), _traffic_policy(f, "spec.trafficPolicy"),
+                           tuple(subsets), export_to(f), workload_selector(f, "spec.workloadSelector"))
+
+
+# --- ServiceEntry, WorkloadEntry --------------------------------------------------------------
+
+def _required(f: _Fields, path: str) -> _Fields:
+    sub = fields(f, path)
+    if sub is None:
+        raise f.fail(f"{path} is required")
+    return sub
+
+
+def _service_port(sub: _Fields, sniffed: bool = False) -> ServicePort:
+    only(sub, ("number", "protocol", "name", "targetPort"))
+    number = port(sub, "number")
+    if number is None:
+        raise sub.fail("number is required")
+    name = sub.get("name", str, "")
+    if name and not dns1123_label(name):
+        raise sub.fail(f"name: invalid port name: {name}")
+    return ServicePort(number, protocol(sub, "protocol", sniffed), name, port(sub, "targetPort") or 0)
+
+
+def _workload_entry(f: _Fields, meta: Meta, port_names: set[str] | None) -> WorkloadEntry:
+    address = f.get("address", str, "")
+    if address.startswith("unix://"):
+        raise f.fail("address: unix domain socket endpoints are not supported by this istiod")
+    if address and fqdn_error(address) and not is_ip(address):
+        raise f.fail(f"address: endpoint address {address!r} is not a valid FQDN or an IP address")
+    ports = []
+    for name, number in sorted(str_keyed(f, "ports").items()):
+        if port_names is not None and name not in port_names:
+            raise f.fail(f"ports: endpoint port {name} is not defined by the service entry")
+        if not dns1123_label(name):
+            raise f.fail(f"ports: invalid port name: {name}")
+        if isinstance(number, bool) or not isinstance(number, int) or not 0 < number < 65536:
+            raise f.fail(f"ports.{name}: {number!r} is not in 1-65535")
+        ports.append((name, number))
+    return WorkloadEntry(meta, address, tuple(ports), labels(f, "labels"), f.get("network", str, ""),
+                         f.get("locality", str, ""), integer(f, "weight", 0) or 0, f.get("serviceAccount", str, ""))
+
+
+_ENDPOINT_FIELDS = ("address", "ports", "labels", "network", "locality", "weight", "serviceAccount")
+
+
+def workload_entry(key: ObjectKey, f: _Fields, domain: str) -> WorkloadEntry:
+    body = spec(f, _ENDPOINT_FIELDS)
+    if not body.get("address", str, "") and not body.get("network", str, ""):
+        raise f.fail("spec.address must be set")
+    return _workload_entry(body, meta(key), None)
+
+
+def service_entry(key: ObjectKey, f: _Fields, domain: str) -> ServiceEntry:
+    spec(f, ("hosts", "addresses", "ports", "location", "resolution", "endpoints", "workloadSelector", "exportTo",
+              "subjectAltNames"))
+    hosts = str_list(f, "spec.hosts")
+    if not hosts:
+        raise f.fail("spec.hosts: service entry must have at least one host")
+    for i, host in enumerate(hosts):
+        if host == "*":
+            raise f.fail(f"spec.hosts[{i}]: invalid host {host}")
+        raise_if(f, wildcard_domain_error(host), f"spec.hosts[{i}]")
+    addresses = str_list(f, "spec.addresses")
+    for i, address in enumerate(addresses):
+        ip_or_cidr(f, f"spec.addresses[{i}]", address)
+    resolution: Resolution = enum_field(f, "spec.resolution", Resolution, "NONE")  # type: ignore[assignment]
+    if any("/" in a for a in addresses) and resolution not in (Resolution.NONE, Resolution.STATIC):
+        raise f.fail("spec.addresses: CIDR addresses are allowed only for NONE/STATIC resolution types")
+    ports: list[ServicePort] = []
+    for i, item in enumerate(items(f, "spec.ports")):
+        p = _service_port(item, sniffed=True)
+        if any(o.name == p.name for o in ports):
+            raise f.fail(f"spec.ports[{i}].name: service entry port name {p.name!r} already defined")
+        if any(o.number == p.number for o in ports):
+            raise f.fail(f"spec.ports[{i}].number: service entry port {p.number} already defined")
+        ports.append(p)
+    names = {p.name for p in ports}
+    owner = meta(key)
+    endpoints = tuple(_workload_entry(e, owner, names) for e in items(f, "spec.endpoints"))
+    selector = _labels_selector(f)
+    if "workloadSelector" in (f.get("spec", dict, {})) and endpoints:
+        raise f.fail("spec: only one of WorkloadSelector or Endpoints is allowed in Service Entry")
+    if resolution is Resolution.NONE and endpoints:
+        raise f.fail("spec.endpoints: no endpoints should be provided for resolution type none")
+    if resolution is Resolution.STATIC:
+        for i, e in enumerate(endpoints):
+            if not is_ip(e.address):
+                raise f.fail(f"spec.endpoints[{i}].address: {e.address!r} is not an IP address (resolution STATIC)")
+    if resolution in (Resolution.DNS, Resolution.DNS_ROUND_ROBIN) and not endpoints:
+        for host in hosts:
+            if host.startswith("*") or fqdn_error(host):
+                raise f.fail("spec.hosts: hosts must be FQDN if no endpoints are provided for resolution mode DNS")
+    if resolution is Resolution.DNS_ROUND_ROBIN and len(endpoints) > 1:
+        raise f.fail("spec.endpoints: there must only be 0 or 1 endpoint for resolution mode DNS_ROUND_ROBIN")
+    return ServiceEntry(owner, tuple(resolve_host(h, key.namespace, domain) for h in hosts), tuple(ports), addresses,
+                        enum_field(f, "spec.location", Location, "MESH_EXTERNAL"), resolution,  # type: ignore[arg-type]
+                        endpoints, selector, export_to(f), str_list(f, "spec.subjectAltNames"))
+
+
+def _labels_selector(f: _Fields) -> Labels:
+    """`workloadSelector: {labels: {...}}`, as ServiceEntry and Sidecar spell it (not matchLabels)."""
+    if (ws := fields(f, "spec.workloadSelector")) is not None:
+        only(ws, ("labels",))
+    selector = labels(f, "spec.workloadSelector.labels")
+    for key, value in selector:
+        if "*" in key or "*" in value:
+            raise f.fail("spec.workloadSelector.labels: wildcard is not supported in selector")
+    return selector
+
+
+# --- Gateway, Sidecar -------------------------------------------------------------------------
+
+def _namespaced_host(f: _Fields, path: str, text: str, gateway: bool) -> tuple[str, str]:
+    """`namespace/dnsName` (a Gateway may leave out the namespace: `*/` is meant)."""
+    ns, slash, name = text.partition("/")
+    if not slash:
+        if not gateway:
+            raise f.fail(f"{path}: host must be of form namespace/dnsName")
+        ns, name = "*", text
+    if not ns or not name:
+        raise f.fail(f"{path}: config namespace and dnsName in host entry cannot be empty")
+    allowed = ("*", ".") if gateway else ("*", ".", "~")
+    if ns not in allowed and not dns1123_label(ns):
+        raise f.fail(f"{path}: invalid namespace value {ns!r} in {'gateway' if gateway else 'sidecar'}")
+    if name != "*":
+        raise_if(f, wildcard_domain_error(name), path)
+    return ns, name
+
+
+def _server_tls(f: _Fields, path: str) -> ServerTLS | None:
+    sub = fields(f, path)
+    if sub is None:
+        return None
+    only(sub, ("httpsRedirect", "mode", "serverCertificate", "privateKey", "caCertificates", "credentialName",
+               "subjectAltNames", "minProtocolVersion", "maxProtocolVersion", "cipherSuites"),
+         ("credentialNames", "tlsCertificates", "verifyCertificateSpki", "verifyCertificateHash", "caCrl"))
+    tls = ServerTLS(enum_field(sub, "mode", ServerTLSMode, "PASSTHROUGH"), sub.get("httpsRedirect", bool, False),  # type: ignore[arg-type]
+                    sub.get("serverCertificate", str, ""), sub.get("privateKey", str, ""),
+                    sub.get("caCertificates", str, ""), sub.get("credentialName", str, ""),
+                    str_list(sub, "subjectAltNames"), sub.get("minProtocolVersion", str, ""),
+                    sub.get("maxProtocolVersion", str, ""), str_list(sub, "cipherSuites"))
+    if tls.mode is ServerTLSMode.ISTIO_MUTUAL:
+        if tls.server_certificate or tls.private_key or tls.ca_certificates or tls.credential_name:
+            raise f.fail(f"{path}: ISTIO_MUTUAL TLS cannot have associated private key, certificates or credentialName")
+    elif tls.mode in (ServerTLSMode.SIMPLE, ServerTLSMode.MUTUAL, ServerTLSMode.OPTIONAL_MUTUAL) and not tls.credential_name:
+        if not tls.server_certificate:
+            raise f.fail(f"{path}: {tls.mode.value} TLS requires a server certificate")
+        if not tls.private_key:
+            raise f.fail(f"{path}: {tls.mode.value} TLS requires a private key")
+        if tls.mode is not ServerTLSMode.SIMPLE and not tls.ca_certificates:
+            raise f.fail(f"{path}: MUTUAL TLS requires a client CA bundle")
+    return tls
+
+
+def gateway(key: ObjectKey, f: _Fields, domain: str) -> Gateway:
+    spec(f, ("servers", "selector"))
+    servers: list[Server] = []
+    for i, s in enumerate(items(f, "spec.servers")):
+        where = f"spec.servers[{i}]"
+        only(s, ("port", "bind", "hosts", "tls", "name"), ("defaultEndpoint",))
+        server_port = _service_port(_required(s, "port"))
+        if not server_port.name:
+            raise f.fail(f"{where}.port.name: port name must be set")
+        if any(o.port.name == server_port.name for o in servers):
+            raise f.fail(f"{where}.port.name: port names in servers must be unique: duplicate name {server_port.name}")
+        hosts = str_list(s, "hosts")
+        if not hosts:
+            raise f.fail(f"{where}.hosts: server config must contain at least one host")
+        bind = s.get("bind", str, "")
+        if bind and not is_ip(bind):
+            raise f.fail(f"{where}.bind: {bind!r} is not an IP address")
+        tls = _server_tls(s, "tls")
+        secure = server_port.protocol in ("HTTPS", "TLS")
+        if secure and tls is None:
+            raise f.fail(f"{where}.tls: server must have TLS settings for HTTPS/TLS protocols")
+        if not secure and tls is not None and (tls.mode is not ServerTLSMode.PASSTHROUGH or tls.server_certificate
+                                               or tls.private_key or tls.ca_certificates):
+            raise f.fail(f"{where}.tls: server cannot have TLS settings for plain text HTTP ports")
+        servers.append(Server(server_port, tuple(_namespaced_host(f, f"{where}.hosts[{j}]", h, True)
+                                                 for j, h in enumerate(hosts)), bind, tls, s.get("name", str, "")))
+    if not servers:
+        raise f.fail("spec.servers: gateway must have at least one server")
+    return Gateway(meta(key), tuple(servers), labels(f, "spec.selector"))
+
+
+_CAPTURE_MODES = ("DEFAULT", "IPTABLES", "NONE")
+
+
+def _capture_mode(f: _Fields, path: str) -> str:
+    mode = f.get(path, str, "DEFAULT")
+    if mode not in _CAPTURE_MODES:
+        raise f.fail(f"{path}: {mode!r} is not one of {', '.join(_CAPTURE_MODES)}")
+    return mode
+
+
+def sidecar(key: ObjectKey, f: _Fields, domain: str) -> Sidecar:
+    body = spec(f, ("workloadSelector", "ingress", "egress", "outboundTrafficPolicy"), ("inboundConnectionPool",)).body
+    selector = _labels_selector(f)
+    if "workloadSelector" in body and not selector:
+        raise f.fail("spec.workloadSelector: sidecar: workloadSelector cannot have empty labels")
+    if not any(body.get(k) for k in ("ingress", "egress", "outboundTrafficPolicy")):
+        raise f.fail("spec: sidecar: empty configuration provided")
+    ingress: list[IngressListener] = []
+    for i, item in enumerate(items(f, "spec.ingress")):
+        where = f"spec.ingress[{i}]"
+        only(item, ("port", "bind", "defaultEndpoint", "captureMode"), ("tls", "connectionPool"))
+        listener_port = _service_port(_required(item, "port"))
+        if any(o.port.number == listener_port.number for o in ingress):
+            raise f.fail(f"{where}.port: sidecar: ports on IP bound listeners must be unique")
+        endpoint = item.get("defaultEndpoint", str, "")
+        if endpoint and not _default_endpoint_ok(endpoint):
+            raise f.fail(f"{where}.defaultEndpoint: sidecar: defaultEndpoint must be of form "
+                         "127.0.0.1:<port>,0.0.0.0:<port>,unix://filepath, or unset")
+        ingress.append(IngressListener(listener_port, item.get("bind", str, ""), endpoint,
+                                       _capture_mode(item, "captureMode")))
+    egress: list[EgressListener] = []
+    listeners = items(f, "spec.egress")
+    for i, item in enumerate(listeners):
+        where = f"spec.egress[{i}]"
+        only(item, ("port", "bind", "captureMode", "hosts"))
+        egress_port = _service_port(_required(item, "port")) if "port" in item.body else None
+        if egress_port is None and i != len(listeners) - 1:
+            raise f.fail(f"{where}: sidecar: the egress listener with empty port should be the last listener in the list")
+        if egress_port is not None and any(o.port and o.port.number == egress_port.number for o in egress):
+            raise f.fail(f"{where}.port: sidecar: ports on IP bound listeners must be unique")
+        hosts = str_list(item, "hosts")
+        if not hosts:
+            raise f.fail(f"{where}.hosts: sidecar: egress listener must contain at least one host")
+        egress.append(EgressListener(tuple(_namespaced_host(f, f"{where}.hosts[{j}]", h, False)
+                                           for j, h in enumerate(hosts)),
+                                     egress_port, item.get("bind", str, ""), _capture_mode(item, "captureMode")))
+    mode = ""
+    if (policy := fields(f, "spec.outboundTrafficPolicy")) is not None:
+        only(policy, ("mode",), ("egressProxy",))
+        mode = policy.get("mode", str, "REGISTRY_ONLY")
+        if mode not in ("ALLOW_ANY", "REGISTRY_ONLY"):
+            raise f.fail(f"spec.outboundTrafficPolicy.mode: {mode!r} is not one of ALLOW_ANY, REGISTRY_ONLY")
+    return Sidecar(meta(key), tuple(egress), tuple(ingress), selector, mode)
+
+
+def _default_endpoint_ok(endpoint: str) -> bool:
+    if endpoint.startswith("unix://"):
+        return len(endpoint) > len("unix://")
+    host, _, number = endpoint.rpartition(":")
+    return host.strip("[]") in ("127.0.0.1", "0.0.0.0", "::1", "::") and number.isdigit() and 0 < int(number) < 65536

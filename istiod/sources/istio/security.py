@@ -1,0 +1,198 @@
+"""security.istio.io objects -> model values, validated as istiod validates them."""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import urlparse
+
+from istiod.model.config.security import (
+    Action, AuthorizationPolicy, Condition, JWTHeader, JWTRule, MTLSMode, Operation, PeerAuthentication,
+    RequestAuthentication, Rule, Source,
+)
+from istiod.sources.convert import ObjectKey, _Fields
+from istiod.sources.istio.common import enum_field, fields, ip_or_cidr, items, meta, spec, only, str_list, workload_selector
+
+_TARGET_REFS = ("targetRef", "targetRefs")  # Gateway API policy attachment: not implemented
+
+
+def _mode(sub: _Fields | None) -> MTLSMode:
+    if sub is None:
+        return MTLSMode.UNSET
+    only(sub, ("mode",))
+    return enum_field(sub, "mode", MTLSMode, "UNSET")  # type: ignore[return-value]
+
+
+def peer_authentication(key: ObjectKey, f: _Fields, domain: str) -> PeerAuthentication:
+    spec(f, ("selector", "mtls", "portLevelMtls"), _TARGET_REFS)
+    selector = workload_selector(f)
+    port_level = []
+    # YAML writes the ports as numbers or strings: `{8080: {mode: DISABLE}}`.
+    for name, value in f.get("spec.portLevelMtls", dict, {}).items():
+        where = f"spec.portLevelMtls.{name}"
+        if not str(name).isdigit() or not 0 < int(name) < 65536:
+            raise f.fail(f"spec.portLevelMtls: port {name!r} is not in 1-65535")
+        if not isinstance(value, dict):
+            raise f.fail(f"{where}: expected a map")
+        port_level.append((int(name), _mode(_Fields(f"{f.key} {where}", value))))
+    if port_level and not selector:
+        raise f.fail("spec.portLevelMtls: mesh/namespace peer authentication cannot have port level mTLS")
+    return PeerAuthentication(meta(key), selector, _mode(fields(f, "spec.mtls")), tuple(sorted(port_level)))
+
+
+_SOURCE_FIELDS = ("principals", "notPrincipals", "requestPrincipals", "notRequestPrincipals", "namespaces",
+                  "notNamespaces", "ipBlocks", "notIpBlocks", "remoteIpBlocks", "notRemoteIpBlocks")
+_OPERATION_FIELDS = ("hosts", "notHosts", "ports", "notPorts", "methods", "notMethods", "paths", "notPaths")
+# Attributes a `when` condition may name (istiod's ValidateAttribute), by prefix for the bracketed ones.
+_ATTRIBUTES = ("source.ip", "remote.ip", "source.namespace", "source.principal", "request.auth.principal",
+               "request.auth.audiences", "request.auth.presenter", "destination.ip", "destination.port",
+               "connection.sni", "source.serviceAccount")
+_ATTRIBUTE_PREFIXES = ("request.headers[", "request.auth.claims[", "experimental.envoy.filters.")
+
+
+def _values(f: _Fields, path: str) -> tuple[str, ...]:
+    values = str_list(f, path)
+    if any(not v for v in values):
+        raise f.fail(f"{path}: empty value is not allowed")
+    return values
+
+
+def _ports(f: _Fields, path: str) -> tuple[int, ...]:
+    values = _values(f, path)
+    for value in values:
+        if not value.isdigit() or not 0 < int(value) < 65536:
+            raise f.fail(f"{path}: invalid port {value}")
+    return tuple(int(v) for v in values)
+
+
+def _source(f: _Fields, path: str, action: Action) -> Source:
+    sub = fields(f, path)
+    if sub is None:
+        raise f.fail(f"{path} must not be nil")
+    only(sub, _SOURCE_FIELDS, ("serviceAccounts", "notServiceAccounts"))
+    if not any(sub.body.get(k) for k in _SOURCE_FIELDS):
+        raise f.fail(f"{path} must not be empty")
+    for name in ("ipBlocks", "notIpBlocks", "remoteIpBlocks", "notRemoteIpBlocks"):
+        for value in _values(sub, name):
+            ip_or_cidr(f, f"{path}.{name}", value)
+    if action is Action.CUSTOM and (sub.body.get("requestPrincipals") or sub.body.get("notRequestPrincipals")):
+        raise f.fail(f"{path}.requestPrincipals is not supported for CUSTOM action")
+    return Source(*(_values(sub, name) for name in _SOURCE_FIELDS))
+
+
+def _operation(f: _Fields, path: str) -> Operation:
+    sub = fields(f, path)
+    if sub is None:
+        raise f.fail(f"{path} must not be nil")
+    only(sub, _OPERATION_FIELDS)
+    if not any(sub.body.get(k) for k in _OPERATION_FIELDS):
+        raise f.fail(f"{path} must not be empty")
+    for name in ("paths", "notPaths"):
+        for value in _values(sub, name):
+            if "*" in value.strip("*") and "{" not in value:
+                raise f.fail(f"{path}.{name}: {value!r}: '*' is allowed only as a prefix or a suffix")
+    return Operation(_values(sub, "hosts"), _values(sub, "notHosts"), _ports(sub, "ports"), _ports(sub, "notPorts"),
+                     _values(sub, "methods"), _values(sub, "notMethods"), _values(sub, "paths"),
+                     _values(sub, "notPaths"))
+
+
+def _condition(c: _Fields) -> Condition:
+    only(c, ("key", "values", "notValues"))
+    key = c.get("key", str, "")
+    if not key:
+        raise c.fail("`key` must not be empty")
+    values, not_values = _values(c, "values"), _values(c, "notValues")
+    if not values and not not_values:
+        raise c.fail(f"at least one of `values` or `notValues` must be set for key {key}")
+    if key not in _ATTRIBUTES and not key.startswith(_ATTRIBUTE_PREFIXES):
+        raise c.fail(f"key: unknown attribute: {key}")
+    if key.startswith(_ATTRIBUTE_PREFIXES[:2]) and not key.endswith("]"):
+        raise c.fail(f"key: invalid attribute {key}: missing ']'")
+    for value in values + not_values:
+        if key in ("source.ip", "remote.ip", "destination.ip"):
+            ip_or_cidr(c, "values", value)
+        elif key == "destination.port" and not (value.isdigit() and 0 < int(value) < 65536):
+            raise c.fail(f"invalid `value` for `key` {key}: invalid port {value}")
+    return Condition(key, values, not_values)
+
+
+def authorization_policy(key: ObjectKey, f: _Fields, domain: str) -> AuthorizationPolicy:
+    spec(f, ("selector", "action", "rules", "provider"), _TARGET_REFS)
+    action: Action = enum_field(f, "spec.action", Action, "ALLOW")  # type: ignore[assignment]
+    has_rules = "rules" in f.get("spec", dict, {})
+    provider = ""
+    if (p := fields(f, "spec.provider")) is not None:
+        only(p, ("name",))
+        provider = p.get("name", str, "")
+    if action is Action.CUSTOM:
+        if not has_rules:
+            raise f.fail("spec.rules: CUSTOM action without `rules` is meaningless as it will never be triggered, "
+                         "add an empty rule `{}` if you want it be triggered for every request")
+        if not provider:
+            raise f.fail("spec.provider.name must not be empty")
+    elif p is not None:
+        raise f.fail(f"spec.provider must not be with non CUSTOM action, found {action.value}")
+    if action is Action.DENY and not f.get("spec.rules", list, []):
+        raise f.fail("spec.rules: DENY action without `rules` is meaningless as it will never be triggered, "
+                     "add an empty rule `{}` if you want it be triggered for every request")
+    rules = []
+    for i, r in enumerate(items(f, "spec.rules")):
+        only(r, ("from", "to", "when"))
+        where = f"spec.rules[{i}]"
+        for part in ("from", "to"):
+            if part in r.body and not r.get(part, list, []):
+                raise f.fail(f"{where}.{part} must not be empty")
+        for item in items(r, "from"):
+            only(item, ("source",))
+        for item in items(r, "to"):
+            only(item, ("operation",))
+        sources = tuple(_source(item, "source", action) for item in items(r, "from"))
+        operations = tuple(_operation(item, "operation") for item in items(r, "to"))
+        rules.append(Rule(sources, operations, tuple(_condition(c) for c in items(r, "when"))))
+    return AuthorizationPolicy(meta(key), workload_selector(f), action, tuple(rules), provider)
+
+
+def _jwt_rule(r: _Fields) -> JWTRule:
+    only(r, ("issuer", "audiences", "jwksUri", "jwks", "fromHeaders", "fromParams", "fromCookies",
+             "outputPayloadToHeader", "forwardOriginalToken", "outputClaimToHeaders"), ("timeout",))
+    issuer = r.get("issuer", str, "")
+    if not issuer:
+        raise r.fail("issuer must be set")
+    audiences = str_list(r, "audiences")
+    if any(not a for a in audiences):
+        raise r.fail("audiences: audience must be non-empty string")
+    jwks_uri = r.get("jwksUri", str, "")
+    if jwks_uri:
+        parsed = urlparse(jwks_uri)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise r.fail(f"jwksUri: {jwks_uri!r} is not an http(s) URL")
+    jwks = r.get("jwks", str, "")
+    if jwks:
+        try:
+            keys = json.loads(jwks).get("keys")
+        except (ValueError, AttributeError):
+            keys = None
+        if not isinstance(keys, list):
+            raise r.fail("jwks: jwks parse error: expected a JSON object with a `keys` list")
+    headers = []
+    for h in items(r, "fromHeaders"):
+        only(h, ("name", "prefix"))
+        if not h.get("name", str, ""):
+            raise h.fail("location header name must be non-empty string")
+        headers.append(JWTHeader(h.get("name", str, ""), h.get("prefix", str, "")))
+    params, cookies = str_list(r, "fromParams"), str_list(r, "fromCookies")
+    if any(not p for p in params + cookies):
+        raise r.fail("fromParams/fromCookies: location must be non-empty string")
+    claims = []
+    for c in items(r, "outputClaimToHeaders"):
+        only(c, ("header", "claim"))
+        header, claim = c.get("header", str, ""), c.get("claim", str, "")
+        if not header or not claim:
+            raise c.fail("outputClaimToHeaders header and claim value must be non-empty string")
+        claims.append((header, claim))
+    return JWTRule(issuer, audiences, jwks_uri, jwks, tuple(headers), params, cookies,
+                   r.get("outputPayloadToHeader", str, ""), r.get("forwardOriginalToken", bool, False), tuple(claims))
+
+
+def request_authentication(key: ObjectKey, f: _Fields, domain: str) -> RequestAuthentication:
+    spec(f, ("selector", "jwtRules"), _TARGET_REFS)
+    return RequestAuthentication(meta(key), workload_selector(f), tuple(_jwt_rule(r) for r in items(f, "spec.jwtRules")))

@@ -1,0 +1,181 @@
+"""The mesh config as istiod reads it: YAML from `--mesh-config FILE`, or in a cluster the
+ConfigMap `istio` (key `mesh`) in istiod's namespace; changes apply without a restart.
+
+Fields istiod has that this one does not implement are named in one warning line, not refused:
+an Istio installation's ConfigMap carries many, and must still be read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes_asyncio import client
+
+from istiod.model.labels import EXPRESSION_OPERATORS, Requirement, Selector
+from istiod.model.mesh import MeshConfig, OutboundTrafficPolicy, ProxyConfig
+from istiod.sources.convert import ConversionError, _Fields
+from istiod.sources.istio.common import check_label, dns1123_label, fields, items, only, str_list
+from istiod.sources.kube import Informer
+
+log = logging.getLogger(__name__)
+CONFIGMAP = "istio"
+CONFIGMAP_KEY = "mesh"
+_FIELDS = ("trustDomain", "rootNamespace", "outboundTrafficPolicy", "enableAutoMtls", "defaultConfig",
+           "discoverySelectors")
+_PROXY_FIELDS = ("discoveryAddress", "proxyMetadata", "holdApplicationUntilProxyStarts")
+
+
+class MeshConfigError(ValueError):
+    pass
+
+
+def parse_mesh_config(text: str, base: MeshConfig, where: str) -> MeshConfig:
+    """The YAML text over `base` (the flags' values); raises MeshConfigError naming the field."""
+    try:
+        body = yaml.safe_load(text) or {}
+    except yaml.YAMLError as error:
+        raise MeshConfigError(f"{where}: {' '.join(str(error).split())}") from None
+    if not isinstance(body, dict):
+        raise MeshConfigError(f"{where}: expected a map")
+    f = _Fields(where, body)
+    try:
+        return _parse(f, base)
+    except ConversionError as error:
+        raise MeshConfigError(str(error)) from None
+
+
+def _parse(f: _Fields, base: MeshConfig) -> MeshConfig:
+    ignored = sorted(set(f.body) - set(_FIELDS))
+    proxy = base.default_config
+    if (d := fields(f, "defaultConfig")) is not None:
+        ignored += [f"defaultConfig.{k}" for k in sorted(set(d.body) - set(_PROXY_FIELDS))]
+        proxy = ProxyConfig(d.get("discoveryAddress", str, proxy.discovery_address), d.str_map("proxyMetadata"),
+                            d.get("holdApplicationUntilProxyStarts", bool, proxy.hold_application_until_proxy_starts))
+    if ignored:
+        log.warning("%s: mesh config fields not implemented, ignored: %s", f.key, ", ".join(ignored))
+    root = f.get("rootNamespace", str, base.root_namespace)
+    if not dns1123_label(root):
+        raise f.fail(f"rootNamespace: {root!r} is not a namespace name")
+    policy = base.outbound_traffic_policy
+    if (p := fields(f, "outboundTrafficPolicy")) is not None:
+        only(p, ("mode",))
+        mode = p.get("mode", str, "ALLOW_ANY")
+        if mode not in OutboundTrafficPolicy.__members__:
+            raise f.fail(f"outboundTrafficPolicy.mode: {mode!r} is not ALLOW_ANY or REGISTRY_ONLY")
+        policy = OutboundTrafficPolicy(mode)
+    selectors = base.discovery_selectors
+    if "discoverySelectors" in f.body:
+        selectors = tuple(_label_selector(s) for s in items(f, "discoverySelectors"))
+    return dataclasses.replace(
+        base,
+        trust_domain=f.get("trustDomain", str, base.trust_domain) or base.trust_domain,
+        root_namespace=root,
+        outbound_traffic_policy=policy,
+        enable_auto_mtls=f.get("enableAutoMtls", bool, base.enable_auto_mtls),
+        default_config=proxy,
+        discovery_selectors=selectors,
+    )
+
+
+def _label_selector(s: _Fields) -> Selector:
+    only(s, ("matchLabels", "matchExpressions"))
+    match_labels = s.str_map("matchLabels")
+    for key, value in match_labels:
+        check_label(s, "matchLabels", key, value)
+    expressions = []
+    for e in items(s, "matchExpressions"):
+        only(e, ("key", "operator", "values"))
+        key, operator, values = e.get("key", str, ""), e.get("operator", str, ""), str_list(e, "values")
+        if not key:
+            raise e.fail("key is required")
+        if operator not in EXPRESSION_OPERATORS:
+            raise e.fail(f"operator: {operator!r} is not one of {', '.join(EXPRESSION_OPERATORS)}")
+        if (operator in ("In", "NotIn")) != bool(values):
+            raise e.fail(f"values: {operator} needs {'some values' if operator in ('In', 'NotIn') else 'no values'}")
+        expressions.append(Requirement(key, EXPRESSION_OPERATORS[operator], values))
+    return Selector(tuple(Requirement(k, "=", (v,)) for k, v in match_labels) + tuple(expressions))
+
+
+def read_mesh_file(path: Path, base: MeshConfig) -> MeshConfig:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise MeshConfigError(f"mesh config {path}: {error.strerror or error}") from None
+    return parse_mesh_config(text, base, f"mesh config {path}")
+
+
+MeshListener = Callable[[MeshConfig], None]
+
+
+class MeshFileWatcher:
+    """Polls the file; a bad edit is logged and the last good mesh config stays."""
+
+    def __init__(self, path: Path, base: MeshConfig, on_change: MeshListener, poll_interval: float = 1.0) -> None:
+        self.path, self.base, self.on_change, self.poll_interval = path, base, on_change, poll_interval
+        self._signature = self._stat()
+
+    def _stat(self) -> tuple[int, int] | None:
+        try:
+            stat = self.path.stat()
+        except OSError:
+            return None
+        return stat.st_mtime_ns, stat.st_size
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_interval)
+            signature = await asyncio.to_thread(self._stat)
+            if signature == self._signature:
+                continue
+            self._signature = signature
+            try:
+                mesh = await asyncio.to_thread(read_mesh_file, self.path, self.base)
+            except MeshConfigError as error:
+                log.error("%s; keeping the last good mesh config", error)
+                continue
+            self.on_change(mesh)
+
+
+class MeshConfigMapWatcher:
+    """Watches the ConfigMap `istio` in istiod's namespace (as an informer's writer): its key
+    `mesh` over the flags' values; deleting it goes back to those."""
+
+    def __init__(self, api: client.ApiClient, namespace: str, base: MeshConfig, on_change: MeshListener,
+                 watch_timeout: int = 300) -> None:
+        self.namespace, self.base, self.on_change = namespace, base, on_change
+        self.mesh = base
+        core = client.CoreV1Api(api)
+        call = functools.partial(core.list_namespaced_config_map, namespace, field_selector=f"metadata.name={CONFIGMAP}")
+        self.informer = Informer("ConfigMap", call, self, watch_timeout)
+
+    def apply(self, body: dict[str, Any]) -> object:
+        where = f"ConfigMap {self.namespace}/{CONFIGMAP} key {CONFIGMAP_KEY}"
+        text = (body.get("data") or {}).get(CONFIGMAP_KEY, "")
+        try:
+            mesh = parse_mesh_config(text, self.base, where)
+        except MeshConfigError as error:
+            log.error("%s; keeping the last good mesh config", error)
+            return None
+        self._set(mesh)
+        return None
+
+    def delete(self, body: dict[str, Any]) -> None:
+        self._set(self.base)
+
+    def replace(self, kind: str, items: list[dict[str, Any]]) -> None:
+        if items:
+            self.apply(items[0])
+        else:
+            self._set(self.base)
+
+    def _set(self, mesh: MeshConfig) -> None:
+        if mesh != self.mesh:
+            self.mesh = mesh
+            self.on_change(mesh)

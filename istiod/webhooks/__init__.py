@@ -1,0 +1,1 @@
+"""istiod's webhooks on 15017 (HTTPS): config validation."""

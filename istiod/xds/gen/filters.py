@@ -1,0 +1,44 @@
+"""Building blocks every flavor's listeners and clusters share: Any packing, the ADS config
+source, the HTTP connection manager with the router last. Upstream Envoy extension names only."""
+
+from __future__ import annotations
+
+from envoy.config.core.v3 import config_source_pb2
+from envoy.config.listener.v3 import listener_components_pb2
+from envoy.extensions.filters.http.router.v3 import router_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
+from google.protobuf import any_pb2, duration_pb2
+from google.protobuf.message import Message
+
+ROUTER_FILTER = "envoy.filters.http.router"
+HCM_FILTER = "envoy.filters.network.http_connection_manager"
+TCP_PROXY_FILTER = "envoy.filters.network.tcp_proxy"
+
+
+def pack(message: Message) -> any_pb2.Any:
+    packed = any_pb2.Any()
+    packed.Pack(message)
+    return packed
+
+
+def ads_source(initial_fetch_timeout: duration_pb2.Duration | None = None) -> config_source_pb2.ConfigSource:
+    return config_source_pb2.ConfigSource(
+        ads=config_source_pb2.AggregatedConfigSource(), resource_api_version=config_source_pb2.V3,
+        initial_fetch_timeout=initial_fetch_timeout,
+    )
+
+
+def http_connection_manager(**fields: object) -> hcm_pb2.HttpConnectionManager:
+    return hcm_pb2.HttpConnectionManager(
+        http_filters=[hcm_pb2.HttpFilter(name=ROUTER_FILTER, typed_config=pack(router_pb2.Router()))],
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def network_filter(name: str, config: Message) -> listener_components_pb2.Filter:
+    return listener_components_pb2.Filter(name=name, typed_config=pack(config))
+
+
+def tcp_proxy(stat_prefix: str, cluster: str) -> listener_components_pb2.Filter:
+    return network_filter(TCP_PROXY_FILTER, tcp_proxy_pb2.TcpProxy(stat_prefix=stat_prefix, cluster=cluster))

@@ -1,0 +1,152 @@
+"""CDS for sidecars: `outbound|<port>||<host>` EDS clusters with auto mTLS, the passthrough and
+blackhole clusters, and an ORIGINAL_DST `inbound|<port>||` cluster per port the pod serves."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from envoy.config.cluster.v3 import circuit_breaker_pb2, cluster_pb2
+from envoy.config.core.v3 import address_pb2, base_pb2, protocol_pb2
+from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2 as http_options_pb2
+from google.protobuf import duration_pb2, struct_pb2, wrappers_pb2
+
+from istiod.model.names import inbound_cluster_name
+from istiod.model.protocol import Protocol
+from istiod.model.proxy import Proxy
+from istiod.model.snapshot import Snapshot
+from istiod.xds import types
+from istiod.xds.cache import Resource, ResourceCache
+from istiod.xds.gen.filters import ads_source, pack
+from istiod.xds.gen.sidecar.ports import OutboundPort, inbound_ports, outbound_ports
+from istiod.xds.gen.tls import destination_identities, raw_buffer, sds_upstream_tls
+
+BLACKHOLE = "BlackHoleCluster"
+PASSTHROUGH = "PassthroughCluster"
+INBOUND_PASSTHROUGH = "InboundPassthroughCluster"
+# Where inbound clusters connect from, so the capture rules let the connection reach the app
+# (istio-init's `-s 127.0.0.6 -j RETURN`).
+INBOUND_BIND_ADDRESS = "127.0.0.6"
+HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+CONNECT_TIMEOUT = duration_pb2.Duration(seconds=10)  # istiod's connectTimeout default
+_MAX = 4294967295  # Istio lifts Envoy's default circuit-breaker limits (1024) to the maximum
+
+
+def clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
+    """Envoy asks for every cluster (wildcard); `names` would narrow it."""
+    result = [
+        cache.get(types.CLUSTER, name, None, build)
+        for name, build in ((BLACKHOLE, _blackhole), (PASSTHROUGH, _passthrough),
+                            (INBOUND_PASSTHROUGH, _inbound_passthrough))
+    ]
+    for target in outbound_ports(snapshot, proxy):
+        name = target.cluster
+        # The cluster names its destination's identities, so its endpoints matter too.
+        endpoints = snapshot.endpoints_for(target.service.hostname, target.port.port)
+        result.append(cache.get(types.CLUSTER, name, (target.service, snapshot.mesh, endpoints), lambda: outbound_cluster(
+            target, destination_identities(endpoints, snapshot.mesh.trust_domain))))
+    for inbound in inbound_ports(snapshot, proxy):
+        name = inbound_cluster_name(inbound.port)
+        result.append(cache.get(types.CLUSTER, name, None, lambda: inbound_cluster(name, inbound.protocol),
+                                scope=inbound.protocol.value))
+    if names is not None:
+        wanted = set(names)
+        result = [r for r in result if r.name in wanted]
+    return result
+
+
+def outbound_cluster(target: OutboundPort, identities: tuple[str, ...]) -> cluster_pb2.Cluster:
+    """Auto mTLS, as Istio's: endpoints labelled `tlsMode: istio` (pods with a sidecar) get mTLS,
+    the others plaintext; the choice is per endpoint, by the EDS metadata."""
+    host, port = target.service.hostname, target.port.port
+    sni = f"outbound_.{port}_._.{host}"
+    return cluster_pb2.Cluster(
+        name=target.cluster,
+        type=cluster_pb2.Cluster.EDS,
+        eds_cluster_config=cluster_pb2.Cluster.EdsClusterConfig(
+            eds_config=ads_source(initial_fetch_timeout=duration_pb2.Duration()), service_name=target.cluster
+        ),
+        connect_timeout=CONNECT_TIMEOUT,
+        lb_policy=cluster_pb2.Cluster.LEAST_REQUEST,
+        circuit_breakers=_unlimited(),
+        typed_extension_protocol_options=_protocol_options(target.protocol),
+        transport_socket_matches=[
+            cluster_pb2.Cluster.TransportSocketMatch(
+                name="tlsMode-istio", match=_struct({"tlsMode": "istio"}),
+                transport_socket=sds_upstream_tls(identities, sni),
+            ),
+            cluster_pb2.Cluster.TransportSocketMatch(
+                name="tlsMode-disabled", match=struct_pb2.Struct(), transport_socket=raw_buffer()
+            ),
+        ],
+        metadata=base_pb2.Metadata(filter_metadata={"istio": _struct({"services": [
+            {"host": host, "name": target.service.name, "namespace": target.service.namespace}]})}),
+    )
+
+
+def inbound_cluster(name: str, protocol: Protocol) -> cluster_pb2.Cluster:
+    """To the app in the same pod: the connection's original destination, from 127.0.0.6."""
+    return _original_dst(name, _protocol_options(protocol), bind=True)
+
+
+def _blackhole() -> cluster_pb2.Cluster:
+    return cluster_pb2.Cluster(name=BLACKHOLE, type=cluster_pb2.Cluster.STATIC, connect_timeout=CONNECT_TIMEOUT)
+
+
+def _passthrough() -> cluster_pb2.Cluster:
+    return _original_dst(PASSTHROUGH, _downstream_protocol(), bind=False)
+
+
+def _inbound_passthrough() -> cluster_pb2.Cluster:
+    return _original_dst(INBOUND_PASSTHROUGH, _downstream_protocol(), bind=True)
+
+
+def _original_dst(name: str, options: dict[str, object], bind: bool) -> cluster_pb2.Cluster:
+    return cluster_pb2.Cluster(
+        name=name,
+        type=cluster_pb2.Cluster.ORIGINAL_DST,
+        lb_policy=cluster_pb2.Cluster.CLUSTER_PROVIDED,
+        connect_timeout=CONNECT_TIMEOUT,
+        circuit_breakers=_unlimited(),
+        typed_extension_protocol_options=options,
+        upstream_bind_config=address_pb2.BindConfig(
+            source_address=address_pb2.SocketAddress(address=INBOUND_BIND_ADDRESS, port_value=0)
+        ) if bind else None,
+    )
+
+
+def _protocol_options(protocol: Protocol) -> dict[str, object]:
+    """HTTP/2 upstream for gRPC and HTTP/2 ports; Envoy's default (HTTP/1.1) for the others."""
+    if not protocol.is_http2:
+        return {}
+    options = http_options_pb2.HttpProtocolOptions(
+        explicit_http_config=http_options_pb2.HttpProtocolOptions.ExplicitHttpConfig(
+            http2_protocol_options=protocol_pb2.Http2ProtocolOptions()
+        )
+    )
+    return {HTTP_OPTIONS: pack(options)}
+
+
+def _downstream_protocol() -> dict[str, object]:
+    """Passthrough clusters speak to the upstream whatever the client spoke."""
+    options = http_options_pb2.HttpProtocolOptions(
+        use_downstream_protocol_config=http_options_pb2.HttpProtocolOptions.UseDownstreamHttpConfig(
+            http_protocol_options=protocol_pb2.Http1ProtocolOptions(),
+            http2_protocol_options=protocol_pb2.Http2ProtocolOptions(),
+        )
+    )
+    return {HTTP_OPTIONS: pack(options)}
+
+
+def _unlimited() -> circuit_breaker_pb2.CircuitBreakers:
+    limit = wrappers_pb2.UInt32Value(value=_MAX)
+    return circuit_breaker_pb2.CircuitBreakers(thresholds=[circuit_breaker_pb2.CircuitBreakers.Thresholds(
+        max_connections=limit, max_pending_requests=limit, max_requests=limit, max_retries=limit,
+        track_remaining=True,
+    )])
+
+
+def _struct(values: dict[str, Any]) -> struct_pb2.Struct:
+    result = struct_pb2.Struct()
+    result.update(values)
+    return result
+

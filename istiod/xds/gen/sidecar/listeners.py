@@ -1,0 +1,226 @@
+"""LDS for sidecars, with Istio's names and shapes.
+
+- `virtualOutbound` (15001) takes captured outbound traffic and hands each connection to the listener
+  of its original destination (`use_original_dst`); what no listener claims goes to
+  PassthroughCluster, or BlackHoleCluster under REGISTRY_ONLY.
+- `0.0.0.0_<port>` per HTTP service port (routes from RDS `<port>`), `<vip>_<port>` per TCP service
+  port with a ClusterIP (tcp_proxy to its cluster); these never bind (`bind_to_port: false`).
+- `virtualInbound` (15006): per port the pod serves, filter chains matched on the transport
+  protocol: mesh mTLS (TLS with Istio's ALPN, the workload certificate, a client certificate the
+  mesh root signed) and, unless STRICT, plaintext; anything else passes through to the app.
+"""
+
+from __future__ import annotations
+
+from envoy.config.core.v3 import address_pb2, base_pb2
+from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
+from envoy.config.route.v3 import route_components_pb2, route_pb2
+from envoy.extensions.filters.listener.original_dst.v3 import original_dst_pb2
+from envoy.extensions.filters.listener.tls_inspector.v3 import tls_inspector_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from google.protobuf import duration_pb2, wrappers_pb2
+
+from istiod.model.mesh import MeshConfig, OutboundTrafficPolicy
+from istiod.model.names import inbound_cluster_name
+from istiod.model.proxy import Proxy
+from istiod.model.snapshot import Snapshot
+from istiod.xds import types
+from istiod.xds.cache import Resource, ResourceCache
+from istiod.xds.gen.filters import HCM_FILTER, ads_source, http_connection_manager, network_filter, pack, tcp_proxy
+from istiod.xds.gen.sidecar.clusters import BLACKHOLE, INBOUND_PASSTHROUGH, PASSTHROUGH
+from istiod.xds.gen.sidecar.ports import (
+    PROXY_PORTS,
+    VIRTUAL_INBOUND_PORT,
+    VIRTUAL_OUTBOUND_PORT,
+    InboundPort,
+    OutboundPort,
+    inbound_ports,
+    outbound_ports,
+)
+from istiod.xds.gen.tls import HTTP_ALPN, MESH_ALPN_MATCH, sds_downstream_tls
+
+VIRTUAL_OUTBOUND = "virtualOutbound"
+VIRTUAL_INBOUND = "virtualInbound"
+ORIGINAL_DST_FILTER = "envoy.filters.listener.original_dst"
+TLS_INSPECTOR_FILTER = "envoy.filters.listener.tls_inspector"
+ANY_ADDRESS = "0.0.0.0"
+
+
+def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
+    mesh = snapshot.mesh
+    result = [cache.get(types.LISTENER, VIRTUAL_OUTBOUND, mesh, lambda: virtual_outbound(mesh))]
+    # One listener per address: Envoy refuses two of one name (two Services claiming one ClusterIP
+    # and port); the first by hostname keeps it.
+    named: set[str] = set()
+    for target in outbound_ports(snapshot, proxy):
+        number = target.port.port
+        if number in PROXY_PORTS:
+            continue
+        if target.protocol.is_http:
+            name = f"{ANY_ADDRESS}_{number}"
+            if name not in named:
+                result.append(cache.get(types.LISTENER, name, None, lambda: http_outbound_listener(number)))
+        elif (vip := target.vip) is not None:
+            name = f"{vip}_{number}"
+            if name not in named:
+                result.append(cache.get(types.LISTENER, name, target.service,
+                                        lambda: tcp_outbound_listener(vip, target)))
+        else:
+            continue  # headless TCP: its traffic takes virtualOutbound's passthrough
+        named.add(name)
+    inbound = inbound_ports(snapshot, proxy)
+    # Proxies whose pods serve the same ports share one copy: the scope says what it holds.
+    scope = f"{mesh.mtls}:" + ",".join(f"{p.port}/{p.protocol.value}" for p in inbound)
+    result.append(cache.get(types.LISTENER, VIRTUAL_INBOUND, None, lambda: virtual_inbound(inbound, mesh.mtls),
+                            scope=scope))
+    if names is not None:
+        wanted = set(names)
+        result = [r for r in result if r.name in wanted]
+    return result
+
+
+def virtual_outbound(mesh: MeshConfig) -> listener_pb2.Listener:
+    unmatched, chain = ((BLACKHOLE, "BlackHoleFilterChain") if mesh.outbound_traffic_policy is OutboundTrafficPolicy.REGISTRY_ONLY
+                        else (PASSTHROUGH, "PassthroughFilterChain"))
+    return listener_pb2.Listener(
+        name=VIRTUAL_OUTBOUND,
+        address=_address(ANY_ADDRESS, VIRTUAL_OUTBOUND_PORT),
+        use_original_dst=wrappers_pb2.BoolValue(value=True),
+        traffic_direction=base_pb2.OUTBOUND,
+        filter_chains=[_loop_breaker(VIRTUAL_OUTBOUND, VIRTUAL_OUTBOUND_PORT)],
+        default_filter_chain=listener_components_pb2.FilterChain(
+            name=chain,
+            filters=[tcp_proxy(unmatched, unmatched)],
+        ),
+    )
+
+
+def _loop_breaker(listener: str, port: int) -> listener_components_pb2.FilterChain:
+    """A connection addressed to the virtual listener's own port would come back to it forever."""
+    return listener_components_pb2.FilterChain(
+        name=f"{listener}-blackhole",
+        filter_chain_match=listener_components_pb2.FilterChainMatch(
+            destination_port=wrappers_pb2.UInt32Value(value=port)),
+        filters=[tcp_proxy(BLACKHOLE, BLACKHOLE)],
+    )
+
+
+def http_outbound_listener(port: int) -> listener_pb2.Listener:
+    name = f"{ANY_ADDRESS}_{port}"
+    rds = hcm_pb2.Rds(config_source=ads_source(initial_fetch_timeout=duration_pb2.Duration()),
+                      route_config_name=str(port))
+    return _outbound_listener(name, ANY_ADDRESS, port, _sidecar_hcm(f"outbound_{name}", rds=rds))
+
+
+def tcp_outbound_listener(vip: str, target: OutboundPort) -> listener_pb2.Listener:
+    port = target.port.port
+    return _outbound_listener(f"{vip}_{port}", vip, port, tcp_proxy(target.cluster, target.cluster))
+
+
+def _outbound_listener(name: str, ip: str, port: int, main: listener_components_pb2.Filter) -> listener_pb2.Listener:
+    return listener_pb2.Listener(
+        name=name,
+        address=_address(ip, port),
+        bind_to_port=wrappers_pb2.BoolValue(value=False),
+        traffic_direction=base_pb2.OUTBOUND,
+        filter_chains=[listener_components_pb2.FilterChain(name=name, filters=[main])],
+    )
+
+
+def virtual_inbound(ports: tuple[InboundPort, ...], strict: bool) -> listener_pb2.Listener:
+    chains = [_loop_breaker(VIRTUAL_INBOUND, VIRTUAL_INBOUND_PORT)]
+    for inbound in ports:
+        chains += _inbound_chains(inbound, strict)
+    # Ports no service names: mTLS is terminated here, everything else passes through untouched.
+    chains.append(listener_components_pb2.FilterChain(
+        name=f"{VIRTUAL_INBOUND}-mtls-passthrough",
+        filter_chain_match=_transport_match(None, mtls=True, strict=strict),
+        transport_socket=sds_downstream_tls(()),
+        filters=[tcp_proxy(INBOUND_PASSTHROUGH, INBOUND_PASSTHROUGH)],
+    ))
+    return listener_pb2.Listener(
+        name=VIRTUAL_INBOUND,
+        address=_address(ANY_ADDRESS, VIRTUAL_INBOUND_PORT),
+        traffic_direction=base_pb2.INBOUND,
+        listener_filters=[
+            listener_components_pb2.ListenerFilter(name=ORIGINAL_DST_FILTER, typed_config=pack(original_dst_pb2.OriginalDst())),
+            listener_components_pb2.ListenerFilter(name=TLS_INSPECTOR_FILTER,
+                                                   typed_config=pack(tls_inspector_pb2.TlsInspector())),
+        ],
+        # A server-first protocol sends nothing for the TLS inspector to read: carry on without it.
+        continue_on_listener_filters_timeout=True,
+        filter_chains=chains,
+        # Under STRICT a plaintext connection matches no chain and is closed.
+        default_filter_chain=None if strict else listener_components_pb2.FilterChain(
+            name=f"{VIRTUAL_INBOUND}-passthrough", filters=[tcp_proxy(INBOUND_PASSTHROUGH, INBOUND_PASSTHROUGH)]
+        ),
+    )
+
+
+def _inbound_chains(inbound: InboundPort, strict: bool) -> list[listener_components_pb2.FilterChain]:
+    cluster = inbound_cluster_name(inbound.port)
+    chains = [listener_components_pb2.FilterChain(
+        name=f"{cluster}-mtls",
+        filter_chain_match=_transport_match(inbound.port, mtls=True, strict=strict),
+        transport_socket=sds_downstream_tls(HTTP_ALPN if inbound.protocol.is_http else ()),
+        filters=[_inbound_filter(inbound, cluster, mtls=True)],
+    )]
+    if not strict:
+        chains.append(listener_components_pb2.FilterChain(
+            name=f"{cluster}-plaintext",
+            filter_chain_match=_transport_match(inbound.port, mtls=False, strict=strict),
+            filters=[_inbound_filter(inbound, cluster, mtls=False)],
+        ))
+    return chains
+
+
+def _transport_match(port: int | None, mtls: bool, strict: bool) -> listener_components_pb2.FilterChainMatch:
+    """PERMISSIVE tells mesh mTLS from the rest by Istio's ALPN values; STRICT takes any TLS."""
+    return listener_components_pb2.FilterChainMatch(
+        destination_port=None if port is None else wrappers_pb2.UInt32Value(value=port),
+        transport_protocol="tls" if mtls else "raw_buffer",
+        application_protocols=list(MESH_ALPN_MATCH) if mtls and not strict else [],
+    )
+
+
+def _inbound_filter(inbound: InboundPort, cluster: str, mtls: bool) -> listener_components_pb2.Filter:
+    stat_prefix = f"inbound_{ANY_ADDRESS}_{inbound.port}"
+    if not inbound.protocol.is_http:
+        return tcp_proxy(cluster, cluster)
+    route = route_pb2.RouteConfiguration(
+        name=cluster,
+        validate_clusters=wrappers_pb2.BoolValue(value=False),
+        virtual_hosts=[route_components_pb2.VirtualHost(
+            name=f"inbound|http|{inbound.port}",
+            domains=["*"],
+            routes=[route_components_pb2.Route(
+                name="default",
+                match=route_components_pb2.RouteMatch(prefix="/"),
+                route=route_components_pb2.RouteAction(cluster=cluster, timeout=duration_pb2.Duration()),
+            )],
+        )],
+    )
+    fields: dict[str, object] = {}
+    if mtls:  # the app sees its caller's SPIFFE identity in x-forwarded-client-cert
+        fields = dict(
+            forward_client_cert_details=hcm_pb2.HttpConnectionManager.APPEND_FORWARD,
+            set_current_client_cert_details=hcm_pb2.HttpConnectionManager.SetCurrentClientCertDetails(
+                subject=wrappers_pb2.BoolValue(value=True), dns=True, uri=True),
+        )
+    return _sidecar_hcm(stat_prefix, route_config=route, server_name="istio-envoy", **fields)
+
+
+def _sidecar_hcm(stat_prefix: str, **fields: object) -> listener_components_pb2.Filter:
+    """Istio's defaults: the client's address is not trusted, paths are normalised, websockets pass."""
+    manager = http_connection_manager(
+        stat_prefix=stat_prefix,
+        use_remote_address=wrappers_pb2.BoolValue(value=False),
+        normalize_path=wrappers_pb2.BoolValue(value=True),
+        upgrade_configs=[hcm_pb2.HttpConnectionManager.UpgradeConfig(upgrade_type="websocket")],
+        **fields,
+    )
+    return network_filter(HCM_FILTER, manager)
+
+
+def _address(ip: str, port: int) -> address_pb2.Address:
+    return address_pb2.Address(socket_address=address_pb2.SocketAddress(address=ip, port_value=port))

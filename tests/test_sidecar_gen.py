@@ -1,0 +1,222 @@
+"""The sidecar generator's pure translation, on the data fixture: model in, Envoy protos out.
+(tests/test_envoy_sidecar.py proves the same output with a real Envoy.)"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.core.v3 import base_pb2
+from envoy.config.endpoint.v3 import endpoint_pb2
+from envoy.config.listener.v3 import listener_pb2
+from envoy.config.route.v3 import route_pb2
+from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
+from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
+from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+from hypothesis import given
+from hypothesis import strategies as st
+
+from istiod.model.builder import build_snapshot
+from istiod.model.mesh import MeshConfig, OutboundTrafficPolicy
+from istiod.model.protocol import Protocol, port_protocol
+from istiod.model.proxy import proxy_from_node
+from istiod.model.service import Port
+from istiod.model.snapshot import Snapshot
+from istiod.sources.store import Store
+from istiod.xds import types
+from istiod.xds.cache import Resource, ResourceCache
+from istiod.xds.gen import PROXYLESS_GRPC, SIDECAR, generators_for
+from istiod.xds.server import DiscoveryServer
+
+DATA = Path(__file__).parent / "data"
+WEB = "web.shop.svc.cluster.local"
+SIDECAR_NODE = "sidecar~127.0.0.31~web-1.shop~shop.svc.cluster.local"
+
+
+def _snapshot(mesh: MeshConfig = MeshConfig()) -> Snapshot:
+    store = Store()
+    for document in yaml.safe_load_all((DATA / "sidecar-mesh.yaml").read_text()):
+        store.apply(document)
+    return build_snapshot(store, "v1", mesh=mesh)
+
+
+def _generate(type_url: str, snapshot: Snapshot, node: str = SIDECAR_NODE, names: list[str] | None = None,
+              message: Any = cluster_pb2.Cluster) -> dict[str, object]:
+    proxy = proxy_from_node(node, {})
+    resources: list[Resource] = SIDECAR[type_url](snapshot, proxy, names, ResourceCache())
+    return {r.name: message.FromString(r.value) for r in resources}
+
+
+def test_protocol_by_app_protocol_then_port_name_prefix() -> None:
+    cases = {
+        Port("http-web", 80): Protocol.HTTP, Port("HTTP2", 80): Protocol.HTTP2, Port("grpc", 80): Protocol.GRPC,
+        Port("grpc-web-x", 80): Protocol.GRPC_WEB, Port("tcp-db", 80): Protocol.TCP, Port("redis", 80): Protocol.REDIS,
+        Port("web", 80): Protocol.UNSUPPORTED, Port("", 80): Protocol.UNSUPPORTED,
+        Port("http", 80, app_protocol="grpc"): Protocol.GRPC,  # appProtocol wins over the name
+        Port("tcp", 80, app_protocol="kubernetes.io/h2c"): Protocol.HTTP2,
+        Port("http", 53, protocol="UDP"): Protocol.UDP,
+    }
+    assert {port: port_protocol(port) for port in cases} == cases
+
+
+@given(st.sampled_from(["http", "HTTP", "grpc", "http2", "tcp", "tls"]), st.from_regex(r"[a-z0-9-]{0,12}", fullmatch=True))
+def test_any_suffix_after_the_first_dash_is_ignored(prefix: str, suffix: str) -> None:
+    if prefix.lower() == "grpc" and suffix.startswith("web"):
+        return  # grpc-web is a protocol of its own
+    assert port_protocol(Port(f"{prefix}-{suffix}", 80)) == port_protocol(Port(prefix, 80))
+
+
+def test_generators_by_node_type_and_metadata() -> None:
+    assert generators_for(proxy_from_node(SIDECAR_NODE, {})) is SIDECAR
+    assert generators_for(proxy_from_node(SIDECAR_NODE, {"GENERATOR": "grpc"})) is PROXYLESS_GRPC
+    # Gateways are not served yet: no config at all rather than a sidecar's or a gRPC client's.
+    assert generators_for(proxy_from_node("router~10.0.0.1~gw-1.istio-system~istio-system.svc.cluster.local", {})) == {}
+
+
+def test_outbound_clusters_use_auto_mtls_and_http2_for_grpc() -> None:
+    clusters = _generate(types.CLUSTER, _snapshot())
+    assert set(clusters) == {
+        "BlackHoleCluster", "PassthroughCluster", "InboundPassthroughCluster", "inbound|8080||",
+        f"outbound|80||{WEB}", "outbound|5432||db.shop.svc.cluster.local", "outbound|7070||rpc.shop.svc.cluster.local",
+    }  # no cluster for db's UDP port 53
+    web = clusters[f"outbound|80||{WEB}"]
+    assert isinstance(web, cluster_pb2.Cluster)
+    assert web.type == cluster_pb2.Cluster.EDS and web.eds_cluster_config.service_name == web.name
+    assert web.lb_policy == cluster_pb2.Cluster.LEAST_REQUEST and not web.typed_extension_protocol_options
+    istio, disabled = web.transport_socket_matches
+    assert (istio.name, dict(istio.match), disabled.name, dict(disabled.match)) == (
+        "tlsMode-istio", {"tlsMode": "istio"}, "tlsMode-disabled", {})
+    context = tls_pb2.UpstreamTlsContext.FromString(istio.transport_socket.typed_config.value)
+    assert context.sni == f"outbound_.80_._.{WEB}"
+    assert list(context.common_tls_context.alpn_protocols) == ["istio-peer-exchange", "istio"]
+    assert [s.name for s in context.common_tls_context.tls_certificate_sds_secret_configs] == ["default"]
+    validation = context.common_tls_context.combined_validation_context
+    assert validation.validation_context_sds_secret_config.name == "ROOTCA"
+    assert [m.matcher.exact for m in validation.default_validation_context.match_typed_subject_alt_names] == [
+        "spiffe://cluster.local/ns/shop/sa/web"]
+    rpc = clusters["outbound|7070||rpc.shop.svc.cluster.local"]
+    assert isinstance(rpc, cluster_pb2.Cluster)
+    assert list(rpc.typed_extension_protocol_options) == ["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+    inbound = clusters["inbound|8080||"]
+    assert isinstance(inbound, cluster_pb2.Cluster)
+    assert inbound.type == cluster_pb2.Cluster.ORIGINAL_DST and inbound.lb_policy == cluster_pb2.Cluster.CLUSTER_PROVIDED
+    assert inbound.upstream_bind_config.source_address.address == "127.0.0.6"
+
+
+def test_endpoints_carry_tls_mode_only_for_pods_with_a_sidecar() -> None:
+    snapshot = _generate(types.ENDPOINT, _snapshot(), names=[f"outbound|80||{WEB}", "outbound|5432||db.shop.svc.cluster.local"],
+                         message=endpoint_pb2.ClusterLoadAssignment)
+    web, db = (a.endpoints[0].lb_endpoints[0] for a in snapshot.values())  # type: ignore[attr-defined]
+    assert dict(web.metadata.filter_metadata["envoy.transport_socket_match"]) == {"tlsMode": "istio"}
+    assert not db.HasField("metadata")
+
+
+def _chains(listener: listener_pb2.Listener) -> dict[str, listener_pb2.FilterChain]:
+    return {chain.name: chain for chain in listener.filter_chains}
+
+
+def test_inbound_is_permissive_unless_mtls_is_strict() -> None:
+    permissive = _generate(types.LISTENER, _snapshot(), message=listener_pb2.Listener)["virtualInbound"]
+    assert isinstance(permissive, listener_pb2.Listener)
+    chains = _chains(permissive)
+    mtls, plaintext = chains["inbound|8080||-mtls"], chains["inbound|8080||-plaintext"]
+    assert (mtls.filter_chain_match.destination_port.value, mtls.filter_chain_match.transport_protocol) == (8080, "tls")
+    assert "istio" in mtls.filter_chain_match.application_protocols
+    context = tls_pb2.DownstreamTlsContext.FromString(mtls.transport_socket.typed_config.value)
+    assert context.require_client_certificate.value
+    assert plaintext.filter_chain_match.transport_protocol == "raw_buffer" and not plaintext.HasField("transport_socket")
+    assert permissive.default_filter_chain.filters[0].name == "envoy.filters.network.tcp_proxy"
+
+    strict = _generate(types.LISTENER, _snapshot(MeshConfig(mtls=True)), message=listener_pb2.Listener)["virtualInbound"]
+    assert isinstance(strict, listener_pb2.Listener)
+    assert not any(name.endswith("-plaintext") for name in _chains(strict))
+    assert not strict.HasField("default_filter_chain")  # plaintext matches nothing and is closed
+    assert list(_chains(strict)["inbound|8080||-mtls"].filter_chain_match.application_protocols) == []
+
+
+def test_outbound_listeners_never_bind() -> None:
+    listeners = _generate(types.LISTENER, _snapshot(), message=listener_pb2.Listener)
+    for name in ("0.0.0.0_80", "0.0.0.0_7070", "10.96.0.11_5432"):
+        listener = listeners[name]
+        assert isinstance(listener, listener_pb2.Listener)
+        assert listener.HasField("bind_to_port") and not listener.bind_to_port.value
+    tcp = listeners["10.96.0.11_5432"]
+    assert isinstance(tcp, listener_pb2.Listener)
+    proxy = tcp_proxy_pb2.TcpProxy.FromString(tcp.filter_chains[0].filters[0].typed_config.value)
+    assert proxy.cluster == "outbound|5432||db.shop.svc.cluster.local"
+    outbound = _generate(types.LISTENER, _snapshot(MeshConfig(outbound_traffic_policy=OutboundTrafficPolicy.REGISTRY_ONLY)),
+                         message=listener_pb2.Listener)["virtualOutbound"]
+    assert isinstance(outbound, listener_pb2.Listener)
+    unmatched = tcp_proxy_pb2.TcpProxy.FromString(outbound.default_filter_chain.filters[0].typed_config.value)
+    assert unmatched.cluster == "BlackHoleCluster"
+
+
+def test_route_domains_depend_on_the_proxys_namespace_and_stay_unique() -> None:
+    snapshot = _snapshot()
+    same = _generate(types.ROUTE, snapshot, names=["80"], message=route_pb2.RouteConfiguration)["80"]
+    other = _generate(types.ROUTE, snapshot, node="sidecar~127.0.0.40~x-1.other~other.svc.cluster.local",
+                      names=["80"], message=route_pb2.RouteConfiguration)["80"]
+    assert isinstance(same, route_pb2.RouteConfiguration) and isinstance(other, route_pb2.RouteConfiguration)
+    assert "web" in same.virtual_hosts[0].domains and "web:80" in same.virtual_hosts[0].domains
+    assert "web" not in other.virtual_hosts[0].domains and "web.shop:80" in other.virtual_hosts[0].domains
+    retries = same.virtual_hosts[0].routes[0].route.retry_policy  # istiod's default
+    assert (retries.num_retries.value, retries.retry_host_predicate[0].name) == (2, "envoy.retry_host_predicates.previous_hosts")
+
+    # Two services claiming one ClusterIP: the VIP stays with the first, or Envoy rejects the routes.
+    web = snapshot.services[WEB]
+    twin = dataclasses.replace(web, name="web-twin")
+    crowded = dataclasses.replace(snapshot, services={**snapshot.services, twin.hostname: twin})
+    hosts = _generate(types.ROUTE, crowded, names=["80"], message=route_pb2.RouteConfiguration)["80"].virtual_hosts  # type: ignore[attr-defined]
+    domains = [d for host in hosts for d in host.domains]
+    assert len(domains) == len(set(domains))
+    assert "10.96.0.10" in hosts[0].domains and "10.96.0.10" not in hosts[1].domains
+
+
+def test_two_services_on_one_vip_and_tcp_port_make_one_listener() -> None:
+    snapshot = _snapshot()
+    db = snapshot.services["db.shop.svc.cluster.local"]
+    twin = dataclasses.replace(db, name="db-twin")
+    crowded = dataclasses.replace(snapshot, services={**snapshot.services, twin.hostname: twin})
+    proxy = proxy_from_node(SIDECAR_NODE, {})
+    names = [r.name for r in SIDECAR[types.LISTENER](crowded, proxy, None, ResourceCache())]
+    assert names.count("10.96.0.11_5432") == 1 and len(names) == len(set(names))
+
+
+def test_addresses_envoy_would_reject_are_left_out() -> None:
+    snapshot = _snapshot()
+    web = snapshot.services[WEB]
+    scoped = dataclasses.replace(web, cluster_ip="fe80::1%eth0")
+    endpoints = {**snapshot.endpoints, (WEB, 80): tuple(
+        dataclasses.replace(e, address=address) for e in snapshot.endpoints[(WEB, 80)] for address in ("not-an-ip", e.address))}
+    odd = dataclasses.replace(snapshot, services={**snapshot.services, WEB: scoped}, endpoints=endpoints)
+    assignment = _generate(types.ENDPOINT, odd, names=[f"outbound|80||{WEB}"],
+                           message=endpoint_pb2.ClusterLoadAssignment)[f"outbound|80||{WEB}"]
+    assert [e.endpoint.address.socket_address.address  # type: ignore[attr-defined]
+            for group in assignment.endpoints for e in group.lb_endpoints] == ["127.0.0.31"]  # type: ignore[attr-defined]
+    route = _generate(types.ROUTE, odd, names=["80"], message=route_pb2.RouteConfiguration)["80"]
+    assert not any("fe80" in d for d in route.virtual_hosts[0].domains)  # type: ignore[attr-defined]
+
+
+async def test_gateways_are_refused_at_connect() -> None:
+    discovery = DiscoveryServer(lambda: Snapshot("v1"))
+    discovery.ready = True
+    server = grpc.aio.server()
+    ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(discovery, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            node = base_pb2.Node(id="router~10.0.0.1~gw-1.istio-system~istio-system.svc.cluster.local")
+            request = discovery_pb2.DiscoveryRequest(node=node, type_url=types.CLUSTER)
+            call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel).StreamAggregatedResources(iter([request]))
+            with pytest.raises(grpc.aio.AioRpcError) as error:
+                await call.read()
+        assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert error.value.details() == "router proxies are not served yet"
+    finally:
+        await server.stop(None)
