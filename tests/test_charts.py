@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
+from istiod.model.mesh import MeshConfig
+from istiod.sources.meshconfig import parse_mesh_config
 from tests.peers import ROOT
 
 HELM = Path(os.environ.get("HELM", ROOT / ".cache" / "helm-bin" / "helm"))
@@ -90,7 +92,8 @@ def test_istiod_defaults() -> None:
     assert (hpa["minReplicas"], hpa["maxReplicas"]) == (2, 5)
     assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "istiod"}
     assert objects["PodDisruptionBudget", "istiod"]["spec"] == {"minAvailable": 1, "selector": {"matchLabels": service["selector"]}}
-    assert yaml.safe_load(objects["ConfigMap", "istio"]["data"]["mesh"]) == {}
+    mesh = parse_mesh_config(objects["ConfigMap", "istio"]["data"]["mesh"], MeshConfig(), "ConfigMap istio")
+    assert mesh == MeshConfig()  # istiod's defaults, spelled out
 
     [webhook] = objects["ValidatingWebhookConfiguration", "istio-validator-istio-system"]["webhooks"]
     assert webhook["clientConfig"]["service"] == {"name": "istiod", "namespace": "istio-system", "path": "/validate", "port": 443}
@@ -113,6 +116,8 @@ def test_other_namespace() -> None:
     objects = render(CHARTS / "istiod", namespace="mesh-a")
     assert {o["metadata"].get("namespace", "mesh-a") for o in objects} == {"mesh-a"}
     named = by_kind(objects)
+    mesh = parse_mesh_config(named["ConfigMap", "istio"]["data"]["mesh"], MeshConfig(), "ConfigMap istio")
+    assert (mesh.root_namespace, mesh.default_config.discovery_address) == ("mesh-a", "istiod.mesh-a.svc:15012")
     assert named["ClusterRoleBinding", "istiod-ca"]["subjects"] == [{"kind": "ServiceAccount", "name": "istiod", "namespace": "mesh-a"}]
     [webhook] = named["ValidatingWebhookConfiguration", "istio-validator-mesh-a"]["webhooks"]
     assert webhook["clientConfig"]["service"]["namespace"] == "mesh-a"
@@ -156,7 +161,10 @@ def test_istiod_values(tmp_path: Path) -> None:
     # Given maps replace the defaults whole (helm alone would merge minAvailable in: an invalid budget).
     assert named["PodDisruptionBudget", "istiod"]["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "istiod", "istio": "pilot"}}}
     assert yaml.safe_load(named["ConfigMap", "istio"]["data"]["mesh"]) == {
-        "trustDomain": "example.org", "discoverySelectors": [{"matchLabels": {"mesh": "on"}}]}
+        "trustDomain": "example.org", "discoverySelectors": [{"matchLabels": {"mesh": "on"}}],
+        "rootNamespace": "istio-system", "defaultConfig": {"discoveryAddress": "istiod.istio-system.svc:15012"}}
+    mesh = parse_mesh_config(named["ConfigMap", "istio"]["data"]["mesh"], MeshConfig(), "ConfigMap istio")
+    assert mesh.trust_domain == "example.org" and len(mesh.discovery_selectors) == 1
 
 
 def test_bad_ca_mode_is_refused() -> None:

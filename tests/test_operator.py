@@ -44,7 +44,8 @@ def test_set_overrides_the_file() -> None:
     objects = {(o["kind"], o["metadata"]["name"]): o for o in yaml.safe_load_all(done.stdout) if o}
     assert objects["Deployment", "istiod"]["spec"]["replicas"] == 5
     assert objects["Deployment", "istiod"]["metadata"]["namespace"] == "mesh-b"
-    assert yaml.safe_load(objects["ConfigMap", "istio"]["data"]["mesh"]) == {"trustDomain": "example.org"}
+    assert yaml.safe_load(objects["ConfigMap", "istio"]["data"]["mesh"]) == {
+        "trustDomain": "example.org", "rootNamespace": "mesh-b", "defaultConfig": {"discoveryAddress": "istiod.mesh-b.svc:15012"}}
 
 
 def test_base_and_istiod_by_default() -> None:
