@@ -27,7 +27,7 @@ from istiod import logs
 from istiod.debug.access import AccessPolicy
 from istiod.ca.publisher import ELECTION, RootCertPublisher
 from istiod.debug.app import DebugView, create_app
-from istiod.debug.serving import http_server
+from istiod.debug.serving import guarded_config
 from istiod.kubeapi import api_client
 from istiod.leader import LeaderElection
 from istiod.listen import listen_tcp
@@ -147,7 +147,7 @@ class Discovery:
                 sock = listen_tcp(address.bind_host, address.port)
             self.ports[name] = sock.getsockname()[1]
             app = create_app(view, access, monitoring=name == "monitoring")
-            server = http_server(app, sock, settings.http_read_timeout, settings.max_connections)
+            server = uvicorn.Server(guarded_config(app, settings.http_read_timeout, settings.max_connections))
             self._http.append(server)
             # A server that ends is not restarted: its socket is gone with it.
             self._tasks.append(self.supervisor.start(name, functools.partial(server.serve, sockets=[sock]), restart=False))

@@ -11,6 +11,7 @@ import uvicorn
 
 from istiod.ca.root import CertificateAuthority
 from istiod.ca.serving import ServingCertificate, serving_names
+from istiod.debug.serving import guarded_config
 from istiod.settings import Settings
 from istiod.webhooks.validation import create_webhook_app
 
@@ -20,8 +21,8 @@ class WebhookServer:
         self.settings = settings
         self.cert = ServingCertificate(ca, serving_names(settings.namespace, settings.domain, settings.ca.extra_sans),
                                        settings.ca.ttl.default, alpn=("http/1.1",))
-        config = uvicorn.Config(create_webhook_app(settings.domain), log_level="warning", lifespan="off",
-                                access_log=False, log_config=None, proxy_headers=False)
+        # The same read timeout and connection cap as 8080 and 15014; asyncio bounds the TLS handshake (60s).
+        config = guarded_config(create_webhook_app(settings.domain), settings.http_read_timeout, settings.max_connections)
         config.load()
         config.ssl = self._context()
         self.server = uvicorn.Server(config)
