@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed# plus the test extras
 CHROMIUM := /usr/bin/chromium
 SUDO     := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: run test unit e2e e2e-bin bench protos demo-server demo-client demo-sidecars chromium netns-tools clean
+.PHONY: run test unit e2e e2e-bin helm-bin bench protos demo-server demo-client demo-sidecars chromium netns-tools clean
 
 # pip without --quiet: the first install takes a minute or two, and shows what it is doing.
 $(BASE): pyproject.toml
@@ -28,10 +28,10 @@ $(STAMP): $(BASE)
 run: $(BASE)
 	$(BIN)/istiod discovery --config-dir deploy/demo
 
-test: $(STAMP) $(CHROMIUM) netns-tools e2e-bin
+test: $(STAMP) $(CHROMIUM) netns-tools e2e-bin helm-bin
 	$(BIN)/pytest -q tests e2e
 
-unit: $(STAMP) $(CHROMIUM) netns-tools
+unit: $(STAMP) $(CHROMIUM) netns-tools helm-bin
 	$(BIN)/pytest -q tests
 
 # Headless Chromium renders /debug/ui in the tests: Debian's package, installed once.
@@ -54,6 +54,10 @@ netns-tools:
 # The real kube-apiserver and etcd for e2e/, built with Go from the module proxy; reused when present.
 e2e-bin:
 	@bash e2e/cluster/build.sh
+
+# The real helm for the chart tests (tests/test_charts.py), built and reused the same way.
+helm-bin:
+	@bash e2e/cluster/build-helm.sh
 
 e2e: $(STAMP) e2e-bin
 	$(BIN)/pytest -q e2e

@@ -12,6 +12,7 @@ from pathlib import Path
 from istiod import __version__, logs
 from istiod.agent.iptables import add_iptables_flags
 from istiod.agent.settings import add_agent_flags, add_proxy_flags, agent_settings_from_args, proxy_settings_from_args
+from istiod.operator.cli import add_install_flags, add_manifest_flags, run_manifest
 from istiod.settings import add_discovery_flags, settings_from_args
 
 DEFAULT_ISTIOD_URL = "http://localhost:15014"
@@ -89,6 +90,12 @@ def build_parser() -> _Parser:
     analyze.add_argument("--mesh-config", type=Path, help="the mesh config (its rootNamespace)")
     analyze.add_argument("--domain", default="cluster.local", help="cluster DNS domain (default cluster.local)")
     analyze.add_argument("-o", "--output", choices=("short", "json"), default="short")
+    manifest = command("manifest", "the Kubernetes manifests of an install (IstioOperator)")
+    generate = manifest.add_subparsers(dest="action", required=True, metavar="ACTION").add_parser(
+        "generate", allow_abbrev=False, help="render an IstioOperator spec with the Helm charts, to stdout")
+    generate.set_defaults(parser=generate)
+    add_manifest_flags(generate)
+    add_install_flags(command("install", "apply an IstioOperator spec's manifests and wait for istiod"))
     return parser
 
 
@@ -137,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(run_agent(agent_settings_from_args(args)))
     if args.command == "analyze":
         return _analyze(args)
+    if args.command in ("manifest", "install"):
+        return run_manifest(args)
     from istiod.tools import proxy_config, proxy_status, version
     from istiod.tools.debug_client import DebugClient, ToolError
 

@@ -1,0 +1,1 @@
+"""The IstioOperator install API: a spec mapped onto the Helm charts' values, rendered with helm."""

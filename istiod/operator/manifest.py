@@ -1,0 +1,47 @@
+"""`istiod manifest generate`: an IstioOperator rendered by helm from the charts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from istiod.operator.spec import Install
+
+# In a checkout (or an editable install) the charts are next to the package.
+DEFAULT_CHARTS = Path(__file__).resolve().parents[2] / "deploy" / "charts"
+
+
+class RenderError(RuntimeError):
+    """helm is missing or refused the charts; the message says which and why."""
+
+
+def default_helm() -> str:
+    return os.environ.get("HELM", "helm")
+
+
+def render(install: Install, charts: Path, helm: str) -> str:
+    """The manifests: base (when enabled), then istiod (when enabled), as `helm template` prints them."""
+    releases: dict[str, Mapping[str, Any]] = {}
+    if install.base:
+        releases["base"] = {}
+    if install.istiod:
+        releases["istiod"] = install.values
+    out = []
+    with tempfile.TemporaryDirectory(prefix="istiod-manifest-") as tmp:
+        for name, values in releases.items():
+            values_file = Path(tmp) / f"{name}.json"
+            values_file.write_text(json.dumps(values))  # JSON is YAML: helm reads it as a values file
+            command = [helm, "template", name, str(charts / name), "--namespace", install.namespace, "-f", str(values_file)]
+            try:
+                done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+            except FileNotFoundError:
+                raise RenderError(f"helm not found ({helm}); set --helm or HELM") from None
+            if done.returncode != 0:
+                raise RenderError(f"helm template {name}: {done.stderr.strip()}")
+            out.append(done.stdout)
+    return "".join(out)

@@ -1,0 +1,193 @@
+"""The Helm charts (deploy/charts/base, deploy/charts/istiod), linted and rendered by the real helm
+(built from the Go module proxy by e2e/cluster/build-helm.sh: `make helm-bin`)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from istiod.model.mesh import MeshConfig
+from istiod.sources.meshconfig import parse_mesh_config
+from tests.peers import ROOT
+
+HELM = Path(os.environ.get("HELM", ROOT / ".cache" / "helm-bin" / "helm"))
+CHARTS = ROOT / "deploy" / "charts"
+RBAC = ROOT / "deploy" / "rbac" / "istiod.yaml"
+
+
+def helm(*args: str) -> subprocess.CompletedProcess[str]:
+    if not HELM.exists():
+        raise RuntimeError(f"{HELM} is missing; run `make helm-bin` (needs Go on PATH)")
+    return subprocess.run([str(HELM), *args], capture_output=True, text=True, timeout=60)
+
+
+def render(chart: Path | str, *args: str, namespace: str = "istio-system") -> list[dict[str, Any]]:
+    done = helm("template", "istiod", str(chart), "--namespace", namespace, *args)
+    assert done.returncode == 0, done.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def by_kind(objects: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(o["kind"], o["metadata"]["name"]): o for o in objects}
+
+
+def container(objects: list[dict[str, Any]]) -> Any:
+    [discovery] = by_kind(objects)["Deployment", "istiod"]["spec"]["template"]["spec"]["containers"]
+    return discovery
+
+
+@pytest.mark.parametrize("chart", ["base", "istiod"])
+def test_lint(chart: str) -> None:
+    done = helm("lint", "--strict", str(CHARTS / chart))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 chart(s) failed" in done.stdout
+
+
+def test_istiod_defaults() -> None:
+    objects = by_kind(render(CHARTS / "istiod"))
+    assert sorted(objects) == [
+        ("ClusterRoleBinding", "istiod-ca"), ("ClusterRoleBinding", "istiod-discovery"),
+        ("ConfigMap", "istio"), ("Deployment", "istiod"), ("HorizontalPodAutoscaler", "istiod"),
+        ("PodDisruptionBudget", "istiod"), ("Role", "istiod-ca"), ("RoleBinding", "istiod-ca"),
+        ("Service", "istiod"), ("ServiceAccount", "istiod"),
+        ("ValidatingWebhookConfiguration", "istio-validator-istio-system"),
+    ]
+    assert all(o["metadata"].get("namespace", "istio-system") == "istio-system" for o in objects.values())
+
+    service = objects["Service", "istiod"]["spec"]
+    assert [(p["port"], p["targetPort"]) for p in service["ports"]] == [(15010, 15010), (15012, 15012), (15014, 15014), (443, 15017)]
+    assert service["selector"] == {"app": "istiod", "istio": "pilot"}
+
+    deployment = objects["Deployment", "istiod"]["spec"]
+    assert "replicas" not in deployment  # the autoscaler's
+    assert deployment["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "100%", "maxUnavailable": "25%"}}
+    pod = deployment["template"]["spec"]
+    assert pod["serviceAccountName"] == "istiod"
+    assert pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"] == {
+        "topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": service["selector"]}}
+    assert deployment["selector"]["matchLabels"] == service["selector"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 1337
+    assert "nodeSelector" not in pod and "tolerations" not in pod and "priorityClassName" not in pod
+
+    discovery = container(list(objects.values()))
+    assert discovery["args"] == ["discovery"]
+    assert discovery["readinessProbe"]["httpGet"] == {"path": "/ready", "port": 8080}
+    assert discovery["securityContext"]["readOnlyRootFilesystem"] is True
+    assert discovery["securityContext"]["allowPrivilegeEscalation"] is False
+    assert {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in discovery["env"]} == {
+        "POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+    assert discovery["resources"] == {"requests": {"cpu": "500m", "memory": "512Mi"}}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    [token] = volumes["istio-token"]["projected"]["sources"]
+    assert token["serviceAccountToken"]["audience"] == "istio-ca"
+    assert {m["name"]: m["mountPath"] for m in discovery["volumeMounts"]}["istio-token"] == "/var/run/secrets/tokens"
+
+    hpa = objects["HorizontalPodAutoscaler", "istiod"]["spec"]
+    assert (hpa["minReplicas"], hpa["maxReplicas"]) == (2, 5)
+    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "istiod"}
+    assert objects["PodDisruptionBudget", "istiod"]["spec"] == {"minAvailable": 1, "selector": {"matchLabels": service["selector"]}}
+    mesh = parse_mesh_config(objects["ConfigMap", "istio"]["data"]["mesh"], MeshConfig(), "ConfigMap istio")
+    assert mesh == MeshConfig()  # istiod's defaults, spelled out
+
+    [webhook] = objects["ValidatingWebhookConfiguration", "istio-validator-istio-system"]["webhooks"]
+    assert webhook["clientConfig"]["service"] == {"name": "istiod", "namespace": "istio-system", "path": "/validate", "port": 443}
+    assert webhook["failurePolicy"] == "Fail"
+
+
+def test_rbac_is_deploy_rbac() -> None:
+    """Both charts together carry exactly deploy/rbac/istiod.yaml (the RBAC the e2e tests prove)."""
+    def essentials(o: dict[str, Any]) -> tuple[str, str, str, Any]:
+        return o["kind"], o["metadata"]["name"], o["metadata"].get("namespace", ""), o.get("rules", o.get("subjects"))
+
+    rbac_kinds = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+    rendered = [o for o in render(CHARTS / "base") + render(CHARTS / "istiod") if o["kind"] in rbac_kinds]
+    expected = [o for o in yaml.safe_load_all(RBAC.read_text()) if o]
+    assert sorted(map(essentials, rendered), key=str) == sorted(map(essentials, expected), key=str)
+    assert {o["kind"] for o in render(CHARTS / "base")} <= {"ClusterRole", "CustomResourceDefinition"}
+
+
+def test_other_namespace() -> None:
+    objects = render(CHARTS / "istiod", namespace="mesh-a")
+    assert {o["metadata"].get("namespace", "mesh-a") for o in objects} == {"mesh-a"}
+    named = by_kind(objects)
+    mesh = parse_mesh_config(named["ConfigMap", "istio"]["data"]["mesh"], MeshConfig(), "ConfigMap istio")
+    assert (mesh.root_namespace, mesh.default_config.discovery_address) == ("mesh-a", "istiod.mesh-a.svc:15012")
+    assert named["ClusterRoleBinding", "istiod-ca"]["subjects"] == [{"kind": "ServiceAccount", "name": "istiod", "namespace": "mesh-a"}]
+    [webhook] = named["ValidatingWebhookConfiguration", "istio-validator-mesh-a"]["webhooks"]
+    assert webhook["clientConfig"]["service"]["namespace"] == "mesh-a"
+
+
+def test_istiod_values(tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({
+        "image": "registry.example/istiod:1.2.3",
+        "replicas": 3,
+        "autoscale": {"enabled": False},
+        "resources": {"requests": {"cpu": "1"}, "limits": {"memory": "1Gi"}},
+        "nodeSelector": {"pool": "control"},
+        "tolerations": [{"key": "control", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}},
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+        "priorityClassName": "system-cluster-critical",
+        "meshConfig": {"trustDomain": "example.org", "discoverySelectors": [{"matchLabels": {"mesh": "on"}}]},
+        "caMode": "plugged",
+        "podDisruptionBudget": {"maxUnavailable": 1},
+        "env": [{"name": "PILOT_DEBOUNCE_AFTER", "value": "200ms"}],
+    }))
+    objects = render(CHARTS / "istiod", "-f", str(values))
+    named = by_kind(objects)
+    assert ("HorizontalPodAutoscaler", "istiod") not in named
+    deployment = named["Deployment", "istiod"]["spec"]
+    assert deployment["replicas"] == 3
+    assert deployment["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    pod = deployment["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "control"}
+    assert pod["tolerations"][0]["key"] == "control"
+    assert list(pod["affinity"]) == ["nodeAffinity"]  # given whole, replacing the default
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    discovery = container(objects)
+    assert discovery["image"] == "registry.example/istiod:1.2.3"
+    assert discovery["resources"] == {"requests": {"cpu": "1"}, "limits": {"memory": "1Gi"}}
+    assert discovery["args"] == ["discovery", "--plugged-ca-dir=/etc/cacerts"]
+    assert {"name": "PILOT_DEBOUNCE_AFTER", "value": "200ms"} in discovery["env"]
+    assert {v["name"]: v for v in pod["volumes"]}["cacerts"]["secret"] == {"secretName": "cacerts"}
+    # Given maps replace the defaults whole (helm alone would merge minAvailable in: an invalid budget).
+    assert named["PodDisruptionBudget", "istiod"]["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "istiod", "istio": "pilot"}}}
+    assert yaml.safe_load(named["ConfigMap", "istio"]["data"]["mesh"]) == {
+        "trustDomain": "example.org", "discoverySelectors": [{"matchLabels": {"mesh": "on"}}],
+        "rootNamespace": "istio-system", "defaultConfig": {"discoveryAddress": "istiod.istio-system.svc:15012"}}
+    mesh = parse_mesh_config(named["ConfigMap", "istio"]["data"]["mesh"], MeshConfig(), "ConfigMap istio")
+    assert mesh.trust_domain == "example.org" and len(mesh.discovery_selectors) == 1
+
+
+def test_bad_ca_mode_is_refused() -> None:
+    done = helm("template", "istiod", str(CHARTS / "istiod"), "--set", "caMode=vault")
+    assert done.returncode != 0
+    assert 'caMode: "vault" is neither selfSigned nor plugged' in done.stderr
+
+
+def test_base_carries_the_crds(tmp_path: Path) -> None:
+    """Whatever crds/ holds at render time, and each CRD once (a copy of the chart with one more)."""
+    in_repo = sorted(p.name for p in (ROOT / "crds").glob("*.yaml"))
+    rendered = [o for o in render(CHARTS / "base") if o["kind"] == "CustomResourceDefinition"]
+    expected = [o for p in sorted((ROOT / "crds").glob("*.yaml")) for o in yaml.safe_load_all(p.read_text()) if o]
+    assert rendered == expected, in_repo
+
+    chart = tmp_path / "base"
+    shutil.copytree(CHARTS / "base", chart)  # links followed: a plain copy of crds/
+    crd = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+           "metadata": {"name": "widgets.example.io"},
+           "spec": {"group": "example.io", "scope": "Namespaced",
+                    "names": {"kind": "Widget", "plural": "widgets", "singular": "widget", "listKind": "WidgetList"},
+                    "versions": [{"name": "v1", "served": True, "storage": True,
+                                  "schema": {"openAPIV3Schema": {"type": "object"}}}]}}
+    (chart / "files" / "crds" / "zz-example.yaml").write_text(yaml.safe_dump(crd))
+    rendered = [o for o in render(chart) if o["kind"] == "CustomResourceDefinition"]
+    assert rendered == expected + [crd]
