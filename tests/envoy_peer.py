@@ -190,6 +190,7 @@ class Relay:
         self.path, (self.host, port) = path, target.rsplit(":", 1)
         self.port = int(port)
         self.writers: set[asyncio.StreamWriter] = set()
+        self.held = False  # refusing new connections
         self.loop = asyncio.new_event_loop()
         started = threading.Event()
         self.thread = threading.Thread(target=self._run, args=(started,), daemon=True)
@@ -203,6 +204,9 @@ class Relay:
         self.loop.run_forever()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.held:
+            writer.close()
+            return
         try:
             upstream_reader, upstream_writer = await asyncio.open_connection(self.host, self.port)
         except OSError:
@@ -212,13 +216,18 @@ class Relay:
         await asyncio.gather(_pipe(reader, upstream_writer), _pipe(upstream_reader, writer))
         self.writers -= {writer, upstream_writer}
 
-    def disconnect(self) -> None:
-        """Cuts the connections relayed so far, as a network failure would; the client reconnects."""
+    def disconnect(self, hold: bool = False) -> None:
+        """Cuts the connections relayed so far, as a network failure would; the client reconnects,
+        once `resume()` is called if `hold`."""
         def close() -> None:
-            for writer in self.writers:
+            self.held = hold
+            for writer in list(self.writers):
                 writer.transport.abort()
 
         self.loop.call_soon_threadsafe(close)
+
+    def resume(self) -> None:
+        self.held = False
 
     def stop(self) -> None:
         def close() -> None:

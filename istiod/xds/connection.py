@@ -83,6 +83,9 @@ class Connection:
         self.id = f"{proxy.id}-{next(_connection_numbers)}"
         self.connected_at = time.time()
         self.watched: dict[str, WatchedResource] = {}
+        # Delta: clusters sent since the last endpoints response. Envoy warms each until it is sent
+        # its endpoints again, and over delta it does not ask for them.
+        self.endpoints_due: set[str] = set()
         self._requests: asyncio.Queue[Request | Closed] = asyncio.Queue(maxsize=1)
         self._wake = asyncio.Event()
         self._push_queued = False

@@ -199,8 +199,25 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         resources = self._generate(connection, watched, snapshot)
         if previous is None:
             delta.held(watched, resources, dict(request.initial_resource_versions))
-        response = delta.respond(watched, snapshot, resources, always=previous is None)
-        return [response] if response is not None else []
+        responses = self._delta_respond(connection, watched, snapshot, resources, always=previous is None)
+        endpoints = connection.watched.get(types.ENDPOINT)
+        if connection.endpoints_due and endpoints is not None:
+            responses += self._delta_respond(connection, endpoints, snapshot,
+                                             self._generate(connection, endpoints, snapshot))
+        return responses
+
+    def _delta_respond(self, connection: Connection, watched: WatchedResource, snapshot: Snapshot,
+                       resources: list[Resource], always: bool = False) -> list[Response]:
+        """Only what changed, and after clusters their endpoints again (see Connection.endpoints_due)."""
+        resend: frozenset[str] = frozenset()
+        if watched.type_url == types.ENDPOINT:
+            resend, connection.endpoints_due = frozenset(connection.endpoints_due), set()
+        response = delta.respond(watched, snapshot, resources, always, resend)
+        if response is None:
+            return []
+        if watched.type_url == types.CLUSTER:
+            connection.endpoints_due.update(r.name for r in response.resources)
+        return [response]
 
     def _nack(self, connection: Connection, watched: WatchedResource, request: Request) -> None:
         """Keep the last good config on this connection; log each rejected nonce once."""
@@ -217,19 +234,14 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             if watched is None:
                 continue
             resources = self._generate(connection, watched, snapshot)
-            # Envoy warms a changed cluster until it gets its endpoints again (over delta too, where it
-            # does not even ask): after clusters, their endpoints go too, as with istiod.
-            clusters_sent = responses[0] if responses and responses[0].type_url == types.CLUSTER else None
-            response: Response | None
             if connection.delta:
-                resend = frozenset(r.name for r in clusters_sent.resources) if type_url == types.ENDPOINT and \
-                    isinstance(clusters_sent, discovery_pb2.DeltaDiscoveryResponse) else frozenset()
-                response = delta.respond(watched, snapshot, resources, resend=resend)  # only what changed
-            else:
-                changed = watched.differs_from(resources) or (type_url == types.ENDPOINT and clusters_sent is not None)
-                response = self._respond(watched, snapshot, resources) if changed else None
-            if response is not None:
-                responses.append(response)
+                responses += self._delta_respond(connection, watched, snapshot, resources)
+                continue
+            # Envoy warms a changed cluster until it gets its endpoints again, and asks for them with
+            # a request that looks like an ACK: after clusters, endpoints go too, as with istiod.
+            clusters_sent = bool(responses) and responses[0].type_url == types.CLUSTER
+            if watched.differs_from(resources) or (type_url == types.ENDPOINT and clusters_sent):
+                responses.append(self._respond(watched, snapshot, resources))
         return responses
 
     def _generate(self, connection: Connection, watched: WatchedResource, snapshot: Snapshot) -> list[Resource]:
