@@ -84,7 +84,39 @@ def test_delta_and_sotw_envoys_converge_and_a_reconnect_gets_only_what_changed(
         assert "add/update cluster 'outbound|80||web.shop.svc.cluster.local'" not in reconnect
         assert "lds: remove listener '10.96.0.11_5432'" in reconnect
         assert "add/update listener 'virtualInbound'" not in reconnect
+
+        # An endpoint-only change: each Envoy is sent cart's assignment alone, over SotW too.
+        marks = len(sotw.log()), len(delta.log())
+        (mesh_dir / "cart.yaml").write_text(CART + CART_2)
+        both = wait_until(lambda: (c := _config(sotw)) is not None and _cart_pods(c) == 2 and c, 15,
+                          "cart's second pod in the SotW Envoy")
+        wait_until(lambda: _config(delta) == both, 15, "the delta Envoy to hold the SotW Envoy's config")
+        sotw_eds, delta_eds = (_eds_updates(e.log()[mark:]) for e, mark in zip((sotw, delta), marks))
+        print(f"Envoys' EDS updates for the new endpoint:\nSotW: {sotw_eds}\ndelta: {delta_eds}")
+        assert sotw_eds == ["accepted with 1 resources"] and delta_eds == ["accepted with 1 resources added, 0 removed"]
         print("The SotW Envoy printed:\n" + _notable(sotw))
+
+
+CART_2 = """
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: cart-2, namespace: shop, labels: {app: cart}}
+spec:
+  containers: [{name: cart, ports: [{containerPort: 9090}]}]
+status: {phase: Running, podIP: 127.0.0.35, conditions: [{type: Ready, status: "True"}]}
+"""
+
+
+def _cart_pods(config: dict[str, dict[str, Any]]) -> int:
+    cart = config["endpoints"].get("outbound|9090||cart.shop.svc.cluster.local", {})
+    return sum(len(group.get("lb_endpoints", [])) for group in cart.get("endpoints", []))
+
+
+def _eds_updates(log: str) -> list[str]:
+    """What Envoy's config:debug lines say of each ClusterLoadAssignment response it took."""
+    lines = [line for line in log.splitlines() if "ClusterLoadAssignment accepted with" in line]
+    return ["accepted with " + line.split("accepted with ", 1)[1].split(" with version")[0] for line in lines]
 
 
 def _notable_tail(log: str) -> str:

@@ -229,6 +229,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
 
     def _push(self, connection: Connection, snapshot: Snapshot) -> list[Response]:
         responses: list[Response] = []
+        changed_clusters: set[str] = set()
         for type_url in types.PUSH_ORDER:
             watched = connection.watched.get(type_url)
             if watched is None:
@@ -236,11 +237,17 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             resources = self._generate(connection, watched, snapshot)
             if connection.delta:
                 responses += self._delta_respond(connection, watched, snapshot, resources)
-                continue
-            # Envoy warms a changed cluster until it gets its endpoints again, and asks for them with
-            # a request that looks like an ACK: after clusters, endpoints go too, as with istiod.
-            clusters_sent = bool(responses) and responses[0].type_url == types.CLUSTER
-            if watched.differs_from(resources) or (type_url == types.ENDPOINT and clusters_sent):
+            elif type_url == types.ENDPOINT:
+                # EDS need not be the state of the world: only the assignments that differ from what
+                # the client ACKed go, and (Envoy warms a changed cluster until it gets its endpoints
+                # again, and asks with a request that looks like an ACK) those of changed clusters.
+                carried = [r for r in resources
+                           if r.name in changed_clusters or not r.same_as(watched.acked.get(r.name))]
+                if carried:
+                    responses.append(self._respond(watched, snapshot, resources, carried))
+            elif watched.differs_from(resources):
+                if type_url == types.CLUSTER:
+                    changed_clusters = {r.name for r in resources if not r.same_as(watched.sent.get(r.name))}
                 responses.append(self._respond(watched, snapshot, resources))
         return responses
 
@@ -249,8 +256,11 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         return generator(snapshot, connection.proxy, watched.names, self.cache)
 
     def _respond(
-        self, watched: WatchedResource, snapshot: Snapshot, resources: list[Resource]
+        self, watched: WatchedResource, snapshot: Snapshot, resources: list[Resource],
+        carried: list[Resource] | None = None,
     ) -> discovery_pb2.DiscoveryResponse:
+        """`resources` is what the client holds after this response; `carried`, when only part of
+        it goes (EDS), what the response holds."""
         version = snapshot.version
         watched.nonce_sent = uuid.uuid4().hex
         watched.version_sent = version
@@ -260,7 +270,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             version_info=version,
             type_url=watched.type_url,
             nonce=watched.nonce_sent,
-            resources=[any_pb2.Any(type_url=r.type_url, value=r.value) for r in resources],
+            resources=[any_pb2.Any(type_url=r.type_url, value=r.value) for r in (resources if carried is None else carried)],
         )
 
 
