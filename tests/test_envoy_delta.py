@@ -97,15 +97,8 @@ def test_delta_and_sotw_envoys_converge_and_a_reconnect_gets_only_what_changed(
         print("The SotW Envoy printed:\n" + _notable(sotw))
 
 
-CART_2 = """
----
-apiVersion: v1
-kind: Pod
-metadata: {name: cart-2, namespace: shop, labels: {app: cart}}
-spec:
-  containers: [{name: cart, ports: [{containerPort: 9090}]}]
-status: {phase: Running, podIP: 127.0.0.35, conditions: [{type: Ready, status: "True"}]}
-"""
+# cart's pod again, as cart-2 at another address
+CART_2 = "---" + CART.split("---")[1].replace("cart-1", "cart-2").replace("127.0.0.34", "127.0.0.35")
 
 
 def _cart_pods(config: dict[str, dict[str, Any]]) -> int:
