@@ -74,15 +74,16 @@ def _pipe_cluster(name: str, path: Path) -> dict[str, Any]:
 
 
 def bootstrap(node: str, xds_socket: Path, sds_socket: Path, admin_socket: Path,
-              metadata: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A static bootstrap like pilot-agent's: ADS over `xds-grpc`, certificates over `sds-grpc`."""
+              metadata: dict[str, Any] | None = None, delta: bool = False) -> dict[str, Any]:
+    """A static bootstrap like pilot-agent's: ADS over `xds-grpc`, certificates over `sds-grpc`;
+    `delta`: incremental xDS (DeltaAggregatedResources) instead of state of the world."""
     namespace = node.split("~")[2].partition(".")[2]
     return {
         "node": {"id": node, "cluster": f"{node.split('~')[2]}",
                  "metadata": {"NAMESPACE": namespace, "ISTIO_VERSION": "1.28.0", **(metadata or {})}},
         "admin": {"address": {"pipe": {"path": str(admin_socket)}}},
         "dynamic_resources": {
-            "ads_config": {"api_type": "GRPC", "transport_api_version": "V3", "set_node_on_first_message_only": True,
+            "ads_config": {"api_type": "DELTA_GRPC" if delta else "GRPC", "transport_api_version": "V3", "set_node_on_first_message_only": True,
                            "grpc_services": [{"envoy_grpc": {"cluster_name": "xds-grpc"}}]},
             "cds_config": {"ads": {}, "resource_api_version": "V3"},
             "lds_config": {"ads": {}, "resource_api_version": "V3"},
@@ -93,17 +94,20 @@ def bootstrap(node: str, xds_socket: Path, sds_socket: Path, admin_socket: Path,
 
 @contextmanager
 def sidecar_envoy(xds_address: str, pod: str, namespace: str, ip: str = "127.0.0.1",
-                  service_account: str = "default", metadata: dict[str, Any] | None = None) -> Iterator[Envoy]:
+                  service_account: str = "default", metadata: dict[str, Any] | None = None,
+                  delta: bool = False) -> Iterator[Envoy]:
     """An Envoy sidecar for pod `pod.namespace` at `ip`, on istiod's plaintext xDS, with its
     certificates; everything it needed is removed on the way out, even on failure."""
     sockets = Path(tempfile.mkdtemp(prefix="envoy-", dir="/tmp"))  # Unix socket paths must stay short
     stoppable: list[Relay | SdsServer | Envoy] = []
     try:
-        stoppable.append(Relay(sockets / "xds", xds_address))
+        envoy_relay = Relay(sockets / "xds", xds_address)
+        stoppable.append(envoy_relay)
         stoppable.append(SdsServer(sockets / "sds", f"spiffe://cluster.local/ns/{namespace}/sa/{service_account}"))
         config = bootstrap(node_id(pod, namespace, ip), sockets / "xds", sockets / "sds", sockets / "admin",
-                           {"SERVICE_ACCOUNT": service_account, **(metadata or {})})
-        envoy = Envoy(config, sockets, name=f"envoy-{pod}")
+                           {"SERVICE_ACCOUNT": service_account, **(metadata or {})}, delta)
+        envoy = Envoy(config, sockets, name=f"envoy-{pod}{'-delta' if delta else ''}")
+        envoy.xds_relay = envoy_relay
         stoppable.append(envoy)
         yield envoy
     finally:
@@ -132,6 +136,7 @@ class Envoy:
         binary = envoy_binary()
         workdir.mkdir(parents=True, exist_ok=True)
         self.admin_socket = Path(config["admin"]["address"]["pipe"]["path"])
+        self.xds_relay: Relay | None = None  # set by sidecar_envoy: cuts Envoy's xDS stream on demand
         config_file = workdir / f"{name}.json"
         config_file.write_text(json.dumps(config))
         self.process = Process(
@@ -184,6 +189,8 @@ class Relay:
     def __init__(self, path: Path, target: str) -> None:
         self.path, (self.host, port) = path, target.rsplit(":", 1)
         self.port = int(port)
+        self.writers: set[asyncio.StreamWriter] = set()
+        self.held = False  # refusing new connections
         self.loop = asyncio.new_event_loop()
         started = threading.Event()
         self.thread = threading.Thread(target=self._run, args=(started,), daemon=True)
@@ -197,12 +204,30 @@ class Relay:
         self.loop.run_forever()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.held:
+            writer.close()
+            return
         try:
             upstream_reader, upstream_writer = await asyncio.open_connection(self.host, self.port)
         except OSError:
             writer.close()
             return
+        self.writers |= {writer, upstream_writer}
         await asyncio.gather(_pipe(reader, upstream_writer), _pipe(upstream_reader, writer))
+        self.writers -= {writer, upstream_writer}
+
+    def disconnect(self, hold: bool = False) -> None:
+        """Cuts the connections relayed so far, as a network failure would; the client reconnects,
+        once `resume()` is called if `hold`."""
+        def close() -> None:
+            self.held = hold
+            for writer in list(self.writers):
+                writer.transport.abort()
+
+        self.loop.call_soon_threadsafe(close)
+
+    def resume(self) -> None:
+        self.held = False
 
     def stop(self) -> None:
         def close() -> None:

@@ -1,6 +1,7 @@
 """Hostile load for isolation tests: `python -m tests.hostile stall ADDRESS STREAMS`.
 
-Opens ADS streams that ask for every type, over and over, and never read a response: each channel
+Opens ADS streams (every other one delta) that ask for every type, over and over, and never read a
+response: each channel
 announces a 1 KiB HTTP/2 window and no BDP growth, so istiod's sends to them block at once. Prints
 {"streams": N} once every stream has sent its requests, then holds them until killed.
 """
@@ -32,12 +33,15 @@ async def stall(address: str, count: int) -> None:
     channels = [grpc.aio.insecure_channel(address, options=NOT_READING)
                 for _ in range(-(-count // STREAMS_PER_CHANNEL))]
     stubs = [ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel) for channel in channels]
-    calls = [stubs[i // STREAMS_PER_CHANNEL].StreamAggregatedResources() for i in range(count)]
+    delta = [i % 2 == 1 for i in range(count)]
+    calls = [stubs[i // STREAMS_PER_CHANNEL].DeltaAggregatedResources() if delta[i]
+             else stubs[i // STREAMS_PER_CHANNEL].StreamAggregatedResources() for i in range(count)]
 
     async def ask(i: int) -> None:
-        first = discovery_pb2.DiscoveryRequest(type_url=types.CLUSTER, node=node(f"stall-{i}"))
-        for request in [first] + [discovery_pb2.DiscoveryRequest(type_url=t) for t in types.PUSH_ORDER] * 2:
-            await calls[i].write(request)  # waits once istiod stops reading this stream
+        request = discovery_pb2.DeltaDiscoveryRequest if delta[i] else discovery_pb2.DiscoveryRequest
+        first = request(type_url=types.CLUSTER, node=node(f"stall-{i}"))
+        for message in [first] + [request(type_url=t) for t in types.PUSH_ORDER] * 2:
+            await calls[i].write(message)  # waits once istiod stops reading this stream
 
     writers = [asyncio.create_task(ask(i)) for i in range(count)]
     await asyncio.wait(writers, timeout=10)

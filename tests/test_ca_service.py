@@ -177,18 +177,26 @@ def ads_request(namespace: str, service_account: str) -> discovery_pb2.Discovery
     return discovery_pb2.DiscoveryRequest(node=node, type_url="type.googleapis.com/envoy.config.cluster.v3.Cluster")
 
 
-async def ads_first_response(secure: Secure, request: discovery_pb2.DiscoveryRequest, **channel: object):  # type: ignore[no-untyped-def]
+async def ads_first_response(secure: Secure, request: discovery_pb2.DiscoveryRequest, delta: bool = False,  # type: ignore[no-untyped-def]
+                             **channel: object):
+    """The first response on the secure port, over state of the world or (`delta`) incremental xDS."""
     async with secure.channel(**channel) as ch:  # type: ignore[arg-type]
-        stream = ads_pb2_grpc.AggregatedDiscoveryServiceStub(ch).StreamAggregatedResources(timeout=10)
-        await stream.write(request)
+        stub = ads_pb2_grpc.AggregatedDiscoveryServiceStub(ch)
+        if delta:
+            stream = stub.DeltaAggregatedResources(timeout=10)
+            await stream.write(discovery_pb2.DeltaDiscoveryRequest(node=request.node, type_url=request.type_url))
+        else:
+            stream = stub.StreamAggregatedResources(timeout=10)
+            await stream.write(request)
         return await stream.read()
 
 
-async def test_tls_xds_checks_the_callers_identity(secure: Secure) -> None:
+@pytest.mark.parametrize("delta", [False, True], ids=["sotw", "delta"])
+async def test_tls_xds_checks_the_callers_identity(secure: Secure, delta: bool) -> None:
     key = new_key()
     chain = (await create(secure, csr_pem(key), token=TOKEN)).cert_chain
     cert = (key_pem(key), "".join(chain[:-1]).encode())
-    response = await ads_first_response(secure, ads_request("app", "web"), cert=cert)
+    response = await ads_first_response(secure, ads_request("app", "web"), delta, cert=cert)
     assert response.type_url.endswith("Cluster")
     for request, channel, code, message in (
         (ads_request("other", "web"), dict(cert=cert), grpc.StatusCode.PERMISSION_DENIED,
@@ -199,7 +207,7 @@ async def test_tls_xds_checks_the_callers_identity(secure: Secure) -> None:
          NO_CREDENTIALS.replace("request authenticate failure", "authentication failure")),
     ):
         with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await ads_first_response(secure, request, **channel)
+            await ads_first_response(secure, request, delta, **channel)
         print(f"ads refused: {refused.value.code().name}: {refused.value.details()}")
         assert (refused.value.code(), refused.value.details()) == (code, message)
 

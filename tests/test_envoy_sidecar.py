@@ -133,10 +133,16 @@ status: {phase: Running, podIP: 127.0.0.34, conditions: [{type: Ready, status: "
 """
 
 
-def test_service_changes_reach_envoy(mesh_dir: Path, start_istiod: Callable[..., Istiod]) -> None:
+XDS_FLAVORS = pytest.mark.parametrize("delta", [False, True], ids=["sotw", "delta"])
+
+
+@XDS_FLAVORS
+def test_service_changes_reach_envoy(mesh_dir: Path, start_istiod: Callable[..., Istiod], delta: bool) -> None:
+    """Delta: a deleted service's listener and cluster leave Envoy through `removed_resources`."""
     _mesh(mesh_dir)
     istiod = start_istiod(mesh_dir)
-    with sidecar_envoy(istiod.xds_address, "web-1", "shop", "127.0.0.31", service_account="web") as envoy:
+    with sidecar_envoy(istiod.xds_address, "web-1", "shop", "127.0.0.31", service_account="web",
+                       delta=delta) as envoy:
         _acked(istiod, envoy)
         mesh = (mesh_dir / "mesh.yaml").read_text()
         # rpc turns from gRPC into HTTP/1.1: its cluster changes under the same name, its endpoints
@@ -200,11 +206,13 @@ def _duplicate_chains_listener() -> listener_pb2.Listener:
     )
 
 
+@XDS_FLAVORS
 async def test_a_rejected_listener_shows_nacked_and_the_last_good_config_serves(
-    mesh_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    mesh_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, delta: bool
 ) -> None:
     """istiod in this process, so one generator can be made to add a listener Envoy rejects while
-    the `cart` service exists: what every rejection by a real Envoy must look like."""
+    the `cart` service exists: what every rejection by a real Envoy must look like. A delta NACK
+    carries no version: istiod keeps the ACKed state as the last good one."""
     _mesh(mesh_dir)
     sidecar_listeners = gen.SIDECAR[types.LISTENER]
 
@@ -244,7 +252,7 @@ async def test_a_rejected_listener_shows_nacked_and_the_last_good_config_serves(
     try:
         await eventually(lambda: discovery.ads.ready, 10, "istiod ready")
         with sidecar_envoy(f"127.0.0.1:{discovery.ports['grpc']}", "web-1", "shop", "127.0.0.31",
-                           service_account="web") as envoy:
+                           service_account="web", delta=delta) as envoy:
             await eventually(lambda: _all_acked(syncz, states), 20, "Envoy to ACK every type")
             (mesh_dir / "cart.yaml").write_text(CART)
             status = await eventually(lambda: _nacked(syncz), 15, "Envoy's NACK of the listeners")

@@ -62,7 +62,8 @@ class _Push:
     """The event that means "a newer snapshot is waiting"."""
 
 
-Event: TypeAlias = discovery_pb2.DiscoveryRequest | Closed | _Push
+Request: TypeAlias = discovery_pb2.DiscoveryRequest | discovery_pb2.DeltaDiscoveryRequest
+Event: TypeAlias = Request | Closed | _Push
 
 
 class Connection:
@@ -75,18 +76,22 @@ class Connection:
 
     PUSH = _Push()
 
-    def __init__(self, proxy: Proxy, peer: str) -> None:
+    def __init__(self, proxy: Proxy, peer: str, delta: bool = False) -> None:
         self.proxy = proxy
         self.peer = peer
+        self.delta = delta  # DeltaAggregatedResources (incremental) rather than state of the world
         self.id = f"{proxy.id}-{next(_connection_numbers)}"
         self.connected_at = time.time()
         self.watched: dict[str, WatchedResource] = {}
-        self._requests: asyncio.Queue[discovery_pb2.DiscoveryRequest | Closed] = asyncio.Queue(maxsize=1)
+        # Delta: clusters sent since the last endpoints response. Envoy warms each until it is sent
+        # its endpoints again, and over delta it does not ask for them.
+        self.endpoints_due: set[str] = set()
+        self._requests: asyncio.Queue[Request | Closed] = asyncio.Queue(maxsize=1)
         self._wake = asyncio.Event()
         self._push_queued = False
         self._queued_at = 0.0
 
-    async def received(self, request: discovery_pb2.DiscoveryRequest | Closed) -> None:
+    async def received(self, request: Request | Closed) -> None:
         """From the reader: waits while the previous request is still unhandled."""
         await self._requests.put(request)
         self._wake.set()

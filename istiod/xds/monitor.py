@@ -17,7 +17,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from istiod import logs, metrics
 from istiod.xds import types
-from istiod.xds.connection import Connection, WatchedResource
+from istiod.xds.connection import Connection, Request, WatchedResource
 from istiod.xds.pusher import PushEvent
 
 log = logging.getLogger(__name__)
@@ -101,11 +101,16 @@ class AdsMonitor:
     def dequeued(self, queued_seconds: float) -> None:
         metrics.PROXY_QUEUE_TIME.observe(queued_seconds)
 
-    def response_sent(self, response: discovery_pb2.DiscoveryResponse, seconds: float) -> None:
+    def response_sent(
+        self, response: discovery_pb2.DiscoveryResponse | discovery_pb2.DeltaDiscoveryResponse, seconds: float
+    ) -> None:
         short = types.short_name(response.type_url)
         metrics.XDS_PUSHES.labels(type=short).inc()
         metrics.XDS_PUSH_TIME.labels(type=short).observe(seconds)
-        metrics.CONFIG_SIZE_BYTES.labels(type=short).observe(sum(len(r.value) for r in response.resources))
+        size = (sum(len(r.resource.value) for r in response.resources)
+                if isinstance(response, discovery_pb2.DeltaDiscoveryResponse)
+                else sum(len(r.value) for r in response.resources))
+        metrics.CONFIG_SIZE_BYTES.labels(type=short).observe(size)
 
     def write_timeout(self) -> None:
         metrics.XDS_WRITE_TIMEOUTS.inc()
@@ -123,7 +128,7 @@ class AdsMonitor:
             metrics.PROXY_CONVERGENCE_TIME.observe(time.monotonic() - self._start_monotonic)
         self._handled(connection.id)
 
-    def nacked(self, connection: Connection, watched: WatchedResource, request: discovery_pb2.DiscoveryRequest) -> None:
+    def nacked(self, connection: Connection, watched: WatchedResource, request: Request) -> None:
         short = types.short_name(watched.type_url)
         err = _CODE_NAMES.get(request.error_detail.code, str(request.error_detail.code))
         metrics.TOTAL_XDS_REJECTS.labels(type=short).inc()

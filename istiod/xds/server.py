@@ -1,4 +1,4 @@
-"""The ADS server (state of the world): streams, ACK/NACK, nonces, subscriptions and pushes."""
+"""The ADS server (state of the world and delta): streams, ACK/NACK, nonces, subscriptions and pushes."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeAlias
 
 import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
@@ -16,9 +17,9 @@ from google.protobuf.message import DecodeError
 from istiod import logs
 from istiod.model.proxy import NodeIdError, Proxy, proxy_from_node
 from istiod.model.snapshot import Snapshot
-from istiod.xds import types
+from istiod.xds import delta, types
 from istiod.xds.cache import Resource, ResourceCache
-from istiod.xds.connection import Closed, Connection, StreamClosed, WatchedResource
+from istiod.xds.connection import Closed, Connection, Request, StreamClosed, WatchedResource
 from istiod.xds.gen import generators_for
 from istiod.xds.monitor import AdsMonitor
 from istiod.xds.pusher import PushEvent
@@ -30,6 +31,7 @@ _malformed = logs.Throttled(log)
 MAX_RESOURCE_NAMES = 100_000
 # Checks the caller may connect as the proxy; aborts the stream if not.
 Authorizer = Callable[[Proxy, grpc.aio.ServicerContext], Awaitable[None]]
+Response: TypeAlias = discovery_pb2.DiscoveryResponse | discovery_pb2.DeltaDiscoveryResponse
 
 
 class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
@@ -56,9 +58,10 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
 
     async def stream(
         self,
-        request_iterator: AsyncIterator[discovery_pb2.DiscoveryRequest],
+        request_iterator: AsyncIterator[Request],
         context: grpc.aio.ServicerContext,
         authorize: Authorizer | None = None,
+        incremental: bool = False,
     ) -> None:
         # A coroutine writing with context.write (not an async generator), so each send has a deadline
         # and the stream can end with a status while a send is still stuck on the client.
@@ -71,10 +74,10 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         except DecodeError as error:
             _end(context, _malformed_request(context.peer(), error))
             return
-        connection = await self._connect(first, context, authorize)
+        connection = await self._connect(first, context, authorize, incremental)
         self.connections[connection.id] = connection
         self.monitor.connected(connection)
-        log.info(logs.event("ads connected", id=connection.id, peer=connection.peer))
+        log.info(logs.event("ads connected", id=connection.id, peer=connection.peer, delta=incremental))
         await connection.received(first)
         reader = asyncio.create_task(_read(request_iterator, connection))
         try:
@@ -96,6 +99,8 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                 self.monitor.dequeued(connection.push_started())
                 async with self._push_slots:
                     responses = self._push(connection, snapshot)
+            elif isinstance(event, discovery_pb2.DeltaDiscoveryRequest):
+                responses = self._on_delta_request(connection, event, snapshot)
             else:
                 assert isinstance(event, discovery_pb2.DiscoveryRequest)
                 responses = self._on_request(connection, event, snapshot)
@@ -107,9 +112,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         if event.code is not grpc.StatusCode.OK:
             raise StreamClosed(event)
 
-    async def _send(
-        self, connection: Connection, context: grpc.aio.ServicerContext, response: discovery_pb2.DiscoveryResponse
-    ) -> None:
+    async def _send(self, connection: Connection, context: grpc.aio.ServicerContext, response: Response) -> None:
         """One response at a time per stream: a client that does not read holds back only its own stream,
         and after the send timeout that stream is closed (istiod's "Timeout writing")."""
         try:
@@ -123,8 +126,14 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
 
     StreamAggregatedResources = stream  # the plaintext port: no caller checks, as in istiod
 
+    async def DeltaAggregatedResources(  # noqa: N802 (gRPC's method name)
+        self, request_iterator: AsyncIterator[Request], context: grpc.aio.ServicerContext,
+        authorize: Authorizer | None = None,
+    ) -> None:
+        await self.stream(request_iterator, context, authorize, incremental=True)
+
     async def _connect(
-        self, first: discovery_pb2.DiscoveryRequest, context: grpc.aio.ServicerContext, authorize: Authorizer | None
+        self, first: Request, context: grpc.aio.ServicerContext, authorize: Authorizer | None, incremental: bool
     ) -> Connection:
         if not first.node.id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first request must carry node.id")
@@ -136,7 +145,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{proxy.type} proxies are not served yet")
         if authorize is not None:
             await authorize(proxy, context)
-        return Connection(proxy, context.peer())
+        return Connection(proxy, context.peer(), incremental)
 
     def _on_request(
         self, connection: Connection, request: discovery_pb2.DiscoveryRequest, snapshot: Snapshot
@@ -168,7 +177,49 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             return [self._respond(watched, snapshot, self._generate(connection, watched, snapshot))]
         return []
 
-    def _nack(self, connection: Connection, watched: WatchedResource, request: discovery_pb2.DiscoveryRequest) -> None:
+    def _on_delta_request(
+        self, connection: Connection, request: discovery_pb2.DeltaDiscoveryRequest, snapshot: Snapshot
+    ) -> list[Response]:
+        type_url = request.type_url
+        if type_url not in generators_for(connection.proxy):
+            log.warning("ads id=%s asked for unsupported type %s; not answered", connection.id, type_url)
+            return []
+        previous = connection.watched.get(type_url)
+        # Unlike state of the world, a delta request may both answer a response and change the
+        # subscription, and the change counts even when the nonce is stale.
+        if previous is not None and request.response_nonce and request.response_nonce == previous.nonce_sent:
+            if request.HasField("error_detail"):
+                self._nack(connection, previous, request)
+            else:
+                delta.acked(previous, request)
+        watched, changed = delta.subscribe(previous, request, MAX_RESOURCE_NAMES)
+        connection.watched[type_url] = watched
+        if not changed:
+            return []
+        resources = self._generate(connection, watched, snapshot)
+        if previous is None:
+            delta.held(watched, resources, dict(request.initial_resource_versions))
+        responses = self._delta_respond(connection, watched, snapshot, resources, always=previous is None)
+        endpoints = connection.watched.get(types.ENDPOINT)
+        if connection.endpoints_due and endpoints is not None:
+            responses += self._delta_respond(connection, endpoints, snapshot,
+                                             self._generate(connection, endpoints, snapshot))
+        return responses
+
+    def _delta_respond(self, connection: Connection, watched: WatchedResource, snapshot: Snapshot,
+                       resources: list[Resource], always: bool = False) -> list[Response]:
+        """Only what changed, and after clusters their endpoints again (see Connection.endpoints_due)."""
+        resend: frozenset[str] = frozenset()
+        if watched.type_url == types.ENDPOINT:
+            resend, connection.endpoints_due = frozenset(connection.endpoints_due), set()
+        response = delta.respond(watched, snapshot, resources, always, resend)
+        if response is None:
+            return []
+        if watched.type_url == types.CLUSTER:
+            connection.endpoints_due.update(r.name for r in response.resources)
+        return [response]
+
+    def _nack(self, connection: Connection, watched: WatchedResource, request: Request) -> None:
         """Keep the last good config on this connection; log each rejected nonce once."""
         watched.nacked_nonce = request.response_nonce
         watched.last_error = request.error_detail.message
@@ -176,17 +227,27 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         log.warning(logs.event("ads NACK", id=connection.id, type=types.short_name(watched.type_url),
                                version=watched.version_sent, error=request.error_detail.message))
 
-    def _push(self, connection: Connection, snapshot: Snapshot) -> list[discovery_pb2.DiscoveryResponse]:
-        responses: list[discovery_pb2.DiscoveryResponse] = []
+    def _push(self, connection: Connection, snapshot: Snapshot) -> list[Response]:
+        responses: list[Response] = []
+        changed_clusters: set[str] = set()
         for type_url in types.PUSH_ORDER:
             watched = connection.watched.get(type_url)
             if watched is None:
                 continue
             resources = self._generate(connection, watched, snapshot)
-            # Envoy warms a changed cluster until it gets its endpoints again, and asks for them with
-            # a request that looks like an ACK: after clusters, endpoints go too, as with istiod.
-            clusters_sent = bool(responses) and responses[0].type_url == types.CLUSTER
-            if watched.differs_from(resources) or (type_url == types.ENDPOINT and clusters_sent):
+            if connection.delta:
+                responses += self._delta_respond(connection, watched, snapshot, resources)
+            elif type_url == types.ENDPOINT:
+                # EDS need not be the state of the world: only the assignments that differ from what
+                # the client ACKed go, and (Envoy warms a changed cluster until it gets its endpoints
+                # again, and asks with a request that looks like an ACK) those of changed clusters.
+                carried = [r for r in resources
+                           if r.name in changed_clusters or not r.same_as(watched.acked.get(r.name))]
+                if carried:
+                    responses.append(self._respond(watched, snapshot, resources, carried))
+            elif watched.differs_from(resources):
+                if type_url == types.CLUSTER:
+                    changed_clusters = {r.name for r in resources if not r.same_as(watched.sent.get(r.name))}
                 responses.append(self._respond(watched, snapshot, resources))
         return responses
 
@@ -195,8 +256,11 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         return generator(snapshot, connection.proxy, watched.names, self.cache)
 
     def _respond(
-        self, watched: WatchedResource, snapshot: Snapshot, resources: list[Resource]
+        self, watched: WatchedResource, snapshot: Snapshot, resources: list[Resource],
+        carried: list[Resource] | None = None,
     ) -> discovery_pb2.DiscoveryResponse:
+        """`resources` is what the client holds after this response; `carried`, when only part of
+        it goes (EDS), what the response holds."""
         version = snapshot.version
         watched.nonce_sent = uuid.uuid4().hex
         watched.version_sent = version
@@ -206,7 +270,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             version_info=version,
             type_url=watched.type_url,
             nonce=watched.nonce_sent,
-            resources=[any_pb2.Any(type_url=r.type_url, value=r.value) for r in resources],
+            resources=[any_pb2.Any(type_url=r.type_url, value=r.value) for r in (resources if carried is None else carried)],
         )
 
 
@@ -216,12 +280,17 @@ class _Authorized(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self.authorize = authorize
 
     async def StreamAggregatedResources(
-        self, request_iterator: AsyncIterator[discovery_pb2.DiscoveryRequest], context: grpc.aio.ServicerContext
+        self, request_iterator: AsyncIterator[Request], context: grpc.aio.ServicerContext
     ) -> None:
         await self.server.stream(request_iterator, context, self.authorize)
 
+    async def DeltaAggregatedResources(  # noqa: N802 (gRPC's method name)
+        self, request_iterator: AsyncIterator[Request], context: grpc.aio.ServicerContext
+    ) -> None:
+        await self.server.stream(request_iterator, context, self.authorize, incremental=True)
 
-async def _read(requests: AsyncIterator[discovery_pb2.DiscoveryRequest], connection: Connection) -> None:
+
+async def _read(requests: AsyncIterator[Request], connection: Connection) -> None:
     closed = Closed()
     try:
         async for request in requests:

@@ -1,0 +1,114 @@
+"""Incremental xDS (DeltaAggregatedResources): what to send a delta client, as pure steps over its state.
+
+A delta connection keeps the same per-type WatchedResource as a state-of-the-world one, with `sent`
+being everything the client holds after the last response (not just what that response carried),
+so the debug views, proxy-status and NACK handling read both kinds alike. A response carries only
+the resources whose content differs from `sent`, and the names that left.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+
+import grpc
+from envoy.service.discovery.v3 import discovery_pb2
+from google.protobuf import any_pb2
+
+from istiod.model.snapshot import Snapshot
+from istiod.xds.cache import Resource
+from istiod.xds.connection import Closed, StreamClosed, WatchedResource
+
+WILDCARD = "*"
+
+
+def resource_version(resource: Resource) -> str:
+    """A version from the content, so a reconnecting client's `initial_resource_versions` tell what it
+    holds whichever istiod sent it."""
+    return hashlib.blake2b(resource.value, digest_size=8).hexdigest()
+
+
+def subscribe(
+    watched: WatchedResource | None, request: discovery_pb2.DeltaDiscoveryRequest, max_names: int
+) -> tuple[WatchedResource, bool]:
+    """The watch after the request's subscription changes, and whether they change what it covers.
+
+    A first request with no names is a wildcard (the legacy form Envoy uses for CDS and LDS), as is `*`.
+    A client that reconnects says what it holds in `initial_resource_versions`: what still matches is
+    taken as sent, so only what differs goes.
+    """
+    subscribed = list(dict.fromkeys(request.resource_names_subscribe))
+    if watched is None:
+        wildcard = not subscribed or WILDCARD in subscribed
+        watched = WatchedResource(request.type_url, None if wildcard else [n for n in subscribed if n != WILDCARD])
+        changed = True
+    else:
+        changed = False
+        if watched.names is not None:
+            if WILDCARD in subscribed:
+                watched.names, changed = None, True
+            else:
+                added = [n for n in subscribed if n not in watched.names]
+                watched.names.extend(added)
+                changed = bool(added)
+        for name in request.resource_names_unsubscribe:
+            if name == WILDCARD and watched.names is None:
+                watched.names, changed = [], True  # explicit names only from now on, none yet
+            elif watched.names is not None and name in watched.names:
+                watched.names.remove(name)
+                # The client forgets what it unsubscribed from: no removal is due for it.
+                watched.sent.pop(name, None)
+                changed = True
+    if watched.names is not None and len(watched.names) > max_names:
+        raise StreamClosed(Closed(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"{len(watched.names)} resource names subscribed; at most {max_names}"))
+    return watched, changed
+
+
+def held(watched: WatchedResource, current: list[Resource], versions: dict[str, str]) -> None:
+    """Takes a reconnecting client's `initial_resource_versions` as what it was sent: the current
+    resources whose version matches, and, for a removal, the names that no longer exist."""
+    by_name = {r.name: r for r in current}
+    for name, version in versions.items():
+        resource = by_name.get(name)
+        if resource is not None and resource_version(resource) == version:
+            watched.sent[name] = resource
+        elif resource is None:
+            watched.sent[name] = Resource(name, watched.type_url, b"")  # held, gone: to be removed
+
+
+def respond(
+    watched: WatchedResource, snapshot: Snapshot, current: list[Resource], always: bool = False,
+    resend: frozenset[str] = frozenset(),
+) -> discovery_pb2.DeltaDiscoveryResponse | None:
+    """The resources that differ from what the client holds (or are named in `resend`) and the names
+    it holds that are gone; None when there are none (unless `always`: the first answer of a watch,
+    which the client awaits)."""
+    changed = [r for r in current if r.name in resend or not r.same_as(watched.sent.get(r.name))]
+    names = {r.name for r in current}
+    removed = [n for n in watched.sent if n not in names]
+    if not changed and not removed and not always:
+        return None
+    watched.nonce_sent = uuid.uuid4().hex
+    watched.version_sent = snapshot.version
+    watched.sent = {r.name: r for r in current}
+    watched.sent_at = time.time()
+    return discovery_pb2.DeltaDiscoveryResponse(
+        system_version_info=snapshot.version,
+        type_url=watched.type_url,
+        nonce=watched.nonce_sent,
+        resources=[
+            discovery_pb2.Resource(name=r.name, version=resource_version(r),
+                                   resource=any_pb2.Any(type_url=r.type_url, value=r.value))
+            for r in changed
+        ],
+        removed_resources=removed,
+    )
+
+
+def acked(watched: WatchedResource, request: discovery_pb2.DeltaDiscoveryRequest) -> None:
+    """A delta ACK carries no version: the client took the version of the response it names."""
+    watched.nonce_acked, watched.version_acked = request.response_nonce, watched.version_sent
+    watched.acked = dict(watched.sent)
+    watched.last_error = ""

@@ -1,0 +1,70 @@
+"""The delta steps on their own: subscriptions, what a reconnecting client holds, what a response carries."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from envoy.service.discovery.v3 import discovery_pb2
+
+from istiod.model.snapshot import Snapshot
+from istiod.xds import delta, types
+from istiod.xds.cache import Resource
+from istiod.xds.connection import StreamClosed, WatchedResource
+
+SNAPSHOT = Snapshot("v1")
+
+
+def request(subscribe: tuple[str, ...] = (), unsubscribe: tuple[str, ...] = (),
+            versions: dict[str, str] | None = None) -> discovery_pb2.DeltaDiscoveryRequest:
+    return discovery_pb2.DeltaDiscoveryRequest(
+        type_url=types.CLUSTER, resource_names_subscribe=subscribe, resource_names_unsubscribe=unsubscribe,
+        initial_resource_versions=versions or {})
+
+
+def resource(name: str, value: bytes = b"v") -> Resource:
+    return Resource(name, types.CLUSTER, name.encode() + value)
+
+
+@pytest.mark.parametrize("first", [(), ("*",)], ids=["empty", "star"])
+def test_wildcard_is_an_empty_first_subscription_or_a_star(first: tuple[str, ...]) -> None:
+    watched, changed = delta.subscribe(None, request(first), 10)
+    assert watched.names is None and changed
+    # Later named subscriptions add nothing to a wildcard; unsubscribing `*` leaves explicit names only.
+    assert delta.subscribe(watched, request(("a",)), 10)[1] is False
+    watched, changed = delta.subscribe(watched, request(unsubscribe=("*",)), 10)
+    assert watched.names == [] and changed
+
+
+def test_unsubscribed_names_are_forgotten_not_removed() -> None:
+    watched, _ = delta.subscribe(None, request(("a", "b")), 10)
+    assert delta.respond(watched, SNAPSHOT, [resource("a"), resource("b")], always=True) is not None
+    watched, changed = delta.subscribe(watched, request(unsubscribe=("b",)), 10)
+    assert changed and watched.names == ["a"] and set(watched.sent) == {"a"}
+    assert delta.respond(watched, SNAPSHOT, [resource("a")]) is None  # nothing to send, nothing removed
+
+
+def test_a_response_carries_what_changed_and_what_left() -> None:
+    watched = WatchedResource(types.CLUSTER, None)
+    delta.respond(watched, SNAPSHOT, [resource("a"), resource("b"), resource("c")], always=True)
+    response = delta.respond(watched, SNAPSHOT, [resource("a"), resource("b", b"new")])
+    assert response is not None
+    assert [r.name for r in response.resources] == ["b"] and list(response.removed_resources) == ["c"]
+    assert response.resources[0].version == delta.resource_version(resource("b", b"new"))
+
+
+def test_a_reconnect_gets_only_what_differs_from_the_versions_it_holds() -> None:
+    current = [resource("same"), resource("changed", b"new"), resource("new")]
+    held = {"same": delta.resource_version(resource("same")), "changed": delta.resource_version(resource("changed")),
+            "gone": "0123"}
+    watched, _ = delta.subscribe(None, request(versions=held), 10)
+    delta.held(watched, current, held)
+    response = delta.respond(watched, SNAPSHOT, current, always=True)
+    assert response is not None
+    assert sorted(r.name for r in response.resources) == ["changed", "new"]
+    assert list(response.removed_resources) == ["gone"]
+
+
+def test_too_many_names_end_the_stream() -> None:
+    with pytest.raises(StreamClosed) as closed:
+        delta.subscribe(None, request(("a", "b", "c")), 2)
+    assert closed.value.closed.code == grpc.StatusCode.INVALID_ARGUMENT
