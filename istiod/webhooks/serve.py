@@ -6,21 +6,25 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
+from collections.abc import Callable
 
 import uvicorn
 
 from istiod.ca.root import CertificateAuthority
 from istiod.ca.serving import ServingCertificate, serving_names
 from istiod.settings import Settings
+from istiod.webhooks.injection import Injector, add_injection_route
 from istiod.webhooks.validation import create_webhook_app
 
 
 class WebhookServer:
-    def __init__(self, settings: Settings, ca: CertificateAuthority) -> None:
+    def __init__(self, settings: Settings, ca: CertificateAuthority, injector: Callable[[], Injector | None]) -> None:
         self.settings = settings
         self.cert = ServingCertificate(ca, serving_names(settings.namespace, settings.domain, settings.ca.extra_sans),
                                        settings.ca.ttl.default, alpn=("http/1.1",))
-        config = uvicorn.Config(create_webhook_app(settings.domain), log_level="warning", lifespan="off",
+        app = create_webhook_app(settings.domain)
+        add_injection_route(app, injector)
+        config = uvicorn.Config(app, log_level="warning", lifespan="off",
                                 access_log=False, log_config=None, proxy_headers=False)
         config.load()
         config.ssl = self._context()
