@@ -229,7 +229,7 @@ def inject(pod: Mapping[str, Any], injector: Injector) -> list[dict[str, Any]]:
         "imagePullSecrets": None, "revision": "default",
     }, separators=(",", ":"))
     labels = {**(metadata.get("labels") or {}), TLS_MODE: "istio"}
-    patch = [{"op": "add", "path": "/metadata/labels", "value": labels},
+    patch: list[dict[str, Any]] = [{"op": "add", "path": "/metadata/labels", "value": labels},
              {"op": "add", "path": "/metadata/annotations", "value": annotations},
              {"op": "add", "path": "/spec/containers", "value": containers}]
     if init_containers:
