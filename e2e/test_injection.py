@@ -6,6 +6,7 @@ as its ServiceAccount under deploy/rbac, reads the injector ConfigMap and sets b
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from e2e.harness import Cluster
 from e2e.kube_objects import ISTIO_NAMESPACE, ensure_namespace
 from e2e.test_rbac import istiod_kubeconfig
-from tests.peers import ROOT, Istiod, Process, eventually, free_port
+from e2e.test_webhook import istiod_patching
+from tests.peers import ROOT, Process, eventually, free_port
 
 INJECTED, PLAIN, OBJECT, DOWN = "e2e-inject-on", "e2e-inject-off", "e2e-inject-object", "e2e-inject-down"
 
@@ -65,15 +67,8 @@ async def test_api_server_stores_injected_pods(
     port = free_port()
     await admission.create_mutating_webhook_configuration(by_url(webhooks, port))
     try:
-        istiod = Istiod(tmp_path, "--kubeconfig", str(kubeconfig), "--webhook-addr", f"127.0.0.1:{port}",
-                        ready_timeout=60)
-        processes.append(istiod)
-
-        async def patched() -> bool:
-            hook = await admission.read_mutating_webhook_configuration(webhooks["metadata"]["name"])
-            return all(h.client_config.ca_bundle for h in hook.webhooks)
-
-        await eventually(patched, 10, "istiod to set the injector's caBundles")
+        istiod = await istiod_patching(tmp_path, kubeconfig, port, processes, functools.partial(
+            admission.read_mutating_webhook_configuration, webhooks["metadata"]["name"]))
         # The ConfigMap is read by a watch: until it is, /inject fails and failurePolicy Fail refuses.
         async def created() -> client.V1Pod | None:
             try:

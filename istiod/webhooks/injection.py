@@ -22,6 +22,7 @@ import yaml
 from fastapi import FastAPI, HTTPException, Request
 
 from istiod.model.quantity import QuantityError, parse_quantity
+from istiod.webhooks.validation import admission_answer, admission_request
 
 log = logging.getLogger(__name__)
 CONFIGMAP = "istio-sidecar-injector"
@@ -243,12 +244,7 @@ def review(body: Any, injector: Injector | None) -> dict[str, Any]:
     """An AdmissionReview of a Pod -> the answer, with the patch when the pod gets a sidecar.
     ValueError if malformed; LookupError if there is no injector config (the API server then
     applies the webhook's failurePolicy)."""
-    if not isinstance(body, dict) or not isinstance(body.get("request"), dict):
-        raise ValueError("expected an AdmissionReview with a request")
-    request = body["request"]
-    uid = request.get("uid")
-    if not isinstance(uid, str) or not uid:
-        raise ValueError("request.uid is missing")
+    request, uid = admission_request(body)
     pod = request.get("object")
     response: dict[str, Any] = {"uid": uid, "allowed": True}
     if isinstance(pod, dict) and pod.get("kind") == "Pod" and request.get("operation", "CREATE") == "CREATE":
@@ -267,7 +263,7 @@ def review(body: Any, injector: Injector | None) -> dict[str, Any]:
                 response["patchType"] = "JSONPatch"
                 response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
                 log.debug("injected a sidecar into pod %s/%s", namespace, name)
-    return {"apiVersion": body.get("apiVersion", "admission.k8s.io/v1"), "kind": "AdmissionReview", "response": response}
+    return admission_answer(body, response)
 
 
 def add_injection_route(app: FastAPI, current: Callable[[], Injector | None]) -> None:
