@@ -171,3 +171,38 @@ def test_inject_over_https(mesh_dir: Path, tmp_path: Path, start_istiod: Callabl
     assert status == 200 and answer["response"]["patchType"] == "JSONPatch"
     patched = apply(pod(), json.loads(base64.b64decode(answer["response"]["patch"])))
     assert [c["name"] for c in patched["spec"]["containers"]] == ["echo", "istio-proxy"]
+
+
+def test_template_commands_parse_with_istiods_own_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The injected containers' args are flags `istiod` really has (the pod's env fills the rest)."""
+    from istiod.cli import parse
+
+    for name in ("POD_NAME", "POD_NAMESPACE", "INSTANCE_IP"):
+        monkeypatch.setenv(name, "x")
+    spec = apply(pod(), inject(pod(), injector()))["spec"]
+    proxy = parse(spec["containers"][1]["args"])
+    assert (proxy.command, proxy.agent_mode, str(proxy.workdir), str(proxy.output_dir)) == \
+        ("agent", "proxy", "/", "/var/lib/istio/data")
+    init_args = spec["initContainers"][0]["args"]
+    try:
+        capture = parse(init_args)
+    except SystemExit:
+        pytest.skip("`istiod agent iptables` is not in this build yet")
+    assert capture.agent_mode == "iptables"
+
+
+async def test_configmap_watcher_keeps_the_last_good_config(caplog: pytest.LogCaptureFixture) -> None:
+    from kubernetes_asyncio import client
+
+    from istiod.webhooks.injector_source import InjectorConfigMapWatcher
+
+    async with client.ApiClient() as api:  # never called: the informer's writer side alone
+        watcher = InjectorConfigMapWatcher(api, "istio-system")
+    watcher.replace("ConfigMap", [{"data": configmap_data()}])
+    good = watcher.current
+    assert good is not None and good.enabled
+    watcher.apply({"data": {"config": "policy: sometimes", "values": "{}"}})
+    assert watcher.current is good
+    assert "ConfigMap istio-system/istio-sidecar-injector: config.policy" in caplog.text
+    watcher.delete({})
+    assert watcher.current is None
