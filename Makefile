@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed# plus the test extras
 CHROMIUM := /usr/bin/chromium
 SUDO     := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: run test unit e2e e2e-bin bench protos demo-server demo-client chromium clean
+.PHONY: run test unit e2e e2e-bin bench protos demo-server demo-client demo-sidecars chromium netns-tools clean
 
 # pip without --quiet: the first install takes a minute or two, and shows what it is doing.
 $(BASE): pyproject.toml
@@ -28,10 +28,10 @@ $(STAMP): $(BASE)
 run: $(BASE)
 	$(BIN)/istiod discovery --config-dir deploy/demo
 
-test: $(STAMP) $(CHROMIUM) e2e-bin
+test: $(STAMP) $(CHROMIUM) netns-tools e2e-bin
 	$(BIN)/pytest -q tests e2e
 
-unit: $(STAMP) $(CHROMIUM)
+unit: $(STAMP) $(CHROMIUM) netns-tools
 	$(BIN)/pytest -q tests
 
 # Headless Chromium renders /debug/ui in the tests: Debian's package, installed once.
@@ -40,6 +40,16 @@ chromium: $(CHROMIUM)
 $(CHROMIUM):
 	$(SUDO) apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core
+
+# Pods with sidecars are network namespaces with istio-init's capture: Debian's iptables, iproute2,
+# setpriv (util-linux) and curl (Envoy's admin inside a pod), installed when one is missing. Only as
+# root: without root the pod tests skip, so there is nothing to install.
+NETNS_TOOLS := iptables-restore ip setpriv curl
+netns-tools:
+	@for tool in $(NETNS_TOOLS); do command -v $$tool >/dev/null || missing=yes; done; \
+	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iptables iproute2 util-linux curl; \
+	fi
 
 # The real kube-apiserver and etcd for e2e/, built with Go from the module proxy; reused when present.
 e2e-bin:
@@ -54,6 +64,10 @@ demo-server: $(BASE)
 # Calls until stopped (Ctrl-C), so edits under deploy/demo/ show in its output.
 demo-client: $(BASE)
 	$(BIN)/python -m istiod.demo client xds:///echo.demo.svc.cluster.local:7070 --xds 127.0.0.1:15010 --count 0
+
+# Two pods with Envoy sidecars (network namespaces, so root only) and a call from one to the other.
+demo-sidecars: $(STAMP) netns-tools
+	$(BIN)/python -m istiod.demo.sidecars
 
 bench: $(STAMP)
 	$(BIN)/python bench/push.py

@@ -10,6 +10,7 @@ from typing import NoReturn
 from pathlib import Path
 
 from istiod import __version__, logs
+from istiod.agent.iptables import add_iptables_flags
 from istiod.agent.settings import add_agent_flags, add_proxy_flags, agent_settings_from_args, proxy_settings_from_args
 from istiod.settings import add_discovery_flags, settings_from_args
 
@@ -53,6 +54,10 @@ def build_parser() -> _Parser:
                                    "the Envoy bootstrap, Envoy's supervision, status ports")
     proxy.set_defaults(parser=proxy)
     add_proxy_flags(proxy)
+    iptables = agent_modes.add_parser("iptables", allow_abbrev=False,
+                                      help="install istio-init's traffic capture in this network namespace")
+    iptables.set_defaults(parser=iptables)
+    add_iptables_flags(iptables)
     status = command("proxy-status", "each connected proxy's sync state, or one proxy's diff", ("ps",))
     status.add_argument("proxy", nargs="?", help="a proxy ID or <pod>.<namespace>: show what it has not ACKed")
     _add_istiod_url(status)
@@ -118,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
         from istiod.server import run_discovery
 
         return asyncio.run(run_discovery(settings_from_args(args)))
+    if args.command == "agent" and args.agent_mode == "iptables":
+        from istiod.agent.iptables import run_iptables
+
+        return run_iptables(args)
     if args.command == "agent" and args.agent_mode == "proxy":
         from istiod.agent.proxy import run_proxy_agent
 

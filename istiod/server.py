@@ -27,7 +27,7 @@ from istiod import logs
 from istiod.debug.access import AccessPolicy
 from istiod.ca.publisher import ELECTION, RootCertPublisher
 from istiod.debug.app import DebugView, create_app
-from istiod.debug.serving import http_server
+from istiod.debug.serving import guarded_config
 from istiod.kubeapi import api_client
 from istiod.leader import LeaderElection
 from istiod.listen import listen_tcp
@@ -39,7 +39,7 @@ from istiod.sources.configdir import ConfigDirSource
 from istiod.sources.monitoring import record_change
 from istiod.sources.kube import KubeSource
 from istiod.sources.meshconfig import MeshConfigMapWatcher, MeshFileWatcher
-from istiod.sources.namespaces import NamespaceFilter, Selector
+from istiod.sources.namespaces import NamespaceFilter, parse_selector
 from istiod.sources.store import Store
 from istiod.supervisor import Supervisor
 from istiod.webhooks.cabundle import INJECTOR, CaBundlePatcher, validator_name
@@ -60,7 +60,7 @@ class Discovery:
         self.settings = settings
         self.store = Store(settings.domain)
         self.store.subscribe(record_change)
-        self._flag_selectors = tuple(Selector.parse(s) for s in settings.discovery_selectors)
+        self._flag_selectors = tuple(parse_selector(s) for s in settings.discovery_selectors)
         self.namespaces = NamespaceFilter(settings.mesh.discovery_selectors or self._flag_selectors)
         self.source: ConfigDirSource | KubeSource | None = None
         self.publisher: RootCertPublisher | None = None
@@ -149,7 +149,7 @@ class Discovery:
                 sock = listen_tcp(address.bind_host, address.port)
             self.ports[name] = sock.getsockname()[1]
             app = create_app(view, access, monitoring=name == "monitoring")
-            server = http_server(app, sock, settings.http_read_timeout, settings.max_connections)
+            server = uvicorn.Server(guarded_config(app, settings.http_read_timeout, settings.max_connections))
             self._http.append(server)
             # A server that ends is not restarted: its socket is gone with it.
             self._tasks.append(self.supervisor.start(name, functools.partial(server.serve, sockets=[sock]), restart=False))

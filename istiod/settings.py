@@ -16,7 +16,7 @@ from istiod.keepalive import Keepalive
 from istiod.leader import LeaseTimings
 from istiod.model.mesh import DEFAULT_TRUST_DOMAIN, MeshConfig, OutboundTrafficPolicy
 from istiod.model.names import DEFAULT_DOMAIN, join_host_port, split_host_port
-from istiod.sources.namespaces import Selector
+from istiod.sources.namespaces import parse_selector
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +65,7 @@ class Settings:
     debug_token_file: Path | None = None  # a bearer token that lets non-loopback callers read /debug
     keepalive: Keepalive = Keepalive()  # both xDS ports
     xds_send_timeout: float = 5.0  # a stream whose client takes no response for this long is closed; 0: never
-    max_connections: int = 4096  # per port served in Python: 8080, 15014 and 15012's TLS front
+    max_connections: int = 4096  # per port served in Python: 8080, 15014, 15017 and 15012's TLS front
     http_read_timeout: float = 30.0  # a connection to 8080 or 15014 must send its request within this
     webhook_addr: Address = Address("", 15017)
     mesh_config: Path | None = None  # watched; in a cluster without it, the ConfigMap `istio` key `mesh`
@@ -156,10 +156,10 @@ def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--xds-send-timeout", type=_seconds, default=env_default("PILOT_XDS_SEND_TIMEOUT", "5s", _seconds),
                         help="close an xDS stream whose client takes no response for this long; 0 never (default 5s)")
     parser.add_argument("--max-connections", type=int, default=4096,
-                        help="connections per port on 8080, 15014 and 15012; beyond it the longest idle one "
+                        help="connections per port on 8080, 15014, 15017 and 15012; beyond it the longest idle one "
                              "that has not sent a request is closed (default 4096)")
     parser.add_argument("--http-read-timeout", type=_seconds, default=30.0,
-                        help="8080 and 15014: a connection's request must arrive within this (default 30s)")
+                        help="8080, 15014 and 15017: a connection's request must arrive within this (default 30s)")
     parser.add_argument("--webhook-addr", "--httpsAddr", type=Address.parse,
                         default=env_default("HTTPS_ADDR", ":15017", Address.parse),
                         help="the webhooks over HTTPS with istiod's certificate: config validation at /validate, "
@@ -184,7 +184,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         raise SystemExit("istiod discovery: --watch-timeout must be 1s or more")
     for selector in args.discovery_selectors:
         try:
-            Selector.parse(selector)
+            parse_selector(selector)
         except ValueError as error:
             raise SystemExit(f"istiod discovery: {error}") from None
     for flag, value in (("--keepalive-interval", args.keepalive_interval), ("--keepalive-timeout", args.keepalive_timeout),

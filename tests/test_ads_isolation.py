@@ -11,6 +11,7 @@ import os
 import resource
 import signal
 import socket
+import ssl
 import sys
 import time
 from collections.abc import Callable
@@ -220,9 +221,13 @@ def test_idle_sockets_cannot_use_up_fds_and_real_clients_are_served(
     before = open_fds(istiod)
     sockets: list[socket.socket] = []
     try:
-        for port in ("http", "monitoring", "secure-grpc"):
+        tls = ssl.create_default_context()
+        tls.check_hostname, tls.verify_mode = False, ssl.CERT_NONE
+        for port in ("http", "monitoring", "secure-grpc", "webhook"):
             for i in range(idle):
                 sock = socket.create_connection(("127.0.0.1", istiod.ports[port]), timeout=5)
+                if port == "webhook":  # asyncio bounds a handshake (60s); past it the HTTP guards apply
+                    sock = tls.wrap_socket(sock)
                 if i % 3 == 0:  # a slowloris: part of a request, never the rest
                     sock.sendall(b"GET /ready HTTP/1.1\r\nHost: x\r\n" if port != "secure-grpc" else b"\x16\x03\x01")
                 sockets.append(sock)
@@ -239,9 +244,9 @@ def test_idle_sockets_cannot_use_up_fds_and_real_clients_are_served(
     finally:
         for sock in sockets:
             sock.close()
-    print(f"istiod's fds: {before} before, {during} with {idle} idle sockets on each of 8080, 15014, 15012 "
+    print(f"istiod's fds: {before} before, {during} with {idle} idle sockets on each of 8080, 15014, 15012, 15017 "
           f"(cap {cap} a port), {served} while real clients were served, {after} after the timeouts")
-    assert during <= before + 3 * cap + 10
+    assert during <= before + 4 * cap + 10
 
 
 def test_soft_open_files_limit_is_raised_to_the_hard_one(

@@ -369,3 +369,44 @@ async def test_configmap_update_is_seen_by_file_events(tmp_path: Path) -> None:
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+_FD_EXHAUSTION = """
+import asyncio, os, resource, sys
+from pathlib import Path
+from istiod.sources.configdir import ConfigDirSource
+from istiod.sources.store import Store
+
+async def main(root: Path) -> None:
+    store = Store()
+    source = ConfigDirSource(root, store)
+    await source.scan()
+    before = sorted(o.key.name for o in store.objects())
+    os.utime(root / "svc.yaml", ns=(1, 1))  # changed: it must be read again
+    held = []
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 4, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    try:
+        while True:
+            held.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        pass
+    await source.scan()
+    during = sorted(o.key.name for o in store.objects())
+    for fd in held:
+        os.close(fd)
+    await source.scan()
+    print(before, during, sorted(o.key.name for o in store.objects()))
+
+asyncio.run(main(Path(sys.argv[1])))
+"""
+
+
+def test_running_out_of_fds_never_reads_as_files_removed(tmp_path: Path) -> None:
+    touch(tmp_path / "ns.yaml", NS_A)
+    touch(tmp_path / "svc.yaml", SVC % 80)
+    result = subprocess.run([sys.executable, "-c", _FD_EXHAUSTION, str(tmp_path)], capture_output=True, text=True,
+                            timeout=60)
+    print(result.stdout.strip(), result.stderr.strip()[-500:])
+    assert result.returncode == 0, result.stderr
+    # before, while every fd is taken, and after they are free again: the same objects.
+    assert result.stdout.strip() == "['a', 's'] ['a', 's'] ['a', 's']"

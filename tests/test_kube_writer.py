@@ -12,7 +12,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from istiod.sources.convert import ObjectKey
 from istiod.backoff import Backoff
 from istiod.sources.kube import Gone, Informer, KubeWriter
-from istiod.sources.namespaces import NamespaceFilter, Selector
+from istiod.sources.namespaces import NamespaceFilter, parse_selector
 from istiod.sources.store import Store
 
 
@@ -41,7 +41,7 @@ def test_relist_deletes_what_vanished_and_duplicates_nothing() -> None:
 
 def test_discovery_selectors_follow_namespace_labels() -> None:
     store = Store()
-    writer = KubeWriter(store, NamespaceFilter((Selector.parse("istio-discovery=enabled"),)))
+    writer = KubeWriter(store, NamespaceFilter((parse_selector("istio-discovery=enabled"),)))
     writer.replace("Namespace", [ns("in", **{"istio-discovery": "enabled"}), ns("out")])
     writer.replace("Service", [svc("a", "in"), svc("b", "out"), svc("early", "later")])
     assert keys(store, "Service") == ["in/a"]
@@ -56,12 +56,12 @@ def test_discovery_selectors_follow_namespace_labels() -> None:
 
 
 def test_selector_grammar() -> None:
-    selector = Selector.parse("env=prod,team,!legacy")
+    selector = parse_selector("env=prod,team,!legacy")
     assert selector.matches({"env": "prod", "team": "a"})
     assert not selector.matches({"env": "prod", "team": "a", "legacy": "1"})
     assert not selector.matches({"env": "dev", "team": "a"})
     with pytest.raises(ValueError, match="empty term"):
-        Selector.parse("env=prod,,x")
+        parse_selector("env=prod,,x")
 
 
 def test_bad_objects_are_logged_and_skipped(caplog: pytest.LogCaptureFixture) -> None:

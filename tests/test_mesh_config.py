@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from istiod.model.mesh import LabelRequirement, LabelSelector, MeshConfig, OutboundTrafficPolicy
+from istiod.model.labels import Requirement, Selector
+from istiod.model.mesh import MeshConfig, OutboundTrafficPolicy
 from istiod.sources.kube import KubeWriter
 from istiod.sources.meshconfig import MeshConfigError, MeshConfigMapWatcher, parse_mesh_config
 from istiod.sources.namespaces import NamespaceFilter
@@ -46,9 +47,8 @@ def test_fields_istiod_reads(caplog: pytest.LogCaptureFixture) -> None:
     assert mesh.default_config.proxy_metadata == (("ISTIO_META_DNS_CAPTURE", "true"),)
     assert mesh.default_config.hold_application_until_proxy_starts
     assert mesh.discovery_selectors == (
-        LabelSelector(match_labels=(("istio-discovery", "enabled"),)),
-        LabelSelector(match_expressions=(LabelRequirement("team", "In", ("a", "b")),
-                                         LabelRequirement("legacy", "DoesNotExist"))),
+        Selector((Requirement("istio-discovery", "=", ("enabled",)),)),
+        Selector((Requirement("team", "in", ("a", "b")), Requirement("legacy", "!"))),
     )
     # What is not implemented is said, once, by name.
     assert "not implemented, ignored: accessLogFile, defaultConfig.tracing" in caplog.text

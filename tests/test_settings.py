@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from istiod.cli import build_parser
 from istiod.durations import parse_duration
 from istiod.settings import Settings, settings_from_args
-from istiod.sources.namespaces import Selector
+from istiod.sources.namespaces import parse_selector
 from tests.peers import ROOT
 
 DURATION_FLAGS = ("--debounce-after", "--debounce-max", "--poll-interval", "--watch-timeout", "--leader-lease-duration",
@@ -96,7 +96,7 @@ def test_environment_durations_use_the_same_grammar(monkeypatch: pytest.MonkeyPa
     ("", {"anything": "x"}, True),  # an empty selector selects everything, as Kubernetes'
 ])
 def test_kubernetes_label_selector_grammar(text: str, labels: dict[str, str], selected: bool) -> None:
-    assert Selector.parse(text).matches(labels) is selected
+    assert parse_selector(text).matches(labels) is selected
 
 
 @pytest.mark.parametrize("text, reason", [
@@ -115,7 +115,7 @@ def test_kubernetes_label_selector_grammar(text: str, labels: dict[str, str], se
 ])
 def test_selectors_that_are_not_kubernetes_grammar_are_errors(text: str, reason: str) -> None:
     with pytest.raises(ValueError, match=reason):
-        Selector.parse(text)
+        parse_selector(text)
 
 
 def test_pilot_discovery_spellings_are_aliases(tmp_path: Path) -> None:

@@ -43,9 +43,10 @@ def add_agent_flags(parser: argparse.ArgumentParser) -> None:
                         help="where cert-chain.pem, key.pem and root-cert.pem are written")
     parser.add_argument("--bootstrap", type=Path, default=Path(env("GRPC_XDS_BOOTSTRAP", "/etc/istio/proxy/grpc-bootstrap.json")),
                         help="where the gRPC xDS bootstrap is written")
-    parser.add_argument("--pod-name", default=env("POD_NAME", ""), required=not env("POD_NAME"))
-    parser.add_argument("--pod-namespace", default=env("POD_NAMESPACE", ""), required=not env("POD_NAMESPACE"))
-    parser.add_argument("--instance-ip", default=env("INSTANCE_IP", ""), required=not env("INSTANCE_IP"))
+    # Required, but checked in agent_settings_from_args: `istiod agent iptables` does not need them.
+    parser.add_argument("--pod-name", default=env("POD_NAME"))
+    parser.add_argument("--pod-namespace", default=env("POD_NAMESPACE"))
+    parser.add_argument("--instance-ip", default=env("INSTANCE_IP"))
     parser.add_argument("--service-account", default=env("SERVICE_ACCOUNT", "default"))
     parser.add_argument("--cluster-id", default=env("ISTIO_META_CLUSTER_ID", "Kubernetes"))
     parser.add_argument("--trust-domain", default=env("TRUST_DOMAIN", DEFAULT_TRUST_DOMAIN))
@@ -56,6 +57,11 @@ def add_agent_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def agent_settings_from_args(args: argparse.Namespace) -> AgentSettings:
+    missing = [f"{flag} (or {variable})" for flag, variable, value in (
+        ("--pod-name", "POD_NAME", args.pod_name), ("--pod-namespace", "POD_NAMESPACE", args.pod_namespace),
+        ("--instance-ip", "INSTANCE_IP", args.instance_ip)) if value is None]
+    if missing:
+        raise SystemExit(f"istiod agent: required: {', '.join(missing)}")
     try:
         check_account(args.pod_namespace, args.service_account)
     except ValueError as error:

@@ -1,4 +1,4 @@
-"""The HTTP servers of 8080 and 15014: uvicorn with istiod's read timeout and a connection cap.
+"""The HTTP servers of 8080, 15014 and the webhooks' 15017: uvicorn with istiod's read timeout and a connection cap.
 
 uvicorn closes idle keep-alive connections, but holds a connection that never sends a complete
 request forever. Like istiod's http.Server (ReadTimeout 30s), a request must arrive within the
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from typing import Any, ClassVar
 
 import uvicorn
@@ -23,12 +22,13 @@ log = logging.getLogger(__name__)
 _refusals = logs.Throttled(log)
 
 
-def http_server(app: Any, sock: socket.socket, read_timeout: float, max_connections: int) -> uvicorn.Server:
+def guarded_config(app: Any, read_timeout: float, max_connections: int) -> uvicorn.Config:
+    """uvicorn's config for one of istiod's ports (8080, 15014, the webhooks' 15017)."""
     protocol = type("Protocol", (_GuardedH11,), {"cap": ConnectionCap(max_connections), "read_timeout": read_timeout})
     # log_config=None: uvicorn logs through our structured handler; no proxy headers, so the client
     # address the debug access check sees is the socket's peer.
-    return uvicorn.Server(uvicorn.Config(app, http=protocol, log_level="warning", lifespan="off", access_log=False,
-                                         log_config=None, proxy_headers=False))
+    return uvicorn.Config(app, http=protocol, log_level="warning", lifespan="off", access_log=False,
+                          log_config=None, proxy_headers=False)
 
 
 class _GuardedH11(H11Protocol):

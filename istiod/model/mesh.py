@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
 from dataclasses import dataclass
 
+from istiod.model.labels import Selector
 from istiod.model.names import DEFAULT_DOMAIN
 
 DEFAULT_TRUST_DOMAIN = DEFAULT_DOMAIN  # istiod's default trust domain is cluster.local too
@@ -15,34 +15,6 @@ DEFAULT_ROOT_NAMESPACE = "istio-system"
 class OutboundTrafficPolicy(enum.Enum):
     ALLOW_ANY = "ALLOW_ANY"
     REGISTRY_ONLY = "REGISTRY_ONLY"
-
-
-@dataclass(frozen=True, slots=True)
-class LabelRequirement:
-    key: str
-    operator: str  # In, NotIn, Exists, DoesNotExist
-    values: tuple[str, ...] = ()
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        if self.operator == "In":
-            return labels.get(self.key) in self.values
-        if self.operator == "NotIn":
-            return labels.get(self.key) not in self.values
-        if self.operator == "Exists":
-            return self.key in labels
-        return self.key not in labels
-
-
-@dataclass(frozen=True, slots=True)
-class LabelSelector:
-    """A Kubernetes LabelSelector (matchLabels and matchExpressions), as discoverySelectors hold them."""
-
-    match_labels: tuple[tuple[str, str], ...] = ()
-    match_expressions: tuple[LabelRequirement, ...] = ()
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        return all(labels.get(k) == v for k, v in self.match_labels) and all(
-            r.matches(labels) for r in self.match_expressions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,4 +36,4 @@ class MeshConfig:
     outbound_traffic_policy: OutboundTrafficPolicy = OutboundTrafficPolicy.ALLOW_ANY
     enable_auto_mtls: bool = True
     default_config: ProxyConfig = ProxyConfig()
-    discovery_selectors: tuple[LabelSelector, ...] = ()  # none: every namespace
+    discovery_selectors: tuple[Selector, ...] = ()  # none: every namespace

@@ -23,7 +23,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from istiod.backoff import Backoff
 from istiod.model.config.kinds import CONFIG_KINDS
 from istiod.sources.convert import CLUSTER_SCOPED, ConversionError, ObjectKey, object_key
-from istiod.sources.namespaces import LabelMatcher, NamespaceFilter
+from istiod.model.labels import Selector
+from istiod.sources.namespaces import NamespaceFilter
 from istiod.sources.store import Store
 
 log = logging.getLogger(__name__)
@@ -233,7 +234,7 @@ class KubeWriter:
             log.info("kube %s vanished while not watched; deleting", key)
             self._remove(key)
 
-    def reselect(self, selectors: tuple[LabelMatcher, ...]) -> None:
+    def reselect(self, selectors: tuple[Selector, ...]) -> None:
         """New discovery selectors (a mesh config change): every namespace is filtered again."""
         if selectors == self.namespaces.selectors:
             return

@@ -18,7 +18,8 @@ from typing import Any
 import yaml
 from kubernetes_asyncio import client
 
-from istiod.model.mesh import LabelRequirement, LabelSelector, MeshConfig, OutboundTrafficPolicy, ProxyConfig
+from istiod.model.labels import EXPRESSION_OPERATORS, Requirement, Selector
+from istiod.model.mesh import MeshConfig, OutboundTrafficPolicy, ProxyConfig
 from istiod.sources.convert import ConversionError, _Fields
 from istiod.sources.istio.common import check_label, dns1123_label, fields, items, only, str_list
 from istiod.sources.kube import Informer
@@ -29,7 +30,6 @@ CONFIGMAP_KEY = "mesh"
 _FIELDS = ("trustDomain", "rootNamespace", "outboundTrafficPolicy", "enableAutoMtls", "defaultConfig",
            "discoverySelectors")
 _PROXY_FIELDS = ("discoveryAddress", "proxyMetadata", "holdApplicationUntilProxyStarts")
-_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 
 
 class MeshConfigError(ValueError):
@@ -84,7 +84,7 @@ def _parse(f: _Fields, base: MeshConfig) -> MeshConfig:
     )
 
 
-def _label_selector(s: _Fields) -> LabelSelector:
+def _label_selector(s: _Fields) -> Selector:
     only(s, ("matchLabels", "matchExpressions"))
     match_labels = s.str_map("matchLabels")
     for key, value in match_labels:
@@ -95,12 +95,12 @@ def _label_selector(s: _Fields) -> LabelSelector:
         key, operator, values = e.get("key", str, ""), e.get("operator", str, ""), str_list(e, "values")
         if not key:
             raise e.fail("key is required")
-        if operator not in _OPERATORS:
-            raise e.fail(f"operator: {operator!r} is not one of {', '.join(_OPERATORS)}")
+        if operator not in EXPRESSION_OPERATORS:
+            raise e.fail(f"operator: {operator!r} is not one of {', '.join(EXPRESSION_OPERATORS)}")
         if (operator in ("In", "NotIn")) != bool(values):
             raise e.fail(f"values: {operator} needs {'some values' if operator in ('In', 'NotIn') else 'no values'}")
-        expressions.append(LabelRequirement(key, operator, values))
-    return LabelSelector(match_labels, tuple(expressions))
+        expressions.append(Requirement(key, EXPRESSION_OPERATORS[operator], values))
+    return Selector(tuple(Requirement(k, "=", (v,)) for k, v in match_labels) + tuple(expressions))
 
 
 def read_mesh_file(path: Path, base: MeshConfig) -> MeshConfig:

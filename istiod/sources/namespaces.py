@@ -9,9 +9,9 @@ requirements that must all hold, each `key`, `!key`, `key=value` (or `==`), `key
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+
+from istiod.model.labels import Requirement, Selector
 
 # Label keys and values as the API server validates them (a qualified name; a value of 63 characters at most).
 _NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
@@ -21,43 +21,11 @@ _TOKEN = re.compile(r"\s*(!=|==|=|!|\(|\)|,|>|<|[^\s!=(),<>]+)")
 _SET_OPERATORS = ("in", "notin")
 
 
-@dataclass(frozen=True, slots=True)
-class Requirement:
-    key: str
-    operator: str  # exists, !, =, !=, in, notin, >, <
-    values: tuple[str, ...] = ()
-
-    def matches(self, labels: dict[str, str]) -> bool:
-        value = labels.get(self.key)
-        match self.operator:
-            case "exists":
-                return value is not None
-            case "!":
-                return value is None
-            case "=" | "in":
-                return value in self.values
-            case "!=" | "notin":
-                return value not in self.values
-        # > and <: a label that is not an integer matches neither, as in Kubernetes.
-        try:
-            number = int(value or "")
-        except ValueError:
-            return False
-        return number > int(self.values[0]) if self.operator == ">" else number < int(self.values[0])
-
-
-@dataclass(frozen=True, slots=True)
-class Selector:
-    requirements: tuple[Requirement, ...] = ()  # none: every namespace, as an empty selector in Kubernetes
-
-    @classmethod
-    def parse(cls, text: str) -> Selector:
-        if not text.strip():
-            return cls()
-        return cls(tuple(_Parser(text).requirements()))
-
-    def matches(self, labels: dict[str, str]) -> bool:
-        return all(r.matches(labels) for r in self.requirements)
+def parse_selector(text: str) -> Selector:
+    """A selector in `kubectl -l`'s grammar; ValueError for anything else."""
+    if not text.strip():
+        return Selector()
+    return Selector(tuple(_Parser(text).requirements()))
 
 
 class _Parser:
@@ -140,15 +108,9 @@ class _Parser:
         return tuple(values)
 
 
-class LabelMatcher(Protocol):
-    """A flag's Selector, or the mesh config's LabelSelector (matchLabels and matchExpressions)."""
-
-    def matches(self, labels: dict[str, str]) -> bool: ...
-
-
 @dataclass
 class NamespaceFilter:
-    selectors: tuple[LabelMatcher, ...] = ()
+    selectors: tuple[Selector, ...] = ()
     _selected: dict[str, bool] = field(default_factory=dict)
 
     def selected(self, namespace: str) -> bool:

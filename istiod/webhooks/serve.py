@@ -12,6 +12,7 @@ import uvicorn
 
 from istiod.ca.root import CertificateAuthority
 from istiod.ca.serving import ServingCertificate, serving_names
+from istiod.debug.serving import guarded_config
 from istiod.settings import Settings
 from istiod.webhooks.injection import Injector, add_injection_route
 from istiod.webhooks.validation import create_webhook_app
@@ -24,8 +25,8 @@ class WebhookServer:
                                        settings.ca.ttl.default, alpn=("http/1.1",))
         app = create_webhook_app(settings.domain)
         add_injection_route(app, injector)
-        config = uvicorn.Config(app, log_level="warning", lifespan="off",
-                                access_log=False, log_config=None, proxy_headers=False)
+        # The same read timeout and connection cap as 8080 and 15014; asyncio bounds the TLS handshake (60s).
+        config = guarded_config(app, settings.http_read_timeout, settings.max_connections)
         config.load()
         config.ssl = self._context()
         self.server = uvicorn.Server(config)
