@@ -4,8 +4,11 @@ sets the webhook's caBundle itself."""
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -19,6 +22,19 @@ from e2e.test_rbac import istiod_kubeconfig
 from tests.peers import ROOT, Istiod, Process, eventually, free_port
 
 NS = "e2e-webhook"
+
+
+async def istiod_patching(tmp_path: Path, kubeconfig: Path, port: int, processes: list[Process],
+                          read: Callable[[], Awaitable[Any]]) -> Istiod:
+    """istiod serving its webhooks on `port`, once it has set every caBundle of the configuration `read` returns."""
+    istiod = Istiod(tmp_path, "--kubeconfig", str(kubeconfig), "--webhook-addr", f"127.0.0.1:{port}", ready_timeout=60)
+    processes.append(istiod)
+
+    async def patched() -> bool:
+        return all(hook.client_config.ca_bundle for hook in (await read()).webhooks)
+
+    await eventually(patched, 10, "istiod to set the webhooks' caBundle")
+    return istiod
 
 
 def vs(name: str, weight: int) -> dict:
@@ -39,15 +55,8 @@ async def test_api_server_refuses_what_istiod_refuses(
     config["webhooks"][0]["clientConfig"] = {"url": f"https://127.0.0.1:{port}/validate", "caBundle": ""}
     await admission.create_validating_webhook_configuration(config)
     try:
-        istiod = Istiod(tmp_path, "--kubeconfig", str(kubeconfig), "--webhook-addr", f"127.0.0.1:{port}",
-                        ready_timeout=60)
-        processes.append(istiod)
-
-        async def patched() -> bool:
-            hook = await admission.read_validating_webhook_configuration(config["metadata"]["name"])
-            return bool(hook.webhooks[0].client_config.ca_bundle)
-
-        await eventually(patched, 10, "istiod to set the webhook's caBundle")
+        istiod = await istiod_patching(tmp_path, kubeconfig, port, processes, functools.partial(
+            admission.read_validating_webhook_configuration, config["metadata"]["name"]))
         with pytest.raises(ApiException) as refused:
             await create_istio_object(kube, vs("bad", -1))
         message = json.loads(refused.value.body)["message"]

@@ -11,7 +11,7 @@ import logging
 import resource
 import signal
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 
 import grpc
@@ -42,7 +42,9 @@ from istiod.sources.meshconfig import MeshConfigMapWatcher, MeshFileWatcher
 from istiod.sources.namespaces import NamespaceFilter, parse_selector
 from istiod.sources.store import Store
 from istiod.supervisor import Supervisor
-from istiod.webhooks.cabundle import CaBundlePatcher
+from istiod.webhooks.cabundle import INJECTOR, CaBundlePatcher, validator_name
+from istiod.webhooks.injection import InjectionError, Injector
+from istiod.webhooks.injector_source import InjectorConfigMapWatcher, read_injection_dir
 from istiod.webhooks.serve import WebhookServer
 from istiod.xds.pusher import Pusher
 from istiod.xds.server import DiscoveryServer
@@ -154,7 +156,7 @@ class Discovery:
         assert self.secure.ca is not None
         with _listening("--webhook-addr", settings.webhook_addr):
             sock = listen_tcp(settings.webhook_addr.bind_host, settings.webhook_addr.port)
-        webhook = WebhookServer(settings, self.secure.ca)
+        webhook = WebhookServer(settings, self.secure.ca, self._injector())
         self.ports["webhook"] = sock.getsockname()[1]
         self._http.append(webhook.server)
         self._tasks += [
@@ -163,8 +165,12 @@ class Discovery:
             self.supervisor.start("pusher", self._push, restart=True),
         ]
         if self._api is not None:
-            patcher = CaBundlePatcher(self._api, self.secure.ca, settings.namespace)
-            self._tasks.append(self.supervisor.start("webhook-ca-bundle", patcher.run, restart=True))
+            for name, patcher in (
+                ("webhook-ca-bundle", CaBundlePatcher(self._api, self.secure.ca, "validating",
+                                                      validator_name(settings.namespace))),
+                ("injector-ca-bundle", CaBundlePatcher(self._api, self.secure.ca, "mutating", INJECTOR)),
+            ):
+                self._tasks.append(self.supervisor.start(name, patcher.run, restart=True))
         if self.election is not None and self.publisher is not None:
             election, publisher = self.election, self.publisher
             self._tasks.append(self.supervisor.start("root-cert-publisher", lambda: election.run(publisher.run),
@@ -173,6 +179,20 @@ class Discovery:
         log.info(logs.event("listening", **_urls(settings, self.ports)))
         if self.settings.ports_file:
             self.settings.ports_file.write_text(json.dumps(self.ports))
+
+    def _injector(self) -> Callable[[], Injector | None]:
+        """What /inject uses: the --injection-dir files, or the watched ConfigMap in a cluster."""
+        if self.settings.injection_dir is not None:
+            try:
+                injector = read_injection_dir(self.settings.injection_dir)
+            except InjectionError as error:
+                raise SystemExit(f"istiod discovery: --injection-dir: {error}") from None
+            return lambda: injector
+        if isinstance(self.source, KubeSource):
+            watcher = InjectorConfigMapWatcher(self.source.api, self.settings.namespace, self.settings.watch_timeout)
+            self._tasks.append(self.supervisor.start("injector-config", watcher.informer.run, restart=True))
+            return lambda: watcher.current
+        return lambda: None
 
     async def _read_source(self) -> None:
         # The mesh config's discoverySelectors apply before the informers list; until then /ready

@@ -70,6 +70,7 @@ class Settings:
     webhook_addr: Address = Address("", 15017)
     mesh_config: Path | None = None  # watched; in a cluster without it, the ConfigMap `istio` key `mesh`
     mesh_defaults: MeshConfig = MeshConfig()  # the flags' values, under whatever the mesh config sets
+    injection_dir: Path | None = None  # `config` and `values`; in a cluster without it, the ConfigMap istio-sidecar-injector
 
 
 def _positive_int(text: str) -> int:
@@ -161,7 +162,12 @@ def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
                         help="8080, 15014 and 15017: a connection's request must arrive within this (default 30s)")
     parser.add_argument("--webhook-addr", "--httpsAddr", type=Address.parse,
                         default=env_default("HTTPS_ADDR", ":15017", Address.parse),
-                        help="the webhooks over HTTPS with istiod's certificate: config validation at /validate (default :15017)")
+                        help="the webhooks over HTTPS with istiod's certificate: config validation at /validate, "
+                             "sidecar injection at /inject (default :15017)")
+    parser.add_argument("--injection-dir", type=Path,
+                        help="the sidecar injector's files `config` and `values` (the ConfigMap istio-sidecar-injector "
+                             "mounted, as istiod's /var/lib/istio/inject), read at start; in a cluster without it, "
+                             "that ConfigMap in istiod's namespace, watched")
     add_ca_flags(parser)
 
 
@@ -199,6 +205,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                        (args.ca_static_tokens, "--ca-static-tokens"), (args.mesh_config, "--mesh-config")):
         _check_file(path, flag)
     _check_dir(args.plugged_ca_dir, "--plugged-ca-dir")
+    _check_dir(args.injection_dir, "--injection-dir")
     if args.ports_file is not None:
         _check_dir(args.ports_file.parent, "--ports-file: the directory")
     if args.config_dir is not None and args.ca_state_dir.exists():  # else created at start; unused with a cluster
@@ -235,6 +242,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         xds_send_timeout=args.xds_send_timeout,
         max_connections=args.max_connections,
         http_read_timeout=args.http_read_timeout,
+        injection_dir=args.injection_dir,
     )
 
 

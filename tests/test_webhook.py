@@ -79,7 +79,7 @@ async def test_renewed_certificate_is_served_without_restart(tmp_path: Path) -> 
     ca = CertificateAuthority(await self_signed_bundle(DirRootStore(tmp_path), "cluster.local"))
     settings = Settings(None, Address("127.0.0.1", 0), Address("127.0.0.1", 0),
                         ca=CaSettings(ttl=TtlPolicy(default=timedelta(seconds=2)), reload_interval=0.05))
-    webhook = WebhookServer(settings, ca)
+    webhook = WebhookServer(settings, ca, lambda: None)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     serving = asyncio.create_task(webhook.serve(sock))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
+from collections.abc import Callable
 
 import uvicorn
 
@@ -13,16 +14,19 @@ from istiod.ca.root import CertificateAuthority
 from istiod.ca.serving import ServingCertificate, serving_names
 from istiod.debug.serving import guarded_config
 from istiod.settings import Settings
+from istiod.webhooks.injection import Injector, add_injection_route
 from istiod.webhooks.validation import create_webhook_app
 
 
 class WebhookServer:
-    def __init__(self, settings: Settings, ca: CertificateAuthority) -> None:
+    def __init__(self, settings: Settings, ca: CertificateAuthority, injector: Callable[[], Injector | None]) -> None:
         self.settings = settings
         self.cert = ServingCertificate(ca, serving_names(settings.namespace, settings.domain, settings.ca.extra_sans),
                                        settings.ca.ttl.default, alpn=("http/1.1",))
+        app = create_webhook_app(settings.domain)
+        add_injection_route(app, injector)
         # The same read timeout and connection cap as 8080 and 15014; asyncio bounds the TLS handshake (60s).
-        config = guarded_config(create_webhook_app(settings.domain), settings.http_read_timeout, settings.max_connections)
+        config = guarded_config(app, settings.http_read_timeout, settings.max_connections)
         config.load()
         config.ssl = self._context()
         self.server = uvicorn.Server(config)

@@ -19,12 +19,7 @@ PATHS = ("/validate", "/admitpilot")  # istiod serves both; /admitpilot is the o
 
 def review(body: Any, domain: str) -> dict[str, Any]:
     """An AdmissionReview (v1 or v1beta1) -> the AdmissionReview answer; ValueError if malformed."""
-    if not isinstance(body, dict) or not isinstance(body.get("request"), dict):
-        raise ValueError("expected an AdmissionReview with a request")
-    request = body["request"]
-    uid = request.get("uid")
-    if not isinstance(uid, str) or not uid:
-        raise ValueError("request.uid is missing")
+    request, uid = admission_request(body)
     response: dict[str, Any] = {"uid": uid, "allowed": True}
     obj = request.get("object")
     if request.get("operation") in ("CREATE", "UPDATE") and isinstance(obj, dict) and obj.get("kind") in BY_KIND:
@@ -37,6 +32,22 @@ def review(body: Any, domain: str) -> dict[str, Any]:
             log.info("webhook refused %s: %s", request.get("operation"), error)
             response = {"uid": uid, "allowed": False,
                         "status": {"code": 400, "reason": "BadRequest", "message": f"configuration is invalid: {error}"}}
+    return admission_answer(body, response)
+
+
+def admission_request(body: Any) -> tuple[dict[str, Any], str]:
+    """An AdmissionReview's request and uid; ValueError if malformed."""
+    if not isinstance(body, dict) or not isinstance(body.get("request"), dict):
+        raise ValueError("expected an AdmissionReview with a request")
+    request = body["request"]
+    uid = request.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise ValueError("request.uid is missing")
+    return request, uid
+
+
+def admission_answer(body: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
+    """The AdmissionReview answer, in the version it was asked in."""
     return {"apiVersion": body.get("apiVersion", "admission.k8s.io/v1"), "kind": "AdmissionReview", "response": response}
 
 

@@ -1,0 +1,278 @@
+"""The sidecar injection webhook (istiod's `/inject`): a Pod's AdmissionReview in, a JSONPatch out
+that adds the `istio-proxy` container, the `istio-init` capture (or, in CNI mode, the annotations
+the CNI plugin reads), their volumes, the `security.istio.io/tlsMode` label and the
+`sidecar.istio.io/status` annotation.
+
+The template and its values come from the injector ConfigMap (`istio-sidecar-injector`, keys
+`config` and `values`), as istiod's. istiod's template is a Go template; ours is YAML whose string
+leaves may hold `${name}` placeholders (listed in PLACEHOLDERS); a `{{` is refused, never passed on.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import string
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from fastapi import FastAPI, HTTPException, Request
+
+from istiod.model.quantity import QuantityError, parse_quantity
+from istiod.webhooks.validation import admission_answer, admission_request
+
+log = logging.getLogger(__name__)
+CONFIGMAP = "istio-sidecar-injector"
+PATH = "/inject"
+PROXY = "istio-proxy"
+INIT = "istio-init"
+INJECT = "sidecar.istio.io/inject"
+STATUS = "sidecar.istio.io/status"
+TLS_MODE = "security.istio.io/tlsMode"
+IGNORED_NAMESPACES = ("kube-system", "kube-public")  # istiod never injects there
+# Annotation -> (the resources field it sets, the resource).
+RESOURCE_ANNOTATIONS = {
+    "sidecar.istio.io/proxyCPU": ("requests", "cpu"),
+    "sidecar.istio.io/proxyMemory": ("requests", "memory"),
+    "sidecar.istio.io/proxyCPULimit": ("limits", "cpu"),
+    "sidecar.istio.io/proxyMemoryLimit": ("limits", "memory"),
+}
+# Capture annotations (istio-iptables' flags) and their defaults, as istiod's template.
+TRAFFIC_ANNOTATIONS = {
+    "traffic.sidecar.istio.io/includeOutboundIPRanges": ("include_outbound_ip_ranges", "*"),
+    "traffic.sidecar.istio.io/excludeOutboundIPRanges": ("exclude_outbound_ip_ranges", ""),
+    "traffic.sidecar.istio.io/includeInboundPorts": ("include_inbound_ports", "*"),
+    "traffic.sidecar.istio.io/excludeInboundPorts": ("exclude_inbound_ports", "15090,15021,15020"),
+    "traffic.sidecar.istio.io/excludeOutboundPorts": ("exclude_outbound_ports", ""),
+}
+# CNI mode: the plugin reads these from the pod instead of an init container running iptables.
+CNI_ANNOTATIONS = ("sidecar.istio.io/interceptionMode", *TRAFFIC_ANNOTATIONS)
+PLACEHOLDERS = ("proxy_image", "ca_address", "cluster_id", "istio_namespace",
+                *(name for name, _ in TRAFFIC_ANNOTATIONS.values()))
+_CONFIG_FIELDS = ("policy", "templates", "defaultTemplates", "injectedAnnotations", "alwaysInjectSelector",
+                  "neverInjectSelector", "template")
+_TEMPLATE_FIELDS = ("containers", "initContainers", "volumes")
+
+
+class InjectionError(ValueError):
+    """A bad injector config or a pod annotation we cannot honour, in one line."""
+
+
+@dataclass(frozen=True)
+class Injector:
+    """The parsed `istio-sidecar-injector` ConfigMap."""
+
+    enabled: bool  # policy: enabled injects pods the webhook is sent unless they opt out
+    template: Mapping[str, Any]  # containers, initContainers, volumes with placeholders
+    values: Mapping[str, Any] = field(default_factory=dict)
+    injected_annotations: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def cni(self) -> bool:
+        return bool(_get(self.values, "istio_cni", "enabled"))
+
+    def variables(self) -> dict[str, str]:
+        """The placeholders' values from `values`, with istiod's chart defaults."""
+        hub, tag = _get(self.values, "global", "hub") or "docker.io/istio", _get(self.values, "global", "tag") or "latest"
+        image = str(_get(self.values, "global", "proxy", "image") or "proxyv2")
+        namespace = str(_get(self.values, "global", "istioNamespace") or "istio-system")
+        return {
+            "proxy_image": image if "/" in image else f"{hub}/{image}:{tag}",  # as the chart spells it
+            "istio_namespace": namespace,
+            "ca_address": str(_get(self.values, "global", "caAddress") or f"istiod.{namespace}.svc:15012"),
+            "cluster_id": str(_get(self.values, "global", "multiCluster", "clusterName") or "Kubernetes"),
+        }
+
+    def resources(self) -> dict[str, Any]:
+        resources = _get(self.values, "global", "proxy", "resources")
+        return json.loads(json.dumps(resources)) if isinstance(resources, dict) else {}
+
+
+def _get(tree: Mapping[str, Any], *path: str) -> Any:
+    for key in path:
+        if not isinstance(tree, Mapping):
+            return None
+        tree = tree.get(key)  # type: ignore[assignment]
+    return tree
+
+
+def parse_injector(config_text: str, values_text: str, where: str) -> Injector:
+    """The ConfigMap's `config` (YAML) and `values` (JSON, or YAML) keys; InjectionError names the field."""
+    try:
+        config = yaml.safe_load(config_text) or {}
+        values = yaml.safe_load(values_text) or {}
+    except yaml.YAMLError as error:
+        raise InjectionError(f"{where}: not YAML: {str(error).splitlines()[0]}") from None
+    if not isinstance(config, dict) or not isinstance(values, dict):
+        raise InjectionError(f"{where}: config and values must be maps")
+    unknown = sorted(set(config) - set(_CONFIG_FIELDS))
+    if unknown:
+        raise InjectionError(f"{where}: config.{unknown[0]}: not a field of the injector config")
+    for selector in ("alwaysInjectSelector", "neverInjectSelector"):
+        if config.get(selector):
+            raise InjectionError(f"{where}: config.{selector}: not implemented; use {INJECT} on the pod")
+    policy = config.get("policy", "enabled")
+    if policy not in ("enabled", "disabled"):
+        raise InjectionError(f"{where}: config.policy: {policy!r} is not enabled or disabled")
+    if config.get("defaultTemplates", ["sidecar"]) != ["sidecar"]:
+        raise InjectionError(f"{where}: config.defaultTemplates: only [sidecar] is implemented")
+    text = (config.get("templates") or {}).get("sidecar", config.get("template"))
+    if not isinstance(text, str) or not text.strip():
+        raise InjectionError(f"{where}: config.templates.sidecar: missing")
+    if "{{" in text:
+        raise InjectionError(f"{where}: config.templates.sidecar: Go template syntax ({{{{) is not evaluated; "
+                             f"use ${{name}} placeholders: {', '.join(PLACEHOLDERS)}")
+    try:
+        template = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise InjectionError(f"{where}: config.templates.sidecar: not YAML: {str(error).splitlines()[0]}") from None
+    if not isinstance(template, dict) or set(template) - set(_TEMPLATE_FIELDS):
+        raise InjectionError(f"{where}: config.templates.sidecar: a map of {', '.join(_TEMPLATE_FIELDS)} only")
+    if not any(c.get("name") == PROXY for c in template.get("containers") or [] if isinstance(c, dict)):
+        raise InjectionError(f"{where}: config.templates.sidecar: no container named {PROXY}")
+    unknown_names = sorted(_placeholders(template) - set(PLACEHOLDERS))
+    if unknown_names:
+        raise InjectionError(f"{where}: config.templates.sidecar: unknown placeholder ${{{unknown_names[0]}}}")
+    annotations = config.get("injectedAnnotations") or {}
+    return Injector(policy == "enabled", template, values, {str(k): str(v) for k, v in annotations.items()})
+
+
+def _placeholders(tree: Any) -> set[str]:
+    if isinstance(tree, str):
+        return {m.group("braced") or m.group("named") for m in string.Template.pattern.finditer(tree)
+                if m.group("braced") or m.group("named")}
+    if isinstance(tree, dict):
+        return set().union(*map(_placeholders, tree.values())) if tree else set()
+    if isinstance(tree, list):
+        return set().union(*map(_placeholders, tree)) if tree else set()
+    return set()
+
+
+def _fill(tree: Any, variables: Mapping[str, str]) -> Any:
+    """Placeholders are filled in string leaves, after parsing, so a value cannot change the YAML."""
+    if isinstance(tree, str):
+        return string.Template(tree).substitute(variables)
+    if isinstance(tree, dict):
+        return {key: _fill(value, variables) for key, value in tree.items()}
+    if isinstance(tree, list):
+        return [_fill(value, variables) for value in tree]
+    return tree
+
+
+def wants_injection(pod: Mapping[str, Any], namespace: str, injector: Injector) -> bool:
+    """istiod's injectRequired: the label, then the annotation, then the policy. The webhook's
+    namespaceSelector/objectSelector decide which pods are sent at all."""
+    metadata = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    if spec.get("hostNetwork") or namespace in IGNORED_NAMESPACES:
+        return False
+    if STATUS in (metadata.get("annotations") or {}):
+        return False  # already injected
+    choice = (metadata.get("labels") or {}).get(INJECT, (metadata.get("annotations") or {}).get(INJECT))
+    if choice is None:
+        return injector.enabled
+    return str(choice).lower() in ("true", "y", "yes", "on")
+
+
+def _proxy_resources(injector: Injector, annotations: Mapping[str, str]) -> dict[str, Any]:
+    resources = injector.resources()
+    for annotation, (kind, resource) in RESOURCE_ANNOTATIONS.items():
+        if annotation in annotations:
+            try:
+                parse_quantity(annotations[annotation])
+            except QuantityError as error:
+                raise InjectionError(f"annotation {annotation}: {error}") from None
+            resources.setdefault(kind, {})[resource] = annotations[annotation]
+    return resources
+
+
+def inject(pod: Mapping[str, Any], injector: Injector) -> list[dict[str, Any]]:
+    """The JSONPatch that injects the sidecar into `pod`. Each changed field is one `add` of its
+    whole new value (an add replaces a member that exists), as small as the API needs."""
+    metadata = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    annotations: dict[str, str] = dict(metadata.get("annotations") or {})
+    variables = injector.variables()
+    for annotation, (name, default) in TRAFFIC_ANNOTATIONS.items():
+        variables[name] = annotations.get(annotation, default)
+    rendered = _fill(injector.template, variables)
+    proxies = [c for c in rendered.get("containers") or [] if c.get("name") == PROXY]
+    resources = _proxy_resources(injector, annotations)
+    for proxy in proxies:
+        if resources:
+            proxy["resources"] = resources
+    inits = rendered.get("initContainers") or []
+    if injector.cni:  # the CNI plugin captures instead, reading the pod's annotations
+        inits = [c for c in inits if c.get("name") != INIT]
+        annotations.setdefault("sidecar.istio.io/interceptionMode", "REDIRECT")
+        for annotation, (name, _) in TRAFFIC_ANNOTATIONS.items():
+            annotations.setdefault(annotation, variables[name])
+    app_containers = list(spec.get("containers") or [])
+    taken = {c.get("name") for c in app_containers} | {c.get("name") for c in spec.get("initContainers") or []}
+    added = list(rendered.get("containers") or [])
+    clash = sorted(taken & {c.get("name") for c in added + inits})
+    if clash:
+        raise InjectionError(f"container {clash[0]} exists already; remove it or set {INJECT}: \"false\"")
+    containers = app_containers + added
+    init_containers = inits + list(spec.get("initContainers") or [])  # the capture first, as istiod orders it
+    volumes = list(spec.get("volumes") or []) + list(rendered.get("volumes") or [])
+    if app_containers:
+        for key in ("kubectl.kubernetes.io/default-container", "kubectl.kubernetes.io/default-logs-container"):
+            annotations.setdefault(key, app_containers[0].get("name", ""))
+    annotations.update(injector.injected_annotations)
+    annotations[STATUS] = json.dumps({
+        "initContainers": [c.get("name") for c in inits] or None,
+        "containers": [c.get("name") for c in added],
+        "volumes": [v.get("name") for v in rendered.get("volumes") or []],
+        "imagePullSecrets": None, "revision": "default",
+    }, separators=(",", ":"))
+    labels = {**(metadata.get("labels") or {}), TLS_MODE: "istio"}
+    patch: list[dict[str, Any]] = [{"op": "add", "path": "/metadata/labels", "value": labels},
+             {"op": "add", "path": "/metadata/annotations", "value": annotations},
+             {"op": "add", "path": "/spec/containers", "value": containers}]
+    if init_containers:
+        patch.append({"op": "add", "path": "/spec/initContainers", "value": init_containers})
+    if volumes:
+        patch.append({"op": "add", "path": "/spec/volumes", "value": volumes})
+    return patch
+
+
+def review(body: Any, injector: Injector | None) -> dict[str, Any]:
+    """An AdmissionReview of a Pod -> the answer, with the patch when the pod gets a sidecar.
+    ValueError if malformed; LookupError if there is no injector config (the API server then
+    applies the webhook's failurePolicy)."""
+    request, uid = admission_request(body)
+    pod = request.get("object")
+    response: dict[str, Any] = {"uid": uid, "allowed": True}
+    if isinstance(pod, dict) and pod.get("kind") == "Pod" and request.get("operation", "CREATE") == "CREATE":
+        if injector is None:
+            raise LookupError(f"no injector config: the ConfigMap {CONFIGMAP} is missing or invalid")
+        namespace = request.get("namespace") or (pod.get("metadata") or {}).get("namespace", "")
+        name = (pod.get("metadata") or {}).get("name") or (pod.get("metadata") or {}).get("generateName", "")
+        if wants_injection(pod, namespace, injector):
+            try:
+                patch = inject(pod, injector)
+            except InjectionError as error:
+                log.info("injection refused pod %s/%s: %s", namespace, name, error)
+                response = {"uid": uid, "allowed": False,
+                            "status": {"code": 400, "reason": "BadRequest", "message": f"injection failed: {error}"}}
+            else:
+                response["patchType"] = "JSONPatch"
+                response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+                log.debug("injected a sidecar into pod %s/%s", namespace, name)
+    return admission_answer(body, response)
+
+
+def add_injection_route(app: FastAPI, current: Callable[[], Injector | None]) -> None:
+    async def handle(request: Request) -> dict[str, Any]:
+        try:
+            return review(await request.json(), current())
+        except ValueError as error:
+            raise HTTPException(400, f"bad AdmissionReview: {error}") from None
+        except LookupError as error:
+            raise HTTPException(500, str(error)) from None
+
+    app.add_api_route(PATH, handle, methods=["POST"])
