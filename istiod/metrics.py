@@ -94,13 +94,14 @@ CERT_CHAIN_EXPIRY_SECONDS = Gauge(
     "citadel_server_cert_chain_expiry_seconds", "The time remaining, in seconds, before the cert chain will expire."
 )
 
-# istiod's own serving certificate (15012). Istio exports nothing for it (istio/istio#54662); named
-# like the CA's gauges, so one alert rule shape covers both.
+# istiod's own serving certificates, by server: xds (15012) and webhook (15017). Istio exports nothing
+# for them (istio/istio#54662); named like the CA's gauges, so one alert rule shape covers both.
 SERVING_CERT_EXPIRY_TIMESTAMP = Gauge(
-    "istiod_serving_cert_expiry_timestamp", "The unix timestamp, in seconds, when istiod's serving certificate will expire."
+    "istiod_serving_cert_expiry_timestamp", "The unix timestamp, in seconds, when istiod's serving certificate will expire.",
+    ["server"],
 )
 SERVING_CERT_RENEWAL_FAILURES = Counter(
-    "istiod_serving_cert_renewal_failures", "The number of failed renewals of istiod's serving certificate."
+    "istiod_serving_cert_renewal_failures", "The number of failed renewals of istiod's serving certificate.", ["server"]
 )
 
 

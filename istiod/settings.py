@@ -198,6 +198,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         leader.check()
     except ValueError as error:
         raise SystemExit(f"istiod discovery: {error}") from None
+    ca = ca_settings_from_args(args)
     # Files and directories last: a flag that contradicts another is the first thing to say.
     _check_dir(args.config_dir, "--config-dir")
     _check_file(kubeconfig, "--kubeconfig" if args.kubeconfig else "KUBECONFIG")
@@ -235,7 +236,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         mesh=_mesh(args.mesh_config, defaults),
         mesh_defaults=defaults,
         webhook_addr=args.webhook_addr,
-        ca=ca_settings_from_args(args),
+        ca=ca,
         monitoring_addr=args.monitoring_addr,
         debug_token_file=args.debug_auth_token_file,
         keepalive=keepalive,

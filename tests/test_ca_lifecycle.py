@@ -76,8 +76,8 @@ def test_serving_certificate_renewal_survives_failures(tmp_path: Path, mesh_dir:
     print("while renewal fails:", status, body.strip())
     assert "istiod's serving certificate expires at" in body and "was not renewed" in body
     samples = istiod.metrics()
-    failures = metric(samples, "istiod_serving_cert_renewal_failures")
-    expiry = metric(samples, "istiod_serving_cert_expiry_timestamp")
+    failures = metric(samples, "istiod_serving_cert_renewal_failures", server="xds")
+    expiry = metric(samples, "istiod_serving_cert_expiry_timestamp", server="xds")
     print(f"failures={failures:g} expires_in={expiry - time.time():.1f}s")
     assert failures >= 1 and expiry == first.not_valid_after_utc.timestamp()
     assert "serving certificate renewal failed" in istiod.text()
@@ -85,7 +85,7 @@ def test_serving_certificate_renewal_survives_failures(tmp_path: Path, mesh_dir:
     wait_until(lambda: istiod.get("/ready")[0] == 200, 20, "/ready again after a renewal")
     renewed = serving_cert(istiod)
     assert renewed.serial_number != first.serial_number and renewed.not_valid_after_utc > first.not_valid_after_utc
-    assert metric(istiod.metrics(), "istiod_serving_cert_expiry_timestamp") >= renewed.not_valid_after_utc.timestamp()
+    assert metric(istiod.metrics(), "istiod_serving_cert_expiry_timestamp", server="xds") >= renewed.not_valid_after_utc.timestamp()
     assert "serving certificate renewed" in istiod.text()
 
 

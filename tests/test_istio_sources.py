@@ -39,6 +39,7 @@ async def test_every_kind_is_read_from_the_config_dir(tmp_path: Path) -> None:
 async def test_invalid_object_is_logged_and_the_last_good_one_kept(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     store = Store()
     source = ConfigDirSource(tmp_path, store)
+    touch(tmp_path / "empty.yaml", "")  # a dir with no YAML file at all reads as an unmounted volume
     touch(tmp_path / "vs.yaml", VS % 100)
     await source.scan()
     good = store.get(VS_KEY)

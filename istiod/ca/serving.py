@@ -44,8 +44,9 @@ def serving_names(namespace: str, domain: str, extra: Sequence[str] = ()) -> lis
 
 class ServingCertificate:
     def __init__(self, ca: CertificateAuthority, names: list[x509.GeneralName], ttl: timedelta,
-                 alpn: Sequence[str] = ("h2",)) -> None:
+                 alpn: Sequence[str] = ("h2",), server: str = "xds") -> None:
         self.ca = ca
+        self.server = server  # the metrics' label: "xds" (15012) or "webhook" (15017)
         self.alpn = list(alpn)  # h2 for gRPC; the webhooks' HTTP/1.1 server must not offer it
         self.names = names
         self.ttl = ttl
@@ -93,7 +94,7 @@ class ServingCertificate:
         """Whatever failed (a full disk, a CA that cannot sign) is logged, counted and retried with
         backoff while the current certificate lasts; `expiring` tells /ready when that runs short."""
         self._failures += 1
-        metrics.SERVING_CERT_RENEWAL_FAILURES.inc()
+        metrics.SERVING_CERT_RENEWAL_FAILURES.labels(server=self.server).inc()
         log.error(logs.event("serving certificate renewal failed", failures=self._failures,
                              expires=self.cert.not_valid_after_utc.isoformat() if self.cert else "",
                              error=f"{type(error).__name__}: {error}"))
@@ -113,7 +114,7 @@ class ServingCertificate:
         self.cert, self._bundle = cert, bundle
         self._renew_at = now + (cert.not_valid_after_utc - now) / 2
         self._context = context
-        metrics.SERVING_CERT_EXPIRY_TIMESTAMP.set(cert.not_valid_after_utc.timestamp())
+        metrics.SERVING_CERT_EXPIRY_TIMESTAMP.labels(server=self.server).set(cert.not_valid_after_utc.timestamp())
         if self._failures:
             log.info(logs.event("serving certificate renewed", failed_attempts=self._failures))
         self._failures = 0

@@ -22,7 +22,7 @@ class WebhookServer:
     def __init__(self, settings: Settings, ca: CertificateAuthority, injector: Callable[[], Injector | None]) -> None:
         self.settings = settings
         self.cert = ServingCertificate(ca, serving_names(settings.namespace, settings.domain, settings.ca.extra_sans),
-                                       settings.ca.ttl.default, alpn=("http/1.1",))
+                                       settings.ca.ttl.default, alpn=("http/1.1",), server="webhook")
         app = create_webhook_app(settings.domain)
         add_injection_route(app, injector)
         # The same read timeout and connection cap as 8080 and 15014; asyncio bounds the TLS handshake (60s).
