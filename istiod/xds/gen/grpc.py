@@ -1,7 +1,10 @@
 """Proxyless gRPC: LDS, RDS and CDS with Istio's names.
 
 Outbound listeners are named as the client asks (`host:port`, host in any alias form) and point at
-a route configuration named `<fqdn>:<port>`; inbound listeners serve xDS-enabled gRPC servers.
+a route configuration named as istiod names it, `outbound|<port>||<fqdn>`, which carries the
+VirtualService's routes (routes.py); clusters carry the DestinationRule's policy (policy.py), a
+subset's cluster `outbound|<port>|<subset>|<fqdn>` only its endpoints. Inbound listeners serve
+xDS-enabled gRPC servers.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from envoy.config.listener.v3 import api_listener_pb2, listener_components_pb2, 
 from envoy.config.route.v3 import route_components_pb2, route_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 
+from istiod.model.config.networking import ConsistentHash, TrafficPolicy, VirtualService
 from istiod.model.names import (
     INBOUND_LISTENER_PREFIX,
     inbound_cluster_name,
@@ -23,8 +27,10 @@ from istiod.model.service import Service
 from istiod.model.snapshot import Snapshot
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
-from istiod.xds.gen.filters import HCM_FILTER, ads_source, http_connection_manager, pack
-from istiod.xds.gen.targets import outbound_clusters, outbound_host_ports
+from istiod.xds.gen.filters import HCM_FILTER, ads_source, http_connection_manager, pack, with_fault_filter
+from istiod.xds.gen.policy import apply_policy, effective_policy, subset_endpoints, upstream_mtls
+from istiod.xds.gen.routes import http_routes
+from istiod.xds.gen.targets import destination_rule, outbound_clusters, outbound_host_ports
 from istiod.xds.gen.tls import destination_identities, downstream_tls, upstream_tls
 
 
@@ -43,32 +49,52 @@ def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
 
 
 def routes(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
-    return [
-        cache.get(types.ROUTE, name, service, lambda: _route_configuration(name, service, port))
-        for name, service, port in outbound_host_ports(snapshot, proxy, names)
-    ]
+    """Route configurations `outbound|<port>||<host>`, as istiod names them for gRPC."""
+    result = []
+    for target in outbound_clusters(snapshot, proxy, names):
+        if target.subset is not None:
+            continue
+        service, port = target.service, target.port
+        vs = snapshot.config.virtual_service_for_host(proxy.namespace, service.hostname)
+        # VirtualService visibility and DestinationRule lookup depend on the proxy's namespace and labels.
+        result.append(cache.get(types.ROUTE, target.name, (service, vs, snapshot.config, snapshot.services),
+                                lambda: _route_configuration(target.name, service, port, vs, snapshot, proxy),
+                                scope=f"{proxy.namespace}/{proxy.labels}"))
+    return result
 
 
 def clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
     result = []
-    for name, service, port in outbound_clusters(snapshot, proxy, names):
+    for target in outbound_clusters(snapshot, proxy, names):
+        policy = effective_policy(target.rule, target.port, target.subset)
+        mtls = upstream_mtls(policy.tls, snapshot.mesh.mtls)
         # With mTLS the cluster names its destination's identities, so its endpoints matter too.
-        endpoints = snapshot.endpoints_for(service.hostname, port) if snapshot.mesh.mtls else None
-        depends_on = (service, snapshot.mesh, endpoints)
-        result.append(cache.get(types.CLUSTER, name, depends_on, lambda: _cluster(
-            name, None if endpoints is None else destination_identities(endpoints, snapshot.mesh.trust_domain))))
+        endpoints = (subset_endpoints(snapshot.endpoints_for(target.service.hostname, target.port), target.subset)
+                     if mtls else None)
+        depends_on = (target.service, snapshot.mesh, endpoints, policy)
+        result.append(cache.get(types.CLUSTER, target.name, depends_on, lambda: _cluster(
+            target.name, policy, None if endpoints is None else destination_identities(
+                endpoints, snapshot.mesh.trust_domain)), scope=str(target.rule.meta) if target.rule else ""))
     return result
 
 
 def _outbound_listener(name: str, service: Service, port: int) -> listener_pb2.Listener:
-    rds = hcm_pb2.Rds(config_source=ads_source(), route_config_name=f"{service.hostname}:{port}")
+    rds = hcm_pb2.Rds(config_source=ads_source(), route_config_name=service.cluster_name(port))
     return listener_pb2.Listener(
         name=name,
-        api_listener=api_listener_pb2.ApiListener(api_listener=pack(http_connection_manager(rds=rds))),
+        api_listener=api_listener_pb2.ApiListener(api_listener=pack(with_fault_filter(http_connection_manager(rds=rds)))),
     )
 
 
-def _route_configuration(name: str, service: Service, port: int) -> route_pb2.RouteConfiguration:
+def _route_configuration(name: str, service: Service, port: int, vs: VirtualService | None,
+                         snapshot: Snapshot, proxy: Proxy) -> route_pb2.RouteConfiguration:
+    def hash_for(host: str, subset_name: str, dest_port: int) -> ConsistentHash | None:
+        dest = snapshot.services.get(host)
+        rule = destination_rule(snapshot, proxy, dest) if dest is not None else None
+        subset = rule.subset(subset_name) if rule is not None and subset_name else None
+        lb = effective_policy(rule, dest_port, subset).load_balancer
+        return lb.consistent_hash if lb is not None else None
+
     # gRPC matches the virtual host against the target's authority, which may be any alias.
     domains = [
         domain
@@ -81,20 +107,15 @@ def _route_configuration(name: str, service: Service, port: int) -> route_pb2.Ro
             route_components_pb2.VirtualHost(
                 name=f"{service.hostname}:{port}",
                 domains=domains,
-                routes=[
-                    route_components_pb2.Route(
-                        match=route_components_pb2.RouteMatch(prefix=""),
-                        route=route_components_pb2.RouteAction(cluster=service.cluster_name(port)),
-                    )
-                ],
+                routes=http_routes(vs, service, port, snapshot.services, hash_for, proxyless=True),
             )
         ],
     )
 
 
-def _cluster(name: str, identities: tuple[str, ...] | None) -> cluster_pb2.Cluster:
+def _cluster(name: str, policy: TrafficPolicy, identities: tuple[str, ...] | None) -> cluster_pb2.Cluster:
     """An EDS cluster; with `identities` (mTLS on) it talks TLS and checks the peer is one of them."""
-    return cluster_pb2.Cluster(
+    cluster = cluster_pb2.Cluster(
         name=name,
         type=cluster_pb2.Cluster.EDS,
         eds_cluster_config=cluster_pb2.Cluster.EdsClusterConfig(
@@ -104,6 +125,8 @@ def _cluster(name: str, identities: tuple[str, ...] | None) -> cluster_pb2.Clust
         lb_policy=cluster_pb2.Cluster.ROUND_ROBIN,
         transport_socket=None if identities is None else upstream_tls(identities),
     )
+    apply_policy(cluster, policy)
+    return cluster
 
 
 def _inbound_address(snapshot: Snapshot, proxy: Proxy, name: str) -> tuple[str, int] | None:
