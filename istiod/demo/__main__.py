@@ -73,16 +73,20 @@ def call(args: argparse.Namespace) -> int:
     else:
         channel = grpc.insecure_channel(args.target)
     echo: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(METHOD)
+    metadata = tuple((name, value) for name, _, value in (h.partition("=") for h in args.header))
     failures = 0
     sent = 0
     while args.count == 0 or sent < args.count:
         sent += 1
+        started = time.monotonic()
         try:
-            reply = echo(b"hello", timeout=args.timeout).decode()
-            print(json.dumps({"ok": True, "reply": reply}), flush=True)
+            reply = echo(b"hello", timeout=args.timeout, metadata=metadata).decode()
+            result = {"ok": True, "reply": reply}
         except grpc.RpcError as error:
             failures += 1
-            print(json.dumps({"ok": False, "code": error.code().name, "error": error.details()}), flush=True)
+            result = {"ok": False, "code": error.code().name, "error": error.details()}
+        result["ms"] = round((time.monotonic() - started) * 1000, 1)
+        print(json.dumps(result), flush=True)
         time.sleep(args.interval)
     channel.close()
     return 1 if failures == sent else 0
@@ -93,6 +97,13 @@ def _listen_address(text: str) -> str:
         split_host_port(text, allow_zero_port=True)
     except ValueError:
         raise argparse.ArgumentTypeError(f"address {text!r} must be ip:port or [ipv6]:port") from None
+    return text
+
+
+def _header(text: str) -> str:
+    name, eq, _ = text.partition("=")
+    if not eq or not name or name != name.lower():
+        raise argparse.ArgumentTypeError(f"header {text!r} must be name=value, the name in lower case")
     return text
 
 
@@ -113,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     client.add_argument("--count", type=int, default=5, help="calls to make; 0 = until stopped")
     client.add_argument("--interval", type=float, default=0.2)
     client.add_argument("--timeout", type=float, default=2.0)
+    client.add_argument("--header", action="append", default=[], type=_header,
+                        help="NAME=VALUE metadata on every call (repeatable)")
     args = parser.parse_args(argv)
     return serve(args) if args.command == "server" else call(args)
 

@@ -107,7 +107,8 @@ def _route_configuration(name: str, service: Service, port: int, vs: VirtualServ
             route_components_pb2.VirtualHost(
                 name=f"{service.hostname}:{port}",
                 domains=domains,
-                routes=http_routes(vs, service, port, snapshot.services, hash_for, proxyless=True),
+                routes=http_routes(vs, service, port, snapshot.services, hash_for, proxyless=True,
+                                   source=(proxy.namespace, dict(proxy.labels))),
             )
         ],
     )

@@ -18,8 +18,10 @@ from envoy.type.matcher.v3 import regex_pb2, string_pb2
 from envoy.type.v3 import percent_pb2
 from google.protobuf import duration_pb2, wrappers_pb2
 
-from istiod.model.config.common import MatchKind, StringMatch
-from istiod.model.config.networking import ConsistentHash, Fault, HTTPMatch, HTTPRoute, Retries, VirtualService
+from istiod.model.config.common import MatchKind, StringMatch, selector_matches
+from istiod.model.config.networking import (
+    MESH_GATEWAY, ConsistentHash, Fault, HTTPMatch, HTTPRoute, Retries, VirtualService,
+)
 from istiod.model.names import outbound_cluster_name
 from istiod.model.service import Service
 from istiod.xds.gen.filters import FAULT_FILTER, pack
@@ -40,8 +42,9 @@ HashLookup = Callable[[str, str, int], ConsistentHash | None]
 
 
 def http_routes(vs: VirtualService | None, service: Service, port: int, services: Mapping[str, Service],
-                hash_for: HashLookup, proxyless: bool) -> list[rc.Route]:
-    """The routes of the virtual host for `service:port`."""
+                hash_for: HashLookup, proxyless: bool, source: tuple[str, Mapping[str, str]]) -> list[rc.Route]:
+    """The routes of the virtual host for `service:port`, as a mesh proxy with `source`
+    (namespace, labels) sees them: matches for other ports, sources or gateways are left out."""
     if vs is None or not vs.http:
         default = rc.Route(name="default", match=rc.RouteMatch(prefix="/"),
                            route=rc.RouteAction(cluster=service.cluster_name(port), retry_policy=default_retries()))
@@ -51,7 +54,8 @@ def http_routes(vs: VirtualService | None, service: Service, port: int, services
     for http in vs.http:
         action = _action(http, port, services, hash_for, proxyless)
         fault = _fault(http.fault) if http.fault is not None else None
-        for match in http.match or (HTTPMatch(),):
+        matches = [m for m in http.match if _applies(m, port, *source)] if http.match else [HTTPMatch()]
+        for match in matches:
             route = rc.Route(name=".".join(n for n in (http.name, match.name) if n), match=_match(match))
             route.route.CopyFrom(action)
             if fault is not None:
@@ -129,6 +133,13 @@ def retry_policy(retries: Retries | None) -> rc.RetryPolicy | None:
     if retries.per_try_timeout is not None:
         policy.per_try_timeout.CopyFrom(duration(retries.per_try_timeout))
     return policy
+
+
+def _applies(match: HTTPMatch, port: int, namespace: str, labels: Mapping[str, str]) -> bool:
+    return ((not match.port or match.port == port)
+            and (not match.gateways or MESH_GATEWAY in match.gateways)
+            and (not match.source_namespace or match.source_namespace == namespace)
+            and selector_matches(match.source_labels, labels))
 
 
 def _match(match: HTTPMatch) -> rc.RouteMatch:
