@@ -46,8 +46,9 @@ def http_routes(vs: VirtualService | None, service: Service, port: int, services
     """The routes of the virtual host for `service:port`, as a mesh proxy with `source`
     (namespace, labels) sees them: matches for other ports, sources or gateways are left out."""
     if vs is None or not vs.http:
-        default = rc.Route(name="default", match=rc.RouteMatch(prefix="/"),
-                           route=rc.RouteAction(cluster=service.cluster_name(port), retry_policy=default_retries()))
+        default = rc.Route(name="default", match=rc.RouteMatch(prefix="/"), route=rc.RouteAction(
+            cluster=service.cluster_name(port), retry_policy=default_retries(),
+            hash_policy=hash_policies(hash_for(service.hostname, "", port))))
         _set_timeout(default.route, None, proxyless)
         return [default]
     routes = []
