@@ -157,3 +157,24 @@ def test_consistent_hash_by_header(versioned_mesh: Path, start_istiod: Callable[
     print(f"RING_HASH on x-user: {users}")
     # Each user sticks to one pod (with round robin every user would see both).
     assert all(len(seen) == 1 and next(iter(seen)).startswith("echo-") for seen in users.values())
+
+
+@pytest.mark.parametrize("lb", ["LEAST_REQUEST", "ROUND_ROBIN"])
+def test_cluster_policy_is_accepted(lb: str, versioned_mesh: Path, start_istiod: Callable[..., Istiod],
+                                    start_demo: Callable[..., Process]) -> None:
+    """Load balancer, outlier detection and circuit breaker as gRPC takes them: ACKed, and calls flow."""
+    (versioned_mesh / "dr.yaml").write_text(SUBSETS.replace("spec:\n", (
+        "spec:\n  trafficPolicy:\n"
+        f"    loadBalancer: {{simple: {lb}}}\n"
+        "    connectionPool: {http: {http2MaxRequests: 100}}\n"
+        "    outlierDetection: {consecutive5xxErrors: 5, interval: 10s, baseEjectionTime: 30s, maxEjectionPercent: 50}\n"
+        "    tls: {mode: DISABLE}\n")))
+    istiod = start_istiod(versioned_mesh)
+    client = start_demo("client", TARGET, "--xds", istiod.xds_address, "--count", "20", "--interval", "0.01",
+                        "--namespace", "echo-ns", name="client")
+    seen = Counter(l["reply"].split()[0] if l["ok"] else l["code"] for l in calls(client, 20))
+    status, syncz = istiod.get("/debug/syncz")
+    sync = next(s for s in syncz if "demo-client" in s["proxy"])
+    print(f"{lb} + outlierDetection + http2MaxRequests: {dict(seen)}; {sync}")
+    assert set(seen) == {"echo-v1", "echo-v2"}
+    assert sync["cluster_sent"] and sync["cluster_sent"] == sync["cluster_acked"]

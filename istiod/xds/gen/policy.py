@@ -11,9 +11,13 @@ from __future__ import annotations
 import dataclasses
 
 from envoy.config.cluster.v3 import circuit_breaker_pb2, cluster_pb2, outlier_detection_pb2
+from envoy.config.core.v3 import extension_pb2
 from envoy.config.route.v3 import route_components_pb2
+from envoy.extensions.load_balancing_policies.least_request.v3 import least_request_pb2
+from envoy.extensions.load_balancing_policies.round_robin.v3 import round_robin_pb2
 from envoy.type.v3 import percent_pb2
 from google.protobuf import duration_pb2, wrappers_pb2
+from google.protobuf.message import Message
 
 from istiod.model.config.common import Duration, selector_matches
 from istiod.model.config.networking import (
@@ -21,12 +25,11 @@ from istiod.model.config.networking import (
     TrafficPolicy,
 )
 from istiod.model.service import Endpoint
+from istiod.xds.gen.filters import pack
 
 _LB_POLICIES = {
     LoadBalancer.UNSPECIFIED: cluster_pb2.Cluster.ROUND_ROBIN,
     LoadBalancer.ROUND_ROBIN: cluster_pb2.Cluster.ROUND_ROBIN,
-    LoadBalancer.LEAST_REQUEST: cluster_pb2.Cluster.LEAST_REQUEST,
-    LoadBalancer.LEAST_CONN: cluster_pb2.Cluster.LEAST_REQUEST,  # istiod reads it so
     LoadBalancer.RANDOM: cluster_pb2.Cluster.RANDOM,
     LoadBalancer.PASSTHROUGH: cluster_pb2.Cluster.CLUSTER_PROVIDED,
 }
@@ -71,12 +74,25 @@ def apply_policy(cluster: cluster_pb2.Cluster, policy: TrafficPolicy) -> None:
         cluster.lb_policy = cluster_pb2.Cluster.RING_HASH
         if lb.consistent_hash.minimum_ring_size:
             cluster.ring_hash_lb_config.minimum_ring_size.value = lb.consistent_hash.minimum_ring_size
+    elif lb is not None and lb.simple in (LoadBalancer.LEAST_REQUEST, LoadBalancer.LEAST_CONN):
+        # As a load_balancing_policy list: a client takes the first it knows, so gRPC C-core
+        # (grpcio), which has no least-request and NACKs lb_policy LEAST_REQUEST, falls back to
+        # round robin while Envoy and grpc-go/Java balance by least requests.
+        cluster.load_balancing_policy.policies.extend(
+            _typed_policy(name, config) for name, config in (
+                ("envoy.load_balancing_policies.least_request", least_request_pb2.LeastRequest()),
+                ("envoy.load_balancing_policies.round_robin", round_robin_pb2.RoundRobin())))
     elif lb is not None and lb.simple is not None:
         cluster.lb_policy = _LB_POLICIES[lb.simple]
     if policy.connection_pool is not None:
         _apply_connection_pool(cluster, policy.connection_pool)
     if policy.outlier_detection is not None:
         _apply_outlier_detection(cluster, policy.outlier_detection)
+
+
+def _typed_policy(name: str, config: Message) -> cluster_pb2.LoadBalancingPolicy.Policy:
+    return cluster_pb2.LoadBalancingPolicy.Policy(
+        typed_extension_config=extension_pb2.TypedExtensionConfig(name=name, typed_config=pack(config)))
 
 
 def _apply_connection_pool(cluster: cluster_pb2.Cluster, pool: ConnectionPool) -> None:
