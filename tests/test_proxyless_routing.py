@@ -178,3 +178,27 @@ def test_cluster_policy_is_accepted(lb: str, versioned_mesh: Path, start_istiod:
     print(f"{lb} + outlierDetection + http2MaxRequests: {dict(seen)}; {sync}")
     assert set(seen) == {"echo-v1", "echo-v2"}
     assert sync["cluster_sent"] and sync["cluster_sent"] == sync["cluster_acked"]
+
+
+@pytest.mark.parametrize(("retries", "expect_failures"), [
+    ("", False),  # istiod's default policy retries UNAVAILABLE twice
+    ("    retries: {attempts: 3, retryOn: unavailable, perTryTimeout: 2s}\n", False),
+    ("    retries: {attempts: 3, retryOn: resource-exhausted}\n", True),  # not the code the server fails with
+    ("    retries: {attempts: 0}\n", True),
+])
+def test_retries(retries: str, expect_failures: bool, mesh_dir: Path, start_istiod: Callable[..., Istiod],
+                 start_demo: Callable[..., Process]) -> None:
+    """A backend failing every 2nd call with UNAVAILABLE: a retry lands on the next, good, call."""
+    (mesh_dir / "ns.yaml").write_text(render("namespace.yaml", namespace="echo-ns"))
+    (mesh_dir / "svc.yaml").write_text(render("service.yaml", name="echo", namespace="echo-ns", port=SERVICE_PORT))
+    ip = "127.0.0.23"
+    port = free_port(ip)
+    start_demo("server", "--address", f"{ip}:{port}", "--name", "flaky", "--fail-every", "2", name="flaky").next_json(15)
+    (mesh_dir / "pod.yaml").write_text(render("pod.yaml", pod="flaky", app="echo", namespace="echo-ns", ip=ip, port=port))
+    (mesh_dir / "vs.yaml").write_text(virtual_service(f"  - route: [{{destination: {{host: echo}}}}]\n{retries}"))
+    istiod = start_istiod(mesh_dir)
+    client = start_demo("client", TARGET, "--xds", istiod.xds_address, "--count", "20", "--interval", "0.01",
+                        "--namespace", "echo-ns", name="client")
+    seen = Counter("ok" if l["ok"] else l["code"] for l in calls(client, 20))
+    print(f"retries {retries.strip() or '(istiod default)'}: {dict(seen)}")
+    assert (seen["UNAVAILABLE"] >= 5) if expect_failures else (seen == {"ok": 20})

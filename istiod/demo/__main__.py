@@ -38,8 +38,14 @@ def serve(args: argparse.Namespace) -> int:
     host, _ = split_host_port(args.address, allow_zero_port=True)
     _ensure_bootstrap(args, host, args.name)
     reply = f"{args.name} {args.address}".encode()
+    served = iter(range(1, 2**63))
+    lock = threading.Lock()
 
     def echo(request: bytes, context: grpc.ServicerContext) -> bytes:
+        with lock:
+            count = next(served)
+        if args.fail_every and count % args.fail_every == 0:
+            context.abort(grpc.StatusCode[args.fail_code], f"{args.name}: call {count} fails on purpose")
         peer: list[bytes] = dict(context.auth_context()).get("x509_subject_alternative_name", [b""])  # type: ignore[assignment]  # grpcio gives lists, its stubs say bytes
         return reply + (b" peer=" + b",".join(peer) if any(peer) else b"")
 
@@ -115,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     server.add_argument("--name", default="echo", help="the name it answers with (its pod name)")
     server.add_argument("--xds", help="istiod's xDS address: serve as an xDS-enabled gRPC server")
     server.add_argument("--namespace", default="demo")
+    server.add_argument("--fail-every", type=int, default=0, metavar="N", help="fail every Nth call (retry tests)")
+    server.add_argument("--fail-code", default="UNAVAILABLE", choices=("UNAVAILABLE", "RESOURCE_EXHAUSTED", "INTERNAL"),
+                        help="the status those calls fail with")
     client = commands.add_parser("client", help="call a target through xDS")
     client.add_argument("target", help="e.g. xds:///echo.demo.svc.cluster.local:7070")
     client.add_argument("--xds", help="istiod's xDS address, e.g. 127.0.0.1:15010")
