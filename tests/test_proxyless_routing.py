@@ -202,3 +202,25 @@ def test_retries(retries: str, expect_failures: bool, mesh_dir: Path, start_isti
     seen = Counter("ok" if l["ok"] else l["code"] for l in calls(client, 20))
     print(f"retries {retries.strip() or '(istiod default)'}: {dict(seen)}")
     assert (seen["UNAVAILABLE"] >= 5) if expect_failures else (seen == {"ok": 20})
+
+
+@pytest.mark.parametrize(("resolution", "address"), [("STATIC", "127.0.0.24"), ("DNS", "localhost")])
+def test_service_entry_host_is_callable_by_name(resolution: str, address: str, mesh_dir: Path,
+                                                start_istiod: Callable[..., Istiod],
+                                                start_demo: Callable[..., Process]) -> None:
+    ip = "127.0.0.24" if resolution == "STATIC" else "127.0.0.1"
+    port = free_port(ip)
+    start_demo("server", "--address", f"{ip}:{port}", "--name", "outside", name="outside").next_json(15)
+    (mesh_dir / "ns.yaml").write_text(render("namespace.yaml", namespace="echo-ns"))
+    (mesh_dir / "se.yaml").write_text(
+        "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: outside, namespace: echo-ns}\n"
+        "spec:\n  hosts: [outside.example.test]\n  ports: [{number: 7070, name: grpc, protocol: GRPC}]\n"
+        f"  resolution: {resolution}\n  endpoints: [{{address: {address}, ports: {{grpc: {port}}}}}]\n")
+    istiod = start_istiod(mesh_dir)
+    client = start_demo("client", "xds:///outside.example.test:7070", "--xds", istiod.xds_address, "--count", "5",
+                        "--interval", "0.01", "--namespace", "echo-ns", name="client")
+    lines = calls(client, 5)
+    status, syncz = istiod.get("/debug/syncz")
+    print(f"ServiceEntry {resolution} ({address}): {[l.get('reply') or l.get('error') for l in lines][:2]}; "
+          f"cluster NACK: {next(s for s in syncz if 'demo-client' in s['proxy']).get('cluster_nacked_error')}")
+    assert all(l["ok"] and l["reply"].startswith("outside ") for l in lines)

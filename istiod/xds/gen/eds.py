@@ -25,6 +25,8 @@ TRANSPORT_SOCKET_MATCH = "envoy.transport_socket_match"
 def endpoints(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
     result = []
     for target in outbound_clusters(snapshot, proxy, names):
+        if target.service.dns_resolved:
+            continue  # its cluster carries its endpoints (DNS names)
         endpoint_list = snapshot.endpoints_for(target.service.hostname, target.port)
         # A subset's endpoints depend on which rule defines it for this proxy.
         scope = str(target.rule.meta) if target.subset is not None and target.rule is not None else ""
@@ -51,6 +53,14 @@ def load_assignment(cluster_name: str, endpoint_list: tuple[Endpoint, ...]) -> e
             )
         )
     return assignment
+
+
+def dns_load_assignment(cluster_name: str, endpoint_list: tuple[Endpoint, ...]) -> endpoint_pb2.ClusterLoadAssignment:
+    """The inline endpoints of a DNS cluster: host names the client resolves, in one locality."""
+    return endpoint_pb2.ClusterLoadAssignment(cluster_name=cluster_name, endpoints=[
+        endpoint_components_pb2.LocalityLbEndpoints(
+            load_balancing_weight=wrappers_pb2.UInt32Value(value=1),
+            lb_endpoints=[_lb_endpoint(e) for e in endpoint_list])])
 
 
 def _lb_endpoint(endpoint: Endpoint) -> endpoint_components_pb2.LbEndpoint:

@@ -23,10 +23,11 @@ from istiod.model.names import (
     split_host_port,
 )
 from istiod.model.proxy import Proxy
-from istiod.model.service import Service
+from istiod.model.service import Endpoint, Service
 from istiod.model.snapshot import Snapshot
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
+from istiod.xds.gen.eds import dns_load_assignment
 from istiod.xds.gen.filters import HCM_FILTER, ads_source, http_connection_manager, pack, with_fault_filter
 from istiod.xds.gen.policy import apply_policy, effective_policy, subset_endpoints, upstream_mtls
 from istiod.xds.gen.routes import http_routes
@@ -66,15 +67,18 @@ def routes(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: Res
 def clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
     result = []
     for target in outbound_clusters(snapshot, proxy, names):
+        service = target.service
         policy = effective_policy(target.rule, target.port, target.subset)
-        mtls = upstream_mtls(policy.tls, snapshot.mesh.mtls)
-        # With mTLS the cluster names its destination's identities, so its endpoints matter too.
-        endpoints = (subset_endpoints(snapshot.endpoints_for(target.service.hostname, target.port), target.subset)
-                     if mtls else None)
-        depends_on = (target.service, snapshot.mesh, endpoints, policy)
+        # Mesh mTLS is for the mesh's own services; a ServiceEntry's host gets it only if a rule asks.
+        mtls = upstream_mtls(policy.tls, snapshot.mesh.mtls and not service.external_host)
+        endpoints = subset_endpoints(snapshot.endpoints_for(service.hostname, target.port), target.subset)
+        # With mTLS the cluster names its destination's identities, so its endpoints matter too;
+        # a DNS cluster carries its endpoints itself.
+        depends_on = (service, snapshot.mesh, endpoints if mtls or service.dns_resolved else None, policy)
         result.append(cache.get(types.CLUSTER, target.name, depends_on, lambda: _cluster(
-            target.name, policy, None if endpoints is None else destination_identities(
-                endpoints, snapshot.mesh.trust_domain)), scope=str(target.rule.meta) if target.rule else ""))
+            target.name, service, endpoints, policy,
+            destination_identities(endpoints, snapshot.mesh.trust_domain) if mtls else None),
+            scope=str(target.rule.meta) if target.rule else ""))
     return result
 
 
@@ -114,18 +118,23 @@ def _route_configuration(name: str, service: Service, port: int, vs: VirtualServ
     )
 
 
-def _cluster(name: str, policy: TrafficPolicy, identities: tuple[str, ...] | None) -> cluster_pb2.Cluster:
-    """An EDS cluster; with `identities` (mTLS on) it talks TLS and checks the peer is one of them."""
+def _cluster(name: str, service: Service, endpoints: tuple[Endpoint, ...], policy: TrafficPolicy,
+             identities: tuple[str, ...] | None) -> cluster_pb2.Cluster:
+    """An EDS cluster, or for a DNS-resolved ServiceEntry host a LOGICAL_DNS one (the only DNS
+    type gRPC knows: it NACKs STRICT_DNS); with `identities` (mTLS on) it talks TLS and checks the
+    peer is one of them."""
     cluster = cluster_pb2.Cluster(
         name=name,
-        type=cluster_pb2.Cluster.EDS,
-        eds_cluster_config=cluster_pb2.Cluster.EdsClusterConfig(
-            eds_config=ads_source(),
-            service_name=name,
-        ),
         lb_policy=cluster_pb2.Cluster.ROUND_ROBIN,
         transport_socket=None if identities is None else upstream_tls(identities),
     )
+    if service.dns_resolved:
+        cluster.type = cluster_pb2.Cluster.LOGICAL_DNS
+        cluster.load_assignment.CopyFrom(dns_load_assignment(name, endpoints))
+    else:
+        cluster.type = cluster_pb2.Cluster.EDS
+        cluster.eds_cluster_config.eds_config.CopyFrom(ads_source())
+        cluster.eds_cluster_config.service_name = name
     apply_policy(cluster, policy)
     return cluster
 
