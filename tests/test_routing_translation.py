@@ -150,4 +150,20 @@ def test_subset_endpoints_and_unready_left_out() -> None:
 def test_wildcard_clusters_include_subsets() -> None:
     assert set(_generate(types.CLUSTER, None, cluster_pb2.Cluster)) == {
         f"outbound|9080||{HOST}", f"outbound|9080|v1|{HOST}", f"outbound|9080|v2|{HOST}",
-        "outbound|9090||ratings.demo.svc.cluster.local"}
+        "outbound|9090||ratings.demo.svc.cluster.local", "outbound|443||api.example.com"}
+
+
+def test_service_entry_hosts() -> None:
+    snapshot = _snapshot()
+    assert "api.example.com" in snapshot.services
+    assert not {"none.example.com", "*.wild.example.com"} & set(snapshot.services)  # NONE, wildcard
+    name = "outbound|443||api.example.com"
+    cluster = _generate(types.CLUSTER, [name], cluster_pb2.Cluster, mesh=MeshConfig(mtls=True))[name]
+    assert cluster.type == cluster_pb2.Cluster.LOGICAL_DNS
+    assert not cluster.HasField("transport_socket")  # mesh mTLS is not for external hosts
+    [endpoint] = cluster.load_assignment.endpoints[0].lb_endpoints
+    address = endpoint.endpoint.address.socket_address
+    assert (address.address, address.port_value) == ("api.example.com", 8443)
+    assert _generate(types.ENDPOINT, [name], endpoint_pb2.ClusterLoadAssignment) == {}
+    listeners = _generate(types.LISTENER, ["api.example.com:443"], listener_pb2.Listener)
+    assert list(listeners) == ["api.example.com:443"]
