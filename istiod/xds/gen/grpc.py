@@ -15,7 +15,7 @@ from envoy.config.listener.v3 import api_listener_pb2, listener_components_pb2, 
 from envoy.config.route.v3 import route_components_pb2, route_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 
-from istiod.model.config.networking import ConsistentHash, TrafficPolicy, VirtualService
+from istiod.model.config.networking import TrafficPolicy, VirtualService
 from istiod.model.names import (
     INBOUND_LISTENER_PREFIX,
     inbound_cluster_name,
@@ -31,7 +31,7 @@ from istiod.xds.gen.eds import dns_load_assignment
 from istiod.xds.gen.filters import HCM_FILTER, ads_source, http_connection_manager, pack, with_fault_filter
 from istiod.xds.gen.policy import apply_policy, effective_policy, subset_endpoints, upstream_mtls
 from istiod.xds.gen.routes import http_routes
-from istiod.xds.gen.targets import destination_rule, outbound_clusters, outbound_host_ports
+from istiod.xds.gen.targets import hash_lookup, outbound_clusters, outbound_host_ports
 from istiod.xds.gen.tls import destination_identities, downstream_tls, upstream_tls
 
 
@@ -74,7 +74,8 @@ def clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: R
         endpoints = subset_endpoints(snapshot.endpoints_for(service.hostname, target.port), target.subset)
         # With mTLS the cluster names its destination's identities, so its endpoints matter too;
         # a DNS cluster carries its endpoints itself.
-        depends_on = (service, snapshot.mesh, endpoints if mtls or service.dns_resolved else None, policy)
+        depends_on = (service, snapshot.mesh, endpoints if mtls or service.dns_resolved else None,
+                      target.rule, target.subset)
         result.append(cache.get(types.CLUSTER, target.name, depends_on, lambda: _cluster(
             target.name, service, endpoints, policy,
             destination_identities(endpoints, snapshot.mesh.trust_domain) if mtls else None),
@@ -92,13 +93,6 @@ def _outbound_listener(name: str, service: Service, port: int) -> listener_pb2.L
 
 def _route_configuration(name: str, service: Service, port: int, vs: VirtualService | None,
                          snapshot: Snapshot, proxy: Proxy) -> route_pb2.RouteConfiguration:
-    def hash_for(host: str, subset_name: str, dest_port: int) -> ConsistentHash | None:
-        dest = snapshot.services.get(host)
-        rule = destination_rule(snapshot, proxy, dest) if dest is not None else None
-        subset = rule.subset(subset_name) if rule is not None and subset_name else None
-        lb = effective_policy(rule, dest_port, subset).load_balancer
-        return lb.consistent_hash if lb is not None else None
-
     # gRPC matches the virtual host against the target's authority, which may be any alias.
     domains = [
         domain
@@ -111,7 +105,7 @@ def _route_configuration(name: str, service: Service, port: int, vs: VirtualServ
             route_components_pb2.VirtualHost(
                 name=f"{service.hostname}:{port}",
                 domains=domains,
-                routes=http_routes(vs, service, port, snapshot.services, hash_for, proxyless=True,
+                routes=http_routes(vs, service, port, snapshot.services, hash_lookup(snapshot, proxy), proxyless=True,
                                    source=(proxy.namespace, dict(proxy.labels))),
             )
         ],

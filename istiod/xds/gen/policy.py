@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from envoy.config.cluster.v3 import circuit_breaker_pb2, cluster_pb2, outlier_detection_pb2
+from envoy.config.cluster.v3 import cluster_pb2, outlier_detection_pb2
 from envoy.config.core.v3 import extension_pb2
 from envoy.config.route.v3 import route_components_pb2
 from envoy.extensions.load_balancing_policies.least_request.v3 import least_request_pb2
@@ -96,7 +96,10 @@ def _typed_policy(name: str, config: Message) -> cluster_pb2.LoadBalancingPolicy
 
 
 def _apply_connection_pool(cluster: cluster_pb2.Cluster, pool: ConnectionPool) -> None:
-    threshold = circuit_breaker_pb2.CircuitBreakers.Thresholds()
+    # Onto the flavor's own default thresholds (Envoy sidecars lift Envoy's limits), if any.
+    if not cluster.circuit_breakers.thresholds:
+        cluster.circuit_breakers.thresholds.add()
+    threshold = cluster.circuit_breakers.thresholds[0]
     if pool.http is not None:
         if pool.http.http2_max_requests:
             threshold.max_requests.value = pool.http.http2_max_requests
@@ -109,7 +112,6 @@ def _apply_connection_pool(cluster: cluster_pb2.Cluster, pool: ConnectionPool) -
             threshold.max_connections.value = pool.tcp.max_connections
         if pool.tcp.connect_timeout is not None:
             cluster.connect_timeout.CopyFrom(duration(pool.tcp.connect_timeout))
-    cluster.circuit_breakers.thresholds.append(threshold)
 
 
 def _apply_outlier_detection(cluster: cluster_pb2.Cluster, outlier: OutlierDetection) -> None:

@@ -46,10 +46,8 @@ def http_routes(vs: VirtualService | None, service: Service, port: int, services
     """The routes of the virtual host for `service:port`, as a mesh proxy with `source`
     (namespace, labels) sees them: matches for other ports, sources or gateways are left out."""
     if vs is None or not vs.http:
-        default = rc.Route(name="default", match=rc.RouteMatch(prefix="/"), route=rc.RouteAction(
-            cluster=service.cluster_name(port), retry_policy=default_retries(),
-            hash_policy=hash_policies(hash_for(service.hostname, "", port))))
-        _set_timeout(default.route, None, proxyless)
+        default = default_route("default", service.cluster_name(port), proxyless)
+        default.route.hash_policy.extend(hash_policies(hash_for(service.hostname, "", port)))
         return [default]
     routes = []
     for http in vs.http:
@@ -63,6 +61,14 @@ def http_routes(vs: VirtualService | None, service: Service, port: int, services
                 route.typed_per_filter_config[FAULT_FILTER].CopyFrom(pack(fault))
             routes.append(route)
     return routes
+
+
+def default_route(name: str, cluster: str, proxyless: bool) -> rc.Route:
+    """istiod's route when no VirtualService says otherwise: every path, no timeout, default retries."""
+    route = rc.Route(name=name, match=rc.RouteMatch(prefix="/"),
+                     route=rc.RouteAction(cluster=cluster, retry_policy=default_retries()))
+    _set_timeout(route.route, None, proxyless)
+    return route
 
 
 def _action(http: HTTPRoute, port: int, services: Mapping[str, Service], hash_for: HashLookup,

@@ -3,14 +3,15 @@ triples or cluster targets, or everything the proxy sees for a wildcard. Shared 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from istiod.model.config.networking import DestinationRule, Subset
+from istiod.model.config.networking import ConsistentHash, DestinationRule, Subset
 from istiod.model.names import outbound_cluster_name, parse_cluster_name, split_host_port
 from istiod.model.proxy import Proxy
 from istiod.model.service import Service
 from istiod.model.snapshot import Snapshot
+from istiod.xds.gen.policy import effective_policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +33,18 @@ def visible_services(snapshot: Snapshot, proxy: Proxy) -> Iterable[Service]:
 def destination_rule(snapshot: Snapshot, proxy: Proxy, service: Service) -> DestinationRule | None:
     return snapshot.config.destination_rule_for(proxy.namespace, dict(proxy.labels), service.hostname,
                                                 service.namespace, snapshot.mesh.root_namespace)
+
+
+def hash_lookup(snapshot: Snapshot, proxy: Proxy) -> Callable[[str, str, int], ConsistentHash | None]:
+    """For route translation: the consistentHash that applies to a destination (host, subset, port)."""
+    def consistent_hash(host: str, subset_name: str, port: int) -> ConsistentHash | None:
+        service = snapshot.services.get(host)
+        rule = destination_rule(snapshot, proxy, service) if service is not None else None
+        subset = rule.subset(subset_name) if rule is not None and subset_name else None
+        lb = effective_policy(rule, port, subset).load_balancer
+        return lb.consistent_hash if lb is not None else None
+
+    return consistent_hash
 
 
 def outbound_host_ports(snapshot: Snapshot, proxy: Proxy, names: list[str] | None) -> Iterator[tuple[str, Service, int]]:
