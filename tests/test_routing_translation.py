@@ -167,3 +167,32 @@ def test_service_entry_hosts() -> None:
     assert _generate(types.ENDPOINT, [name], endpoint_pb2.ClusterLoadAssignment) == {}
     listeners = _generate(types.LISTENER, ["api.example.com:443"], listener_pb2.Listener)
     assert list(listeners) == ["api.example.com:443"]
+
+
+def test_routes_and_clusters_are_cached_across_snapshots_until_their_inputs_change() -> None:
+    store = Store()
+    for document in yaml.safe_load_all((DATA / "routing-mesh.yaml").read_text()):
+        store.apply(document)
+    proxy = proxy_from_node(CLIENT, {"GENERATOR": "grpc"})
+    cache = ResourceCache()
+    names = [ROUTE_NAME, f"outbound|9080|v2|{HOST}"]
+
+    snapshots: list[Snapshot] = []
+
+    def generate(version: str) -> list[Any]:
+        # As the server builds them: from the previous one, whose unchanged endpoints carry over.
+        snapshot = build_snapshot(store, version, previous=snapshots[-1] if snapshots else None, changed=())
+        snapshots.append(snapshot)
+        return [*PROXYLESS_GRPC[types.ROUTE](snapshot, proxy, names[:1], cache),
+                *PROXYLESS_GRPC[types.CLUSTER](snapshot, proxy, names[1:], cache)]
+
+    first = generate("v1")
+    assert all(a is b for a, b in zip(first, generate("v2"), strict=True))  # nothing changed: cache hits
+    rule = next(d for d in yaml.safe_load_all((DATA / "routing-mesh.yaml").read_text())
+                if d["kind"] == "DestinationRule")
+    rule["spec"]["trafficPolicy"]["loadBalancer"] = {"simple": "ROUND_ROBIN"}
+    store.apply(rule)
+    route, cluster = generate("v3")
+    assert route is not first[0] and cluster is not first[1]
+    config = route_pb2.RouteConfiguration.FromString(route.value)
+    assert not config.virtual_hosts[0].routes[-1].route.hash_policy  # the rule's consistentHash is gone

@@ -31,7 +31,7 @@ from istiod.xds.gen.eds import dns_load_assignment
 from istiod.xds.gen.filters import HCM_FILTER, ads_source, http_connection_manager, pack, with_fault_filter
 from istiod.xds.gen.policy import apply_policy, effective_policy, subset_endpoints, upstream_mtls
 from istiod.xds.gen.routes import http_routes
-from istiod.xds.gen.targets import hash_lookup, outbound_clusters, outbound_host_ports
+from istiod.xds.gen.targets import hash_lookup, outbound_clusters, outbound_host_ports, route_inputs
 from istiod.xds.gen.tls import destination_identities, downstream_tls, upstream_tls
 
 
@@ -56,9 +56,9 @@ def routes(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: Res
         if target.subset is not None:
             continue
         service, port = target.service, target.port
-        vs = snapshot.config.virtual_service_for_host(proxy.namespace, service.hostname)
+        vs, depends_on = route_inputs(snapshot, proxy, service)
         # VirtualService visibility and DestinationRule lookup depend on the proxy's namespace and labels.
-        result.append(cache.get(types.ROUTE, target.name, (service, vs, snapshot.config, snapshot.services),
+        result.append(cache.get(types.ROUTE, target.name, depends_on,
                                 lambda: _route_configuration(target.name, service, port, vs, snapshot, proxy),
                                 scope=f"{proxy.namespace}/{proxy.labels}"))
     return result
@@ -71,10 +71,12 @@ def clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: R
         policy = effective_policy(target.rule, target.port, target.subset)
         # Mesh mTLS is for the mesh's own services; a ServiceEntry's host gets it only if a rule asks.
         mtls = upstream_mtls(policy.tls, snapshot.mesh.mtls and not service.external_host)
-        endpoints = subset_endpoints(snapshot.endpoints_for(service.hostname, target.port), target.subset)
         # With mTLS the cluster names its destination's identities, so its endpoints matter too;
-        # a DNS cluster carries its endpoints itself.
-        depends_on = (service, snapshot.mesh, endpoints if mtls or service.dns_resolved else None,
+        # a DNS cluster carries its endpoints itself. (The service's tuple keeps its identity
+        # while unchanged; a subset's is filtered anew.)
+        all_endpoints = snapshot.endpoints_for(service.hostname, target.port)
+        endpoints = subset_endpoints(all_endpoints, target.subset)
+        depends_on = (service, snapshot.mesh, all_endpoints if mtls or service.dns_resolved else None,
                       target.rule, target.subset)
         result.append(cache.get(types.CLUSTER, target.name, depends_on, lambda: _cluster(
             target.name, service, endpoints, policy,

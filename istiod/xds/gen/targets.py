@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from istiod.model.config.networking import ConsistentHash, DestinationRule, Subset
+from istiod.model.config.networking import ConsistentHash, DestinationRule, Subset, VirtualService
 from istiod.model.names import outbound_cluster_name, parse_cluster_name, split_host_port
 from istiod.model.proxy import Proxy
 from istiod.model.service import Service
@@ -45,6 +45,19 @@ def hash_lookup(snapshot: Snapshot, proxy: Proxy) -> Callable[[str, str, int], C
         return lb.consistent_hash if lb is not None else None
 
     return consistent_hash
+
+
+def route_inputs(snapshot: Snapshot, proxy: Proxy, service: Service) -> tuple[VirtualService | None, tuple[object, ...]]:
+    """The VirtualService for a host as this proxy sees it, and what the host's routes depend on
+    (for the cache): it, and each destination's Service and DestinationRule. Model values keep
+    their identity while unchanged, so an unrelated change rebuilds nothing."""
+    vs = snapshot.config.virtual_service_for_host(proxy.namespace, service.hostname)
+    hosts = dict.fromkeys([service.hostname, *(d.destination.host for r in (vs.http if vs else ()) for d in r.route)])
+    depends_on: list[object] = [vs]
+    for host in hosts:
+        destination = snapshot.services.get(host)
+        depends_on += [destination, destination_rule(snapshot, proxy, destination) if destination else None]
+    return vs, tuple(depends_on)
 
 
 def outbound_host_ports(snapshot: Snapshot, proxy: Proxy, names: list[str] | None) -> Iterator[tuple[str, Service, int]]:

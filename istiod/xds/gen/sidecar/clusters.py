@@ -47,9 +47,10 @@ def clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: R
         for subset in (None, *(rule.subsets if rule is not None else ())):
             name = outbound_cluster_name(target.port.port, target.service.hostname, subset.name if subset else "")
             # The cluster names its destination's identities, so its endpoints matter too.
-            endpoints = subset_endpoints(snapshot.endpoints_for(target.service.hostname, target.port.port), subset)
+            all_endpoints = snapshot.endpoints_for(target.service.hostname, target.port.port)
+            endpoints = subset_endpoints(all_endpoints, subset)
             result.append(cache.get(
-                types.CLUSTER, name, (target.service, snapshot.mesh, endpoints, rule, subset),
+                types.CLUSTER, name, (target.service, snapshot.mesh, all_endpoints, rule, subset),
                 lambda: outbound_cluster(target, name, destination_identities(endpoints, snapshot.mesh.trust_domain),
                                          effective_policy(rule, target.port.port, subset)),
                 scope=str(rule.meta) if rule is not None else ""))

@@ -22,7 +22,7 @@ from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.gen.routes import default_route, http_routes
 from istiod.xds.gen.sidecar.clusters import PASSTHROUGH
 from istiod.xds.gen.sidecar.ports import OutboundPort, outbound_ports
-from istiod.xds.gen.targets import hash_lookup
+from istiod.xds.gen.targets import hash_lookup, route_inputs
 
 BLOCKED_STATUS = 502
 
@@ -38,7 +38,7 @@ def routes(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: Res
         targets = by_port[port]
         # Short names differ by the proxy's namespace; VirtualService visibility and the
         # DestinationRules behind hash policies by its namespace and labels.
-        depends_on = (snapshot.mesh, snapshot.config, *(t.service for t in targets))
+        depends_on = (snapshot.mesh, *(d for t in targets for d in route_inputs(snapshot, proxy, t.service)[1]))
         result.append(cache.get(types.ROUTE, str(port), depends_on,
                                 lambda: route_configuration(port, targets, snapshot, proxy),
                                 scope=f"{proxy.namespace}/{proxy.labels}"))
@@ -56,7 +56,7 @@ def route_configuration(port: int, targets: list[OutboundPort], snapshot: Snapsh
         # Services claiming one ClusterIP): the first by hostname keeps it.
         domains = [d for d in _domains(target, proxy.namespace) if d not in taken]
         taken.update(domains)
-        vs = snapshot.config.virtual_service_for_host(proxy.namespace, target.service.hostname)
+        vs, _ = route_inputs(snapshot, proxy, target.service)
         hosts.append(route_components_pb2.VirtualHost(
             name=join_host_port(target.service.hostname, port),
             domains=domains,
