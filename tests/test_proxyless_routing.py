@@ -224,3 +224,14 @@ def test_service_entry_host_is_callable_by_name(resolution: str, address: str, m
     print(f"ServiceEntry {resolution} ({address}): {[l.get('reply') or l.get('error') for l in lines][:2]}; "
           f"cluster NACK: {next(s for s in syncz if 'demo-client' in s['proxy']).get('cluster_nacked_error')}")
     assert all(l["ok"] and l["reply"].startswith("outside ") for l in lines)
+
+
+def test_a_client_in_the_namespace_dials_name_port(versioned_mesh: Path, start_istiod: Callable[..., Istiod],
+                                                   start_demo: Callable[..., Process]) -> None:
+    (versioned_mesh / "vs.yaml").write_text(virtual_service("  - route: [{destination: {host: echo, subset: v2}}]\n"))
+    istiod = start_istiod(versioned_mesh)
+    client = start_demo("client", f"xds:///echo:{SERVICE_PORT}", "--xds", istiod.xds_address, "--count", "5",
+                        "--interval", "0.01", "--namespace", "echo-ns", name="client")
+    replies = [l.get("reply") or l.get("error") for l in calls(client, 5)]
+    print(f"xds:///echo:{SERVICE_PORT} from echo-ns: {replies[0]}")
+    assert all(r.startswith("echo-v2 ") for r in replies), replies

@@ -196,3 +196,11 @@ def test_routes_and_clusters_are_cached_across_snapshots_until_their_inputs_chan
     assert route is not first[0] and cluster is not first[1]
     config = route_pb2.RouteConfiguration.FromString(route.value)
     assert not config.virtual_hosts[0].routes[-1].route.hash_policy  # the rule's consistentHash is gone
+
+
+def test_bare_name_only_from_the_services_namespace() -> None:
+    assert list(_generate(types.LISTENER, ["reviews:9080"], listener_pb2.Listener)) == ["reviews:9080"]
+    config = _generate(types.ROUTE, [ROUTE_NAME], route_pb2.RouteConfiguration)[ROUTE_NAME]
+    assert {"reviews", "reviews:9080"} <= set(config.virtual_hosts[0].domains)
+    other = proxy_from_node("sidecar~10.0.9.8~client.other~other.svc.cluster.local", {"GENERATOR": "grpc"})
+    assert PROXYLESS_GRPC[types.LISTENER](_snapshot(), other, ["reviews:9080"], ResourceCache()) == []

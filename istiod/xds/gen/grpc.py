@@ -95,12 +95,11 @@ def _outbound_listener(name: str, service: Service, port: int) -> listener_pb2.L
 
 def _route_configuration(name: str, service: Service, port: int, vs: VirtualService | None,
                          snapshot: Snapshot, proxy: Proxy) -> route_pb2.RouteConfiguration:
-    # gRPC matches the virtual host against the target's authority, which may be any alias.
-    domains = [
-        domain
-        for alias in service.aliases
-        for domain in (alias, f"{alias}:{port}")
-    ]
+    # gRPC matches the virtual host against the target's authority, which may be any alias, or
+    # the bare name from the Service's own namespace.
+    local = proxy.namespace == service.namespace and not service.external_host
+    aliases = [*service.aliases, *([service.name] if local else [])]
+    domains = [domain for alias in aliases for domain in (alias, f"{alias}:{port}")]
     return route_pb2.RouteConfiguration(
         name=name,
         virtual_hosts=[

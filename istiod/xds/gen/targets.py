@@ -61,7 +61,8 @@ def route_inputs(snapshot: Snapshot, proxy: Proxy, service: Service) -> tuple[Vi
 
 
 def outbound_host_ports(snapshot: Snapshot, proxy: Proxy, names: list[str] | None) -> Iterator[tuple[str, Service, int]]:
-    """Listener names `host:port` (host in any alias form) that name a Service port."""
+    """Listener names `host:port` (host in any alias form, or the bare name for a proxy in the
+    Service's namespace, as DNS search paths would resolve it) that name a Service port."""
     if names is None:
         names = [f"{s.hostname}:{p.port}" for s in visible_services(snapshot, proxy) for p in s.ports]
     for name in names:
@@ -69,7 +70,7 @@ def outbound_host_ports(snapshot: Snapshot, proxy: Proxy, names: list[str] | Non
             host, port = split_host_port(name)
         except ValueError:
             continue
-        service = snapshot.service_for_host(host)
+        service = snapshot.service_for_host(host if "." in host else f"{host}.{proxy.namespace}")
         if service is not None and service.port(port) is not None:
             yield name, service, port
 
