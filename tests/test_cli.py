@@ -115,7 +115,7 @@ def test_proxy_config_tables_and_json(synced_mesh: Mesh) -> None:
     assert inbound[name] == [name, "INBOUND", "ALL", f"Inline Route: inbound|{port}||"]
 
     routes = table(istiod_cli(istiod, "proxy-config", "routes", proxy).stdout)
-    assert routes[CLUSTER] == [CLUSTER, f"{ECHO_HOST}:7070", f"{ECHO_HOST} +5 more", "/*", CLUSTER]
+    assert routes[CLUSTER] == [CLUSTER, f"{ECHO_HOST}:7070", f"{ECHO_HOST} +7 more", "/*", CLUSTER]  # and echo, echo:7070
 
     endpoints = table(istiod_cli(istiod, "proxy-config", "endpoints", proxy).stdout)
     assert endpoints[f"127.0.0.21:{port}"] == [f"127.0.0.21:{port}", "HEALTHY", "-", CLUSTER]
