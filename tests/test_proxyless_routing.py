@@ -52,6 +52,18 @@ def calls(client: Process, count: int) -> list[dict]:
     return [client.next_json(30) for _ in range(count)]
 
 
+def counted_client(start_demo: Callable[..., Process], istiod: Istiod, count: int, *extra: str, name: str = "client",
+                   target: str = TARGET) -> Process:
+    """A client in echo-ns making `count` calls 10 ms apart."""
+    return start_demo("client", target, "--xds", istiod.xds_address, "--count", str(count), "--interval", "0.01",
+                      "--namespace", "echo-ns", *extra, name=name)
+
+
+def outcomes(client: Process, count: int) -> Counter[str]:
+    """Replies by backend (pod name), failures by code."""
+    return Counter(l["reply"].split()[0] if l["ok"] else l["code"] for l in calls(client, count))
+
+
 def test_weighted_split_90_10(versioned_mesh: Path, start_istiod: Callable[..., Istiod],
                               start_demo: Callable[..., Process]) -> None:
     (versioned_mesh / "vs.yaml").write_text(virtual_service(
@@ -62,7 +74,7 @@ def test_weighted_split_90_10(versioned_mesh: Path, start_istiod: Callable[..., 
     n = 2000
     client = start_demo("client", TARGET, "--xds", istiod.xds_address, "--count", str(n), "--interval", "0",
                         "--timeout", "5", "--namespace", "echo-ns", name="client")
-    seen = Counter(line["reply"].split()[0] if line["ok"] else line["code"] for line in calls(client, n))
+    seen = outcomes(client, n)
     v1 = seen["echo-v1"]
     # v1 ~ Binomial(2000, 0.9): mean 1800, sd 13.4. Accepting 1700..1900 (7.45 sd either side) fails a
     # correct split with probability < 2*exp(-100**2/(2*2000*0.09+2/3*100)) ~ 2e-10 (Bernstein).
@@ -95,11 +107,9 @@ def test_header_and_method_routing(versioned_mesh: Path, start_istiod: Callable[
         "  - match: [{uri: {regex: '/demo\\.Echo/.*'}}]\n"
         "    route: [{destination: {host: echo, subset: v1}}]\n"))
     istiod = start_istiod(versioned_mesh)
-    common = ("--xds", istiod.xds_address, "--count", "40", "--interval", "0.01", "--namespace", "echo-ns")
-    canary = start_demo("client", TARGET, *common, "--header", "x-user=canary", name="canary")
-    other = start_demo("client", TARGET, *common, "--header", "x-user=someone", name="other")
-    seen = {name: Counter(l["reply"].split()[0] if l["ok"] else l["code"] for l in calls(c, 40))
-            for name, c in (("canary", canary), ("other", other))}
+    canary = counted_client(start_demo, istiod, 40, "--header", "x-user=canary", name="canary")
+    other = counted_client(start_demo, istiod, 40, "--header", "x-user=someone", name="other")
+    seen = {"canary": outcomes(canary, 40), "other": outcomes(other, 40)}
     print(f"header routing: {seen}")
     assert seen == {"canary": {"echo-v2": 40}, "other": {"echo-v1": 40}}
 
@@ -115,10 +125,9 @@ def test_fault_abort_and_delay(versioned_mesh: Path, start_istiod: Callable[...,
         "    route: [{destination: {host: echo}}]\n"
         "  - route: [{destination: {host: echo}}]\n"))
     istiod = start_istiod(versioned_mesh)
-    common = ("--xds", istiod.xds_address, "--count", "10", "--interval", "0.01", "--namespace", "echo-ns")
-    abort = start_demo("client", TARGET, *common, "--header", "x-fault=abort", name="abort")
-    delay = start_demo("client", TARGET, *common, "--header", "x-fault=delay", name="delay")
-    plain = start_demo("client", TARGET, *common, name="plain")
+    abort = counted_client(start_demo, istiod, 10, "--header", "x-fault=abort", name="abort")
+    delay = counted_client(start_demo, istiod, 10, "--header", "x-fault=delay", name="delay")
+    plain = counted_client(start_demo, istiod, 10, name="plain")
     aborted = calls(abort, 10)
     print(f"abort: {Counter(l.get('code') for l in aborted)}, e.g. {aborted[-1]}")
     assert all(l["code"] == "RESOURCE_EXHAUSTED" for l in aborted)
@@ -137,8 +146,7 @@ def test_timeout_as_max_stream_duration(versioned_mesh: Path, start_istiod: Call
         "    timeout: 200ms\n"
         "    route: [{destination: {host: echo}}]\n"))
     istiod = start_istiod(versioned_mesh)
-    client = start_demo("client", TARGET, "--xds", istiod.xds_address, "--count", "5", "--interval", "0.01",
-                        "--timeout", "5", "--namespace", "echo-ns", name="client")
+    client = counted_client(start_demo, istiod, 5, "--timeout", "5")
     lines = calls(client, 5)[1:]
     print(f"timeout 200ms over a 1s delay: {[(l.get('code'), l['ms']) for l in lines]}")
     assert all(l["code"] == "DEADLINE_EXCEEDED" and l["ms"] < 1000 for l in lines)
@@ -151,9 +159,8 @@ def test_consistent_hash_by_header(versioned_mesh: Path, start_istiod: Callable[
     istiod = start_istiod(versioned_mesh)
     users = {}
     for user in ("alice", "bob", "carol", "dave"):
-        client = start_demo("client", TARGET, "--xds", istiod.xds_address, "--count", "20", "--interval", "0.01",
-                            "--namespace", "echo-ns", "--header", f"x-user={user}", name=user)
-        users[user] = Counter(l["reply"].split()[0] if l["ok"] else l["code"] for l in calls(client, 20))
+        client = counted_client(start_demo, istiod, 20, "--header", f"x-user={user}", name=user)
+        users[user] = outcomes(client, 20)
     print(f"RING_HASH on x-user: {users}")
     # Each user sticks to one pod (with round robin every user would see both).
     assert all(len(seen) == 1 and next(iter(seen)).startswith("echo-") for seen in users.values())
@@ -170,9 +177,7 @@ def test_cluster_policy_is_accepted(lb: str, versioned_mesh: Path, start_istiod:
         "    outlierDetection: {consecutive5xxErrors: 5, interval: 10s, baseEjectionTime: 30s, maxEjectionPercent: 50}\n"
         "    tls: {mode: DISABLE}\n")))
     istiod = start_istiod(versioned_mesh)
-    client = start_demo("client", TARGET, "--xds", istiod.xds_address, "--count", "20", "--interval", "0.01",
-                        "--namespace", "echo-ns", name="client")
-    seen = Counter(l["reply"].split()[0] if l["ok"] else l["code"] for l in calls(client, 20))
+    seen = outcomes(counted_client(start_demo, istiod, 20), 20)
     status, syncz = istiod.get("/debug/syncz")
     sync = next(s for s in syncz if "demo-client" in s["proxy"])
     print(f"{lb} + outlierDetection + http2MaxRequests: {dict(seen)}; {sync}")
@@ -197,9 +202,7 @@ def test_retries(retries: str, expect_failures: bool, mesh_dir: Path, start_isti
     (mesh_dir / "pod.yaml").write_text(render("pod.yaml", pod="flaky", app="echo", namespace="echo-ns", ip=ip, port=port))
     (mesh_dir / "vs.yaml").write_text(virtual_service(f"  - route: [{{destination: {{host: echo}}}}]\n{retries}"))
     istiod = start_istiod(mesh_dir)
-    client = start_demo("client", TARGET, "--xds", istiod.xds_address, "--count", "20", "--interval", "0.01",
-                        "--namespace", "echo-ns", name="client")
-    seen = Counter("ok" if l["ok"] else l["code"] for l in calls(client, 20))
+    seen = Counter("ok" if l["ok"] else l["code"] for l in calls(counted_client(start_demo, istiod, 20), 20))
     print(f"retries {retries.strip() or '(istiod default)'}: {dict(seen)}")
     assert (seen["UNAVAILABLE"] >= 5) if expect_failures else (seen == {"ok": 20})
 
@@ -217,8 +220,7 @@ def test_service_entry_host_is_callable_by_name(resolution: str, address: str, m
         "spec:\n  hosts: [outside.example.test]\n  ports: [{number: 7070, name: grpc, protocol: GRPC}]\n"
         f"  resolution: {resolution}\n  endpoints: [{{address: {address}, ports: {{grpc: {port}}}}}]\n")
     istiod = start_istiod(mesh_dir)
-    client = start_demo("client", "xds:///outside.example.test:7070", "--xds", istiod.xds_address, "--count", "5",
-                        "--interval", "0.01", "--namespace", "echo-ns", name="client")
+    client = counted_client(start_demo, istiod, 5, target="xds:///outside.example.test:7070")
     lines = calls(client, 5)
     status, syncz = istiod.get("/debug/syncz")
     print(f"ServiceEntry {resolution} ({address}): {[l.get('reply') or l.get('error') for l in lines][:2]}; "
@@ -230,8 +232,7 @@ def test_a_client_in_the_namespace_dials_name_port(versioned_mesh: Path, start_i
                                                    start_demo: Callable[..., Process]) -> None:
     (versioned_mesh / "vs.yaml").write_text(virtual_service("  - route: [{destination: {host: echo, subset: v2}}]\n"))
     istiod = start_istiod(versioned_mesh)
-    client = start_demo("client", f"xds:///echo:{SERVICE_PORT}", "--xds", istiod.xds_address, "--count", "5",
-                        "--interval", "0.01", "--namespace", "echo-ns", name="client")
+    client = counted_client(start_demo, istiod, 5, target=f"xds:///echo:{SERVICE_PORT}")
     replies = [l.get("reply") or l.get("error") for l in calls(client, 5)]
     print(f"xds:///echo:{SERVICE_PORT} from echo-ns: {replies[0]}")
     assert all(r.startswith("echo-v2 ") for r in replies), replies
