@@ -73,7 +73,7 @@ def test_connected_proxies_and_their_sync_state(synced_mesh: Mesh, port: str) ->
         "type.googleapis.com/envoy.config.cluster.v3.Cluster": [CLUSTER],
         "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment": [CLUSTER],
         "type.googleapis.com/envoy.config.listener.v3.Listener": [f"{ECHO_HOST}:{ECHO_PORT}"],
-        "type.googleapis.com/envoy.config.route.v3.RouteConfiguration": [f"{ECHO_HOST}:{ECHO_PORT}"],
+        "type.googleapis.com/envoy.config.route.v3.RouteConfiguration": [CLUSTER],  # istiod names it so
     }
     assert clients[SERVER_PROXY]["watches"] == {
         "type.googleapis.com/envoy.config.listener.v3.Listener": [
@@ -140,7 +140,7 @@ def test_config_dump_holds_what_the_proxy_was_sent(synced_mesh: Mesh, port: str)
     [listener] = configs["ListenersConfigDump"]["dynamic_listeners"]
     manager = listener["active_state"]["listener"]["api_listener"]["api_listener"]
     assert manager["@type"].endswith("HttpConnectionManager")
-    assert manager["rds"]["route_config_name"] == f"{ECHO_HOST}:{ECHO_PORT}"
+    assert manager["rds"]["route_config_name"] == CLUSTER
     [route] = configs["RoutesConfigDump"]["dynamic_route_configs"]
     assert route["route_config"]["virtual_hosts"][0]["routes"][0]["route"]["cluster"] == CLUSTER
     [assignment] = configs["EndpointsConfigDump"]["dynamic_endpoint_configs"]

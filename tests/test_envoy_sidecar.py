@@ -353,3 +353,64 @@ def captured_pod(istiod: Istiod, envoy: Envoy) -> Iterator[Callable[..., subproc
         yield run
     finally:
         app.stop()
+
+
+WEB_POLICY = """
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: web, namespace: shop}
+spec:
+  host: web
+  trafficPolicy:
+    connectionPool: {http: {http2MaxRequests: 7}}
+    outlierDetection: {consecutive5xxErrors: 5, interval: 10s, baseEjectionTime: 30s}
+  subsets:
+  - {name: v1, labels: {app: web}, trafficPolicy: {loadBalancer: {consistentHash: {httpHeaderName: x-user}}}}
+  - {name: v2, labels: {app: web}, trafficPolicy: {tls: {mode: DISABLE}, loadBalancer: {simple: LEAST_REQUEST}}}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: web, namespace: shop}
+spec:
+  hosts: [web]
+  http:
+  - name: canary
+    match: [{headers: {x-canary: {exact: "yes"}}, uri: {prefix: /api}}]
+    route: [{destination: {host: web, subset: v2}}]
+    fault: {abort: {httpStatus: 418, percentage: {value: 100}}, delay: {fixedDelay: 10ms, percentage: {value: 1}}}
+    timeout: 3s
+    retries: {attempts: 4, retryOn: "5xx,unavailable", perTryTimeout: 1s}
+  - route:
+    - {destination: {host: web, subset: v1}, weight: 90}
+    - {destination: {host: web, subset: v2}, weight: 10}
+"""
+
+
+def test_envoy_acks_virtual_service_and_destination_rule(mesh_dir: Path, start_istiod: Callable[..., Istiod]) -> None:
+    """The translation shared with proxyless gRPC, as Envoy takes it."""
+    _mesh(mesh_dir)
+    (mesh_dir / "policy.yaml").write_text(WEB_POLICY)
+    istiod = start_istiod(mesh_dir)
+    with sidecar_envoy(istiod.xds_address, "web-1", "shop", "127.0.0.31", service_account="web") as envoy:
+        _acked(istiod, envoy)
+        dump = envoy.config_dump()
+        clusters = _dynamic(dump, "clusters")
+        v1, v2 = clusters[f"outbound|80|v1|{WEB}"], clusters[f"outbound|80|v2|{WEB}"]
+        assert v1["lb_policy"] == "RING_HASH" and "transport_socket_matches" in v1
+        assert v2["load_balancing_policy"]["policies"][0]["typed_extension_config"]["name"] == \
+            "envoy.load_balancing_policies.least_request"
+        assert v2["transport_socket"]["name"] == "envoy.transport_sockets.raw_buffer"
+        assert v1["circuit_breakers"]["thresholds"][0]["max_requests"] == 7
+        assert v1["outlier_detection"]["consecutive_5xx"] == 5
+        assert {f"outbound|80|v1|{WEB}", f"outbound|80|v2|{WEB}"} <= set(_dynamic(dump, "endpoints"))
+        web = next(h for h in _dynamic(dump, "routes")["80"]["virtual_hosts"] if h["name"] == f"{WEB}:80")
+        canary, split = web["routes"]
+        assert canary["route"]["cluster"] == f"outbound|80|v2|{WEB}"
+        assert canary["route"]["retry_policy"]["num_retries"] == 4
+        assert canary["typed_per_filter_config"]["envoy.filters.http.fault"]["abort"]["http_status"] == 418
+        assert [c["weight"] for c in split["route"]["weighted_clusters"]["clusters"]] == [90, 10]
+        listener = _dynamic(dump, "listeners")["0.0.0.0_80"]
+        manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
+        assert [f["name"] for f in manager["http_filters"]] == ["envoy.filters.http.fault", "envoy.filters.http.router"]
+        print(f"Envoy ACKed routes {[r.get('name') for r in web['routes']]} and clusters "
+              f"{sorted(n for n in clusters if '|80|' in n)}")

@@ -38,8 +38,14 @@ def serve(args: argparse.Namespace) -> int:
     host, _ = split_host_port(args.address, allow_zero_port=True)
     _ensure_bootstrap(args, host, args.name)
     reply = f"{args.name} {args.address}".encode()
+    served = iter(range(1, 2**63))
+    lock = threading.Lock()
 
     def echo(request: bytes, context: grpc.ServicerContext) -> bytes:
+        with lock:
+            count = next(served)
+        if args.fail_every and count % args.fail_every == 0:
+            context.abort(grpc.StatusCode[args.fail_code], f"{args.name}: call {count} fails on purpose")
         peer: list[bytes] = dict(context.auth_context()).get("x509_subject_alternative_name", [b""])  # type: ignore[assignment]  # grpcio gives lists, its stubs say bytes
         return reply + (b" peer=" + b",".join(peer) if any(peer) else b"")
 
@@ -73,16 +79,20 @@ def call(args: argparse.Namespace) -> int:
     else:
         channel = grpc.insecure_channel(args.target)
     echo: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(METHOD)
+    metadata = tuple((name, value) for name, _, value in (h.partition("=") for h in args.header))
     failures = 0
     sent = 0
     while args.count == 0 or sent < args.count:
         sent += 1
+        started = time.monotonic()
         try:
-            reply = echo(b"hello", timeout=args.timeout).decode()
-            print(json.dumps({"ok": True, "reply": reply}), flush=True)
+            reply = echo(b"hello", timeout=args.timeout, metadata=metadata).decode()
+            result = {"ok": True, "reply": reply}
         except grpc.RpcError as error:
             failures += 1
-            print(json.dumps({"ok": False, "code": error.code().name, "error": error.details()}), flush=True)
+            result = {"ok": False, "code": error.code().name, "error": error.details()}
+        result["ms"] = round((time.monotonic() - started) * 1000, 1)
+        print(json.dumps(result), flush=True)
         time.sleep(args.interval)
     channel.close()
     return 1 if failures == sent else 0
@@ -96,6 +106,13 @@ def _listen_address(text: str) -> str:
     return text
 
 
+def _header(text: str) -> str:
+    name, eq, _ = text.partition("=")
+    if not eq or not name or name != name.lower():
+        raise argparse.ArgumentTypeError(f"header {text!r} must be name=value, the name in lower case")
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m istiod.demo")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -104,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     server.add_argument("--name", default="echo", help="the name it answers with (its pod name)")
     server.add_argument("--xds", help="istiod's xDS address: serve as an xDS-enabled gRPC server")
     server.add_argument("--namespace", default="demo")
+    server.add_argument("--fail-every", type=int, default=0, metavar="N", help="fail every Nth call (retry tests)")
+    server.add_argument("--fail-code", default="UNAVAILABLE", choices=("UNAVAILABLE", "RESOURCE_EXHAUSTED", "INTERNAL"),
+                        help="the status those calls fail with")
     client = commands.add_parser("client", help="call a target through xDS")
     client.add_argument("target", help="e.g. xds:///echo.demo.svc.cluster.local:7070")
     client.add_argument("--xds", help="istiod's xDS address, e.g. 127.0.0.1:15010")
@@ -113,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     client.add_argument("--count", type=int, default=5, help="calls to make; 0 = until stopped")
     client.add_argument("--interval", type=float, default=0.2)
     client.add_argument("--timeout", type=float, default=2.0)
+    client.add_argument("--header", action="append", default=[], type=_header,
+                        help="NAME=VALUE metadata on every call (repeatable)")
     args = parser.parse_args(argv)
     return serve(args) if args.command == "server" else call(args)
 

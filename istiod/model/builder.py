@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from istiod.model.batch import CronJob, Job
 from istiod.model.cluster import Node
 from istiod.model.config import ConfigSet
+from istiod.model.entries import service_entry_services
 from istiod.model.endpointslice import EndpointSlice
 from istiod.model.mesh import MeshConfig
 from istiod.model.service import Endpoint, Locality, Port, Service
@@ -49,6 +50,9 @@ def build_snapshot(
 ) -> Snapshot:
     """Build the next snapshot; `changed` (None = unknown) lets unchanged endpoints carry over."""
     services = {s.hostname: s for s in objects.values("Service")}
+    config = ConfigSet.collect(objects)
+    entries = service_entry_services(config, services)
+    services.update({hostname: service for hostname, (service, _) in entries.items()})
     workloads: dict[tuple[str, str], Workload] = {(w.namespace, w.name): w for w in objects.values("Pod")}
     nodes: dict[str, Locality] = {n.name: n.locality for n in objects.values("Node") if isinstance(n, Node)}
     jobs: dict[tuple[str, str], Job] = {(j.namespace, j.name): j for j in objects.values("Job")}
@@ -61,7 +65,12 @@ def build_snapshot(
     dirty = _dirty_namespaces(changed) if previous is not None else None
     context = _EndpointContext(workloads, nodes, jobs)
     endpoints: dict[tuple[str, int], tuple[Endpoint, ...]] = {}
+    for hostname, (service, by_port) in entries.items():
+        for port_number, entry_endpoints in by_port.items():
+            endpoints[(hostname, port_number)] = entry_endpoints
     for service in services.values():
+        if service.hostname in entries:
+            continue
         for port in service.ports:
             key = (service.hostname, port.port)
             old = previous.endpoints.get(key) if previous is not None else None
@@ -83,7 +92,7 @@ def build_snapshot(
         jobs=MappingProxyType(jobs),
         cronjobs=MappingProxyType(cronjobs),
         mesh=mesh,
-        config=ConfigSet.collect(objects),
+        config=config,
         volumes=_volume_mounts(objects.values("PersistentVolume"), objects.values("PersistentVolumeClaim"), workloads),
     )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from istiod.model.config.networking import Resolution
 from istiod.model.names import listener_host_aliases, outbound_cluster_name, service_hostname
 
 
@@ -41,15 +42,25 @@ class Service:
     selector: tuple[tuple[str, str], ...] = ()
     labels: tuple[tuple[str, str], ...] = ()
     cluster_ip: str = ""
-    hostname: str = field(init=False)  # <name>.<namespace>.svc.<domain>
+    # A ServiceEntry's host (the Service is one host of it), and how its endpoints are found.
+    external_host: str = ""
+    resolution: Resolution | None = None
+    hostname: str = field(init=False)  # <name>.<namespace>.svc.<domain>, or the ServiceEntry's host
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "hostname", service_hostname(self.name, self.namespace, self.domain))
+        object.__setattr__(self, "hostname", self.external_host or service_hostname(self.name, self.namespace, self.domain))
 
     @property
     def aliases(self) -> tuple[str, ...]:
         """The host spellings a proxyless client may use for it, longest first."""
+        if self.external_host:
+            return (self.external_host,)
         return listener_host_aliases(self.name, self.namespace, self.domain)
+
+    @property
+    def dns_resolved(self) -> bool:
+        """Its endpoints are DNS names the client resolves (a ServiceEntry with DNS resolution)."""
+        return self.resolution in (Resolution.DNS, Resolution.DNS_ROUND_ROBIN)
 
     def port(self, number: int) -> Port | None:
         return next((p for p in self.ports if p.port == number), None)

@@ -1,4 +1,4 @@
-"""EDS: ClusterLoadAssignments for `outbound|port||host` clusters, grouped by locality."""
+"""EDS: ClusterLoadAssignments for `outbound|port|subset|host` clusters, grouped by locality."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from istiod.model.service import Endpoint
 from istiod.model.snapshot import Snapshot
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
+from istiod.xds.gen.policy import subset_endpoints
 from istiod.xds.gen.targets import outbound_clusters
 
 TLS_MODE_LABEL = "security.istio.io/tlsMode"
@@ -23,17 +24,24 @@ TRANSPORT_SOCKET_MATCH = "envoy.transport_socket_match"
 
 def endpoints(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
     result = []
-    for name, service, port in outbound_clusters(snapshot, proxy, names):
-        endpoint_list = snapshot.endpoints_for(service.hostname, port)
-        result.append(cache.get(types.ENDPOINT, name, endpoint_list, lambda: load_assignment(name, endpoint_list)))
+    for target in outbound_clusters(snapshot, proxy, names):
+        if target.service.dns_resolved:
+            continue  # its cluster carries its endpoints (DNS names)
+        endpoint_list = snapshot.endpoints_for(target.service.hostname, target.port)
+        # A subset's endpoints depend on which rule defines it for this proxy.
+        scope = str(target.rule.meta) if target.subset is not None and target.rule is not None else ""
+        result.append(cache.get(types.ENDPOINT, target.name, (endpoint_list, target.subset),
+                                lambda: load_assignment(target.name, subset_endpoints(endpoint_list, target.subset)),
+                                scope=scope))
     return result
 
 
 def load_assignment(cluster_name: str, endpoint_list: tuple[Endpoint, ...]) -> endpoint_pb2.ClusterLoadAssignment:
     """gRPC drops a locality without a locality or with weight 0, so every group gets both. Envoy
-    and gRPC take IP addresses only (one bad address would reject the whole assignment)."""
+    and gRPC take IP addresses only (one bad address would reject the whole assignment). Unready
+    endpoints are left out, as istiod does by default (PILOT_SEND_UNHEALTHY_ENDPOINTS off)."""
     assignment = endpoint_pb2.ClusterLoadAssignment(cluster_name=cluster_name)
-    usable = [e for e in endpoint_list if is_ip(e.address)]
+    usable = [e for e in endpoint_list if e.healthy and is_ip(e.address)]
     by_locality = sorted(usable, key=lambda e: (str(e.locality), e.address, e.port))
     for locality, group in groupby(by_locality, key=lambda e: e.locality):
         members = list(group)
@@ -45,6 +53,14 @@ def load_assignment(cluster_name: str, endpoint_list: tuple[Endpoint, ...]) -> e
             )
         )
     return assignment
+
+
+def dns_load_assignment(cluster_name: str, endpoint_list: tuple[Endpoint, ...]) -> endpoint_pb2.ClusterLoadAssignment:
+    """The inline endpoints of a DNS cluster: host names the client resolves, in one locality."""
+    return endpoint_pb2.ClusterLoadAssignment(cluster_name=cluster_name, endpoints=[
+        endpoint_components_pb2.LocalityLbEndpoints(
+            load_balancing_weight=wrappers_pb2.UInt32Value(value=1),
+            lb_endpoints=[_lb_endpoint(e) for e in endpoint_list])])
 
 
 def _lb_endpoint(endpoint: Endpoint) -> endpoint_components_pb2.LbEndpoint:
@@ -61,7 +77,7 @@ def _lb_endpoint(endpoint: Endpoint) -> endpoint_components_pb2.LbEndpoint:
                 socket_address=address_pb2.SocketAddress(address=endpoint.address, port_value=endpoint.port)
             )
         ),
-        health_status=health_check_pb2.HEALTHY if endpoint.healthy else health_check_pb2.UNHEALTHY,
+        health_status=health_check_pb2.HEALTHY,
         load_balancing_weight=wrappers_pb2.UInt32Value(value=1),
     )
 

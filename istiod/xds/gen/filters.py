@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from envoy.config.core.v3 import config_source_pb2
 from envoy.config.listener.v3 import listener_components_pb2
+from envoy.extensions.filters.http.fault.v3 import fault_pb2
 from envoy.extensions.filters.http.router.v3 import router_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
@@ -14,6 +15,7 @@ from google.protobuf import any_pb2, duration_pb2
 from google.protobuf.message import Message
 
 ROUTER_FILTER = "envoy.filters.http.router"
+FAULT_FILTER = "envoy.filters.http.fault"
 HCM_FILTER = "envoy.filters.network.http_connection_manager"
 TCP_PROXY_FILTER = "envoy.filters.network.tcp_proxy"
 
@@ -38,6 +40,14 @@ def http_connection_manager(http_filters: Sequence[hcm_pb2.HttpFilter] = (), /,
         http_filters=[*http_filters, hcm_pb2.HttpFilter(name=ROUTER_FILTER, typed_config=pack(router_pb2.Router()))],
         **fields,  # type: ignore[arg-type]
     )
+
+
+def with_fault_filter(manager: hcm_pb2.HttpConnectionManager) -> hcm_pb2.HttpConnectionManager:
+    """The fault filter just before the router, as istiod places it: VirtualService faults ride on
+    routes (typed_per_filter_config) and act only where the filter is in the chain."""
+    manager.http_filters.insert(len(manager.http_filters) - 1, hcm_pb2.HttpFilter(
+        name=FAULT_FILTER, typed_config=pack(fault_pb2.HTTPFault())))
+    return manager
 
 
 def network_filter(name: str, config: Message) -> listener_components_pb2.Filter:

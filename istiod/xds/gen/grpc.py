@@ -1,7 +1,10 @@
 """Proxyless gRPC: LDS, RDS and CDS with Istio's names.
 
 Outbound listeners are named as the client asks (`host:port`, host in any alias form) and point at
-a route configuration named `<fqdn>:<port>`; inbound listeners serve xDS-enabled gRPC servers.
+a route configuration named as istiod names it, `outbound|<port>||<fqdn>`, which carries the
+VirtualService's routes (routes.py); clusters carry the DestinationRule's policy (policy.py), a
+subset's cluster `outbound|<port>|<subset>|<fqdn>` only its endpoints. Inbound listeners serve
+xDS-enabled gRPC servers.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from envoy.config.route.v3 import route_components_pb2, route_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 
 from istiod.model.config.security import AuthorizationPolicy, MTLSMode
+from istiod.model.config.networking import TrafficPolicy, VirtualService
 from istiod.model.names import (
     INBOUND_LISTENER_PREFIX,
     inbound_cluster_name,
@@ -22,14 +26,17 @@ from istiod.model.names import (
     split_host_port,
 )
 from istiod.model.proxy import Proxy
-from istiod.model.service import Service
+from istiod.model.service import Endpoint, Service
 from istiod.model.snapshot import Snapshot
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
-from istiod.xds.gen.filters import HCM_FILTER, ads_source, http_connection_manager, pack
+from istiod.xds.gen.eds import dns_load_assignment
+from istiod.xds.gen.filters import HCM_FILTER, ads_source, http_connection_manager, pack, with_fault_filter
+from istiod.xds.gen.policy import apply_policy, effective_policy, subset_endpoints, upstream_mtls
 from istiod.xds.gen.rbac import authorization_filters
+from istiod.xds.gen.routes import http_routes
 from istiod.xds.gen.security import authorization_policies, inbound_mtls_mode
-from istiod.xds.gen.targets import outbound_clusters, outbound_host_ports
+from istiod.xds.gen.targets import hash_lookup, outbound_clusters, outbound_host_ports, route_inputs
 from istiod.xds.gen.tls import destination_identities, downstream_tls, upstream_tls
 
 log = logging.getLogger(__name__)
@@ -55,67 +62,88 @@ def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
 
 
 def routes(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
-    return [
-        cache.get(types.ROUTE, name, service, lambda: _route_configuration(name, service, port))
-        for name, service, port in outbound_host_ports(snapshot, proxy, names)
-    ]
+    """Route configurations `outbound|<port>||<host>`, as istiod names them for gRPC."""
+    result = []
+    for target in outbound_clusters(snapshot, proxy, names):
+        if target.subset is not None:
+            continue
+        service, port = target.service, target.port
+        vs, depends_on = route_inputs(snapshot, proxy, service)
+        # VirtualService visibility and DestinationRule lookup depend on the proxy's namespace and labels.
+        result.append(cache.get(types.ROUTE, target.name, depends_on,
+                                lambda: _route_configuration(target.name, service, port, vs, snapshot, proxy),
+                                scope=f"{proxy.namespace}/{proxy.labels}"))
+    return result
 
 
 def clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
     result = []
-    for name, service, port in outbound_clusters(snapshot, proxy, names):
-        # With mTLS the cluster names its destination's identities, so its endpoints matter too.
-        endpoints = snapshot.endpoints_for(service.hostname, port) if snapshot.mesh.mtls else None
-        depends_on = (service, snapshot.mesh, endpoints)
-        result.append(cache.get(types.CLUSTER, name, depends_on, lambda: _cluster(
-            name, None if endpoints is None else destination_identities(endpoints, snapshot.mesh.trust_domain))))
+    for target in outbound_clusters(snapshot, proxy, names):
+        service = target.service
+        policy = effective_policy(target.rule, target.port, target.subset)
+        # Mesh mTLS is for the mesh's own services; a ServiceEntry's host gets it only if a rule asks.
+        mtls = upstream_mtls(policy.tls, snapshot.mesh.mtls and not service.external_host)
+        # With mTLS the cluster names its destination's identities, so its endpoints matter too;
+        # a DNS cluster carries its endpoints itself. (The service's tuple keeps its identity
+        # while unchanged; a subset's is filtered anew.)
+        all_endpoints = snapshot.endpoints_for(service.hostname, target.port)
+        endpoints = subset_endpoints(all_endpoints, target.subset)
+        depends_on = (service, snapshot.mesh, all_endpoints if mtls or service.dns_resolved else None,
+                      target.rule, target.subset)
+        result.append(cache.get(types.CLUSTER, target.name, depends_on, lambda: _cluster(
+            target.name, service, endpoints, policy,
+            destination_identities(endpoints, snapshot.mesh.trust_domain) if mtls else None),
+            scope=str(target.rule.meta) if target.rule else ""))
     return result
 
 
 def _outbound_listener(name: str, service: Service, port: int) -> listener_pb2.Listener:
-    rds = hcm_pb2.Rds(config_source=ads_source(), route_config_name=f"{service.hostname}:{port}")
+    rds = hcm_pb2.Rds(config_source=ads_source(), route_config_name=service.cluster_name(port))
     return listener_pb2.Listener(
         name=name,
-        api_listener=api_listener_pb2.ApiListener(api_listener=pack(http_connection_manager(rds=rds))),
+        api_listener=api_listener_pb2.ApiListener(api_listener=pack(with_fault_filter(http_connection_manager(rds=rds)))),
     )
 
 
-def _route_configuration(name: str, service: Service, port: int) -> route_pb2.RouteConfiguration:
-    # gRPC matches the virtual host against the target's authority, which may be any alias.
-    domains = [
-        domain
-        for alias in service.aliases
-        for domain in (alias, f"{alias}:{port}")
-    ]
+def _route_configuration(name: str, service: Service, port: int, vs: VirtualService | None,
+                         snapshot: Snapshot, proxy: Proxy) -> route_pb2.RouteConfiguration:
+    # gRPC matches the virtual host against the target's authority, which may be any alias, or
+    # the bare name from the Service's own namespace.
+    local = proxy.namespace == service.namespace and not service.external_host
+    aliases = [*service.aliases, *([service.name] if local else [])]
+    domains = [domain for alias in aliases for domain in (alias, f"{alias}:{port}")]
     return route_pb2.RouteConfiguration(
         name=name,
         virtual_hosts=[
             route_components_pb2.VirtualHost(
                 name=f"{service.hostname}:{port}",
                 domains=domains,
-                routes=[
-                    route_components_pb2.Route(
-                        match=route_components_pb2.RouteMatch(prefix=""),
-                        route=route_components_pb2.RouteAction(cluster=service.cluster_name(port)),
-                    )
-                ],
+                routes=http_routes(vs, service, port, snapshot.services, hash_lookup(snapshot, proxy), proxyless=True,
+                                   source=(proxy.namespace, dict(proxy.labels))),
             )
         ],
     )
 
 
-def _cluster(name: str, identities: tuple[str, ...] | None) -> cluster_pb2.Cluster:
-    """An EDS cluster; with `identities` (mTLS on) it talks TLS and checks the peer is one of them."""
-    return cluster_pb2.Cluster(
+def _cluster(name: str, service: Service, endpoints: tuple[Endpoint, ...], policy: TrafficPolicy,
+             identities: tuple[str, ...] | None) -> cluster_pb2.Cluster:
+    """An EDS cluster, or for a DNS-resolved ServiceEntry host a LOGICAL_DNS one (the only DNS
+    type gRPC knows: it NACKs STRICT_DNS); with `identities` (mTLS on) it talks TLS and checks the
+    peer is one of them."""
+    cluster = cluster_pb2.Cluster(
         name=name,
-        type=cluster_pb2.Cluster.EDS,
-        eds_cluster_config=cluster_pb2.Cluster.EdsClusterConfig(
-            eds_config=ads_source(),
-            service_name=name,
-        ),
         lb_policy=cluster_pb2.Cluster.ROUND_ROBIN,
         transport_socket=None if identities is None else upstream_tls(identities),
     )
+    if service.dns_resolved:
+        cluster.type = cluster_pb2.Cluster.LOGICAL_DNS
+        cluster.load_assignment.CopyFrom(dns_load_assignment(name, endpoints))
+    else:
+        cluster.type = cluster_pb2.Cluster.EDS
+        cluster.eds_cluster_config.eds_config.CopyFrom(ads_source())
+        cluster.eds_cluster_config.service_name = name
+    apply_policy(cluster, policy)
+    return cluster
 
 
 def _inbound_address(snapshot: Snapshot, proxy: Proxy, name: str) -> tuple[str, int] | None:

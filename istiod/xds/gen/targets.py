@@ -1,14 +1,28 @@
 """Which services a proxy sees, and what requested resource names refer to: (name, Service, port)
-triples, or everything the proxy sees for a wildcard. Shared by every flavor."""
+triples or cluster targets, or everything the proxy sees for a wildcard. Shared by every flavor."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
-from istiod.model.names import parse_cluster_name, split_host_port
+from istiod.model.config.networking import ConsistentHash, DestinationRule, Subset, VirtualService
+from istiod.model.names import outbound_cluster_name, parse_cluster_name, split_host_port
 from istiod.model.proxy import Proxy
 from istiod.model.service import Service
 from istiod.model.snapshot import Snapshot
+from istiod.xds.gen.policy import effective_policy
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterTarget:
+    """An `outbound|port|subset|host` cluster, with the DestinationRule that shapes it for this proxy."""
+
+    name: str
+    service: Service
+    port: int
+    rule: DestinationRule | None = None
+    subset: Subset | None = None
 
 
 def visible_services(snapshot: Snapshot, proxy: Proxy) -> Iterable[Service]:
@@ -16,8 +30,39 @@ def visible_services(snapshot: Snapshot, proxy: Proxy) -> Iterable[Service]:
     return snapshot.services.values()
 
 
+def destination_rule(snapshot: Snapshot, proxy: Proxy, service: Service) -> DestinationRule | None:
+    return snapshot.config.destination_rule_for(proxy.namespace, dict(proxy.labels), service.hostname,
+                                                service.namespace, snapshot.mesh.root_namespace)
+
+
+def hash_lookup(snapshot: Snapshot, proxy: Proxy) -> Callable[[str, str, int], ConsistentHash | None]:
+    """For route translation: the consistentHash that applies to a destination (host, subset, port)."""
+    def consistent_hash(host: str, subset_name: str, port: int) -> ConsistentHash | None:
+        service = snapshot.services.get(host)
+        rule = destination_rule(snapshot, proxy, service) if service is not None else None
+        subset = rule.subset(subset_name) if rule is not None and subset_name else None
+        lb = effective_policy(rule, port, subset).load_balancer
+        return lb.consistent_hash if lb is not None else None
+
+    return consistent_hash
+
+
+def route_inputs(snapshot: Snapshot, proxy: Proxy, service: Service) -> tuple[VirtualService | None, tuple[object, ...]]:
+    """The VirtualService for a host as this proxy sees it, and what the host's routes depend on
+    (for the cache): it, and each destination's Service and DestinationRule. Model values keep
+    their identity while unchanged, so an unrelated change rebuilds nothing."""
+    vs = snapshot.config.virtual_service_for_host(proxy.namespace, service.hostname)
+    hosts = dict.fromkeys([service.hostname, *(d.destination.host for r in (vs.http if vs else ()) for d in r.route)])
+    depends_on: list[object] = [vs]
+    for host in hosts:
+        destination = snapshot.services.get(host)
+        depends_on += [destination, destination_rule(snapshot, proxy, destination) if destination else None]
+    return vs, tuple(depends_on)
+
+
 def outbound_host_ports(snapshot: Snapshot, proxy: Proxy, names: list[str] | None) -> Iterator[tuple[str, Service, int]]:
-    """Listener/route names `host:port` (host in any alias form) that name a Service port."""
+    """Listener names `host:port` (host in any alias form, or the bare name for a proxy in the
+    Service's namespace, as DNS search paths would resolve it) that name a Service port."""
     if names is None:
         names = [f"{s.hostname}:{p.port}" for s in visible_services(snapshot, proxy) for p in s.ports]
     for name in names:
@@ -25,20 +70,30 @@ def outbound_host_ports(snapshot: Snapshot, proxy: Proxy, names: list[str] | Non
             host, port = split_host_port(name)
         except ValueError:
             continue
-        service = snapshot.service_for_host(host)
+        service = snapshot.service_for_host(host if "." in host else f"{host}.{proxy.namespace}")
         if service is not None and service.port(port) is not None:
             yield name, service, port
 
 
-def outbound_clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None) -> Iterator[tuple[str, Service, int]]:
-    """Cluster names `outbound|port||host` that name a Service port (no subsets yet)."""
+def outbound_clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None) -> Iterator[ClusterTarget]:
+    """Cluster names `outbound|port|subset|host` that name a Service port, and for a subset one
+    that the proxy's DestinationRule for the host defines; a wildcard gets every subset too."""
     if names is None:
-        names = [s.cluster_name(p.port) for s in visible_services(snapshot, proxy) for p in s.ports]
+        names = []
+        for visible in visible_services(snapshot, proxy):
+            defined = destination_rule(snapshot, proxy, visible)
+            subsets = [""] + [s.name for s in defined.subsets] if defined is not None else [""]
+            names += [outbound_cluster_name(p.port, visible.hostname, subset) for p in visible.ports for subset in subsets]
     for name in names:
         try:
-            direction, port, subset, host = parse_cluster_name(name)
+            direction, port, subset_name, host = parse_cluster_name(name)
         except ValueError:
             continue
         service = snapshot.services.get(host)
-        if direction == "outbound" and not subset and service is not None and service.port(port) is not None:
-            yield name, service, port
+        if direction != "outbound" or service is None or service.port(port) is None:
+            continue
+        rule = destination_rule(snapshot, proxy, service)
+        subset = rule.subset(subset_name) if rule is not None and subset_name else None
+        if subset_name and subset is None:
+            continue  # a subset no rule defines: no cluster, as istiod
+        yield ClusterTarget(name, service, port, rule, subset)

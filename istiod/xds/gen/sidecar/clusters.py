@@ -1,4 +1,5 @@
-"""CDS for sidecars: `outbound|<port>||<host>` EDS clusters with auto mTLS, the passthrough and
+"""CDS for sidecars: `outbound|<port>|<subset>|<host>` EDS clusters with auto mTLS and the
+DestinationRule's policy (istiod/xds/gen/policy.py, shared with proxyless gRPC), the passthrough and
 blackhole clusters, and an ORIGINAL_DST `inbound|<port>||` cluster per port the pod serves."""
 
 from __future__ import annotations
@@ -10,14 +11,17 @@ from envoy.config.core.v3 import address_pb2, base_pb2, protocol_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2 as http_options_pb2
 from google.protobuf import duration_pb2, struct_pb2, wrappers_pb2
 
-from istiod.model.names import inbound_cluster_name
+from istiod.model.config.networking import TrafficPolicy
+from istiod.model.names import inbound_cluster_name, outbound_cluster_name, parse_cluster_name
 from istiod.model.protocol import Protocol
 from istiod.model.proxy import Proxy
 from istiod.model.snapshot import Snapshot
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.gen.filters import ads_source, pack
+from istiod.xds.gen.policy import apply_policy, effective_policy, subset_endpoints, upstream_mtls
 from istiod.xds.gen.sidecar.ports import OutboundPort, inbound_ports, outbound_ports
+from istiod.xds.gen.targets import destination_rule
 from istiod.xds.gen.tls import destination_identities, raw_buffer, sds_upstream_tls
 
 BLACKHOLE = "BlackHoleCluster"
@@ -39,11 +43,17 @@ def clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: R
                             (INBOUND_PASSTHROUGH, _inbound_passthrough))
     ]
     for target in outbound_ports(snapshot, proxy):
-        name = target.cluster
-        # The cluster names its destination's identities, so its endpoints matter too.
-        endpoints = snapshot.endpoints_for(target.service.hostname, target.port.port)
-        result.append(cache.get(types.CLUSTER, name, (target.service, snapshot.mesh, endpoints), lambda: outbound_cluster(
-            target, destination_identities(endpoints, snapshot.mesh.trust_domain))))
+        rule = destination_rule(snapshot, proxy, target.service)
+        for subset in (None, *(rule.subsets if rule is not None else ())):
+            name = outbound_cluster_name(target.port.port, target.service.hostname, subset.name if subset else "")
+            # The cluster names its destination's identities, so its endpoints matter too.
+            all_endpoints = snapshot.endpoints_for(target.service.hostname, target.port.port)
+            endpoints = subset_endpoints(all_endpoints, subset)
+            result.append(cache.get(
+                types.CLUSTER, name, (target.service, snapshot.mesh, all_endpoints, rule, subset),
+                lambda: outbound_cluster(target, name, destination_identities(endpoints, snapshot.mesh.trust_domain),
+                                         effective_policy(rule, target.port.port, subset)),
+                scope=str(rule.meta) if rule is not None else ""))
     for inbound in inbound_ports(snapshot, proxy):
         name = inbound_cluster_name(inbound.port)
         result.append(cache.get(types.CLUSTER, name, None, lambda: inbound_cluster(name, inbound.protocol),
@@ -54,16 +64,19 @@ def clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: R
     return result
 
 
-def outbound_cluster(target: OutboundPort, identities: tuple[str, ...]) -> cluster_pb2.Cluster:
+def outbound_cluster(target: OutboundPort, name: str, identities: tuple[str, ...],
+                     policy: TrafficPolicy) -> cluster_pb2.Cluster:
     """Auto mTLS, as Istio's: endpoints labelled `tlsMode: istio` (pods with a sidecar) get mTLS,
-    the others plaintext; the choice is per endpoint, by the EDS metadata."""
+    the others plaintext; the choice is per endpoint, by the EDS metadata. A DestinationRule's
+    TLS mode overrides it (ISTIO_MUTUAL: always, DISABLE: never), its other settings apply on top."""
     host, port = target.service.hostname, target.port.port
-    sni = f"outbound_.{port}_._.{host}"
-    return cluster_pb2.Cluster(
-        name=target.cluster,
+    _, _, subset, _ = parse_cluster_name(name)
+    sni = f"outbound_.{port}_.{subset}_.{host}"
+    cluster = cluster_pb2.Cluster(
+        name=name,
         type=cluster_pb2.Cluster.EDS,
         eds_cluster_config=cluster_pb2.Cluster.EdsClusterConfig(
-            eds_config=ads_source(initial_fetch_timeout=duration_pb2.Duration()), service_name=target.cluster
+            eds_config=ads_source(initial_fetch_timeout=duration_pb2.Duration()), service_name=name
         ),
         connect_timeout=CONNECT_TIMEOUT,
         lb_policy=cluster_pb2.Cluster.LEAST_REQUEST,
@@ -81,6 +94,12 @@ def outbound_cluster(target: OutboundPort, identities: tuple[str, ...]) -> clust
         metadata=base_pb2.Metadata(filter_metadata={"istio": _struct({"services": [
             {"host": host, "name": target.service.name, "namespace": target.service.namespace}]})}),
     )
+    if policy.tls is not None:
+        del cluster.transport_socket_matches[:]
+        cluster.transport_socket.CopyFrom(
+            sds_upstream_tls(identities, sni) if upstream_mtls(policy.tls, True) else raw_buffer())
+    apply_policy(cluster, policy)
+    return cluster
 
 
 def inbound_cluster(name: str, protocol: Protocol) -> cluster_pb2.Cluster:

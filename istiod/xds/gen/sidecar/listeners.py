@@ -30,7 +30,9 @@ from istiod.model.proxy import Proxy
 from istiod.model.snapshot import Snapshot
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
-from istiod.xds.gen.filters import HCM_FILTER, ads_source, http_connection_manager, network_filter, pack, tcp_proxy
+from istiod.xds.gen.filters import (
+    HCM_FILTER, ads_source, http_connection_manager, network_filter, pack, tcp_proxy, with_fault_filter,
+)
 from istiod.xds.gen.sidecar.clusters import BLACKHOLE, INBOUND_PASSTHROUGH, PASSTHROUGH
 from istiod.xds.gen.sidecar.ports import (
     PROXY_PORTS,
@@ -123,7 +125,8 @@ def http_outbound_listener(port: int) -> listener_pb2.Listener:
     name = f"{ANY_ADDRESS}_{port}"
     rds = hcm_pb2.Rds(config_source=ads_source(initial_fetch_timeout=duration_pb2.Duration()),
                       route_config_name=str(port))
-    return _outbound_listener(name, ANY_ADDRESS, port, _sidecar_hcm(f"outbound_{name}", rds=rds))
+    return _outbound_listener(name, ANY_ADDRESS, port, network_filter(HCM_FILTER, with_fault_filter(
+        _sidecar_hcm(f"outbound_{name}", rds=rds))))
 
 
 def tcp_outbound_listener(vip: str, target: OutboundPort) -> listener_pb2.Listener:
@@ -242,11 +245,12 @@ def _inbound_filter(inbound: InboundPort, cluster: str, mtls: bool,
             set_current_client_cert_details=hcm_pb2.HttpConnectionManager.SetCurrentClientCertDetails(
                 subject=wrappers_pb2.BoolValue(value=True), dns=True, uri=True),
         )
-    return _sidecar_hcm(stat_prefix, authz, route_config=route, server_name="istio-envoy", **fields)
+    return network_filter(HCM_FILTER, _sidecar_hcm(stat_prefix, authz, route_config=route, server_name="istio-envoy",
+                                                    **fields))
 
 
 def _sidecar_hcm(stat_prefix: str, http_filters: Sequence[hcm_pb2.HttpFilter] = (), /,
-                 **fields: object) -> listener_components_pb2.Filter:
+                 **fields: object) -> hcm_pb2.HttpConnectionManager:
     """Istio's defaults: the client's address is not trusted, paths are normalised, websockets pass."""
     manager = http_connection_manager(
         http_filters,
@@ -256,7 +260,7 @@ def _sidecar_hcm(stat_prefix: str, http_filters: Sequence[hcm_pb2.HttpFilter] = 
         upgrade_configs=[hcm_pb2.HttpConnectionManager.UpgradeConfig(upgrade_type="websocket")],
         **fields,
     )
-    return network_filter(HCM_FILTER, manager)
+    return manager
 
 
 def _address(ip: str, port: int) -> address_pb2.Address:
