@@ -207,3 +207,11 @@ def demo(*args: str, env: dict[str, str] | None = None, name: str = "") -> Proce
 
 def agent(*args: str, name: str = "agent") -> Process:
     return Process([sys.executable, "-m", "istiod", "agent", *args], name=name)
+
+
+def make_plan(*args: str) -> str:
+    """What `make -n ARGS` would run, as a user's shell sees it: without the variables of a make
+    this test may run under (`make test` sets MAKELEVEL, and make then adds directory lines)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+    return subprocess.run(["make", "-n", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30,
+                          check=True).stdout

@@ -16,7 +16,7 @@ from istiod.cli import build_parser
 from istiod.durations import parse_duration
 from istiod.settings import Settings, settings_from_args
 from istiod.sources.namespaces import parse_selector
-from tests.peers import ROOT
+from tests.peers import ROOT, make_plan
 
 DURATION_FLAGS = ("--debounce-after", "--debounce-max", "--poll-interval", "--watch-timeout", "--leader-lease-duration",
                   "--leader-renew-deadline", "--leader-retry-period", "--workload-cert-ttl", "--max-workload-cert-ttl",
@@ -157,8 +157,7 @@ def test_help_states_bind_addresses_and_the_ca_state_location() -> None:
 
 
 def test_make_run_installs_without_test_extras_and_shows_progress(tmp_path: Path) -> None:
-    plan = subprocess.run(["make", "-n", "run", f"VENV={tmp_path / 'venv'}"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=30, check=True).stdout
+    plan = make_plan("run", f"VENV={tmp_path / 'venv'}")
     installs = [line for line in plan.splitlines() if " install " in line]
     print(plan)
     assert installs and all("[test]" not in line and "--quiet" not in line and " -q" not in line for line in installs)

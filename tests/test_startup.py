@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.peers import ROOT, Istiod, Process, demo, free_port, wait_until
+from tests.peers import ROOT, Istiod, Process, demo, free_port, make_plan, wait_until
 
 LOOPBACK_PORTS = ("--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--monitoring-addr", "127.0.0.1:0",
                   "--secure-grpc-addr", "127.0.0.1:0")
@@ -151,8 +151,7 @@ def test_start_up_prints_where_it_listens_and_what_it_loaded(tmp_path: Path, pro
 
 def make_command(target: str) -> list[str]:
     """The command `make <target>` runs (its last line), as the README tells a user to type it."""
-    plan = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, timeout=30, check=True)
-    return plan.stdout.strip().splitlines()[-1].split()
+    return make_plan(target).strip().splitlines()[-1].split()
 
 
 def test_the_readme_edit_and_watch_works_as_written(tmp_path: Path, processes: list[Process]) -> None:
