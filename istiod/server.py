@@ -210,6 +210,8 @@ class Discovery:
         """Why /ready answers 503, or None."""
         if self.supervisor.failure is not None:
             return f"{self.supervisor.failure}; istiod is stopping"
+        if self.supervisor.stopping:
+            return "istiod is shutting down"
         if not self.ads.ready:
             return "sources have not synced"
         serving = self.secure.serving
@@ -231,7 +233,8 @@ class Discovery:
         self.ads.ready = False
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         if self._grpc is not None:
-            await self._grpc.stop(grace=1.0)
+            # GOAWAY to every connection and new streams refused now; open streams closed after the grace.
+            await self._grpc.stop(grace=self.settings.shutdown_duration)
         await self.secure.stop()
         for server in self._http:
             server.should_exit = True

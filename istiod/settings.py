@@ -65,6 +65,7 @@ class Settings:
     debug_token_file: Path | None = None  # a bearer token that lets non-loopback callers read /debug
     keepalive: Keepalive = Keepalive()  # both xDS ports
     xds_send_timeout: float = 5.0  # a stream whose client takes no response for this long is closed; 0: never
+    shutdown_duration: float = 10.0  # after SIGTERM: xDS streams drain this long, then are closed
     max_connections: int = 4096  # per port served in Python: 8080, 15014, 15017 and 15012's TLS front
     http_read_timeout: float = 30.0  # a connection to 8080 or 15014 must send its request within this
     webhook_addr: Address = Address("", 15017)
@@ -153,6 +154,9 @@ def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
                         dest="keepalive_max_server_connection_age", type=_seconds, default=1800.0,
                         help="xDS ports: close connections gracefully at this age, so clients spread over"
                              " replicas; 0 never (default 30m, as Istio's chart sets)")
+    parser.add_argument("--shutdown-duration", "--shutdownDuration", dest="shutdown_duration", type=_seconds,
+                        default=10.0, help="after SIGTERM, /ready fails and new xDS streams are refused at once; open"
+                                           " ones get a GOAWAY and are closed after this (default 10s, as istiod)")
     parser.add_argument("--xds-send-timeout", type=_seconds, default=env_default("PILOT_XDS_SEND_TIMEOUT", "5s", _seconds),
                         help="close an xDS stream whose client takes no response for this long; 0 never (default 5s)")
     parser.add_argument("--max-connections", type=int, default=4096,
@@ -241,6 +245,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         debug_token_file=args.debug_auth_token_file,
         keepalive=keepalive,
         xds_send_timeout=args.xds_send_timeout,
+        shutdown_duration=args.shutdown_duration,
         max_connections=args.max_connections,
         http_read_timeout=args.http_read_timeout,
         injection_dir=args.injection_dir,
