@@ -64,19 +64,21 @@ def node_id(pod: str, namespace: str, ip: str = "127.0.0.1", domain: str = "clus
     return f"sidecar~{ip}~{pod}.{namespace}~{namespace}.svc.{domain}"
 
 
-def _pipe_cluster(name: str, path: Path) -> dict[str, Any]:
+def _pipe_cluster(name: str, *paths: Path) -> dict[str, Any]:
     return {
         "name": name, "type": "STATIC", "connect_timeout": "1s",
         "typed_extension_protocol_options": HTTP2,  # gRPC: HTTP/2, or nothing connects and nothing is logged
         "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
-            {"endpoint": {"address": {"pipe": {"path": str(path)}}}}]}]},
+            {"endpoint": {"address": {"pipe": {"path": str(path)}}}} for path in paths]}]},
     }
 
 
 def bootstrap(node: str, xds_socket: Path, sds_socket: Path, admin_socket: Path,
-              metadata: dict[str, Any] | None = None, delta: bool = False) -> dict[str, Any]:
+              metadata: dict[str, Any] | None = None, delta: bool = False,
+              more_xds_sockets: tuple[Path, ...] = ()) -> dict[str, Any]:
     """A static bootstrap like pilot-agent's: ADS over `xds-grpc`, certificates over `sds-grpc`;
-    `delta`: incremental xDS (DeltaAggregatedResources) instead of state of the world."""
+    `delta`: incremental xDS (DeltaAggregatedResources) instead of state of the world;
+    `more_xds_sockets`: more endpoints of `xds-grpc` (istiod replicas)."""
     namespace = node.split("~")[2].partition(".")[2]
     return {
         "node": {"id": node, "cluster": f"{node.split('~')[2]}",
@@ -88,24 +90,27 @@ def bootstrap(node: str, xds_socket: Path, sds_socket: Path, admin_socket: Path,
             "cds_config": {"ads": {}, "resource_api_version": "V3"},
             "lds_config": {"ads": {}, "resource_api_version": "V3"},
         },
-        "static_resources": {"clusters": [_pipe_cluster("xds-grpc", xds_socket), _pipe_cluster("sds-grpc", sds_socket)]},
+        "static_resources": {"clusters": [_pipe_cluster("xds-grpc", xds_socket, *more_xds_sockets), _pipe_cluster("sds-grpc", sds_socket)]},
     }
 
 
 @contextmanager
 def sidecar_envoy(xds_address: str, pod: str, namespace: str, ip: str = "127.0.0.1",
                   service_account: str = "default", metadata: dict[str, Any] | None = None,
-                  delta: bool = False) -> Iterator[Envoy]:
+                  delta: bool = False, more_xds: tuple[str, ...] = ()) -> Iterator[Envoy]:
     """An Envoy sidecar for pod `pod.namespace` at `ip`, on istiod's plaintext xDS, with its
-    certificates; everything it needed is removed on the way out, even on failure."""
+    certificates; `more_xds`: other istiod replicas, more endpoints of its xDS cluster. Everything
+    it needed is removed on the way out, even on failure."""
     sockets = Path(tempfile.mkdtemp(prefix="envoy-", dir="/tmp"))  # Unix socket paths must stay short
     stoppable: list[Relay | SdsServer | Envoy] = []
     try:
         envoy_relay = Relay(sockets / "xds", xds_address)
         stoppable.append(envoy_relay)
+        more_sockets = tuple(sockets / f"xds{i}" for i in range(1, len(more_xds) + 1))
+        stoppable.extend(Relay(path, address) for path, address in zip(more_sockets, more_xds))
         stoppable.append(SdsServer(sockets / "sds", f"spiffe://cluster.local/ns/{namespace}/sa/{service_account}"))
         config = bootstrap(node_id(pod, namespace, ip), sockets / "xds", sockets / "sds", sockets / "admin",
-                           {"SERVICE_ACCOUNT": service_account, **(metadata or {})}, delta)
+                           {"SERVICE_ACCOUNT": service_account, **(metadata or {})}, delta, more_sockets)
         envoy = Envoy(config, sockets, name=f"envoy-{pod}{'-delta' if delta else ''}")
         envoy.xds_relay = envoy_relay
         stoppable.append(envoy)

@@ -4,6 +4,7 @@ replica that dies move to another replica and keep serving."""
 
 from __future__ import annotations
 
+import shutil
 import signal
 import time
 from collections.abc import Callable
@@ -13,8 +14,10 @@ import grpc
 import pytest
 
 from tests.ads_client import AdsClient
-from tests.conftest import CLIENT_PROXY, ECHO_HOST, ECHO_PORT, render, synced
+from tests.conftest import CLIENT_PROXY, DATA, ECHO_HOST, ECHO_PORT, render, synced
+from tests.envoy_peer import sidecar_envoy
 from tests.peers import Istiod, Process, eventually, free_port, wait_until
+from tests.test_envoy_sidecar import CART, PROXY, TYPES, _dynamic
 
 CLUSTER = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 SHUTDOWN = 3.0  # --shutdown-duration in these tests
@@ -82,15 +85,20 @@ async def test_sigterm_fails_ready_refuses_new_streams_drains_open_ones_and_exit
           f"exit 0 after {exited:.2f}s; {len(calls)} client calls meanwhile, all ok")
 
 
-def test_grpc_client_of_a_killed_replica_moves_to_the_other_and_keeps_serving(
-        mesh_dir: Path, tmp_path: Path, processes: list[Process], start_demo: Callable[..., Process]) -> None:
-    address = echo_mesh(mesh_dir)
+def two_replicas(mesh_dir: Path, tmp_path: Path, processes: list[Process]) -> list[Istiod]:
+    """Two istiods serving the same config dir, as two replicas serve the same cluster."""
     replicas = []
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
         replicas.append(Istiod(tmp_path / name, "--config-dir", str(mesh_dir), "--poll-interval", "100ms"))
         processes.append(replicas[-1])
-    first, second = replicas
+    return replicas
+
+
+def test_grpc_client_of_a_killed_replica_moves_to_the_other_and_keeps_serving(
+        mesh_dir: Path, tmp_path: Path, processes: list[Process], start_demo: Callable[..., Process]) -> None:
+    address = echo_mesh(mesh_dir)
+    first, second = two_replicas(mesh_dir, tmp_path, processes)
     # One target listing both replicas, as a Service's addresses would: pick_first takes the first.
     xds = f"ipv4:{first.xds_address},{second.xds_address}"
     client = echo_peers(start_demo, address, xds)
@@ -110,3 +118,35 @@ def test_grpc_client_of_a_killed_replica_moves_to_the_other_and_keeps_serving(
     print(f"replica killed; client synced by the other after {reconnected:.2f}s; calls meanwhile "
           f"{len(during)} ({len(failed)} failed), {len(after)} calls in the 2s after, all ok")
 
+
+
+def test_envoy_of_a_killed_replica_moves_to_the_other_and_keeps_its_config(
+        mesh_dir: Path, tmp_path: Path, processes: list[Process]) -> None:
+    shutil.copy(DATA / "sidecar-mesh.yaml", mesh_dir / "mesh.yaml")
+    replicas = two_replicas(mesh_dir, tmp_path, processes)
+    # xds-grpc lists both replicas, as pilot-agent's points at istiod's Service.
+    with sidecar_envoy(replicas[0].xds_address, "web-1", "shop", "127.0.0.31", service_account="web",
+                       more_xds=(replicas[1].xds_address,)) as envoy:
+        wait_until(lambda: envoy.get("/ready")[0] == 200, 20, "Envoy ready")
+        serving = wait_until(lambda: [r for r in replicas if synced(r, PROXY, TYPES)], 20, "Envoy synced")[0]
+        survivor = next(r for r in replicas if r is not serving)
+        clusters = set(_dynamic(envoy.config_dump(), "clusters"))
+        ready: list[int] = []
+
+        killed = time.monotonic()
+        serving.proc.kill()
+
+        def moved() -> bool:
+            ready.append(envoy.get("/ready")[0])
+            return synced(survivor, PROXY, TYPES)
+
+        wait_until(moved, 30, "Envoy synced by the other replica")
+        reconnected = time.monotonic() - killed
+        assert set(ready) == {200}, ready
+        assert set(_dynamic(envoy.config_dump(), "clusters")) == clusters
+
+        (mesh_dir / "cart.yaml").write_text(CART)  # the survivor serves changes
+        wait_until(lambda: "outbound|9090||cart.shop.svc.cluster.local" in _dynamic(envoy.config_dump(), "clusters"),
+                   15, "a new service to reach Envoy through the survivor")
+        print(f"replica killed; Envoy synced by the other after {reconnected:.2f}s, /ready 200 in all "
+              f"{len(ready)} probes meanwhile, its {len(clusters)} clusters kept; a new service arrived after")
