@@ -9,7 +9,7 @@ from typing import Any
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-ISTIO_NAMESPACE = "istio-system"  # istiod's (POD_NAMESPACE's default): its CA Secret and leader Lease live here
+ISTIO_NAMESPACE = "istio-system"  # istiod's (POD_NAMESPACE's default): its CA Secret and leader-election ConfigMap live here
 
 
 async def ensure_namespace(api: client.ApiClient, name: str, labels: dict[str, str] | None = None) -> None:

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -28,6 +29,7 @@ from e2e.test_rbac import istiod_kubeconfig
 from istiod.ca.pki import cert_pem, load_certs, new_key, uri_sans
 from istiod.ca.selfsigned import self_signed_root
 from istiod.kubeapi import api_client
+from istiod.leader import RECORD
 from tests.peers import Istiod, Process, eventually, free_port, wait_until
 from tests.pki import csr_pem
 from tests.secure_port import CaEndpoint, start_secure
@@ -37,7 +39,7 @@ from tests.test_mtls import SERVICE_PORT, Workload, mtls_call, run_agent
 NS = "e2e-ca"
 WEB = f"spiffe://cluster.local/ns/{NS}/sa/web"
 ISSUER = "https://kubernetes.default.svc.cluster.local"  # the harness's --service-account-issuer
-CONFIGMAP, LEASE = "istio-ca-root-cert", "istio-namespace-controller-election"
+CONFIGMAP, LEASE = "istio-ca-root-cert", "istio-namespace-controller-election"  # LEASE: the lock, a ConfigMap
 # Short leader-election timings, so a takeover is seen within a second or two.
 LEADER_FLAGS = ("--leader-lease-duration", "3s", "--leader-renew-deadline", "2s", "--leader-retry-period", "500ms")
 DENIED = ("request authenticate failure: ClientCertAuthenticator: no client certificate is presented; "
@@ -109,10 +111,10 @@ async def ca_key(kube: client.ApiClient) -> tuple[str, str]:
 
 
 async def forget_the_root(kube: client.ApiClient) -> None:
-    """An empty cluster as far as the CA is concerned: no root Secret, no leader Lease."""
-    core, coordination = client.CoreV1Api(kube), client.CoordinationV1Api(kube)
+    """An empty cluster as far as the CA is concerned: no root Secret, no leader-election lock."""
+    core = client.CoreV1Api(kube)
     for delete in (lambda: core.delete_namespaced_secret("istio-ca-secret", ISTIO_NAMESPACE),
-                   lambda: coordination.delete_namespaced_lease(LEASE, ISTIO_NAMESPACE)):
+                   lambda: core.delete_namespaced_config_map(LEASE, ISTIO_NAMESPACE)):
         try:
             await delete()
         except ApiException as error:
@@ -121,7 +123,13 @@ async def forget_the_root(kube: client.ApiClient) -> None:
 
 
 def leads(istiod: Istiod) -> bool:
-    return f"leads Lease {ISTIO_NAMESPACE}/{LEASE}" in istiod.text()
+    return f"leads ConfigMap {ISTIO_NAMESPACE}/{LEASE}" in istiod.text()
+
+
+async def holder(kube: client.ApiClient) -> dict[str, Any]:
+    """The leader record in istiod's lock, a ConfigMap's annotation as Istio's istiod keeps it."""
+    configmap = await client.CoreV1Api(kube).read_namespaced_config_map(LEASE, ISTIO_NAMESPACE)
+    return json.loads(configmap.metadata.annotations[RECORD])
 
 
 @pytest.fixture
@@ -304,7 +312,7 @@ async def test_restart_keeps_the_root(kube: client.ApiClient, start_istiod_sa: C
 async def test_two_istiods_at_once_agree_on_one_root_and_one_writer(
     kube: client.ApiClient, start_istiod_sa: Callable[..., Istiod], end: str
 ) -> None:
-    """The leader stopped hands the Lease back; killed, it leaves the Lease to lapse: either way the
+    """The leader stopped hands the lock back; killed, it leaves the lock to lapse: either way the
     other takes over, within a lease duration (3 s here) of the last renewal when killed."""
     await ensure_namespace(kube, NS)
     await ensure_account(kube, NS, "web")
@@ -320,23 +328,22 @@ async def test_two_istiods_at_once_agree_on_one_root_and_one_writer(
 
     wait_until(lambda: any(leads(i) for i in both), 10, "a leader")
     leader, follower = both if leads(both[0]) else both[::-1]
-    lease = await client.CoordinationV1Api(kube).read_namespaced_lease(LEASE, ISTIO_NAMESPACE)
-    assert lease.spec.holder_identity == ("istiod-a" if leader is both[0] else "istiod-b")
+    assert (await holder(kube))["holderIdentity"] == ("istiod-a" if leader is both[0] else "istiod-b")
     await rewritten_by(kube, leader, follower, root)
 
     ended = time.monotonic()
     if end == "stopped":
-        leader.stop()  # hands the Lease back: the other takes over at its next try
+        leader.stop()  # hands the lock back: the other takes over at its next try
     else:
         leader.proc.kill()
     wait_until(lambda: leads(follower), 15, "the other istiod to lead")
     took = time.monotonic() - ended
-    lease = await client.CoordinationV1Api(kube).read_namespaced_lease(LEASE, ISTIO_NAMESPACE)
-    assert lease.spec.holder_identity == ("istiod-b" if leader is both[0] else "istiod-a")
+    record = await holder(kube)
+    assert record["holderIdentity"] == ("istiod-b" if leader is both[0] else "istiod-a")
     await rewritten_by(kube, follower, leader, root)
     assert await secret_root(kube) == root
     print(f"leader {end}: the other leads after {took:.2f}s (lease 3s, retry 0.5s), "
-          f"{lease.spec.lease_transitions} transitions, one root")
+          f"{record['leaderTransitions']} transitions, one root")
 
 
 async def test_the_root_rotates_in_its_secret_and_reaches_every_namespace(

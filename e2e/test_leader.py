@@ -1,13 +1,16 @@
-"""Lease leader election against the real API: one leader at a time, a hand-over when the leader
-lets go, a Lease taken by another or left to lapse, and renewals the API refuses."""
+"""Leader election with istiod's ConfigMap lock against the real API: one leader at a time, a
+hand-over when the leader lets go, a lock taken by another or left to lapse, and renewals the API
+refuses."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 from kubernetes_asyncio import client
 
@@ -15,7 +18,7 @@ from e2e.harness import Cluster
 from e2e.kube_objects import ensure_namespace
 from e2e.test_rbac import token_kubeconfig
 from istiod.kubeapi import api_client
-from istiod.leader import LeaderElection, LeaseTimings
+from istiod.leader import RECORD, LeaderElection, LeaseTimings
 from tests.peers import eventually
 
 NS = "e2e-leader"
@@ -67,8 +70,10 @@ async def timed(check: Callable[[], bool], timeout: float, what: str) -> float:
     return time.monotonic() - start
 
 
-async def lease_spec(kube: client.ApiClient, name: str) -> client.V1LeaseSpec:
-    return (await client.CoordinationV1Api(kube).read_namespaced_lease(name, NS)).spec
+async def record(kube: client.ApiClient, name: str) -> dict[str, Any]:
+    """The leader record, as client-go (and istiod) read it from the lock's annotation."""
+    configmap = await client.CoreV1Api(kube).read_namespaced_config_map(name, NS)
+    return json.loads(configmap.metadata.annotations[RECORD])
 
 
 async def test_one_leader_then_a_hand_over(kube: client.ApiClient) -> None:
@@ -79,29 +84,32 @@ async def test_one_leader_then_a_hand_over(kube: client.ApiClient) -> None:
         async with running(b):
             await asyncio.sleep(1.0)  # b tries four times
             assert a.working and not b.working
-            spec = await lease_spec(kube, "hand-over")
-            assert (spec.holder_identity, spec.lease_transitions, spec.lease_duration_seconds) == ("a", 0, 2)
-            await a.stop()  # releases the Lease on the way out
-            assert not a.working and (await lease_spec(kube, "hand-over")).holder_identity == ""
+            held = await record(kube, "hand-over")
+            assert (held["holderIdentity"], held["holderKey"], held["leaderTransitions"],
+                    held["leaseDurationSeconds"]) == ("a", "default", 0, 2)
+            await a.stop()  # releases the lock on the way out
+            assert not a.working and (await record(kube, "hand-over"))["holderIdentity"] == ""
             took = await timed(lambda: b.working, 1.0, "b to take over")
             print(f"hand-over in {took:.2f}s")
-            spec = await lease_spec(kube, "hand-over")
-            assert (spec.holder_identity, spec.lease_transitions) == ("b", 1)
+            held = await record(kube, "hand-over")
+            assert (held["holderIdentity"], held["leaderTransitions"]) == ("b", 1)
 
 
-async def test_a_lease_taken_by_another_ends_leadership_and_lapses_back(kube: client.ApiClient) -> None:
+async def test_a_lock_taken_by_another_ends_leadership_and_lapses_back(kube: client.ApiClient) -> None:
     await ensure_namespace(kube, NS)
     a = Candidate(kube, "stolen", "a")
     async with running(a):
         await eventually(lambda: a.working, 5, "a to lead")
-        lease = await client.CoordinationV1Api(kube).read_namespaced_lease("stolen", NS)
-        lease.spec.holder_identity = "intruder"
-        await client.CoordinationV1Api(kube).replace_namespaced_lease("stolen", NS, lease)
+        core = client.CoreV1Api(kube)
+        configmap = await core.read_namespaced_config_map("stolen", NS)
+        configmap.metadata.annotations[RECORD] = json.dumps({**json.loads(configmap.metadata.annotations[RECORD]),
+                                                             "holderIdentity": "intruder"})
+        await core.replace_namespaced_config_map("stolen", NS, configmap)
         await eventually(lambda: not a.working, TIMINGS.retry_period * 3, "a to stop at its next renewal")
-        # The intruder never renews: a whole lease duration later, a takes the Lease again.
+        # The intruder never renews: a whole lease duration later, a takes the lock again.
         took = await timed(lambda: a.working, TIMINGS.duration + 1.0, "a to lead again")
         assert took >= TIMINGS.duration - TIMINGS.retry_period and a.terms == 2
-        assert (await lease_spec(kube, "stolen")).holder_identity == "a"
+        assert (await record(kube, "stolen"))["holderIdentity"] == "a"
 
 
 async def test_renewals_the_api_refuses_end_leadership_by_the_deadline(
@@ -113,7 +121,7 @@ async def test_renewals_the_api_refuses_end_leadership_by_the_deadline(
     core, rbac = client.CoreV1Api(kube), client.RbacAuthorizationV1Api(kube)
     await core.create_namespaced_service_account(NS, {"metadata": {"name": "elector"}})
     await rbac.create_namespaced_role(NS, {"metadata": {"name": "elector"}, "rules": [
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}]})
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "update"]}]})
     binding = {"metadata": {"name": "elector"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                                             "name": "elector"},
                "subjects": [{"kind": "ServiceAccount", "name": "elector", "namespace": NS}]}
@@ -127,4 +135,4 @@ async def test_renewals_the_api_refuses_end_leadership_by_the_deadline(
             took = await timed(lambda: not a.working, TIMINGS.renew_deadline + TIMINGS.retry_period + 0.5,
                                "a to stop leading")
             print(f"stopped {took:.2f}s after losing its RBAC")
-            assert (await lease_spec(kube, "refused")).holder_identity == "a"  # lost, so nothing to hand back
+            assert (await record(kube, "refused"))["holderIdentity"] == "a"  # lost, so nothing to hand back

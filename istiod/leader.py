@@ -1,12 +1,16 @@
-"""Lease-based leader election (coordination.k8s.io/v1), for istiod's leader-elected writers.
+"""Leader election for istiod's leader-elected writers, with istiod's lock: a ConfigMap named by the
+election whose annotation `control-plane.alpha.kubernetes.io/leader` holds the leader record (its
+ConfigMapLock; istiod uses a coordination.k8s.io Lease only for per-revision elections), so our
+istiod and Istio's, during a migration between them, contend for one lock and never both write.
+The record is client-go's JSON with istiod's `holderKey` (the revision, "default").
 
-As client-go's elector, which istiod uses: a Lease names its holder and when it last renewed. A
-replica takes the Lease when it is absent, free (released) or has not changed for a whole lease
-duration by our own clock (so clocks need not agree); every write carries the resourceVersion it
-read, so of two replicas racing only one wins. The leader renews every retry period and stops its
-work as soon as another holds the Lease, or when it could not renew for the renew deadline, which
+As client-go's elector, which istiod uses: the record names its holder and when it last renewed. A
+replica takes the lock when it is absent, free (released) or its record has not changed for a whole
+lease duration by our own clock (so clocks need not agree); every write carries the resourceVersion
+it read, so of two replicas racing only one wins. The leader renews every retry period and stops its
+work as soon as another holds the lock, or when it could not renew for the renew deadline, which
 is shorter than the lease duration so it stops before anyone else may start. On shutdown the
-leader hands the Lease back (istiod's ReleaseOnCancel), so another replica takes over at once.
+leader hands the lock back (istiod's ReleaseOnCancel), so another replica takes over at once.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import asyncio
 import logging
 import random
 import time
+import json
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -28,6 +33,8 @@ from istiod.sources.kube import API_ERRORS, describe_error
 log = logging.getLogger(__name__)
 REQUEST_TIMEOUT = 10.0
 JITTER = 1.2  # client-go's: followers retry at 1-1.2 retry periods, so they do not move in step
+RECORD = "control-plane.alpha.kubernetes.io/leader"  # client-go's annotation for a ConfigMap lock
+KEY = "default"  # istiod's holderKey: its revision; the default revision never steals from itself
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,18 +52,21 @@ class LeaseTimings:
 
 @dataclass(frozen=True, slots=True)
 class _Seen:
-    """The Lease as last read or written: who holds it, at which resourceVersion, since when (monotonic)."""
+    """The lock as last read or written: its record (raw, as client-go compares it), who holds it, the
+    ConfigMap it is in (for the next write's resourceVersion), and since when (monotonic)."""
 
+    raw: str
     holder: str
-    version: str
     transitions: int
+    acquired: str
+    configmap: client.V1ConfigMap
     at: float
 
 
 class LeaderElection:
     def __init__(self, api: client.ApiClient, namespace: str, name: str, identity: str,
                  timings: LeaseTimings = LeaseTimings()) -> None:
-        self.api = client.CoordinationV1Api(api)
+        self.api = client.CoreV1Api(api)
         self.namespace = namespace
         self.name = name
         self.identity = identity
@@ -65,10 +75,10 @@ class LeaderElection:
 
     @property
     def lease(self) -> str:
-        return f"Lease {self.namespace}/{self.name}"
+        return f"ConfigMap {self.namespace}/{self.name}"
 
     async def run(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        """Forever: wait to lead, then run `work` until leadership ends; cancelled, hand the Lease back."""
+        """Forever: wait to lead, then run `work` until leadership ends; cancelled, hand the lock back."""
         while True:
             if await self._attempt():
                 log.info("leader election: %s leads %s", self.identity, self.lease)
@@ -85,7 +95,7 @@ class LeaderElection:
     async def _lead(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
         worker = asyncio.create_task(work(), name=f"leader-{self.name}")
         renewer = asyncio.create_task(self._keep_renewing(), name=f"renew-{self.name}")
-        release = True  # unless the Lease is already lost
+        release = True  # unless the lock is already lost
         try:
             done, _ = await asyncio.wait({worker, renewer}, return_when=asyncio.FIRST_COMPLETED)
             release = renewer not in done
@@ -100,7 +110,7 @@ class LeaderElection:
                 await self._release()
 
     async def _keep_renewing(self) -> None:
-        """Returns when leadership is lost: another holds the Lease, or no renewal for the renew deadline."""
+        """Returns when leadership is lost: another holds the lock, or no renewal for the renew deadline."""
         renewed = time.monotonic()
         while True:
             await asyncio.sleep(self.timings.retry_period)
@@ -118,40 +128,50 @@ class LeaderElection:
                 log.warning("leader election: cannot renew %s: %s", self.lease, describe_error(error))
 
     async def _acquire_or_renew(self) -> bool:
-        now = datetime.now(timezone.utc)
+        now = _time(datetime.now(timezone.utc))
         try:
-            lease = await self.api.read_namespaced_lease(self.name, self.namespace, _request_timeout=REQUEST_TIMEOUT)
+            configmap = await self.api.read_namespaced_config_map(self.name, self.namespace,
+                                                                  _request_timeout=REQUEST_TIMEOUT)
         except ApiException as error:
             if error.status != 404:
                 raise
-            return await self._write(self._body(now, now, 0, None))
-        spec = lease.spec or client.V1LeaseSpec()
-        holder, version = spec.holder_identity or "", lease.metadata.resource_version
-        if self._seen is None or (self._seen.holder, self._seen.version) != (holder, version):
-            self._seen = _Seen(holder, version, spec.lease_transitions or 0, time.monotonic())
+            return await self._write(None, self._record(now, now, 0))
+        raw = (configmap.metadata.annotations or {}).get(RECORD, "")
+        try:
+            record = json.loads(raw) if raw else {}
+            holder, transitions = str(record.get("holderIdentity") or ""), int(record.get("leaderTransitions") or 0)
+        except (ValueError, TypeError, AttributeError):
+            log.warning("leader election: %s: annotation %s is not a leader record; left alone", self.lease, RECORD)
+            return False
+        if self._seen is None or self._seen.raw != raw:
+            self._seen = _Seen(raw, holder, transitions, str(record.get("acquireTime") or now), configmap,
+                               time.monotonic())
+        else:  # unchanged record, but the ConfigMap's resourceVersion may have moved
+            self._seen = _Seen(raw, holder, transitions, self._seen.acquired, configmap, self._seen.at)
         if holder not in ("", self.identity) and time.monotonic() < self._seen.at + self.timings.duration:
             return False  # another's, and renewed within a lease duration as far as we have seen
         if holder == self.identity:
-            acquired, transitions = spec.acquire_time or now, self._seen.transitions
-        else:
-            acquired, transitions = now, self._seen.transitions + 1
-        return await self._write(self._body(acquired, now, transitions, version))
+            return await self._write(configmap, self._record(self._seen.acquired, now, transitions))
+        return await self._write(configmap, self._record(now, now, transitions + 1))
 
-    async def _write(self, body: dict[str, Any]) -> bool:
-        """Create (no resourceVersion) or update the Lease; False when another replica wrote first."""
+    async def _write(self, configmap: client.V1ConfigMap | None, record: dict[str, Any]) -> bool:
+        """Create the ConfigMap (None) or update the one read; False when another replica wrote first."""
+        raw = json.dumps(record, separators=(",", ":"))
         try:
-            if "resourceVersion" in body["metadata"]:
-                written = await self.api.replace_namespaced_lease(self.name, self.namespace, body,  # type: ignore[arg-type]  # a dict body is sent as is
-                                                                  _request_timeout=REQUEST_TIMEOUT)
+            if configmap is not None:
+                configmap.metadata.annotations = {**(configmap.metadata.annotations or {}), RECORD: raw}
+                written = await self.api.replace_namespaced_config_map(self.name, self.namespace, configmap,
+                                                                       _request_timeout=REQUEST_TIMEOUT)
             else:
-                written = await self.api.create_namespaced_lease(self.namespace, body,  # type: ignore[arg-type]  # as above
-                                                                 _request_timeout=REQUEST_TIMEOUT)
+                body = client.V1ConfigMap(metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace,
+                                                                       annotations={RECORD: raw}))
+                written = await self.api.create_namespaced_config_map(self.namespace, body,
+                                                                      _request_timeout=REQUEST_TIMEOUT)
         except ApiException as error:
             if error.status == 409:
                 return False
             raise
-        spec = body["spec"]
-        self._seen = _Seen(spec["holderIdentity"], written.metadata.resource_version, spec["leaseTransitions"],
+        self._seen = _Seen(raw, record["holderIdentity"], record["leaderTransitions"], record["acquireTime"], written,
                            time.monotonic())
         return True
 
@@ -159,31 +179,27 @@ class LeaderElection:
         seen = self._seen
         if seen is None or seen.holder != self.identity:
             return
-        now = datetime.now(timezone.utc)
-        body = self._body(now, now, seen.transitions, seen.version)
-        body["spec"].update(holderIdentity="", leaseDurationSeconds=1)
+        now = _time(datetime.now(timezone.utc))
+        record = self._record(now, now, seen.transitions)  # as client-go's release: no holder, a 1 s lease
+        record.update(holderIdentity="", holderKey="", leaseDurationSeconds=1)
         try:
-            await asyncio.wait_for(self._write(body), 2.0)
+            await asyncio.wait_for(self._write(seen.configmap, record), 2.0)
             log.info("leader election: %s released %s", self.identity, self.lease)
         except API_ERRORS as error:
             log.warning("leader election: could not release %s: %s", self.lease, describe_error(error))
 
-    def _body(self, acquired: datetime, renewed: datetime, transitions: int, version: str | None) -> dict[str, Any]:
-        metadata: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
-        if version is not None:
-            metadata["resourceVersion"] = version
+    def _record(self, acquired: str, renewed: str, transitions: int) -> dict[str, Any]:
+        """client-go's LeaderElectionRecord as istiod's fork writes it."""
         return {
-            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata,
-            "spec": {
-                "holderIdentity": self.identity,
-                "leaseDurationSeconds": max(1, round(self.timings.duration)),
-                "acquireTime": _micro_time(acquired),
-                "renewTime": _micro_time(renewed),
-                "leaseTransitions": transitions,
-            },
+            "holderIdentity": self.identity,
+            "holderKey": KEY,
+            "leaseDurationSeconds": max(1, round(self.timings.duration)),
+            "acquireTime": acquired,
+            "renewTime": renewed,
+            "leaderTransitions": transitions,
         }
 
 
-def _micro_time(moment: datetime) -> str:
-    """Kubernetes MicroTime: RFC 3339 with exactly six fractional digits (isoformat drops them at .000000)."""
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+def _time(moment: datetime) -> str:
+    """metav1.Time as JSON: RFC 3339 in whole seconds, UTC."""
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -55,8 +55,8 @@ class Settings:
     in_cluster: bool = False
     discovery_selectors: tuple[str, ...] = ()
     watch_timeout: int = 300
-    namespace: str = "istio-system"  # istiod's own (POD_NAMESPACE): its Secret, Lease and serving DNS names
-    pod_name: str = ""  # who holds a leader Lease
+    namespace: str = "istio-system"  # istiod's own (POD_NAMESPACE): its Secret, leader lock and serving DNS names
+    pod_name: str = ""  # who holds a leader lock
     leader: LeaseTimings = LeaseTimings()
     secure_grpc_addr: Address = Address("", 15012)
     mesh: MeshConfig = MeshConfig()
@@ -139,7 +139,7 @@ def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
                              "through (ALLOW_ANY, the default) or drop it (REGISTRY_ONLY)")
     timings = LeaseTimings()
     parser.add_argument("--leader-lease-duration", type=_seconds, default=timings.duration,
-                        help="a leader's Lease lapses after this long without renewal (default 30s)")
+                        help="a leader's lock lapses after this long without renewal (default 30s)")
     parser.add_argument("--leader-renew-deadline", type=_seconds, default=timings.renew_deadline,
                         help="a leader that could not renew for this long stops leading (default 15s)")
     parser.add_argument("--leader-retry-period", type=_seconds, default=timings.retry_period,

@@ -26,7 +26,7 @@ from istiod.sources.store import Change, EventType, Store
 
 log = logging.getLogger(__name__)
 CONFIGMAP = "istio-ca-root-cert"
-ELECTION = "istio-namespace-controller-election"  # the Lease its leader holds, named as istiod names it
+ELECTION = "istio-namespace-controller-election"  # the ConfigMap lock its leader holds, named as istiod names it
 LABELS = {"istio.io/config": "true"}
 IGNORED_NAMESPACES = frozenset({"kube-public", "kube-node-lease", "local-path-storage"})  # kube-system is kept, as istiod does
 REQUEST_TIMEOUT = 10.0
