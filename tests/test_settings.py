@@ -123,7 +123,8 @@ def test_pilot_discovery_spellings_are_aliases(tmp_path: Path) -> None:
     mesh.write_text("{}\n")
     result = settings("--configDir", str(tmp_path), "--grpcAddr", "127.0.0.1:1", "--httpAddr", ":2",
                       "--monitoringAddr", "127.0.0.2:3", "--meshConfig", str(mesh), "--domain", "example.org",
-                      "--keepaliveMaxServerConnectionAge", "5m")
+                      "--keepaliveMaxServerConnectionAge", "5m", "--shutdownDuration", "20s")
+    assert result.shutdown_duration == 20 and settings("--config-dir", str(tmp_path)).shutdown_duration == 10
     assert (result.config_dir, str(result.grpc_addr), str(result.http_addr), str(result.monitoring_addr)) == (
         tmp_path, "127.0.0.1:1", ":2", "127.0.0.2:3")
     assert (result.mesh_config, result.domain, result.keepalive.max_connection_age) == (mesh, "example.org", 300)
