@@ -108,13 +108,17 @@ class SecurePort:
     def _write_root_file(self, bundle: CaBundle) -> None:
         write_atomic(self.settings.ca.state_dir / ROOT_CERT_FILE, bundle.roots_pem.encode())
 
-    async def stop(self) -> None:
+    async def stop(self, grace: float = 1.0) -> None:
+        """As 15010 drains: no new connections, a GOAWAY through the front to every open one, their
+        streams closed after `grace`, then the front's connections."""
         for task in (self._watch, self._renewal, self._rotation):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         if self._front is not None:
-            await self._front.stop()
+            self._front.stop_accepting()
         if self._inner is not None:
-            await self._inner.stop(grace=1.0)
+            await self._inner.stop(grace=grace)
+        if self._front is not None:
+            await self._front.stop()

@@ -232,10 +232,10 @@ class Discovery:
         self.supervisor.stopping = True
         self.ads.ready = False
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-        if self._grpc is not None:
-            # GOAWAY to every connection and new streams refused now; open streams closed after the grace.
-            await self._grpc.stop(grace=self.settings.shutdown_duration)
-        await self.secure.stop()
+        # Both xDS ports at once: GOAWAY to every connection and new streams refused now; open
+        # streams closed after the grace.
+        grace = self.settings.shutdown_duration
+        await asyncio.gather(self.secure.stop(grace), *([self._grpc.stop(grace=grace)] if self._grpc else []))
         for server in self._http:
             server.should_exit = True
         for task in self._tasks:

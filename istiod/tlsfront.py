@@ -52,9 +52,12 @@ class TlsFront:
         self._server = await asyncio.get_running_loop().create_server(lambda: _Accepted(self), self.host, self.port)
         return self._server.sockets[0].getsockname()[1]
 
-    async def stop(self) -> None:
+    def stop_accepting(self) -> None:
         if self._server is not None:
             self._server.close()
+
+    async def stop(self) -> None:
+        self.stop_accepting()
         for transport in list(self._transports):
             transport.abort()
         for task in list(self._tasks):
