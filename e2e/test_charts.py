@@ -20,10 +20,15 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from e2e.harness import ApiServer, Cluster
 from e2e.kube_objects import ISTIO_NAMESPACE, ensure_namespace
-from e2e.test_ca import LEADER_FLAGS, LEASE, forget_the_root, leads, published_root, secret_root
+from e2e.test_ca import (LEADER_FLAGS, LEASE, ensure_account, forget_the_root, leads, published_root, secret_root,
+                         token_for)
 from e2e.test_rbac import token_kubeconfig
+from istiod.ca.pki import load_certs, new_key, uri_sans
 from istiod.webhooks.cabundle import INJECTOR, validator_name
 from tests.peers import ROOT, Istiod, Process, eventually
+from tests.pki import csr_pem
+from tests.secure_port import CaEndpoint
+from tests.test_ca_service import create
 from tests.test_charts import CHARTS, HELM, render
 from tests.test_operator import generate
 
@@ -193,6 +198,10 @@ async def test_istiod_runs_with_only_the_charts_rbac(
             return all(hook.client_config.ca_bundle == bundle for config in configs for hook in config.webhooks)
 
         await eventually(patched, 10, "istiod to set both webhook configurations' caBundle")
+        await ensure_account(kube, LIVE, "web")  # the CA reviews a workload's token
+        chain = (await create(CaEndpoint(istiod.secure_address, root.encode()), csr_pem(new_key()),
+                              token=await token_for(kube, LIVE, "web"))).cert_chain
+        assert uri_sans(load_certs(chain[0].encode(), "leaf")[0]) == [f"spiffe://cluster.local/ns/{LIVE}/sa/web"]
         lease = await client.CoordinationV1Api(kube).read_namespaced_lease(LEASE, ISTIO_NAMESPACE)
         assert lease.spec.holder_identity == "istiod-chart"
         assert leads(istiod)
