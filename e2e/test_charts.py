@@ -4,12 +4,14 @@ stored and the session's other tests see no change."""
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
 import urllib.error
 import urllib.parse
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -18,12 +20,22 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from e2e.harness import ApiServer, Cluster
 from e2e.kube_objects import ISTIO_NAMESPACE, ensure_namespace
-from tests.peers import ROOT, eventually
+from e2e.test_ca import (LEADER_FLAGS, ensure_account, forget_the_root, holder, leads, published_root, secret_root,
+                         token_for)
+from e2e.test_rbac import token_kubeconfig
+from istiod.ca.pki import load_certs, new_key, uri_sans
+from istiod.webhooks.cabundle import INJECTOR, validator_name
+from tests.peers import ROOT, Istiod, Process, eventually
+from tests.pki import csr_pem
+from tests.secure_port import CaEndpoint
+from tests.test_ca_service import create
 from tests.test_charts import CHARTS, HELM, render
 from tests.test_operator import generate
 
-QUERY = urllib.parse.urlencode({"dryRun": "All", "fieldManager": "istiod-charts-test", "force": "true",
-                                "fieldValidation": "Strict"})
+LIVE = "e2e-chart-live"  # a namespace that gets istiod's root ConfigMap
+VALIDATOR = validator_name(ISTIO_NAMESPACE)
+KINDS = {VALIDATOR: "ValidatingWebhookConfiguration", INJECTOR: "MutatingWebhookConfiguration"}
+QUERY = {"fieldManager": "istiod-charts-test", "force": "true", "fieldValidation": "Strict"}
 
 
 def request(server: ApiServer, method: str, path: str, body: Any = None) -> Any:
@@ -36,24 +48,34 @@ def request(server: ApiServer, method: str, path: str, body: Any = None) -> Any:
         return json.load(reply)
 
 
-def dry_run_apply(server: ApiServer, objects: list[dict[str, Any]]) -> list[str]:
-    """Each object server-side applied with dryRun=All; the refusals, as the API server words them."""
-    resources: dict[str, dict[str, tuple[str, bool]]] = {}  # apiVersion -> kind -> (plural, namespaced)
+def object_path(server: ApiServer, obj: dict[str, Any]) -> str:
+    version = obj["apiVersion"]
+    prefix = f"/api/{version}" if "/" not in version else f"/apis/{version}"
+    [(plural, namespaced)] = [(r["name"], r["namespaced"]) for r in request(server, "GET", prefix)["resources"]
+                              if r["kind"] == obj["kind"] and "/" not in r["name"]]
+    meta = obj["metadata"]
+    scope = f"/namespaces/{meta['namespace']}" if namespaced else ""
+    return f"{prefix}{scope}/{plural}/{meta['name']}"
+
+
+def dry_run_apply(server: ApiServer, objects: list[dict[str, Any]], dry_run: bool = True) -> list[str]:
+    """Each object server-side applied (with dryRun=All unless told); the refusals, as the API server words them."""
+    query = urllib.parse.urlencode({**QUERY, "dryRun": "All"} if dry_run else QUERY)
     refusals = []
     for obj in objects:
-        version = obj["apiVersion"]
-        prefix = f"/api/{version}" if "/" not in version else f"/apis/{version}"
-        if version not in resources:
-            listed = request(server, "GET", prefix)["resources"]
-            resources[version] = {r["kind"]: (r["name"], r["namespaced"]) for r in listed if "/" not in r["name"]}
-        plural, namespaced = resources[version][obj["kind"]]
-        meta = obj["metadata"]
-        scope = f"/namespaces/{meta['namespace']}" if namespaced else ""
         try:
-            request(server, "PATCH", f"{prefix}{scope}/{plural}/{meta['name']}?{QUERY}", obj)
+            request(server, "PATCH", f"{object_path(server, obj)}?{query}", obj)
         except urllib.error.HTTPError as error:
-            refusals.append(f"{obj['kind']}/{meta['name']}: {error.code} {error.read().decode()}")
+            refusals.append(f"{obj['kind']}/{obj['metadata']['name']}: {error.code} {error.read().decode()}")
     return refusals
+
+
+def delete(server: ApiServer, objects: list[dict[str, Any]]) -> None:
+    for obj in objects:
+        try:
+            request(server, "DELETE", object_path(server, obj))
+        except urllib.error.HTTPError as error:
+            assert error.code == 404
 
 
 async def test_charts_apply_server_side(cluster: Cluster, kube: client.ApiClient) -> None:
@@ -128,16 +150,7 @@ async def test_install_applies_and_waits_for_the_rollout(cluster: Cluster, kube:
         installing.communicate()
         objects = [o for o in yaml.safe_load_all(generate("--set", "components.base.enabled=false", "--set",
                                                           f"namespace={namespace}").stdout) if o]
-        for obj in objects:  # the cluster-scoped ones too (the webhook would refuse Istio objects)
-            meta = obj["metadata"]
-            version = obj["apiVersion"]
-            prefix = f"/api/{version}" if "/" not in version else f"/apis/{version}"
-            plural = {r["kind"]: r["name"] for r in request(cluster.apiserver, "GET", prefix)["resources"]}[obj["kind"]]
-            scope = f"/namespaces/{meta['namespace']}" if "namespace" in meta else ""
-            try:
-                request(cluster.apiserver, "DELETE", f"{prefix}{scope}/{plural}/{meta['name']}")
-            except urllib.error.HTTPError as error:
-                assert error.code == 404
+        delete(cluster.apiserver, objects)  # the cluster-scoped ones too (the webhook would refuse Istio objects)
 
 
 async def _read(reading: Any) -> Any:
@@ -147,3 +160,52 @@ async def _read(reading: Any) -> Any:
         if error.status == 404:
             return None
         raise
+
+
+async def test_istiod_runs_with_only_the_charts_rbac(
+    cluster: Cluster, kube: client.ApiClient, tmp_path: Path, processes: list[Process]
+) -> None:
+    """Both charts applied for real in istio-system; istiod as the chart's ServiceAccount (a TokenRequest
+    token, nothing else granted): it syncs, creates the root Secret, writes root ConfigMaps, fills both
+    webhooks' caBundle and takes the leader-election lock, and is never refused."""
+    core, admission = client.CoreV1Api(kube), client.AdmissionregistrationV1Api(kube)
+    objects = render(CHARTS / "base") + render(CHARTS / "istiod")
+    # The RBAC and CRDs stay (the same as deploy/rbac and crds/, which other tests use); the rest goes.
+    removed = [o for o in objects if o["kind"] not in {"CustomResourceDefinition", "ServiceAccount", "ClusterRole",
+                                                        "ClusterRoleBinding", "Role", "RoleBinding"}]
+    await ensure_namespace(kube, LIVE)
+    await forget_the_root(kube)  # so that istiod creates the Secret and takes the lock
+    try:
+        assert dry_run_apply(cluster.apiserver, objects, dry_run=False) == []
+        for name in (VALIDATOR, INJECTOR):  # the charts' caBundle "" is not stored: a JSON patch must not need it
+            assert "caBundle" not in request(cluster.apiserver, "GET", object_path(
+                cluster.apiserver, {"apiVersion": "admissionregistration.k8s.io/v1", "kind": KINDS[name],
+                                    "metadata": {"name": name}}))["webhooks"][0]["clientConfig"]
+        token = (await core.create_namespaced_service_account_token(
+            "istiod", ISTIO_NAMESPACE, {"spec": {"expirationSeconds": 3600}})).status.token
+        kubeconfig = token_kubeconfig(cluster, token, tmp_path / "istiod.kubeconfig")
+        istiod = Istiod(tmp_path, "--kubeconfig", str(kubeconfig), *LEADER_FLAGS, ready_timeout=60,
+                        env={"POD_NAME": "istiod-chart"})
+        processes.append(istiod)  # ready: every informer has synced
+
+        root = await published_root(kube, LIVE)
+        assert root == await secret_root(kube)
+        bundle = base64.b64encode(root.encode()).decode()
+
+        async def patched() -> bool:
+            configs = (await admission.read_validating_webhook_configuration(VALIDATOR),
+                       await admission.read_mutating_webhook_configuration(INJECTOR))
+            return all(hook.client_config.ca_bundle == bundle for config in configs for hook in config.webhooks)
+
+        await eventually(patched, 10, "istiod to set both webhook configurations' caBundle")
+        await ensure_account(kube, LIVE, "web")  # the CA reviews a workload's token
+        chain = (await create(CaEndpoint(istiod.secure_address, root.encode()), csr_pem(new_key()),
+                              token=await token_for(kube, LIVE, "web"))).cert_chain
+        assert uri_sans(load_certs(chain[0].encode(), "leaf")[0]) == [f"spiffe://cluster.local/ns/{LIVE}/sa/web"]
+        assert (await holder(kube))["holderIdentity"] == "istiod-chart"
+        assert leads(istiod)
+        log = istiod.text()
+        assert "Forbidden" not in log and token not in log
+        print("istiod as the chart's ServiceAccount:", *[line for line in log.splitlines() if "caBundle" in line], sep="\n")
+    finally:
+        delete(cluster.apiserver, removed)  # the webhooks would refuse other tests' Istio objects and pods

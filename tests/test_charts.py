@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -14,11 +15,13 @@ import yaml
 
 from istiod.model.mesh import MeshConfig
 from istiod.sources.meshconfig import parse_mesh_config
+from istiod.webhooks.injection import parse_injector
 from tests.peers import ROOT
 
 HELM = Path(os.environ.get("HELM", ROOT / ".cache" / "helm-bin" / "helm"))
 CHARTS = ROOT / "deploy" / "charts"
 RBAC = ROOT / "deploy" / "rbac" / "istiod.yaml"
+INJECTION = ROOT / "deploy" / "webhooks" / "injection.yaml"
 
 
 def helm(*args: str) -> subprocess.CompletedProcess[str]:
@@ -53,7 +56,8 @@ def test_istiod_defaults() -> None:
     objects = by_kind(render(CHARTS / "istiod"))
     assert sorted(objects) == [
         ("ClusterRoleBinding", "istiod-ca"), ("ClusterRoleBinding", "istiod-discovery"),
-        ("ConfigMap", "istio"), ("Deployment", "istiod"), ("HorizontalPodAutoscaler", "istiod"),
+        ("ConfigMap", "istio"), ("ConfigMap", "istio-sidecar-injector"), ("Deployment", "istiod"),
+        ("HorizontalPodAutoscaler", "istiod"), ("MutatingWebhookConfiguration", "istio-sidecar-injector"),
         ("PodDisruptionBudget", "istiod"), ("Role", "istiod-ca"), ("RoleBinding", "istiod-ca"),
         ("Service", "istiod"), ("ServiceAccount", "istiod"),
         ("ValidatingWebhookConfiguration", "istio-validator-istio-system"),
@@ -121,6 +125,24 @@ def test_other_namespace() -> None:
     assert named["ClusterRoleBinding", "istiod-ca"]["subjects"] == [{"kind": "ServiceAccount", "name": "istiod", "namespace": "mesh-a"}]
     [webhook] = named["ValidatingWebhookConfiguration", "istio-validator-mesh-a"]["webhooks"]
     assert webhook["clientConfig"]["service"]["namespace"] == "mesh-a"
+    injector = named["ConfigMap", "istio-sidecar-injector"]
+    assert json.loads(injector["data"]["values"])["global"]["istioNamespace"] == "mesh-a"
+    assert {h["clientConfig"]["service"]["namespace"] for h in named["MutatingWebhookConfiguration", "istio-sidecar-injector"]["webhooks"]} == {"mesh-a"}
+
+
+def test_injector_is_deploy_webhooks() -> None:
+    """The sidecar injector's ConfigMap and webhooks are deploy/webhooks/injection.yaml's (what the e2e
+    tests prove), with the chart's labels and proxy image; istiod reads the ConfigMap as it is rendered."""
+    named = by_kind(render(CHARTS / "istiod", "--set", "proxyImage=registry.example/proxy:1.2.3"))
+    expected = by_kind([o for o in yaml.safe_load_all(INJECTION.read_text()) if o])
+    webhooks = named["MutatingWebhookConfiguration", "istio-sidecar-injector"]
+    assert webhooks["webhooks"] == expected["MutatingWebhookConfiguration", "istio-sidecar-injector"]["webhooks"]
+    assert webhooks["metadata"]["labels"]["app"] == "sidecar-injector"  # Istio's label, kept
+    assert webhooks["metadata"]["labels"]["app.kubernetes.io/part-of"] == "istio"
+    configmap = named["ConfigMap", "istio-sidecar-injector"]
+    assert configmap["data"]["config"] == expected["ConfigMap", "istio-sidecar-injector"]["data"]["config"]
+    injector = parse_injector(configmap["data"]["config"], configmap["data"]["values"], "rendered")
+    assert injector.variables()["proxy_image"] == "registry.example/proxy:1.2.3"
 
 
 def test_istiod_values(tmp_path: Path) -> None:
