@@ -17,7 +17,7 @@ from tests.ads_client import AdsClient
 from tests.conftest import CLIENT_PROXY, DATA, ECHO_HOST, ECHO_PORT, render, synced
 from tests.envoy_peer import sidecar_envoy
 from tests.peers import Istiod, Process, eventually, free_port, wait_until
-from tests.test_envoy_sidecar import CART, PROXY, TYPES, _dynamic
+from tests.test_envoy_sidecar import CART, PROXY, TYPES, _dynamic, captured_pod
 
 CLUSTER = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 SHUTDOWN = 3.0  # --shutdown-duration in these tests
@@ -122,6 +122,8 @@ def test_grpc_client_of_a_killed_replica_moves_to_the_other_and_keeps_serving(
 
 def test_envoy_of_a_killed_replica_moves_to_the_other_and_keeps_its_config(
         mesh_dir: Path, tmp_path: Path, processes: list[Process]) -> None:
+    if shutil.which("iptables") is None:
+        pytest.skip("needs iptables (Debian's package) for the capture rules")
     shutil.copy(DATA / "sidecar-mesh.yaml", mesh_dir / "mesh.yaml")
     replicas = two_replicas(mesh_dir, tmp_path, processes)
     # xds-grpc lists both replicas, as pilot-agent's points at istiod's Service.
@@ -132,18 +134,27 @@ def test_envoy_of_a_killed_replica_moves_to_the_other_and_keeps_its_config(
         survivor = next(r for r in replicas if r is not serving)
         clusters = set(_dynamic(envoy.config_dump(), "clusters"))
         ready: list[int] = []
+        with captured_pod(serving, envoy) as run:
+            def call() -> bool:  # web-1 to its own Service's VIP, out and back in through Envoy
+                return run("curl", "-s", "--max-time", "5", "http://10.96.0.10/").stdout.startswith("{")
 
-        killed = time.monotonic()
-        serving.proc.kill()
+            wait_until(call, 10, "traffic through the sidecar")
+            calls: list[bool] = []
+            killed = time.monotonic()
+            serving.proc.kill()
 
-        def moved() -> bool:
-            ready.append(envoy.get("/ready")[0])
-            return synced(survivor, PROXY, TYPES)
+            def moved() -> bool:
+                ready.append(envoy.get("/ready")[0])
+                calls.append(call())
+                return synced(survivor, PROXY, TYPES)
 
-        wait_until(moved, 30, "Envoy synced by the other replica")
-        reconnected = time.monotonic() - killed
+            wait_until(moved, 30, "Envoy synced by the other replica")
+            reconnected = time.monotonic() - killed
+            after = [call() for _ in range(10)]
         assert set(ready) == {200}, ready
+        assert all(after), after  # no request fails once the other replica serves
         assert set(_dynamic(envoy.config_dump(), "clusters")) == clusters
+        print(f"calls through Envoy while it moved: {calls.count(True)} of {len(calls)} ok; after: {sum(after)} of 10 ok")
 
         (mesh_dir / "cart.yaml").write_text(CART)  # the survivor serves changes
         wait_until(lambda: "outbound|9090||cart.shop.svc.cluster.local" in _dynamic(envoy.config_dump(), "clusters"),
