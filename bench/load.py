@@ -209,7 +209,7 @@ def run(args: argparse.Namespace, root: Path, workdir: Path) -> dict[str, Any]:
         write(root, -1, 1, EVERYONE_MARK)
         everyone_seen = wait_for("all-seen", args.workers, args.storm_timeout, EVERYONE_MARK)
         stop_flag.set()
-        summaries = []
+        summaries: list[dict[str, Any]] = []
         while len(summaries) < args.workers:
             kind, value = control.get(timeout=60)
             events.append((kind, value))
