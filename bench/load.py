@@ -257,6 +257,7 @@ def run(args: argparse.Namespace, root: Path, workdir: Path) -> dict[str, Any]:
                        "server_cpu_s": churn_cpu, "bytes_per_change": churn_bytes / max(1, len(writes))}
     everyone = [c["seen"][EVERYONE_MARK] - written for c in clients if EVERYONE_MARK in c["seen"]]
     result["everyone"] = {"all_seen": everyone_seen, "latency": percentiles(everyone), "never_seen": len(clients) - len(everyone)}
+    result["generator_cpu_s"] = sum(summary["cpu_s"] for summary in summaries)
     result["raw"] = {"configured": configured, "churn": latencies, "everyone": everyone}
     return result
 
@@ -278,6 +279,7 @@ def table(result: dict[str, Any]) -> str:
         rows.append(f"| {name} | {ms(stats['p50'])} | {ms(stats['p90'])} | {ms(stats['p99'])} | {ms(stats['max'])} | {extra} |")
     memory = result.get("memory_final") or {}
     rows.append(f"| steady state | | | | | server {num(result['steady']['server_cores'], '{:.3f}')} cores |")
+    rows.append(f"| load generator | | | | | {num(result['generator_cpu_s'])} s CPU in all |")
     rows.append(f"| memory | | | | | peak RSS {num(memory.get('peak_rss_mb'), '{:.0f}')} MB, "
                 f"final {num(memory.get('rss_mb'), '{:.0f}')} MB |")
     return "\n".join(rows)

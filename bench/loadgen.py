@@ -95,6 +95,19 @@ class Client:
     streams_failed: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # status -> count
     sent_node: bool = False
 
+    def enqueue(self, queue: asyncio.Queue[Any], request: Any) -> None:
+        """Send a request; only the first of a stream carries the node."""
+        if not self.sent_node:
+            request.node.CopyFrom(self.node)
+            self.sent_node = True
+        queue.put_nowait(request)
+
+
+async def drain(queue: asyncio.Queue[Any]) -> Any:
+    """A stream's requests, as they are sent, until None: ended so, grpc's reader task ends with it."""
+    while (request := await queue.get()) is not None:
+        yield request
+
 
 class Worker:
     def __init__(self, xds_addr: str, specs: list[ClientSpec]) -> None:
@@ -116,13 +129,16 @@ class Worker:
     async def run_client(self, client: Client, stop: asyncio.Event) -> None:
         delay = 0.1
         while not stop.is_set():
+            queue: asyncio.Queue[Any] = asyncio.Queue()
             try:
                 if client.spec.kind == "delta":
-                    await self._delta_stream(client)
+                    await self._delta_stream(client, queue)
                 else:
-                    await self._sotw_stream(client)
+                    await self._sotw_stream(client, queue)
             except grpc.aio.AioRpcError as e:
                 client.streams_failed[e.code().name] += 1
+            finally:
+                queue.put_nowait(None)
             client.names.clear()
             client.versions.clear()
             client.sent_node = False
@@ -131,25 +147,16 @@ class Worker:
 
     # --- state of the world ---------------------------------------------------------------------
 
-    async def _sotw_stream(self, client: Client) -> None:
-        queue: asyncio.Queue[discovery_pb2.DiscoveryRequest] = asyncio.Queue()
-
-        async def requests() -> Any:
-            while True:
-                yield await queue.get()
-
+    async def _sotw_stream(self, client: Client, queue: asyncio.Queue[Any]) -> None:
         def send(type_url: str, names: set[str]) -> None:
             client.names[type_url] = names
             version, nonce = client.versions.get(type_url, ("", ""))
             request = discovery_pb2.DiscoveryRequest(type_url=type_url, resource_names=sorted(names),
                                                      version_info=version, response_nonce=nonce)
-            if not client.sent_node:
-                request.node.CopyFrom(client.node)
-                client.sent_node = True
-            queue.put_nowait(request)
+            client.enqueue(queue, request)
 
         async with grpc.aio.insecure_channel(self.xds_addr, options=CHANNEL_OPTIONS) as channel:
-            call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel).StreamAggregatedResources(requests())
+            call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel).StreamAggregatedResources(drain(queue))
             if client.spec.kind == "proxyless":
                 send(LDS, set(client.spec.listeners))
             else:
@@ -173,24 +180,15 @@ class Worker:
 
     # --- delta ----------------------------------------------------------------------------------
 
-    async def _delta_stream(self, client: Client) -> None:
-        queue: asyncio.Queue[discovery_pb2.DeltaDiscoveryRequest] = asyncio.Queue()
-
-        async def requests() -> Any:
-            while True:
-                yield await queue.get()
-
+    async def _delta_stream(self, client: Client, queue: asyncio.Queue[Any]) -> None:
         def send(type_url: str, subscribe: set[str] = set(), unsubscribe: set[str] = set(), nonce: str = "") -> None:
             request = discovery_pb2.DeltaDiscoveryRequest(
                 type_url=type_url, resource_names_subscribe=sorted(subscribe),
                 resource_names_unsubscribe=sorted(unsubscribe), response_nonce=nonce)
-            if not client.sent_node:
-                request.node.CopyFrom(client.node)
-                client.sent_node = True
-            queue.put_nowait(request)
+            client.enqueue(queue, request)
 
         async with grpc.aio.insecure_channel(self.xds_addr, options=CHANNEL_OPTIONS) as channel:
-            call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel).DeltaAggregatedResources(requests())
+            call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel).DeltaAggregatedResources(drain(queue))
             client.names[CDS] = client.names[LDS] = set()
             send(CDS)
             send(LDS)
@@ -244,6 +242,7 @@ class Worker:
                          "seen": c.seen, "streams_failed": dict(c.streams_failed)} for c in self.clients],
             "bytes_by_second": dict(self.bytes_by_second),
             "responses": self.responses,
+            "cpu_s": time.process_time(),  # the generator's own CPU: is it the bottleneck?
         }
 
 
