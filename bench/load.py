@@ -233,6 +233,7 @@ def run(args: argparse.Namespace, root: Path, workdir: Path) -> dict[str, Any]:
         for code, n in c["streams_failed"].items():
             failed[code] = failed.get(code, 0) + n
     result["streams_failed"] = failed
+    result["stream_failure_details"] = {k: v for summary in summaries for k, v in summary["failure_details"].items()}
 
     # A change counts as held once the client holds it or a later change of the same service.
     latencies, never = [], 0
@@ -341,6 +342,8 @@ def main() -> None:
     stem = args.results / time.strftime("load-%Y%m%dT%H%M%S")
     stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
     print(table(result))
+    for code, details in result["stream_failure_details"].items():
+        print(f"a stream failed {code}: {details}")
     png = stem.with_suffix(".png")
     print(f"results: {stem.with_suffix('.json')}" + (f", {png}" if plot(result, png) else " (no plot: pip install '.[bench]')"))
 

@@ -115,6 +115,7 @@ class Worker:
         self.clients = [Client(spec, self._node(spec)) for spec in specs]
         self.bytes_by_second: dict[int, int] = defaultdict(int)
         self.responses = 0
+        self.failure_details: dict[str, str] = {}  # status -> the first failed stream's message
 
     @staticmethod
     def _node(spec: ClientSpec) -> base_pb2.Node:
@@ -137,6 +138,7 @@ class Worker:
                     await self._sotw_stream(client, queue)
             except grpc.aio.AioRpcError as e:
                 client.streams_failed[e.code().name] += 1
+                self.failure_details.setdefault(e.code().name, str(e.details()))
             finally:
                 queue.put_nowait(None)
             client.names.clear()
@@ -242,6 +244,7 @@ class Worker:
                          "seen": c.seen, "streams_failed": dict(c.streams_failed)} for c in self.clients],
             "bytes_by_second": dict(self.bytes_by_second),
             "responses": self.responses,
+            "failure_details": self.failure_details,
             "cpu_s": time.process_time(),  # the generator's own CPU: is it the bottleneck?
         }
 
