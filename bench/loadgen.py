@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -18,7 +19,6 @@ from typing import Any
 import grpc
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import base_pb2
-from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
@@ -30,20 +30,64 @@ RDS = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
 CDS = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 EDS = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 MESSAGES: dict[str, Any] = {LDS: listener_pb2.Listener, RDS: route_pb2.RouteConfiguration,
-                            CDS: cluster_pb2.Cluster, EDS: endpoint_pb2.ClusterLoadAssignment}
-MARK_PREFIX = "100."  # addresses the benchmark writes on a change: 100.<64+id>>16>.<id>>8>.<id&255>
+                            CDS: cluster_pb2.Cluster}
 # One HTTP/2 connection per client, as separate proxies have: grpc shares subchannels between
 # channels of one process unless told not to.
 CHANNEL_OPTIONS = [("grpc.use_local_subchannel_pool", 1)]
 
 
 def mark_address(change: int) -> str:
+    """The address the benchmark writes for change `change`, found again in what clients hold."""
     return f"100.{64 + (change >> 16)}.{(change >> 8) & 255}.{change & 255}"
 
 
 def mark_of(address: str) -> int:
     _, a, b, c = address.split(".")
     return ((int(a) - 64) << 16) | (int(b) << 8) | int(c)
+
+
+FOLLOWS = {LDS: RDS, RDS: CDS, CDS: EDS}  # Envoy-like clients ask CDS for all (wildcard), not by route
+# A SocketAddress's address (field 2, a string) holding a marked address, in the serialized bytes:
+# finding marks without parsing every ClusterLoadAssignment keeps the generator off the critical path.
+MARKED = re.compile(rb"\x12([\x0a-\x0f])(100\.[0-9.]{5,11})")
+
+
+def leading_name(value: bytes) -> str:
+    """Field 1 of a serialized resource: the name of a Listener, RouteConfiguration, Cluster and
+    ClusterLoadAssignment alike (protobuf writes fields in number order)."""
+    assert value[:1] == b"\x0a", "a resource without its name first"
+    length, shift, pos = 0, 0, 1
+    while True:
+        byte = value[pos]
+        length |= (byte & 0x7F) << shift
+        pos, shift = pos + 1, shift + 7
+        if byte < 0x80:
+            return value[pos:pos + length].decode()
+
+
+def derive(type_url: str, value: bytes) -> set[Any]:
+    """What follows from one resource: route names, cluster names, EDS names, or marks held."""
+    if type_url == EDS:
+        return {mark_of(m[2].decode()) for m in MARKED.finditer(value) if len(m[2]) == m[1][0]}
+    message = MESSAGES[type_url]()
+    message.ParseFromString(value)
+    if type_url == LDS:
+        return route_names(message)
+    if type_url == RDS:
+        return route_clusters(message)
+    return {name} if (name := eds_name(message)) else set()
+
+
+def hold(client: "Client", type_url: str, value: bytes, previous: tuple[bytes, set[Any]] | None,
+         now: float) -> tuple[bytes, set[Any]]:
+    """A resource the client now holds, derived once per content; marks held are recorded as seen."""
+    if previous is not None and previous[0] == value:
+        return previous
+    derived = derive(type_url, value)
+    if type_url == EDS:
+        for mark in derived:
+            client.seen.setdefault(mark, now)
+    return value, derived
 
 
 def route_names(listener: listener_pb2.Listener) -> set[str]:
@@ -168,12 +212,12 @@ class Worker:
                 now = time.time()
                 self._count(response.ByteSize(), now)
                 held = client.resources[response.type_url]
+                previous = dict(held)
                 if response.type_url != EDS:  # EDS responses may carry only what changed
                     held.clear()
                 for packed in response.resources:
-                    message = MESSAGES[response.type_url]()
-                    packed.Unpack(message)
-                    held[message.name if response.type_url != EDS else message.cluster_name] = message
+                    name = leading_name(packed.value)
+                    held[name] = hold(client, response.type_url, packed.value, previous.get(name), now)
                 client.versions[response.type_url] = (response.version_info, response.nonce)
                 send(response.type_url, client.names.get(response.type_url, set()))  # the ACK
                 for type_url, names in self._follow(client, response.type_url, now).items():
@@ -201,9 +245,8 @@ class Worker:
                 for name in response.removed_resources:
                     held.pop(name, None)
                 for resource in response.resources:
-                    message = MESSAGES[response.type_url]()
-                    resource.resource.Unpack(message)
-                    held[resource.name] = message
+                    value = resource.resource.value
+                    held[resource.name] = hold(client, response.type_url, value, held.get(resource.name), now)
                 send(response.type_url, nonce=response.nonce)  # the ACK
                 for type_url, names in self._follow(client, response.type_url, now).items():
                     old = client.names.get(type_url, set())
@@ -216,19 +259,9 @@ class Worker:
     def _follow(self, client: Client, type_url: str, now: float) -> dict[str, set[str]]:
         """The subscriptions that follow from what the client now holds of `type_url`."""
         held = client.resources[type_url]
-        if type_url == LDS:
-            return {RDS: set().union(*(route_names(listener) for listener in held.values()))}
-        if type_url == RDS and client.spec.kind == "proxyless":
-            return {CDS: set().union(*(route_clusters(config) for config in held.values()))}
-        if type_url == CDS:
-            return {EDS: {name for cluster in held.values() if (name := eds_name(cluster))}}
+        if type_url in FOLLOWS and (type_url != RDS or client.spec.kind == "proxyless"):
+            return {FOLLOWS[type_url]: set().union(*(derived for _, derived in held.values()))}
         if type_url == EDS:
-            for assignment in held.values():
-                for locality in assignment.endpoints:
-                    for lb_endpoint in locality.lb_endpoints:
-                        address = lb_endpoint.endpoint.address.socket_address.address
-                        if address.startswith(MARK_PREFIX):
-                            client.seen.setdefault(mark_of(address), now)
             if client.configured_at is None and len(held) >= client.spec.expected_clusters \
                     and client.names.get(EDS, set()) <= held.keys():
                 client.configured_at = now
