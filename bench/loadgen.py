@@ -185,8 +185,9 @@ class Worker:
                 self.failure_details.setdefault(e.code().name, str(e.details()))
             finally:
                 queue.put_nowait(None)
-            client.names.clear()
+            client.names.clear()  # a new stream starts from nothing, as a restarted client does
             client.versions.clear()
+            client.resources.clear()
             client.sent_node = False
             await asyncio.sleep(delay * random.uniform(0.5, 1.5))  # reconnect with jittered backoff
             delay = min(delay * 2, 5.0)
