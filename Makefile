@@ -77,6 +77,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/push.py
 	$(BIN)/python bench/configdir.py
 	$(BIN)/python bench/config.py
+	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/python bench/load.py
 
 # Generated code is committed; tests/test_protos.py fails when it is stale.
 PROTOS := $(shell find api -name '*.proto')

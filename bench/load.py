@@ -1,0 +1,352 @@
+"""Load benchmark: many xDS clients against one istiod, the mesh and its changes in a config dir.
+
+    python bench/load.py [--services S] [--pods P] [--proxyless N] [--watch K] [--rate R]
+                         [--duration SECONDS] [--envoy M] [--delta] [--xds-addr HOST:PORT --config-dir DIR]
+
+The issue's size: --services 1000 --pods 2 --proxyless 2000 --watch 5 --rate 10 --duration 30.
+Scenarios, in order: connect storm (time until every client is configured), steady state (server
+CPU while nothing changes), endpoint churn (R pod address changes a second; per change the time
+from the write to each watching client holding it), and a new Service every client watches.
+Without --xds-addr an istiod is started on a fresh config dir; with it, the mesh is written to
+--config-dir (the one that istiod watches) and --server-pid names the process to measure.
+Writes results/load-<time>.json and .png (the plot needs the `bench` extra), prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import queue
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+import loadgen  # noqa: E402  # a sibling script, importable in the spawned workers too
+
+DOMAIN = "svc.cluster.local"
+EVERYONE = "everyone"  # the Service every client watches, created by the last scenario
+EVERYONE_MARK = (1 << 22) - 1  # its pod's marked address, past any churn change's
+
+
+def service_yaml(s: int, pods: int, mark: int | None) -> str:
+    """Service svc<s> and its pods; pod 0's address is the marked one of change `mark` if set."""
+    name, ns = (EVERYONE, "ns0") if s < 0 else (f"svc{s}", f"ns{s % 10}")
+    docs = [f"""apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: {ns}}}
+spec: {{selector: {{app: {name}}}, ports: [{{name: grpc, port: 7070}}]}}
+"""]
+    for p in range(pods):
+        ip = loadgen.mark_address(mark) if p == 0 and mark is not None else f"10.{s // 250 % 250}.{s % 250}.{p + 1}"
+        docs.append(f"""apiVersion: v1
+kind: Pod
+metadata: {{name: {name}-{p}, namespace: {ns}, labels: {{app: {name}}}}}
+spec: {{containers: [{{name: app, ports: [{{containerPort: 7070}}]}}]}}
+status: {{podIP: {ip}, phase: Running, conditions: [{{type: Ready, status: "True"}}]}}
+""")
+    return "---\n".join(docs)
+
+
+def write(root: Path, s: int, pods: int, mark: int | None = None) -> None:
+    """Replace the file at once (a rename), so the watcher never reads half of it."""
+    path = root / (f"{EVERYONE}.yaml" if s < 0 else f"svc{s}.yaml")
+    tmp = root.parent / f".{path.name}.tmp"
+    tmp.write_text(service_yaml(s, pods, mark))
+    os.replace(tmp, path)
+
+
+def listener(s: int) -> str:
+    return f"{EVERYONE}.ns0.{DOMAIN}:7070" if s < 0 else f"svc{s}.ns{s % 10}.{DOMAIN}:7070"
+
+
+class Server:
+    """The istiod under test: started here, or an outside one measured by its pid (or not at all)."""
+
+    def __init__(self, config_dir: Path, workdir: Path, xds_addr: str | None, pid: int | None) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        if xds_addr:
+            self.xds_addr, self.pid = xds_addr, pid
+            return
+        ports = workdir / "ports.json"
+        self.log = open(workdir / "istiod.log", "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "istiod", "discovery", "--config-dir", str(config_dir),
+             "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--monitoring-addr", "127.0.0.1:0",
+             "--secure-grpc-addr", "127.0.0.1:0", "--webhook-addr", "127.0.0.1:0",
+             "--ca-state-dir", str(workdir / "state"), "--ports-file", str(ports)],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        self.pid = self.proc.pid
+        deadline = time.monotonic() + 120
+        while True:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"istiod did not start: see {workdir / 'istiod.log'}")
+            try:
+                port = json.loads(ports.read_text())
+                with urllib.request.urlopen(f"http://127.0.0.1:{port['http']}/ready", timeout=2):
+                    break
+            except (OSError, ValueError, KeyError):
+                time.sleep(0.2)
+        self.xds_addr = f"127.0.0.1:{port['grpc']}"
+
+    def cpu_seconds(self) -> float | None:
+        if not self.pid:
+            return None
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+    def memory_mb(self) -> dict[str, float] | None:
+        if not self.pid:
+            return None
+        status = dict(line.split(":", 1) for line in Path(f"/proc/{self.pid}/status").read_text().splitlines())
+        return {"rss_mb": int(status["VmRSS"].split()[0]) / 1024, "peak_rss_mb": int(status["VmHWM"].split()[0]) / 1024}
+
+    def stop(self) -> None:
+        if self.proc:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def percentiles(values: list[float]) -> dict[str, float | int | None]:
+    if not values:
+        return {"count": 0, "p50": None, "p90": None, "p99": None, "max": None}
+    ordered = sorted(values)
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    return {"count": len(values), "p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99), "max": ordered[-1]}
+
+
+def client_specs(args: argparse.Namespace) -> list[loadgen.ClientSpec]:
+    rng = random.Random(1)
+    specs = []
+    for i in range(args.proxyless):
+        watched = rng.sample(range(args.services), min(args.watch, args.services))
+        specs.append(loadgen.ClientSpec(i, "proxyless", [listener(s) for s in watched] + [listener(-1)], len(watched)))
+    for i in range(args.envoy):
+        specs.append(loadgen.ClientSpec(args.proxyless + i, "delta" if args.delta else "envoy", [], args.services))
+    return specs
+
+
+def watched_services(spec: loadgen.ClientSpec, services: int) -> set[str]:
+    if spec.kind == "proxyless":
+        return set(spec.listeners)
+    return {listener(s) for s in range(services)}
+
+
+def run(args: argparse.Namespace, root: Path, workdir: Path) -> dict[str, Any]:
+    for s in range(args.services):
+        write(root, s, args.pods)
+    server = Server(root, workdir, args.xds_addr, args.server_pid)
+    specs = client_specs(args)
+    ctx = multiprocessing.get_context("spawn")
+    control = ctx.Queue()
+    go, stop_flag = ctx.Event(), ctx.Event()
+    workers = [ctx.Process(target=loadgen.main, args=(server.xds_addr, specs[w::args.workers], control, go, stop_flag))
+               for w in range(args.workers)]
+    result: dict[str, Any] = {"size": {k: v for k, v in vars(args).items() if k not in ("xds_addr", "config_dir", "results")}}
+    events: list[tuple[str, Any]] = []
+
+    def wait_for(kind: str, count: int, timeout: float, value: Any = None) -> bool:
+        deadline = time.monotonic() + timeout
+        while sum(1 for k, v in events if k == kind and (value is None or v == value)) < count:
+            try:
+                events.append(control.get(timeout=max(0.01, deadline - time.monotonic())))
+            except queue.Empty:
+                return False
+        return True
+
+    try:
+        for worker in workers:
+            worker.start()
+        if not wait_for("ready", args.workers, 60):
+            raise SystemExit("the load generator's workers did not start")
+        cpu0 = server.cpu_seconds()
+        started = time.time()
+        go.set()
+        print(f"storm: {len(specs)} clients in {args.workers} processes against {server.xds_addr}", flush=True)
+        all_configured = wait_for("configured", args.workers, args.storm_timeout)
+        storm_cpu = server.cpu_seconds()
+        result["storm"] = {"all_configured": all_configured,
+                           "seconds": max(v for k, v in events if k == "configured") - started if all_configured else None,
+                           "server_cpu_s": storm_cpu - cpu0 if storm_cpu is not None and cpu0 is not None else None,
+                           "memory": server.memory_mb()}
+
+        time.sleep(2)  # past the storm's retries
+        print(f"steady: {args.steady:.0f} s with no change", flush=True)
+        cpu0, wall0 = server.cpu_seconds(), time.monotonic()
+        time.sleep(args.steady)
+        cpu1 = server.cpu_seconds()
+        result["steady"] = {"server_cores": (cpu1 - cpu0) / (time.monotonic() - wall0) if cpu1 is not None and cpu0 is not None else None}
+
+        print(f"churn: {args.rate} endpoint changes/s for {args.duration:.0f} s", flush=True)
+        rng = random.Random(2)
+        writes: dict[int, tuple[float, str]] = {}  # change -> (when written, the service's listener)
+        cpu0 = server.cpu_seconds()
+        churn_start = time.time()
+        for change in range(int(args.rate * args.duration)):
+            time.sleep(max(0.0, churn_start + change / args.rate - time.time()))
+            s = rng.randrange(args.services)
+            writes[change] = (time.time(), listener(s))
+            write(root, s, args.pods, change)
+        churn_end = time.time()
+        time.sleep(args.grace)
+        cpu1 = server.cpu_seconds()
+        churn_cpu = cpu1 - cpu0 if cpu1 is not None and cpu0 is not None else None
+
+        print("every client's change: a new Service", flush=True)
+        written = time.time()
+        write(root, -1, 1, EVERYONE_MARK)
+        everyone_seen = wait_for("all-seen", args.workers, args.storm_timeout, EVERYONE_MARK)
+        stop_flag.set()
+        summaries: list[dict[str, Any]] = []
+        while len(summaries) < args.workers:
+            kind, value = control.get(timeout=60)
+            events.append((kind, value))
+            if kind == "summary":
+                summaries.append(value)
+        result["memory_final"] = server.memory_mb()
+    finally:
+        stop_flag.set()
+        for worker in workers:
+            worker.join(30)
+            if worker.is_alive():
+                worker.kill()
+        server.stop()
+
+    clients = [c for summary in summaries for c in summary["clients"]]
+    configured = [c["configured_at"] - started for c in clients if c["configured_at"]]
+    result["storm"]["configured"] = percentiles(configured)
+    result["storm"]["not_configured"] = len(clients) - len(configured)
+    failed: dict[str, int] = {}
+    for c in clients:
+        for code, n in c["streams_failed"].items():
+            failed[code] = failed.get(code, 0) + n
+    result["streams_failed"] = failed
+    result["stream_failure_details"] = {k: v for summary in summaries for k, v in summary["failure_details"].items()}
+
+    # A change counts as held once the client holds it or a later change of the same service.
+    latencies, never = [], 0
+    spec_by_index = {spec.index: spec for spec in specs}
+    for c in clients:
+        seen = c["seen"]
+        watching = watched_services(spec_by_index[c["index"]], args.services)
+        later: float | None = None
+        for change in sorted(writes, reverse=True):
+            when, name = writes[change]
+            if name not in watching:
+                continue
+            if change in seen:
+                later = seen[change] if later is None else min(later, seen[change])
+            if later is None:
+                never += 1
+            else:
+                latencies.append(later - when)
+    churn_bytes = sum(n for summary in summaries for sec, n in summary["bytes_by_second"].items()
+                      if churn_start <= int(sec) <= churn_end + args.grace)
+    result["churn"] = {"changes": len(writes), "latency": percentiles(latencies), "never_seen": never,
+                       "server_cpu_s": churn_cpu, "bytes_per_change": churn_bytes / max(1, len(writes))}
+    everyone = [c["seen"][EVERYONE_MARK] - written for c in clients if EVERYONE_MARK in c["seen"]]
+    result["everyone"] = {"all_seen": everyone_seen, "latency": percentiles(everyone), "never_seen": len(clients) - len(everyone)}
+    result["generator_cpu_s"] = sum(summary["cpu_s"] for summary in summaries)
+    result["raw"] = {"configured": configured, "churn": latencies, "everyone": everyone}
+    return result
+
+
+def table(result: dict[str, Any]) -> str:
+    ms = lambda v: "-" if v is None else f"{v * 1e3:.0f} ms"  # noqa: E731
+    num = lambda v, f="{:.2f}": "-" if v is None else f.format(v)  # noqa: E731
+    rows = [("| scenario | p50 | p90 | p99 | max | other |"), "|---|---|---|---|---|---|"]
+    for name, key, extra in (
+        ("connect storm (to configured)", ("storm", "configured"),
+         f"not configured {result['storm']['not_configured']}; streams failed {result['streams_failed'] or 0}; "
+         f"server CPU {num(result['storm']['server_cpu_s'])} s"),
+        ("endpoint churn (write to held)", ("churn", "latency"),
+         f"{result['churn']['changes']} changes, never seen {result['churn']['never_seen']}; "
+         f"{num(result['churn']['bytes_per_change'], '{:.0f}')} B/change; server CPU {num(result['churn']['server_cpu_s'])} s"),
+        ("new Service every client watches", ("everyone", "latency"), f"never seen {result['everyone']['never_seen']}"),
+    ):
+        stats = result[key[0]][key[1]]
+        rows.append(f"| {name} | {ms(stats['p50'])} | {ms(stats['p90'])} | {ms(stats['p99'])} | {ms(stats['max'])} | {extra} |")
+    memory = result.get("memory_final") or {}
+    rows.append(f"| steady state | | | | | server {num(result['steady']['server_cores'], '{:.3f}')} cores |")
+    rows.append(f"| load generator | | | | | {num(result['generator_cpu_s'])} s CPU in all |")
+    rows.append(f"| memory | | | | | peak RSS {num(memory.get('peak_rss_mb'), '{:.0f}')} MB, "
+                f"final {num(memory.get('rss_mb'), '{:.0f}')} MB |")
+    return "\n".join(rows)
+
+
+def plot(result: dict[str, Any], path: Path) -> bool:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for label, values in (("connect storm: configured", result["raw"]["configured"]),
+                          ("endpoint churn: write to held", result["raw"]["churn"]),
+                          ("new Service: write to held", result["raw"]["everyone"])):
+        if values:
+            ordered = sorted(values)
+            ax.plot(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))], label=f"{label} (n={len(values)})")
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("fraction of clients (x changes)")
+    ax.set_xscale("log")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    size = result["size"]
+    ax.set_title(f"S={size['services']} P={size['pods']} N={size['proxyless']} K={size['watch']} "
+                 f"R={size['rate']} envoy={size['envoy']}{' delta' if size['delta'] else ''}")
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--services", "-S", type=int, default=200)
+    parser.add_argument("--pods", "-P", type=int, default=2, help="pods per service")
+    parser.add_argument("--proxyless", "-N", type=int, default=400, help="proxyless gRPC clients")
+    parser.add_argument("--watch", "-K", type=int, default=5, help="services each proxyless client watches")
+    parser.add_argument("--rate", "-R", type=float, default=10, help="endpoint changes per second")
+    parser.add_argument("--duration", type=float, default=20, help="seconds of churn")
+    parser.add_argument("--envoy", type=int, default=0, help="Envoy-like clients (wildcard CDS/LDS)")
+    parser.add_argument("--delta", action="store_true", help="Envoy-like clients use delta xDS")
+    parser.add_argument("--workers", type=int, default=2, help="load generator processes")
+    parser.add_argument("--steady", type=float, default=5, help="seconds of steady state measured")
+    parser.add_argument("--grace", type=float, default=10, help="seconds after churn for late deliveries")
+    parser.add_argument("--storm-timeout", type=float, default=120)
+    parser.add_argument("--xds-addr", help="an istiod already running (then --config-dir is required)")
+    parser.add_argument("--config-dir", type=Path, help="the config dir that istiod watches")
+    parser.add_argument("--server-pid", type=int, help="the outside istiod's pid, for CPU and memory")
+    parser.add_argument("--results", type=Path, default=Path("results"))
+    args = parser.parse_args()
+    if args.xds_addr and not args.config_dir:
+        parser.error("--xds-addr needs --config-dir: the benchmark makes its changes there")
+    with tempfile.TemporaryDirectory(prefix="istiod-load-") as tmp:
+        workdir = Path(tmp)
+        root = args.config_dir or workdir / "mesh"
+        root.mkdir(exist_ok=True)
+        result = run(args, root, workdir)
+    args.results.mkdir(exist_ok=True)
+    stem = args.results / time.strftime("load-%Y%m%dT%H%M%S")
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    print(table(result))
+    for code, details in result["stream_failure_details"].items():
+        print(f"a stream failed {code}: {details}")
+    png = stem.with_suffix(".png")
+    print(f"results: {stem.with_suffix('.json')}" + (f", {png}" if plot(result, png) else " (no plot: pip install '.[bench]')"))
+
+
+if __name__ == "__main__":
+    main()

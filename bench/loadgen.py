@@ -1,0 +1,315 @@
+"""The load generator's worker: one process, many simulated xDS clients, each its own gRPC connection.
+
+Proxyless clients subscribe as gRPC does (LDS for named listeners -> RDS -> CDS -> EDS, ACKing each
+response with the names it holds); Envoy-like clients ask for all clusters and listeners (wildcard),
+then EDS for every EDS cluster and RDS for every route name, over SotW or delta. Each client records
+when it was first fully configured and when it first held each marked address (an endpoint change).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.core.v3 import base_pb2
+from envoy.config.listener.v3 import listener_pb2
+from envoy.config.route.v3 import route_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+from google.protobuf import struct_pb2
+
+LDS = "type.googleapis.com/envoy.config.listener.v3.Listener"
+RDS = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+CDS = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+EDS = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+MESSAGES: dict[str, Any] = {LDS: listener_pb2.Listener, RDS: route_pb2.RouteConfiguration,
+                            CDS: cluster_pb2.Cluster}
+# One HTTP/2 connection per client, as separate proxies have: grpc shares subchannels between
+# channels of one process unless told not to.
+CHANNEL_OPTIONS = [("grpc.use_local_subchannel_pool", 1)]
+
+
+def mark_address(change: int) -> str:
+    """The address the benchmark writes for change `change`, found again in what clients hold."""
+    return f"100.{64 + (change >> 16)}.{(change >> 8) & 255}.{change & 255}"
+
+
+def mark_of(address: str) -> int:
+    _, a, b, c = address.split(".")
+    return ((int(a) - 64) << 16) | (int(b) << 8) | int(c)
+
+
+FOLLOWS = {LDS: RDS, RDS: CDS, CDS: EDS}  # Envoy-like clients ask CDS for all (wildcard), not by route
+# A SocketAddress's address (field 2, a string) holding a marked address, in the serialized bytes:
+# finding marks without parsing every ClusterLoadAssignment keeps the generator off the critical path.
+MARKED = re.compile(rb"\x12([\x0a-\x0f])(100\.[0-9.]{5,11})")
+
+
+def leading_name(value: bytes) -> str:
+    """Field 1 of a serialized resource: the name of a Listener, RouteConfiguration, Cluster and
+    ClusterLoadAssignment alike (protobuf writes fields in number order)."""
+    assert value[:1] == b"\x0a", "a resource without its name first"
+    length, shift, pos = 0, 0, 1
+    while True:
+        byte = value[pos]
+        length |= (byte & 0x7F) << shift
+        pos, shift = pos + 1, shift + 7
+        if byte < 0x80:
+            return value[pos:pos + length].decode()
+
+
+def derive(type_url: str, value: bytes) -> set[Any]:
+    """What follows from one resource: route names, cluster names, EDS names, or marks held."""
+    if type_url == EDS:
+        return {mark_of(m[2].decode()) for m in MARKED.finditer(value) if len(m[2]) == m[1][0]}
+    message = MESSAGES[type_url]()
+    message.ParseFromString(value)
+    if type_url == LDS:
+        return route_names(message)
+    if type_url == RDS:
+        return route_clusters(message)
+    return {name} if (name := eds_name(message)) else set()
+
+
+def hold(client: "Client", type_url: str, value: bytes, previous: tuple[bytes, set[Any]] | None,
+         now: float) -> tuple[bytes, set[Any]]:
+    """A resource the client now holds, derived once per content; marks held are recorded as seen."""
+    if previous is not None and previous[0] == value:
+        return previous
+    derived = derive(type_url, value)
+    if type_url == EDS:
+        for mark in derived:
+            client.seen.setdefault(mark, now)
+    return value, derived
+
+
+def route_names(listener: listener_pb2.Listener) -> set[str]:
+    managers = [listener.api_listener.api_listener] if listener.HasField("api_listener") else [
+        f.typed_config for chain in listener.filter_chains for f in chain.filters
+        if f.typed_config.type_url.endswith("HttpConnectionManager")]
+    names = set()
+    for packed in managers:
+        hcm = hcm_pb2.HttpConnectionManager()
+        packed.Unpack(hcm)
+        if hcm.HasField("rds"):
+            names.add(hcm.rds.route_config_name)
+    return names
+
+
+def route_clusters(route_config: route_pb2.RouteConfiguration) -> set[str]:
+    names = set()
+    for host in route_config.virtual_hosts:
+        for route in host.routes:
+            if route.route.cluster:
+                names.add(route.route.cluster)
+            names.update(w.name for w in route.route.weighted_clusters.clusters)
+    return names
+
+
+def eds_name(cluster: cluster_pb2.Cluster) -> str | None:
+    if cluster.type != cluster_pb2.Cluster.EDS:
+        return None
+    return cluster.eds_cluster_config.service_name or cluster.name
+
+
+@dataclass
+class ClientSpec:
+    index: int
+    kind: str  # "proxyless" | "envoy" | "delta"
+    listeners: list[str]  # proxyless: the listener names it watches (its services)
+    expected_clusters: int  # how many ClusterLoadAssignments make it fully configured
+
+
+@dataclass
+class Client:
+    spec: ClientSpec
+    node: base_pb2.Node
+    names: dict[str, set[str]] = field(default_factory=dict)  # SotW: subscribed names per type
+    versions: dict[str, tuple[str, str]] = field(default_factory=dict)  # type -> (version, nonce)
+    resources: dict[str, dict[str, Any]] = field(default_factory=lambda: defaultdict(dict))
+    configured_at: float | None = None
+    seen: dict[int, float] = field(default_factory=dict)  # mark -> first time held
+    streams_failed: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # status -> count
+    sent_node: bool = False
+
+    def enqueue(self, queue: asyncio.Queue[Any], request: Any) -> None:
+        """Send a request; only the first of a stream carries the node."""
+        if not self.sent_node:
+            request.node.CopyFrom(self.node)
+            self.sent_node = True
+        queue.put_nowait(request)
+
+
+async def drain(queue: asyncio.Queue[Any]) -> Any:
+    """A stream's requests, as they are sent, until None: ended so, grpc's reader task ends with it."""
+    while (request := await queue.get()) is not None:
+        yield request
+
+
+class Worker:
+    def __init__(self, xds_addr: str, specs: list[ClientSpec]) -> None:
+        self.xds_addr = xds_addr
+        self.clients = [Client(spec, self._node(spec)) for spec in specs]
+        self.bytes_by_second: dict[int, int] = defaultdict(int)
+        self.responses = 0
+        self.failure_details: dict[str, str] = {}  # status -> the first failed stream's message
+
+    @staticmethod
+    def _node(spec: ClientSpec) -> base_pb2.Node:
+        metadata = struct_pb2.Struct()
+        fields: dict[str, Any] = {"NAMESPACE": "bench"}
+        if spec.kind == "proxyless":
+            fields["GENERATOR"] = "grpc"
+        metadata.update(fields)
+        ip = f"10.250.{spec.index >> 8 & 255}.{spec.index & 255}"
+        return base_pb2.Node(id=f"sidecar~{ip}~client{spec.index}.bench~bench.svc.cluster.local", metadata=metadata)
+
+    async def run_client(self, client: Client, stop: asyncio.Event) -> None:
+        delay = 0.1
+        while not stop.is_set():
+            queue: asyncio.Queue[Any] = asyncio.Queue()
+            try:
+                if client.spec.kind == "delta":
+                    await self._delta_stream(client, queue)
+                else:
+                    await self._sotw_stream(client, queue)
+            except grpc.aio.AioRpcError as e:
+                client.streams_failed[e.code().name] += 1
+                self.failure_details.setdefault(e.code().name, str(e.details()))
+            finally:
+                queue.put_nowait(None)
+            client.names.clear()  # a new stream starts from nothing, as a restarted client does
+            client.versions.clear()
+            client.resources.clear()
+            client.sent_node = False
+            await asyncio.sleep(delay * random.uniform(0.5, 1.5))  # reconnect with jittered backoff
+            delay = min(delay * 2, 5.0)
+
+    # --- state of the world ---------------------------------------------------------------------
+
+    async def _sotw_stream(self, client: Client, queue: asyncio.Queue[Any]) -> None:
+        def send(type_url: str, names: set[str]) -> None:
+            client.names[type_url] = names
+            version, nonce = client.versions.get(type_url, ("", ""))
+            request = discovery_pb2.DiscoveryRequest(type_url=type_url, resource_names=sorted(names),
+                                                     version_info=version, response_nonce=nonce)
+            client.enqueue(queue, request)
+
+        async with grpc.aio.insecure_channel(self.xds_addr, options=CHANNEL_OPTIONS) as channel:
+            call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel).StreamAggregatedResources(drain(queue))
+            if client.spec.kind == "proxyless":
+                send(LDS, set(client.spec.listeners))
+            else:
+                send(CDS, set())
+                send(LDS, set())
+            async for response in call:
+                now = time.time()
+                self._count(response.ByteSize(), now)
+                held = client.resources[response.type_url]
+                previous = dict(held)
+                if response.type_url != EDS:  # EDS responses may carry only what changed
+                    held.clear()
+                for packed in response.resources:
+                    name = leading_name(packed.value)
+                    held[name] = hold(client, response.type_url, packed.value, previous.get(name), now)
+                client.versions[response.type_url] = (response.version_info, response.nonce)
+                send(response.type_url, client.names.get(response.type_url, set()))  # the ACK
+                for type_url, names in self._follow(client, response.type_url, now).items():
+                    if names != client.names.get(type_url):
+                        send(type_url, names)
+
+    # --- delta ----------------------------------------------------------------------------------
+
+    async def _delta_stream(self, client: Client, queue: asyncio.Queue[Any]) -> None:
+        def send(type_url: str, subscribe: set[str] = set(), unsubscribe: set[str] = set(), nonce: str = "") -> None:
+            request = discovery_pb2.DeltaDiscoveryRequest(
+                type_url=type_url, resource_names_subscribe=sorted(subscribe),
+                resource_names_unsubscribe=sorted(unsubscribe), response_nonce=nonce)
+            client.enqueue(queue, request)
+
+        async with grpc.aio.insecure_channel(self.xds_addr, options=CHANNEL_OPTIONS) as channel:
+            call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel).DeltaAggregatedResources(drain(queue))
+            client.names[CDS] = client.names[LDS] = set()
+            send(CDS)
+            send(LDS)
+            async for response in call:
+                now = time.time()
+                self._count(response.ByteSize(), now)
+                held = client.resources[response.type_url]
+                for name in response.removed_resources:
+                    held.pop(name, None)
+                for resource in response.resources:
+                    value = resource.resource.value
+                    held[resource.name] = hold(client, response.type_url, value, held.get(resource.name), now)
+                send(response.type_url, nonce=response.nonce)  # the ACK
+                for type_url, names in self._follow(client, response.type_url, now).items():
+                    old = client.names.get(type_url, set())
+                    if names != old:
+                        client.names[type_url] = names
+                        send(type_url, names - old, old - names)
+
+    # --- shared ---------------------------------------------------------------------------------
+
+    def _follow(self, client: Client, type_url: str, now: float) -> dict[str, set[str]]:
+        """The subscriptions that follow from what the client now holds of `type_url`."""
+        held = client.resources[type_url]
+        if type_url in FOLLOWS and (type_url != RDS or client.spec.kind == "proxyless"):
+            return {FOLLOWS[type_url]: set().union(*(derived for _, derived in held.values()))}
+        if type_url == EDS:
+            if client.configured_at is None and len(held) >= client.spec.expected_clusters \
+                    and client.names.get(EDS, set()) <= held.keys():
+                client.configured_at = now
+        return {}
+
+    def _count(self, size: int, now: float) -> None:
+        self.bytes_by_second[int(now)] += size
+        self.responses += 1
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "clients": [{"index": c.spec.index, "kind": c.spec.kind, "configured_at": c.configured_at,
+                         "seen": c.seen, "streams_failed": dict(c.streams_failed)} for c in self.clients],
+            "bytes_by_second": dict(self.bytes_by_second),
+            "responses": self.responses,
+            "failure_details": self.failure_details,
+            "cpu_s": time.process_time(),  # the generator's own CPU: is it the bottleneck?
+        }
+
+
+async def serve(xds_addr: str, specs: list[ClientSpec], control: Any, go: Any, stop_flag: Any) -> None:
+    """Once `go` is set, run the clients until `stop_flag` is; tell `control` (a queue) progress, then the summary."""
+    worker = Worker(xds_addr, specs)
+    control.put(("ready", None))
+    while not go.is_set():  # all workers connect at once: the storm does not time process start-up
+        await asyncio.sleep(0.005)
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(worker.run_client(client, stop)) for client in worker.clients]
+    reported_configured = False
+    reported_marks: set[int] = set()
+    while not stop_flag.is_set():
+        await asyncio.sleep(0.1)
+        if not reported_configured and all(c.configured_at for c in worker.clients):
+            control.put(("configured", max(c.configured_at or 0 for c in worker.clients)))
+            reported_configured = True
+        # Which marks every client of this worker holds: the coordinator waits on them.
+        if worker.clients:
+            common = set.intersection(*(set(c.seen) for c in worker.clients)) - reported_marks
+            for mark in common:
+                control.put(("all-seen", mark))
+            reported_marks |= common
+    stop.set()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    control.put(("summary", worker.summary()))
+
+
+def main(xds_addr: str, specs: list[ClientSpec], control: Any, go: Any, stop_flag: Any) -> None:
+    asyncio.run(serve(xds_addr, specs, control, go, stop_flag))
