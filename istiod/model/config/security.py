@@ -91,8 +91,7 @@ class JWTHeader:
 class JWTRule:
     issuer: str
     audiences: tuple[str, ...] = ()
-    jwks_uri: str = ""
-    jwks: str = ""
+    jwks: str = ""  # inline JSON Web Key Set (jwksUri is refused: istiod would fetch it)
     from_headers: tuple[JWTHeader, ...] = ()
     from_params: tuple[str, ...] = ()
     from_cookies: tuple[str, ...] = ()

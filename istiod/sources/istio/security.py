@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from urllib.parse import urlparse
 
 from istiod.model.config.security import (
     Action, AuthorizationPolicy, Condition, JWTHeader, JWTRule, MTLSMode, Operation, PeerAuthentication,
@@ -152,27 +151,25 @@ def authorization_policy(key: ObjectKey, f: _Fields, domain: str) -> Authorizati
 
 
 def _jwt_rule(r: _Fields) -> JWTRule:
-    only(r, ("issuer", "audiences", "jwksUri", "jwks", "fromHeaders", "fromParams", "fromCookies",
-             "outputPayloadToHeader", "forwardOriginalToken", "outputClaimToHeaders"), ("timeout",))
+    # istiod fetches a jwksUri (or the issuer's OpenID discovery document) itself and inlines the
+    # keys; this istiod does no such fetching: the keys must be given inline.
+    only(r, ("issuer", "audiences", "jwks", "fromHeaders", "fromParams", "fromCookies",
+             "outputPayloadToHeader", "forwardOriginalToken", "outputClaimToHeaders"), ("timeout", "jwksUri"))
     issuer = r.get("issuer", str, "")
     if not issuer:
         raise r.fail("issuer must be set")
     audiences = str_list(r, "audiences")
     if any(not a for a in audiences):
         raise r.fail("audiences: audience must be non-empty string")
-    jwks_uri = r.get("jwksUri", str, "")
-    if jwks_uri:
-        parsed = urlparse(jwks_uri)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise r.fail(f"jwksUri: {jwks_uri!r} is not an http(s) URL")
     jwks = r.get("jwks", str, "")
-    if jwks:
-        try:
-            keys = json.loads(jwks).get("keys")
-        except (ValueError, AttributeError):
-            keys = None
-        if not isinstance(keys, list):
-            raise r.fail("jwks: jwks parse error: expected a JSON object with a `keys` list")
+    if not jwks:
+        raise r.fail("jwks must be set (fetching keys from the issuer is not supported by this istiod)")
+    try:
+        keys = json.loads(jwks).get("keys")
+    except (ValueError, AttributeError):
+        keys = None
+    if not isinstance(keys, list):
+        raise r.fail("jwks: jwks parse error: expected a JSON object with a `keys` list")
     headers = []
     for h in items(r, "fromHeaders"):
         only(h, ("name", "prefix"))
@@ -189,7 +186,7 @@ def _jwt_rule(r: _Fields) -> JWTRule:
         if not header or not claim:
             raise c.fail("outputClaimToHeaders header and claim value must be non-empty string")
         claims.append((header, claim))
-    return JWTRule(issuer, audiences, jwks_uri, jwks, tuple(headers), params, cookies,
+    return JWTRule(issuer, audiences, jwks, tuple(headers), params, cookies,
                    r.get("outputPayloadToHeader", str, ""), r.get("forwardOriginalToken", bool, False), tuple(claims))
 
 

@@ -17,7 +17,7 @@ from envoy.config.listener.v3 import api_listener_pb2, listener_components_pb2, 
 from envoy.config.route.v3 import route_components_pb2, route_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 
-from istiod.model.config.security import AuthorizationPolicy, MTLSMode
+from istiod.model.config.security import AuthorizationPolicy, MTLSMode, RequestAuthentication
 from istiod.model.config.networking import TrafficPolicy, VirtualService
 from istiod.model.names import (
     INBOUND_LISTENER_PREFIX,
@@ -35,7 +35,7 @@ from istiod.xds.gen.filters import HCM_FILTER, ads_source, http_connection_manag
 from istiod.xds.gen.policy import apply_policy, effective_policy, subset_endpoints, upstream_mtls
 from istiod.xds.gen.rbac import authorization_filters
 from istiod.xds.gen.routes import http_routes
-from istiod.xds.gen.security import authorization_policies, inbound_mtls_mode
+from istiod.xds.gen.security import authorization_policies, inbound_mtls_mode, request_authentications
 from istiod.xds.gen.targets import hash_lookup, outbound_clusters, outbound_host_ports, route_inputs
 from istiod.xds.gen.tls import destination_identities, downstream_tls, upstream_tls
 
@@ -55,9 +55,10 @@ def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
         ip, port = address
         mode = inbound_mtls_mode(snapshot, proxy, port)
         policies = authorization_policies(snapshot, proxy)
+        jwt = request_authentications(snapshot, proxy)
         # What it holds depends on the workload's labels and namespace: one entry per proxy.
-        result.append(cache.get(types.LISTENER, name, (mode, *policies), scope=proxy.id,
-                                build=lambda: _inbound_listener(name, ip, port, mode, policies)))
+        result.append(cache.get(types.LISTENER, name, (mode, *policies, *jwt), scope=proxy.id,
+                                build=lambda: _inbound_listener(name, ip, port, mode, policies, jwt)))
     return result
 
 
@@ -158,13 +159,16 @@ def _inbound_address(snapshot: Snapshot, proxy: Proxy, name: str) -> tuple[str, 
     return ip, port
 
 
-def _inbound_listener(name: str, ip: str, port: int, mode: MTLSMode,
-                      policies: tuple[AuthorizationPolicy, ...]) -> listener_pb2.Listener:
+def _inbound_listener(name: str, ip: str, port: int, mode: MTLSMode, policies: tuple[AuthorizationPolicy, ...],
+                      jwt: tuple[RequestAuthentication, ...] = ()) -> listener_pb2.Listener:
     """A listener for an xDS-enabled gRPC server: every request is served locally, after the RBAC
     filters of the AuthorizationPolicies that select the workload."""
     authz = authorization_filters(policies)
     for problem in authz.problems:
         log.warning("%s (proxyless inbound listener %s)", problem, name)
+    for policy in jwt:  # as istiod's gRPC generator: gRPC has no JWT filter
+        log.warning("RequestAuthentication %s is not enforced on proxyless gRPC servers (no JWT filter in gRPC): "
+                    "tokens are not checked on %s, and requestPrincipals rules fail closed", policy.meta, name)
     route = route_pb2.RouteConfiguration(
         name=inbound_cluster_name(port),
         virtual_hosts=[

@@ -1,19 +1,24 @@
-"""AuthorizationPolicy -> the RBAC HTTP filter (envoy.extensions.filters.http.rbac.v3), as istiod
-translates it, for every flavor's inbound listeners. Pure.
+"""AuthorizationPolicy -> the RBAC HTTP filter (envoy.extensions.filters.http.rbac.v3) and, for
+Envoy's TCP filter chains, the RBAC network filter, as istiod translates it, for every flavor's
+inbound listeners. Pure.
 
 DENY policies make one RBAC filter (action DENY, named `envoy.filters.http.rbac.deny`), ALLOW
 policies another (`...rbac.allow`), in that order before the router; policies are named `ns[<ns>]-policy[<name>]-rule[<i>]` as istiod names
-them. Only matchers that both Envoy and gRPC's xDS server (gRFC A41) evaluate are produced. A
-field neither can check here (requestPrincipals and JWT claims, which need RequestAuthentication;
-hosts; path templates; connection.sni; source.serviceAccount; experimental keys) fails closed, as
-istiod does where a proxy lacks a field: an ALLOW rule using it is dropped (allows less), a DENY rule
-keeps its other conditions (denies more). AUDIT has no effect on a decision and is left out; CUSTOM
-(an external authorizer) is not implemented, so its rules deny. Each such case is reported.
+them. Only matchers that both Envoy and gRPC's xDS server (gRFC A41) evaluate are produced, except
+requestPrincipals and `request.auth.*`, which only Envoy's HTTP chains check (`request_auth`: the
+JWT payload jwt_authn leaves in dynamic metadata, matched as istiod matches it). A field that
+cannot be checked (requestPrincipals and JWT claims without jwt_authn; hosts; path templates;
+connection.sni; source.serviceAccount; experimental keys; and on TCP every HTTP-only field: methods,
+paths, hosts, requestPrincipals, request.headers, request.auth.*) fails closed, as istiod's builder
+does: an ALLOW rule using it is dropped (allows less), a DENY rule keeps its other conditions
+(denies more). AUDIT has no effect on a decision and is left out; CUSTOM (an external authorizer)
+is not implemented, so its rules deny. Each such case is reported.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -22,15 +27,19 @@ from typing import Any, TypeVar
 from envoy.config.core.v3 import address_pb2
 from envoy.config.rbac.v3 import rbac_pb2
 from envoy.config.route.v3 import route_components_pb2
+from envoy.config.listener.v3 import listener_components_pb2
 from envoy.extensions.filters.http.rbac.v3 import rbac_pb2 as http_rbac_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
-from envoy.type.matcher.v3 import path_pb2, regex_pb2, string_pb2
+from envoy.extensions.filters.network.rbac.v3 import rbac_pb2 as network_rbac_pb2
+from envoy.type.matcher.v3 import metadata_pb2, path_pb2, regex_pb2, string_pb2, value_pb2
 from google.protobuf import wrappers_pb2
 
 from istiod.model.config.security import Action, AuthorizationPolicy, Condition, Operation, Rule, Source
-from istiod.xds.gen.filters import pack
+from istiod.xds.gen.authn import JWT_FILTER, JWT_PAYLOAD
+from istiod.xds.gen.filters import network_filter, pack
 
 RBAC_FILTER = "envoy.filters.http.rbac"
+NETWORK_RBAC_FILTER = "envoy.filters.network.rbac"
 _SPIFFE = "spiffe://"
 
 
@@ -44,8 +53,31 @@ class Authorization:
     problems: tuple[str, ...]  # one line per policy field that was not translated as written
 
 
-def authorization_filters(policies: Iterable[AuthorizationPolicy]) -> Authorization:
-    """The RBAC filters for the policies that apply to a workload (see scope.policies_for)."""
+@dataclass(frozen=True, slots=True)
+class TcpAuthorization:
+    filters: tuple[listener_components_pb2.Filter, ...]  # to run before tcp_proxy, DENY first
+    problems: tuple[str, ...]
+
+
+def authorization_filters(policies: Iterable[AuthorizationPolicy], request_auth: bool = False) -> Authorization:
+    """The RBAC HTTP filters for the policies that apply to a workload (see scope.policies_for);
+    `request_auth`: a jwt_authn filter runs before them (Envoy), so JWT fields can be checked."""
+    rules, problems = _rules(policies, for_tcp=False, request_auth=request_auth)
+    # gRPC refuses two HTTP filters of one name (an HCM NACK), so each action has its own.
+    return Authorization(tuple(
+        hcm_pb2.HttpFilter(name=f"{RBAC_FILTER}.{rbac_pb2.RBAC.Action.Name(r.action).lower()}",
+                           typed_config=pack(http_rbac_pb2.RBAC(rules=r))) for r in rules), problems)
+
+
+def tcp_authorization_filters(policies: Iterable[AuthorizationPolicy]) -> TcpAuthorization:
+    """The RBAC network filters for a workload's TCP filter chains: a denied connection is closed."""
+    rules, problems = _rules(policies, for_tcp=True, request_auth=False)
+    return TcpAuthorization(tuple(
+        network_filter(NETWORK_RBAC_FILTER, network_rbac_pb2.RBAC(rules=r, stat_prefix="tcp.")) for r in rules), problems)
+
+
+def _rules(policies: Iterable[AuthorizationPolicy], for_tcp: bool,
+           request_auth: bool) -> tuple[list[rbac_pb2.RBAC], tuple[str, ...]]:
     deny: dict[str, rbac_pb2.Policy] = {}
     allow: dict[str, rbac_pb2.Policy] = {}
     has_allow = False
@@ -62,26 +94,19 @@ def authorization_filters(policies: Iterable[AuthorizationPolicy]) -> Authorizat
         for i, rule in enumerate(policy.rules):
             name = f"ns[{policy.meta.namespace}]-policy[{policy.meta.name}]-rule[{i}]"
             try:
-                translated = _policy(rule, strict=is_allow)
+                translated = _policy(rule, _Collector(is_allow, for_tcp, request_auth))
             except _Unsupported as error:
                 problems.append(f"{where} rules[{i}]: {error}; the rule is left out, allowing less")
                 continue
             if translated.problems:
                 problems += [f"{where} rules[{i}]: {p}; ignored, so the rule denies more" for p in translated.problems]
             (allow if is_allow else deny)[name] = translated.policy
-    filters = []
+    rules = []
     if deny:
-        filters.append(_filter(rbac_pb2.RBAC.DENY, deny))
+        rules.append(rbac_pb2.RBAC(action=rbac_pb2.RBAC.DENY, policies=dict(sorted(deny.items()))))
     if has_allow:  # ALLOW policies whose rules match nothing (or none translated) deny every request
-        filters.append(_filter(rbac_pb2.RBAC.ALLOW, allow))
-    return Authorization(tuple(filters), tuple(problems))
-
-
-def _filter(action: rbac_pb2.RBAC.Action.ValueType, policies: dict[str, rbac_pb2.Policy]) -> hcm_pb2.HttpFilter:
-    rules = rbac_pb2.RBAC(action=action, policies=dict(sorted(policies.items())))
-    # gRPC refuses two HTTP filters of one name (an HCM NACK), so each action has its own.
-    name = f"{RBAC_FILTER}.{rbac_pb2.RBAC.Action.Name(action).lower()}"
-    return hcm_pb2.HttpFilter(name=name, typed_config=pack(http_rbac_pb2.RBAC(rules=rules)))
+        rules.append(rbac_pb2.RBAC(action=rbac_pb2.RBAC.ALLOW, policies=dict(sorted(allow.items()))))
+    return rules, tuple(problems)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,20 +116,28 @@ class _Translated:
 
 
 class _Collector:
-    """Unsupported fields raise (strict: ALLOW) or are noted and skipped (DENY)."""
+    """Unsupported fields raise (strict: ALLOW) or are noted and skipped (DENY); `for_tcp`: a TCP
+    filter chain, where HTTP-only fields cannot be checked; `request_auth`: JWT fields can be."""
 
-    def __init__(self, strict: bool) -> None:
+    def __init__(self, strict: bool, for_tcp: bool = False, request_auth: bool = False) -> None:
         self.strict = strict
+        self.for_tcp = for_tcp
+        self.request_auth = request_auth and not for_tcp
         self.problems: list[str] = []
 
-    def unsupported(self, what: str) -> None:
+    def unsupported(self, what: str, reason: str = "is not supported") -> None:
         if self.strict:
-            raise _Unsupported(f"{what} is not supported")
-        self.problems.append(f"{what} is not supported")
+            raise _Unsupported(f"{what} {reason}")
+        self.problems.append(f"{what} {reason}")
+
+    def http_only(self, what: str) -> bool:
+        """True (after reporting it) when `what` cannot be checked on this TCP filter chain."""
+        if self.for_tcp:
+            self.unsupported(what, "is HTTP only (TCP port)")
+        return self.for_tcp
 
 
-def _policy(rule: Rule, strict: bool) -> _Translated:
-    c = _Collector(strict)
+def _policy(rule: Rule, c: _Collector) -> _Translated:
     principals = [_source(s, c) for s in rule.sources]
     permissions = [_operation(o, c) for o in rule.operations]
     principal_ands = [_or_ids(principals)] if principals else []
@@ -133,8 +166,12 @@ def _source(source: Source, c: _Collector) -> rbac_pb2.Principal:
     field(source.not_ip_blocks, True, lambda v: rbac_pb2.Principal(direct_remote_ip=_cidr(v)))
     field(source.remote_ip_blocks, False, lambda v: rbac_pb2.Principal(remote_ip=_cidr(v)))
     field(source.not_remote_ip_blocks, True, lambda v: rbac_pb2.Principal(remote_ip=_cidr(v)))
-    if source.request_principals or source.not_request_principals:
-        c.unsupported("from.source.requestPrincipals (RequestAuthentication)")
+    if (source.request_principals or source.not_request_principals) and not c.http_only("from.source.requestPrincipals"):
+        if c.request_auth:
+            field(source.request_principals, False, _request_principal)
+            field(source.not_request_principals, True, _request_principal)
+        else:
+            c.unsupported("from.source.requestPrincipals (RequestAuthentication)")
     return _and_ids(ands)
 
 
@@ -148,14 +185,16 @@ def _operation(operation: Operation, c: _Collector) -> rbac_pb2.Permission:
 
     field(operation.ports, False, lambda p: rbac_pb2.Permission(destination_port=p))
     field(operation.not_ports, True, lambda p: rbac_pb2.Permission(destination_port=p))
-    field(operation.methods, False, lambda m: rbac_pb2.Permission(header=_header(":method", m)))
-    field(operation.not_methods, True, lambda m: rbac_pb2.Permission(header=_header(":method", m)))
-    for values, negate in ((operation.paths, False), (operation.not_paths, True)):
-        if any("{" in p for p in values):
-            c.unsupported("to.operation.paths with a template ({*} or {**})")
-            values = tuple(p for p in values if "{" not in p)
-        field(values, negate, _path)
-    if operation.hosts or operation.not_hosts:
+    if (operation.methods or operation.not_methods) and not c.http_only("to.operation.methods"):
+        field(operation.methods, False, lambda m: rbac_pb2.Permission(header=_header(":method", m)))
+        field(operation.not_methods, True, lambda m: rbac_pb2.Permission(header=_header(":method", m)))
+    if (operation.paths or operation.not_paths) and not c.http_only("to.operation.paths"):
+        for values, negate in ((operation.paths, False), (operation.not_paths, True)):
+            if any("{" in p for p in values):
+                c.unsupported("to.operation.paths with a template ({*} or {**})")
+                values = tuple(p for p in values if "{" not in p)
+            field(values, negate, _path)
+    if (operation.hosts or operation.not_hosts) and not c.http_only("to.operation.hosts"):
         c.unsupported("to.operation.hosts")
     return _and_rules(ands)
 
@@ -173,9 +212,13 @@ def _condition(condition: Condition, c: _Collector, principals: list[rbac_pb2.Pr
         "destination.ip": lambda v: rbac_pb2.Permission(destination_ip=_cidr(v)),
         "destination.port": lambda v: rbac_pb2.Permission(destination_port=int(v)),
     }.get(key)
+    if key.startswith("request.") and c.http_only(f"when.key {key}"):
+        return
     if key.startswith("request.headers[") and key.endswith("]"):
         name = key[len("request.headers["):-1]
         principal = lambda v: rbac_pb2.Principal(header=_header(name, v))  # noqa: E731
+    elif key.startswith("request.auth.") and c.request_auth:
+        principal = _request_auth_attribute(key)
     if principal is not None:
         for values, negate in ((condition.values, False), (condition.not_values, True)):
             if values:
@@ -188,6 +231,57 @@ def _condition(condition: Condition, c: _Collector, principals: list[rbac_pb2.Pr
                 permissions.append(rbac_pb2.Permission(not_rule=matched_p) if negate else matched_p)
     else:
         c.unsupported(f"when.key {key}")
+
+
+def _request_auth_attribute(key: str) -> Callable[[str], rbac_pb2.Principal] | None:
+    """`request.auth.principal`, `.audiences`, `.presenter`, `.claims[a][b]` as istiod matches them."""
+    if key == "request.auth.principal":
+        return _request_principal
+    claims = {"request.auth.audiences": ["aud"], "request.auth.presenter": ["azp"]}.get(key)
+    if key.startswith("request.auth.claims[") and key.endswith("]"):
+        inner = key[len("request.auth.claims"):]
+        nested = re.fullmatch(r"(\[[^\[\]]+\])+", inner)
+        claims = re.findall(r"\[([^\[\]]+)\]", inner) if nested else [inner[1:-1]]
+    if claims is None:
+        return None
+    path = claims
+    # A claim may be a string or a list of strings (`aud`, `groups`): either matches.
+    return lambda v: _jwt_claim(path, value_pb2.ValueMatcher(or_match=value_pb2.OrMatcher(value_matchers=[
+        value_pb2.ValueMatcher(list_match=value_pb2.ListMatcher(one_of=value_pb2.ValueMatcher(string_match=_string(v)))),
+        value_pb2.ValueMatcher(string_match=_string(v)),
+    ])))
+
+
+def _request_principal(value: str) -> rbac_pb2.Principal:
+    """`<iss>/<sub>`, split at the last `/` (issuers are URLs), each half matched as istiod does."""
+    iss, found, sub = value.rpartition("/")
+    if not found:
+        iss, sub = value, ""
+    any_ = string_pb2.StringMatcher(safe_regex=regex_pb2.RegexMatcher(regex=".+"))
+    if value == "*":
+        match_iss, match_sub = any_, any_
+    elif value.startswith("*"):
+        if found:
+            match_iss = any_ if iss == "*" else string_pb2.StringMatcher(suffix=iss[1:])
+            match_sub = string_pb2.StringMatcher(exact=sub)
+        else:
+            match_iss, match_sub = any_, string_pb2.StringMatcher(suffix=value[1:])
+    elif value.endswith("*"):
+        if found:
+            match_iss = string_pb2.StringMatcher(exact=iss)
+            match_sub = any_ if sub == "*" else string_pb2.StringMatcher(prefix=sub[:-1])
+        else:
+            match_iss, match_sub = string_pb2.StringMatcher(prefix=value[:-1]), any_
+    else:
+        match_iss, match_sub = string_pb2.StringMatcher(exact=iss), string_pb2.StringMatcher(exact=sub)
+    return _and_ids([_jwt_claim(["iss"], value_pb2.ValueMatcher(string_match=match_iss)),
+                     _jwt_claim(["sub"], value_pb2.ValueMatcher(string_match=match_sub))])
+
+
+def _jwt_claim(path: Sequence[str], value: value_pb2.ValueMatcher) -> rbac_pb2.Principal:
+    """A claim of the verified token's payload, which jwt_authn leaves in dynamic metadata."""
+    segments = [metadata_pb2.MetadataMatcher.PathSegment(key=k) for k in (JWT_PAYLOAD, *path)]
+    return rbac_pb2.Principal(metadata=metadata_pb2.MetadataMatcher(filter=JWT_FILTER, path=segments, value=value))
 
 
 def _string(value: str, prefix: str = "") -> string_pb2.StringMatcher:

@@ -1,10 +1,10 @@
 """Which security policy applies to a workload's inbound port, for every flavor: the mTLS mode
-PeerAuthentication gives it, and the AuthorizationPolicies that select it. Pure."""
+PeerAuthentication gives it, and the AuthorizationPolicies and RequestAuthentications that select it. Pure."""
 
 from __future__ import annotations
 
 from istiod.model.config import scope
-from istiod.model.config.security import AuthorizationPolicy, MTLSMode
+from istiod.model.config.security import AuthorizationPolicy, MTLSMode, RequestAuthentication
 from istiod.model.proxy import Proxy
 from istiod.model.snapshot import Snapshot
 
@@ -20,6 +20,11 @@ def inbound_mtls_mode(snapshot: Snapshot, proxy: Proxy, port: int) -> MTLSMode:
 def authorization_policies(snapshot: Snapshot, proxy: Proxy) -> tuple[AuthorizationPolicy, ...]:
     return tuple(scope.policies_for(snapshot.config.authorization_policies, proxy.namespace, workload_labels(snapshot, proxy),
                                     snapshot.mesh.root_namespace))
+
+
+def request_authentications(snapshot: Snapshot, proxy: Proxy) -> tuple[RequestAuthentication, ...]:
+    return tuple(scope.policies_for(snapshot.config.request_authentications, proxy.namespace,
+                                    workload_labels(snapshot, proxy), snapshot.mesh.root_namespace))
 
 
 def workload_labels(snapshot: Snapshot, proxy: Proxy) -> dict[str, str]:

@@ -8,12 +8,15 @@
 - `virtualInbound` (15006): per port the pod serves, filter chains matched on the transport
   protocol: mesh mTLS (TLS with Istio's ALPN, the workload certificate, a client certificate the
   mesh root signed) and, unless STRICT, plaintext; anything else passes through to the app.
+  HTTP chains run jwt_authn (RequestAuthentication) then RBAC (AuthorizationPolicy) before the
+  router; TCP chains, the pass-through ones included, run the RBAC network filter before tcp_proxy.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from envoy.config.core.v3 import address_pb2, base_pb2
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
@@ -23,7 +26,7 @@ from envoy.extensions.filters.listener.tls_inspector.v3 import tls_inspector_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from google.protobuf import duration_pb2, wrappers_pb2
 
-from istiod.model.config.security import AuthorizationPolicy, MTLSMode
+from istiod.model.config.security import AuthorizationPolicy, MTLSMode, RequestAuthentication
 from istiod.model.mesh import MeshConfig, OutboundTrafficPolicy
 from istiod.model.names import inbound_cluster_name
 from istiod.model.proxy import Proxy
@@ -43,8 +46,9 @@ from istiod.xds.gen.sidecar.ports import (
     inbound_ports,
     outbound_ports,
 )
-from istiod.xds.gen.rbac import authorization_filters
-from istiod.xds.gen.security import authorization_policies, inbound_mtls_mode
+from istiod.xds.gen.authn import jwt_filter
+from istiod.xds.gen.rbac import authorization_filters, tcp_authorization_filters
+from istiod.xds.gen.security import authorization_policies, inbound_mtls_mode, request_authentications
 from istiod.xds.gen.tls import HTTP_ALPN, MESH_ALPN_MATCH, sds_downstream_tls
 
 VIRTUAL_OUTBOUND = "virtualOutbound"
@@ -79,16 +83,18 @@ def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
             continue  # headless TCP: its traffic takes virtualOutbound's passthrough
         named.add(name)
     inbound = inbound_ports(snapshot, proxy)
-    # PeerAuthentication per port (port 0: ports no service names) and the AuthorizationPolicies
-    # selecting the workload, translated as for proxyless servers.
+    # PeerAuthentication per port (port 0: ports no service names), the AuthorizationPolicies
+    # (translated as for proxyless servers) and RequestAuthentications selecting the workload.
     modes = {port: inbound_mtls_mode(snapshot, proxy, port) for port in (0, *(p.port for p in inbound))}
     policies = authorization_policies(snapshot, proxy)
+    jwt = request_authentications(snapshot, proxy)
     # Proxies whose pods serve the same ports under the same policies share one copy: the scope
     # says what it holds.
     scope = ",".join(f"{p.port}/{p.protocol.value}" for p in inbound) + ":" + ",".join(
-        f"{port}={mode.value}" for port, mode in modes.items()) + ":" + ",".join(str(p.meta) for p in policies)
-    result.append(cache.get(types.LISTENER, VIRTUAL_INBOUND, policies, scope=scope,
-                            build=lambda: virtual_inbound(inbound, modes, policies)))
+        f"{port}={mode.value}" for port, mode in modes.items()) + ":" + ",".join(
+        str(p.meta) for p in policies) + ":" + ",".join(str(r.meta) for r in jwt)
+    result.append(cache.get(types.LISTENER, VIRTUAL_INBOUND, (*policies, *jwt), scope=scope,
+                            build=lambda: virtual_inbound(inbound, modes, policies, jwt)))
     if names is not None:
         wanted = set(names)
         result = [r for r in result if r.name in wanted]
@@ -145,25 +151,28 @@ def _outbound_listener(name: str, ip: str, port: int, main: listener_components_
 
 
 def virtual_inbound(ports: tuple[InboundPort, ...], modes: Mapping[int, MTLSMode],
-                    policies: tuple[AuthorizationPolicy, ...] = ()) -> listener_pb2.Listener:
+                    policies: tuple[AuthorizationPolicy, ...] = (),
+                    request_auth: tuple[RequestAuthentication, ...] = ()) -> listener_pb2.Listener:
     """`modes`: the mTLS mode of each inbound port, and of the rest under port 0."""
-    authz = authorization_filters(policies)
+    authz = authorization_filters(policies, request_auth=True)
     for problem in authz.problems:
-        log.warning("%s (sidecar %s)", problem, VIRTUAL_INBOUND)
-    if policies and any(not p.protocol.is_http for p in ports):
-        log.warning("AuthorizationPolicy on TCP ports is not implemented: %s are not enforced on %s",
-                    ", ".join(str(p.meta) for p in policies),
-                    ", ".join(str(p.port) for p in ports if not p.protocol.is_http))
+        log.warning("%s (sidecar %s, HTTP ports)", problem, VIRTUAL_INBOUND)
+    tcp = tcp_authorization_filters(policies)
+    for problem in tcp.problems:
+        if problem not in authz.problems:  # istiod's semantics for HTTP fields on TCP: said, not warned
+            log.info("%s (sidecar %s, TCP and unnamed ports)", problem, VIRTUAL_INBOUND)
+    jwt = jwt_filter(request_auth)
+    filters = _Filters((jwt, *authz.filters) if jwt is not None else authz.filters, tcp.filters)
     chains = [_loop_breaker(VIRTUAL_INBOUND, VIRTUAL_INBOUND_PORT)]
     for inbound in ports:
-        chains += _inbound_chains(inbound, modes[inbound.port], authz.filters)
+        chains += _inbound_chains(inbound, modes[inbound.port], filters)
     strict = modes[0] is MTLSMode.STRICT
     # Ports no service names: mTLS is terminated here, everything else passes through untouched.
     chains.append(listener_components_pb2.FilterChain(
         name=f"{VIRTUAL_INBOUND}-mtls-passthrough",
         filter_chain_match=_transport_match(None, mtls=True, strict=strict),
         transport_socket=sds_downstream_tls(()),
-        filters=[tcp_proxy(INBOUND_PASSTHROUGH, INBOUND_PASSTHROUGH)],
+        filters=[*tcp.filters, tcp_proxy(INBOUND_PASSTHROUGH, INBOUND_PASSTHROUGH)],
     ))
     return listener_pb2.Listener(
         name=VIRTUAL_INBOUND,
@@ -179,13 +188,22 @@ def virtual_inbound(ports: tuple[InboundPort, ...], modes: Mapping[int, MTLSMode
         filter_chains=chains,
         # Under STRICT a plaintext connection matches no chain and is closed.
         default_filter_chain=None if strict else listener_components_pb2.FilterChain(
-            name=f"{VIRTUAL_INBOUND}-passthrough", filters=[tcp_proxy(INBOUND_PASSTHROUGH, INBOUND_PASSTHROUGH)]
+            name=f"{VIRTUAL_INBOUND}-passthrough",
+            filters=[*tcp.filters, tcp_proxy(INBOUND_PASSTHROUGH, INBOUND_PASSTHROUGH)],
         ),
     )
 
 
-def _inbound_chains(inbound: InboundPort, mode: MTLSMode,
-                    authz: Sequence[hcm_pb2.HttpFilter]) -> list[listener_components_pb2.FilterChain]:
+@dataclass(frozen=True, slots=True)
+class _Filters:
+    """What runs before the app on inbound chains: HTTP filters before the router, network
+    filters before tcp_proxy."""
+
+    http: Sequence[hcm_pb2.HttpFilter] = ()
+    tcp: Sequence[listener_components_pb2.Filter] = ()
+
+
+def _inbound_chains(inbound: InboundPort, mode: MTLSMode, authz: _Filters) -> list[listener_components_pb2.FilterChain]:
     """STRICT: mTLS only; PERMISSIVE: mesh mTLS (by ALPN) and plaintext; DISABLE: the port as it comes."""
     cluster = inbound_cluster_name(inbound.port)
     if mode is MTLSMode.DISABLE:
@@ -193,20 +211,20 @@ def _inbound_chains(inbound: InboundPort, mode: MTLSMode,
             name=f"{cluster}-plaintext",
             filter_chain_match=listener_components_pb2.FilterChainMatch(
                 destination_port=wrappers_pb2.UInt32Value(value=inbound.port)),
-            filters=[_inbound_filter(inbound, cluster, mtls=False, authz=authz)],
+            filters=_inbound_filters(inbound, cluster, mtls=False, authz=authz),
         )]
     strict = mode is MTLSMode.STRICT
     chains = [listener_components_pb2.FilterChain(
         name=f"{cluster}-mtls",
         filter_chain_match=_transport_match(inbound.port, mtls=True, strict=strict),
         transport_socket=sds_downstream_tls(HTTP_ALPN if inbound.protocol.is_http else ()),
-        filters=[_inbound_filter(inbound, cluster, mtls=True, authz=authz)],
+        filters=_inbound_filters(inbound, cluster, mtls=True, authz=authz),
     )]
     if not strict:
         chains.append(listener_components_pb2.FilterChain(
             name=f"{cluster}-plaintext",
             filter_chain_match=_transport_match(inbound.port, mtls=False, strict=strict),
-            filters=[_inbound_filter(inbound, cluster, mtls=False, authz=authz)],
+            filters=_inbound_filters(inbound, cluster, mtls=False, authz=authz),
         ))
     return chains
 
@@ -220,11 +238,11 @@ def _transport_match(port: int | None, mtls: bool, strict: bool) -> listener_com
     )
 
 
-def _inbound_filter(inbound: InboundPort, cluster: str, mtls: bool,
-                    authz: Sequence[hcm_pb2.HttpFilter]) -> listener_components_pb2.Filter:
+def _inbound_filters(inbound: InboundPort, cluster: str, mtls: bool,
+                     authz: _Filters) -> list[listener_components_pb2.Filter]:
     stat_prefix = f"inbound_{ANY_ADDRESS}_{inbound.port}"
     if not inbound.protocol.is_http:
-        return tcp_proxy(cluster, cluster)
+        return [*authz.tcp, tcp_proxy(cluster, cluster)]
     route = route_pb2.RouteConfiguration(
         name=cluster,
         validate_clusters=wrappers_pb2.BoolValue(value=False),
@@ -245,8 +263,8 @@ def _inbound_filter(inbound: InboundPort, cluster: str, mtls: bool,
             set_current_client_cert_details=hcm_pb2.HttpConnectionManager.SetCurrentClientCertDetails(
                 subject=wrappers_pb2.BoolValue(value=True), dns=True, uri=True),
         )
-    return network_filter(HCM_FILTER, _sidecar_hcm(stat_prefix, authz, route_config=route, server_name="istio-envoy",
-                                                    **fields))
+    return [network_filter(HCM_FILTER, _sidecar_hcm(stat_prefix, authz.http, route_config=route,
+                                                     server_name="istio-envoy", **fields))]
 
 
 def _sidecar_hcm(stat_prefix: str, http_filters: Sequence[hcm_pb2.HttpFilter] = (), /,
