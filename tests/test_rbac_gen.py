@@ -1,8 +1,9 @@
-"""AuthorizationPolicy -> RBAC filter protos, and the inbound mTLS mode, as pure functions."""
+"""AuthorizationPolicy -> RBAC filter protos (HTTP, TCP, JWT fields), and the inbound mTLS mode, as pure functions."""
 
 from __future__ import annotations
 
 from envoy.extensions.filters.http.rbac.v3 import rbac_pb2 as http_rbac_pb2
+from envoy.extensions.filters.network.rbac.v3 import rbac_pb2 as network_rbac_pb2
 from google.protobuf.json_format import MessageToDict
 
 from istiod.model.config import ConfigSet
@@ -13,7 +14,7 @@ from istiod.model.config.security import (
 from istiod.model.mesh import MeshConfig
 from istiod.model.proxy import Proxy
 from istiod.model.snapshot import Snapshot
-from istiod.xds.gen.rbac import RBAC_FILTER, authorization_filters
+from istiod.xds.gen.rbac import NETWORK_RBAC_FILTER, RBAC_FILTER, authorization_filters, tcp_authorization_filters
 from istiod.xds.gen.security import authorization_policies, inbound_mtls_mode
 
 
@@ -107,3 +108,78 @@ def test_inbound_mode_and_policies_follow_istios_scoping() -> None:
     assert inbound_mtls_mode(bare, proxy, 7070) is MTLSMode.PERMISSIVE
     assert inbound_mtls_mode(Snapshot("1", mesh=MeshConfig(mtls=True)), proxy, 7070) is MTLSMode.STRICT
     assert [p.meta.name for p in authorization_policies(snapshot, proxy)] == ["mesh", "local"]
+
+
+def _network_rules(result) -> list[dict]:  # type: ignore[no-untyped-def, type-arg]
+    rules = []
+    for f in result.filters:
+        assert f.name == NETWORK_RBAC_FILTER
+        config = network_rbac_pb2.RBAC()
+        assert f.typed_config.Unpack(config)
+        assert config.stat_prefix == "tcp."
+        rules.append(MessageToDict(config.rules))
+    return rules
+
+
+def test_http_only_fields_on_tcp_chains_follow_istiods_builder() -> None:
+    """On a TCP chain an ALLOW rule with an HTTP-only field is left out (allows less); a DENY rule
+    ignores the field and keeps the rest (denies more): `ports: [9000], methods: [GET]` denies all of 9000."""
+    deny = ap("deny", Action.DENY, Rule(operations=(Operation(ports=(9000,), methods=("GET",)),)),
+              Rule(when=(Condition("request.headers[x-user]", ("bob",)),)))
+    allow = ap("allow", Action.ALLOW, Rule(sources=(Source(principals=("cluster.local/ns/shop/sa/web",)),)),
+               Rule(operations=(Operation(paths=("/public",)),)),
+               Rule(sources=(Source(request_principals=("*",)),)))
+    result = tcp_authorization_filters([deny, allow])
+    deny_rules, allow_rules = _network_rules(result)
+    assert deny_rules["policies"] == {
+        "ns[demo]-policy[deny]-rule[0]": {"permissions": [{"destinationPort": 9000}], "principals": [{"any": True}]},
+        "ns[demo]-policy[deny]-rule[1]": {"permissions": [{"any": True}], "principals": [{"any": True}]},
+    }
+    assert sorted(allow_rules["policies"]) == ["ns[demo]-policy[allow]-rule[0]"]
+    assert result.problems == (
+        "AuthorizationPolicy demo/deny rules[0]: to.operation.methods is HTTP only (TCP port); ignored, so the rule "
+        "denies more",
+        "AuthorizationPolicy demo/deny rules[1]: when.key request.headers[x-user] is HTTP only (TCP port); ignored, "
+        "so the rule denies more",
+        "AuthorizationPolicy demo/allow rules[1]: to.operation.paths is HTTP only (TCP port); the rule is left out, "
+        "allowing less",
+        "AuthorizationPolicy demo/allow rules[2]: from.source.requestPrincipals is HTTP only (TCP port); the rule is "
+        "left out, allowing less",
+    )
+    assert tcp_authorization_filters([]).filters == ()
+
+
+def _jwt_claim(path: list[str], value: dict) -> dict:  # type: ignore[type-arg]
+    return {"metadata": {"filter": "envoy.filters.http.jwt_authn",
+                         "path": [{"key": k} for k in ("payload", *path)], "value": value}}
+
+
+def _claim_value(exact: str) -> dict:  # type: ignore[type-arg]
+    return {"orMatch": {"valueMatchers": [{"listMatch": {"oneOf": {"stringMatch": {"exact": exact}}}},
+                                          {"stringMatch": {"exact": exact}}]}}
+
+
+def test_request_principals_and_claims_read_the_jwt_payload_where_jwt_authn_runs() -> None:
+    rule = Rule(sources=(Source(request_principals=("https://issuer.test/path/alice",),
+                                not_request_principals=("*",)),),
+                when=(Condition("request.auth.claims[groups]", ("admins",)),
+                      Condition("request.auth.claims[realm][role]", ("ops",)),
+                      Condition("request.auth.audiences", ("web",)),
+                      Condition("request.auth.presenter", ("cli",)),
+                      Condition("request.auth.principal", ("iss/*",))))
+    (rules,) = (MessageToDict(_unpack(f)) for f in authorization_filters([ap("jwt", Action.ALLOW, rule)],
+                                                                           request_auth=True).filters)
+    source, *conditions = rules["policies"]["ns[demo]-policy[jwt]-rule[0]"]["principals"][0]["andIds"]["ids"]
+    any_ = {"safeRegex": {"regex": ".+"}}
+    # The request principal `<iss>/<sub>` splits at the last `/`: the issuer is a URL.
+    assert source["andIds"]["ids"] == [
+        {"andIds": {"ids": [_jwt_claim(["iss"], {"stringMatch": {"exact": "https://issuer.test/path"}}),
+                            _jwt_claim(["sub"], {"stringMatch": {"exact": "alice"}})]}},
+        {"notId": {"andIds": {"ids": [_jwt_claim(["iss"], {"stringMatch": any_}),
+                                      _jwt_claim(["sub"], {"stringMatch": any_})]}}}]
+    assert conditions[0] == _jwt_claim(["groups"], _claim_value("admins"))
+    assert conditions[1] == _jwt_claim(["realm", "role"], _claim_value("ops"))
+    assert conditions[2] == _jwt_claim(["aud"], _claim_value("web"))
+    assert conditions[3] == _jwt_claim(["azp"], _claim_value("cli"))
+    assert conditions[4] == {"andIds": {"ids": [_jwt_claim(["iss"], {"stringMatch": {"exact": "iss"}}),
+                                                _jwt_claim(["sub"], {"stringMatch": any_})]}}
