@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import padding, rsa
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 
 from tests.envoy_peer import Envoy, sidecar_envoy
 from tests.peers import Istiod, Process, wait_until
@@ -149,6 +149,16 @@ class Signer:
         return f"{signing_input}.{_b64(signature)}"
 
 
+def _other_kinds_of_keys() -> str:
+    point = ec.generate_private_key(ec.SECP256R1()).public_key().public_numbers()
+    edwards = ed25519.Ed25519PrivateKey.generate().public_key().public_bytes_raw()
+    return json.dumps({"keys": [
+        {"kty": "EC", "crv": "P-256", "x": _b64(point.x.to_bytes(32)), "y": _b64(point.y.to_bytes(32))},
+        {"kty": "OKP", "crv": "Ed25519", "x": _b64(edwards)},
+        {"kty": "oct", "k": _b64(b"a shared secret")},
+    ]})
+
+
 def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
@@ -169,6 +179,8 @@ spec:
   - issuer: {ISSUER}
     audiences: [web]
     jwks: '{signer.jwks()}'
+  - issuer: https://other-kinds.test  # a second provider: every other kind of key validation accepts
+    jwks: '{_other_kinds_of_keys()}'
 """)
     (mesh_dir / "ap.yaml").write_text(POLICY + f"""  rules:
   - from: [{{source: {{requestPrincipals: ["{ISSUER}/*"]}}}}]

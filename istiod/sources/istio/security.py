@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
+
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
 from istiod.model.config.security import (
     Action, AuthorizationPolicy, Condition, JWTHeader, JWTRule, MTLSMode, Operation, PeerAuthentication,
@@ -164,12 +168,8 @@ def _jwt_rule(r: _Fields) -> JWTRule:
     jwks = r.get("jwks", str, "")
     if not jwks:
         raise r.fail("jwks must be set (fetching keys from the issuer is not supported by this istiod)")
-    try:
-        keys = json.loads(jwks).get("keys")
-    except (ValueError, AttributeError):
-        keys = None
-    if not isinstance(keys, list):
-        raise r.fail("jwks: jwks parse error: expected a JSON object with a `keys` list")
+    if (error := _jwks_error(jwks)) is not None:
+        raise r.fail(f"jwks: jwks parse error: {error}")
     headers = []
     for h in items(r, "fromHeaders"):
         only(h, ("name", "prefix"))
@@ -188,6 +188,56 @@ def _jwt_rule(r: _Fields) -> JWTRule:
         claims.append((header, claim))
     return JWTRule(issuer, audiences, jwks, tuple(headers), params, cookies,
                    r.get("outputPayloadToHeader", str, ""), r.get("forwardOriginalToken", bool, False), tuple(claims))
+
+
+_EC_CURVES: dict[str, ec.EllipticCurve] = {"P-256": ec.SECP256R1(), "P-384": ec.SECP384R1(), "P-521": ec.SECP521R1()}
+
+
+def _jwks_error(jwks: str) -> str | None:
+    """Why Envoy would refuse this JSON Web Key Set (a NACK of the whole listener), if it would:
+    it needs at least one key, and we ask that every key be a public key its JWT library reads."""
+    try:
+        keys = json.loads(jwks).get("keys")
+    except (ValueError, AttributeError):
+        keys = None
+    if not isinstance(keys, list) or not keys:
+        return "expected a JSON object with a non-empty `keys` list"
+    for i, key in enumerate(keys):
+        try:
+            _public_key(key)
+        except ValueError as error:
+            return f"keys[{i}]: {error}"
+    return None
+
+
+def _public_key(key: object) -> None:
+    """Raise ValueError unless `key` is a JWK of a kind Envoy verifies with (RSA, EC, oct, Ed25519)."""
+    if not isinstance(key, dict):
+        raise ValueError("expected a JSON object")
+
+    def member(name: str) -> int:
+        value = key.get(name)
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"`{name}` must be set")
+        try:
+            return int.from_bytes(base64.b64decode(value + "=" * (-len(value) % 4), altchars=b"-_", validate=True))
+        except binascii.Error:
+            raise ValueError(f"`{name}` is not base64url") from None
+
+    kty = key.get("kty")
+    if kty == "RSA":
+        rsa.RSAPublicNumbers(member("e"), member("n")).public_key()
+    elif kty == "EC":
+        curve = _EC_CURVES.get(str(key.get("crv")))
+        if curve is None:
+            raise ValueError(f"EC `crv` {key.get('crv')!r} is not one of {', '.join(_EC_CURVES)}")
+        ec.EllipticCurvePublicNumbers(member("x"), member("y"), curve).public_key()
+    elif kty == "oct":
+        member("k")
+    elif kty == "OKP" and key.get("crv") == "Ed25519":
+        ed25519.Ed25519PublicKey.from_public_bytes(member("x").to_bytes(32))
+    else:
+        raise ValueError(f"`kty` {kty!r} is not RSA, EC, oct or OKP (Ed25519)")
 
 
 def request_authentication(key: ObjectKey, f: _Fields, domain: str) -> RequestAuthentication:
