@@ -16,9 +16,11 @@ from typing import Any
 
 import pytest
 
+from istiod.ca.pki import cert_pem, key_pem, new_key
 from tests.conftest import DATA
 from tests.envoy_peer import Envoy, sidecar_envoy
 from tests.peers import Istiod, Process, wait_until
+from tests.pki import ca_cert
 from tests.pods import wait_serving
 from tests.test_envoy_sidecar import _dynamic, _mesh, _notable, captured_pod
 from tests.test_sidecar_egress_gen import SIDECAR_RESOURCE, db_route
@@ -27,7 +29,7 @@ DB = "db.shop.svc.cluster.local"
 # The apps: pods db-1 and db-2 (Service db), and the ServiceEntries' hosts at their endpoints.
 APPS = (("tcp-echo", "127.0.0.32:5432", "db-1"), ("tcp-echo", "127.0.0.35:5432", "db-2"),
         ("tcp-echo", "127.0.0.40:7000", "ext"), ("http-server", "127.0.0.1:8090", "echo-external"))
-VIPS = ("10.96.0.11", "10.96.5.1", "10.96.5.2", "10.96.7.7")
+VIPS = ("10.96.0.11", "10.96.0.14", "10.96.5.1", "10.96.5.2", "10.96.7.7")
 # Connects `count` times to host:port, sends a line, and prints every reply line: what the app
 # answered, `closed` when Envoy closed (or reset) the connection without one (BlackHoleCluster).
 CONNECT = """
@@ -44,6 +46,32 @@ for _ in range(count):
     except OSError as error:
         replies.append(type(error).__name__)
 print(json.dumps(replies))
+"""
+
+# A TLS server that answers its name to whoever completes a handshake, and a client that prints
+# who answered for a given SNI: Envoy routes the connection by the SNI without terminating TLS.
+TLS_SERVER = """
+import json, socket, ssl, sys
+address, port, name, cert = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+context.load_cert_chain(cert)
+server = socket.create_server((address, port))
+print(json.dumps({"serving": f"{address}:{port}", "name": name}), flush=True)
+while True:
+    connection, _ = server.accept()
+    try:
+        with context.wrap_socket(connection, server_side=True) as tls:
+            tls.sendall(name.encode() + b"\\n")
+    except (OSError, ssl.SSLError):
+        pass
+"""
+TLS_CLIENT = """
+import socket, ssl, sys
+context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5) as sock:
+    with context.wrap_socket(sock, server_hostname=sys.argv[3] or None) as tls:
+        print(tls.makefile().readline().strip())
 """
 
 pytestmark = pytest.mark.skipif(shutil.which("iptables") is None,
@@ -173,3 +201,29 @@ def test_service_entries_reachable_and_the_rest_blackholed_under_registry_only(
         counters = envoy.get("/stats?filter=(BlackHoleCluster|echo.external.test).*(upstream_cx_total|cx_none_healthy|"
                              "upstream_rq_200)$")[1]
         print(f"Envoy's stats:\n{counters}")
+
+
+def test_tls_routes_by_sni(mesh_dir: Path, start_istiod: Callable[..., Istiod], tmp_path: Path) -> None:
+    """TLS to secure's VIP: SNI b.tls.test goes to the ServiceEntry host (the `tls` route), any
+    other SNI, or none, to secure-1; Envoy never terminates the TLS."""
+    key = new_key()
+    (tmp_path / "server.pem").write_text(cert_pem(ca_cert("tls test server", key)) + key_pem(key).decode())
+    with pod(mesh_dir, start_istiod) as (envoy, run):
+        servers = [Process(envoy.netns(sys.executable, "-c", TLS_SERVER, address, "443", name,
+                                       str(tmp_path / "server.pem")), name=f"tls-{name}")
+                   for address, name in (("127.0.0.36", "secure-1"), ("127.0.0.41", "b.tls.test"))]
+        try:
+            for server in servers:
+                wait_serving(server)
+
+            def hello(sni: str) -> str:
+                done = run(sys.executable, "-c", TLS_CLIENT, "10.96.0.14", "443", sni)
+                return done.stdout.strip() or done.stderr.strip()[-300:]
+
+            answers = {sni or "(no SNI)": hello(sni) for sni in ("b.tls.test", "secure.shop.svc.cluster.local", "")}
+            print(f"TLS to 10.96.0.14:443, who answered per SNI: {answers}")
+            assert answers == {"b.tls.test": "b.tls.test", "secure.shop.svc.cluster.local": "secure-1",
+                               "(no SNI)": "secure-1"}
+        finally:
+            for server in servers:
+                server.stop()

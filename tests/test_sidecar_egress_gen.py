@@ -138,3 +138,14 @@ def test_service_entries_get_their_vip_and_dns_clusters() -> None:
     routes = generate(types.ROUTE, snap, route_pb2.RouteConfiguration)
     host = next(h for h in routes["8090"].virtual_hosts if h.name == "echo.external.test:8090")
     assert {"echo.external.test", "echo.external.test:8090", "10.96.5.2:8090"} <= set(host.domains)
+
+
+def test_tls_routes_by_sni_with_the_rest_to_the_service() -> None:
+    listener = generate(types.LISTENER, snapshot(), listener_pb2.Listener)["10.96.0.14_443"]
+    assert [f.name for f in listener.listener_filters] == ["envoy.filters.listener.tls_inspector"]
+    by_sni, default = listener.filter_chains
+    assert list(by_sni.filter_chain_match.server_names) == ["b.tls.test"]
+    assert tcp_proxy_of(listener_pb2.Listener(filter_chains=[by_sni])).cluster == "outbound|443||b.tls.test"
+    assert not default.HasField("filter_chain_match")
+    assert tcp_proxy_of(listener_pb2.Listener(filter_chains=[default])).cluster == \
+        "outbound|443||secure.shop.svc.cluster.local"

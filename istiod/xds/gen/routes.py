@@ -21,7 +21,7 @@ from google.protobuf import duration_pb2, wrappers_pb2
 
 from istiod.model.config.common import MatchKind, StringMatch, selector_matches
 from istiod.model.config.networking import (
-    MESH_GATEWAY, ConsistentHash, Destination, Fault, HTTPMatch, HTTPRoute, L4Match, Retries, VirtualService,
+    MESH_GATEWAY, ConsistentHash, Destination, Fault, HTTPMatch, HTTPRoute, L4Match, L4Route, Retries, VirtualService,
 )
 from istiod.model.names import outbound_cluster_name
 from istiod.model.service import Service
@@ -102,18 +102,39 @@ def destination_cluster(destination: Destination, port: int, services: Mapping[s
     return outbound_cluster_name(dest_port, destination.host, destination.subset), dest_port
 
 
+# Where an L4 route sends: (cluster, weight) pairs; a weight of 0 with one destination means all.
+L4Destinations = list[tuple[str, int]]
+
+
 def tcp_destinations(vs: VirtualService | None, service: Service, port: int, services: Mapping[str, Service],
-                     source: tuple[str, Mapping[str, str]], vip: str | None) -> list[tuple[str, int]]:
-    """(cluster, weight) for TCP traffic to `service:port` (at `vip`) from a mesh proxy with
-    `source` (namespace, labels): the first `tcp` route with a match that holds (or none), else
-    the service's own cluster. Every match condition is fixed per listener and proxy, so it is
-    decided here rather than by Envoy."""
+                     source: tuple[str, Mapping[str, str]], vip: str | None) -> L4Destinations:
+    """For TCP traffic to `service:port` (at `vip`) from a mesh proxy with `source` (namespace,
+    labels): the first `tcp` route with a match that holds (or none), else the service's own
+    cluster. Every match condition is fixed per listener and proxy, so it is decided here rather
+    than by Envoy."""
     for tcp in vs.tcp if vs is not None else ():
-        if tcp.match and not any(_l4_applies(m, port, vip, *source) for m in tcp.match):
-            continue
-        chosen = [d for d in tcp.route if d.weight > 0 or len(tcp.route) == 1]
-        return [(destination_cluster(d.destination, port, services)[0], d.weight) for d in chosen]
+        if not tcp.match or any(_l4_applies(m, port, vip, *source) for m in tcp.match):
+            return _l4_destinations(tcp, port, services)
     return [(service.cluster_name(port), 0)]
+
+
+def tls_destinations(vs: VirtualService | None, port: int, services: Mapping[str, Service],
+                     source: tuple[str, Mapping[str, str]], vip: str | None) -> list[tuple[tuple[str, ...], L4Destinations]]:
+    """(SNI names, destinations) per `tls` route whose matches hold, in order; a name belongs to
+    the first route that names it (Envoy refuses two filter chains with one match)."""
+    claimed: set[str] = set()
+    result = []
+    for tls in vs.tls if vs is not None else ():
+        names = [n for m in tls.match if _l4_applies(m, port, vip, *source) for n in m.sni_hosts if n not in claimed]
+        if names:
+            claimed.update(names)
+            result.append((tuple(dict.fromkeys(names)), _l4_destinations(tls, port, services)))
+    return result
+
+
+def _l4_destinations(route: L4Route, port: int, services: Mapping[str, Service]) -> L4Destinations:
+    chosen = [d for d in route.route if d.weight > 0 or len(route.route) == 1]
+    return [(destination_cluster(d.destination, port, services)[0], d.weight) for d in chosen]
 
 
 def _l4_applies(match: L4Match, port: int, vip: str | None, namespace: str, labels: Mapping[str, str]) -> bool:

@@ -4,8 +4,8 @@
   of its original destination (`use_original_dst`); what no listener claims goes to
   PassthroughCluster, or BlackHoleCluster under REGISTRY_ONLY.
 - `0.0.0.0_<port>` per HTTP service port (routes from RDS `<port>`), `<vip>_<port>` per TCP service
-  port with a ClusterIP (tcp_proxy to its cluster, or where the VirtualService's `tcp` routes
-  send it); these never bind (`bind_to_port: false`).
+  port with a ClusterIP (tcp_proxy to its cluster, or where the VirtualService's `tls` routes
+  send it by SNI and its `tcp` routes send the rest); these never bind (`bind_to_port: false`).
 - A Sidecar resource's egress listeners narrow the hosts and may move a port (istiod's egress
   listeners): `<bind>_<port>` when they name an address, bound by Envoy under captureMode NONE;
   its outboundTrafficPolicy overrides the mesh's.
@@ -39,7 +39,7 @@ from istiod.xds.gen.filters import (
     HCM_FILTER, TCP_PROXY_FILTER, ads_source, http_connection_manager, network_filter, pack, tcp_proxy,
     with_fault_filter,
 )
-from istiod.xds.gen.routes import tcp_destinations
+from istiod.xds.gen.routes import L4Destinations, tcp_destinations, tls_destinations
 from istiod.xds.gen.sidecar.clusters import BLACKHOLE, INBOUND_PASSTHROUGH, PASSTHROUGH
 from istiod.xds.gen.sidecar.ports import (
     PROXY_PORTS,
@@ -87,7 +87,8 @@ def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
                 result.append(cache.get(
                     types.LISTENER, name, (target.service, *depends_on),
                     lambda: tcp_outbound_listener(address, target, tcp_destinations(
-                        vs, target.service, target.port.port, snapshot.services, source, target.vip)),
+                        vs, target.service, target.port.port, snapshot.services, source, target.vip),
+                        tls_destinations(vs, target.port.port, snapshot.services, source, target.vip)),
                     scope=f"{target.bind_to_port}:{proxy.namespace}/{proxy.labels}"))
         else:
             continue  # headless TCP: its traffic takes virtualOutbound's passthrough
@@ -144,18 +145,33 @@ def http_outbound_listener(target: OutboundPort) -> listener_pb2.Listener:
         _sidecar_hcm(f"outbound_{name}", rds=rds))), target.bind_to_port)
 
 
-def tcp_outbound_listener(address: str, target: OutboundPort,
-                          destinations: Sequence[tuple[str, int]]) -> listener_pb2.Listener:
-    """tcp_proxy to the destination the VirtualService's `tcp` routes choose (weighted if several)."""
+def tcp_outbound_listener(address: str, target: OutboundPort, destinations: L4Destinations,
+                          by_sni: Sequence[tuple[tuple[str, ...], L4Destinations]] = ()) -> listener_pb2.Listener:
+    """tcp_proxy to where the VirtualService's `tls` routes send by SNI (a filter chain each, after
+    the TLS inspector), and the rest where its `tcp` routes send (weighted if several)."""
     port = target.number
+    listener = _outbound_listener(f"{address}_{port}", address, port, _l4_proxy(target, destinations),
+                                  target.bind_to_port)
+    if by_sni:
+        listener.listener_filters.append(listener_components_pb2.ListenerFilter(
+            name=TLS_INSPECTOR_FILTER, typed_config=pack(tls_inspector_pb2.TlsInspector())))
+        listener.continue_on_listener_filters_timeout = True  # a client that speaks first: no SNI
+        default = listener.filter_chains.pop()
+        listener.filter_chains.extend(listener_components_pb2.FilterChain(
+            name=f"{listener.name}_{names[0]}",
+            filter_chain_match=listener_components_pb2.FilterChainMatch(server_names=names),
+            filters=[_l4_proxy(target, sni_destinations)]) for names, sni_destinations in by_sni)
+        listener.filter_chains.append(default)
+    return listener
+
+
+def _l4_proxy(target: OutboundPort, destinations: L4Destinations) -> listener_components_pb2.Filter:
     if len(destinations) == 1:
-        proxy = tcp_proxy(destinations[0][0], destinations[0][0])
-    else:
-        proxy = network_filter(TCP_PROXY_FILTER, tcp_proxy_pb2.TcpProxy(
-            stat_prefix=target.cluster, weighted_clusters=tcp_proxy_pb2.TcpProxy.WeightedCluster(clusters=[
-                tcp_proxy_pb2.TcpProxy.WeightedCluster.ClusterWeight(name=name, weight=weight)
-                for name, weight in destinations])))
-    return _outbound_listener(f"{address}_{port}", address, port, proxy, target.bind_to_port)
+        return tcp_proxy(destinations[0][0], destinations[0][0])
+    return network_filter(TCP_PROXY_FILTER, tcp_proxy_pb2.TcpProxy(
+        stat_prefix=target.cluster, weighted_clusters=tcp_proxy_pb2.TcpProxy.WeightedCluster(clusters=[
+            tcp_proxy_pb2.TcpProxy.WeightedCluster.ClusterWeight(name=name, weight=weight)
+            for name, weight in destinations])))
 
 
 def _outbound_listener(name: str, ip: str, port: int, main: listener_components_pb2.Filter,
