@@ -21,6 +21,7 @@ from tests.conftest import DATA
 from tests.envoy_peer import Envoy, sidecar_envoy
 from tests.peers import Istiod, Process, wait_until
 from tests.pki import ca_cert
+from tests.test_cli import istiod_cli
 from tests.pods import wait_serving
 from tests.test_envoy_sidecar import _dynamic, _mesh, _notable, captured_pod
 from tests.test_sidecar_egress_gen import SIDECAR_RESOURCE, db_route
@@ -80,7 +81,7 @@ pytestmark = pytest.mark.skipif(shutil.which("iptables") is None,
 
 @contextmanager
 def pod(mesh_dir: Path, start_istiod: Callable[..., Istiod], *flags: str,
-        extra: str = "") -> Iterator[tuple[Envoy, Callable[..., Any]]]:
+        extra: str = "") -> Iterator[tuple[Envoy, Callable[..., Any], Istiod]]:
     """web-1 with its Envoy, capture and apps, on sidecar-mesh.yaml + tcp-egress.yaml + `extra`."""
     _mesh(mesh_dir)
     shutil.copy(DATA / "tcp-egress.yaml", mesh_dir / "tcp-egress.yaml")
@@ -98,7 +99,7 @@ def pod(mesh_dir: Path, start_istiod: Callable[..., Istiod], *flags: str,
                 apps.append(Process(envoy.netns(sys.executable, "-m", "istiod.demo.apps", kind, "--address", address,
                                                 "--name", name), name=name))
                 wait_serving(apps[-1])
-            yield envoy, run
+            yield envoy, run, istiod
             print("Envoy printed:\n" + _notable(envoy))
         finally:
             for app in apps:
@@ -131,7 +132,7 @@ def test_tcp_routes_to_a_subset_then_a_weighted_split(mesh_dir: Path, start_isti
     """40 connections over a 50/50 split: both destinations answer, except with probability
     2 * 0.5^40 < 2e-12; with the route to subset v2 alone, db-2 answers all 20."""
     to_v2 = db_route("[{match: [{port: 5432}], route: [{destination: {host: db, subset: v2}}]}]")
-    with pod(mesh_dir, start_istiod, extra=to_v2) as (envoy, run):
+    with pod(mesh_dir, start_istiod, extra=to_v2) as (envoy, run, istiod):
         assert proxy_config(listener(envoy, "10.96.0.11_5432"))["cluster"] == f"outbound|5432|v2|{DB}"
         replies = Counter(connect(run, "10.96.0.11:5432", 20))
         print(f"20 connections to db's VIP, tcp route to subset v2: {dict(replies)}")
@@ -147,13 +148,16 @@ def test_tcp_routes_to_a_subset_then_a_weighted_split(mesh_dir: Path, start_isti
         replies = Counter(connect(run, "10.96.0.11:5432", 40))
         print(f"40 connections to db's VIP, 50/50 between db v2 and tcp.external.test: {dict(replies)}")
         assert set(replies) == {"db-2: hi", "ext: hi"}
+        listeners = istiod_cli(istiod, "proxy-config", "listeners", "web-1.shop").stdout
+        print(listeners)
+        assert f"WeightedClusters: outbound|5432|v2|{DB} (50), outbound|7000||tcp.external.test (50)" in listeners
 
 
 def test_sidecar_egress_listeners_and_outbound_policy(mesh_dir: Path, start_istiod: Callable[..., Istiod]) -> None:
     """The Sidecar resource's egress listeners: db on port 15432 through capture and on
     127.0.0.1:15433 bound by Envoy (captureMode NONE); db's own port is not seen, so under the
     Sidecar's REGISTRY_ONLY it is blackholed; web still works; rpc is gone from Envoy."""
-    with pod(mesh_dir, start_istiod, extra=SIDECAR_RESOURCE) as (envoy, run):
+    with pod(mesh_dir, start_istiod, extra=SIDECAR_RESOURCE) as (envoy, run, istiod):
         dump = envoy.config_dump()
         listeners, clusters = _dynamic(dump, "listeners"), _dynamic(dump, "clusters")
         print(f"Envoy's listeners: {sorted(listeners)}")
@@ -178,7 +182,7 @@ def test_service_entries_reachable_and_the_rest_blackholed_under_registry_only(
         mesh_dir: Path, start_istiod: Callable[..., Istiod]) -> None:
     """MESH_EXTERNAL ServiceEntries: a TCP host at a static address and an HTTP host whose
     endpoint is the DNS name `localhost`, which Envoy resolves itself (STRICT_DNS)."""
-    with pod(mesh_dir, start_istiod, "--outbound-traffic-policy", "REGISTRY_ONLY") as (envoy, run):
+    with pod(mesh_dir, start_istiod, "--outbound-traffic-policy", "REGISTRY_ONLY") as (envoy, run, istiod):
         dns = _dynamic(envoy.config_dump(), "clusters")["outbound|8090||echo.external.test"]
         assert dns["type"] == "STRICT_DNS"
         tcp = connect(run, "10.96.5.1:7000", 3)
@@ -208,7 +212,7 @@ def test_tls_routes_by_sni(mesh_dir: Path, start_istiod: Callable[..., Istiod], 
     other SNI, or none, to secure-1; Envoy never terminates the TLS."""
     key = new_key()
     (tmp_path / "server.pem").write_text(cert_pem(ca_cert("tls test server", key)) + key_pem(key).decode())
-    with pod(mesh_dir, start_istiod) as (envoy, run):
+    with pod(mesh_dir, start_istiod) as (envoy, run, istiod):
         servers = [Process(envoy.netns(sys.executable, "-c", TLS_SERVER, address, "443", name,
                                        str(tmp_path / "server.pem")), name=f"tls-{name}")
                    for address, name in (("127.0.0.36", "secure-1"), ("127.0.0.41", "b.tls.test"))]
@@ -224,6 +228,10 @@ def test_tls_routes_by_sni(mesh_dir: Path, start_istiod: Callable[..., Istiod], 
             print(f"TLS to 10.96.0.14:443, who answered per SNI: {answers}")
             assert answers == {"b.tls.test": "b.tls.test", "secure.shop.svc.cluster.local": "secure-1",
                                "(no SNI)": "secure-1"}
+            rows = [line for line in istiod_cli(istiod, "proxy-config", "listeners", "web-1.shop").stdout.splitlines()
+                    if "10.96.0.14_443" in line]
+            print("\n".join(rows))
+            assert any("SNI: b.tls.test" in row and "Cluster: outbound|443||b.tls.test" in row for row in rows)
         finally:
             for server in servers:
                 server.stop()

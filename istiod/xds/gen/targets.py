@@ -74,7 +74,7 @@ def route_inputs(snapshot: Snapshot, proxy: Proxy, service: Service) -> tuple[Vi
     (for the cache): it, and each destination's Service and DestinationRule. Model values keep
     their identity while unchanged, so an unrelated change rebuilds nothing."""
     vs = snapshot.config.virtual_service_for_host(proxy.namespace, service.hostname)
-    routes: list[HTTPRoute | L4Route] = [*vs.http, *vs.tcp] if vs is not None else []
+    routes: list[HTTPRoute | L4Route] = [*vs.http, *vs.tcp, *vs.tls] if vs is not None else []
     hosts = dict.fromkeys([service.hostname, *(d.destination.host for r in routes for d in r.route)])
     depends_on: list[object] = [vs]
     for host in hosts:
