@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -179,9 +180,10 @@ def test_sidecar_egress_listeners_and_outbound_policy(mesh_dir: Path, start_isti
 
 
 def test_service_entries_reachable_and_the_rest_blackholed_under_registry_only(
-        mesh_dir: Path, start_istiod: Callable[..., Istiod]) -> None:
-    """MESH_EXTERNAL ServiceEntries: a TCP host at a static address and an HTTP host whose
-    endpoint is the DNS name `localhost`, which Envoy resolves itself (STRICT_DNS)."""
+        mesh_dir: Path, start_istiod: Callable[..., Istiod], tmp_path: Path) -> None:
+    """MESH_EXTERNAL ServiceEntries: a TCP host at a static address, an HTTP host whose endpoint
+    is the DNS name `localhost`, which Envoy resolves itself (STRICT_DNS), and a TLS host without
+    an address, told by SNI."""
     with pod(mesh_dir, start_istiod, "--outbound-traffic-policy", "REGISTRY_ONLY") as (envoy, run, istiod):
         dns = _dynamic(envoy.config_dump(), "clusters")["outbound|8090||echo.external.test"]
         assert dns["type"] == "STRICT_DNS"
@@ -202,36 +204,52 @@ def test_service_entries_reachable_and_the_rest_blackholed_under_registry_only(
         assert tcp == ["ext: hi"] * 3 and unknown_tcp == ["closed"] * 3 and blackholed(envoy) == 3
         assert external["status"] == 200 and json.loads(external["body"])["name"] == "echo-external"
         assert unknown_http["status"] == 502
-        counters = envoy.get("/stats?filter=(BlackHoleCluster|echo.external.test).*(upstream_cx_total|cx_none_healthy|"
+        # b.tls.test has no address: whatever IP the client resolved it to, its SNI picks it on
+        # 0.0.0.0_443 (10.96.7.7 stands for an address DNS gave); another SNI is blackholed.
+        with tls_servers(envoy, tmp_path) as hello:
+            by_sni = {sni: hello("10.96.7.7:443", sni) for sni in ("b.tls.test", "unknown.test")}
+        print(f"TLS to 10.96.7.7:443 by SNI: {by_sni}")
+        assert by_sni["b.tls.test"] == "b.tls.test" and by_sni["unknown.test"] != "b.tls.test"
+        assert blackholed(envoy) == 4
+        counters = envoy.get("/stats?filter=(BlackHoleCluster|external.test).*(upstream_cx_total|cx_none_healthy|"
                              "upstream_rq_200)$")[1]
         print(f"Envoy's stats:\n{counters}")
+
+
+@contextmanager
+def tls_servers(envoy: Envoy, workdir: Path) -> Iterator[Callable[[str, str], str]]:
+    """secure-1 and b.tls.test's endpoint as TLS servers in the pod; yields `hello(address, sni)`:
+    who answered a TLS client that connected to `address` with that SNI."""
+    key = new_key()
+    (workdir / "server.pem").write_text(cert_pem(ca_cert("tls test server", key)) + key_pem(key).decode())
+    servers = [Process(envoy.netns(sys.executable, "-c", TLS_SERVER, address, "443", name, str(workdir / "server.pem")),
+                       name=f"tls-{name}") for address, name in (("127.0.0.36", "secure-1"), ("127.0.0.41", "b.tls.test"))]
+    try:
+        for server in servers:
+            wait_serving(server)
+
+        def hello(address: str, sni: str) -> str:
+            host, _, port = address.rpartition(":")
+            done = subprocess.run(envoy.netns(sys.executable, "-c", TLS_CLIENT, host, port, sni),
+                                  capture_output=True, text=True, timeout=20)
+            return done.stdout.strip() or done.stderr.strip().splitlines()[-1]
+
+        yield hello
+    finally:
+        for server in servers:
+            server.stop()
 
 
 def test_tls_routes_by_sni(mesh_dir: Path, start_istiod: Callable[..., Istiod], tmp_path: Path) -> None:
     """TLS to secure's VIP: SNI b.tls.test goes to the ServiceEntry host (the `tls` route), any
     other SNI, or none, to secure-1; Envoy never terminates the TLS."""
-    key = new_key()
-    (tmp_path / "server.pem").write_text(cert_pem(ca_cert("tls test server", key)) + key_pem(key).decode())
-    with pod(mesh_dir, start_istiod) as (envoy, run, istiod):
-        servers = [Process(envoy.netns(sys.executable, "-c", TLS_SERVER, address, "443", name,
-                                       str(tmp_path / "server.pem")), name=f"tls-{name}")
-                   for address, name in (("127.0.0.36", "secure-1"), ("127.0.0.41", "b.tls.test"))]
-        try:
-            for server in servers:
-                wait_serving(server)
-
-            def hello(sni: str) -> str:
-                done = run(sys.executable, "-c", TLS_CLIENT, "10.96.0.14", "443", sni)
-                return done.stdout.strip() or done.stderr.strip()[-300:]
-
-            answers = {sni or "(no SNI)": hello(sni) for sni in ("b.tls.test", "secure.shop.svc.cluster.local", "")}
-            print(f"TLS to 10.96.0.14:443, who answered per SNI: {answers}")
-            assert answers == {"b.tls.test": "b.tls.test", "secure.shop.svc.cluster.local": "secure-1",
-                               "(no SNI)": "secure-1"}
-            rows = [line for line in istiod_cli(istiod, "proxy-config", "listeners", "web-1.shop").stdout.splitlines()
-                    if "10.96.0.14_443" in line]
-            print("\n".join(rows))
-            assert any("SNI: b.tls.test" in row and "Cluster: outbound|443||b.tls.test" in row for row in rows)
-        finally:
-            for server in servers:
-                server.stop()
+    with pod(mesh_dir, start_istiod) as (envoy, run, istiod), tls_servers(envoy, tmp_path) as hello:
+        answers = {sni or "(no SNI)": hello("10.96.0.14:443", sni)
+                   for sni in ("b.tls.test", "secure.shop.svc.cluster.local", "")}
+        print(f"TLS to 10.96.0.14:443, who answered per SNI: {answers}")
+        assert answers == {"b.tls.test": "b.tls.test", "secure.shop.svc.cluster.local": "secure-1",
+                           "(no SNI)": "secure-1"}
+        rows = [line for line in istiod_cli(istiod, "proxy-config", "listeners", "web-1.shop").stdout.splitlines()
+                if "10.96.0.14_443" in line]
+        print("\n".join(rows))
+        assert any("SNI: b.tls.test" in row and "Cluster: outbound|443||b.tls.test" in row for row in rows)

@@ -12,7 +12,7 @@ from envoy.config.route.v3 import route_pb2
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 
 from istiod.model.builder import build_snapshot
-from istiod.model.mesh import MeshConfig
+from istiod.model.mesh import MeshConfig, OutboundTrafficPolicy
 from istiod.model.proxy import proxy_from_node
 from istiod.model.snapshot import Snapshot
 from istiod.sources.store import Store
@@ -149,3 +149,14 @@ def test_tls_routes_by_sni_with_the_rest_to_the_service() -> None:
     assert not default.HasField("filter_chain_match")
     assert tcp_proxy_of(listener_pb2.Listener(filter_chains=[default])).cluster == \
         "outbound|443||secure.shop.svc.cluster.local"
+
+
+def test_a_service_entry_host_without_an_address_takes_its_port_by_sni() -> None:
+    for policy, rest in ((OutboundTrafficPolicy.ALLOW_ANY, "PassthroughCluster"),
+                         (OutboundTrafficPolicy.REGISTRY_ONLY, "BlackHoleCluster")):
+        snap = snapshot(mesh=MeshConfig(outbound_traffic_policy=policy))
+        listener = generate(types.LISTENER, snap, listener_pb2.Listener)["0.0.0.0_443"]
+        by_sni, other = listener.filter_chains
+        assert list(by_sni.filter_chain_match.server_names) == ["b.tls.test"]
+        assert tcp_proxy_of(listener_pb2.Listener(filter_chains=[by_sni])).cluster == "outbound|443||b.tls.test"
+        assert tcp_proxy_of(listener_pb2.Listener(filter_chains=[other])).cluster == rest

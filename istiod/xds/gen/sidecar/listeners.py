@@ -6,6 +6,7 @@
 - `0.0.0.0_<port>` per HTTP service port (routes from RDS `<port>`), `<vip>_<port>` per TCP service
   port with a ClusterIP (tcp_proxy to its cluster, or where the VirtualService's `tls` routes
   send it by SNI and its `tcp` routes send the rest); these never bind (`bind_to_port: false`).
+- `0.0.0.0_<port>` for the TCP ports of ServiceEntry hosts without an address: by SNI on TLS ports.
 - A Sidecar resource's egress listeners narrow the hosts and may move a port (istiod's egress
   listeners): `<bind>_<port>` when they name an address, bound by Envoy under captureMode NONE;
   its outboundTrafficPolicy overrides the mesh's.
@@ -31,6 +32,7 @@ from google.protobuf import duration_pb2, wrappers_pb2
 from istiod.model.config.security import AuthorizationPolicy, MTLSMode
 from istiod.model.mesh import OutboundTrafficPolicy
 from istiod.model.names import inbound_cluster_name
+from istiod.model.protocol import Protocol
 from istiod.model.proxy import Proxy
 from istiod.model.snapshot import Snapshot
 from istiod.xds import types
@@ -71,6 +73,7 @@ def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
     # and port); the first by hostname keeps it.
     named: set[str] = set()
     source = (proxy.namespace, dict(proxy.labels))
+    unaddressed: dict[int, list[OutboundPort]] = {}  # TCP ports of ServiceEntry hosts without a VIP
     for target in outbound_ports(snapshot, proxy):
         number = target.number
         if number in PROXY_PORTS:
@@ -90,9 +93,17 @@ def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
                         vs, target.service, target.port.port, snapshot.services, source, target.vip),
                         tls_destinations(vs, target.port.port, snapshot.services, source, target.vip)),
                     scope=f"{target.bind_to_port}:{proxy.namespace}/{proxy.labels}"))
+        elif target.service.external_host:
+            unaddressed.setdefault(number, []).append(target)
+            continue
         else:
             continue  # headless TCP: its traffic takes virtualOutbound's passthrough
         named.add(name)
+    for number, targets in unaddressed.items():
+        name = f"{ANY_ADDRESS}_{number}"
+        if name not in named:  # else an HTTP port's listener has the address
+            result.append(cache.get(types.LISTENER, name, tuple(t.service for t in targets),
+                                    lambda: unaddressed_listener(number, targets, policy), scope=policy.value))
     inbound = inbound_ports(snapshot, proxy)
     # PeerAuthentication per port (port 0: ports no service names) and the AuthorizationPolicies
     # selecting the workload, translated as for proxyless servers.
@@ -147,21 +158,42 @@ def http_outbound_listener(target: OutboundPort) -> listener_pb2.Listener:
 
 def tcp_outbound_listener(address: str, target: OutboundPort, destinations: L4Destinations,
                           by_sni: Sequence[tuple[tuple[str, ...], L4Destinations]] = ()) -> listener_pb2.Listener:
-    """tcp_proxy to where the VirtualService's `tls` routes send by SNI (a filter chain each, after
-    the TLS inspector), and the rest where its `tcp` routes send (weighted if several)."""
+    """tcp_proxy to where the VirtualService's `tls` routes send by SNI, and the rest where its
+    `tcp` routes send (weighted if several)."""
     port = target.number
     listener = _outbound_listener(f"{address}_{port}", address, port, _l4_proxy(target, destinations),
                                   target.bind_to_port)
-    if by_sni:
+    return _by_sni(listener, [(names, _l4_proxy(target, sent)) for names, sent in by_sni])
+
+
+def unaddressed_listener(port: int, targets: Sequence[OutboundPort],
+                         policy: OutboundTrafficPolicy) -> listener_pb2.Listener:
+    """istiod's wildcard listener for ServiceEntry hosts without an address: a connection to any
+    IP on the port is theirs, by SNI on TLS ports (the client resolved the host itself), else the
+    first host's; what no host claims goes where virtualOutbound sends the unknown."""
+    name = f"{ANY_ADDRESS}_{port}"
+    tls = [t for t in targets if t.protocol in (Protocol.TLS, Protocol.HTTPS)]
+    if not tls:
+        return _outbound_listener(name, ANY_ADDRESS, port, tcp_proxy(targets[0].cluster, targets[0].cluster))
+    unmatched = BLACKHOLE if policy is OutboundTrafficPolicy.REGISTRY_ONLY else PASSTHROUGH
+    by_host = {t.service.hostname: t.cluster for t in reversed(tls)}  # the first target per host wins
+    return _by_sni(_outbound_listener(name, ANY_ADDRESS, port, tcp_proxy(unmatched, unmatched)),
+                   [((host,), tcp_proxy(cluster, cluster)) for host, cluster in sorted(by_host.items())])
+
+
+def _by_sni(listener: listener_pb2.Listener,
+            chains: Sequence[tuple[tuple[str, ...], listener_components_pb2.Filter]]) -> listener_pb2.Listener:
+    """Filter chains by SNI (after the TLS inspector) before the listener's one chain, which
+    keeps what none of them takes."""
+    if chains:
         listener.listener_filters.append(listener_components_pb2.ListenerFilter(
             name=TLS_INSPECTOR_FILTER, typed_config=pack(tls_inspector_pb2.TlsInspector())))
         listener.continue_on_listener_filters_timeout = True  # a client that speaks first: no SNI
-        default = listener.filter_chains.pop()
+        rest = listener.filter_chains.pop()
         listener.filter_chains.extend(listener_components_pb2.FilterChain(
-            name=f"{listener.name}_{names[0]}",
-            filter_chain_match=listener_components_pb2.FilterChainMatch(server_names=names),
-            filters=[_l4_proxy(target, sni_destinations)]) for names, sni_destinations in by_sni)
-        listener.filter_chains.append(default)
+            name=f"{listener.name}_{names[0]}", filter_chain_match=listener_components_pb2.FilterChainMatch(
+                server_names=names), filters=[proxy]) for names, proxy in chains)
+        listener.filter_chains.append(rest)
     return listener
 
 
