@@ -157,8 +157,13 @@ def test_tcp_routes_to_a_subset_then_a_weighted_split(mesh_dir: Path, start_isti
 def test_sidecar_egress_listeners_and_outbound_policy(mesh_dir: Path, start_istiod: Callable[..., Istiod]) -> None:
     """The Sidecar resource's egress listeners: db on port 15432 through capture and on
     127.0.0.1:15433 bound by Envoy (captureMode NONE); db's own port is not seen, so under the
-    Sidecar's REGISTRY_ONLY it is blackholed; web still works; rpc is gone from Envoy."""
-    with pod(mesh_dir, start_istiod, extra=SIDECAR_RESOURCE) as (envoy, run, istiod):
+    Sidecar's REGISTRY_ONLY it is blackholed; web still works; rpc is gone from Envoy. The
+    Sidecar resource arrives while Envoy runs."""
+    with pod(mesh_dir, start_istiod) as (envoy, run, istiod):
+        assert connect(run, "10.96.0.11:5432", 1)[0] in ("db-1: hi", "db-2: hi")
+        (mesh_dir / "extra.yaml").write_text(SIDECAR_RESOURCE)
+        wait_until(lambda: listener(envoy, "127.0.0.1_15433") and not listener(envoy, "10.96.0.11_5432"), 15,
+                   "the Sidecar resource's listeners in Envoy")
         dump = envoy.config_dump()
         listeners, clusters = _dynamic(dump, "listeners"), _dynamic(dump, "clusters")
         print(f"Envoy's listeners: {sorted(listeners)}")
