@@ -33,6 +33,8 @@ def service_entry_services(config: ConfigSet, services: Mapping[str, Service]) -
                 ports=tuple(Port(p.name, p.number, target_port=p.target_port, app_protocol=p.protocol.lower())
                             for p in entry.ports),
                 external_host=host, resolution=entry.resolution,
+                # Its first address is its VIP, as a ClusterIP is (a CIDR is no address to call).
+                cluster_ip=next((a for a in entry.addresses if "/" not in a), ""),
             )
             result[host] = (service, {p.number: _endpoints(entry, host, p, members) for p in entry.ports})
     return result

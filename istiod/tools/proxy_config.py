@@ -135,6 +135,8 @@ def _chain_match(match: Json) -> str:
         parts.append(f"Trans: {match['transport_protocol']}")
     if match.get("application_protocols"):
         parts.append(f"App: {','.join(match['application_protocols'])}")
+    if match.get("server_names"):
+        parts.append(f"SNI: {','.join(match['server_names'])}")
     return "; ".join(parts) or "ALL"
 
 
@@ -145,6 +147,9 @@ def _filter_destination(config: Json) -> str:
         return f"Inline Route: {config['route_config'].get('name', '-')}"
     if "cluster" in config:  # tcp_proxy
         return f"Cluster: {config['cluster']}"
+    if "weighted_clusters" in config:  # tcp_proxy split by a VirtualService's tcp route
+        return "WeightedClusters: " + ", ".join(
+            f"{c['name']} ({c.get('weight', 0)})" for c in config["weighted_clusters"].get("clusters", []))
     return config.get("@type", "-").rsplit(".", 1)[-1]
 
 

@@ -666,9 +666,17 @@ def sidecar(key: ObjectKey, f: _Fields, domain: str) -> Sidecar:
         hosts = str_list(item, "hosts")
         if not hosts:
             raise f.fail(f"{where}.hosts: sidecar: egress listener must contain at least one host")
+        bind = item.get("bind", str, "")
+        if bind.startswith("unix://"):
+            raise f.fail(f"{where}.bind: unix domain socket listeners are not supported by this istiod")
+        if bind and not is_ip(bind):
+            raise f.fail(f"{where}.bind: sidecar: {bind!r} is not a valid IP address")
+        if egress_port is None and (bind or item.get("captureMode", str, "DEFAULT") == "NONE"):
+            raise f.fail(f"{where}: bind and captureMode NONE on the egress listener without a port "
+                         "are not supported by this istiod")
         egress.append(EgressListener(tuple(_namespaced_host(f, f"{where}.hosts[{j}]", h, False)
                                            for j, h in enumerate(hosts)),
-                                     egress_port, item.get("bind", str, ""), _capture_mode(item, "captureMode")))
+                                     egress_port, bind, _capture_mode(item, "captureMode")))
     mode = ""
     if (policy := fields(f, "spec.outboundTrafficPolicy")) is not None:
         only(policy, ("mode",), ("egressProxy",))

@@ -8,6 +8,7 @@ VirtualService a host gets istiod's default route: prefix `/`, no timeout, the d
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable, Mapping
 
 from envoy.config.route.v3 import route_components_pb2 as rc
@@ -20,7 +21,7 @@ from google.protobuf import duration_pb2, wrappers_pb2
 
 from istiod.model.config.common import MatchKind, StringMatch, selector_matches
 from istiod.model.config.networking import (
-    MESH_GATEWAY, ConsistentHash, Fault, HTTPMatch, HTTPRoute, Retries, VirtualService,
+    MESH_GATEWAY, ConsistentHash, Destination, Fault, HTTPMatch, HTTPRoute, L4Match, L4Route, Retries, VirtualService,
 )
 from istiod.model.names import outbound_cluster_name
 from istiod.model.service import Service
@@ -77,11 +78,8 @@ def _action(http: HTTPRoute, port: int, services: Mapping[str, Service], hash_fo
     destinations = [d for d in http.route if d.weight > 0 or len(http.route) == 1]
     clusters = []
     for dest in destinations:
-        target = services.get(dest.destination.host)
-        dest_port = dest.destination.port or (
-            target.ports[0].port if target is not None and len(target.ports) == 1 else port)
-        clusters.append((outbound_cluster_name(dest_port, dest.destination.host, dest.destination.subset),
-                         dest.weight, (dest.destination.host, dest.destination.subset, dest_port)))
+        name, dest_port = destination_cluster(dest.destination, port, services)
+        clusters.append((name, dest.weight, (dest.destination.host, dest.destination.subset, dest_port)))
     if len(clusters) == 1:
         action.cluster = clusters[0][0]
         action.hash_policy.extend(hash_policies(hash_for(*clusters[0][2])))
@@ -94,6 +92,59 @@ def _action(http: HTTPRoute, port: int, services: Mapping[str, Service], hash_fo
     if retries is not None:
         action.retry_policy.CopyFrom(retries)
     return action
+
+
+def destination_cluster(destination: Destination, port: int, services: Mapping[str, Service]) -> tuple[str, int]:
+    """The cluster of a route's destination, and its port: as written, else the service's only
+    port, else the port the traffic came in on."""
+    target = services.get(destination.host)
+    dest_port = destination.port or (target.ports[0].port if target is not None and len(target.ports) == 1 else port)
+    return outbound_cluster_name(dest_port, destination.host, destination.subset), dest_port
+
+
+# Where an L4 route sends: (cluster, weight) pairs; a weight of 0 with one destination means all.
+L4Destinations = list[tuple[str, int]]
+
+
+def tcp_destinations(vs: VirtualService | None, service: Service, port: int, services: Mapping[str, Service],
+                     source: tuple[str, Mapping[str, str]], vip: str | None) -> L4Destinations:
+    """For TCP traffic to `service:port` (at `vip`) from a mesh proxy with `source` (namespace,
+    labels): the first `tcp` route with a match that holds (or none), else the service's own
+    cluster. Every match condition is fixed per listener and proxy, so it is decided here rather
+    than by Envoy."""
+    for tcp in vs.tcp if vs is not None else ():
+        if not tcp.match or any(_l4_applies(m, port, vip, *source) for m in tcp.match):
+            return _l4_destinations(tcp, port, services)
+    return [(service.cluster_name(port), 0)]
+
+
+def tls_destinations(vs: VirtualService | None, port: int, services: Mapping[str, Service],
+                     source: tuple[str, Mapping[str, str]], vip: str | None) -> list[tuple[tuple[str, ...], L4Destinations]]:
+    """(SNI names, destinations) per `tls` route whose matches hold, in order; a name belongs to
+    the first route that names it (Envoy refuses two filter chains with one match)."""
+    claimed: set[str] = set()
+    result = []
+    for tls in vs.tls if vs is not None else ():
+        names = [n for m in tls.match if _l4_applies(m, port, vip, *source) for n in m.sni_hosts if n not in claimed]
+        if names:
+            claimed.update(names)
+            result.append((tuple(dict.fromkeys(names)), _l4_destinations(tls, port, services)))
+    return result
+
+
+def _l4_destinations(route: L4Route, port: int, services: Mapping[str, Service]) -> L4Destinations:
+    chosen = [d for d in route.route if d.weight > 0 or len(route.route) == 1]
+    return [(destination_cluster(d.destination, port, services)[0], d.weight) for d in chosen]
+
+
+def _l4_applies(match: L4Match, port: int, vip: str | None, namespace: str, labels: Mapping[str, str]) -> bool:
+    subnets = match.destination_subnets
+    return ((not match.port or match.port == port)
+            and (not match.gateways or MESH_GATEWAY in match.gateways)
+            and (not match.source_namespace or match.source_namespace == namespace)
+            and selector_matches(match.source_labels, labels)
+            and (not subnets or (vip is not None and any(
+                ipaddress.ip_address(vip) in ipaddress.ip_network(s, strict=False) for s in subnets))))
 
 
 def _set_timeout(action: rc.RouteAction, timeout: object, proxyless: bool) -> None:

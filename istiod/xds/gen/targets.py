@@ -6,7 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from istiod.model.config.networking import ConsistentHash, DestinationRule, Subset, VirtualService
+from istiod.model.config.networking import (
+    ConsistentHash, DestinationRule, HTTPRoute, L4Route, Sidecar, Subset, VirtualService,
+)
+from istiod.model.config.scope import egress_allows
+from istiod.model.mesh import OutboundTrafficPolicy
 from istiod.model.names import outbound_cluster_name, parse_cluster_name, split_host_port
 from istiod.model.proxy import Proxy
 from istiod.model.service import Service
@@ -25,9 +29,27 @@ class ClusterTarget:
     subset: Subset | None = None
 
 
+def sidecar_resource(snapshot: Snapshot, proxy: Proxy) -> Sidecar | None:
+    """The Sidecar resource that applies to the proxy, if any (istiod's lookup order)."""
+    return snapshot.config.sidecar_for(proxy.namespace, dict(proxy.labels), snapshot.mesh.root_namespace)
+
+
 def visible_services(snapshot: Snapshot, proxy: Proxy) -> Iterable[Service]:
-    """The services a proxy sees: all of them until Sidecar resources and exportTo narrow it."""
-    return snapshot.services.values()
+    """The services a proxy sees: all of them, or those some egress listener of its Sidecar
+    resource names in `hosts` (what keeps a proxy's config small in a large mesh)."""
+    sidecar = sidecar_resource(snapshot, proxy)
+    if sidecar is None or not sidecar.egress:
+        return snapshot.services.values()
+    return [s for s in snapshot.services.values()
+            if any(egress_allows(e, sidecar.meta.namespace, s.namespace, s.hostname) for e in sidecar.egress)]
+
+
+def outbound_traffic_policy(snapshot: Snapshot, proxy: Proxy) -> OutboundTrafficPolicy:
+    """The mesh's, unless the proxy's Sidecar resource sets its own."""
+    sidecar = sidecar_resource(snapshot, proxy)
+    if sidecar is not None and sidecar.outbound_traffic_policy:
+        return OutboundTrafficPolicy(sidecar.outbound_traffic_policy)
+    return snapshot.mesh.outbound_traffic_policy
 
 
 def destination_rule(snapshot: Snapshot, proxy: Proxy, service: Service) -> DestinationRule | None:
@@ -52,7 +74,8 @@ def route_inputs(snapshot: Snapshot, proxy: Proxy, service: Service) -> tuple[Vi
     (for the cache): it, and each destination's Service and DestinationRule. Model values keep
     their identity while unchanged, so an unrelated change rebuilds nothing."""
     vs = snapshot.config.virtual_service_for_host(proxy.namespace, service.hostname)
-    hosts = dict.fromkeys([service.hostname, *(d.destination.host for r in (vs.http if vs else ()) for d in r.route)])
+    routes: list[HTTPRoute | L4Route] = [*vs.http, *vs.tcp, *vs.tls] if vs is not None else []
+    hosts = dict.fromkeys([service.hostname, *(d.destination.host for r in routes for d in r.route)])
     depends_on: list[object] = [vs]
     for host in hosts:
         destination = snapshot.services.get(host)

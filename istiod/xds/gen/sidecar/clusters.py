@@ -1,4 +1,5 @@
-"""CDS for sidecars: `outbound|<port>|<subset>|<host>` EDS clusters with auto mTLS and the
+"""CDS for sidecars: `outbound|<port>|<subset>|<host>` EDS clusters (STRICT_DNS or LOGICAL_DNS ones
+for ServiceEntry hosts resolved by DNS, as istiod's) with auto mTLS and the
 DestinationRule's policy (istiod/xds/gen/policy.py, shared with proxyless gRPC), the passthrough and
 blackhole clusters, and an ORIGINAL_DST `inbound|<port>||` cluster per port the pod serves."""
 
@@ -11,13 +12,15 @@ from envoy.config.core.v3 import address_pb2, base_pb2, protocol_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2 as http_options_pb2
 from google.protobuf import duration_pb2, struct_pb2, wrappers_pb2
 
-from istiod.model.config.networking import TrafficPolicy
+from istiod.model.config.networking import Resolution, TrafficPolicy
 from istiod.model.names import inbound_cluster_name, outbound_cluster_name, parse_cluster_name
 from istiod.model.protocol import Protocol
 from istiod.model.proxy import Proxy
+from istiod.model.service import Endpoint
 from istiod.model.snapshot import Snapshot
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
+from istiod.xds.gen.eds import dns_load_assignment
 from istiod.xds.gen.filters import ads_source, pack
 from istiod.xds.gen.policy import apply_policy, effective_policy, subset_endpoints, upstream_mtls
 from istiod.xds.gen.sidecar.ports import OutboundPort, inbound_ports, outbound_ports
@@ -42,7 +45,11 @@ def clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: R
         for name, build in ((BLACKHOLE, _blackhole), (PASSTHROUGH, _passthrough),
                             (INBOUND_PASSTHROUGH, _inbound_passthrough))
     ]
+    seen: set[str] = set()  # a service port may be on two egress listeners: one cluster
     for target in outbound_ports(snapshot, proxy):
+        if target.cluster in seen:
+            continue
+        seen.add(target.cluster)
         rule = destination_rule(snapshot, proxy, target.service)
         for subset in (None, *(rule.subsets if rule is not None else ())):
             name = outbound_cluster_name(target.port.port, target.service.hostname, subset.name if subset else "")
@@ -51,7 +58,7 @@ def clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: R
             endpoints = subset_endpoints(all_endpoints, subset)
             result.append(cache.get(
                 types.CLUSTER, name, (target.service, snapshot.mesh, all_endpoints, rule, subset),
-                lambda: outbound_cluster(target, name, destination_identities(endpoints, snapshot.mesh.trust_domain),
+                lambda: outbound_cluster(target, name, endpoints, snapshot.mesh.trust_domain,
                                          effective_policy(rule, target.port.port, subset)),
                 scope=str(rule.meta) if rule is not None else ""))
     for inbound in inbound_ports(snapshot, proxy):
@@ -64,20 +71,17 @@ def clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: R
     return result
 
 
-def outbound_cluster(target: OutboundPort, name: str, identities: tuple[str, ...],
+def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint, ...], trust_domain: str,
                      policy: TrafficPolicy) -> cluster_pb2.Cluster:
     """Auto mTLS, as Istio's: endpoints labelled `tlsMode: istio` (pods with a sidecar) get mTLS,
     the others plaintext; the choice is per endpoint, by the EDS metadata. A DestinationRule's
     TLS mode overrides it (ISTIO_MUTUAL: always, DISABLE: never), its other settings apply on top."""
     host, port = target.service.hostname, target.port.port
+    identities = destination_identities(endpoints, trust_domain)
     _, _, subset, _ = parse_cluster_name(name)
     sni = f"outbound_.{port}_.{subset}_.{host}"
     cluster = cluster_pb2.Cluster(
         name=name,
-        type=cluster_pb2.Cluster.EDS,
-        eds_cluster_config=cluster_pb2.Cluster.EdsClusterConfig(
-            eds_config=ads_source(initial_fetch_timeout=duration_pb2.Duration()), service_name=name
-        ),
         connect_timeout=CONNECT_TIMEOUT,
         lb_policy=cluster_pb2.Cluster.LEAST_REQUEST,
         circuit_breakers=_unlimited(),
@@ -94,6 +98,17 @@ def outbound_cluster(target: OutboundPort, name: str, identities: tuple[str, ...
         metadata=base_pb2.Metadata(filter_metadata={"istio": _struct({"services": [
             {"host": host, "name": target.service.name, "namespace": target.service.namespace}]})}),
     )
+    if target.service.dns_resolved:
+        # istiod's DNS clusters: the endpoints' names inline, resolved by Envoy (IPv4, as istiod
+        # asks on a cluster without IPv6); DNS_ROUND_ROBIN connects to one address at a time.
+        cluster.type = (cluster_pb2.Cluster.LOGICAL_DNS if target.service.resolution is Resolution.DNS_ROUND_ROBIN
+                        else cluster_pb2.Cluster.STRICT_DNS)
+        cluster.dns_lookup_family = cluster_pb2.Cluster.V4_ONLY
+        cluster.load_assignment.CopyFrom(dns_load_assignment(name, endpoints))
+    else:
+        cluster.type = cluster_pb2.Cluster.EDS
+        cluster.eds_cluster_config.CopyFrom(cluster_pb2.Cluster.EdsClusterConfig(
+            eds_config=ads_source(initial_fetch_timeout=duration_pb2.Duration()), service_name=name))
     if policy.tls is not None:
         del cluster.transport_socket_matches[:]
         cluster.transport_socket.CopyFrom(

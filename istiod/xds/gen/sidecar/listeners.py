@@ -4,7 +4,12 @@
   of its original destination (`use_original_dst`); what no listener claims goes to
   PassthroughCluster, or BlackHoleCluster under REGISTRY_ONLY.
 - `0.0.0.0_<port>` per HTTP service port (routes from RDS `<port>`), `<vip>_<port>` per TCP service
-  port with a ClusterIP (tcp_proxy to its cluster); these never bind (`bind_to_port: false`).
+  port with a ClusterIP (tcp_proxy to its cluster, or where the VirtualService's `tls` routes
+  send it by SNI and its `tcp` routes send the rest); these never bind (`bind_to_port: false`).
+- `0.0.0.0_<port>` for the TCP ports of ServiceEntry hosts without an address: by SNI on TLS ports.
+- A Sidecar resource's egress listeners narrow the hosts and may move a port (istiod's egress
+  listeners): `<bind>_<port>` when they name an address, bound by Envoy under captureMode NONE;
+  its outboundTrafficPolicy overrides the mesh's.
 - `virtualInbound` (15006): per port the pod serves, filter chains matched on the transport
   protocol: mesh mTLS (TLS with Istio's ALPN, the workload certificate, a client certificate the
   mesh root signed) and, unless STRICT, plaintext; anything else passes through to the app.
@@ -24,18 +29,22 @@ from envoy.config.route.v3 import route_components_pb2, route_pb2
 from envoy.extensions.filters.listener.original_dst.v3 import original_dst_pb2
 from envoy.extensions.filters.listener.tls_inspector.v3 import tls_inspector_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 from google.protobuf import duration_pb2, wrappers_pb2
 
 from istiod.model.config.security import AuthorizationPolicy, MTLSMode, RequestAuthentication
-from istiod.model.mesh import MeshConfig, OutboundTrafficPolicy
+from istiod.model.mesh import OutboundTrafficPolicy
 from istiod.model.names import inbound_cluster_name
+from istiod.model.protocol import Protocol
 from istiod.model.proxy import Proxy
 from istiod.model.snapshot import Snapshot
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.gen.filters import (
-    HCM_FILTER, ads_source, http_connection_manager, network_filter, pack, tcp_proxy, with_fault_filter,
+    HCM_FILTER, TCP_PROXY_FILTER, ads_source, http_connection_manager, network_filter, pack, tcp_proxy,
+    with_fault_filter,
 )
+from istiod.xds.gen.routes import L4Destinations, tcp_destinations, tls_destinations
 from istiod.xds.gen.sidecar.clusters import BLACKHOLE, INBOUND_PASSTHROUGH, PASSTHROUGH
 from istiod.xds.gen.sidecar.ports import (
     PROXY_PORTS,
@@ -49,6 +58,7 @@ from istiod.xds.gen.sidecar.ports import (
 from istiod.xds.gen.authn import jwt_filter
 from istiod.xds.gen.rbac import authorization_filters, tcp_authorization_filters
 from istiod.xds.gen.security import authorization_policies, inbound_mtls_mode, request_authentications
+from istiod.xds.gen.targets import outbound_traffic_policy, route_inputs
 from istiod.xds.gen.tls import HTTP_ALPN, MESH_ALPN_MATCH, sds_downstream_tls
 
 VIRTUAL_OUTBOUND = "virtualOutbound"
@@ -61,27 +71,43 @@ log = logging.getLogger(__name__)
 
 
 def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
-    mesh = snapshot.mesh
-    result = [cache.get(types.LISTENER, VIRTUAL_OUTBOUND, mesh, lambda: virtual_outbound(mesh))]
+    policy = outbound_traffic_policy(snapshot, proxy)
+    result = [cache.get(types.LISTENER, VIRTUAL_OUTBOUND, None, lambda: virtual_outbound(policy), scope=policy.value)]
     # One listener per address: Envoy refuses two of one name (two Services claiming one ClusterIP
     # and port); the first by hostname keeps it.
     named: set[str] = set()
+    source = (proxy.namespace, dict(proxy.labels))
+    unaddressed: dict[int, list[OutboundPort]] = {}  # TCP ports of ServiceEntry hosts without a VIP
     for target in outbound_ports(snapshot, proxy):
-        number = target.port.port
+        number = target.number
         if number in PROXY_PORTS:
             continue
         if target.protocol.is_http:
-            name = f"{ANY_ADDRESS}_{number}"
+            name = f"{target.bind or ANY_ADDRESS}_{number}"
             if name not in named:
-                result.append(cache.get(types.LISTENER, name, None, lambda: http_outbound_listener(number)))
-        elif (vip := target.vip) is not None:
-            name = f"{vip}_{number}"
+                result.append(cache.get(types.LISTENER, name, None, lambda: http_outbound_listener(target),
+                                        scope=f"{target.bind_to_port}"))
+        elif (address := target.bind or target.vip) is not None:
+            name = f"{address}_{number}"
             if name not in named:
-                result.append(cache.get(types.LISTENER, name, target.service,
-                                        lambda: tcp_outbound_listener(vip, target)))
+                vs, depends_on = route_inputs(snapshot, proxy, target.service)
+                result.append(cache.get(
+                    types.LISTENER, name, (target.service, *depends_on),
+                    lambda: tcp_outbound_listener(address, target, tcp_destinations(
+                        vs, target.service, target.port.port, snapshot.services, source, target.vip),
+                        tls_destinations(vs, target.port.port, snapshot.services, source, target.vip)),
+                    scope=f"{target.bind_to_port}:{proxy.namespace}/{proxy.labels}"))
+        elif target.service.external_host:
+            unaddressed.setdefault(number, []).append(target)
+            continue
         else:
             continue  # headless TCP: its traffic takes virtualOutbound's passthrough
         named.add(name)
+    for number, targets in unaddressed.items():
+        name = f"{ANY_ADDRESS}_{number}"
+        if name not in named:  # else an HTTP port's listener has the address
+            result.append(cache.get(types.LISTENER, name, tuple(t.service for t in targets),
+                                    lambda: unaddressed_listener(number, targets, policy), scope=policy.value))
     inbound = inbound_ports(snapshot, proxy)
     # PeerAuthentication per port (port 0: ports no service names), the AuthorizationPolicies
     # (translated as for proxyless servers) and RequestAuthentications selecting the workload.
@@ -101,8 +127,8 @@ def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
     return result
 
 
-def virtual_outbound(mesh: MeshConfig) -> listener_pb2.Listener:
-    unmatched, chain = ((BLACKHOLE, "BlackHoleFilterChain") if mesh.outbound_traffic_policy is OutboundTrafficPolicy.REGISTRY_ONLY
+def virtual_outbound(policy: OutboundTrafficPolicy) -> listener_pb2.Listener:
+    unmatched, chain = ((BLACKHOLE, "BlackHoleFilterChain") if policy is OutboundTrafficPolicy.REGISTRY_ONLY
                         else (PASSTHROUGH, "PassthroughFilterChain"))
     return listener_pb2.Listener(
         name=VIRTUAL_OUTBOUND,
@@ -127,24 +153,73 @@ def _loop_breaker(listener: str, port: int) -> listener_components_pb2.FilterCha
     )
 
 
-def http_outbound_listener(port: int) -> listener_pb2.Listener:
-    name = f"{ANY_ADDRESS}_{port}"
+def http_outbound_listener(target: OutboundPort) -> listener_pb2.Listener:
+    port = target.number
+    name = f"{target.bind or ANY_ADDRESS}_{port}"
     rds = hcm_pb2.Rds(config_source=ads_source(initial_fetch_timeout=duration_pb2.Duration()),
                       route_config_name=str(port))
-    return _outbound_listener(name, ANY_ADDRESS, port, network_filter(HCM_FILTER, with_fault_filter(
-        _sidecar_hcm(f"outbound_{name}", rds=rds))))
+    return _outbound_listener(name, target.bind or ANY_ADDRESS, port, network_filter(HCM_FILTER, with_fault_filter(
+        _sidecar_hcm(f"outbound_{name}", rds=rds))), target.bind_to_port)
 
 
-def tcp_outbound_listener(vip: str, target: OutboundPort) -> listener_pb2.Listener:
-    port = target.port.port
-    return _outbound_listener(f"{vip}_{port}", vip, port, tcp_proxy(target.cluster, target.cluster))
+def tcp_outbound_listener(address: str, target: OutboundPort, destinations: L4Destinations,
+                          by_sni: Sequence[tuple[tuple[str, ...], L4Destinations]] = ()) -> listener_pb2.Listener:
+    """tcp_proxy to where the VirtualService's `tls` routes send by SNI, and the rest where its
+    `tcp` routes send (weighted if several)."""
+    port = target.number
+    listener = _outbound_listener(f"{address}_{port}", address, port, _l4_proxy(target, destinations),
+                                  target.bind_to_port)
+    return _by_sni(listener, [(names, _l4_proxy(target, sent)) for names, sent in by_sni])
 
 
-def _outbound_listener(name: str, ip: str, port: int, main: listener_components_pb2.Filter) -> listener_pb2.Listener:
+def unaddressed_listener(port: int, targets: Sequence[OutboundPort],
+                         policy: OutboundTrafficPolicy) -> listener_pb2.Listener:
+    """istiod's wildcard listener for ServiceEntry hosts without an address: a connection to any
+    IP on the port is theirs, by SNI on TLS ports (the client resolved the host itself), else the
+    first host's; what no host claims goes where virtualOutbound sends the unknown."""
+    name = f"{ANY_ADDRESS}_{port}"
+    tls = [t for t in targets if t.protocol in (Protocol.TLS, Protocol.HTTPS)]
+    if not tls:
+        return _outbound_listener(name, ANY_ADDRESS, port, tcp_proxy(targets[0].cluster, targets[0].cluster))
+    unmatched = BLACKHOLE if policy is OutboundTrafficPolicy.REGISTRY_ONLY else PASSTHROUGH
+    by_host = {t.service.hostname: t.cluster for t in reversed(tls)}  # the first target per host wins
+    return _by_sni(_outbound_listener(name, ANY_ADDRESS, port, tcp_proxy(unmatched, unmatched)),
+                   [((host,), tcp_proxy(cluster, cluster)) for host, cluster in sorted(by_host.items())])
+
+
+def _by_sni(listener: listener_pb2.Listener,
+            chains: Sequence[tuple[tuple[str, ...], listener_components_pb2.Filter]]) -> listener_pb2.Listener:
+    """Filter chains by SNI (after the TLS inspector) before the listener's one chain, which
+    keeps what none of them takes."""
+    if chains:
+        listener.listener_filters.append(listener_components_pb2.ListenerFilter(
+            name=TLS_INSPECTOR_FILTER, typed_config=pack(tls_inspector_pb2.TlsInspector())))
+        listener.continue_on_listener_filters_timeout = True  # a client that speaks first: no SNI
+        rest = listener.filter_chains.pop()
+        listener.filter_chains.extend(listener_components_pb2.FilterChain(
+            name=f"{listener.name}_{names[0]}", filter_chain_match=listener_components_pb2.FilterChainMatch(
+                server_names=names), filters=[proxy]) for names, proxy in chains)
+        listener.filter_chains.append(rest)
+    return listener
+
+
+def _l4_proxy(target: OutboundPort, destinations: L4Destinations) -> listener_components_pb2.Filter:
+    if len(destinations) == 1:
+        return tcp_proxy(destinations[0][0], destinations[0][0])
+    return network_filter(TCP_PROXY_FILTER, tcp_proxy_pb2.TcpProxy(
+        stat_prefix=target.cluster, weighted_clusters=tcp_proxy_pb2.TcpProxy.WeightedCluster(clusters=[
+            tcp_proxy_pb2.TcpProxy.WeightedCluster.ClusterWeight(name=name, weight=weight)
+            for name, weight in destinations])))
+
+
+def _outbound_listener(name: str, ip: str, port: int, main: listener_components_pb2.Filter,
+                       bind_to_port: bool = False) -> listener_pb2.Listener:
+    """Reached through virtualOutbound (captured traffic), or, for an egress listener with
+    captureMode NONE, bound by Envoy itself for the app to call."""
     return listener_pb2.Listener(
         name=name,
         address=_address(ip, port),
-        bind_to_port=wrappers_pb2.BoolValue(value=False),
+        bind_to_port=wrappers_pb2.BoolValue(value=bind_to_port),
         traffic_direction=base_pb2.OUTBOUND,
         filter_chains=[listener_components_pb2.FilterChain(name=name, filters=[main])],
     )

@@ -22,7 +22,7 @@ from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.gen.routes import default_route, http_routes
 from istiod.xds.gen.sidecar.clusters import PASSTHROUGH
 from istiod.xds.gen.sidecar.ports import OutboundPort, outbound_ports
-from istiod.xds.gen.targets import hash_lookup, route_inputs
+from istiod.xds.gen.targets import hash_lookup, outbound_traffic_policy, route_inputs
 
 BLOCKED_STATUS = 502
 
@@ -31,25 +31,27 @@ def routes(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: Res
     by_port: dict[int, list[OutboundPort]] = {}
     for target in outbound_ports(snapshot, proxy):
         if target.protocol.is_http:
-            by_port.setdefault(target.port.port, []).append(target)
+            by_port.setdefault(target.number, []).append(target)
     wanted = sorted(by_port) if names is None else [int(n) for n in names if n.isdigit() and int(n) in by_port]
     result = []
     for port in wanted:
         targets = by_port[port]
         # Short names differ by the proxy's namespace; VirtualService visibility and the
         # DestinationRules behind hash policies by its namespace and labels.
-        depends_on = (snapshot.mesh, *(d for t in targets for d in route_inputs(snapshot, proxy, t.service)[1]))
+        # A Sidecar resource changes which services are on the port, and the catch-all.
+        depends_on = (snapshot.mesh, *(t.service for t in targets),
+                      *(d for t in targets for d in route_inputs(snapshot, proxy, t.service)[1]))
+        policy = outbound_traffic_policy(snapshot, proxy)
         result.append(cache.get(types.ROUTE, str(port), depends_on,
-                                lambda: route_configuration(port, targets, snapshot, proxy),
-                                scope=f"{proxy.namespace}/{proxy.labels}"))
+                                lambda: route_configuration(port, targets, snapshot, proxy, policy),
+                                scope=f"{proxy.namespace}/{proxy.labels}/{policy.value}"))
     return result
 
 
-def route_configuration(port: int, targets: list[OutboundPort], snapshot: Snapshot,
-                        proxy: Proxy) -> route_pb2.RouteConfiguration:
+def route_configuration(port: int, targets: list[OutboundPort], snapshot: Snapshot, proxy: Proxy,
+                        policy: OutboundTrafficPolicy) -> route_pb2.RouteConfiguration:
     hosts = []
     taken: set[str] = set()
-    mesh = snapshot.mesh
     hash_for = hash_lookup(snapshot, proxy)
     for target in targets:
         # Envoy refuses a route configuration in which two virtual hosts share a domain (two
@@ -60,11 +62,11 @@ def route_configuration(port: int, targets: list[OutboundPort], snapshot: Snapsh
         hosts.append(route_components_pb2.VirtualHost(
             name=join_host_port(target.service.hostname, port),
             domains=domains,
-            routes=http_routes(vs, target.service, port, snapshot.services, hash_for, proxyless=False,
+            routes=http_routes(vs, target.service, target.port.port, snapshot.services, hash_for, proxyless=False,
                                source=(proxy.namespace, dict(proxy.labels))),
             include_request_attempt_count=True,
         ))
-    if mesh.outbound_traffic_policy is OutboundTrafficPolicy.REGISTRY_ONLY:
+    if policy is OutboundTrafficPolicy.REGISTRY_ONLY:
         hosts.append(route_components_pb2.VirtualHost(name="block_all", domains=["*"], routes=[
             route_components_pb2.Route(
                 name="block_all", match=route_components_pb2.RouteMatch(prefix="/"),
@@ -80,7 +82,7 @@ def route_configuration(port: int, targets: list[OutboundPort], snapshot: Snapsh
 
 
 def _domains(target: OutboundPort, namespace: str) -> list[str]:
-    service, port = target.service, target.port.port
+    service, port = target.service, target.number
     names = list(service.aliases)
     if service.namespace == namespace:
         names.append(service.name)

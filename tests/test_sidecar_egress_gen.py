@@ -1,0 +1,162 @@
+"""The sidecar generator's TCP routes, Sidecar egress listeners and ServiceEntry clusters: model in,
+Envoy protos out (tests/test_envoy_tcp_egress.py proves the same with a real Envoy)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.listener.v3 import listener_pb2
+from envoy.config.route.v3 import route_pb2
+from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
+
+from istiod.model.builder import build_snapshot
+from istiod.model.mesh import MeshConfig, OutboundTrafficPolicy
+from istiod.model.proxy import proxy_from_node
+from istiod.model.snapshot import Snapshot
+from istiod.sources.store import Store
+from istiod.xds import types
+from istiod.xds.cache import ResourceCache
+from istiod.xds.gen import SIDECAR
+from tests.conftest import DATA
+
+NODE = "sidecar~127.0.0.31~web-1.shop~shop.svc.cluster.local"
+DB = "db.shop.svc.cluster.local"
+
+
+def snapshot(*extra: str, mesh: MeshConfig = MeshConfig()) -> Snapshot:
+    """sidecar-mesh.yaml and tcp-egress.yaml, plus `extra` YAML documents."""
+    store = Store()
+    text = "\n---\n".join([(DATA / "sidecar-mesh.yaml").read_text(), (DATA / "tcp-egress.yaml").read_text(), *extra])
+    for document in yaml.safe_load_all(text):
+        if document:
+            store.apply(document)
+    return build_snapshot(store, "v1", mesh=mesh)
+
+
+def generate(type_url: str, snap: Snapshot, message: Any, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    proxy = proxy_from_node(NODE, {"LABELS": labels or {"app": "web"}})
+    return {r.name: message.FromString(r.value) for r in SIDECAR[type_url](snap, proxy, None, ResourceCache())}
+
+
+def tcp_proxy_of(listener: listener_pb2.Listener) -> tcp_proxy_pb2.TcpProxy:
+    config = tcp_proxy_pb2.TcpProxy()
+    listener.filter_chains[0].filters[0].typed_config.Unpack(config)
+    return config
+
+
+def db_route(tcp: str) -> str:
+    return f"""
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {{name: db, namespace: shop}}
+spec:
+  hosts: [db]
+  tcp: {tcp}
+"""
+
+
+def test_tcp_route_to_a_subset_and_a_weighted_split() -> None:
+    to_subset = db_route("[{match: [{port: 5432}], route: [{destination: {host: db, subset: v2}}]}]")
+    proxy = tcp_proxy_of(generate(types.LISTENER, snapshot(to_subset), listener_pb2.Listener)["10.96.0.11_5432"])
+    assert proxy.cluster == f"outbound|5432|v2|{DB}"
+    split = db_route("[{route: [{destination: {host: db, subset: v2}, weight: 70},"
+                     " {destination: {host: tcp.external.test}, weight: 30}]}]")
+    proxy = tcp_proxy_of(generate(types.LISTENER, snapshot(split), listener_pb2.Listener)["10.96.0.11_5432"])
+    assert [(c.name, c.weight) for c in proxy.weighted_clusters.clusters] == [
+        (f"outbound|5432|v2|{DB}", 70), ("outbound|7000||tcp.external.test", 30)]
+
+
+def test_tcp_matches_that_do_not_hold_fall_back_to_the_service() -> None:
+    """Port, source labels and destination subnets, decided per listener and proxy."""
+    routes = db_route("[{match: [{port: 9999}], route: [{destination: {host: db, subset: v2}}]},"
+                      " {match: [{sourceLabels: {app: other}}], route: [{destination: {host: db, subset: v2}}]},"
+                      " {match: [{destinationSubnets: [10.97.0.0/16]}], route: [{destination: {host: db, subset: v2}}]}]")
+    listeners = generate(types.LISTENER, snapshot(routes), listener_pb2.Listener)
+    assert tcp_proxy_of(listeners["10.96.0.11_5432"]).cluster == f"outbound|5432||{DB}"
+    other = generate(types.LISTENER, snapshot(routes), listener_pb2.Listener, labels={"app": "other"})
+    assert tcp_proxy_of(other["10.96.0.11_5432"]).cluster == f"outbound|5432|v2|{DB}"
+    subnet = db_route("[{match: [{destinationSubnets: [10.96.0.0/24]}], route: [{destination: {host: db, subset: v2}}]}]")
+    listeners = generate(types.LISTENER, snapshot(subnet), listener_pb2.Listener)
+    assert tcp_proxy_of(listeners["10.96.0.11_5432"]).cluster == f"outbound|5432|v2|{DB}"
+
+
+SIDECAR_RESOURCE = """
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: default, namespace: shop}
+spec:
+  outboundTrafficPolicy: {mode: REGISTRY_ONLY}
+  egress:
+  - port: {number: 15432, protocol: TCP, name: tcp}
+    hosts: [./db.shop.svc.cluster.local]
+  - port: {number: 15433, protocol: TCP, name: tcp-local}
+    bind: 127.0.0.1
+    captureMode: NONE
+    hosts: [./db.shop.svc.cluster.local]
+  - hosts: [./web.shop.svc.cluster.local, "*/*.external.test"]
+"""
+
+
+def test_sidecar_egress_listeners_narrow_hosts_move_ports_and_set_the_policy() -> None:
+    snap = snapshot(SIDECAR_RESOURCE)
+    listeners = generate(types.LISTENER, snap, listener_pb2.Listener)
+    assert set(listeners) == {"virtualOutbound", "virtualInbound", "10.96.0.11_15432", "127.0.0.1_15433",
+                              "0.0.0.0_80", "10.96.5.1_7000", "0.0.0.0_8090"}
+    assert tcp_proxy_of(listeners["10.96.0.11_15432"]).cluster == f"outbound|5432||{DB}"
+    assert not listeners["10.96.0.11_15432"].bind_to_port.value
+    local = listeners["127.0.0.1_15433"]
+    assert local.bind_to_port.value and local.address.socket_address.address == "127.0.0.1"
+    outbound = listeners["virtualOutbound"]
+    assert tcp_proxy_of(listener_pb2.Listener(filter_chains=[outbound.default_filter_chain])).cluster == \
+        "BlackHoleCluster"
+    clusters = generate(types.CLUSTER, snap, cluster_pb2.Cluster)
+    assert f"outbound|5432||{DB}" in clusters and "outbound|7070||rpc.shop.svc.cluster.local" not in clusters
+    routes = generate(types.ROUTE, snap, route_pb2.RouteConfiguration)
+    assert [h.name for h in routes["80"].virtual_hosts] == ["web.shop.svc.cluster.local:80", "block_all"]
+    # Without the Sidecar resource: every service, the mesh's policy.
+    assert "0.0.0.0_7070" in generate(types.LISTENER, snapshot(), listener_pb2.Listener)
+
+
+def test_a_sidecar_resource_of_another_workload_changes_nothing() -> None:
+    selective = SIDECAR_RESOURCE.replace("spec:\n", "spec:\n  workloadSelector: {labels: {app: db}}\n", 1)
+    listeners = generate(types.LISTENER, snapshot(selective), listener_pb2.Listener)
+    assert "10.96.0.11_5432" in listeners and "0.0.0.0_7070" in listeners and "10.96.0.11_15432" not in listeners
+
+
+def test_service_entries_get_their_vip_and_dns_clusters() -> None:
+    snap = snapshot()
+    clusters = generate(types.CLUSTER, snap, cluster_pb2.Cluster)
+    dns = clusters["outbound|8090||echo.external.test"]
+    assert dns.type == cluster_pb2.Cluster.STRICT_DNS and dns.dns_lookup_family == cluster_pb2.Cluster.V4_ONLY
+    address = dns.load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address
+    assert (address.address, address.port_value) == ("localhost", 8090)
+    assert clusters["outbound|7000||tcp.external.test"].type == cluster_pb2.Cluster.EDS
+    listeners = generate(types.LISTENER, snap, listener_pb2.Listener)
+    assert tcp_proxy_of(listeners["10.96.5.1_7000"]).cluster == "outbound|7000||tcp.external.test"
+    routes = generate(types.ROUTE, snap, route_pb2.RouteConfiguration)
+    host = next(h for h in routes["8090"].virtual_hosts if h.name == "echo.external.test:8090")
+    assert {"echo.external.test", "echo.external.test:8090", "10.96.5.2:8090"} <= set(host.domains)
+
+
+def test_tls_routes_by_sni_with_the_rest_to_the_service() -> None:
+    listener = generate(types.LISTENER, snapshot(), listener_pb2.Listener)["10.96.0.14_443"]
+    assert [f.name for f in listener.listener_filters] == ["envoy.filters.listener.tls_inspector"]
+    by_sni, default = listener.filter_chains
+    assert list(by_sni.filter_chain_match.server_names) == ["b.tls.test"]
+    assert tcp_proxy_of(listener_pb2.Listener(filter_chains=[by_sni])).cluster == "outbound|443||b.tls.test"
+    assert not default.HasField("filter_chain_match")
+    assert tcp_proxy_of(listener_pb2.Listener(filter_chains=[default])).cluster == \
+        "outbound|443||secure.shop.svc.cluster.local"
+
+
+def test_a_service_entry_host_without_an_address_takes_its_port_by_sni() -> None:
+    for policy, rest in ((OutboundTrafficPolicy.ALLOW_ANY, "PassthroughCluster"),
+                         (OutboundTrafficPolicy.REGISTRY_ONLY, "BlackHoleCluster")):
+        snap = snapshot(mesh=MeshConfig(outbound_traffic_policy=policy))
+        listener = generate(types.LISTENER, snap, listener_pb2.Listener)["0.0.0.0_443"]
+        by_sni, other = listener.filter_chains
+        assert list(by_sni.filter_chain_match.server_names) == ["b.tls.test"]
+        assert tcp_proxy_of(listener_pb2.Listener(filter_chains=[by_sni])).cluster == "outbound|443||b.tls.test"
+        assert tcp_proxy_of(listener_pb2.Listener(filter_chains=[other])).cluster == rest
