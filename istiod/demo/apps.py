@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from socketserver import StreamRequestHandler, ThreadingTCPServer
-from typing import Any
+from typing import Any, cast
 
 from istiod.model.names import split_host_port
 
@@ -41,8 +41,9 @@ def http_server(args: argparse.Namespace) -> None:
                                      "headers": {k.lower(): v for k, v in self.headers.items()}}
             if isinstance(self.connection, ssl.SSLSocket):
                 peer = self.connection.getpeercert()
+                sans = cast("tuple[tuple[str, str], ...]", peer.get("subjectAltName", ())) if peer else None
                 reply["tls"] = {"version": self.connection.version(), "sni": getattr(self.connection, "sni", None),
-                                "client": [name for _, name in peer.get("subjectAltName", ())] if peer else None}
+                                "client": None if sans is None else [value for _, value in sans]}
             body = json.dumps(reply).encode()
             self.send_response(200)
             self.send_header("content-type", "application/json")
