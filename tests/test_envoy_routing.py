@@ -183,7 +183,8 @@ def test_rewrite_and_header_operations_reach_the_backend_and_the_client(pod: Pod
     assert (seen["headers"]["x-set"], seen["headers"]["x-added"], seen["headers"]["x-keep"]) == (
         "overwritten", "yes", "kept")
     assert "x-drop" not in seen["headers"]
-    assert (response["x-served-by"], response["x-route"]) == ("mesh", "rewrite") and "content-type" not in response
+    assert (response["x-served-by"], response["x-share"], response["x-route"]) == ("mesh", "100%", "rewrite")
+    assert "content-type" not in response
     # Other routes leave both directions alone.
     plain = pod.get("/split/plain", "-H", "x-drop: secret")
     assert plain["headers"]["x-drop"] == "secret" and plain["headers"]["host"] == "echo"

@@ -80,6 +80,10 @@ def _destination(f: _Fields, path: str, namespace: str, domain: str) -> Destinat
     return Destination(resolve_host(host, namespace, domain), subset, number)
 
 
+# istiod's validateHeaderValue (Envoy's header formatter syntax), or Envoy NACKs the routes.
+_HEADER_VALUE = re.compile(r"(?:[^%]|%%|%(?:[^%(]+|[^%(]*\([^)]*\) *)%)*")
+
+
 def _header_operations(f: _Fields, path: str) -> HeaderOperations:
     sub = fields(f, path)
     if sub is None:
@@ -87,11 +91,14 @@ def _header_operations(f: _Fields, path: str) -> HeaderOperations:
     only(sub, ("set", "add", "remove"))
     request = path.endswith("request")
     for op in ("set", "add"):
-        for name, _ in sub.str_map(op):
+        for name, value in sub.str_map(op):
             # A request may set the authority (`:authority` or `host`); no other pseudo-header.
             authority = name.lower() in (":authority", "host")
             if not name or (name.startswith(":") or authority) and not (request and authority):
                 raise f.fail(f"{path}.{op}: invalid header name {name!r}")
+            if not _HEADER_VALUE.fullmatch(value):
+                raise f.fail(f"{path}.{op}.{name}: invalid header value {value!r}: a % starts an Envoy "
+                             "%VARIABLE% or %VARIABLE(args)%, %% is a literal %")
     removed = str_list(sub, "remove")
     for name in removed:
         if not name or name.startswith(":") or name.lower() == "host":
