@@ -288,7 +288,7 @@ def _direct_response(f: _Fields, path: str) -> DirectResponse | None:
                 body = base64.b64decode(b.get("bytes", str, ""), validate=True)
             except binascii.Error:
                 raise f.fail(f"{path}.body.bytes: not base64") from None
-        if len(body) > _MAX_BODY:
+        if len(body.encode() if isinstance(body, str) else body) > _MAX_BODY:
             raise f.fail(f"{path}.body: large direct_responses may impact control plane performance, must be less than 1MB")
     return DirectResponse(status, body)
 
