@@ -236,3 +236,23 @@ def test_a_client_in_the_namespace_dials_name_port(versioned_mesh: Path, start_i
     replies = [l.get("reply") or l.get("error") for l in calls(client, 5)]
     print(f"xds:///echo:{SERVICE_PORT} from echo-ns: {replies[0]}")
     assert all(r.startswith("echo-v2 ") for r in replies), replies
+
+
+def test_route_actions_grpc_lacks(versioned_mesh: Path, start_istiod: Callable[..., Istiod],
+                                  start_demo: Callable[..., Process]) -> None:
+    """gRPC takes the route configuration with a redirect in it (no NACK) and fails only the calls
+    that route matches; header operations and rewrites are not sent to it at all."""
+    (versioned_mesh / "vs.yaml").write_text(virtual_service(
+        "  - match: [{headers: {x-go: {exact: away}}}]\n"
+        "    redirect: {uri: /elsewhere}\n"
+        "  - headers: {request: {set: {x-added: 'yes'}}}\n"
+        "    rewrite: {uri: /demo.Echo/Other}\n"
+        "    route: [{destination: {host: echo, subset: v1}}]\n"))
+    istiod = start_istiod(versioned_mesh)
+    redirected = calls(counted_client(start_demo, istiod, 5, "--header", "x-go=away", name="redirected"), 5)
+    plain = outcomes(counted_client(start_demo, istiod, 5, name="plain"), 5)
+    status, syncz = istiod.get("/debug/syncz")
+    nacks = [s.get("route_nacked_error") for s in syncz if s.get("route_nacked_error")]
+    print(f"redirect route: {Counter(l.get('code') for l in redirected)}, e.g. {redirected[-1].get('error')!r}; "
+          f"other calls: {dict(plain)}; route NACKs: {nacks}")
+    assert all(l["code"] == "UNAVAILABLE" for l in redirected) and plain == {"echo-v1": 5} and not nacks

@@ -9,13 +9,14 @@ import json
 import os
 import signal
 import socket
+import ssl
 import sys
 import time
 import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from socketserver import StreamRequestHandler, ThreadingTCPServer
-from typing import Any
+from typing import Any, cast
 
 from istiod.model.names import split_host_port
 
@@ -36,8 +37,14 @@ def http_server(args: argparse.Namespace) -> None:
             self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
         def do_GET(self) -> None:
-            body = json.dumps({"name": name, "path": self.path, "peer": self.client_address[0],
-                               "headers": {k.lower(): v for k, v in self.headers.items()}}).encode()
+            reply: dict[str, Any] = {"name": name, "path": self.path, "peer": self.client_address[0],
+                                     "headers": {k.lower(): v for k, v in self.headers.items()}}
+            if isinstance(self.connection, ssl.SSLSocket):
+                peer = self.connection.getpeercert()
+                sans = cast("tuple[tuple[str, str], ...]", peer.get("subjectAltName", ())) if peer else None
+                reply["tls"] = {"version": self.connection.version(), "sni": getattr(self.connection, "sni", None),
+                                "client": None if sans is None else [value for _, value in sans]}
+            body = json.dumps(reply).encode()
             self.send_response(200)
             self.send_header("content-type", "application/json")
             self.send_header("content-length", str(len(body)))
@@ -49,7 +56,24 @@ def http_server(args: argparse.Namespace) -> None:
 
     host, port = split_host_port(args.address)
     server = ThreadingHTTPServer((host, port), Handler)
+    if args.cert:
+        server.socket = _tls_context(args).wrap_socket(server.socket, server_side=True)
     _serve(server, args.address, name)
+
+
+def _tls_context(args: argparse.Namespace) -> ssl.SSLContext:
+    """HTTPS with `--cert`/`--key`; `--client-ca`: a client certificate it signed is required."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(args.cert, args.key)
+    if args.client_ca:
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(args.client_ca)
+
+    def remember_sni(connection: Any, server_name: str | None, _: ssl.SSLContext) -> None:
+        connection.sni = server_name  # what the client asked for, shown in each reply
+
+    context.sni_callback = remember_sni
+    return context
 
 
 def tcp_echo(args: argparse.Namespace) -> None:
@@ -144,6 +168,10 @@ def main(argv: list[str] | None = None) -> None:
         server.add_argument("--address", required=True)
         server.add_argument("--name", required=True)
         server.set_defaults(function=function)
+        if command == "http-server":
+            server.add_argument("--cert", help="PEM certificate chain: serve HTTPS")
+            server.add_argument("--key", help="PEM private key for --cert")
+            server.add_argument("--client-ca", help="PEM CA bundle: require a client certificate it signed")
     get = commands.add_parser("http-get")
     get.add_argument("url")
     get.add_argument("--header", action="append", default=[], help="'name: value'")

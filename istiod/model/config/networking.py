@@ -96,10 +96,28 @@ class Rewrite:
 
 
 @dataclass(frozen=True, slots=True)
+class Redirect:
+    uri: str = ""
+    authority: str = ""
+    scheme: str = ""
+    port: int = 0
+    derive_port: str = ""  # FROM_PROTOCOL_DEFAULT or FROM_REQUEST_PORT
+    code: int = 301
+
+
+@dataclass(frozen=True, slots=True)
+class DirectResponse:
+    status: int
+    body: str | bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class HTTPRoute:
     name: str = ""
     match: tuple[HTTPMatch, ...] = ()  # empty: every request
-    route: tuple[RouteDestination, ...] = ()
+    route: tuple[RouteDestination, ...] = ()  # empty with a redirect or a direct response
+    redirect: Redirect | None = None
+    direct_response: DirectResponse | None = None
     rewrite: Rewrite | None = None
     timeout: Duration | None = None
     retries: Retries | None = None  # None: istiod's default retry policy
@@ -208,8 +226,7 @@ class ClientTLS:
     mode: TLSMode = TLSMode.DISABLE
     client_certificate: str = ""
     private_key: str = ""
-    ca_certificates: str = ""
-    credential_name: str = ""
+    ca_certificates: str = ""  # empty: the system's CA bundle, unless insecure_skip_verify
     subject_alt_names: tuple[str, ...] = ()
     sni: str = ""
     insecure_skip_verify: bool | None = None

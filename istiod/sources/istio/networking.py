@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 
 from istiod.model.config.common import Labels, Meta, StringMatch
 from istiod.model.config.scope import host_matches
 from istiod.model.config.networking import (
-    MESH_GATEWAY, ClientTLS, ConnectionPool, ConsistentHash, Destination, DestinationRule, EgressListener, Fault,
-    FaultAbort, FaultDelay, Gateway, HeaderOperations, Headers, HTTPMatch, HTTPRoute, HTTPSettings, IngressListener,
-    L4Match, L4Route, LoadBalancer, LoadBalancerSettings, Location, OutlierDetection, PortTrafficPolicy, Resolution,
-    Retries, Rewrite, RouteDestination, Server, ServerTLS, ServerTLSMode, ServiceEntry, ServicePort, Sidecar, Subset,
-    TCPSettings, TLSMode, TrafficPolicy, VirtualService, WorkloadEntry,
+    MESH_GATEWAY, ClientTLS, ConnectionPool, ConsistentHash, Destination, DestinationRule, DirectResponse,
+    EgressListener, Fault, FaultAbort, FaultDelay, Gateway, HeaderOperations, Headers, HTTPMatch, HTTPRoute,
+    HTTPSettings, IngressListener, L4Match, L4Route, LoadBalancer, LoadBalancerSettings, Location, OutlierDetection,
+    PortTrafficPolicy, Redirect, Resolution, Retries, Rewrite, RouteDestination, Server, ServerTLS, ServerTLSMode,
+    ServiceEntry, ServicePort, Sidecar, Subset, TCPSettings, TLSMode, TrafficPolicy, VirtualService, WorkloadEntry,
 )
 from istiod.sources.convert import ObjectKey, _Fields
 from istiod.sources.istio.common import (
@@ -78,15 +80,25 @@ def _destination(f: _Fields, path: str, namespace: str, domain: str) -> Destinat
     return Destination(resolve_host(host, namespace, domain), subset, number)
 
 
+# istiod's validateHeaderValue (Envoy's header formatter syntax), or Envoy NACKs the routes.
+_HEADER_VALUE = re.compile(r"(?:[^%]|%%|%(?:[^%(]+|[^%(]*\([^)]*\) *)%)*")
+
+
 def _header_operations(f: _Fields, path: str) -> HeaderOperations:
     sub = fields(f, path)
     if sub is None:
         return HeaderOperations()
     only(sub, ("set", "add", "remove"))
+    request = path.endswith("request")
     for op in ("set", "add"):
-        for name, _ in sub.str_map(op):
-            if not name or name.startswith(":") or name.lower() == "host" and path.endswith("response"):
+        for name, value in sub.str_map(op):
+            # A request may set the authority (`:authority` or `host`); no other pseudo-header.
+            authority = name.lower() in (":authority", "host")
+            if not name or (name.startswith(":") or authority) and not (request and authority):
                 raise f.fail(f"{path}.{op}: invalid header name {name!r}")
+            if not _HEADER_VALUE.fullmatch(value):
+                raise f.fail(f"{path}.{op}.{name}: invalid header value {value!r}: a % starts an Envoy "
+                             "%VARIABLE% or %VARIABLE(args)%, %% is a literal %")
     removed = str_list(sub, "remove")
     for name in removed:
         if not name or name.startswith(":") or name.lower() == "host":
@@ -228,16 +240,78 @@ def _rewrite(f: _Fields, path: str) -> Rewrite | None:
     return Rewrite(uri, authority, uri_regex)
 
 
-_HTTP_UNSUPPORTED = ("redirect", "directResponse", "delegate", "mirror", "mirrors", "mirrorPercent",
-                     "mirrorPercentage", "mirror_percent", "corsPolicy")
+_REDIRECT_CODES = (301, 302, 303, 307, 308)  # the codes Envoy's redirect action has
+_DERIVE_PORT = ("FROM_PROTOCOL_DEFAULT", "FROM_REQUEST_PORT")
+
+
+def _redirect(f: _Fields, path: str) -> Redirect | None:
+    sub = fields(f, path)
+    if sub is None:
+        return None
+    only(sub, ("uri", "authority", "port", "derivePort", "scheme", "redirectCode"))
+    if "port" in sub.body and "derivePort" in sub.body:
+        raise f.fail(f"{path}: only one of port or derivePort")
+    derive = sub.get("derivePort", str, "")
+    if derive and derive not in _DERIVE_PORT:
+        raise f.fail(f"{path}.derivePort: {derive!r} is not one of {', '.join(_DERIVE_PORT)}")
+    redirect = Redirect(sub.get("uri", str, ""), sub.get("authority", str, ""), sub.get("scheme", str, ""),
+                        port(sub, "port") or 0, derive, integer(sub, "redirectCode", 0) or 301)
+    if not (redirect.uri or redirect.authority or redirect.scheme or "port" in sub.body or derive):
+        raise f.fail(f"{path}: redirect must specify URI, authority, scheme, or port")
+    if redirect.code not in _REDIRECT_CODES:
+        raise f.fail(f"{path}.redirectCode: {redirect.code} is not one of {', '.join(map(str, _REDIRECT_CODES))}")
+    if redirect.scheme not in ("", "http", "https"):
+        raise f.fail(f'{path}.scheme: invalid redirect scheme, must be "http" or "https"')
+    return redirect
+
+
+_MAX_BODY = 1 << 20  # istiod refuses larger direct response bodies
+
+
+def _direct_response(f: _Fields, path: str) -> DirectResponse | None:
+    sub = fields(f, path)
+    if sub is None:
+        return None
+    only(sub, ("status", "body"))
+    status = integer(sub, "status", 0) or 0
+    if not 200 <= status <= 599:
+        raise f.fail(f"{path}.status: HTTP status {status} is not in range 200-599")
+    body: str | bytes | None = None
+    if (b := fields(sub, "body")) is not None:
+        only(b, ("string", "bytes"))
+        if len(b.body) != 1:
+            raise f.fail(f"{path}.body: exactly one of string or bytes")
+        if "string" in b.body:
+            body = b.get("string", str, "")
+        else:
+            try:
+                body = base64.b64decode(b.get("bytes", str, ""), validate=True)
+            except binascii.Error:
+                raise f.fail(f"{path}.body.bytes: not base64") from None
+        if len(body.encode() if isinstance(body, str) else body) > _MAX_BODY:
+            raise f.fail(f"{path}.body: large direct_responses may impact control plane performance, must be less than 1MB")
+    return DirectResponse(status, body)
+
+
+_HTTP_UNSUPPORTED = ("delegate", "mirror", "mirrors", "mirrorPercent", "mirrorPercentage", "mirror_percent",
+                     "corsPolicy")
 
 
 def _http_route(r: _Fields, namespace: str, domain: str) -> HTTPRoute:
-    only(r, ("name", "match", "route", "rewrite", "timeout", "retries", "fault", "headers"), _HTTP_UNSUPPORTED)
+    only(r, ("name", "match", "route", "redirect", "directResponse", "rewrite", "timeout", "retries", "fault",
+             "headers"), _HTTP_UNSUPPORTED)
     route = _route_destinations(r, "route", namespace, domain)
-    if not route:
-        raise r.fail("HTTP route or redirect is required")
+    redirect, direct = _redirect(r, "redirect"), _direct_response(r, "directResponse")
     rewrite, headers = _rewrite(r, "rewrite"), _headers(r, "headers")
+    if redirect is not None or direct is not None:  # istiod's validateHTTPRouteConflict: one action
+        action = "redirect" if redirect is not None else "direct_response"
+        conflicts = {"route": bool(route), "fault": "fault" in r.body, "rewrite": rewrite is not None,
+                     "direct_response": redirect is not None and direct is not None}
+        for other, present in conflicts.items():
+            if present:
+                raise r.fail(f"HTTP route cannot contain both {other} and {action}")
+    if not (route or redirect or direct):
+        raise r.fail("HTTP route, redirect or direct_response is required")
     authorities = [v for k, v in headers.request.set + headers.request.add if k.lower() in (":authority", "host")]
     if len(authorities) + bool(rewrite and rewrite.authority) > 1:
         raise r.fail("authority header cannot be set multiple times")
@@ -245,6 +319,8 @@ def _http_route(r: _Fields, namespace: str, domain: str) -> HTTPRoute:
         name=r.get("name", str, ""),
         match=tuple(_http_match(m, namespace, domain) for m in items(r, "match")),
         route=route,
+        redirect=redirect,
+        direct_response=direct,
         rewrite=rewrite,
         timeout=duration(r, "timeout"),
         retries=_retries(r, "retries"),
@@ -379,13 +455,13 @@ def _client_tls(f: _Fields, path: str) -> ClientTLS | None:
     sub = fields(f, path)
     if sub is None:
         return None
-    only(sub, ("mode", "clientCertificate", "privateKey", "caCertificates", "credentialName", "subjectAltNames",
-               "sni", "insecureSkipVerify"), ("caCrl",))
+    # credentialName: a Secret istiod would serve over SDS; sidecars here read files only.
+    only(sub, ("mode", "clientCertificate", "privateKey", "caCertificates", "subjectAltNames", "sni",
+               "insecureSkipVerify"), ("caCrl", "credentialName"))
     tls = ClientTLS(enum_field(sub, "mode", TLSMode, "DISABLE"), sub.get("clientCertificate", str, ""),  # type: ignore[arg-type]
                     sub.get("privateKey", str, ""), sub.get("caCertificates", str, ""),
-                    sub.get("credentialName", str, ""), str_list(sub, "subjectAltNames"), sub.get("sni", str, ""),
-                    sub.get("insecureSkipVerify", bool, None))
-    if tls.mode is TLSMode.MUTUAL and not tls.credential_name:
+                    str_list(sub, "subjectAltNames"), sub.get("sni", str, ""), sub.get("insecureSkipVerify", bool, None))
+    if tls.mode is TLSMode.MUTUAL:
         if not tls.client_certificate:
             raise f.fail(f"{path}: client certificate required for mutual tls")
         if not tls.private_key:

@@ -1,6 +1,7 @@
 """VirtualService HTTP routes -> Envoy/gRPC routes, as istiod's route translation. Pure; shared by
 every flavor. What differs per flavor is passed in: how a timeout is spelled (gRPC reads only
-`max_stream_duration`), and the DestinationRule lookup that gives a destination's hash policy.
+`max_stream_duration`), that gRPC gets no header operations or rewrites (it ignores them), and
+the DestinationRule lookup that gives a destination's hash policy.
 
 One route per (http route, match), in order; no match means every request. Without a
 VirtualService a host gets istiod's default route: prefix `/`, no timeout, the default retries.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Callable, Mapping
 
+from envoy.config.core.v3 import base_pb2
 from envoy.config.route.v3 import route_components_pb2 as rc
 from envoy.extensions.filters.common.fault.v3 import fault_pb2 as common_fault_pb2
 from envoy.extensions.filters.http.fault.v3 import fault_pb2
@@ -21,7 +23,8 @@ from google.protobuf import duration_pb2, wrappers_pb2
 
 from istiod.model.config.common import MatchKind, StringMatch, selector_matches
 from istiod.model.config.networking import (
-    MESH_GATEWAY, ConsistentHash, Destination, Fault, HTTPMatch, HTTPRoute, L4Match, L4Route, Retries, VirtualService,
+    MESH_GATEWAY, ConsistentHash, Destination, DirectResponse, Fault, Headers, HTTPMatch, HTTPRoute, L4Match, L4Route,
+    Redirect, Retries, VirtualService,
 )
 from istiod.model.names import outbound_cluster_name
 from istiod.model.service import Service
@@ -36,6 +39,12 @@ GRPC_CODES = {
     "ALREADY_EXISTS": 6, "PERMISSION_DENIED": 7, "RESOURCE_EXHAUSTED": 8, "FAILED_PRECONDITION": 9,
     "ABORTED": 10, "OUT_OF_RANGE": 11, "UNIMPLEMENTED": 12, "INTERNAL": 13, "UNAVAILABLE": 14,
     "DATA_LOSS": 15, "UNAUTHENTICATED": 16,
+}
+_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+_APPEND = base_pb2.HeaderValueOption.APPEND_IF_EXISTS_OR_ADD
+_REDIRECT_CODES = {
+    301: rc.RedirectAction.MOVED_PERMANENTLY, 302: rc.RedirectAction.FOUND, 303: rc.RedirectAction.SEE_OTHER,
+    307: rc.RedirectAction.TEMPORARY_REDIRECT, 308: rc.RedirectAction.PERMANENT_REDIRECT,
 }
 
 # (host, subset, port) -> the consistentHash of the DestinationRule that applies, if any.
@@ -52,16 +61,73 @@ def http_routes(vs: VirtualService | None, service: Service, port: int, services
         return [default]
     routes = []
     for http in vs.http:
-        action = _action(http, port, services, hash_for, proxyless)
-        fault = _fault(http.fault) if http.fault is not None else None
+        template = _route(http, port, services, hash_for, proxyless)
         matches = [m for m in http.match if _applies(m, port, *source)] if http.match else [HTTPMatch()]
         for match in matches:
-            route = rc.Route(name=".".join(n for n in (http.name, match.name) if n), match=_match(match))
-            route.route.CopyFrom(action)
-            if fault is not None:
-                route.typed_per_filter_config[FAULT_FILTER].CopyFrom(pack(fault))
+            route = rc.Route()
+            route.CopyFrom(template)
+            route.name = ".".join(n for n in (http.name, match.name) if n)
+            route.match.CopyFrom(_match(match))
             routes.append(route)
     return routes
+
+
+def _route(http: HTTPRoute, port: int, services: Mapping[str, Service], hash_for: HashLookup,
+           proxyless: bool) -> rc.Route:
+    """Everything of one http route but its name and match, as istiod's translateRoute. gRPC
+    ignores header operations and rewrites (istiod sends them anyway): proxyless routes leave them out."""
+    route = rc.Route()
+    if not proxyless:
+        _add_header_operations(route, http.headers)
+    if http.redirect is not None:
+        route.redirect.CopyFrom(_redirect(http.redirect, port))
+    elif http.direct_response is not None:
+        route.direct_response.CopyFrom(_direct_response(http.direct_response))
+    else:
+        _forward(route, http, port, services, hash_for, proxyless)
+    if http.fault is not None:
+        route.typed_per_filter_config[FAULT_FILTER].CopyFrom(pack(_fault(http.fault)))
+    return route
+
+
+def _forward(route: rc.Route, http: HTTPRoute, port: int, services: Mapping[str, Service], hash_for: HashLookup,
+             proxyless: bool) -> None:
+    """The route action, as istiod's applyHTTPRouteDestination. The host rewrite: `rewrite.authority`,
+    else the route's request headers', else a single destination's; a weighted destination's
+    header operations and authority stay with its cluster."""
+    action = route.route
+    destinations = [d for d in http.route if d.weight > 0 or len(http.route) == 1]
+    clusters = []
+    for dest in destinations:
+        name, dest_port = destination_cluster(dest.destination, port, services)
+        clusters.append((name, dest.weight, (dest.destination.host, dest.destination.subset, dest_port)))
+    authority = (http.rewrite.authority if http.rewrite is not None else "") or _authority(http.headers)
+    if len(clusters) == 1:
+        action.cluster = clusters[0][0]
+        action.hash_policy.extend(hash_policies(hash_for(*clusters[0][2])))
+        if not proxyless:
+            _add_header_operations(route, destinations[0].headers)
+            authority = authority or _authority(destinations[0].headers)
+    else:
+        for (name, weight, _), dest in zip(clusters, destinations):
+            cluster = action.weighted_clusters.clusters.add(name=name, weight=wrappers_pb2.UInt32Value(value=weight))
+            if not proxyless:
+                _add_header_operations(cluster, dest.headers)
+                if dest_authority := _authority(dest.headers):
+                    cluster.host_rewrite_literal = dest_authority
+    if not proxyless:
+        if authority:
+            action.host_rewrite_literal = authority
+        rewrite = http.rewrite
+        if rewrite is not None and rewrite.uri_regex is not None:
+            action.regex_rewrite.CopyFrom(regex_pb2.RegexMatchAndSubstitute(
+                pattern=_regex(rewrite.uri_regex[0]), substitution=rewrite.uri_regex[1]))
+        elif rewrite is not None and rewrite.uri:
+            action.prefix_rewrite = rewrite.uri
+    _set_timeout(action, http.timeout, proxyless)
+    retries = retry_policy(http.retries)
+    if retries is not None:
+        action.retry_policy.CopyFrom(retries)
 
 
 def default_route(name: str, cluster: str, proxyless: bool) -> rc.Route:
@@ -72,25 +138,48 @@ def default_route(name: str, cluster: str, proxyless: bool) -> rc.Route:
     return route
 
 
-def _action(http: HTTPRoute, port: int, services: Mapping[str, Service], hash_for: HashLookup,
-            proxyless: bool) -> rc.RouteAction:
-    action = rc.RouteAction()
-    destinations = [d for d in http.route if d.weight > 0 or len(http.route) == 1]
-    clusters = []
-    for dest in destinations:
-        name, dest_port = destination_cluster(dest.destination, port, services)
-        clusters.append((name, dest.weight, (dest.destination.host, dest.destination.subset, dest_port)))
-    if len(clusters) == 1:
-        action.cluster = clusters[0][0]
-        action.hash_policy.extend(hash_policies(hash_for(*clusters[0][2])))
-    else:
-        action.weighted_clusters.clusters.extend(
-            rc.WeightedCluster.ClusterWeight(name=name, weight=wrappers_pb2.UInt32Value(value=weight))
-            for name, weight, _ in clusters)
-    _set_timeout(action, http.timeout, proxyless)
-    retries = retry_policy(http.retries)
-    if retries is not None:
-        action.retry_policy.CopyFrom(retries)
+def _add_header_operations(target: rc.Route | rc.WeightedCluster.ClusterWeight, headers: Headers) -> None:
+    """istiod's TranslateHeadersOperations: `set` overwrites, `add` appends, each sorted by name;
+    the authority is a host rewrite, not a header."""
+    for operations, to_add, to_remove in (
+        (headers.request, target.request_headers_to_add, target.request_headers_to_remove),
+        (headers.response, target.response_headers_to_add, target.response_headers_to_remove),
+    ):
+        for values, append in ((operations.set, _OVERWRITE), (operations.add, _APPEND)):
+            to_add.extend(base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=k, value=v), append_action=append)
+                          for k, v in values if not _is_authority(k))
+        to_remove.extend(operations.remove)
+
+
+def _authority(headers: Headers) -> str:
+    """The authority a destination's or route's request headers set (`set` over `add`)."""
+    request = headers.request
+    return next((v for k, v in (*request.set, *request.add) if _is_authority(k)), "")
+
+
+def _is_authority(name: str) -> bool:
+    return name.lower() in (":authority", "host")
+
+
+def _redirect(redirect: Redirect, port: int) -> rc.RedirectAction:
+    """istiod's ApplyRedirect; FROM_REQUEST_PORT is the listener's port (routes are per port), and
+    a scheme's default port is left out."""
+    action = rc.RedirectAction(host_redirect=redirect.authority, path_redirect=redirect.uri,
+                               response_code=_REDIRECT_CODES[redirect.code])
+    if redirect.scheme:
+        action.scheme_redirect = redirect.scheme
+    redirect_port = port if redirect.derive_port == "FROM_REQUEST_PORT" else redirect.port
+    if (redirect_port, redirect.scheme or "http") not in ((80, "http"), (443, "https")):
+        action.port_redirect = redirect_port
+    return action
+
+
+def _direct_response(response: DirectResponse) -> rc.DirectResponseAction:
+    action = rc.DirectResponseAction(status=response.status)
+    if isinstance(response.body, str):
+        action.body.inline_string = response.body
+    elif isinstance(response.body, bytes):
+        action.body.inline_bytes = response.body
     return action
 
 

@@ -17,6 +17,7 @@ from envoy.type.matcher.v3 import string_pb2
 from google.protobuf import any_pb2, duration_pb2, wrappers_pb2
 
 from istiod.certfiles import PROVIDER_INSTANCE
+from istiod.model.config.networking import ClientTLS, TLSMode
 from istiod.model.names import spiffe_identity
 from istiod.model.service import Endpoint
 
@@ -30,6 +31,9 @@ SDS_CLUSTER = "sds-grpc"
 MESH_ALPN = ("istio-peer-exchange", "istio")
 MESH_ALPN_MATCH = ("istio-peer-exchange", "istio", "istio-http/1.0", "istio-http/1.1", "istio-h2")
 HTTP_ALPN = ("h2", "http/1.1")
+# What pilot-agent serves as `file-root:system` when a DestinationRule names no CA: the bundle of
+# Istio's proxy image (Debian's path).
+SYSTEM_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
 
 def destination_identities(endpoints: Iterable[Endpoint], trust_domain: str) -> tuple[str, ...]:
@@ -85,6 +89,24 @@ def sds_downstream_tls(alpn: Iterable[str]) -> base_pb2.TransportSocket:
         common_tls_context=_sds_tls_context(alpn, ()), require_client_certificate=wrappers_pb2.BoolValue(value=True)
     )
     return _transport_socket(context)
+
+
+def originated_tls(tls: ClientTLS, alpn: Iterable[str]) -> base_pb2.TransportSocket:
+    """Envoy, client side, for a DestinationRule's SIMPLE or MUTUAL TLS: the files it names, read
+    by Envoy in the sidecar (istiod has the agent serve the same files over SDS). The CA is the
+    system's unless named; `insecureSkipVerify` checks nothing; subjectAltNames match a DNS or URI SAN."""
+    common = tls_pb2.CommonTlsContext(alpn_protocols=list(alpn))
+    if tls.mode is TLSMode.MUTUAL:
+        common.tls_certificates.add(certificate_chain=base_pb2.DataSource(filename=tls.client_certificate),
+                                    private_key=base_pb2.DataSource(filename=tls.private_key))
+    if not tls.insecure_skip_verify:
+        validation = common.validation_context
+        validation.trusted_ca.filename = tls.ca_certificates or SYSTEM_CA_BUNDLE
+        validation.match_typed_subject_alt_names.extend(
+            common_pb2.SubjectAltNameMatcher(san_type=san_type, matcher=string_pb2.StringMatcher(exact=name))
+            for name in tls.subject_alt_names
+            for san_type in (common_pb2.SubjectAltNameMatcher.DNS, common_pb2.SubjectAltNameMatcher.URI))
+    return _transport_socket(tls_pb2.UpstreamTlsContext(common_tls_context=common, sni=tls.sni))
 
 
 def raw_buffer() -> base_pb2.TransportSocket:

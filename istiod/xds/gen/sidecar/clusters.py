@@ -10,9 +10,9 @@ from typing import Any
 from envoy.config.cluster.v3 import circuit_breaker_pb2, cluster_pb2
 from envoy.config.core.v3 import address_pb2, base_pb2, protocol_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2 as http_options_pb2
-from google.protobuf import duration_pb2, struct_pb2, wrappers_pb2
+from google.protobuf import any_pb2, duration_pb2, struct_pb2, wrappers_pb2
 
-from istiod.model.config.networking import Resolution, TrafficPolicy
+from istiod.model.config.networking import Resolution, TLSMode, TrafficPolicy
 from istiod.model.names import inbound_cluster_name, outbound_cluster_name, parse_cluster_name
 from istiod.model.protocol import Protocol
 from istiod.model.proxy import Proxy
@@ -25,7 +25,7 @@ from istiod.xds.gen.filters import ads_source, pack
 from istiod.xds.gen.policy import apply_policy, effective_policy, subset_endpoints, upstream_mtls
 from istiod.xds.gen.sidecar.ports import OutboundPort, inbound_ports, outbound_ports
 from istiod.xds.gen.targets import destination_rule
-from istiod.xds.gen.tls import destination_identities, raw_buffer, sds_upstream_tls
+from istiod.xds.gen.tls import destination_identities, originated_tls, raw_buffer, sds_upstream_tls
 
 BLACKHOLE = "BlackHoleCluster"
 PASSTHROUGH = "PassthroughCluster"
@@ -109,10 +109,20 @@ def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint,
         cluster.type = cluster_pb2.Cluster.EDS
         cluster.eds_cluster_config.CopyFrom(cluster_pb2.Cluster.EdsClusterConfig(
             eds_config=ads_source(initial_fetch_timeout=duration_pb2.Duration()), service_name=name))
-    if policy.tls is not None:
+    tls = policy.tls
+    if tls is not None:
         del cluster.transport_socket_matches[:]
-        cluster.transport_socket.CopyFrom(
-            sds_upstream_tls(identities, sni) if upstream_mtls(policy.tls, True) else raw_buffer())
+        if tls.mode in (TLSMode.SIMPLE, TLSMode.MUTUAL):
+            cluster.transport_socket.CopyFrom(originated_tls(tls, ("h2",) if target.protocol.is_http2 else ()))
+            if target.protocol.is_http:
+                # istiod's auto SNI (and SAN check) from the request's Host when the rule names none.
+                cluster.typed_extension_protocol_options[HTTP_OPTIONS].CopyFrom(_http_options(
+                    target.protocol, protocol_pb2.UpstreamHttpProtocolOptions(
+                        auto_sni=not tls.sni,
+                        auto_san_validation=not (tls.sni or tls.subject_alt_names or tls.insecure_skip_verify))))
+        else:
+            cluster.transport_socket.CopyFrom(
+                sds_upstream_tls(identities, sni) if upstream_mtls(tls, True) else raw_buffer())
     apply_policy(cluster, policy)
     return cluster
 
@@ -150,14 +160,16 @@ def _original_dst(name: str, options: dict[str, object], bind: bool) -> cluster_
 
 def _protocol_options(protocol: Protocol) -> dict[str, object]:
     """HTTP/2 upstream for gRPC and HTTP/2 ports; Envoy's default (HTTP/1.1) for the others."""
-    if not protocol.is_http2:
-        return {}
-    options = http_options_pb2.HttpProtocolOptions(
-        explicit_http_config=http_options_pb2.HttpProtocolOptions.ExplicitHttpConfig(
-            http2_protocol_options=protocol_pb2.Http2ProtocolOptions()
-        )
-    )
-    return {HTTP_OPTIONS: pack(options)}
+    return {HTTP_OPTIONS: _http_options(protocol)} if protocol.is_http2 else {}
+
+
+def _http_options(protocol: Protocol,
+                  upstream: protocol_pb2.UpstreamHttpProtocolOptions | None = None) -> any_pb2.Any:
+    explicit = http_options_pb2.HttpProtocolOptions.ExplicitHttpConfig(
+        http2_protocol_options=protocol_pb2.Http2ProtocolOptions() if protocol.is_http2 else None,
+        http_protocol_options=None if protocol.is_http2 else protocol_pb2.Http1ProtocolOptions())
+    return pack(http_options_pb2.HttpProtocolOptions(explicit_http_config=explicit,
+                                                     upstream_http_protocol_options=upstream))
 
 
 def _downstream_protocol() -> dict[str, object]:
