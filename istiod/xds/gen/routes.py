@@ -8,7 +8,7 @@ VirtualService a host gets istiod's default route: prefix `/`, no timeout, the d
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from envoy.config.route.v3 import route_components_pb2 as rc
 from envoy.extensions.filters.common.fault.v3 import fault_pb2 as common_fault_pb2
@@ -49,11 +49,19 @@ def http_routes(vs: VirtualService | None, service: Service, port: int, services
         default = default_route("default", service.cluster_name(port), proxyless)
         default.route.hash_policy.extend(hash_policies(hash_for(service.hostname, "", port)))
         return [default]
+    return virtual_service_routes(vs, port, services, hash_for, proxyless, source, (MESH_GATEWAY,))
+
+
+def virtual_service_routes(vs: VirtualService, port: int, services: Mapping[str, Service], hash_for: HashLookup,
+                           proxyless: bool, source: tuple[str, Mapping[str, str]],
+                           gateways: Collection[str]) -> list[rc.Route]:
+    """A VirtualService's routes for a proxy on `gateways` (`mesh` for sidecars and gRPC, the
+    `<ns>/<name>` of its Gateways for a gateway): a match naming other gateways is left out."""
     routes = []
     for http in vs.http:
         action = _action(http, port, services, hash_for, proxyless)
         fault = _fault(http.fault) if http.fault is not None else None
-        matches = [m for m in http.match if _applies(m, port, *source)] if http.match else [HTTPMatch()]
+        matches = [m for m in http.match if _applies(m, port, *source, gateways)] if http.match else [HTTPMatch()]
         for match in matches:
             route = rc.Route(name=".".join(n for n in (http.name, match.name) if n), match=_match(match))
             route.route.CopyFrom(action)
@@ -142,9 +150,10 @@ def retry_policy(retries: Retries | None) -> rc.RetryPolicy | None:
     return policy
 
 
-def _applies(match: HTTPMatch, port: int, namespace: str, labels: Mapping[str, str]) -> bool:
+def _applies(match: HTTPMatch, port: int, namespace: str, labels: Mapping[str, str],
+             gateways: Collection[str]) -> bool:
     return ((not match.port or match.port == port)
-            and (not match.gateways or MESH_GATEWAY in match.gateways)
+            and (not match.gateways or any(g in match.gateways for g in gateways))
             and (not match.source_namespace or match.source_namespace == namespace)
             and selector_matches(match.source_labels, labels))
 
