@@ -29,6 +29,7 @@ from tests.test_gateway_gen import server_credential, tls_secret
 
 BIND, APP_IP = "127.0.0.70", "127.0.0.71"
 NAMESPACE, SERVICE_ACCOUNT = "istio-ingress", "ingress"
+TOKEN = "ingress-s3cret"
 NODE = f"router~{BIND}~ingress-1.{NAMESPACE}~{NAMESPACE}.svc.cluster.local"
 
 
@@ -75,9 +76,12 @@ def gateway_bootstrap(istiod: Istiod, workdir: Path) -> dict[str, Any]:
 
 
 class Gateway:
-    def __init__(self, mesh_dir: Path, istiod: Istiod, envoy: Envoy, http_port: int, https_port: int) -> None:
-        self.mesh_dir, self.istiod, self.envoy = mesh_dir, istiod, envoy
+    """The mesh behind the gateway, istiod, and (once started) the gateway's Envoy."""
+
+    def __init__(self, mesh_dir: Path, istiod: Istiod, http_port: int, https_port: int) -> None:
+        self.mesh_dir, self.istiod = mesh_dir, istiod
         self.http_port, self.https_port = http_port, https_port
+        self.envoy: Envoy | None = None
 
     def curl(self, url: str, *options: str) -> tuple[int, str]:
         """(HTTP status, body) of curl's request; status 0 when the connection or handshake failed."""
@@ -97,28 +101,36 @@ class Gateway:
 
 
 @pytest.fixture
-def gateway(mesh_dir: Path, start_istiod: Callable[..., Istiod], processes: list[Process]) -> Iterator[Gateway]:
+def mesh(mesh_dir: Path, start_istiod: Callable[..., Istiod], processes: list[Process]) -> Gateway:
     app_port, http_port, https_port = free_port(APP_IP), free_port(BIND), free_port(BIND)
     (mesh_dir / "mesh.yaml").write_text(render("gateway-mesh.yaml", app_ip=APP_IP, app_port=app_port, bind=BIND,
                                                http_port=http_port, https_port=https_port))
     ca, cert, key = server_credential("secure.example.com")
     _write_secret(mesh_dir, cert, key)
     (mesh_dir.parent / "ca.pem").write_bytes(ca)
-    istiod = start_istiod(mesh_dir)
+    (mesh_dir.parent / "tokens.json").write_text(json.dumps({TOKEN: f"{NAMESPACE}/{SERVICE_ACCOUNT}"}))
+    istiod = start_istiod(mesh_dir, "--ca-static-tokens", str(mesh_dir.parent / "tokens.json"))
     processes.append(Process([sys.executable, str(ROOT / "tests" / "http_echo.py"), APP_IP, str(app_port)], name="echo"))
+    return Gateway(mesh_dir, istiod, http_port, https_port)
+
+
+@pytest.fixture
+def gateway(mesh: Gateway) -> Iterator[Gateway]:
+    """The gateway's Envoy started by the test, with its own bootstrap."""
     workdir = Path(tempfile.mkdtemp(prefix="envoy-gw-", dir="/tmp"))  # Unix socket paths must stay short
-    envoy = sds = None
+    sds = None
+    istiod = mesh.istiod
     try:
         sds = SdsServer(workdir / "sds", f"spiffe://cluster.local/ns/{NAMESPACE}/sa/{SERVICE_ACCOUNT}")
-        envoy = Envoy(gateway_bootstrap(istiod, workdir), workdir, name="envoy-gateway", netns=False)
+        envoy = mesh.envoy = Envoy(gateway_bootstrap(istiod, workdir), workdir, name="envoy-gateway", netns=False)
         try:
             wait_until(lambda: synced(istiod, NODE, ("cluster", "listener", "endpoint", "route"))
                        and envoy.get("/ready")[0] == 200, 20, "the gateway synced and its listeners warm")
         except AssertionError:
             raise AssertionError(f"syncz: {istiod.get('/debug/syncz')[1]}\nEnvoy:\n{envoy.log()[-6000:]}") from None
-        yield Gateway(mesh_dir, istiod, envoy, http_port, https_port)
+        yield mesh
     finally:
-        for stoppable in (envoy, sds):
+        for stoppable in (mesh.envoy, sds):
             if stoppable is not None:
                 stoppable.stop()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -141,6 +153,7 @@ def test_https_and_http_through_the_gateway_reach_the_service(gateway: Gateway, 
 
 def test_a_changed_secret_is_served_without_restarting_envoy(gateway: Gateway, mesh_dir: Path) -> None:
     assert gateway.https("/", mesh_dir.parent / "ca.pem")[0] == 200
+    assert gateway.envoy is not None
     pid = gateway.envoy.process.proc.pid
     ca, cert, key = server_credential("secure.example.com")
     (mesh_dir.parent / "new-ca.pem").write_bytes(ca)
@@ -162,3 +175,37 @@ def test_secrets_stay_out_of_logs_and_debug_output(gateway: Gateway, mesh_dir: P
         assert body not in json.dumps(reply), path
     assert body not in gateway.istiod.text()
     assert "kubernetes://web-cert" in json.dumps(gateway.istiod.get("/debug/adsz")[1])  # asked for over ADS
+
+
+def test_the_agent_runs_a_gateway(mesh: Gateway, processes: list[Process]) -> None:
+    """`istiod agent proxy router`: the agent's Envoy gets its config through the agent's xDS proxy
+    (on istiod's TLS port, with the certificate the agent got for the gateway), so it is sent the
+    Gateway's credential."""
+    workdir = Path(tempfile.mkdtemp(prefix="agent-gw-", dir="/tmp"))
+    try:
+        (workdir / "token").write_text(TOKEN)
+        readiness = free_port()
+        agent = Process([
+            sys.executable, "-m", "istiod", "agent",
+            "--ca-addr", mesh.istiod.secure_address, "--ca-root-cert", str(mesh.istiod.root_cert),
+            "--token-file", str(workdir / "token"), "--output-dir", str(workdir / "certs"),
+            "--pod-name", "ingress-1", "--pod-namespace", NAMESPACE, "--instance-ip", BIND,
+            "--service-account", SERVICE_ACCOUNT,
+            "proxy", "router", "--workdir", str(workdir), "--proxy-admin-addr", "unix:admin.sock",
+            "--status-addr", f"127.0.0.1:{free_port()}", "--readiness-addr", f"127.0.0.1:{readiness}",
+            "--envoy-prometheus-addr", f"127.0.0.1:{free_port()}", "--termination-drain-duration", "1s",
+        ], env={"ISTIO_METAJSON_LABELS": json.dumps({"istio": "ingressgateway"})}, name="agent-gateway")
+        processes.append(agent)
+        ready = f"http://127.0.0.1:{readiness}/healthz/ready"
+        try:
+            wait_until(lambda: subprocess.run(["curl", "-sf", "--max-time", "2", ready]).returncode == 0, 30,
+                       "the agent's gateway ready")
+        except AssertionError:
+            raise AssertionError(f"agent:\n{agent.log()[-6000:]}") from None
+        status, body = mesh.https("/via-agent", mesh.mesh_dir.parent / "ca.pem")
+        print("HTTPS through the agent's gateway:", status, body)
+        assert status == 200 and json.loads(body)["host"] == f"secure.example.com:{mesh.https_port}"
+        assert mesh.http("/via-agent")[0] == 200
+        agent.stop()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
