@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,7 @@ def _client_certificate(istiod: Istiod, workdir: Path) -> tuple[Path, Path]:
     return workdir / "cert.pem", workdir / "key.pem"
 
 
-def gateway_bootstrap(istiod: Istiod, workdir: Path) -> dict[str, Any]:
+def gateway_bootstrap(istiod: Istiod, workdir: Path, delta: bool = False) -> dict[str, Any]:
     """ADS over TLS to istiod's secure port, as the agent's xDS proxy connects; `sds-grpc` (the
     workload certificate for mTLS to the mesh) on a Unix socket. The Gateway's credentials come over ADS."""
     cert, key = _client_certificate(istiod, workdir)
@@ -70,7 +71,7 @@ def gateway_bootstrap(istiod: Istiod, workdir: Path) -> dict[str, Any]:
            "load_assignment": {"cluster_name": "xds-grpc", "endpoints": [{"lb_endpoints": [
                {"endpoint": {"address": {"socket_address": {"address": host, "port_value": int(port)}}}}]}]}}
     config = bootstrap(NODE, workdir / "unused", workdir / "sds", workdir / "admin", {
-        "SERVICE_ACCOUNT": SERVICE_ACCOUNT, "LABELS": {"istio": "ingressgateway", "app": "istio-ingressgateway"}})
+        "SERVICE_ACCOUNT": SERVICE_ACCOUNT, "LABELS": {"istio": "ingressgateway", "app": "istio-ingressgateway"}}, delta)
     config["static_resources"]["clusters"][0] = xds
     return config
 
@@ -114,15 +115,16 @@ def mesh(mesh_dir: Path, start_istiod: Callable[..., Istiod], processes: list[Pr
     return Gateway(mesh_dir, istiod, http_port, https_port)
 
 
-@pytest.fixture
-def gateway(mesh: Gateway) -> Iterator[Gateway]:
-    """The gateway's Envoy started by the test, with its own bootstrap."""
+@contextmanager
+def gateway_envoy(mesh: Gateway, delta: bool = False) -> Iterator[Gateway]:
+    """The gateway's Envoy started by the test, with its own bootstrap; `delta`: incremental xDS."""
     workdir = Path(tempfile.mkdtemp(prefix="envoy-gw-", dir="/tmp"))  # Unix socket paths must stay short
     sds = None
     istiod = mesh.istiod
     try:
         sds = SdsServer(workdir / "sds", f"spiffe://cluster.local/ns/{NAMESPACE}/sa/{SERVICE_ACCOUNT}")
-        envoy = mesh.envoy = Envoy(gateway_bootstrap(istiod, workdir), workdir, name="envoy-gateway", netns=False)
+        envoy = mesh.envoy = Envoy(gateway_bootstrap(istiod, workdir, delta), workdir, name="envoy-gateway",
+                                   netns=False)
         try:
             wait_until(lambda: synced(istiod, NODE, ("cluster", "listener", "endpoint", "route"))
                        and envoy.get("/ready")[0] == 200, 20, "the gateway synced and its listeners warm")
@@ -133,7 +135,14 @@ def gateway(mesh: Gateway) -> Iterator[Gateway]:
         for stoppable in (mesh.envoy, sds):
             if stoppable is not None:
                 stoppable.stop()
+        mesh.envoy = None
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def gateway(mesh: Gateway) -> Iterator[Gateway]:
+    with gateway_envoy(mesh) as started:
+        yield started
 
 
 def test_https_and_http_through_the_gateway_reach_the_service(gateway: Gateway, mesh_dir: Path) -> None:
@@ -163,6 +172,18 @@ def test_a_changed_secret_is_served_without_restarting_envoy(gateway: Gateway, m
     print("the old CA after the rotation:", status, body)
     assert status == 0  # the old certificate is gone
     assert gateway.envoy.process.proc.pid == pid and gateway.envoy.process.proc.poll() is None
+
+
+def test_a_gateway_on_incremental_xds(mesh: Gateway) -> None:
+    """The credential over delta ADS too: a rotation reaches the Envoy as an updated resource."""
+    with gateway_envoy(mesh, delta=True):
+        status, body = mesh.https("/delta", mesh.mesh_dir.parent / "ca.pem")
+        print("HTTPS through the delta gateway:", status, body)
+        assert status == 200
+        ca, cert, key = server_credential("secure.example.com")
+        (mesh.mesh_dir.parent / "new-ca.pem").write_bytes(ca)
+        _write_secret(mesh.mesh_dir, cert, key)
+        wait_until(lambda: mesh.https("/", mesh.mesh_dir.parent / "new-ca.pem")[0] == 200, 10, "the new certificate")
 
 
 def test_secrets_stay_out_of_logs_and_debug_output(gateway: Gateway, mesh_dir: Path) -> None:
