@@ -3,20 +3,25 @@ credentials. (tests/test_envoy_gateway.py proves the same with a real Envoy and 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 import logging
 from typing import Any
 
+import grpc
 import pytest
 import yaml
 from cryptography.hazmat.primitives.asymmetric import ec
 from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.core.v3 import base_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
 from envoy.extensions.filters.http.fault.v3 import fault_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from envoy.extensions.transport_sockets.tls.v3 import secret_pb2, tls_pb2
+from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+from google.protobuf import struct_pb2
 
 from istiod import logs
 from istiod.ca.pki import cert_pem, key_pem
@@ -29,6 +34,7 @@ from istiod.xds import types
 from istiod.xds.cache import ResourceCache
 from istiod.xds.gen import ROUTER
 from istiod.xds.gen.gateway import servers
+from istiod.xds.server import DiscoveryServer
 from tests.conftest import render
 from tests.pki import ca_cert, leaf_cert
 
@@ -208,3 +214,36 @@ def test_secrets_read_as_credentials_and_never_printed() -> None:
         with pytest.raises(ConversionError) as error:
             convert({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "b", "namespace": "ns"}, "data": data})
         assert message in str(error.value) and "BEGIN" not in str(error.value)
+
+
+async def test_the_ads_server_sends_secrets_only_on_a_verified_stream() -> None:
+    """A router is served at connect; its credential goes only on a stream whose caller the
+    authorizer checked (the TLS port), never on the plaintext one."""
+    discovery = DiscoveryServer(_snapshot)
+    discovery.ready = True
+
+    async def authorize(proxy: Proxy, context: grpc.aio.ServicerContext) -> None:
+        pass  # the caller proved it is this proxy
+
+    plain, checked = grpc.aio.server(), grpc.aio.server()
+    ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(discovery, plain)
+    ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(discovery.authorized(authorize), checked)
+    ports = [server.add_insecure_port("127.0.0.1:0") for server in (plain, checked)]
+    for server in (plain, checked):
+        await server.start()
+    metadata = struct_pb2.Struct()
+    metadata.update({"LABELS": INGRESS_LABELS})
+    request = discovery_pb2.DiscoveryRequest(node=base_pb2.Node(id=GATEWAY_NODE, metadata=metadata),
+                                             type_url=types.SECRET, resource_names=["kubernetes://web-cert"])
+    try:
+        sent = []
+        for port in ports:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel).StreamAggregatedResources(iter([request]))
+                response = await asyncio.wait_for(call.read(), 5)
+                sent.append([secret_pb2.Secret.FromString(r.value).name for r in response.resources])
+                call.cancel()
+        assert sent == [[], ["kubernetes://web-cert"]]
+    finally:
+        for server in (plain, checked):
+            await server.stop(None)
