@@ -160,6 +160,26 @@ def test_https_and_http_through_the_gateway_reach_the_service(gateway: Gateway, 
     assert gateway.curl(f"http://{host}:{gateway.http_port}/", "--resolve", f"{host}:{gateway.http_port}:{BIND}")[0] == 404
 
 
+def test_https_redirect_answers_301(gateway: Gateway) -> None:
+    port = free_port(BIND)
+    redirect = {"apiVersion": "networking.istio.io/v1", "kind": "Gateway",
+                "metadata": {"name": "redirect", "namespace": NAMESPACE},
+                "spec": {"selector": {"istio": "ingressgateway"}, "servers": [
+                    {"port": {"number": port, "name": "http", "protocol": "HTTP"}, "bind": BIND,
+                     "hosts": ["shop/web.example.com"], "tls": {"httpsRedirect": True}}]}}
+    bound = {"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+             "metadata": {"name": "redirected", "namespace": "shop"},
+             "spec": {"hosts": ["web.example.com"], "gateways": [f"{NAMESPACE}/redirect"],
+                      "http": [{"route": [{"destination": {"host": "web"}}]}]}}
+    (gateway.mesh_dir / "redirect.yaml").write_text(yaml.safe_dump_all([redirect, bound]))
+    url = f"http://web.example.com:{port}/page"
+    resolve = ("--resolve", f"web.example.com:{port}:{BIND}", "-D", "-")
+    status, headers = wait_until(lambda: (reply := gateway.curl(url, *resolve))[0] == 301 and reply, 10,
+                                 "the redirecting server")
+    print("HTTP on the httpsRedirect server:", status, headers.splitlines()[:2])
+    assert f"location: https://web.example.com:{port}/page" in headers.lower()
+
+
 def test_a_changed_secret_is_served_without_restarting_envoy(gateway: Gateway, mesh_dir: Path) -> None:
     assert gateway.https("/", mesh_dir.parent / "ca.pem")[0] == 200
     assert gateway.envoy is not None

@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import base_pb2
 from envoy.config.listener.v3 import listener_pb2
-from envoy.config.route.v3 import route_pb2
+from envoy.config.route.v3 import route_components_pb2, route_pb2
 from envoy.extensions.filters.http.fault.v3 import fault_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from envoy.extensions.transport_sockets.tls.v3 import secret_pb2, tls_pb2
@@ -123,6 +123,22 @@ def test_routes_come_from_the_virtual_services_bound_to_the_gateway() -> None:
     assert list(secure.domains) == ["secure.example.com", "secure.example.com:*"]
 
 
+def test_https_redirect_requires_tls_on_the_servers_hosts() -> None:
+    redirect = {"apiVersion": "networking.istio.io/v1", "kind": "Gateway",
+                "metadata": {"name": "redirect", "namespace": "istio-ingress"},
+                "spec": {"selector": INGRESS_LABELS, "servers": [
+                    {"port": {"number": 8081, "name": "http", "protocol": "HTTP"}, "bind": "127.0.0.60",
+                     "hosts": ["shop/web.example.com"], "tls": {"httpsRedirect": True}}]}}
+    bound = {"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+             "metadata": {"name": "redirected", "namespace": "shop"},
+             "spec": {"hosts": ["web.example.com"], "gateways": ["istio-ingress/redirect"],
+                      "http": [{"route": [{"destination": {"host": "web"}}]}]}}
+    routes = _generate(types.ROUTE, _snapshot(redirect, bound), route_pb2.RouteConfiguration)
+    (host,) = routes["http.8081"].virtual_hosts
+    assert host.require_tls == route_components_pb2.VirtualHost.ALL  # Envoy's 301 to https for every request
+    assert routes["http.8080"].virtual_hosts[0].require_tls == route_components_pb2.VirtualHost.NONE
+
+
 def test_server_hosts_restrict_the_virtual_services_namespace() -> None:
     other = {"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
              "metadata": {"name": "sneaky", "namespace": "default"},
@@ -172,7 +188,6 @@ def test_secrets_go_only_to_a_verified_gateway_of_the_secrets_namespace(caplog: 
     ({"mode": "ISTIO_MUTUAL"}, "HTTPS", "tls.mode ISTIO_MUTUAL is not implemented"),
     ({"mode": "SIMPLE", "serverCertificate": "/etc/c.pem", "privateKey": "/etc/k.pem"}, "HTTPS", "files are not implemented"),
     (None, "TCP", "protocol TCP is not implemented"),
-    ({"httpsRedirect": True}, "HTTP", "httpsRedirect is not implemented"),
 ])
 def test_unsupported_servers_are_left_out_with_a_warning(tls: dict[str, Any] | None, protocol: str, reason: str,
                                                          caplog: pytest.LogCaptureFixture,

@@ -68,6 +68,7 @@ def route_configuration(name: str, servers: tuple[GatewayServer, ...], snapshot:
                 routes=virtual_service_routes(vs, served.port, snapshot.services, hash_for, proxyless=False,
                                               source=(proxy.namespace, dict(proxy.labels)), gateways=(served.ref,)),
                 include_request_attempt_count=True,
+                require_tls=route_components_pb2.VirtualHost.ALL if served.https_redirect else None,
             ))
     return route_pb2.RouteConfiguration(name=name, virtual_hosts=hosts,
                                         validate_clusters=wrappers_pb2.BoolValue(value=False))

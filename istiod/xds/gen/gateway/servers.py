@@ -60,6 +60,11 @@ class GatewayServer:
         return f"https.{self.port}.{self.server.port.name}.{meta.name}.{meta.namespace}"
 
     @property
+    def https_redirect(self) -> bool:
+        """A plaintext server that answers every request with a 301 to https (tls.httpsRedirect)."""
+        return not self.tls and self.server.tls is not None and self.server.tls.https_redirect
+
+    @property
     def credential(self) -> str:
         assert self.server.tls is not None
         return CREDENTIAL_PREFIX + self.server.tls.credential_name
@@ -75,8 +80,6 @@ def unsupported(server: Server) -> str | None:
     """Why a server is not served, or None."""
     protocol, tls = server.port.protocol, server.tls
     if protocol in HTTP_PROTOCOLS:
-        if tls is not None and tls.https_redirect:
-            return "tls.httpsRedirect is not implemented"
         return None
     if protocol != "HTTPS":
         return f"protocol {protocol} is not implemented (HTTP and HTTPS are)"
