@@ -77,8 +77,9 @@ def server_tls(served: GatewayServer) -> tls_pb2.DownstreamTlsContext:
     tls = served.server.tls
     assert tls is not None
     params = common_pb2.TlsParameters(
-        tls_minimum_protocol_version=TLS_VERSIONS.get(tls.min_protocol_version or "TLSV1_2", common_pb2.TlsParameters.TLSv1_2),
-        tls_maximum_protocol_version=TLS_VERSIONS.get(tls.max_protocol_version or "TLSV1_3", common_pb2.TlsParameters.TLSv1_3),
+        # istiod's gateway defaults: TLS 1.2 to 1.3 (validation admits only the names below).
+        tls_minimum_protocol_version=TLS_VERSIONS[tls.min_protocol_version or "TLSV1_2"],
+        tls_maximum_protocol_version=TLS_VERSIONS[tls.max_protocol_version or "TLSV1_3"],
         cipher_suites=list(tls.cipher_suites),
     )
     return tls_pb2.DownstreamTlsContext(
