@@ -12,6 +12,7 @@ from e2e.harness import Cluster
 from e2e.istio_crds import create_istio_object, install_crds
 from e2e.kube_objects import ISTIO_NAMESPACE, ensure_namespace, service_body
 from tests.peers import ROOT, Istiod, Process, wait_until
+from tests.test_gateway_gen import server_credential, tls_secret
 
 NS = "e2e-rbac"
 
@@ -64,6 +65,8 @@ async def test_informers_need_only_list_and_watch(
     kubeconfig, token = await istiod_kubeconfig(cluster, kube, tmp_path / "istiod.kubeconfig")
     await core.create_namespaced_service(NS, service_body("guarded"))
     await install_crds(kube)
+    _, cert, key = server_credential("secure.example.com")
+    await core.create_namespaced_secret(NS, tls_secret("gateway-cert", NS, cert, key))
     await create_istio_object(kube, {"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
                                      "metadata": {"name": "guarded", "namespace": NS},
                                      "spec": {"hosts": ["guarded"], "http": [{"route": [{"destination": {"host": "guarded"}}]}]}})
@@ -74,6 +77,9 @@ async def test_informers_need_only_list_and_watch(
                10, "the service, read with the ServiceAccount's token")
     wait_until(lambda: any(o["kind"] == "VirtualService" for o in istiod.get("/debug/configz")[1]), 10,
                "the VirtualService, read with the ServiceAccount's token")
+    # Gateways' credentials: Secrets are listed and watched too, and never logged.
+    wait_until(lambda: "informer Secret: listed" in istiod.text(), 10, "the Secrets, listed with the ServiceAccount's token")
     assert "Forbidden" not in istiod.text()  # (not "403": timestamps and serial numbers may hold it)
     assert token not in istiod.text()  # tokens never reach the logs
+    assert key.decode().splitlines()[1] not in istiod.text()
     await core.delete_namespaced_service("guarded", NS)

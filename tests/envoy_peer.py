@@ -26,14 +26,13 @@ from typing import Any
 
 import grpc
 import pytest
-from cryptography import x509
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.transport_sockets.tls.v3 import common_pb2, secret_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from envoy.service.secret.v3 import sds_pb2_grpc
 from google.protobuf import any_pb2
 
-from istiod.ca.pki import PrivateKey, cert_pem, key_pem, new_key
+from istiod.ca.pki import cert_pem, key_pem, new_key
 from tests.peers import Process, wait_until
 from tests.pki import ca_cert, leaf_cert
 
@@ -133,8 +132,10 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
 class Envoy:
     """One Envoy process; `stop()` (also called by the fixtures) removes it."""
 
-    def __init__(self, config: dict[str, Any], workdir: Path, name: str = "envoy") -> None:
-        if os.geteuid() != 0:
+    def __init__(self, config: dict[str, Any], workdir: Path, name: str = "envoy", netns: bool = True) -> None:
+        """`netns`: in a network namespace of its own (sidecar listeners); without, a gateway whose
+        listeners bind loopback addresses the test chose."""
+        if netns and os.geteuid() != 0:
             pytest.skip("a real Envoy with sidecar listeners needs its own network namespace (root)")
         binary = envoy_binary()
         workdir.mkdir(parents=True, exist_ok=True)
@@ -143,7 +144,7 @@ class Envoy:
         config_file = workdir / f"{name}.json"
         config_file.write_text(json.dumps(config))
         self.process = Process(
-            ["unshare", "--net", "--", binary, "-c", str(config_file), "--disable-hot-restart", "--concurrency", "1",
+            [*(["unshare", "--net", "--"] if netns else []), binary, "-c", str(config_file), "--disable-hot-restart", "--concurrency", "1",
              "--log-level", "info", "--component-log-level", "upstream:debug,config:debug"],
             name=name,
         )
@@ -261,7 +262,7 @@ class SdsServer(sds_pb2_grpc.SecretDiscoveryServiceServicer):
         root_key = new_key()
         self.root = ca_cert("sidecar test root", root_key)
         key = new_key()
-        self.certificate = leaf_cert(key, self.root, root_key, x509.UniformResourceIdentifier(identity))
+        self.certificate = leaf_cert(key, (self.root, root_key), uris=(identity,))
         self.key = key
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
         sds_pb2_grpc.add_SecretDiscoveryServiceServicer_to_server(self, self.server)

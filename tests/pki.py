@@ -30,18 +30,6 @@ def ca_cert(name: str, key: PrivateKey, issuer: tuple[x509.Certificate, PrivateK
     )
 
 
-def leaf_cert(key: PrivateKey, issuer: x509.Certificate, issuer_key: PrivateKey,
-              *names: x509.GeneralName) -> x509.Certificate:
-    """An end-entity certificate for `names` (SPIFFE URIs, DNS names), valid for a day."""
-    return (
-        x509.CertificateBuilder().subject_name(x509.Name([])).issuer_name(issuer.subject)
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(NOW - timedelta(minutes=1)).not_valid_after(NOW + timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName(list(names)), critical=True)
-        .sign(issuer_key, hashes.SHA256())
-    )
-
-
 def write_plugged(directory: Path, name: str = "plugged") -> tuple[x509.Certificate, x509.Certificate]:
     """A root and an intermediate that signs, as istio's `make` tooling lays out cacerts."""
     root_key, inter_key = ec.generate_private_key(ec.SECP256R1()), new_key()
@@ -71,3 +59,17 @@ def csr_claiming_other_key(signer: PrivateKey, claimed: PrivateKey) -> str:
     assert len(ours) == len(theirs) and ours in der
     forged = x509.load_der_x509_csr(der.replace(ours, theirs))
     return forged.public_bytes(serialization.Encoding.PEM).decode()
+
+
+def leaf_cert(key: PrivateKey, issuer: tuple[x509.Certificate, PrivateKey], uris: tuple[str, ...] = (),
+              dns: tuple[str, ...] = (), days: int = 1) -> x509.Certificate:
+    """A workload (SPIFFE `uris`) or server (`dns`) certificate signed by `issuer`."""
+    names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(u) for u in uris]
+    names += [x509.DNSName(d) for d in dns]
+    return (
+        x509.CertificateBuilder().subject_name(x509.Name([])).issuer_name(issuer[0].subject)
+        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(NOW - timedelta(minutes=1)).not_valid_after(NOW + timedelta(days=days))
+        .add_extension(x509.SubjectAlternativeName(names), critical=True)
+        .sign(issuer[1], hashes.SHA256())
+    )

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography import x509
 
 from istiod.ca.pki import cert_pem, key_pem, new_key
 from tests.conftest import DATA, render
@@ -71,11 +70,11 @@ def _certificates(directory: Path) -> dict[str, Path]:
 
     write("ca", cert_pem(ca))
     write("other_ca", cert_pem(ca_cert("another CA", other_key)))
-    for name, names in (("secure", [x509.DNSName("secure.example.com"), x509.DNSName("untrusted.example.com")]),
-                        ("mutual", [x509.DNSName("mutual.example.com")]),
-                        ("client", [x509.UniformResourceIdentifier(CLIENT_ID)])):
+    for name, uris, dns in (("secure", (), ("secure.example.com", "untrusted.example.com")),
+                            ("mutual", (), ("mutual.example.com",)),
+                            ("client", (CLIENT_ID,), ())):
         key = new_key()
-        write(f"{name}_cert", cert_pem(leaf_cert(key, ca, ca_key, *names)))
+        write(f"{name}_cert", cert_pem(leaf_cert(key, (ca, ca_key), uris=uris, dns=dns)))
         write(f"{name}_key", key_pem(key))
     return files
 

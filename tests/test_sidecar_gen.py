@@ -30,7 +30,7 @@ from istiod.model.snapshot import Snapshot
 from istiod.sources.store import Store
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
-from istiod.xds.gen import PROXYLESS_GRPC, SIDECAR, generators_for
+from istiod.xds.gen import PROXYLESS_GRPC, ROUTER, SIDECAR, generators_for
 from istiod.xds.server import DiscoveryServer
 
 DATA = Path(__file__).parent / "data"
@@ -74,8 +74,9 @@ def test_any_suffix_after_the_first_dash_is_ignored(prefix: str, suffix: str) ->
 def test_generators_by_node_type_and_metadata() -> None:
     assert generators_for(proxy_from_node(SIDECAR_NODE, {})) is SIDECAR
     assert generators_for(proxy_from_node(SIDECAR_NODE, {"GENERATOR": "grpc"})) is PROXYLESS_GRPC
-    # Gateways are not served yet: no config at all rather than a sidecar's or a gRPC client's.
-    assert generators_for(proxy_from_node("router~10.0.0.1~gw-1.istio-system~istio-system.svc.cluster.local", {})) == {}
+    assert generators_for(proxy_from_node("router~10.0.0.1~gw-1.istio-system~istio-system.svc.cluster.local", {})) is ROUTER
+    # Waypoints are not served yet: no config at all rather than a sidecar's or a gateway's.
+    assert generators_for(proxy_from_node("waypoint~10.0.0.1~wp-1.istio-system~istio-system.svc.cluster.local", {})) == {}
 
 
 def test_outbound_clusters_use_auto_mtls_and_http2_for_grpc() -> None:
@@ -202,7 +203,8 @@ def test_addresses_envoy_would_reject_are_left_out() -> None:
     assert not any("fe80" in d for d in route.virtual_hosts[0].domains)  # type: ignore[attr-defined]
 
 
-async def test_gateways_are_refused_at_connect() -> None:
+async def test_waypoints_are_refused_at_connect() -> None:
+    """Gateways (`router`) are served (tests/test_gateway_gen.py); waypoints are not yet."""
     discovery = DiscoveryServer(lambda: Snapshot("v1"))
     discovery.ready = True
     server = grpc.aio.server()
@@ -211,12 +213,12 @@ async def test_gateways_are_refused_at_connect() -> None:
     await server.start()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            node = base_pb2.Node(id="router~10.0.0.1~gw-1.istio-system~istio-system.svc.cluster.local")
+            node = base_pb2.Node(id="waypoint~10.0.0.1~wp-1.istio-system~istio-system.svc.cluster.local")
             request = discovery_pb2.DiscoveryRequest(node=node, type_url=types.CLUSTER)
             call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel).StreamAggregatedResources(iter([request]))
             with pytest.raises(grpc.aio.AioRpcError) as error:
                 await call.read()
         assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
-        assert error.value.details() == "router proxies are not served yet"
+        assert error.value.details() == "waypoint proxies are not served yet"
     finally:
         await server.stop(None)

@@ -21,10 +21,11 @@ class NodeInfo:
     workload_name: str = ""
     domain: str = DEFAULT_DOMAIN
     cluster_id: str = "Kubernetes"
+    proxy_type: str = "sidecar"  # or `router`: an ingress gateway (pilot-agent's `proxy router`)
 
     @property
     def node_id(self) -> str:
-        return f"sidecar~{self.ip}~{self.pod}.{self.namespace}~{self.namespace}.svc.{self.domain}"
+        return f"{self.proxy_type}~{self.ip}~{self.pod}.{self.namespace}~{self.namespace}.svc.{self.domain}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,7 +67,8 @@ def agent_settings_from_args(args: argparse.Namespace) -> AgentSettings:
     except ValueError as error:
         raise SystemExit(f"istiod agent: --pod-namespace/--service-account: {error}") from None
     node = NodeInfo(ip=args.instance_ip, pod=args.pod_name, namespace=args.pod_namespace,
-                    service_account=args.service_account, cluster_id=args.cluster_id)
+                    service_account=args.service_account, cluster_id=args.cluster_id,
+                    proxy_type=getattr(args, "proxy_type", "sidecar"))
     return AgentSettings(
         ca_address=args.ca_addr,
         ca_root_cert=args.ca_root_cert,
@@ -117,6 +118,8 @@ def _admin_address(text: str) -> tuple[str, int] | Path:
 
 def add_proxy_flags(parser: argparse.ArgumentParser) -> None:
     env = os.environ.get
+    parser.add_argument("proxy_type", nargs="?", choices=("sidecar", "router"), default="sidecar",
+                        help="sidecar (default), or router: an ingress gateway, served the Gateways selecting its labels")
     parser.add_argument("--workdir", type=Path, default=Path("."),
                         help="Envoy's working directory, under which the agent serves ./etc/istio/proxy/XDS and "
                              "./var/run/secrets/workload-spiffe-uds/socket and writes ./etc/istio/proxy/envoy-rev.json "

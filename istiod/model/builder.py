@@ -93,6 +93,7 @@ def build_snapshot(
         cronjobs=MappingProxyType(cronjobs),
         mesh=mesh,
         config=config,
+        credentials=MappingProxyType({(c.namespace, c.name): c for c in objects.values("Secret")}),
         volumes=_volume_mounts(objects.values("PersistentVolume"), objects.values("PersistentVolumeClaim"), workloads),
     )
 

@@ -29,6 +29,9 @@ class Proxy:
     workload_name: str = ""
     cluster_id: str = ""
     istio_version: str = ""
+    # The caller proved it is this proxy's namespace and service account (istiod's secure port);
+    # only such a proxy is sent its namespace's Secrets, as istiod's VerifiedIdentity.
+    verified: bool = False
 
     @property
     def ip(self) -> str:

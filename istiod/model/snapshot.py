@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from istiod.model.batch import CronJob, Job
 from istiod.model.config import ConfigSet
+from istiod.model.credentials import TlsCredential
 from istiod.model.mesh import MeshConfig
 from istiod.model.service import Endpoint, Service
 from istiod.model.storage import PersistentVolume, PersistentVolumeClaim
@@ -37,6 +38,7 @@ class Snapshot:
     volumes: tuple[VolumeMount, ...] = ()
     mesh: MeshConfig = MeshConfig()
     config: ConfigSet = ConfigSet()  # Istio's config objects (VirtualService, DestinationRule, ...)
+    credentials: Mapping[tuple[str, str], TlsCredential] = field(default_factory=dict)  # Secrets by (namespace, name)
     _aliases: dict[str, Service] = field(default_factory=dict, compare=False, repr=False)
     _inbound: dict[tuple[str, int], list[tuple[Service, Endpoint]]] = field(
         default_factory=dict, compare=False, repr=False

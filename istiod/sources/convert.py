@@ -6,14 +6,21 @@ field that is wrong, so a source can log it and keep the object's last good stat
 
 from __future__ import annotations
 
+import base64
+import binascii
 import ipaddress
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
 from istiod.model.batch import CronJob, Job
 from istiod.model.cluster import Namespace, Node
+from istiod.model.credentials import TlsCredential
 from istiod.model.endpointslice import EndpointSlice, SliceEndpoint
 from istiod.model.names import DEFAULT_DOMAIN
 from istiod.model.quantity import QuantityError, parse_quantity
@@ -327,6 +334,46 @@ def _cronjob(key: ObjectKey, f: _Fields, domain: str) -> CronJob:
     return CronJob(key.name, key.namespace, f.get("spec.schedule", str, ""), f.get("spec.suspend", bool, False))
 
 
+# The keys istiod reads a gateway's certificate and key from: a kubernetes.io/tls Secret's, else a
+# generic Secret's `cert` and `key`.
+_CREDENTIAL_KEYS = (("tls.crt", "tls.key"), ("cert", "key"))
+
+
+def _secret(key: ObjectKey, f: _Fields, domain: str) -> TlsCredential:
+    """Only the certificate and key are kept; errors name the field, never its content."""
+    data: dict[str, bytes] = {}
+    for name, value in f.get("data", dict, {}).items():
+        if not isinstance(value, str):
+            raise f.fail(f"data.{name}: expected a base64 string")
+        try:
+            data[name] = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise f.fail(f"data.{name}: not valid base64") from None
+    for name, value in f.get("stringData", dict, {}).items():  # as the API server merges it, on top
+        if not isinstance(value, str):
+            raise f.fail(f"stringData.{name}: expected a string")
+        data[name] = value.encode()
+    for cert_key, key_key in _CREDENTIAL_KEYS:
+        if cert_key in data or key_key in data:
+            if not data.get(cert_key) or not data.get(key_key):
+                raise f.fail(f"data: {cert_key} and {key_key} must both be set")
+            return TlsCredential(key.name, key.namespace, _pem(f, cert_key, data[cert_key], certificate=True),
+                                 _pem(f, key_key, data[key_key], certificate=False))
+    return TlsCredential(key.name, key.namespace)
+
+
+def _pem(f: _Fields, name: str, value: bytes, certificate: bool) -> bytes:
+    """Checked here, so a bad Secret is one log line instead of a NACK of every gateway's secrets."""
+    try:
+        if certificate:
+            x509.load_pem_x509_certificates(value)
+        else:
+            load_pem_private_key(value, password=None)
+    except (ValueError, TypeError, UnsupportedAlgorithm):
+        raise f.fail(f"data.{name}: not a PEM {'certificate chain' if certificate else 'private key'}") from None
+    return value
+
+
 CONVERTERS: dict[str, Callable[[ObjectKey, _Fields, str], Any]] = {
     "Namespace": _namespace,
     "Node": _node,
@@ -337,4 +384,5 @@ CONVERTERS: dict[str, Callable[[ObjectKey, _Fields, str], Any]] = {
     "PersistentVolumeClaim": _persistent_volume_claim,
     "Job": _job,
     "CronJob": _cronjob,
+    "Secret": _secret,
 }

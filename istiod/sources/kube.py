@@ -29,6 +29,7 @@ from istiod.sources.store import Store
 
 log = logging.getLogger(__name__)
 ListCall = Callable[..., Awaitable[Any]]
+SECRETS_FIELD_SELECTOR = "type!=helm.sh/release.v1,type!=kubernetes.io/service-account-token"  # istiod's
 API_ERRORS = (ApiException, aiohttp.ClientError, asyncio.TimeoutError, OSError)  # what a call to the API may raise
 
 
@@ -49,6 +50,8 @@ def list_calls(api: client.ApiClient) -> dict[str, ListCall]:
         "EndpointSlice": discovery.list_endpoint_slice_for_all_namespaces,
         "Job": batch.list_job_for_all_namespaces,
         "CronJob": batch.list_cron_job_for_all_namespaces,
+        # Gateways' credentials; never the kinds istiod leaves out either (Helm releases, tokens).
+        "Secret": functools.partial(core.list_secret_for_all_namespaces, field_selector=SECRETS_FIELD_SELECTOR),
     }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -145,6 +146,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{proxy.type} proxies are not served yet")
         if authorize is not None:
             await authorize(proxy, context)
+            proxy = dataclasses.replace(proxy, verified=True)
         return Connection(proxy, context.peer(), incremental)
 
     def _on_request(

@@ -6,11 +6,12 @@ LISTENER = "type.googleapis.com/envoy.config.listener.v3.Listener"
 ROUTE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
 CLUSTER = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 ENDPOINT = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
-SECRET = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"  # SDS, served by the agent
+# SDS: the workload's own certificates come from the agent; a gateway's `kubernetes://` credentials from istiod.
+SECRET = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
 
-SHORT_NAMES = {CLUSTER: "cds", LISTENER: "lds", ROUTE: "rds", ENDPOINT: "eds"}
+SHORT_NAMES = {CLUSTER: "cds", LISTENER: "lds", ROUTE: "rds", ENDPOINT: "eds", SECRET: "sds"}
 # The order istiod pushes in, so a client never sees a reference before what it refers to.
-PUSH_ORDER = (CLUSTER, ENDPOINT, LISTENER, ROUTE)
+PUSH_ORDER = (CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET)
 
 
 def short_name(type_url: str) -> str:

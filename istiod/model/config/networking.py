@@ -329,6 +329,10 @@ class ServerTLSMode(enum.Enum):
     OPTIONAL_MUTUAL = "OPTIONAL_MUTUAL"
 
 
+# ServerTLSSettings' TLSProtocol values, lowest first.
+TLS_PROTOCOL_VERSIONS = ("TLSV1_0", "TLSV1_1", "TLSV1_2", "TLSV1_3")
+
+
 @dataclass(frozen=True, slots=True)
 class ServerTLS:
     mode: ServerTLSMode = ServerTLSMode.PASSTHROUGH
@@ -338,7 +342,7 @@ class ServerTLS:
     ca_certificates: str = ""
     credential_name: str = ""
     subject_alt_names: tuple[str, ...] = ()
-    min_protocol_version: str = ""
+    min_protocol_version: str = ""  # "", TLS_AUTO or one of TLS_PROTOCOL_VERSIONS
     max_protocol_version: str = ""
     cipher_suites: tuple[str, ...] = ()
 

@@ -15,6 +15,7 @@ from istiod.model.config.networking import (
     PortTrafficPolicy, Redirect, Resolution, Retries, Rewrite, RouteDestination, Server, ServerTLS, ServerTLSMode,
     ServiceEntry, ServicePort, Sidecar, Subset, TCPSettings, TLSMode, TrafficPolicy, VirtualService, WorkloadEntry,
 )
+from istiod.model.config.networking import TLS_PROTOCOL_VERSIONS
 from istiod.sources.convert import ObjectKey, _Fields
 from istiod.sources.istio.common import (
     dns1123_label, duration, enum_field, export_to, fields, items, meta, spec, fqdn_error, integer, ip_or_cidr, is_ip, labels, only, percentage,
@@ -655,6 +656,12 @@ def _server_tls(f: _Fields, path: str) -> ServerTLS | None:
                     sub.get("caCertificates", str, ""), sub.get("credentialName", str, ""),
                     str_list(sub, "subjectAltNames"), sub.get("minProtocolVersion", str, ""),
                     sub.get("maxProtocolVersion", str, ""), str_list(sub, "cipherSuites"))
+    for name, version in (("minProtocolVersion", tls.min_protocol_version), ("maxProtocolVersion", tls.max_protocol_version)):
+        if version not in ("", "TLS_AUTO", *TLS_PROTOCOL_VERSIONS):
+            raise f.fail(f"{path}.{name}: {version!r} is not one of TLS_AUTO, {', '.join(TLS_PROTOCOL_VERSIONS)}")
+    if (tls.min_protocol_version in TLS_PROTOCOL_VERSIONS and tls.max_protocol_version in TLS_PROTOCOL_VERSIONS
+            and TLS_PROTOCOL_VERSIONS.index(tls.min_protocol_version) > TLS_PROTOCOL_VERSIONS.index(tls.max_protocol_version)):
+        raise f.fail(f"{path}: minProtocolVersion is higher than maxProtocolVersion")
     if tls.mode is ServerTLSMode.ISTIO_MUTUAL:
         if tls.server_certificate or tls.private_key or tls.ca_certificates or tls.credential_name:
             raise f.fail(f"{path}: ISTIO_MUTUAL TLS cannot have associated private key, certificates or credentialName")

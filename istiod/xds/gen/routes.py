@@ -10,7 +10,7 @@ VirtualService a host gets istiod's default route: prefix `/`, no timeout, the d
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from envoy.config.core.v3 import base_pb2
 from envoy.config.route.v3 import route_components_pb2 as rc
@@ -59,10 +59,18 @@ def http_routes(vs: VirtualService | None, service: Service, port: int, services
         default = default_route("default", service.cluster_name(port), proxyless)
         default.route.hash_policy.extend(hash_policies(hash_for(service.hostname, "", port)))
         return [default]
+    return virtual_service_routes(vs, port, services, hash_for, proxyless, source, (MESH_GATEWAY,))
+
+
+def virtual_service_routes(vs: VirtualService, port: int, services: Mapping[str, Service], hash_for: HashLookup,
+                           proxyless: bool, source: tuple[str, Mapping[str, str]],
+                           gateways: Collection[str]) -> list[rc.Route]:
+    """A VirtualService's routes for a proxy on `gateways` (`mesh` for sidecars and gRPC, the
+    `<ns>/<name>` of its Gateways for a gateway): a match naming other gateways is left out."""
     routes = []
     for http in vs.http:
         template = _route(http, port, services, hash_for, proxyless)
-        matches = [m for m in http.match if _applies(m, port, *source)] if http.match else [HTTPMatch()]
+        matches = [m for m in http.match if _applies(m, port, *source, gateways)] if http.match else [HTTPMatch()]
         for match in matches:
             route = rc.Route()
             route.CopyFrom(template)
@@ -282,9 +290,10 @@ def retry_policy(retries: Retries | None) -> rc.RetryPolicy | None:
     return policy
 
 
-def _applies(match: HTTPMatch, port: int, namespace: str, labels: Mapping[str, str]) -> bool:
+def _applies(match: HTTPMatch, port: int, namespace: str, labels: Mapping[str, str],
+             gateways: Collection[str]) -> bool:
     return ((not match.port or match.port == port)
-            and (not match.gateways or MESH_GATEWAY in match.gateways)
+            and (not match.gateways or any(g in match.gateways for g in gateways))
             and (not match.source_namespace or match.source_namespace == namespace)
             and selector_matches(match.source_labels, labels))
 

@@ -42,9 +42,24 @@ def clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: R
     """Envoy asks for every cluster (wildcard); `names` would narrow it."""
     result = [
         cache.get(types.CLUSTER, name, None, build)
-        for name, build in ((BLACKHOLE, _blackhole), (PASSTHROUGH, _passthrough),
+        for name, build in ((BLACKHOLE, blackhole), (PASSTHROUGH, _passthrough),
                             (INBOUND_PASSTHROUGH, _inbound_passthrough))
     ]
+    result += outbound_clusters(snapshot, proxy, cache)
+    for inbound in inbound_ports(snapshot, proxy):
+        name = inbound_cluster_name(inbound.port)
+        result.append(cache.get(types.CLUSTER, name, None, lambda: inbound_cluster(name, inbound.protocol),
+                                scope=inbound.protocol.value))
+    if names is not None:
+        wanted = set(names)
+        result = [r for r in result if r.name in wanted]
+    return result
+
+
+def outbound_clusters(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[Resource]:
+    """An `outbound|<port>|<subset>|<host>` cluster per port and subset of every service the proxy
+    sees; gateways have the same ones."""
+    result = []
     seen: set[str] = set()  # a service port may be on two egress listeners: one cluster
     for target in outbound_ports(snapshot, proxy):
         if target.cluster in seen:
@@ -61,13 +76,6 @@ def clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: R
                 lambda: outbound_cluster(target, name, endpoints, snapshot.mesh.trust_domain,
                                          effective_policy(rule, target.port.port, subset)),
                 scope=str(rule.meta) if rule is not None else ""))
-    for inbound in inbound_ports(snapshot, proxy):
-        name = inbound_cluster_name(inbound.port)
-        result.append(cache.get(types.CLUSTER, name, None, lambda: inbound_cluster(name, inbound.protocol),
-                                scope=inbound.protocol.value))
-    if names is not None:
-        wanted = set(names)
-        result = [r for r in result if r.name in wanted]
     return result
 
 
@@ -132,7 +140,7 @@ def inbound_cluster(name: str, protocol: Protocol) -> cluster_pb2.Cluster:
     return _original_dst(name, _protocol_options(protocol), bind=True)
 
 
-def _blackhole() -> cluster_pb2.Cluster:
+def blackhole() -> cluster_pb2.Cluster:
     return cluster_pb2.Cluster(name=BLACKHOLE, type=cluster_pb2.Cluster.STATIC, connect_timeout=CONNECT_TIMEOUT)
 
 

@@ -1,0 +1,20 @@
+"""TLS credentials from Kubernetes Secrets, as gateways name them by `credentialName`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class TlsCredential:
+    """A Secret's certificate chain and private key (PEM). Never printed: repr leaves them out."""
+
+    name: str
+    namespace: str
+    cert_chain: bytes = field(default=b"", repr=False)
+    private_key: bytes = field(default=b"", repr=False)
+
+    @property
+    def usable(self) -> bool:
+        """A Secret that holds no certificate and key (a token, a docker config) is no credential."""
+        return bool(self.cert_chain and self.private_key)

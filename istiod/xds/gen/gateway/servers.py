@@ -1,0 +1,133 @@
+"""Which Gateway servers a gateway proxy serves, and which VirtualServices each one routes.
+
+What is implemented: HTTP servers, and HTTPS servers with `tls.mode: SIMPLE` and a
+`credentialName` (a Secret in the gateway's namespace). Any other server is left out with a
+warning naming it, never served half-configured.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from istiod import logs
+from istiod.model.config import scope
+from istiod.model.config.networking import Gateway, Server, ServerTLSMode, VirtualService
+from istiod.model.proxy import Proxy
+from istiod.model.snapshot import Snapshot
+
+ANY_ADDRESS = "0.0.0.0"
+HTTP_PROTOCOLS = frozenset({"HTTP", "HTTP2", "GRPC"})
+CREDENTIAL_PREFIX = "kubernetes://"  # istiod's name for a credentialName's SDS secret
+
+log = logging.getLogger(__name__)
+_unsupported = logs.Throttled(log, 60.0)  # every push meets the same server again
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayServer:
+    gateway: Gateway
+    server: Server
+
+    @property
+    def ref(self) -> str:
+        """How VirtualServices bind to the Gateway: `<namespace>/<name>`."""
+        return f"{self.gateway.meta.namespace}/{self.gateway.meta.name}"
+
+    @property
+    def port(self) -> int:
+        return self.server.port.number
+
+    @property
+    def address(self) -> str:
+        return self.server.bind or ANY_ADDRESS
+
+    @property
+    def listener_name(self) -> str:
+        return f"{self.address}_{self.port}"
+
+    @property
+    def tls(self) -> bool:
+        return self.server.tls is not None and self.server.port.protocol == "HTTPS"
+
+    @property
+    def route_name(self) -> str:
+        """istiod's: `http.<port>` shared by a port's plaintext servers, one per HTTPS server."""
+        if not self.tls:
+            return f"http.{self.port}"
+        meta = self.gateway.meta
+        return f"https.{self.port}.{self.server.port.name}.{meta.name}.{meta.namespace}"
+
+    @property
+    def https_redirect(self) -> bool:
+        """A plaintext server that answers every request with a 301 to https (tls.httpsRedirect)."""
+        return not self.tls and self.server.tls is not None and self.server.tls.https_redirect
+
+    @property
+    def credential(self) -> str:
+        assert self.server.tls is not None
+        return CREDENTIAL_PREFIX + self.server.tls.credential_name
+
+    @property
+    def server_names(self) -> list[str]:
+        """SNI names: the hosts' DNS names; none when any host is `*` (every name)."""
+        names = list(dict.fromkeys(host for _, host in self.server.hosts))
+        return [] if "*" in names else names
+
+
+def unsupported(server: Server) -> str | None:
+    """Why a server is not served, or None."""
+    protocol, tls = server.port.protocol, server.tls
+    if protocol in HTTP_PROTOCOLS:
+        return None
+    if protocol != "HTTPS":
+        return f"protocol {protocol} is not implemented (HTTP and HTTPS are)"
+    assert tls is not None  # validation requires it for HTTPS
+    if tls.mode is not ServerTLSMode.SIMPLE:
+        return f"tls.mode {tls.mode.value} is not implemented (SIMPLE is)"
+    if not tls.credential_name:
+        return "tls.serverCertificate/privateKey files are not implemented (tls.credentialName is)"
+    if tls.subject_alt_names or tls.ca_certificates:
+        return "tls.subjectAltNames/caCertificates apply to MUTUAL, which is not implemented"
+    return None
+
+
+def gateway_servers(snapshot: Snapshot, proxy: Proxy) -> list[GatewayServer]:
+    """The servers of the Gateways selecting the proxy, by Gateway namespace and name. A port keeps
+    the kind (HTTP or HTTPS) of its first server; a later server of the other kind is left out."""
+    result: list[GatewayServer] = []
+    kinds: dict[tuple[str, int], bool] = {}
+    for gateway in scope.gateways_for(snapshot.config.gateways, dict(proxy.labels)):
+        for server in gateway.servers:
+            served = GatewayServer(gateway, server)
+            reason = unsupported(server)
+            if reason is None and kinds.setdefault((served.address, served.port), served.tls) != served.tls:
+                reason = f"port {served.port} already has {'HTTPS' if not served.tls else 'HTTP'} servers"
+            if reason is not None:
+                _unsupported.warning(logs.event("gateway server not served", gateway=served.ref,
+                                                server=server.port.name, reason=reason))
+                continue
+            result.append(served)
+    return result
+
+
+def bound_hosts(snapshot: Snapshot, proxy: Proxy, served: GatewayServer) -> Iterator[tuple[str, VirtualService]]:
+    """(host, VirtualService) for each VirtualService bound to the server's Gateway, visible to the
+    proxy's namespace, and each of its hosts one of the server's hosts admits (the more specific
+    of the two names, as istiod picks)."""
+    for vs in scope.virtual_services_for(snapshot.config.virtual_services, proxy.namespace, served.ref):
+        for host in vs.hosts:
+            for namespace, pattern in served.server.hosts:
+                if not _namespace_admits(namespace, served.gateway.meta.namespace, vs.meta.namespace):
+                    continue
+                if scope.host_matches(pattern, host):
+                    yield host, vs
+                    break
+                if scope.host_matches(host, pattern):
+                    yield pattern, vs
+                    break
+
+
+def _namespace_admits(namespace: str, gateway_namespace: str, vs_namespace: str) -> bool:
+    return namespace == "*" or vs_namespace == (gateway_namespace if namespace == "." else namespace)

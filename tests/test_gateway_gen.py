@@ -1,0 +1,264 @@
+"""The gateway generator's pure translation (model in, Envoy protos out), and Secrets read as TLS
+credentials. (tests/test_envoy_gateway.py proves the same with a real Envoy and real requests.)"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import logging
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+from cryptography.hazmat.primitives.asymmetric import ec
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.core.v3 import base_pb2
+from envoy.config.listener.v3 import listener_pb2
+from envoy.config.route.v3 import route_components_pb2, route_pb2
+from envoy.extensions.filters.http.fault.v3 import fault_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from envoy.extensions.transport_sockets.tls.v3 import secret_pb2, tls_pb2
+from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+from google.protobuf import struct_pb2
+
+from istiod import logs
+from istiod.ca.pki import cert_pem, key_pem
+from istiod.model.builder import build_snapshot
+from istiod.model.proxy import Proxy, proxy_from_node
+from istiod.model.snapshot import Snapshot
+from istiod.sources.convert import ConversionError, convert
+from istiod.sources.store import Store
+from istiod.xds import types
+from istiod.xds.cache import ResourceCache
+from istiod.xds.gen import ROUTER
+from istiod.xds.gen.gateway import servers
+from istiod.xds.server import DiscoveryServer
+from tests.conftest import render
+from tests.pki import ca_cert, leaf_cert
+
+GATEWAY_NODE = "router~127.0.0.60~ingress-1.istio-ingress~istio-ingress.svc.cluster.local"
+INGRESS_LABELS = {"istio": "ingressgateway"}
+WEB_CLUSTER = "outbound|80||web.shop.svc.cluster.local"
+HTTPS_ROUTE = "https.8443.https.public.istio-ingress"
+
+
+def server_credential(*hosts: str) -> tuple[bytes, bytes, bytes]:
+    """(CA certificate, server certificate, server key) as PEM: what an operator puts in a Secret."""
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = ca_cert("gateway test CA", ca_key)
+    return cert_pem(ca).encode(), cert_pem(leaf_cert(key, (ca, ca_key), dns=hosts)).encode(), key_pem(key)
+
+
+def tls_secret(name: str, namespace: str, cert: bytes, key: bytes, keys: tuple[str, str] = ("tls.crt", "tls.key")) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+            "metadata": {"name": name, "namespace": namespace},
+            "data": {keys[0]: base64.b64encode(cert).decode(), keys[1]: base64.b64encode(key).decode()}}
+
+
+CREDENTIAL = server_credential("secure.example.com")
+
+
+def _snapshot(*extra: dict[str, Any]) -> Snapshot:
+    store = Store()
+    text = render("gateway-mesh.yaml", app_ip="127.0.0.61", app_port=8080, bind="127.0.0.60", http_port=8080,
+                  https_port=8443)
+    for document in [*yaml.safe_load_all(text), tls_secret("web-cert", "istio-ingress", *CREDENTIAL[1:]), *extra]:
+        store.apply(document)
+    return build_snapshot(store, "v1")
+
+
+def _proxy(node: str = GATEWAY_NODE, labels: dict[str, str] = INGRESS_LABELS, verified: bool = True) -> Proxy:
+    return dataclasses.replace(proxy_from_node(node, {"LABELS": labels}), verified=verified)
+
+
+def _generate(type_url: str, snapshot: Snapshot, message: Any, proxy: Proxy | None = None,
+              names: list[str] | None = None) -> dict[str, Any]:
+    resources = ROUTER[type_url](snapshot, proxy or _proxy(), names, ResourceCache())
+    return {r.name: message.FromString(r.value) for r in resources}
+
+
+def _hcm(chain: listener_pb2.FilterChain) -> hcm_pb2.HttpConnectionManager:
+    return hcm_pb2.HttpConnectionManager.FromString(chain.filters[0].typed_config.value)
+
+
+def test_a_listener_per_server_port_that_binds() -> None:
+    listeners = _generate(types.LISTENER, _snapshot(), listener_pb2.Listener)
+    assert set(listeners) == {"127.0.0.60_8080", "127.0.0.60_8443"}
+    http = listeners["127.0.0.60_8080"]
+    address = http.address.socket_address
+    assert (address.address, address.port_value) == ("127.0.0.60", 8080)
+    assert not http.HasField("bind_to_port")  # unlike a sidecar's outbound listeners, it binds
+    hcm = _hcm(http.filter_chains[0])
+    assert hcm.rds.route_config_name == "http.8080" and hcm.rds.config_source.HasField("ads")
+    assert hcm.use_remote_address.value  # the gateway is the edge: the peer is the client
+    assert [f.name for f in hcm.http_filters] == ["envoy.filters.http.fault", "envoy.filters.http.router"]
+
+
+def test_https_terminates_simple_tls_with_the_credential_over_sds() -> None:
+    https = _generate(types.LISTENER, _snapshot(), listener_pb2.Listener)["127.0.0.60_8443"]
+    assert [f.name for f in https.listener_filters] == ["envoy.filters.listener.tls_inspector"]
+    (chain,) = https.filter_chains
+    assert list(chain.filter_chain_match.server_names) == ["secure.example.com"]
+    context = tls_pb2.DownstreamTlsContext.FromString(chain.transport_socket.typed_config.value)
+    assert not context.require_client_certificate.value
+    (sds,) = context.common_tls_context.tls_certificate_sds_secret_configs
+    assert sds.name == "kubernetes://web-cert" and sds.sds_config.HasField("ads")
+    assert list(context.common_tls_context.alpn_protocols) == ["h2", "http/1.1"]
+    assert _hcm(chain).rds.route_config_name == HTTPS_ROUTE
+
+
+def test_routes_come_from_the_virtual_services_bound_to_the_gateway() -> None:
+    routes = _generate(types.ROUTE, _snapshot(), route_pb2.RouteConfiguration)
+    assert set(routes) == {"http.8080", HTTPS_ROUTE}
+    (host,) = routes["http.8080"].virtual_hosts
+    assert (host.name, list(host.domains)) == ("web.example.com:8080", ["web.example.com", "web.example.com:*"])
+    # The match for the mesh gateway only is left out; the rest is the shared translation.
+    assert [r.name for r in host.routes] == ["teapot", "web"]
+    assert {r.route.cluster for r in host.routes} == {WEB_CLUSTER}
+    teapot = fault_pb2.HTTPFault.FromString(host.routes[0].typed_per_filter_config["envoy.filters.http.fault"].value)
+    assert teapot.abort.http_status == 418
+    (secure,) = routes[HTTPS_ROUTE].virtual_hosts
+    assert list(secure.domains) == ["secure.example.com", "secure.example.com:*"]
+
+
+def test_https_redirect_requires_tls_on_the_servers_hosts() -> None:
+    redirect = {"apiVersion": "networking.istio.io/v1", "kind": "Gateway",
+                "metadata": {"name": "redirect", "namespace": "istio-ingress"},
+                "spec": {"selector": INGRESS_LABELS, "servers": [
+                    {"port": {"number": 8081, "name": "http", "protocol": "HTTP"}, "bind": "127.0.0.60",
+                     "hosts": ["shop/web.example.com"], "tls": {"httpsRedirect": True}}]}}
+    bound = {"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+             "metadata": {"name": "redirected", "namespace": "shop"},
+             "spec": {"hosts": ["web.example.com"], "gateways": ["istio-ingress/redirect"],
+                      "http": [{"route": [{"destination": {"host": "web"}}]}]}}
+    routes = _generate(types.ROUTE, _snapshot(redirect, bound), route_pb2.RouteConfiguration)
+    (host,) = routes["http.8081"].virtual_hosts
+    assert host.require_tls == route_components_pb2.VirtualHost.ALL  # Envoy's 301 to https for every request
+    assert routes["http.8080"].virtual_hosts[0].require_tls == route_components_pb2.VirtualHost.NONE
+
+
+def test_server_hosts_restrict_the_virtual_services_namespace() -> None:
+    other = {"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+             "metadata": {"name": "sneaky", "namespace": "default"},
+             "spec": {"hosts": ["web.example.com", "other.example.com"], "gateways": ["istio-ingress/public"],
+                      "http": [{"route": [{"destination": {"host": "web.shop.svc.cluster.local"}}]}]}}
+    routes = _generate(types.ROUTE, _snapshot(other), route_pb2.RouteConfiguration)
+    # The server takes only shop's VirtualServices: `default` may not claim web.example.com.
+    assert [h.name for h in routes["http.8080"].virtual_hosts] == ["web.example.com:8080"]
+    assert [r.name for r in routes["http.8080"].virtual_hosts[0].routes] == ["teapot", "web"]
+
+
+def test_a_proxy_no_gateway_selects_gets_no_listeners() -> None:
+    snapshot = _snapshot()
+    assert _generate(types.LISTENER, snapshot, listener_pb2.Listener, _proxy(labels={"istio": "egressgateway"})) == {}
+    assert _generate(types.ROUTE, snapshot, route_pb2.RouteConfiguration, _proxy(labels={})) == {}
+
+
+def test_clusters_are_the_meshs_outbound_ones() -> None:
+    clusters = _generate(types.CLUSTER, _snapshot(), cluster_pb2.Cluster)
+    assert set(clusters) == {"BlackHoleCluster", WEB_CLUSTER}
+    assert clusters[WEB_CLUSTER].type == cluster_pb2.Cluster.EDS
+
+
+def test_secrets_go_only_to_a_verified_gateway_of_the_secrets_namespace(caplog: pytest.LogCaptureFixture) -> None:
+    snapshot = _snapshot(tls_secret("web-cert", "shop", *CREDENTIAL[1:]))
+    names = ["kubernetes://web-cert"]
+    (secret,) = _generate(types.SECRET, snapshot, secret_pb2.Secret, names=names).values()
+    assert secret.name == "kubernetes://web-cert"
+    assert secret.tls_certificate.certificate_chain.inline_bytes == CREDENTIAL[1]
+    assert secret.tls_certificate.private_key.inline_bytes == CREDENTIAL[2]
+    assert _generate(types.SECRET, snapshot, secret_pb2.Secret, names=None) == {}  # a wildcard gets none
+    # Over plaintext xDS anyone may claim to be the gateway: nothing, as istiod.
+    with caplog.at_level(logging.WARNING):
+        assert _generate(types.SECRET, snapshot, secret_pb2.Secret, _proxy(verified=False), names) == {}
+    assert "identity not verified" in caplog.text
+    assert _generate(types.SECRET, snapshot, secret_pb2.Secret, names=["kubernetes://missing", "default"]) == {}
+    other = "router~127.0.0.62~gw-1.other~other.svc.cluster.local"
+    assert _generate(types.SECRET, snapshot, secret_pb2.Secret, _proxy(node=other), names) == {}
+    mine = "router~127.0.0.62~gw-1.shop~shop.svc.cluster.local"
+    assert set(_generate(types.SECRET, snapshot, secret_pb2.Secret, _proxy(node=mine), names)) == set(names)
+    assert CREDENTIAL[2].decode() not in caplog.text
+
+
+@pytest.mark.parametrize(("tls", "protocol", "reason"), [
+    ({"mode": "PASSTHROUGH"}, "HTTPS", "tls.mode PASSTHROUGH is not implemented"),
+    ({"mode": "MUTUAL", "credentialName": "web-cert"}, "HTTPS", "tls.mode MUTUAL is not implemented"),
+    ({"mode": "ISTIO_MUTUAL"}, "HTTPS", "tls.mode ISTIO_MUTUAL is not implemented"),
+    ({"mode": "SIMPLE", "serverCertificate": "/etc/c.pem", "privateKey": "/etc/k.pem"}, "HTTPS", "files are not implemented"),
+    (None, "TCP", "protocol TCP is not implemented"),
+])
+def test_unsupported_servers_are_left_out_with_a_warning(tls: dict[str, Any] | None, protocol: str, reason: str,
+                                                         caplog: pytest.LogCaptureFixture,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    server: dict[str, Any] = {"port": {"number": 9443, "name": "other", "protocol": protocol}, "hosts": ["*"]}
+    if tls is not None:
+        server["tls"] = tls
+    gateway = {"apiVersion": "networking.istio.io/v1", "kind": "Gateway",
+               "metadata": {"name": "odd", "namespace": "istio-ingress"},
+               "spec": {"selector": INGRESS_LABELS, "servers": [server]}}
+    monkeypatch.setattr(servers, "_unsupported", logs.Throttled(servers.log, 0))  # every warning, for this test
+    with caplog.at_level(logging.WARNING):
+        listeners = _generate(types.LISTENER, _snapshot(gateway), listener_pb2.Listener)
+    assert set(listeners) == {"127.0.0.60_8080", "127.0.0.60_8443"}
+    assert reason in caplog.text and "istio-ingress/odd" in caplog.text
+
+
+def test_secrets_read_as_credentials_and_never_printed() -> None:
+    _, cert, key = CREDENTIAL
+    for keys in (("tls.crt", "tls.key"), ("cert", "key")):
+        _, credential = convert(tls_secret("c", "ns", cert, key, keys))
+        assert (credential.cert_chain, credential.private_key) == (cert, key)
+        assert key.decode() not in repr(credential) and "PRIVATE" not in repr(credential)
+    string_data = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s", "namespace": "ns"},
+                   "stringData": {"tls.crt": cert.decode(), "tls.key": key.decode()}}
+    assert convert(string_data)[1].usable
+    token = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "t", "namespace": "ns"},
+             "data": {"token": base64.b64encode(b"abc").decode()}}
+    assert not convert(token)[1].usable  # not a credential, not an error either
+    bad = [
+        ({"tls.crt": base64.b64encode(cert).decode()}, "tls.crt and tls.key must both be set"),
+        ({"tls.crt": "!!not base64", "tls.key": "eA=="}, "data.tls.crt: not valid base64"),
+        ({"tls.crt": base64.b64encode(b"garbage").decode(), "tls.key": base64.b64encode(key).decode()},
+         "data.tls.crt: not a PEM certificate chain"),
+        ({"tls.crt": base64.b64encode(cert).decode(), "tls.key": base64.b64encode(cert).decode()},
+         "data.tls.key: not a PEM private key"),
+    ]
+    for data, message in bad:
+        with pytest.raises(ConversionError) as error:
+            convert({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "b", "namespace": "ns"}, "data": data})
+        assert message in str(error.value) and "BEGIN" not in str(error.value)
+
+
+async def test_the_ads_server_sends_secrets_only_on_a_verified_stream() -> None:
+    """A router is served at connect; its credential goes only on a stream whose caller the
+    authorizer checked (the TLS port), never on the plaintext one."""
+    discovery = DiscoveryServer(_snapshot)
+    discovery.ready = True
+
+    async def authorize(proxy: Proxy, context: grpc.aio.ServicerContext) -> None:
+        pass  # the caller proved it is this proxy
+
+    plain, checked = grpc.aio.server(), grpc.aio.server()
+    ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(discovery, plain)
+    ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(discovery.authorized(authorize), checked)
+    ports = [server.add_insecure_port("127.0.0.1:0") for server in (plain, checked)]
+    for server in (plain, checked):
+        await server.start()
+    metadata = struct_pb2.Struct()
+    metadata.update({"LABELS": INGRESS_LABELS})
+    request = discovery_pb2.DiscoveryRequest(node=base_pb2.Node(id=GATEWAY_NODE, metadata=metadata),
+                                             type_url=types.SECRET, resource_names=["kubernetes://web-cert"])
+    try:
+        sent = []
+        for port in ports:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel).StreamAggregatedResources(iter([request]))
+                response = await asyncio.wait_for(call.read(), 5)
+                sent.append([secret_pb2.Secret.FromString(r.value).name for r in response.resources])
+                call.cancel()
+        assert sent == [[], ["kubernetes://web-cert"]]
+    finally:
+        for server in (plain, checked):
+            await server.stop(None)
