@@ -34,6 +34,7 @@ MESSAGES: dict[str, Any] = {LDS: listener_pb2.Listener, RDS: route_pb2.RouteConf
 # One HTTP/2 connection per client, as separate proxies have: grpc shares subchannels between
 # channels of one process unless told not to.
 CHANNEL_OPTIONS = [("grpc.use_local_subchannel_pool", 1)]
+TICKS = 10  # traffic is counted per tenth of a second
 
 
 def mark_address(change: int) -> str:
@@ -157,8 +158,7 @@ class Worker:
     def __init__(self, xds_addr: str, specs: list[ClientSpec]) -> None:
         self.xds_addr = xds_addr
         self.clients = [Client(spec, self._node(spec)) for spec in specs]
-        self.bytes_by_second: dict[int, int] = defaultdict(int)
-        self.responses = 0
+        self.traffic: dict[int, list[int]] = defaultdict(lambda: [0, 0])  # tick -> [bytes, responses] received
         self.failure_details: dict[str, str] = {}  # status -> the first failed stream's message
 
     @staticmethod
@@ -269,15 +269,15 @@ class Worker:
         return {}
 
     def _count(self, size: int, now: float) -> None:
-        self.bytes_by_second[int(now)] += size
-        self.responses += 1
+        counts = self.traffic[int(now * TICKS)]
+        counts[0] += size
+        counts[1] += 1
 
     def summary(self) -> dict[str, Any]:
         return {
             "clients": [{"index": c.spec.index, "kind": c.spec.kind, "configured_at": c.configured_at,
                          "seen": c.seen, "streams_failed": dict(c.streams_failed)} for c in self.clients],
-            "bytes_by_second": dict(self.bytes_by_second),
-            "responses": self.responses,
+            "traffic": dict(self.traffic),
             "failure_details": self.failure_details,
             "cpu_s": time.process_time(),  # the generator's own CPU: is it the bottleneck?
         }
