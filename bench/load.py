@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(1, str(Path(__file__).parent.parent))  # the e2e harness and the tests' process helpers
 import loadgen  # noqa: E402  # a sibling script, importable in the spawned workers too
 from mesh import ConfigDirMesh, KubeMesh, listener  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from tests.peers import stop_group  # noqa: E402
 
 Mesh = ConfigDirMesh | KubeMesh
@@ -107,6 +108,7 @@ class Server:
 
     def __init__(self, source_args: list[str], workdir: Path, xds_addr: str | None, pid: int | None) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
+        self.metrics_url: str | None = None
         if xds_addr:
             self.xds_addr, self.tree = xds_addr, ProcessTree(pid) if pid else None
             return
@@ -130,6 +132,18 @@ class Server:
             except (OSError, ValueError, KeyError):
                 time.sleep(0.2)
         self.xds_addr = f"127.0.0.1:{port['grpc']}"
+        self.metrics_url = f"http://127.0.0.1:{port['monitoring']}/metrics"
+
+    def sent(self) -> tuple[float, float] | None:
+        """(resource bytes, responses) istiod says it has sent so far, from its own metrics."""
+        if not self.metrics_url:
+            return None
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as reply:
+            text = reply.read().decode()
+        sizes = [f for f in text_string_to_metric_families(text) if f.name == "pilot_xds_config_size_bytes"]
+        samples = [s for f in sizes for s in f.samples]
+        return (sum(s.value for s in samples if s.name.endswith("_sum")),
+                sum(s.value for s in samples if s.name.endswith("_count")))
 
     def cpu_seconds(self) -> float | None:
         return self.tree.cpu_seconds() if self.tree else None
@@ -253,7 +267,7 @@ def run(args: argparse.Namespace, workdir: Path, stack: contextlib.ExitStack) ->
     print(f"churn: {args.rate} endpoint changes/s for {args.duration:.0f} s", flush=True)
     rng = random.Random(2)
     changed: dict[int, str] = {}  # change -> the changed service's listener
-    cpu0, api_cpu0 = server.cpu_seconds(), api.cpu_seconds() if api else None
+    cpu0, api_cpu0, sent0 = server.cpu_seconds(), api.cpu_seconds() if api else None, server.sent()
     churn_start = time.time()
     for change in range(int(args.rate * args.duration)):
         time.sleep(max(0.0, churn_start + change / args.rate - time.time()))
@@ -265,6 +279,8 @@ def run(args: argparse.Namespace, workdir: Path, stack: contextlib.ExitStack) ->
     cpu1 = server.cpu_seconds()
     churn_cpu = cpu1 - cpu0 if cpu1 is not None and cpu0 is not None else None
     api_cpu = api.cpu_seconds() - api_cpu0 if api and api_cpu0 is not None else None
+    sent1 = server.sent()
+    server_sent = [b - a for a, b in zip(sent0, sent1)] if sent0 and sent1 else [None, None]
     written = mesh.settle()
     writes = {change: (written[change], name) for change, name in changed.items()}
 
@@ -316,7 +332,10 @@ def run(args: argparse.Namespace, workdir: Path, stack: contextlib.ExitStack) ->
     result["churn"] = {"changes": len(writes), "latency": percentiles(latencies), "never_seen": never,
                        "server_cpu_s": churn_cpu, "api_cpu_s": api_cpu, "responses": churn_responses,
                        "bytes_per_change": churn_bytes / max(1, len(writes)),
-                       "bytes_per_response": churn_bytes / max(1, churn_responses)}
+                       "bytes_per_response": churn_bytes / max(1, churn_responses),
+                       # istiod's count: resource bytes without the responses' envelopes
+                       "server_bytes_per_change": server_sent[0] / max(1, len(writes)) if server_sent[0] is not None else None,
+                       "server_responses": server_sent[1]}
     everyone = [c["seen"][EVERYONE_MARK] - everyone_written for c in clients if EVERYONE_MARK in c["seen"]]
     result["everyone"] = {"all_seen": everyone_seen, "latency": percentiles(everyone), "never_seen": len(clients) - len(everyone)}
     result["generator_cpu_s"] = sum(summary["cpu_s"] for summary in summaries)
