@@ -24,7 +24,6 @@ import argparse
 import contextlib
 import json
 import multiprocessing
-import os
 import queue
 import random
 import signal
@@ -40,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(1, str(Path(__file__).parent.parent))  # the e2e harness and the tests' process helpers
 import loadgen  # noqa: E402  # a sibling script, importable in the spawned workers too
 from mesh import ConfigDirMesh, KubeMesh, listener  # noqa: E402
+from procstat import ProcessTree  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from tests.peers import stop_group  # noqa: E402
 
@@ -48,59 +48,6 @@ Mesh = ConfigDirMesh | KubeMesh
 EVERYONE_MARK = (1 << 22) - 1  # the new Service's pod's marked address, past any churn change's
 # Services' ClusterIPs when the mesh is in a kube-apiserver: room for 65k, apart from the pods' 10.0-10.95.
 SERVICE_CIDR = "10.96.0.0/16"
-
-
-class ProcessTree:
-    """CPU and memory of a process and its descendants, from /proc (a server may fork workers)."""
-
-    def __init__(self, *pids: int) -> None:
-        self.roots = pids
-
-    def pids(self) -> list[int]:
-        children: dict[int, list[int]] = {}
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    ppid = int(_stat(entry.name)[1])
-                except (OSError, IndexError):
-                    continue  # gone meanwhile
-                children.setdefault(ppid, []).append(int(entry.name))
-        found, todo = [], list(self.roots)
-        while todo:
-            pid = todo.pop()
-            found.append(pid)
-            todo.extend(children.get(pid, []))
-        return found
-
-    def cpu_seconds(self) -> float:
-        """User + system time of every live process of the tree, and of the children they reaped."""
-        total = 0
-        for pid in self.pids():
-            try:
-                fields = _stat(str(pid))
-            except OSError:
-                continue
-            total += sum(int(fields[i]) for i in (11, 12, 13, 14))  # utime stime cutime cstime
-        return total / os.sysconf("SC_CLK_TCK")
-
-    def memory_mb(self) -> dict[str, float]:
-        """RSS now and its peak (VmHWM), summed over the tree: with one process, its own peak; with
-        several, an upper bound of the peak of the sum."""
-        rss = peak = 0
-        for pid in self.pids():
-            try:
-                lines = Path(f"/proc/{pid}/status").read_text().splitlines()
-            except OSError:
-                continue
-            status = dict(line.split(":", 1) for line in lines)
-            rss += int(status["VmRSS"].split()[0])
-            peak += int(status["VmHWM"].split()[0])
-        return {"rss_mb": rss / 1024, "peak_rss_mb": peak / 1024}
-
-
-def _stat(pid: str) -> list[str]:
-    """/proc/<pid>/stat's fields after the command name (which may hold spaces): state is [0]."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
 class Server:
@@ -355,7 +302,10 @@ def table(result: dict[str, Any]) -> str:
          f"{result['churn']['changes']} changes, never seen {result['churn']['never_seen']}; "
          f"{num(result['churn']['bytes_per_change'], '{:.0f}')} B/change in {result['churn']['responses']} responses "
          f"({num(result['churn']['bytes_per_response'], '{:.0f}')} B each); server CPU {num(result['churn']['server_cpu_s'])} s"
-         + (f", API server + etcd CPU {num(result['churn']['api_cpu_s'])} s" if result['churn']['api_cpu_s'] is not None else "")),
+         + (f", API server + etcd CPU {num(result['churn']['api_cpu_s'])} s" if result['churn']['api_cpu_s'] is not None else "")
+         + (f"; istiod counts {num(result['churn']['server_bytes_per_change'], '{:.0f}')} resource B/change in "
+            f"{num(result['churn']['server_responses'], '{:.0f}')} responses"
+            if result['churn']['server_bytes_per_change'] is not None else "")),
         ("new Service every client watches", ("everyone", "latency"), f"never seen {result['everyone']['never_seen']}"),
     ):
         stats = result[key[0]][key[1]]
@@ -389,7 +339,7 @@ def plot(result: dict[str, Any], path: Path) -> bool:
     ax.grid(True, alpha=0.3)
     ax.legend()
     size = result["size"]
-    ax.set_title(f"S={size['services']} P={size['pods']} N={size['proxyless']} K={size['watch']} "
+    ax.set_title(f"{size['source']}: S={size['services']} P={size['pods']} N={size['proxyless']} K={size['watch']} "
                  f"R={size['rate']} envoy={size['envoy']}{' delta' if size['delta'] else ''}")
     fig.savefig(path, dpi=100, bbox_inches="tight")
     return True

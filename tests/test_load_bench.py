@@ -27,7 +27,7 @@ from tests.test_envoy_delta import KINDS, _config
 
 BENCH = Path(__file__).parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
-import load  # noqa: E402
+import procstat  # noqa: E402
 import loadgen  # noqa: E402
 from mesh import ConfigDirMesh, service_name  # noqa: E402
 
@@ -77,7 +77,7 @@ def test_process_tree_measures_a_child_and_its_grandchild() -> None:
     try:
         assert parent.stdout is not None
         assert [parent.stdout.readline() for _ in range(2)] == ["ready\n"] * 2
-        tree = load.ProcessTree(parent.pid)
+        tree = procstat.ProcessTree(parent.pid)
         assert len(tree.pids()) == 2
         assert tree.cpu_seconds() >= 0.6 - 4 * 0.01  # /proc counts whole clock ticks: utime, stime of each
         memory = tree.memory_mb()
@@ -147,8 +147,9 @@ async def test_envoy_like_clients_sotw_and_delta_hold_what_a_real_envoy_holds(
             return await eventually(check, 20, what)
         except AssertionError:
             config = envoy_config(envoy)
+            envoy_names = {k: sorted(config[k]) for k in KINDS} if config else "warming"
             raise AssertionError(f"{what}: sotw {summary(held(sotw))}\ndelta {summary(held(delta))}\n"
-                                 f"envoy {config and {k: sorted(config[k]) for k in KINDS}}") from None
+                                 f"envoy {envoy_names}") from None
 
     try:
         with sidecar_envoy(istiod.xds_address, "client9", "bench", ip="10.250.0.9") as envoy:
