@@ -22,7 +22,7 @@ from envoy.config.endpoint.v3 import endpoint_pb2
 from e2e.harness import BIN
 from tests.conftest import synced
 from tests.envoy_peer import node_id, sidecar_envoy
-from tests.peers import Istiod, eventually
+from tests.peers import Istiod, eventually, wait_until
 from tests.test_envoy_delta import KINDS, _config
 
 BENCH = Path(__file__).parent.parent / "bench"
@@ -64,6 +64,36 @@ def test_tiny_run_on_the_config_dir_with_delta_clients(tmp_path: Path) -> None:
 def test_tiny_run_through_a_kube_apiserver(tmp_path: Path) -> None:
     result = tiny_run(tmp_path, "--source", "kube")
     assert result["churn"]["api_cpu_s"] > 0
+
+
+@pytest.mark.skipif(not (BIN / "kube-apiserver").exists(), reason="needs the e2e binaries: make e2e-bin")
+def test_sigterm_mid_run_stops_every_process_the_bench_started(tmp_path: Path) -> None:
+    bench = subprocess.Popen([sys.executable, str(BENCH / "load.py"), *TINY, "--source", "kube", "--steady", "60",
+                              "--results", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert bench.stdout is not None
+        for line in bench.stdout:
+            if line.startswith("steady:"):
+                break
+        started = {pid: Path(f"/proc/{pid}/cmdline").read_bytes() for pid in procstat.ProcessTree(bench.pid).pids()}
+        names = {cmdline.split(b"\0")[0].rsplit(b"/", 1)[-1] for cmdline in started.values()}
+        assert {b"etcd", b"kube-apiserver"} <= names, names
+        assert len(started) >= 6  # the bench, etcd, kube-apiserver, istiod, two load generator workers
+        bench.terminate()
+        assert bench.wait(60) != 0
+    finally:
+        bench.kill()
+        bench.wait()
+
+    def left() -> list[bytes]:
+        return [cmdline for pid, cmdline in started.items() if Path(f"/proc/{pid}/cmdline").exists()
+                and Path(f"/proc/{pid}/cmdline").read_bytes() == cmdline]
+
+    # multiprocessing's resource tracker leaves by itself once the bench is gone: a moment later.
+    try:
+        wait_until(lambda: not left(), 10, "every process the bench started to be gone")
+    except AssertionError:
+        raise AssertionError(f"still running: {left()}") from None
 
 
 def test_process_tree_measures_a_child_and_its_grandchild() -> None:
