@@ -69,15 +69,20 @@ class Server:
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.tree = ProcessTree(self.proc.pid)
         deadline = time.monotonic() + 120
-        while True:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"istiod did not start: see {workdir / 'istiod.log'}")
-            try:
-                port = json.loads(ports.read_text())
-                with urllib.request.urlopen(f"http://127.0.0.1:{port['http']}/ready", timeout=2):
-                    break
-            except (OSError, ValueError, KeyError):
-                time.sleep(0.2)
+        try:
+            while True:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    tail = (workdir / "istiod.log").read_text(errors="replace").splitlines()[-20:]
+                    raise SystemExit("istiod did not start; its log ends:\n" + "\n".join(tail))
+                try:
+                    port = json.loads(ports.read_text())
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port['http']}/ready", timeout=2):
+                        break
+                except (OSError, ValueError, KeyError):
+                    time.sleep(0.2)
+        except BaseException:
+            self.stop()
+            raise
         self.xds_addr = f"127.0.0.1:{port['grpc']}"
         self.metrics_url = f"http://127.0.0.1:{port['monitoring']}/metrics"
 
@@ -285,6 +290,9 @@ def run(args: argparse.Namespace, workdir: Path, stack: contextlib.ExitStack) ->
                        "server_responses": server_sent[1]}
     everyone = [c["seen"][EVERYONE_MARK] - everyone_written for c in clients if EVERYONE_MARK in c["seen"]]
     result["everyone"] = {"all_seen": everyone_seen, "latency": percentiles(everyone), "never_seen": len(clients) - len(everyone)}
+    # Envoy-like clients all ask for everything: under load too, SotW or delta, they must end the same.
+    envoy_states = {c["state"] for c in clients if c["kind"] != "proxyless"}
+    result["envoy_final_states"] = len(envoy_states) if envoy_states else None
     result["generator_cpu_s"] = sum(summary["cpu_s"] for summary in summaries)
     result["raw"] = {"configured": configured, "churn": latencies, "everyone": everyone}
     return result
@@ -306,7 +314,9 @@ def table(result: dict[str, Any]) -> str:
          + (f"; istiod counts {num(result['churn']['server_bytes_per_change'], '{:.0f}')} resource B/change in "
             f"{num(result['churn']['server_responses'], '{:.0f}')} responses"
             if result['churn']['server_bytes_per_change'] is not None else "")),
-        ("new Service every client watches", ("everyone", "latency"), f"never seen {result['everyone']['never_seen']}"),
+        ("new Service every client watches", ("everyone", "latency"), f"never seen {result['everyone']['never_seen']}"
+         + (f"; Envoy-like clients end in {result['envoy_final_states']} distinct state(s) (1: all the same)"
+            if result["envoy_final_states"] else "")),
     ):
         stats = result[key[0]][key[1]]
         rows.append(f"| {name} | {ms(stats['p50'])} | {ms(stats['p90'])} | {ms(stats['p99'])} | {ms(stats['max'])} | {extra} |")

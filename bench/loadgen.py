@@ -9,6 +9,7 @@ when it was first fully configured and when it first held each marked address (a
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import random
 import re
 import time
@@ -151,6 +152,14 @@ class Client:
             self.resources[type_url].pop(name, None)
         return names - old, old - names
 
+    def digest(self) -> str:
+        """Of everything held: clients asking for the same, the same way, end with the same one."""
+        digest = hashlib.sha256()
+        for type_url in sorted(self.resources):
+            for name, (value, _) in sorted(self.resources[type_url].items()):
+                digest.update(b"%s\0%s\0%d\0%s" % (type_url.encode(), name.encode(), len(value), value))
+        return digest.hexdigest()
+
     def enqueue(self, queue: asyncio.Queue[Any], request: Any) -> None:
         """Send a request; only the first of a stream carries the node."""
         if not self.sent_node:
@@ -285,7 +294,8 @@ class Worker:
     def summary(self) -> dict[str, Any]:
         return {
             "clients": [{"index": c.spec.index, "kind": c.spec.kind, "configured_at": c.configured_at,
-                         "seen": c.seen, "streams_failed": dict(c.streams_failed)} for c in self.clients],
+                         "seen": c.seen, "streams_failed": dict(c.streams_failed), "state": c.digest()}
+                        for c in self.clients],
             "traffic": dict(self.traffic),
             "failure_details": self.failure_details,
             "cpu_s": time.process_time(),  # the generator's own CPU: is it the bottleneck?

@@ -47,6 +47,7 @@ def tiny_run(tmp_path: Path, *extra: str) -> dict[str, Any]:
     assert result["churn"]["changes"] == 5 and result["churn"]["never_seen"] == 0
     assert result["churn"]["latency"]["count"] > 0
     assert result["everyone"]["all_seen"] and result["everyone"]["never_seen"] == 0
+    assert result["envoy_final_states"] == 1  # the Envoy-like clients all end holding the same
     # The clients' count of what istiod sent during the churn agrees with istiod's own metrics
     # (which count the resources, without the responses' envelopes).
     churn = result["churn"]
