@@ -79,6 +79,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/config.py
 	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python bench/load.py
+	@if bash e2e/cluster/build.sh; then $(BIN)/python bench/load.py --source kube; \
+	else echo "bench: no kube-apiserver and etcd (make e2e-bin needs Go): the kube source is skipped"; fi
 
 # Generated code is committed; tests/test_protos.py fails when it is stale.
 PROTOS := $(shell find api -name '*.proto')

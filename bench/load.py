@@ -1,26 +1,32 @@
-"""Load benchmark: many xDS clients against one istiod, the mesh and its changes in a config dir.
+"""Load benchmark: many xDS clients against one istiod, the mesh and its changes in a config dir
+or in a real kube-apiserver.
 
     python bench/load.py [--services S] [--pods P] [--proxyless N] [--watch K] [--rate R]
-                         [--duration SECONDS] [--envoy M] [--delta] [--xds-addr HOST:PORT --config-dir DIR]
+                         [--duration SECONDS] [--envoy M] [--delta] [--source config|kube]
+                         [--xds-addr HOST:PORT --config-dir DIR]
 
 The issue's size: --services 1000 --pods 2 --proxyless 2000 --watch 5 --rate 10 --duration 30.
 Scenarios, in order: connect storm (time until every client is configured), steady state (server
 CPU while nothing changes), endpoint churn (R pod address changes a second; per change the time
 from the write to each watching client holding it), and a new Service every client watches.
-Without --xds-addr an istiod is started on a fresh config dir; with it, the mesh is written to
---config-dir (the one that istiod watches) and --server-pid names the process to measure.
+`--source config` (the default): without --xds-addr an istiod is started on a fresh config dir;
+with it, the mesh is written to --config-dir (the one that istiod watches) and --server-pid names
+the process to measure. `--source kube`: etcd and kube-apiserver are started (the e2e harness),
+the Services and their EndpointSlices created through the API, and istiod started in kube mode;
+a change is an EndpointSlice patch, timed from the start of its request.
+Every process started here is stopped at the end, on failure, Ctrl-C or SIGTERM too.
 Writes results/load-<time>.json and .png (the plot needs the `bench` extra), prints a table.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
-import os
 import queue
 import random
-import statistics
+import signal
 import subprocess
 import sys
 import tempfile
@@ -30,93 +36,76 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(1, str(Path(__file__).parent.parent))  # the e2e harness and the tests' process helpers
 import loadgen  # noqa: E402  # a sibling script, importable in the spawned workers too
+from mesh import ConfigDirMesh, KubeMesh, listener  # noqa: E402
+from procstat import ProcessTree  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from tests.peers import stop_group  # noqa: E402
 
-DOMAIN = "svc.cluster.local"
-EVERYONE = "everyone"  # the Service every client watches, created by the last scenario
-EVERYONE_MARK = (1 << 22) - 1  # its pod's marked address, past any churn change's
+Mesh = ConfigDirMesh | KubeMesh
 
-
-def service_yaml(s: int, pods: int, mark: int | None) -> str:
-    """Service svc<s> and its pods; pod 0's address is the marked one of change `mark` if set."""
-    name, ns = (EVERYONE, "ns0") if s < 0 else (f"svc{s}", f"ns{s % 10}")
-    docs = [f"""apiVersion: v1
-kind: Service
-metadata: {{name: {name}, namespace: {ns}}}
-spec: {{selector: {{app: {name}}}, ports: [{{name: grpc, port: 7070}}]}}
-"""]
-    for p in range(pods):
-        ip = loadgen.mark_address(mark) if p == 0 and mark is not None else f"10.{s // 250 % 250}.{s % 250}.{p + 1}"
-        docs.append(f"""apiVersion: v1
-kind: Pod
-metadata: {{name: {name}-{p}, namespace: {ns}, labels: {{app: {name}}}}}
-spec: {{containers: [{{name: app, ports: [{{containerPort: 7070}}]}}]}}
-status: {{podIP: {ip}, phase: Running, conditions: [{{type: Ready, status: "True"}}]}}
-""")
-    return "---\n".join(docs)
-
-
-def write(root: Path, s: int, pods: int, mark: int | None = None) -> None:
-    """Replace the file at once (a rename), so the watcher never reads half of it."""
-    path = root / (f"{EVERYONE}.yaml" if s < 0 else f"svc{s}.yaml")
-    tmp = root.parent / f".{path.name}.tmp"
-    tmp.write_text(service_yaml(s, pods, mark))
-    os.replace(tmp, path)
-
-
-def listener(s: int) -> str:
-    return f"{EVERYONE}.ns0.{DOMAIN}:7070" if s < 0 else f"svc{s}.ns{s % 10}.{DOMAIN}:7070"
+EVERYONE_MARK = (1 << 22) - 1  # the new Service's pod's marked address, past any churn change's
+# Services' ClusterIPs when the mesh is in a kube-apiserver: room for 65k, apart from the pods' 10.0-10.95.
+SERVICE_CIDR = "10.96.0.0/16"
 
 
 class Server:
-    """The istiod under test: started here, or an outside one measured by its pid (or not at all)."""
+    """The istiod under test: started here on the mesh's source, or an outside one measured by its pid."""
 
-    def __init__(self, config_dir: Path, workdir: Path, xds_addr: str | None, pid: int | None) -> None:
+    def __init__(self, source_args: list[str], workdir: Path, xds_addr: str | None, pid: int | None) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
+        self.metrics_url: str | None = None
         if xds_addr:
-            self.xds_addr, self.pid = xds_addr, pid
+            self.xds_addr, self.tree = xds_addr, ProcessTree(pid) if pid else None
             return
         ports = workdir / "ports.json"
-        self.log = open(workdir / "istiod.log", "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "istiod", "discovery", "--config-dir", str(config_dir),
-             "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--monitoring-addr", "127.0.0.1:0",
-             "--secure-grpc-addr", "127.0.0.1:0", "--webhook-addr", "127.0.0.1:0",
-             "--ca-state-dir", str(workdir / "state"), "--ports-file", str(ports)],
-            stdout=self.log, stderr=subprocess.STDOUT)
-        self.pid = self.proc.pid
+        with open(workdir / "istiod.log", "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "istiod", "discovery", *source_args,
+                 "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--monitoring-addr", "127.0.0.1:0",
+                 "--secure-grpc-addr", "127.0.0.1:0", "--webhook-addr", "127.0.0.1:0",
+                 "--ca-state-dir", str(workdir / "state"), "--ports-file", str(ports)],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.tree = ProcessTree(self.proc.pid)
         deadline = time.monotonic() + 120
-        while True:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"istiod did not start: see {workdir / 'istiod.log'}")
-            try:
-                port = json.loads(ports.read_text())
-                with urllib.request.urlopen(f"http://127.0.0.1:{port['http']}/ready", timeout=2):
-                    break
-            except (OSError, ValueError, KeyError):
-                time.sleep(0.2)
+        try:
+            while True:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    tail = (workdir / "istiod.log").read_text(errors="replace").splitlines()[-20:]
+                    raise SystemExit("istiod did not start; its log ends:\n" + "\n".join(tail))
+                try:
+                    port = json.loads(ports.read_text())
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port['http']}/ready", timeout=2):
+                        break
+                except (OSError, ValueError, KeyError):
+                    time.sleep(0.2)
+        except BaseException:
+            self.stop()
+            raise
         self.xds_addr = f"127.0.0.1:{port['grpc']}"
+        self.metrics_url = f"http://127.0.0.1:{port['monitoring']}/metrics"
+
+    def sent(self) -> tuple[float, float] | None:
+        """(resource bytes, responses) istiod says it has sent so far, from its own metrics."""
+        if not self.metrics_url:
+            return None
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as reply:
+            text = reply.read().decode()
+        sizes = [f for f in text_string_to_metric_families(text) if f.name == "pilot_xds_config_size_bytes"]
+        samples = [s for f in sizes for s in f.samples]
+        return (sum(s.value for s in samples if s.name.endswith("_sum")),
+                sum(s.value for s in samples if s.name.endswith("_count")))
 
     def cpu_seconds(self) -> float | None:
-        if not self.pid:
-            return None
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+        return self.tree.cpu_seconds() if self.tree else None
 
     def memory_mb(self) -> dict[str, float] | None:
-        if not self.pid:
-            return None
-        status = dict(line.split(":", 1) for line in Path(f"/proc/{self.pid}/status").read_text().splitlines())
-        return {"rss_mb": int(status["VmRSS"].split()[0]) / 1024, "peak_rss_mb": int(status["VmHWM"].split()[0]) / 1024}
+        return self.tree.memory_mb() if self.tree else None
 
     def stop(self) -> None:
         if self.proc:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            stop_group(self.proc, grace=10)
 
 
 def percentiles(values: list[float]) -> dict[str, float | int | None]:
@@ -144,17 +133,46 @@ def watched_services(spec: loadgen.ClientSpec, services: int) -> set[str]:
     return {listener(s) for s in range(services)}
 
 
-def run(args: argparse.Namespace, root: Path, workdir: Path) -> dict[str, Any]:
-    for s in range(args.services):
-        write(root, s, args.pods)
-    server = Server(root, workdir, args.xds_addr, args.server_pid)
+def open_mesh(args: argparse.Namespace, workdir: Path, stack: contextlib.ExitStack) -> tuple[Mesh, ProcessTree | None]:
+    """Where the mesh lives, and the processes that serve it (the API server and etcd) if any;
+    whatever is started is stopped by `stack`, even on failure."""
+    if args.source == "config":
+        root = args.config_dir or workdir / "mesh"
+        root.mkdir(exist_ok=True)
+        return ConfigDirMesh(root, args.pods), None
+    from e2e.harness import Cluster  # only the kube source needs the e2e binaries
+
+    (workdir / "cluster").mkdir()
+    try:
+        cluster = Cluster(workdir / "cluster", service_cidr=SERVICE_CIDR)
+    except RuntimeError as error:  # the binaries are missing: says how to build them
+        raise SystemExit(str(error)) from None
+    stack.callback(cluster.stop)
+    print("kube: starting etcd and kube-apiserver", flush=True)
+    cluster.start()
+    mesh = KubeMesh(cluster.kubeconfig, args.pods)
+    stack.callback(mesh.close)
+    assert cluster.etcd.proc and cluster.apiserver.daemon.proc
+    return mesh, ProcessTree(cluster.etcd.proc.pid, cluster.apiserver.daemon.proc.pid)
+
+
+def run(args: argparse.Namespace, workdir: Path, stack: contextlib.ExitStack) -> dict[str, Any]:
+    result: dict[str, Any] = {"size": {k: v for k, v in vars(args).items() if k not in ("xds_addr", "config_dir", "results")}}
+    mesh, api = open_mesh(args, workdir, stack)
+    started = time.monotonic()
+    mesh.create(args.services)
+    result["mesh_create_s"] = time.monotonic() - started
+    print(f"mesh: {args.services} Services x {args.pods} pods ({args.source}) written in {result['mesh_create_s']:.1f} s",
+          flush=True)
+    server = Server(mesh.source_args(), workdir, args.xds_addr, args.server_pid)
+    stack.callback(server.stop)
     specs = client_specs(args)
     ctx = multiprocessing.get_context("spawn")
     control = ctx.Queue()
     go, stop_flag = ctx.Event(), ctx.Event()
-    workers = [ctx.Process(target=loadgen.main, args=(server.xds_addr, specs[w::args.workers], control, go, stop_flag))
+    workers = [ctx.Process(target=loadgen.main, args=(server.xds_addr, specs[w::args.workers], control, go, stop_flag),
+                           daemon=True)
                for w in range(args.workers)]
-    result: dict[str, Any] = {"size": {k: v for k, v in vars(args).items() if k not in ("xds_addr", "config_dir", "results")}}
     events: list[tuple[str, Any]] = []
 
     def wait_for(kind: str, count: int, timeout: float, value: Any = None) -> bool:
@@ -166,63 +184,70 @@ def run(args: argparse.Namespace, root: Path, workdir: Path) -> dict[str, Any]:
                 return False
         return True
 
-    try:
-        for worker in workers:
-            worker.start()
-        if not wait_for("ready", args.workers, 60):
-            raise SystemExit("the load generator's workers did not start")
-        cpu0 = server.cpu_seconds()
-        started = time.time()
-        go.set()
-        print(f"storm: {len(specs)} clients in {args.workers} processes against {server.xds_addr}", flush=True)
-        all_configured = wait_for("configured", args.workers, args.storm_timeout)
-        storm_cpu = server.cpu_seconds()
-        result["storm"] = {"all_configured": all_configured,
-                           "seconds": max(v for k, v in events if k == "configured") - started if all_configured else None,
-                           "server_cpu_s": storm_cpu - cpu0 if storm_cpu is not None and cpu0 is not None else None,
-                           "memory": server.memory_mb()}
-
-        time.sleep(2)  # past the storm's retries
-        print(f"steady: {args.steady:.0f} s with no change", flush=True)
-        cpu0, wall0 = server.cpu_seconds(), time.monotonic()
-        time.sleep(args.steady)
-        cpu1 = server.cpu_seconds()
-        result["steady"] = {"server_cores": (cpu1 - cpu0) / (time.monotonic() - wall0) if cpu1 is not None and cpu0 is not None else None}
-
-        print(f"churn: {args.rate} endpoint changes/s for {args.duration:.0f} s", flush=True)
-        rng = random.Random(2)
-        writes: dict[int, tuple[float, str]] = {}  # change -> (when written, the service's listener)
-        cpu0 = server.cpu_seconds()
-        churn_start = time.time()
-        for change in range(int(args.rate * args.duration)):
-            time.sleep(max(0.0, churn_start + change / args.rate - time.time()))
-            s = rng.randrange(args.services)
-            writes[change] = (time.time(), listener(s))
-            write(root, s, args.pods, change)
-        churn_end = time.time()
-        time.sleep(args.grace)
-        cpu1 = server.cpu_seconds()
-        churn_cpu = cpu1 - cpu0 if cpu1 is not None and cpu0 is not None else None
-
-        print("every client's change: a new Service", flush=True)
-        written = time.time()
-        write(root, -1, 1, EVERYONE_MARK)
-        everyone_seen = wait_for("all-seen", args.workers, args.storm_timeout, EVERYONE_MARK)
-        stop_flag.set()
-        summaries: list[dict[str, Any]] = []
-        while len(summaries) < args.workers:
-            kind, value = control.get(timeout=60)
-            events.append((kind, value))
-            if kind == "summary":
-                summaries.append(value)
-        result["memory_final"] = server.memory_mb()
-    finally:
+    def stop_workers() -> None:
         stop_flag.set()
         for worker in workers:
-            worker.join(30)
-            if worker.is_alive():
-                worker.kill()
-        server.stop()
+            if worker.pid is not None:
+                worker.join(30)
+                if worker.is_alive():
+                    worker.kill()
+                    worker.join()
+
+    stack.callback(stop_workers)
+    for worker in workers:
+        worker.start()
+    if not wait_for("ready", args.workers, 60):
+        raise SystemExit("the load generator's workers did not start")
+    cpu0 = server.cpu_seconds()
+    started = time.time()
+    go.set()
+    print(f"storm: {len(specs)} clients in {args.workers} processes against {server.xds_addr}", flush=True)
+    all_configured = wait_for("configured", args.workers, args.storm_timeout)
+    storm_cpu = server.cpu_seconds()
+    result["storm"] = {"all_configured": all_configured,
+                       "seconds": max(v for k, v in events if k == "configured") - started if all_configured else None,
+                       "server_cpu_s": storm_cpu - cpu0 if storm_cpu is not None and cpu0 is not None else None,
+                       "memory": server.memory_mb()}
+
+    time.sleep(2)  # past the storm's retries
+    print(f"steady: {args.steady:.0f} s with no change", flush=True)
+    cpu0, wall0 = server.cpu_seconds(), time.monotonic()
+    time.sleep(args.steady)
+    cpu1 = server.cpu_seconds()
+    result["steady"] = {"server_cores": (cpu1 - cpu0) / (time.monotonic() - wall0) if cpu1 is not None and cpu0 is not None else None}
+
+    print(f"churn: {args.rate} endpoint changes/s for {args.duration:.0f} s", flush=True)
+    rng = random.Random(2)
+    changed: dict[int, str] = {}  # change -> the changed service's listener
+    cpu0, api_cpu0, sent0 = server.cpu_seconds(), api.cpu_seconds() if api else None, server.sent()
+    churn_start = time.time()
+    for change in range(int(args.rate * args.duration)):
+        time.sleep(max(0.0, churn_start + change / args.rate - time.time()))
+        s = rng.randrange(args.services)
+        changed[change] = listener(s)
+        mesh.change(s, change)
+    churn_end = time.time()
+    time.sleep(args.grace)
+    cpu1 = server.cpu_seconds()
+    churn_cpu = cpu1 - cpu0 if cpu1 is not None and cpu0 is not None else None
+    api_cpu = api.cpu_seconds() - api_cpu0 if api and api_cpu0 is not None else None
+    sent1 = server.sent()
+    server_sent = [b - a for a, b in zip(sent0, sent1)] if sent0 and sent1 else [None, None]
+    written = mesh.settle()
+    writes = {change: (written[change], name) for change, name in changed.items()}
+
+    print("every client's change: a new Service", flush=True)
+    mesh.add(-1, 1, EVERYONE_MARK)
+    everyone_seen = wait_for("all-seen", args.workers, args.storm_timeout, EVERYONE_MARK)
+    everyone_written = mesh.settle()[EVERYONE_MARK]
+    stop_flag.set()
+    summaries: list[dict[str, Any]] = []
+    while len(summaries) < args.workers:
+        kind, value = control.get(timeout=60)
+        events.append((kind, value))
+        if kind == "summary":
+            summaries.append(value)
+    result["memory_final"] = server.memory_mb()
 
     clients = [c for summary in summaries for c in summary["clients"]]
     configured = [c["configured_at"] - started for c in clients if c["configured_at"]]
@@ -241,23 +266,33 @@ def run(args: argparse.Namespace, root: Path, workdir: Path) -> dict[str, Any]:
     for c in clients:
         seen = c["seen"]
         watching = watched_services(spec_by_index[c["index"]], args.services)
-        later: float | None = None
+        later: dict[str, float] = {}  # service -> the first time a change of it from here on was held
         for change in sorted(writes, reverse=True):
             when, name = writes[change]
             if name not in watching:
                 continue
             if change in seen:
-                later = seen[change] if later is None else min(later, seen[change])
-            if later is None:
-                never += 1
+                later[name] = min(later.get(name, seen[change]), seen[change])
+            if name in later:
+                latencies.append(later[name] - when)
             else:
-                latencies.append(later - when)
-    churn_bytes = sum(n for summary in summaries for sec, n in summary["bytes_by_second"].items()
-                      if churn_start <= int(sec) <= churn_end + args.grace)
+                never += 1
+    # What the server sent all clients (xDS responses, serialized) from the first change to the end of the grace.
+    window = [n for summary in summaries for tick, n in summary["traffic"].items()
+              if churn_start <= int(tick) / loadgen.TICKS <= churn_end + args.grace]
+    churn_bytes, churn_responses = sum(n[0] for n in window), sum(n[1] for n in window)
     result["churn"] = {"changes": len(writes), "latency": percentiles(latencies), "never_seen": never,
-                       "server_cpu_s": churn_cpu, "bytes_per_change": churn_bytes / max(1, len(writes))}
-    everyone = [c["seen"][EVERYONE_MARK] - written for c in clients if EVERYONE_MARK in c["seen"]]
+                       "server_cpu_s": churn_cpu, "api_cpu_s": api_cpu, "responses": churn_responses,
+                       "bytes_per_change": churn_bytes / max(1, len(writes)),
+                       "bytes_per_response": churn_bytes / max(1, churn_responses),
+                       # istiod's count: resource bytes without the responses' envelopes
+                       "server_bytes_per_change": server_sent[0] / max(1, len(writes)) if server_sent[0] is not None else None,
+                       "server_responses": server_sent[1]}
+    everyone = [c["seen"][EVERYONE_MARK] - everyone_written for c in clients if EVERYONE_MARK in c["seen"]]
     result["everyone"] = {"all_seen": everyone_seen, "latency": percentiles(everyone), "never_seen": len(clients) - len(everyone)}
+    # Envoy-like clients all ask for everything: under load too, SotW or delta, they must end the same.
+    envoy_states = {c["state"] for c in clients if c["kind"] != "proxyless"}
+    result["envoy_final_states"] = len(envoy_states) if envoy_states else None
     result["generator_cpu_s"] = sum(summary["cpu_s"] for summary in summaries)
     result["raw"] = {"configured": configured, "churn": latencies, "everyone": everyone}
     return result
@@ -273,12 +308,20 @@ def table(result: dict[str, Any]) -> str:
          f"server CPU {num(result['storm']['server_cpu_s'])} s"),
         ("endpoint churn (write to held)", ("churn", "latency"),
          f"{result['churn']['changes']} changes, never seen {result['churn']['never_seen']}; "
-         f"{num(result['churn']['bytes_per_change'], '{:.0f}')} B/change; server CPU {num(result['churn']['server_cpu_s'])} s"),
-        ("new Service every client watches", ("everyone", "latency"), f"never seen {result['everyone']['never_seen']}"),
+         f"{num(result['churn']['bytes_per_change'], '{:.0f}')} B/change in {result['churn']['responses']} responses "
+         f"({num(result['churn']['bytes_per_response'], '{:.0f}')} B each); server CPU {num(result['churn']['server_cpu_s'])} s"
+         + (f", API server + etcd CPU {num(result['churn']['api_cpu_s'])} s" if result['churn']['api_cpu_s'] is not None else "")
+         + (f"; istiod counts {num(result['churn']['server_bytes_per_change'], '{:.0f}')} resource B/change in "
+            f"{num(result['churn']['server_responses'], '{:.0f}')} responses"
+            if result['churn']['server_bytes_per_change'] is not None else "")),
+        ("new Service every client watches", ("everyone", "latency"), f"never seen {result['everyone']['never_seen']}"
+         + (f"; Envoy-like clients end in {result['envoy_final_states']} distinct state(s) (1: all the same)"
+            if result["envoy_final_states"] else "")),
     ):
         stats = result[key[0]][key[1]]
         rows.append(f"| {name} | {ms(stats['p50'])} | {ms(stats['p90'])} | {ms(stats['p99'])} | {ms(stats['max'])} | {extra} |")
     memory = result.get("memory_final") or {}
+    rows.append(f"| mesh written ({result['size']['source']}) | | | | | {result['mesh_create_s']:.1f} s |")
     rows.append(f"| steady state | | | | | server {num(result['steady']['server_cores'], '{:.3f}')} cores |")
     rows.append(f"| load generator | | | | | {num(result['generator_cpu_s'])} s CPU in all |")
     rows.append(f"| memory | | | | | peak RSS {num(memory.get('peak_rss_mb'), '{:.0f}')} MB, "
@@ -306,7 +349,7 @@ def plot(result: dict[str, Any], path: Path) -> bool:
     ax.grid(True, alpha=0.3)
     ax.legend()
     size = result["size"]
-    ax.set_title(f"S={size['services']} P={size['pods']} N={size['proxyless']} K={size['watch']} "
+    ax.set_title(f"{size['source']}: S={size['services']} P={size['pods']} N={size['proxyless']} K={size['watch']} "
                  f"R={size['rate']} envoy={size['envoy']}{' delta' if size['delta'] else ''}")
     fig.savefig(path, dpi=100, bbox_inches="tight")
     return True
@@ -326,18 +369,20 @@ def main() -> None:
     parser.add_argument("--steady", type=float, default=5, help="seconds of steady state measured")
     parser.add_argument("--grace", type=float, default=10, help="seconds after churn for late deliveries")
     parser.add_argument("--storm-timeout", type=float, default=120)
-    parser.add_argument("--xds-addr", help="an istiod already running (then --config-dir is required)")
+    parser.add_argument("--source", choices=("config", "kube"), default="config",
+                        help="where the mesh and its changes are written: a config dir, or a kube-apiserver "
+                             "(etcd and kube-apiserver started here from the e2e binaries, `make e2e-bin`)")
+    parser.add_argument("--xds-addr", help="an istiod already running (config source; then --config-dir is required)")
     parser.add_argument("--config-dir", type=Path, help="the config dir that istiod watches")
     parser.add_argument("--server-pid", type=int, help="the outside istiod's pid, for CPU and memory")
     parser.add_argument("--results", type=Path, default=Path("results"))
     args = parser.parse_args()
-    if args.xds_addr and not args.config_dir:
-        parser.error("--xds-addr needs --config-dir: the benchmark makes its changes there")
-    with tempfile.TemporaryDirectory(prefix="istiod-load-") as tmp:
-        workdir = Path(tmp)
-        root = args.config_dir or workdir / "mesh"
-        root.mkdir(exist_ok=True)
-        result = run(args, root, workdir)
+    if args.xds_addr and (args.source != "config" or not args.config_dir):
+        parser.error("--xds-addr needs --config-dir (and the config source): the benchmark makes its changes there")
+    # SIGTERM unwinds like Ctrl-C, so every process started here is stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    with tempfile.TemporaryDirectory(prefix="istiod-load-") as tmp, contextlib.ExitStack() as stack:
+        result = run(args, Path(tmp), stack)
     args.results.mkdir(exist_ok=True)
     stem = args.results / time.strftime("load-%Y%m%dT%H%M%S")
     stem.with_suffix(".json").write_text(json.dumps(result, indent=1))

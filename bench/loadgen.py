@@ -9,6 +9,7 @@ when it was first fully configured and when it first held each marked address (a
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import random
 import re
 import time
@@ -34,6 +35,7 @@ MESSAGES: dict[str, Any] = {LDS: listener_pb2.Listener, RDS: route_pb2.RouteConf
 # One HTTP/2 connection per client, as separate proxies have: grpc shares subchannels between
 # channels of one process unless told not to.
 CHANNEL_OPTIONS = [("grpc.use_local_subchannel_pool", 1)]
+TICKS = 10  # traffic is counted per tenth of a second
 
 
 def mark_address(change: int) -> str:
@@ -139,6 +141,25 @@ class Client:
     streams_failed: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # status -> count
     sent_node: bool = False
 
+    def subscribe(self, type_url: str, names: set[str]) -> tuple[set[str], set[str]]:
+        """Ask for exactly `names` of `type_url` from now on (empty: wildcard, for CDS and LDS);
+        returns (added, removed). What is no longer asked for is forgotten, as Envoy and gRPC do:
+        neither protocol says more about it (SotW EDS and RDS responses may leave out what did
+        not change, and delta sends no removal for what was unsubscribed)."""
+        old = self.names.get(type_url, set())
+        self.names[type_url] = names
+        for name in old - names:
+            self.resources[type_url].pop(name, None)
+        return names - old, old - names
+
+    def digest(self) -> str:
+        """Of everything held: clients asking for the same, the same way, end with the same one."""
+        digest = hashlib.sha256()
+        for type_url in sorted(self.resources):
+            for name, (value, _) in sorted(self.resources[type_url].items()):
+                digest.update(b"%s\0%s\0%d\0%s" % (type_url.encode(), name.encode(), len(value), value))
+        return digest.hexdigest()
+
     def enqueue(self, queue: asyncio.Queue[Any], request: Any) -> None:
         """Send a request; only the first of a stream carries the node."""
         if not self.sent_node:
@@ -157,8 +178,7 @@ class Worker:
     def __init__(self, xds_addr: str, specs: list[ClientSpec]) -> None:
         self.xds_addr = xds_addr
         self.clients = [Client(spec, self._node(spec)) for spec in specs]
-        self.bytes_by_second: dict[int, int] = defaultdict(int)
-        self.responses = 0
+        self.traffic: dict[int, list[int]] = defaultdict(lambda: [0, 0])  # tick -> [bytes, responses] received
         self.failure_details: dict[str, str] = {}  # status -> the first failed stream's message
 
     @staticmethod
@@ -195,35 +215,34 @@ class Worker:
     # --- state of the world ---------------------------------------------------------------------
 
     async def _sotw_stream(self, client: Client, queue: asyncio.Queue[Any]) -> None:
-        def send(type_url: str, names: set[str]) -> None:
-            client.names[type_url] = names
+        def send(type_url: str) -> None:
             version, nonce = client.versions.get(type_url, ("", ""))
-            request = discovery_pb2.DiscoveryRequest(type_url=type_url, resource_names=sorted(names),
+            request = discovery_pb2.DiscoveryRequest(type_url=type_url, resource_names=sorted(client.names[type_url]),
                                                      version_info=version, response_nonce=nonce)
             client.enqueue(queue, request)
 
         async with grpc.aio.insecure_channel(self.xds_addr, options=CHANNEL_OPTIONS) as channel:
             call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel).StreamAggregatedResources(drain(queue))
-            if client.spec.kind == "proxyless":
-                send(LDS, set(client.spec.listeners))
-            else:
-                send(CDS, set())
-                send(LDS, set())
+            first = [(LDS, set(client.spec.listeners))] if client.spec.kind == "proxyless" else [(CDS, set()), (LDS, set())]
+            for type_url, names in first:
+                client.subscribe(type_url, names)
+                send(type_url)
             async for response in call:
                 now = time.time()
                 self._count(response.ByteSize(), now)
                 held = client.resources[response.type_url]
                 previous = dict(held)
-                if response.type_url != EDS:  # EDS responses may carry only what changed
+                if response.type_url in (LDS, CDS):  # the whole state; EDS and RDS may carry only what changed
                     held.clear()
                 for packed in response.resources:
                     name = leading_name(packed.value)
                     held[name] = hold(client, response.type_url, packed.value, previous.get(name), now)
                 client.versions[response.type_url] = (response.version_info, response.nonce)
-                send(response.type_url, client.names.get(response.type_url, set()))  # the ACK
+                send(response.type_url)  # the ACK
                 for type_url, names in self._follow(client, response.type_url, now).items():
                     if names != client.names.get(type_url):
-                        send(type_url, names)
+                        client.subscribe(type_url, names)
+                        send(type_url)
 
     # --- delta ----------------------------------------------------------------------------------
 
@@ -236,9 +255,9 @@ class Worker:
 
         async with grpc.aio.insecure_channel(self.xds_addr, options=CHANNEL_OPTIONS) as channel:
             call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel).DeltaAggregatedResources(drain(queue))
-            client.names[CDS] = client.names[LDS] = set()
-            send(CDS)
-            send(LDS)
+            for type_url in (CDS, LDS):  # wildcard: an empty subscribe list
+                client.subscribe(type_url, set())
+                send(type_url)
             async for response in call:
                 now = time.time()
                 self._count(response.ByteSize(), now)
@@ -250,10 +269,9 @@ class Worker:
                     held[resource.name] = hold(client, response.type_url, value, held.get(resource.name), now)
                 send(response.type_url, nonce=response.nonce)  # the ACK
                 for type_url, names in self._follow(client, response.type_url, now).items():
-                    old = client.names.get(type_url, set())
-                    if names != old:
-                        client.names[type_url] = names
-                        send(type_url, names - old, old - names)
+                    added, removed = client.subscribe(type_url, names)
+                    if added or removed:
+                        send(type_url, added, removed)
 
     # --- shared ---------------------------------------------------------------------------------
 
@@ -269,15 +287,16 @@ class Worker:
         return {}
 
     def _count(self, size: int, now: float) -> None:
-        self.bytes_by_second[int(now)] += size
-        self.responses += 1
+        counts = self.traffic[int(now * TICKS)]
+        counts[0] += size
+        counts[1] += 1
 
     def summary(self) -> dict[str, Any]:
         return {
             "clients": [{"index": c.spec.index, "kind": c.spec.kind, "configured_at": c.configured_at,
-                         "seen": c.seen, "streams_failed": dict(c.streams_failed)} for c in self.clients],
-            "bytes_by_second": dict(self.bytes_by_second),
-            "responses": self.responses,
+                         "seen": c.seen, "streams_failed": dict(c.streams_failed), "state": c.digest()}
+                        for c in self.clients],
+            "traffic": dict(self.traffic),
             "failure_details": self.failure_details,
             "cpu_s": time.process_time(),  # the generator's own CPU: is it the bottleneck?
         }

@@ -104,7 +104,8 @@ class _Daemon:
 class ApiServer:
     """One kube-apiserver process against the cluster's etcd, with its own port and kubeconfig."""
 
-    def __init__(self, workdir: Path, name: str, etcd_url: str, creds: Credentials) -> None:
+    def __init__(self, workdir: Path, name: str, etcd_url: str, creds: Credentials,
+                 service_cidr: str = "10.0.0.0/24") -> None:
         self.port = free_port()
         self.url = f"https://127.0.0.1:{self.port}"
         self.creds = creds
@@ -120,7 +121,7 @@ class ApiServer:
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={creds.sa_pub}",
             f"--service-account-signing-key-file={creds.sa_key}",
-            "--service-cluster-ip-range=10.0.0.0/24",
+            f"--service-cluster-ip-range={service_cidr}",
             "--allow-privileged=true",
             # Watches go straight to etcd, so a compaction really expires old resourceVersions.
             "--watch-cache=false",
@@ -180,7 +181,8 @@ current-context: e2e
 class Cluster:
     """etcd + kube-apiserver on 127.0.0.1; restartable, so tests can break the API under istiod."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, service_cidr: str = "10.0.0.0/24") -> None:
+        """`service_cidr`: the Services' ClusterIP range (a /24 holds 254 Services)."""
         for binary in ("etcd", "kube-apiserver"):
             if not (BIN / binary).exists():
                 raise RuntimeError(f"e2e: {BIN / binary} is missing; run `make e2e-bin` (needs Go on PATH)")
@@ -192,7 +194,7 @@ class Cluster:
             "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
             "--listen-peer-urls", f"http://127.0.0.1:{free_port()}",
         ], workdir / "etcd.log")
-        self.apiserver = ApiServer(workdir, "kube-apiserver", self.etcd_url, self.creds)
+        self.apiserver = ApiServer(workdir, "kube-apiserver", self.etcd_url, self.creds, service_cidr)
         self.kubeconfig = self.apiserver.kubeconfig
 
     def start(self) -> None:

@@ -1,29 +1,210 @@
-"""The load benchmark (bench/load.py) still works: a tiny run against a real istiod it starts itself.
+"""The load benchmark (bench/) still works and its clients are right.
 
-Checks what the clients got, never how fast: every client configured, every change held.
+A tiny run against a real istiod it starts itself, on the config dir and on a real kube-apiserver,
+checks what the clients got, never how fast: every client configured, every change held. The load
+generator's Envoy-like clients (SotW and delta) must hold what a real Envoy holds. Its /proc
+measures are checked on processes of known CPU and memory.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-BENCH = Path(__file__).parent.parent / "bench" / "load.py"
+import pytest
+from envoy.config.endpoint.v3 import endpoint_pb2
+
+from e2e.harness import BIN
+from tests.conftest import synced
+from tests.envoy_peer import node_id, sidecar_envoy
+from tests.peers import Istiod, eventually, wait_until
+from tests.test_envoy_delta import KINDS, _config
+
+BENCH = Path(__file__).parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+import procstat  # noqa: E402
+import loadgen  # noqa: E402
+from mesh import ConfigDirMesh, service_name  # noqa: E402
+
+TINY = ["-S", "6", "-P", "1", "-N", "4", "-K", "2", "--envoy", "2", "--rate", "5", "--duration", "1",
+        "--steady", "0.5", "--grace", "2", "--storm-timeout", "30"]
+TYPES = {"listeners": loadgen.LDS, "clusters": loadgen.CDS, "routes": loadgen.RDS, "endpoints": loadgen.EDS}
 
 
-def test_tiny_run_configures_every_client_and_sees_every_change(tmp_path: Path) -> None:
-    run = subprocess.run(
-        [sys.executable, str(BENCH), "-S", "6", "-P", "1", "-N", "4", "-K", "2", "--envoy", "2", "--delta",
-         "--rate", "5", "--duration", "1", "--steady", "0.5", "--grace", "2", "--storm-timeout", "20",
-         "--results", str(tmp_path)],
-        capture_output=True, text=True, timeout=90)
+def tiny_run(tmp_path: Path, *extra: str) -> dict[str, Any]:
+    run = subprocess.run([sys.executable, str(BENCH / "load.py"), *TINY, *extra, "--results", str(tmp_path)],
+                         capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "| endpoint churn" in run.stdout
     [result_file] = tmp_path.glob("load-*.json")
-    result = json.loads(result_file.read_text())
+    result: dict[str, Any] = json.loads(result_file.read_text())
     assert result["storm"]["all_configured"] and result["storm"]["not_configured"] == 0
     assert result["churn"]["changes"] == 5 and result["churn"]["never_seen"] == 0
     assert result["churn"]["latency"]["count"] > 0
     assert result["everyone"]["all_seen"] and result["everyone"]["never_seen"] == 0
+    assert result["envoy_final_states"] == 1  # the Envoy-like clients all end holding the same
+    # The clients' count of what istiod sent during the churn agrees with istiod's own metrics
+    # (which count the resources, without the responses' envelopes).
+    churn = result["churn"]
+    assert churn["responses"] == churn["server_responses"] > 0
+    assert 0 < churn["server_bytes_per_change"] <= churn["bytes_per_change"]
+    assert result["memory_final"]["peak_rss_mb"] >= result["memory_final"]["rss_mb"] > 0
+    return result
+
+
+def test_tiny_run_on_the_config_dir_with_delta_clients(tmp_path: Path) -> None:
+    tiny_run(tmp_path, "--delta")
+
+
+@pytest.mark.skipif(not (BIN / "kube-apiserver").exists(), reason="needs the e2e binaries: make e2e-bin")
+def test_tiny_run_through_a_kube_apiserver(tmp_path: Path) -> None:
+    result = tiny_run(tmp_path, "--source", "kube")
+    assert result["churn"]["api_cpu_s"] > 0
+
+
+@pytest.mark.skipif(not (BIN / "kube-apiserver").exists(), reason="needs the e2e binaries: make e2e-bin")
+def test_sigterm_mid_run_stops_every_process_the_bench_started(tmp_path: Path) -> None:
+    bench = subprocess.Popen([sys.executable, str(BENCH / "load.py"), *TINY, "--source", "kube", "--steady", "60",
+                              "--results", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert bench.stdout is not None
+        for line in bench.stdout:
+            if line.startswith("steady:"):
+                break
+        started = {pid: Path(f"/proc/{pid}/cmdline").read_bytes() for pid in procstat.ProcessTree(bench.pid).pids()}
+        names = {cmdline.split(b"\0")[0].rsplit(b"/", 1)[-1] for cmdline in started.values()}
+        assert {b"etcd", b"kube-apiserver"} <= names, names
+        assert len(started) >= 6  # the bench, etcd, kube-apiserver, istiod, two load generator workers
+        bench.terminate()
+        assert bench.wait(60) != 0
+    finally:
+        bench.kill()
+        bench.wait()
+
+    def left() -> list[bytes]:
+        return [cmdline for pid, cmdline in started.items() if Path(f"/proc/{pid}/cmdline").exists()
+                and Path(f"/proc/{pid}/cmdline").read_bytes() == cmdline]
+
+    # multiprocessing's resource tracker leaves by itself once the bench is gone: a moment later.
+    try:
+        wait_until(lambda: not left(), 10, "every process the bench started to be gone")
+    except AssertionError:
+        raise AssertionError(f"still running: {left()}") from None
+
+
+def test_process_tree_measures_a_child_and_its_grandchild() -> None:
+    """Each of the two burns 0.3 s of its own CPU and holds 60 MB, then waits to be measured."""
+    burn = ("import sys, time\nheld = bytearray(60 << 20)\n"
+            "while time.process_time() < 0.3: pass\nprint('ready', flush=True)\nsys.stdin.read()\n")
+    parent = subprocess.Popen(
+        [sys.executable, "-c", f"import subprocess, sys\nchild = subprocess.Popen([sys.executable, '-c', {burn!r}], "
+                               f"stdin=subprocess.PIPE, stdout=sys.stdout)\nexec({burn!r})"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        assert [parent.stdout.readline() for _ in range(2)] == ["ready\n"] * 2
+        tree = procstat.ProcessTree(parent.pid)
+        assert len(tree.pids()) == 2
+        assert tree.cpu_seconds() >= 0.6 - 4 * 0.01  # /proc counts whole clock ticks: utime, stime of each
+        memory = tree.memory_mb()
+        assert memory["peak_rss_mb"] >= memory["rss_mb"] >= 120
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def held(client: loadgen.Client) -> dict[str, dict[str, bytes]]:
+    return {kind: {name: value for name, (value, _) in client.resources[type_url].items()}
+            for kind, type_url in TYPES.items()}
+
+
+def addresses(held_endpoints: dict[str, bytes]) -> dict[str, set[str]]:
+    """Cluster -> its endpoints' addresses, from serialized ClusterLoadAssignments."""
+    result = {}
+    for name, value in held_endpoints.items():
+        assignment = endpoint_pb2.ClusterLoadAssignment.FromString(value)
+        result[name] = {e.endpoint.address.socket_address.address for locality in assignment.endpoints
+                        for e in locality.lb_endpoints}
+    return result
+
+
+def envoy_config(envoy: Any) -> dict[str, dict[str, Any]] | None:
+    try:
+        return _config(envoy)
+    except KeyError:  # a kind Envoy holds none of yet is missing from its dump
+        return None
+
+
+def envoy_addresses(config: dict[str, dict[str, Any]]) -> dict[str, set[str]]:
+    return {name: {e["endpoint"]["address"]["socket_address"]["address"] for locality in c.get("endpoints", [])
+                   for e in locality.get("lb_endpoints", [])} for name, c in config["endpoints"].items()}
+
+
+async def test_envoy_like_clients_sotw_and_delta_hold_what_a_real_envoy_holds(
+    mesh_dir: Path, start_istiod: Callable[..., Istiod]
+) -> None:
+    mesh = ConfigDirMesh(mesh_dir, pods=2)
+    mesh.create(4)
+    istiod = start_istiod(mesh_dir)
+    worker = loadgen.Worker(istiod.xds_address, [loadgen.ClientSpec(0, "envoy", [], 4),
+                                                 loadgen.ClientSpec(1, "delta", [], 4)])
+    sotw, delta = worker.clients
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(worker.run_client(client, stop)) for client in worker.clients]
+
+    def services(state: dict[str, dict[str, bytes]]) -> set[int]:
+        return {s for s in range(5) if f"outbound|7070||{'.'.join(service_name(s))}.svc.cluster.local" in state["clusters"]}
+
+    async def agree(envoy: Any, want: set[int], what: str) -> dict[str, dict[str, bytes]]:
+        """Services `want` held; the delta client holds exactly what the SotW one does, and the
+        same names and endpoints as Envoy."""
+        def check() -> dict[str, dict[str, bytes]] | None:
+            config = envoy_config(envoy)
+            ours = held(sotw)
+            if config is None or held(delta) != ours or services(ours) != want:
+                return None
+            # Envoy dumps the load assignments of static clusters too; a client asks EDS for EDS clusters only.
+            config["endpoints"] = {n: e for n, e in config["endpoints"].items() if config["clusters"][n].get("type") == "EDS"}
+            if {k: set(ours[k]) for k in KINDS} != {k: set(config[k]) for k in KINDS}:
+                return None
+            return ours if addresses(ours["endpoints"]) == envoy_addresses(config) else None
+
+        try:
+            return await eventually(check, 20, what)
+        except AssertionError:
+            config = envoy_config(envoy)
+            envoy_names = {k: sorted(config[k]) for k in KINDS} if config else "warming"
+            raise AssertionError(f"{what}: sotw {summary(held(sotw))}\ndelta {summary(held(delta))}\n"
+                                 f"envoy {envoy_names}") from None
+
+    try:
+        with sidecar_envoy(istiod.xds_address, "client9", "bench", ip="10.250.0.9") as envoy:
+            await agree(envoy, {0, 1, 2, 3}, "the first config everywhere")
+            await eventually(lambda: all(synced(istiod, node_id(f"client{i}", "bench", f"10.250.0.{i}"),
+                                                ("cluster", "listener", "endpoint", "route")) for i in (0, 1)),
+                             10, "istiod to see every type ACKed by both load clients")
+
+            # An endpoint moves, a Service comes, one goes (removed_resources, EDS unsubscribed).
+            mesh.change(0, 7)
+            mesh.add(4, 2, 8)
+            (mesh_dir / f"{service_name(1)[0]}.yaml").unlink()
+            changed = await agree(envoy, {0, 2, 3, 4}, "the changes everywhere")
+            assert not any("svc1." in n for n in changed["endpoints"])
+            endpoints = addresses(changed["endpoints"])
+            assert endpoints["outbound|7070||svc0.ns0.svc.cluster.local"] == {loadgen.mark_address(7), "10.0.0.2"}
+            assert {7, 8} <= set(delta.seen) and {7, 8} <= set(sotw.seen)
+            assert not any(sum(c.streams_failed.values()) for c in worker.clients)
+    finally:
+        stop.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def summary(state: dict[str, dict[str, bytes]]) -> dict[str, list[str]]:
+    return {kind: sorted(names) for kind, names in state.items()}
