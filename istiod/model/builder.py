@@ -62,7 +62,7 @@ def build_snapshot(
     """Build the next snapshot; `changed` (None = unknown) makes it proportional to the change."""
     if previous is not None and changed is not None:
         keys: dict[str, list[Key]] = defaultdict(list)
-        for key in changed:
+        for key in dict.fromkeys(changed):  # a key changed twice is patched once
             keys[key.kind].append(key)
         if not keys.keys() & _GLOBAL_KINDS:
             return _next(objects, version, previous, keys, mesh)

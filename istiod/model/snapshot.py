@@ -138,10 +138,13 @@ class Selection:
     @classmethod
     def of(cls, services: Mapping[str, Service], workloads: Mapping[tuple[str, str], Workload],
            endpoint_slices: Mapping[tuple[str, str], EndpointSlice]) -> Selection:
-        by_namespace = _grouped(((w.namespace, w) for w in workloads.values()), _pod_order)
-        labels = {ns: _grouped(((label, w) for w in pods for label in w.labels), _pod_order)
-                  for ns, pods in by_namespace.items()}
-        return cls(labels, _slices(endpoint_slices.values()), _namespaces(services))
+        labels: dict[str, dict[tuple[str, str], list[Workload]]] = defaultdict(lambda: defaultdict(list))
+        for workload in workloads.values():
+            for label in workload.labels:
+                labels[workload.namespace][label].append(workload)
+        return cls({ns: {label: tuple(sorted(pods, key=_pod_order)) for label, pods in index.items()}
+                    for ns, index in labels.items()},
+                   _slices(endpoint_slices.values()), _namespaces(services))
 
     def with_services(self, services: Mapping[str, Service]) -> Selection:
         return Selection(self.labels, self.slices, _namespaces(services))
