@@ -94,6 +94,8 @@ def _others(draw: st.DrawFn) -> dict[str, Any]:
     return draw(st.sampled_from((
         {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node1", "labels": {"topology.kubernetes.io/zone": "z1"}}},
         {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node1", "labels": {"topology.kubernetes.io/zone": "z2"}}},
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node1", "labels": {"topology.kubernetes.io/zone": "z2"}},
+         "status": {"conditions": [{"type": "Ready", "status": "True"}]}},  # a status update: no locality moves
         {"apiVersion": "v1", **_meta("PersistentVolumeClaim", "data", "n1"), "spec": {"volumeName": "pv1"}},
         {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "pv1"}, "spec": {"capacity": {"storage": "1Gi"}}},
     )))
@@ -117,6 +119,7 @@ def _assert_same(incremental: Snapshot, whole: Snapshot) -> None:
     assert dict(incremental.endpoint_slices) == dict(whole.endpoint_slices)
     assert incremental.config == whole.config
     assert incremental.volumes == whole.volumes
+    assert dict(incremental.nodes) == dict(whole.nodes)
     assert isinstance(incremental.lookups, Lookups) and isinstance(whole.lookups, Lookups)
     assert dict(incremental.lookups.aliases) == dict(whole.lookups.aliases)
     assert dict(incremental.lookups.inbound) == dict(whole.lookups.inbound)

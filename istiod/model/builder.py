@@ -25,8 +25,9 @@ from istiod.model.snapshot import EndpointKey, Selection, Snapshot, VolumeMount
 from istiod.model.storage import PersistentVolume, PersistentVolumeClaim
 from istiod.model.workload import Workload
 
-# Changes to these kinds can move any endpoint (locality, finished jobs), so they rebuild all.
-_GLOBAL_KINDS = frozenset({"Node", "Job", "Namespace"})
+# Changes to these kinds can move any endpoint (finished jobs), so they rebuild all; so does a
+# Node change that moves a locality (one that does not, a status update, costs nothing).
+_GLOBAL_KINDS = frozenset({"Job", "Namespace"})
 _SERVICE_KINDS = frozenset({"Service", "ServiceEntry", "WorkloadEntry"})  # what the services map is made of
 
 
@@ -64,7 +65,8 @@ def build_snapshot(
         keys: dict[str, list[Key]] = defaultdict(list)
         for key in dict.fromkeys(changed):  # a key changed twice is patched once
             keys[key.kind].append(key)
-        if not keys.keys() & _GLOBAL_KINDS:
+        nodes = _nodes(objects) if "Node" in keys else previous.nodes
+        if not keys.keys() & _GLOBAL_KINDS and nodes == previous.nodes:
             return _next(objects, version, previous, keys, mesh)
     return _whole(objects, version, previous, mesh)
 
@@ -77,7 +79,8 @@ def _whole(objects: ObjectValues[Key], version: str, previous: Snapshot | None, 
     endpoint_slices: dict[tuple[str, str], EndpointSlice] = {
         (s.namespace, s.name): s for s in objects.values("EndpointSlice")}
     selection = Selection.of(services, workloads, endpoint_slices)
-    context = _EndpointContext(workloads, _nodes(objects), jobs, selection)
+    nodes = _nodes(objects)
+    context = _EndpointContext(workloads, nodes, jobs, selection)
     endpoints: dict[EndpointKey, tuple[Endpoint, ...]] = {}
     old = previous.endpoints if previous is not None else {}
     for hostname, (_, by_port) in entries.items():
@@ -99,6 +102,7 @@ def _whole(objects: ObjectValues[Key], version: str, previous: Snapshot | None, 
         config=config,
         volumes=_volume_mounts(objects.values("PersistentVolume"), objects.values("PersistentVolumeClaim"), workloads),
         endpoint_slices=MappingProxyType(endpoint_slices),
+        nodes=MappingProxyType(nodes),
         selection=selection,
     )
 
@@ -164,7 +168,7 @@ def _next(objects: ObjectValues[Key], version: str, previous: Snapshot, keys: Ma
     for hostname, (_, by_port) in entries.items():
         for port_number, entry_endpoints in by_port.items():
             put((hostname, port_number), entry_endpoints)
-    context = _EndpointContext(workloads, _nodes(objects), previous.jobs, selection)
+    context = _EndpointContext(workloads, previous.nodes, previous.jobs, selection)
     for namespace, name in dirty:
         for service in selection.namespaces.get(namespace, ()):
             if service.name == name and services.get(service.hostname) is service:
@@ -186,6 +190,7 @@ def _next(objects: ObjectValues[Key], version: str, previous: Snapshot, keys: Ma
         config=config,
         volumes=volumes,
         endpoint_slices=endpoint_slices,
+        nodes=previous.nodes,
         lookups=previous.lookups.updated(previous, services, endpoints, hosts, changed_keys),
         selection=selection,
     )

@@ -17,7 +17,7 @@ from istiod.model.batch import CronJob, Job
 from istiod.model.config import ConfigSet
 from istiod.model.endpointslice import EndpointSlice
 from istiod.model.mesh import MeshConfig
-from istiod.model.service import Endpoint, Service
+from istiod.model.service import Endpoint, Locality, Service
 from istiod.model.storage import PersistentVolume, PersistentVolumeClaim
 from istiod.model.workload import Workload
 
@@ -202,6 +202,7 @@ class Snapshot:
     mesh: MeshConfig = MeshConfig()
     config: ConfigSet = ConfigSet()  # Istio's config objects (VirtualService, DestinationRule, ...)
     endpoint_slices: Mapping[tuple[str, str], EndpointSlice] = field(default_factory=dict)  # (namespace, name)
+    nodes: Mapping[str, Locality] = field(default_factory=dict)  # by Node name
     # Derived from the fields above; given by the builder when it moved them from the previous snapshot.
     lookups: Lookups | None = field(default=None, compare=False, repr=False)
     selection: Selection | None = field(default=None, compare=False, repr=False)
