@@ -69,9 +69,11 @@ class ConfigSet:
 
     def destination_rule_for(self, proxy_namespace: str, proxy_labels: Mapping[str, str], host: str,
                              service_namespace: str, root_namespace: str) -> DestinationRule | None:
-        rules = self._in("destination_rules", proxy_namespace, service_namespace, root_namespace)
-        if not rules:  # asked per cluster, per proxy, per push: most namespaces have none
+        grouped = self._grouped("destination_rules")
+        # Asked per cluster, per proxy, per push, and most namespaces have none: no list, no walk.
+        if not (proxy_namespace in grouped or service_namespace in grouped or root_namespace in grouped):
             return None
+        rules = self._in("destination_rules", proxy_namespace, service_namespace, root_namespace)
         return scope.destination_rule_for(rules, proxy_namespace, proxy_labels, host, service_namespace, root_namespace)
 
     def virtual_service_for_host(self, namespace: str, host: str, gateway: str = MESH_GATEWAY) -> VirtualService | None:
