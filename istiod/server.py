@@ -65,7 +65,8 @@ class Discovery:
         self.source: ConfigDirSource | KubeSource | None = None
         self.publisher: RootCertPublisher | None = None
         self.election: LeaderElection | None = None
-        self.pusher = Pusher(self.store, settings.debounce_after, settings.debounce_max, settings.mesh)
+        self.pusher = Pusher(self.store, settings.debounce_after, settings.debounce_max, settings.mesh,
+                             settings.eds_debounce)
         self.ads = DiscoveryServer(lambda: self.pusher.snapshot, settings.push_concurrency, settings.xds_send_timeout)
         self.pusher.subscribe(self.ads.on_push)
         self.supervisor = Supervisor()

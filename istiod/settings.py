@@ -47,7 +47,8 @@ class Settings:
     http_addr: Address
     domain: str = DEFAULT_DOMAIN
     debounce_after: float = 0.1
-    debounce_max: float = 1.0
+    debounce_max: float = 10.0
+    eds_debounce: bool = True  # PILOT_ENABLE_EDS_DEBOUNCE: off pushes endpoint-only changes at once
     push_concurrency: int = 100
     poll_interval: float = 0.25
     ports_file: Path | None = None
@@ -84,6 +85,15 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _bool(text: str) -> bool:
+    """Go's strconv.ParseBool, as istiod reads its boolean variables."""
+    if text in ("1", "t", "T", "true", "TRUE", "True"):
+        return True
+    if text in ("0", "f", "F", "false", "FALSE", "False"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} must be true or false")
+
+
 def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
     # pilot-discovery's camelCase spellings are aliases, so istiod's manifests and habits work unchanged.
     env = os.environ.get
@@ -117,8 +127,12 @@ def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
                         help="cluster DNS domain (default cluster.local)")
     parser.add_argument("--debounce-after", type=_seconds, default=env_default("PILOT_DEBOUNCE_AFTER", "100ms", _seconds),
                         help="quiet time before a push (default 100ms)")
-    parser.add_argument("--debounce-max", type=_seconds, default=env_default("PILOT_DEBOUNCE_MAX", "1s", _seconds),
-                        help="longest a push waits for quiet (default 1s)")
+    parser.add_argument("--debounce-max", type=_seconds, default=env_default("PILOT_DEBOUNCE_MAX", "10s", _seconds),
+                        help="longest a push waits for quiet (default 10s)")
+    parser.add_argument("--enable-eds-debounce", dest="eds_debounce", type=_bool,
+                        default=env_default("PILOT_ENABLE_EDS_DEBOUNCE", "true", _bool),
+                        help="hold changes that only move endpoints for --debounce-after; false pushes them"
+                             " at once (default true)")
     parser.add_argument("--push-concurrency", type=_positive_int,
                         default=env_default("PILOT_PUSH_THROTTLE", "100", _positive_int),
                         help="connections sending a push at once (default 100)")
@@ -224,6 +238,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         domain=args.domain,
         debounce_after=args.debounce_after,
         debounce_max=args.debounce_max,
+        eds_debounce=args.eds_debounce,
         push_concurrency=args.push_concurrency,
         poll_interval=args.poll_interval,
         ports_file=args.ports_file,

@@ -19,6 +19,7 @@ from istiod.model.builder import build_snapshot
 from istiod.model.mesh import MeshConfig
 from istiod.model.proxy import proxy_from_node
 from istiod.model.snapshot import Snapshot
+from istiod.sources.convert import ObjectKey
 from istiod.sources.store import Store
 from istiod.xds import types
 from istiod.xds.cache import ResourceCache
@@ -178,11 +179,14 @@ def test_routes_and_clusters_are_cached_across_snapshots_until_their_inputs_chan
     names = [ROUTE_NAME, f"outbound|9080|v2|{HOST}"]
 
     snapshots: list[Snapshot] = []
+    changed: list[ObjectKey] = []
+    store.subscribe(lambda change: changed.append(change.key))
 
     def generate(version: str) -> list[Any]:
-        # As the server builds them: from the previous one, whose unchanged endpoints carry over.
-        snapshot = build_snapshot(store, version, previous=snapshots[-1] if snapshots else None, changed=())
+        # As the server builds them: from the previous one and what changed since, the rest carried over.
+        snapshot = build_snapshot(store, version, previous=snapshots[-1] if snapshots else None, changed=list(changed))
         snapshots.append(snapshot)
+        changed.clear()
         return [*PROXYLESS_GRPC[types.ROUTE](snapshot, proxy, names[:1], cache),
                 *PROXYLESS_GRPC[types.CLUSTER](snapshot, proxy, names[1:], cache)]
 

@@ -63,13 +63,23 @@ def test_every_duration_flag_takes_go_durations_only(flag: str, tmp_path: Path, 
 @pytest.mark.parametrize("variable, value", [
     ("PILOT_DEBOUNCE_AFTER", "100"), ("PILOT_DEBOUNCE_MAX", "-1s"), ("DEFAULT_WORKLOAD_CERT_TTL", "nan"),
     ("MAX_WORKLOAD_CERT_TTL", "90d"), ("SECRET_TTL", "24"), ("GRPC_ADDR", "15010"), ("HTTP_ADDR", "x:y"),
-    ("PILOT_PUSH_THROTTLE", "0"),
+    ("PILOT_PUSH_THROTTLE", "0"), ("PILOT_ENABLE_EDS_DEBOUNCE", "maybe"),
 ])
 def test_bad_environment_values_name_the_variable(variable: str, value: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(variable, value)
     with pytest.raises(SystemExit) as exit:
         build_parser()
     assert str(exit.value.code).startswith(f"istiod: environment variable {variable}={value!r} is not valid: ")
+
+
+def test_debounce_defaults_and_variables_are_istiods(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    defaults = settings("--config-dir", str(tmp_path))
+    assert (defaults.debounce_after, defaults.debounce_max, defaults.eds_debounce) == (0.1, 10.0, True)
+    monkeypatch.setenv("PILOT_DEBOUNCE_MAX", "2s")
+    monkeypatch.setenv("PILOT_ENABLE_EDS_DEBOUNCE", "false")
+    from_env = settings("--config-dir", str(tmp_path))
+    assert (from_env.debounce_max, from_env.eds_debounce) == (2.0, False)
+    assert settings("--config-dir", str(tmp_path), "--enable-eds-debounce", "1").eds_debounce
 
 
 def test_environment_durations_use_the_same_grammar(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

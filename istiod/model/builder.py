@@ -1,35 +1,34 @@
 """Store contents -> Snapshot. Pure: reads model values, writes nothing.
 
-Endpoints are rebuilt only for Services in namespaces whose Pods, EndpointSlices or Services
-changed; every other endpoint list is carried over from the previous snapshot as the same object.
+Given the previous snapshot and the keys that changed since, a build costs what changed: maps and
+config kinds that did not change are carried over as the same objects, changed Pods and
+EndpointSlices are patched into copies, only the Services they (or a changed Service) select get
+their endpoints recomputed, and the snapshot's indexes are moved along (istiod/model/snapshot.py).
+Without them, or when a kind that can move any endpoint changed, everything is built afresh.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from functools import cached_property
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from istiod.model.batch import CronJob, Job
 from istiod.model.cluster import Node
 from istiod.model.config import ConfigSet
-from istiod.model.entries import service_entry_services
+from istiod.model.entries import EntryServices, service_entry_services
 from istiod.model.endpointslice import EndpointSlice
 from istiod.model.mesh import MeshConfig
 from istiod.model.service import Endpoint, Locality, Port, Service
-from istiod.model.snapshot import Snapshot, VolumeMount
+from istiod.model.snapshot import EndpointKey, Selection, Snapshot, VolumeMount
 from istiod.model.storage import PersistentVolume, PersistentVolumeClaim
 from istiod.model.workload import Workload
 
-# Changes to these kinds can move any endpoint (locality, finished jobs), so they rebuild all.
-_GLOBAL_KINDS = frozenset({"Node", "Job", "Namespace"})
-_NAMESPACED_ENDPOINT_KINDS = frozenset({"Service", "Pod", "EndpointSlice"})
-
-
-class ObjectValues(Protocol):
-    def values(self, kind: str) -> Iterable[Any]: ...
+# Changes to these kinds can move any endpoint (finished jobs), so they rebuild all; so does a
+# Node change that moves a locality (one that does not, a status update, costs nothing).
+_GLOBAL_KINDS = frozenset({"Job", "Namespace"})
+_SERVICE_KINDS = frozenset({"Service", "ServiceEntry", "WorkloadEntry"})  # what the services map is made of
 
 
 class ChangedKey(Protocol):  # read-only, so frozen dataclasses such as ObjectKey satisfy it
@@ -41,105 +40,221 @@ class ChangedKey(Protocol):  # read-only, so frozen dataclasses such as ObjectKe
     def name(self) -> str: ...
 
 
+class Stored(Protocol):
+    @property
+    def value(self) -> Any: ...
+
+
+Key = TypeVar("Key", bound=ChangedKey, contravariant=True)
+
+
+class ObjectValues(Protocol[Key]):
+    def values(self, kind: str) -> Iterable[Any]: ...
+    def get(self, key: Key, /) -> Stored | None: ...
+
+
 def build_snapshot(
-    objects: ObjectValues,
+    objects: ObjectValues[Key],
     version: str,
     previous: Snapshot | None = None,
-    changed: Iterable[ChangedKey] | None = None,
+    changed: Iterable[Key] | None = None,
     mesh: MeshConfig = MeshConfig(),
 ) -> Snapshot:
-    """Build the next snapshot; `changed` (None = unknown) lets unchanged endpoints carry over."""
-    services = {s.hostname: s for s in objects.values("Service")}
+    """Build the next snapshot; `changed` (None = unknown) makes it proportional to the change."""
+    if previous is not None and changed is not None:
+        keys: dict[str, list[Key]] = defaultdict(list)
+        for key in dict.fromkeys(changed):  # a key changed twice is patched once
+            keys[key.kind].append(key)
+        nodes = _nodes(objects) if "Node" in keys else previous.nodes
+        if not keys.keys() & _GLOBAL_KINDS and nodes == previous.nodes:
+            return _next(objects, version, previous, keys, mesh)
+    return _whole(objects, version, previous, mesh)
+
+
+def _whole(objects: ObjectValues[Key], version: str, previous: Snapshot | None, mesh: MeshConfig) -> Snapshot:
     config = ConfigSet.collect(objects)
-    entries = service_entry_services(config, services)
-    services.update({hostname: service for hostname, (service, _) in entries.items()})
+    services, entries = _services(objects, config)
     workloads: dict[tuple[str, str], Workload] = {(w.namespace, w.name): w for w in objects.values("Pod")}
-    nodes: dict[str, Locality] = {n.name: n.locality for n in objects.values("Node") if isinstance(n, Node)}
     jobs: dict[tuple[str, str], Job] = {(j.namespace, j.name): j for j in objects.values("Job")}
-    cronjobs: dict[tuple[str, str], CronJob] = {(c.namespace, c.name): c for c in objects.values("CronJob")}
-    slices: dict[tuple[str, str], list[EndpointSlice]] = defaultdict(list)
-    for endpoint_slice in objects.values("EndpointSlice"):
-        if endpoint_slice.service:
-            slices[(endpoint_slice.namespace, endpoint_slice.service)].append(endpoint_slice)
-
-    dirty = _dirty_namespaces(changed) if previous is not None else None
-    context = _EndpointContext(workloads, nodes, jobs)
-    endpoints: dict[tuple[str, int], tuple[Endpoint, ...]] = {}
-    for hostname, (service, by_port) in entries.items():
+    endpoint_slices: dict[tuple[str, str], EndpointSlice] = {
+        (s.namespace, s.name): s for s in objects.values("EndpointSlice")}
+    selection = Selection.of(services, workloads, endpoint_slices)
+    nodes = _nodes(objects)
+    context = _EndpointContext(workloads, nodes, jobs, selection)
+    endpoints: dict[EndpointKey, tuple[Endpoint, ...]] = {}
+    old = previous.endpoints if previous is not None else {}
+    for hostname, (_, by_port) in entries.items():
         for port_number, entry_endpoints in by_port.items():
-            endpoints[(hostname, port_number)] = entry_endpoints
+            endpoints[(hostname, port_number)] = _kept(old.get((hostname, port_number)), entry_endpoints)
     for service in services.values():
-        if service.hostname in entries:
-            continue
-        for port in service.ports:
-            key = (service.hostname, port.port)
-            old = previous.endpoints.get(key) if previous is not None else None
-            if old is not None and dirty is not None and service.namespace not in dirty:
-                endpoints[key] = old
-                continue
-            new = tuple(
-                context.slice_endpoints(service, port, slices[(service.namespace, service.name)])
-                if (service.namespace, service.name) in slices
-                else context.selected_endpoints(service, port)
-            )
-            endpoints[key] = old if old == new else new
-
+        if service.hostname not in entries:
+            for port in service.ports:
+                key = (service.hostname, port.port)
+                endpoints[key] = _kept(old.get(key), context.endpoints(service, port))
     return Snapshot(
         version=version,
         services=MappingProxyType(services),
         endpoints=MappingProxyType(endpoints),
         workloads=MappingProxyType(workloads),
         jobs=MappingProxyType(jobs),
-        cronjobs=MappingProxyType(cronjobs),
+        cronjobs=MappingProxyType(_cronjobs(objects)),
         mesh=mesh,
         config=config,
         credentials=MappingProxyType({(c.namespace, c.name): c for c in objects.values("Secret")}),
         volumes=_volume_mounts(objects.values("PersistentVolume"), objects.values("PersistentVolumeClaim"), workloads),
+        endpoint_slices=MappingProxyType(endpoint_slices),
+        nodes=MappingProxyType(nodes),
+        selection=selection,
     )
 
 
-def _dirty_namespaces(changed: Iterable[ChangedKey] | None) -> set[str] | None:
-    """Namespaces whose endpoints may have moved; None means all of them."""
-    if changed is None:
-        return None
-    namespaces = set()
-    for key in changed:
-        if key.kind in _GLOBAL_KINDS:
-            return None
-        if key.kind in _NAMESPACED_ENDPOINT_KINDS:
-            namespaces.add(key.namespace)
-    return namespaces
+def _next(objects: ObjectValues[Key], version: str, previous: Snapshot, keys: Mapping[str, list[Key]],
+          mesh: MeshConfig) -> Snapshot:
+    assert previous.selection is not None and previous.lookups is not None  # set by Snapshot.__post_init__
+    selection = previous.selection
+    config = ConfigSet.collect(objects, previous.config, keys.keys())
+
+    workloads = previous.workloads
+    pods = [(k.namespace, k.name) for k in keys.get("Pod", ())]
+    if pods:
+        workloads = _patched(previous.workloads, objects, keys["Pod"])
+        selection = selection.with_pods(previous.workloads, workloads, pods)
+    endpoint_slices = previous.endpoint_slices
+    slices = {(k.namespace, k.name) for k in keys.get("EndpointSlice", ())}
+    if slices:
+        endpoint_slices = _patched(previous.endpoint_slices, objects, keys["EndpointSlice"])
+        selection = selection.with_slices(previous.endpoint_slices, endpoint_slices, slices)
+
+    services: Mapping[str, Service] = previous.services
+    entries: EntryServices = {}
+    hosts: set[str] = set()  # hostnames whose Service is new, gone or changed
+    if keys.keys() & _SERVICE_KINDS:
+        fresh, entries = _services(objects, config)
+        for hostname in fresh.keys() | previous.services.keys():
+            old, new = previous.services.get(hostname), fresh.get(hostname)
+            if new is not None and old is not None and new is not old and new == old:
+                fresh[hostname] = old  # an equal ServiceEntry host made anew: keep the shared object
+            elif new is not old:
+                hosts.add(hostname)
+        services = MappingProxyType(fresh)
+        selection = selection.with_services(services)
+
+    # Kubernetes Services whose endpoints may have moved: those a changed Pod was or is selected
+    # by or named in, those a changed slice belongs to, and the changed Services themselves.
+    dirty = {(s.namespace, s.name) for h in hosts if (s := services.get(h)) is not None and not s.external_host}
+    for key in slices:
+        dirty.update((s.namespace, s.service) for s in (previous.endpoint_slices.get(key), endpoint_slices.get(key))
+                     if s is not None)
+    for namespace, name in pods:
+        old_pod, new_pod = previous.workloads.get((namespace, name)), workloads.get((namespace, name))
+        for service in selection.namespaces.get(namespace, ()):
+            if (_selects(service, old_pod) or _selects(service, new_pod)
+                    or any(e.pod == name for s in selection.slices.get((namespace, service.name), ())
+                           for e in s.endpoints)):
+                dirty.add((namespace, service.name))
+
+    endpoints = dict(previous.endpoints)
+    changed_keys: set[EndpointKey] = set()  # whose endpoints or Service changed
+    for hostname in hosts:
+        for either in (previous.services.get(hostname), services.get(hostname)):
+            for port in either.ports if either is not None else ():
+                changed_keys.add((hostname, port.port))
+                endpoints.pop((hostname, port.port), None)
+
+    def put(key: EndpointKey, new: Iterable[Endpoint]) -> None:
+        endpoints[key] = kept = _kept(previous.endpoints.get(key), new)
+        if kept is not previous.endpoints.get(key):
+            changed_keys.add(key)
+
+    for hostname, (_, by_port) in entries.items():
+        for port_number, entry_endpoints in by_port.items():
+            put((hostname, port_number), entry_endpoints)
+    context = _EndpointContext(workloads, previous.nodes, previous.jobs, selection)
+    for namespace, name in dirty:
+        for service in selection.namespaces.get(namespace, ()):
+            if service.name == name and services.get(service.hostname) is service:
+                for port in service.ports:
+                    put((service.hostname, port.port), context.endpoints(service, port))
+
+    volumes = previous.volumes
+    if (keys.keys() & {"PersistentVolume", "PersistentVolumeClaim"}
+            or any(w.claims for k in pods for w in (previous.workloads.get(k), workloads.get(k)) if w is not None)):
+        volumes = _volume_mounts(objects.values("PersistentVolume"), objects.values("PersistentVolumeClaim"), workloads)
+    return Snapshot(
+        version=version,
+        services=services,
+        endpoints=MappingProxyType(endpoints),
+        workloads=workloads,
+        jobs=previous.jobs,
+        cronjobs=MappingProxyType(_cronjobs(objects)) if "CronJob" in keys else previous.cronjobs,
+        mesh=mesh,
+        config=config,
+        credentials=(MappingProxyType({(c.namespace, c.name): c for c in objects.values("Secret")})
+                     if "Secret" in keys else previous.credentials),
+        volumes=volumes,
+        endpoint_slices=endpoint_slices,
+        nodes=previous.nodes,
+        lookups=previous.lookups.updated(previous, services, endpoints, hosts, changed_keys),
+        selection=selection,
+    )
+
+
+def _services(objects: ObjectValues[Key], config: ConfigSet) -> tuple[dict[str, Service], EntryServices]:
+    """Kubernetes Services and ServiceEntry hosts by hostname, and the hosts' own endpoints."""
+    services = {s.hostname: s for s in objects.values("Service")}
+    entries = service_entry_services(config, services)
+    services.update({hostname: service for hostname, (service, _) in entries.items()})
+    return services, entries
+
+
+def _patched(before: Mapping[tuple[str, str], Any], objects: ObjectValues[Key],
+             keys: Iterable[Key]) -> Mapping[tuple[str, str], Any]:
+    """A copy of a (namespace, name) map with the changed keys' current values (gone when deleted)."""
+    result = dict(before)
+    for key in keys:
+        stored = objects.get(key)
+        if stored is None:
+            result.pop((key.namespace, key.name), None)
+        else:
+            result[(key.namespace, key.name)] = stored.value
+    return MappingProxyType(result)
+
+
+def _kept(old: tuple[Endpoint, ...] | None, new: Iterable[Endpoint]) -> tuple[Endpoint, ...]:
+    """The previous tuple object while it stays equal, so caches keyed on identity stay warm."""
+    endpoints = tuple(new)
+    return old if old == endpoints and old is not None else endpoints
+
+
+def _selects(service: Service, workload: Workload | None) -> bool:
+    return bool(service.selector) and workload is not None and all(label in workload.labels for label in service.selector)
+
+
+def _nodes(objects: ObjectValues[Key]) -> dict[str, Locality]:
+    return {n.name: n.locality for n in objects.values("Node") if isinstance(n, Node)}
+
+
+def _cronjobs(objects: ObjectValues[Key]) -> dict[tuple[str, str], CronJob]:
+    return {(c.namespace, c.name): c for c in objects.values("CronJob")}
 
 
 class _EndpointContext:
     def __init__(
         self,
-        workloads: dict[tuple[str, str], Workload],
-        nodes: dict[str, Locality],
-        jobs: dict[tuple[str, str], Job],
+        workloads: Mapping[tuple[str, str], Workload],
+        nodes: Mapping[str, Locality],
+        jobs: Mapping[tuple[str, str], Job],
+        selection: Selection,
     ) -> None:
         self.workloads = workloads
         self.nodes = nodes
         self.jobs = jobs
-        self._labels: dict[str, dict[tuple[str, str], list[Workload]]] = {}
+        self.selection = selection
 
-    @cached_property
-    def _by_namespace(self) -> dict[str, list[Workload]]:
-        grouped: dict[str, list[Workload]] = defaultdict(list)
-        for workload in self.workloads.values():
-            grouped[workload.namespace].append(workload)
-        return grouped
-
-    def labelled(self, namespace: str, key: str, value: str) -> list[Workload]:
-        """Pods of a namespace with one label, from an index built on first use per namespace, so
-        a push that rebuilds one namespace indexes only that one."""
-        index = self._labels.get(namespace)
-        if index is None:
-            index = self._labels[namespace] = defaultdict(list)
-            for workload in self._by_namespace.get(namespace, ()):
-                for label in workload.labels:
-                    index[label].append(workload)
-        return index.get((key, value), [])
+    def endpoints(self, service: Service, port: Port) -> list[Endpoint]:
+        """From the Service's EndpointSlices when it has some, else the Pods its selector picks."""
+        slices = self.selection.slices.get((service.namespace, service.name))
+        return self.slice_endpoints(service, port, slices) if slices else self.selected_endpoints(service, port)
 
     def serving(self, workload: Workload) -> bool:
         """Pods that finished (their own phase, or their Job's) leave the endpoints entirely."""
@@ -170,7 +285,7 @@ class _EndpointContext:
             namespace=workload.namespace,
         )
 
-    def slice_endpoints(self, service: Service, port: Port, slices: list[EndpointSlice]) -> list[Endpoint]:
+    def slice_endpoints(self, service: Service, port: Port, slices: Iterable[EndpointSlice]) -> list[Endpoint]:
         result: dict[tuple[str, int], Endpoint] = {}
         for endpoint_slice in slices:
             numbers = [number for name, number in endpoint_slice.ports if name == port.name]
@@ -191,7 +306,7 @@ class _EndpointContext:
         if not service.selector:
             return []
         result = []
-        candidates = min((self.labelled(service.namespace, k, v) for k, v in service.selector), key=len)
+        candidates = min((self.selection.labelled(service.namespace, label) for label in service.selector), key=len)
         for workload in candidates:
             if not workload.ip or not self.serving(workload):
                 continue
@@ -209,7 +324,7 @@ class _EndpointContext:
 def _volume_mounts(
     volumes: Iterable[PersistentVolume],
     claims: Iterable[PersistentVolumeClaim],
-    workloads: dict[tuple[str, str], Workload],
+    workloads: Mapping[tuple[str, str], Workload],
 ) -> tuple[VolumeMount, ...]:
     claims_by_key = {(c.namespace, c.name): c for c in claims}
     claims_by_volume = {c.volume_name: c for c in claims_by_key.values() if c.volume_name}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 DEFAULT_DOMAIN = "cluster.local"
 INBOUND_LISTENER_PREFIX = "xds.istio.io/grpc/lds/inbound/"
@@ -20,6 +21,8 @@ def inbound_cluster_name(port: int) -> str:
     return f"inbound|{port}||"
 
 
+# Parsed per requested name, per proxy, per push: cached (bounded, as clients choose the names).
+@lru_cache(maxsize=16384)
 def parse_cluster_name(name: str) -> tuple[str, int, str, str]:
     """Split `direction|port|subset|host`; raises ValueError for anything else."""
     parts = name.split("|")
@@ -36,6 +39,7 @@ def join_host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+@lru_cache(maxsize=16384)
 def split_host_port(value: str, *, allow_empty_host: bool = False, allow_zero_port: bool = False) -> tuple[str, int]:
     """`host:port` or `[v6]:port` -> (host, port); raises ValueError.
 

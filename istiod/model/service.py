@@ -46,16 +46,16 @@ class Service:
     external_host: str = ""
     resolution: Resolution | None = None
     hostname: str = field(init=False)  # <name>.<namespace>.svc.<domain>, or the ServiceEntry's host
+    # The host spellings a proxyless client may use for it, longest first.
+    aliases: tuple[str, ...] = field(init=False, compare=False, repr=False)
+    # Derived once: generators look ports up per cluster name, per proxy, per push.
+    _by_number: dict[int, Port] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hostname", self.external_host or service_hostname(self.name, self.namespace, self.domain))
-
-    @property
-    def aliases(self) -> tuple[str, ...]:
-        """The host spellings a proxyless client may use for it, longest first."""
-        if self.external_host:
-            return (self.external_host,)
-        return listener_host_aliases(self.name, self.namespace, self.domain)
+        object.__setattr__(self, "aliases", (self.external_host,) if self.external_host
+                           else listener_host_aliases(self.name, self.namespace, self.domain))
+        object.__setattr__(self, "_by_number", {p.port: p for p in reversed(self.ports)})  # the first wins, as a scan
 
     @property
     def dns_resolved(self) -> bool:
@@ -63,7 +63,7 @@ class Service:
         return self.resolution in (Resolution.DNS, Resolution.DNS_ROUND_ROBIN)
 
     def port(self, number: int) -> Port | None:
-        return next((p for p in self.ports if p.port == number), None)
+        return self._by_number.get(number)
 
     def cluster_name(self, port: int) -> str:
         return outbound_cluster_name(port, self.hostname)

@@ -1,8 +1,14 @@
 """The pusher: debounces store changes into new snapshots and announces them.
 
-Like istiod: a change starts a debounce window that closes after `debounce_after` of quiet, or
-`debounce_max` after the first change, whichever comes first; then one snapshot is built from the
-store and handed to every subscriber (the ADS server), which pushes only what changed.
+Like istiod (PILOT_DEBOUNCE_AFTER, PILOT_DEBOUNCE_MAX, PILOT_ENABLE_EDS_DEBOUNCE): a change starts
+a debounce window that closes after `debounce_after` of quiet, or `debounce_max` after the first
+change, whichever comes first; then one snapshot is built from the store (from the previous one and
+what changed) and handed to every subscriber (the ADS server), which pushes only what changed.
+
+Changes that only move endpoints (Pods, EndpointSlices, WorkloadEntries: istiod's incremental EDS
+updates) are not held to that when nothing else is pending: they are published `debounce_after`
+after the first of them however busy the churn (quiet or not), or at once with EDS debounce off.
+Joined by any other change, the batch is debounced as a whole, as istiod merges the two.
 """
 
 from __future__ import annotations
@@ -41,20 +47,28 @@ class PushEvent:
 Subscriber = Callable[[PushEvent], None]
 
 
+# Kinds whose changes only move endpoints: pushed on the incremental EDS path.
+ENDPOINT_KINDS = frozenset({"Pod", "EndpointSlice", "WorkloadEntry"})
+
+
 class Pusher:
     def __init__(
-        self, store: Store, debounce_after: float = 0.1, debounce_max: float = 1.0, mesh: MeshConfig = MeshConfig()
+        self, store: Store, debounce_after: float = 0.1, debounce_max: float = 10.0, mesh: MeshConfig = MeshConfig(),
+        eds_debounce: bool = True, clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self.mesh = mesh
         self.debounce_after = debounce_after
         self.debounce_max = debounce_max
+        self.eds_debounce = eds_debounce
+        self._clock = clock
         self.snapshot = build_snapshot(store, _version(0), mesh=mesh)
         self._subscribers: list[Subscriber] = []
         self._changed: set[ObjectKey] = set()
         self._kinds: Counter[str] = Counter()
         self._first = 0.0
         self._last = 0.0
+        self._endpoints_only = True  # every pending change only moves endpoints
         self._wake = asyncio.Event()
         self._count = 0
         store.subscribe(self.on_change)
@@ -63,18 +77,29 @@ class Pusher:
         self._subscribers.append(subscriber)
 
     def on_change(self, change: Change) -> None:
-        now = time.monotonic()
+        now = self._clock()
         if not self._changed:
             self._first = now
         self._last = now
         self._changed.add(change.key)
         self._kinds[change.key.kind] += 1
+        self._endpoints_only = self._endpoints_only and change.key.kind in ENDPOINT_KINDS
         self._wake.set()
+
+    def due_in(self, now: float) -> float:
+        """Seconds until the pending changes are to be published; 0: now."""
+        if self._endpoints_only:
+            if not self.eds_debounce:
+                return 0.0
+            closes = self._first + self.debounce_after
+        else:
+            closes = min(self._last + self.debounce_after, self._first + self.debounce_max)
+        return max(0.0, closes - now)
 
     async def run(self) -> None:
         while True:
             await self._wake.wait()
-            while (delay := min(self._last + self.debounce_after, self._first + self.debounce_max) - time.monotonic()) > 0:
+            while self._changed and (delay := self.due_in(self._clock())) > 0:
                 await asyncio.sleep(delay)
             if self._changed:
                 self.publish()
@@ -83,8 +108,8 @@ class Pusher:
     def publish(self, full: bool = False) -> PushEvent:
         """Build a snapshot from the store now and announce it; `full` rebuilds every endpoint."""
         changed, reason = self._changed, dict(self._kinds)
-        debounced = time.monotonic() - self._first if changed else 0.0
-        self._changed, self._kinds = set(), Counter()
+        debounced = self._clock() - self._first if changed else 0.0
+        self._changed, self._kinds, self._endpoints_only = set(), Counter(), True
         self._wake.clear()
         started = time.perf_counter()
         self._count += 1

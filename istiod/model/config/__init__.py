@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -46,12 +46,17 @@ class ConfigSet:
     _index: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def collect(cls, objects: _Values) -> ConfigSet:
-        v = objects.values
-        return cls(_sorted(v("VirtualService")), _sorted(v("DestinationRule")), _sorted(v("ServiceEntry")),
-                   _sorted(v("Gateway")), _sorted(v("Sidecar")), _sorted(v("WorkloadEntry")),
-                   _sorted(v("PeerAuthentication")), _sorted(v("AuthorizationPolicy")),
-                   _sorted(v("RequestAuthentication")))
+    def collect(cls, objects: _Values, previous: ConfigSet | None = None,
+                changed: Collection[str] = ()) -> ConfigSet:
+        """Every kind from `objects`; with `previous`, only the `changed` kinds (the others and, when
+        none changed, the whole set with its indexes are carried over)."""
+        if previous is not None and not any(kind in changed for kind in _FIELDS):
+            return previous
+        fields: dict[str, Any] = {
+            name: getattr(previous, name) if previous is not None and kind not in changed else _sorted(objects.values(kind))
+            for kind, name in _FIELDS.items()
+        }
+        return cls(**fields)
 
     def _grouped(self, name: str) -> Mapping[str, list[Any]]:
         if name not in self._index:
@@ -64,6 +69,10 @@ class ConfigSet:
 
     def destination_rule_for(self, proxy_namespace: str, proxy_labels: Mapping[str, str], host: str,
                              service_namespace: str, root_namespace: str) -> DestinationRule | None:
+        grouped = self._grouped("destination_rules")
+        # Asked per cluster, per proxy, per push, and most namespaces have none: no list, no walk.
+        if not (proxy_namespace in grouped or service_namespace in grouped or root_namespace in grouped):
+            return None
         rules = self._in("destination_rules", proxy_namespace, service_namespace, root_namespace)
         return scope.destination_rule_for(rules, proxy_namespace, proxy_labels, host, service_namespace, root_namespace)
 
@@ -81,3 +90,12 @@ class ConfigSet:
 
     def sidecar_for(self, namespace: str, labels: Mapping[str, str], root_namespace: str) -> Sidecar | None:
         return scope.sidecar_for(self._in("sidecars", namespace, root_namespace), namespace, labels, root_namespace)
+
+
+# Kind -> ConfigSet field, in the fields' order.
+_FIELDS = {
+    "VirtualService": "virtual_services", "DestinationRule": "destination_rules", "ServiceEntry": "service_entries",
+    "Gateway": "gateways", "Sidecar": "sidecars", "WorkloadEntry": "workload_entries",
+    "PeerAuthentication": "peer_authentications", "AuthorizationPolicy": "authorization_policies",
+    "RequestAuthentication": "request_authentications",
+}
