@@ -35,7 +35,9 @@ def endpoint_changes(previous: Snapshot | None, current: Snapshot) -> EndpointCh
         return None
     if previous.endpoints.keys() != current.endpoints.keys():
         return None
-    keys, identities, addresses = set(), set(), set()
+    keys: set[Key] = set()
+    identities: set[Key] = set()
+    addresses: set[str] = set()
     for key, endpoints in current.endpoints.items():
         old = previous.endpoints[key]
         if old is endpoints:

@@ -73,11 +73,10 @@ class Watchers:
 
     def woken(self, changes: EndpointChanges) -> dict[Connection, PushScope | None]:
         """The connections the changes concern and what each must regenerate (None: everything)."""
-        scopes: dict[Connection, PushScope | None] = {}
+        scopes: dict[Connection, PushScope] = {}
         for key in changes.keys:
             for connection, names in self._by_key[types.ENDPOINT].get(key, {}).items():
-                scope = scopes.setdefault(connection, {})
-                eds = scope.setdefault(types.ENDPOINT, set())
+                eds = scopes.setdefault(connection, {}).setdefault(types.ENDPOINT, set())
                 if eds is not None:
                     eds.update(names)
         for connection in self._wildcard[types.ENDPOINT] if changes.keys else ():
@@ -87,11 +86,9 @@ class Watchers:
             clusters.update(self._by_key[types.CLUSTER].get(key, {}))
         for connection in clusters:
             scopes.setdefault(connection, {})[types.CLUSTER] = None
-        for address in changes.addresses:
-            scopes.update(dict.fromkeys(self._by_address.get(address, ())))
-        for pod in changes.workloads:
-            scopes.update(dict.fromkeys(self._by_pod.get(pod, ())))
-        return scopes
+        everything = {c for address in changes.addresses for c in self._by_address.get(address, ())}
+        everything.update(c for pod in changes.workloads for c in self._by_pod.get(pod, ()))
+        return {**scopes, **dict.fromkeys(everything)}
 
 
 def _key(name: str) -> Key | None:
