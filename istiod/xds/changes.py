@@ -21,10 +21,6 @@ class EndpointChanges:
     addresses: frozenset[str]  # of endpoints that came, went or changed: the pods there serve other ports
     workloads: frozenset[tuple[str, str]]  # (namespace, pod) whose Pod changed: its proxy's own policies
 
-    @property
-    def empty(self) -> bool:
-        return not (self.keys or self.addresses or self.workloads)
-
 
 def endpoint_changes(previous: Snapshot | None, current: Snapshot) -> EndpointChanges | None:
     """None when more than endpoints and pods changed (Services, Istio config, mesh config), or

@@ -254,9 +254,15 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         changed_clusters: set[str] = set()
         for type_url in types.PUSH_ORDER:
             watched = connection.watched.get(type_url)
-            if watched is None or (scope is not None and type_url not in scope):
+            if watched is None:
                 continue
-            names = scope.get(type_url) if scope is not None else None
+            names: set[str] | None = None
+            if scope is not None and type_url in scope:
+                names = scope[type_url]
+            elif scope is not None:
+                if type_url != types.ENDPOINT or not (changed_clusters or connection.endpoints_due):
+                    continue
+                names = set()  # only the endpoints of clusters this push changed
             if names is not None and type_url == types.ENDPOINT:
                 # Some assignments only, and those whose clusters were just sent (see below and
                 # Connection.endpoints_due): the client keeps the others it holds, in SotW too.
