@@ -13,7 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import base_pb2
+from envoy.config.endpoint.v3 import endpoint_pb2
+from envoy.config.listener.v3 import listener_pb2
+from envoy.config.route.v3 import route_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import struct_pb2
 from hypothesis import HealthCheck, given, settings
@@ -23,7 +27,6 @@ from istiod.model.mesh import MeshConfig
 from istiod.sources.store import Store
 from istiod.xds import types
 from istiod.xds.cache import ResourceCache
-from istiod.xds.connection import Connection
 from istiod.xds.gen import generators_for
 from istiod.xds.pusher import Pusher
 from istiod.xds.server import DiscoveryServer
@@ -190,14 +193,12 @@ class Client:
             assert held == fresh, (self.flavor, self.delta, types.short_name(type_url), sorted(held), sorted(fresh))
 
 
-def _name(type_url: str, any_: Any) -> str:
-    from envoy.config.cluster.v3 import cluster_pb2
-    from envoy.config.endpoint.v3 import endpoint_pb2
-    from envoy.config.listener.v3 import listener_pb2
-    from envoy.config.route.v3 import route_pb2
+MESSAGES = {types.CLUSTER: cluster_pb2.Cluster, types.ENDPOINT: endpoint_pb2.ClusterLoadAssignment,
+            types.LISTENER: listener_pb2.Listener, types.ROUTE: route_pb2.RouteConfiguration}
 
-    message = {types.CLUSTER: cluster_pb2.Cluster, types.ENDPOINT: endpoint_pb2.ClusterLoadAssignment,
-               types.LISTENER: listener_pb2.Listener, types.ROUTE: route_pb2.RouteConfiguration}[type_url]()
+
+def _name(type_url: str, any_: Any) -> str:
+    message = MESSAGES[type_url]()
     message.ParseFromString(any_.value)
     return message.cluster_name if type_url == types.ENDPOINT else message.name
 
