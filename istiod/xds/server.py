@@ -276,10 +276,13 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                 responses += self._delta_respond(connection, watched, snapshot, resources)
             elif type_url == types.ENDPOINT:
                 # EDS need not be the state of the world: only the assignments that differ from what
-                # the client ACKed go, and (Envoy warms a changed cluster until it gets its endpoints
+                # the client holds go, and (Envoy warms a changed cluster until it gets its endpoints
                 # again, and asks with a request that looks like an ACK) those of changed clusters.
-                carried = [r for r in resources
-                           if r.name in changed_clusters or not r.same_as(watched.acked.get(r.name))]
+                # What it holds is what it was sent, unless it NACKed that: under churn a push often
+                # overtakes the ACK of the previous one, so the ACKed state would lag ever further
+                # and each response carry everything changed since.
+                held = watched.acked if watched.rejection else watched.sent
+                carried = [r for r in resources if r.name in changed_clusters or not r.same_as(held.get(r.name))]
                 if carried:
                     responses.append(self._respond(watched, snapshot, resources, carried))
             elif watched.differs_from(resources):
