@@ -129,8 +129,9 @@ class Client:
 
     def subscribe(self, type_url: str, names: list[str] | None) -> None:
         old = self.watching.get(type_url, ...)
-        if old is None or (old is ... and not names):
-            names = None  # a first request without names is a wildcard one, and that one stays so here
+        if old is None or (not names and (old is ... or not self.delta and not self.nonces.get(type_url))):
+            # A request without names that answers nothing opens a wildcard watch, which stays so here.
+            names = None
         self.watching[type_url] = names
         if self.delta:
             request = discovery_pb2.DeltaDiscoveryRequest(type_url=type_url)
