@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 from envoy.config.core.v3 import base_pb2
+from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.protobuf import struct_pb2
 from google.rpc import status_pb2
@@ -162,4 +163,28 @@ async def test_push_goes_only_where_resources_changed(ads) -> None:
     update = await streams["a"].receive()
     assert update.type_url == types.ENDPOINT
     await streams["b"].nothing(0.5)
-    assert discovery.cache.hits > 0  # b's unchanged assignment came from the cache
+    assert discovery.cache.hits == 0  # b's connection, which watches no cluster of a, was not even woken
+
+
+async def test_eds_carries_what_differs_from_what_was_sent_or_after_a_nack_from_what_was_acked(ads) -> None:
+    store, pusher, discovery, stub = ads
+    stream = Stream(stub)
+    names = [f"outbound|80||{s}.demo.svc.cluster.local" for s in ("a", "b")]
+
+    def carried(response: discovery_pb2.DiscoveryResponse) -> set[str]:
+        return {endpoint_pb2.ClusterLoadAssignment.FromString(r.value).cluster_name for r in response.resources}
+
+    stream.send(types.ENDPOINT, names)
+    first = await stream.receive()
+    stream.send(types.ENDPOINT, names, first.nonce, first.version_info)
+    store.apply(pod("a-1", "a", "10.0.0.11"))
+    assert carried(second := await stream.receive()) == {names[0]}
+    # Not ACKed yet (under churn the next push often overtakes the ACK): the next carries only b.
+    store.apply(pod("b-1", "b", "10.0.0.12"))
+    assert carried(third := await stream.receive()) == {names[1]}
+    stream.send(types.ENDPOINT, names, second.nonce, second.version_info)  # stale now: ignored
+    # A NACK: the client holds what it ACKed last, so b goes again with the next change of a.
+    stream.send(types.ENDPOINT, names, third.nonce, first.version_info, error="rejected")
+    await stream.nothing()
+    store.apply(pod("a-1", "a", "10.0.0.21"))
+    assert carried(await stream.receive()) == set(names)

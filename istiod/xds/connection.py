@@ -64,6 +64,9 @@ class _Push:
 
 Request: TypeAlias = discovery_pb2.DiscoveryRequest | discovery_pb2.DeltaDiscoveryRequest
 Event: TypeAlias = Request | Closed | _Push
+# What a push must regenerate: per type, the names (None: all the connection watches of it); a
+# type not in it is unchanged. A push of everything has no scope (None).
+PushScope: TypeAlias = dict[str, set[str] | None]
 
 
 class Connection:
@@ -89,6 +92,7 @@ class Connection:
         self._requests: asyncio.Queue[Request | Closed] = asyncio.Queue(maxsize=1)
         self._wake = asyncio.Event()
         self._push_queued = False
+        self._push_scope: PushScope | None = None
         self._queued_at = 0.0
 
     async def received(self, request: Request | Closed) -> None:
@@ -96,12 +100,24 @@ class Connection:
         await self._requests.put(request)
         self._wake.set()
 
-    def request_push(self) -> None:
-        """Coalesce: one queued push covers every snapshot published until it runs."""
+    def request_push(self, scope: PushScope | None = None) -> None:
+        """Coalesce: one queued push covers every snapshot published until it runs, and the union
+        of what they changed (everything, once any of them is a push of everything)."""
         if not self._push_queued:
             self._push_queued = True
             self._queued_at = time.monotonic()
+            self._push_scope = None if scope is None else {t: None if n is None else set(n) for t, n in scope.items()}
             self._wake.set()
+        elif self._push_scope is not None:
+            if scope is None:
+                self._push_scope = None
+                return
+            for type_url, names in scope.items():
+                held = self._push_scope.get(type_url, set())
+                if held is None or names is None:
+                    self._push_scope[type_url] = None
+                else:
+                    self._push_scope[type_url] = held | names
 
     async def next_event(self) -> Event:
         # Requests first, as istiod does: they are cheap (mostly ACKs) and a starting client waits on them.
@@ -113,7 +129,7 @@ class Connection:
             self._wake.clear()
             await self._wake.wait()
 
-    def push_started(self) -> float:
-        """Seconds the push waited in this connection's queue."""
+    def push_started(self) -> tuple[float, PushScope | None]:
+        """Seconds the push waited in this connection's queue, and what it must regenerate."""
         self._push_queued = False
-        return time.monotonic() - self._queued_at
+        return time.monotonic() - self._queued_at, self._push_scope

@@ -62,7 +62,8 @@ class AdsMonitor:
         self._rejecting: dict[tuple[str, str, str], set[str]] = {}  # (proxy, type, err) -> connections
         self._rejected: dict[str, set[tuple[str, str, str]]] = {}  # connection -> its (proxy, type, err)
 
-    def published(self, event: PushEvent, connection_ids: Iterable[str]) -> None:
+    def published(self, event: PushEvent, connection_ids: Iterable[str], connected: int) -> None:
+        """`connection_ids`: the connections the push concerns, of `connected` in all."""
         for kind, count in event.reason.items():
             metrics.PUSH_TRIGGERS.labels(type=metrics.trigger_type(kind)).inc(count)
         if not event.reason:
@@ -79,7 +80,7 @@ class AdsMonitor:
             start=time.time() - waited,
             debounce_seconds=event.debounce_seconds,
             build_seconds=event.build_seconds,
-            proxies_connected=len(self._pending),
+            proxies_connected=connected,
             end=None if self._pending else time.time(),
             configs=event.configs,
         )

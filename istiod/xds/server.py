@@ -20,10 +20,12 @@ from istiod.model.proxy import NodeIdError, Proxy, proxy_from_node
 from istiod.model.snapshot import Snapshot
 from istiod.xds import delta, types
 from istiod.xds.cache import Resource, ResourceCache
-from istiod.xds.connection import Closed, Connection, Request, StreamClosed, WatchedResource
+from istiod.xds.changes import endpoint_changes
+from istiod.xds.connection import Closed, Connection, PushScope, Request, StreamClosed, WatchedResource
 from istiod.xds.gen import generators_for
 from istiod.xds.monitor import AdsMonitor
 from istiod.xds.pusher import PushEvent
+from istiod.xds.watchers import Watchers
 
 log = logging.getLogger(__name__)
 _malformed = logs.Throttled(log)
@@ -40,6 +42,8 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self._snapshot = snapshot
         self.cache = ResourceCache()
         self.connections: dict[str, Connection] = {}
+        self.watchers = Watchers()
+        self._published: Snapshot | None = None  # the snapshot of the last push, to tell what the next changed
         self.ready = False  # set once the sources synced and the first snapshot exists
         self.monitor = AdsMonitor()
         # Throttles building pushes only: a send never holds a slot, so a client that stops reading
@@ -48,10 +52,21 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self.send_timeout = send_timeout  # 0: none (PILOT_XDS_SEND_TIMEOUT)
 
     def on_push(self, event: PushEvent) -> None:
-        self.cache.sweep()
-        self.monitor.published(event, self.connections)
-        for connection in self.connections.values():
-            connection.request_push()
+        """Wakes the connections the change concerns: for a change of endpoints and pods only, those
+        watching the changed services' clusters (for EDS, or CDS if their identities changed) and
+        those of the pods concerned (for everything); for anything else, all of them."""
+        previous, self._published = self._published, event.snapshot
+        changes = endpoint_changes(previous, event.snapshot)
+        woken: dict[Connection, PushScope | None]
+        if changes is None:
+            # Only a push that regenerates everything tells which cache entries are no longer used.
+            self.cache.sweep()
+            woken = dict.fromkeys(self.connections.values())
+        else:
+            woken = self.watchers.woken(changes)
+        self.monitor.published(event, [c.id for c in woken], len(self.connections))
+        for connection, scope in woken.items():
+            connection.request_push(scope)
 
     def authorized(self, authorize: Authorizer) -> ads_pb2_grpc.AggregatedDiscoveryServiceServicer:
         """This server as seen from a listener whose callers must prove who they are (the TLS port)."""
@@ -77,6 +92,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             return
         connection = await self._connect(first, context, authorize, incremental)
         self.connections[connection.id] = connection
+        self.watchers.add(connection)
         self.monitor.connected(connection)
         log.info(logs.event("ads connected", id=connection.id, peer=connection.peer, delta=incremental))
         await connection.received(first)
@@ -88,6 +104,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         finally:
             reader.cancel()
             del self.connections[connection.id]
+            self.watchers.remove(connection)
             self.monitor.disconnected(connection)
             log.info(logs.event("ads disconnected", id=connection.id))
 
@@ -97,9 +114,10 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             started = time.perf_counter()
             snapshot = self._snapshot()  # one snapshot for everything this event sends
             if event is Connection.PUSH:
-                self.monitor.dequeued(connection.push_started())
+                waited, scope = connection.push_started()
+                self.monitor.dequeued(waited)
                 async with self._push_slots:
-                    responses = self._push(connection, snapshot)
+                    responses = self._push(connection, snapshot, scope)
             elif isinstance(event, discovery_pb2.DeltaDiscoveryRequest):
                 responses = self._on_delta_request(connection, event, snapshot)
             else:
@@ -165,6 +183,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             # A new watch, or a client that reconnected and re-requests: always answer.
             wildcard = not names or "*" in names
             watched = connection.watched[type_url] = WatchedResource(type_url, None if wildcard else names)
+            self.watchers.watch(connection, type_url, watched.names)
             return [self._respond(watched, snapshot, self._generate(connection, watched, snapshot))]
         if request.response_nonce != watched.nonce_sent:
             return []  # stale: a reply to a response the client has since been sent a newer one of
@@ -176,6 +195,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         watched.last_error = ""
         if watched.names is not None and names != watched.names:
             watched.names = names
+            self.watchers.watch(connection, type_url, names)
             return [self._respond(watched, snapshot, self._generate(connection, watched, snapshot))]
         return []
 
@@ -198,6 +218,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         connection.watched[type_url] = watched
         if not changed:
             return []
+        self.watchers.watch(connection, type_url, watched.names)
         resources = self._generate(connection, watched, snapshot)
         if previous is None:
             delta.held(watched, resources, dict(request.initial_resource_versions))
@@ -229,22 +250,41 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         log.warning(logs.event("ads NACK", id=connection.id, type=types.short_name(watched.type_url),
                                version=watched.version_sent, error=request.error_detail.message))
 
-    def _push(self, connection: Connection, snapshot: Snapshot) -> list[Response]:
+    def _push(self, connection: Connection, snapshot: Snapshot, scope: PushScope | None = None) -> list[Response]:
+        """Regenerates what `scope` says may have changed (everything if None) and sends what did."""
         responses: list[Response] = []
         changed_clusters: set[str] = set()
         for type_url in types.PUSH_ORDER:
             watched = connection.watched.get(type_url)
             if watched is None:
                 continue
-            resources = self._generate(connection, watched, snapshot)
+            names: set[str] | None = None
+            if scope is not None and type_url in scope:
+                names = scope[type_url]
+            elif scope is not None:
+                if type_url != types.ENDPOINT or not (changed_clusters or connection.endpoints_due):
+                    continue
+                names = set()  # only the endpoints of clusters this push changed
+            if names is not None and type_url == types.ENDPOINT:
+                # Some assignments only, and those whose clusters were just sent (see below and
+                # Connection.endpoints_due): the client keeps the others it holds, in SotW too.
+                names = names | changed_clusters | connection.endpoints_due
+                wanted = sorted(names if watched.names is None else names.intersection(watched.names))
+                fresh = {r.name: r for r in self._generate(connection, watched, snapshot, wanted)}
+                resources = list({**watched.sent, **fresh}.values())
+            else:
+                resources = self._generate(connection, watched, snapshot)
             if connection.delta:
                 responses += self._delta_respond(connection, watched, snapshot, resources)
             elif type_url == types.ENDPOINT:
                 # EDS need not be the state of the world: only the assignments that differ from what
-                # the client ACKed go, and (Envoy warms a changed cluster until it gets its endpoints
+                # the client holds go, and (Envoy warms a changed cluster until it gets its endpoints
                 # again, and asks with a request that looks like an ACK) those of changed clusters.
-                carried = [r for r in resources
-                           if r.name in changed_clusters or not r.same_as(watched.acked.get(r.name))]
+                # What it holds is what it was sent, unless it NACKed that: under churn a push often
+                # overtakes the ACK of the previous one, so the ACKed state would lag ever further
+                # and each response carry everything changed since.
+                held = watched.acked if watched.rejection else watched.sent
+                carried = [r for r in resources if r.name in changed_clusters or not r.same_as(held.get(r.name))]
                 if carried:
                     responses.append(self._respond(watched, snapshot, resources, carried))
             elif watched.differs_from(resources):
@@ -253,9 +293,11 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                 responses.append(self._respond(watched, snapshot, resources))
         return responses
 
-    def _generate(self, connection: Connection, watched: WatchedResource, snapshot: Snapshot) -> list[Resource]:
+    def _generate(self, connection: Connection, watched: WatchedResource, snapshot: Snapshot,
+                  names: list[str] | None = None) -> list[Resource]:
+        """What the connection watches of the type, or of it only `names`."""
         generator = generators_for(connection.proxy)[watched.type_url]
-        return generator(snapshot, connection.proxy, watched.names, self.cache)
+        return generator(snapshot, connection.proxy, watched.names if names is None else names, self.cache)
 
     def _respond(
         self, watched: WatchedResource, snapshot: Snapshot, resources: list[Resource],

@@ -94,7 +94,8 @@ def clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: R
         result.append(cache.get(types.CLUSTER, target.name, depends_on, lambda: _cluster(
             target.name, service, endpoints, policy,
             destination_identities(endpoints, snapshot.mesh.trust_domain) if mtls else None),
-            scope=str(target.rule.meta) if target.rule else ""))
+            # A sidecar's cluster of the same name and inputs differs: the flavor is part of the key.
+            scope=f"proxyless {target.rule.meta if target.rule else ''}"))
     return result
 
 
