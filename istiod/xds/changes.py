@@ -23,11 +23,15 @@ class EndpointChanges:
 
 
 def endpoint_changes(previous: Snapshot | None, current: Snapshot) -> EndpointChanges | None:
-    """None when more than endpoints and pods changed (Services, Istio config, mesh config), or
+    """None when more than endpoints and pods changed (Services, Istio config, mesh config, Secrets), or
     when there is nothing to compare with."""
-    if previous is None or previous.mesh != current.mesh or previous.services != current.services:
+    if previous is None or previous.mesh != current.mesh:
         return None
-    if previous.config is not current.config and previous.config != current.config:
+    # Services, Istio config and gateways' credentials: identity first (snapshots carry them over).
+    pairs: tuple[tuple[object, object], ...] = (
+        (previous.services, current.services), (previous.config, current.config),
+        (previous.credentials, current.credentials))
+    if any(old is not new and old != new for old, new in pairs):
         return None
     if previous.endpoints.keys() != current.endpoints.keys():
         return None
