@@ -18,6 +18,7 @@ from istiod import logs
 from istiod.model.proxy import NodeIdError, Proxy, proxy_from_node
 from istiod.model.snapshot import Snapshot
 from istiod.xds import delta, types
+from istiod.xds.admission import RateLimited, RequestLimiter
 from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.connection import Closed, Connection, Request, StreamClosed, WatchedResource
 from istiod.xds.gen import generators_for
@@ -26,6 +27,7 @@ from istiod.xds.pusher import PushEvent
 
 log = logging.getLogger(__name__)
 _malformed = logs.Throttled(log)
+_refused = logs.Throttled(log)  # a connect storm refuses many streams a second
 # A request naming more resources than this is refused: far beyond any mesh's clusters, and a bound on
 # what one client can make every later push send.
 MAX_RESOURCE_NAMES = 100_000
@@ -35,7 +37,8 @@ Response: TypeAlias = discovery_pb2.DiscoveryResponse | discovery_pb2.DeltaDisco
 
 
 class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
-    def __init__(self, snapshot: Callable[[], Snapshot], push_concurrency: int = 100, send_timeout: float = 5.0) -> None:
+    def __init__(self, snapshot: Callable[[], Snapshot], push_concurrency: int = 100, send_timeout: float = 5.0,
+                 max_requests_per_second: float = 0.0) -> None:
         self._snapshot = snapshot
         self.cache = ResourceCache()
         self.connections: dict[str, Connection] = {}
@@ -45,6 +48,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         # costs only its own stream.
         self._push_slots = asyncio.Semaphore(push_concurrency)
         self.send_timeout = send_timeout  # 0: none (PILOT_XDS_SEND_TIMEOUT)
+        self.admission = RequestLimiter(max_requests_per_second)  # PILOT_MAX_REQUESTS_PER_SECOND
 
     def on_push(self, event: PushEvent) -> None:
         self.cache.sweep()
@@ -74,6 +78,13 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         except DecodeError as error:
             _end(context, _malformed_request(context.peer(), error))
             return
+        # After the first request (istiod waits before it): a client whose first send is still under
+        # way when the stream ends sees that send fail, and grpcio then reports INTERNAL, not our status.
+        try:
+            await self.admission.wait()
+        except RateLimited as refused:
+            _refused.warning(logs.event("ads stream refused", peer=context.peer(), reason=str(refused)))
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(refused))
         connection = await self._connect(first, context, authorize, incremental)
         self.connections[connection.id] = connection
         self.monitor.connected(connection)
