@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -20,7 +21,7 @@ from istiod.model.snapshot import Snapshot
 from istiod.xds import delta, types
 from istiod.xds.admission import RateLimited, RequestLimiter
 from istiod.xds.cache import Resource, ResourceCache
-from istiod.xds.connection import Closed, Connection, Request, StreamClosed, WatchedResource
+from istiod.xds.connection import Closed, Connection, Request, StreamClosed, Held, WatchedResource
 from istiod.xds.gen import generators_for
 from istiod.xds.monitor import AdsMonitor
 from istiod.xds.pusher import PushEvent
@@ -166,7 +167,8 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             log.warning("ads id=%s asked for unsupported type %s; not answered", connection.id, type_url)
             return []
         watched = connection.watched.get(type_url)
-        names = list(dict.fromkeys(request.resource_names))  # a name asked for twice is sent once
+        # A name asked for twice is sent once; interned, so the connections asking for it share one string.
+        names = list(dict.fromkeys(map(sys.intern, request.resource_names)))
         if len(names) > MAX_RESOURCE_NAMES:
             raise StreamClosed(Closed(grpc.StatusCode.INVALID_ARGUMENT,
                                       f"{len(names)} resource names in one request; at most {MAX_RESOURCE_NAMES}"))
@@ -180,7 +182,9 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         if request.HasField("error_detail"):
             self._nack(connection, watched, request)
             return []
-        watched.nonce_acked, watched.version_acked = request.response_nonce, request.version_info
+        # The strings already held, not the request's copies of them.
+        watched.nonce_acked = watched.nonce_sent
+        watched.version_acked = watched.version_sent if request.version_info == watched.version_sent else request.version_info
         watched.acked = watched.sent
         watched.last_error = ""
         if watched.names is not None and names != watched.names:
@@ -275,7 +279,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         version = snapshot.version
         watched.nonce_sent = uuid.uuid4().hex
         watched.version_sent = version
-        watched.sent = {r.name: r for r in resources}
+        watched.sent = Held.of(resources)
         watched.sent_at = time.time()
         return discovery_pb2.DiscoveryResponse(
             version_info=version,
