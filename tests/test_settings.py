@@ -63,13 +63,20 @@ def test_every_duration_flag_takes_go_durations_only(flag: str, tmp_path: Path, 
 @pytest.mark.parametrize("variable, value", [
     ("PILOT_DEBOUNCE_AFTER", "100"), ("PILOT_DEBOUNCE_MAX", "-1s"), ("DEFAULT_WORKLOAD_CERT_TTL", "nan"),
     ("MAX_WORKLOAD_CERT_TTL", "90d"), ("SECRET_TTL", "24"), ("GRPC_ADDR", "15010"), ("HTTP_ADDR", "x:y"),
-    ("PILOT_PUSH_THROTTLE", "0"),
+    ("PILOT_PUSH_THROTTLE", "0"), ("PILOT_MAX_REQUESTS_PER_SECOND", "-1"), ("PILOT_MAX_REQUESTS_PER_SECOND", "fast"),
 ])
 def test_bad_environment_values_name_the_variable(variable: str, value: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(variable, value)
     with pytest.raises(SystemExit) as exit:
         build_parser()
     assert str(exit.value.code).startswith(f"istiod: environment variable {variable}={value!r} is not valid: ")
+
+
+def test_request_rate_from_the_flag_or_istiods_variable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert settings("--config-dir", str(tmp_path)).max_requests_per_second == 1000
+    monkeypatch.setenv("PILOT_MAX_REQUESTS_PER_SECOND", "25")
+    assert settings("--config-dir", str(tmp_path)).max_requests_per_second == 25
+    assert settings("--config-dir", str(tmp_path), "--max-requests-per-second", "0").max_requests_per_second == 0
 
 
 def test_environment_durations_use_the_same_grammar(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
