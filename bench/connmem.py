@@ -38,7 +38,7 @@ def specs(kind: str, first: int, count: int, services: int, watch: int) -> list[
     if kind == "envoy":
         return [loadgen.ClientSpec(first + i, "envoy", [], services) for i in range(count)]
     return [loadgen.ClientSpec(first + i, "proxyless",
-                               [listener(((first + i) * watch + k) % services) for k in range(watch)], watch)
+                               [listener((i * watch + k) % services) for k in range(watch)], watch)
             for i in range(count)]
 
 
