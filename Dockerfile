@@ -22,6 +22,7 @@ RUN --mount=from=wheel,source=/wheels,target=/wheels pip install --no-cache-dir 
 USER 1337:1337
 
 FROM base AS istiod
-RUN --mount=from=wheel,source=/wheels,target=/wheels pip install --no-cache-dir /wheels/istiod-*.whl
+# The `fast` extra: uvloop, which `istiod discovery` runs on when installed.
+RUN --mount=from=wheel,source=/wheels,target=/wheels pip install --no-cache-dir "$(ls /wheels/istiod-*.whl)[fast]"
 USER 1337:1337
 CMD ["discovery"]

@@ -30,6 +30,7 @@ from istiod.gen.istio.v1.auth import ca_pb2_grpc
 from istiod.settings import Settings
 from istiod.supervisor import Supervisor
 from istiod.tlsfront import TlsFront
+from istiod.xds import admission
 from istiod.xds.authz import XdsAuthorizer
 from istiod.xds.server import DiscoveryServer
 
@@ -82,7 +83,7 @@ class SecurePort:
         serving.ssl_context()  # issue it now, so a CA that cannot sign fails at start
 
         # The same keepalive as 15010: its pings cross the TLS front, so a vanished peer is found as fast.
-        self._inner = grpc.aio.server(options=[("grpc.max_concurrent_streams", 1 << 20), *settings.keepalive.server_options()])
+        self._inner = grpc.aio.server(options=[*admission.CORE_OPTIONS, *settings.keepalive.server_options()])
         backend_port = self._inner.add_insecure_port("127.0.0.1:0")
         self._front = front = TlsFront(settings.secure_grpc_addr.bind_host, settings.secure_grpc_addr.port,
                                        backend_port, serving.ssl_context, settings.keepalive.timeout,

@@ -46,6 +46,7 @@ from istiod.webhooks.cabundle import INJECTOR, CaBundlePatcher, validator_name
 from istiod.webhooks.injection import InjectionError, Injector
 from istiod.webhooks.injector_source import InjectorConfigMapWatcher, read_injection_dir
 from istiod.webhooks.serve import WebhookServer
+from istiod.xds import admission
 from istiod.xds.pusher import Pusher
 from istiod.xds.server import DiscoveryServer
 
@@ -67,7 +68,8 @@ class Discovery:
         self.election: LeaderElection | None = None
         self.pusher = Pusher(self.store, settings.debounce_after, settings.debounce_max, settings.mesh,
                              settings.eds_debounce)
-        self.ads = DiscoveryServer(lambda: self.pusher.snapshot, settings.push_concurrency, settings.xds_send_timeout)
+        self.ads = DiscoveryServer(lambda: self.pusher.snapshot, settings.push_concurrency, settings.xds_send_timeout,
+                                   settings.max_requests_per_second)
         self.pusher.subscribe(self.ads.on_push)
         self.supervisor = Supervisor()
         self.secure = SecurePort(settings, self.ads, self.supervisor)
@@ -127,7 +129,7 @@ class Discovery:
             self._mesh_synced = configmap.informer.synced
             self._tasks.append(self.supervisor.start("mesh-config", configmap.informer.run, restart=True))
         # so_reuseport off: a second istiod on the same port must fail, not silently share it.
-        self._grpc = grpc.aio.server(options=[("grpc.max_concurrent_streams", 1 << 20), ("grpc.so_reuseport", 0),
+        self._grpc = grpc.aio.server(options=[*admission.CORE_OPTIONS, ("grpc.so_reuseport", 0),
                                               *settings.keepalive.server_options()])
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(self.ads, self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc)

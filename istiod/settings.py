@@ -17,6 +17,7 @@ from istiod.leader import LeaseTimings
 from istiod.model.mesh import DEFAULT_TRUST_DOMAIN, MeshConfig, OutboundTrafficPolicy
 from istiod.model.names import DEFAULT_DOMAIN, join_host_port, split_host_port
 from istiod.sources.namespaces import parse_selector
+from istiod.xds.admission import DEFAULT_RATE
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +66,7 @@ class Settings:
     monitoring_addr: Address = Address("", 15014)
     debug_token_file: Path | None = None  # a bearer token that lets non-loopback callers read /debug
     keepalive: Keepalive = Keepalive()  # both xDS ports
+    max_requests_per_second: float = DEFAULT_RATE  # 0: no limit; new xDS streams admitted a second (PILOT_MAX_REQUESTS_PER_SECOND)
     xds_send_timeout: float = 5.0  # a stream whose client takes no response for this long is closed; 0: never
     shutdown_duration: float = 10.0  # after SIGTERM: xDS streams drain this long, then are closed
     max_connections: int = 4096  # per port served in Python: 8080, 15014, 15017 and 15012's TLS front
@@ -92,6 +94,16 @@ def _bool(text: str) -> bool:
     if text in ("0", "f", "F", "false", "FALSE", "False"):
         return False
     raise argparse.ArgumentTypeError(f"{text!r} must be true or false")
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0 or value == math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
+    return value
 
 
 def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
@@ -173,6 +185,10 @@ def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
                                            " ones get a GOAWAY and are closed after this (default 10s, as istiod)")
     parser.add_argument("--xds-send-timeout", type=_seconds, default=env_default("PILOT_XDS_SEND_TIMEOUT", "5s", _seconds),
                         help="close an xDS stream whose client takes no response for this long; 0 never (default 5s)")
+    parser.add_argument("--max-requests-per-second", type=_non_negative_float,
+                        default=env_default("PILOT_MAX_REQUESTS_PER_SECOND", f"{DEFAULT_RATE:g}", _non_negative_float),
+                        help="new xDS streams admitted a second; one that would wait over 1s for its turn is refused "
+                             f"with RESOURCE_EXHAUSTED; 0: no limit (default {DEFAULT_RATE:g}; istiod's is 25 on 2 cores)")
     parser.add_argument("--max-connections", type=int, default=4096,
                         help="connections per port on 8080, 15014, 15017 and 15012; beyond it the longest idle one "
                              "that has not sent a request is closed (default 4096)")
@@ -260,6 +276,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         debug_token_file=args.debug_auth_token_file,
         keepalive=keepalive,
         xds_send_timeout=args.xds_send_timeout,
+        max_requests_per_second=args.max_requests_per_second,
         shutdown_duration=args.shutdown_duration,
         max_connections=args.max_connections,
         http_read_timeout=args.http_read_timeout,

@@ -16,6 +16,7 @@ import logging
 import socket
 import ssl
 from collections.abc import Callable
+from typing import cast
 
 import grpc
 from cryptography import x509
@@ -65,7 +66,7 @@ class TlsFront:
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=2)
 
-    def accept(self, transport: asyncio.Transport) -> None:
+    def accept(self, transport: asyncio.Transport, early: bytearray) -> None:
         client = _address(transport.get_extra_info("peername"))
         if not self._cap.admit(transport, transport.abort):
             _refusals.warning(logs.event("secure port: connection refused, every connection busy",
@@ -75,7 +76,7 @@ class TlsFront:
         sock = transport.get_extra_info("socket")
         if sock is not None and hasattr(socket, "TCP_USER_TIMEOUT"):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, round(self.user_timeout * 1000))
-        task = asyncio.get_running_loop().create_task(self.serve(transport, client))
+        task = asyncio.get_running_loop().create_task(self.serve(transport, client, early))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -84,24 +85,35 @@ class TlsFront:
         metadata = {key: value for key, value in (context.invocation_metadata() or ()) if isinstance(value, str)}
         return Credentials(metadata.get("authorization"), self._peers.get(context.peer() or ""))
 
-    async def serve(self, transport: asyncio.Transport, client: str) -> None:
+    async def serve(self, transport: asyncio.Transport, client: str, early: bytearray) -> None:
         self._transports.add(transport)
         try:
-            await self._forward(transport, client)
+            await self._forward(transport, client, early)
         finally:
             self._cap.release(transport)
             self._transports.discard(transport)
             transport.abort()
 
-    async def _forward(self, transport: asyncio.Transport, client: str) -> None:
+    async def _forward(self, transport: asyncio.Transport, client: str, early: bytearray) -> None:
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader()
         protocol = _TlsStreamProtocol(reader)
         tls: asyncio.Transport | None = None
         try:
             async with asyncio.timeout(HANDSHAKE_TIMEOUT):
-                tls = await loop.start_tls(transport, protocol, self.context(), server_side=True,
-                                           ssl_shutdown_timeout=CLOSE_TIMEOUT)
+                start = asyncio.ensure_future(loop.start_tls(transport, protocol, self.context(), server_side=True,
+                                                             ssl_shutdown_timeout=CLOSE_TIMEOUT))
+                # Once start_tls has run to its first wait, its TLS protocol reads the socket. Bytes read
+                # before (uvloop only, see _Accepted) go to that protocol right after its connection_made
+                # and the resume_reading that start_tls scheduled, in the same batch of callbacks, so
+                # before anything read later.
+                try:
+                    await asyncio.sleep(0)
+                    if early:
+                        loop.call_soon(_feed, transport.get_protocol(), bytes(early))
+                    tls = await start
+                finally:
+                    start.cancel()  # only if this ended before it did
                 assert tls is not None
                 first = await reader.read(1 << 16)
         except (ssl.SSLError, OSError, TimeoutError) as error:
@@ -153,16 +165,42 @@ class _TlsStreamProtocol(asyncio.StreamReaderProtocol):
 
 
 class _Accepted(asyncio.Protocol):
-    """Holds a new connection still, so the TLS handshake sees its very first byte."""
+    """Holds a new connection still, so the TLS handshake sees its very first byte.
+
+    asyncio reads nothing from a transport paused in connection_made; uvloop starts reading right
+    after connection_made whatever it did, so what arrives before start_tls is kept for it here.
+    """
 
     def __init__(self, front: TlsFront) -> None:
         self.front = front
+        self.early = bytearray()
+        self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        # Bytes read before start_tls would be lost to it (a ClientHello vanishing, a stalled handshake).
-        transport.pause_reading()
-        self.front.accept(transport)
+        # A cast, not an isinstance check: uvloop's transports do not derive from asyncio.Transport.
+        self.transport = cast(asyncio.Transport, transport)
+        self.transport.pause_reading()
+        self.front.accept(self.transport, self.early)
+
+    def data_received(self, data: bytes) -> None:
+        self.early += data
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+
+def _feed(protocol: asyncio.BaseProtocol, data: bytes) -> None:
+    """`data` to `protocol` as its transport would hand it over (TLS protocols are buffered ones)."""
+    if not hasattr(protocol, "get_buffer"):
+        cast(asyncio.Protocol, protocol).data_received(data)
+        return
+    buffered = cast(asyncio.BufferedProtocol, protocol)
+    view = memoryview(data)
+    while view:
+        buffer = memoryview(buffered.get_buffer(len(view)))
+        size = min(len(buffer), len(view))
+        buffer[:size] = view[:size]
+        buffered.buffer_updated(size)
+        view = view[size:]
 
 
 async def _pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:

@@ -64,6 +64,9 @@ def test_every_duration_flag_takes_go_durations_only(flag: str, tmp_path: Path, 
     ("PILOT_DEBOUNCE_AFTER", "100"), ("PILOT_DEBOUNCE_MAX", "-1s"), ("DEFAULT_WORKLOAD_CERT_TTL", "nan"),
     ("MAX_WORKLOAD_CERT_TTL", "90d"), ("SECRET_TTL", "24"), ("GRPC_ADDR", "15010"), ("HTTP_ADDR", "x:y"),
     ("PILOT_PUSH_THROTTLE", "0"), ("PILOT_ENABLE_EDS_DEBOUNCE", "maybe"),
+
+
+    ("PILOT_PUSH_THROTTLE", "0"), ("PILOT_MAX_REQUESTS_PER_SECOND", "-1"), ("PILOT_MAX_REQUESTS_PER_SECOND", "fast"),
 ])
 def test_bad_environment_values_name_the_variable(variable: str, value: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(variable, value)
@@ -80,6 +83,13 @@ def test_debounce_defaults_and_variables_are_istiods(monkeypatch: pytest.MonkeyP
     from_env = settings("--config-dir", str(tmp_path))
     assert (from_env.debounce_max, from_env.eds_debounce) == (2.0, False)
     assert settings("--config-dir", str(tmp_path), "--enable-eds-debounce", "1").eds_debounce
+
+
+def test_request_rate_from_the_flag_or_istiods_variable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert settings("--config-dir", str(tmp_path)).max_requests_per_second == 1000
+    monkeypatch.setenv("PILOT_MAX_REQUESTS_PER_SECOND", "25")
+    assert settings("--config-dir", str(tmp_path)).max_requests_per_second == 25
+    assert settings("--config-dir", str(tmp_path), "--max-requests-per-second", "0").max_requests_per_second == 0
 
 
 def test_environment_durations_use_the_same_grammar(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
@@ -17,7 +18,29 @@ from istiod.xds.cache import Resource
 _connection_numbers = itertools.count(1)
 
 
-@dataclass
+class Held(dict[str, Resource]):
+    """What a response left a client holding of one type, by name. Connections sent the same
+    resources share one (see `of`), so it is never changed in place: replace it."""
+
+    __slots__ = ("__weakref__",)
+
+    @classmethod
+    def of(cls, resources: list[Resource]) -> Held:
+        """One per distinct list, however many connections hold it (the cache gives every connection
+        the same Resource objects, so 2000 clients of one wildcard CDS share one)."""
+        key = tuple(map(id, resources))
+        shared = _held.get(key)
+        if shared is None:
+            shared = _held[key] = cls((r.name, r) for r in resources)
+        return shared
+
+
+# Keyed by the resources' identities, which stay unique while the Held that refers to them lives;
+# an entry goes with the last connection holding it.
+_held: weakref.WeakValueDictionary[tuple[int, ...], Held] = weakref.WeakValueDictionary()
+
+
+@dataclass(slots=True)
 class WatchedResource:
     """One xDS type on one connection (istiod's WatchedResource)."""
 
@@ -29,7 +52,7 @@ class WatchedResource:
     version_acked: str = ""
     nacked_nonce: str = ""
     last_error: str = ""  # the client's error_detail message of its last NACK, cleared by an ACK
-    sent: dict[str, Resource] = field(default_factory=dict)  # what the last response held
+    sent: dict[str, Resource] = field(default_factory=dict)  # what the last response held (a Held once sent)
     acked: dict[str, Resource] = field(default_factory=dict)  # what the last ACKed response held
     sent_at: float = 0.0
 

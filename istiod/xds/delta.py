@@ -9,6 +9,7 @@ the resources whose content differs from `sent`, and the names that left.
 from __future__ import annotations
 
 import hashlib
+import sys
 import time
 import uuid
 
@@ -18,7 +19,7 @@ from google.protobuf import any_pb2
 
 from istiod.model.snapshot import Snapshot
 from istiod.xds.cache import Resource
-from istiod.xds.connection import Closed, StreamClosed, WatchedResource
+from istiod.xds.connection import Closed, StreamClosed, Held, WatchedResource
 
 WILDCARD = "*"
 
@@ -38,7 +39,7 @@ def subscribe(
     A client that reconnects says what it holds in `initial_resource_versions`: what still matches is
     taken as sent, so only what differs goes.
     """
-    subscribed = list(dict.fromkeys(request.resource_names_subscribe))
+    subscribed = list(dict.fromkeys(map(sys.intern, request.resource_names_subscribe)))
     if watched is None:
         wildcard = not subscribed or WILDCARD in subscribed
         watched = WatchedResource(request.type_url, None if wildcard else [n for n in subscribed if n != WILDCARD])
@@ -57,8 +58,9 @@ def subscribe(
                 watched.names, changed = [], True  # explicit names only from now on, none yet
             elif watched.names is not None and name in watched.names:
                 watched.names.remove(name)
-                # The client forgets what it unsubscribed from: no removal is due for it.
-                watched.sent.pop(name, None)
+                # The client forgets what it unsubscribed from: no removal is due for it. (A copy:
+                # `sent` may be shared with other connections.)
+                watched.sent = {n: r for n, r in watched.sent.items() if n != name}
                 changed = True
     if watched.names is not None and len(watched.names) > max_names:
         raise StreamClosed(Closed(grpc.StatusCode.INVALID_ARGUMENT,
@@ -92,7 +94,7 @@ def respond(
         return None
     watched.nonce_sent = uuid.uuid4().hex
     watched.version_sent = snapshot.version
-    watched.sent = {r.name: r for r in current}
+    watched.sent = Held.of(current)
     watched.sent_at = time.time()
     return discovery_pb2.DeltaDiscoveryResponse(
         system_version_info=snapshot.version,
@@ -110,5 +112,5 @@ def respond(
 def acked(watched: WatchedResource, request: discovery_pb2.DeltaDiscoveryRequest) -> None:
     """A delta ACK carries no version: the client took the version of the response it names."""
     watched.nonce_acked, watched.version_acked = request.response_nonce, watched.version_sent
-    watched.acked = dict(watched.sent)
+    watched.acked = watched.sent  # never changed in place once sent
     watched.last_error = ""

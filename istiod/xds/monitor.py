@@ -150,8 +150,9 @@ class AdsMonitor:
         if not self._pending and self.last_push is not None:
             end = time.time()
             self.last_push = status = dataclasses.replace(self.last_push, end=end)
-            log.debug(logs.event("push done", version=status.version, proxies=status.proxies_pushed,
-                                 responses=status.responses_sent, seconds=round(end - status.start, 3)))
+            if log.isEnabledFor(logging.DEBUG):  # not even the event's facts on every push otherwise
+                log.debug(logs.event("push done", version=status.version, proxies=status.proxies_pushed,
+                                     responses=status.responses_sent, seconds=round(end - status.start, 3)))
 
 
 def _version(connection: Connection) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -19,9 +20,10 @@ from istiod import logs
 from istiod.model.proxy import NodeIdError, Proxy, proxy_from_node
 from istiod.model.snapshot import Snapshot
 from istiod.xds import delta, types
+from istiod.xds.admission import RateLimited, RequestLimiter
 from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.changes import endpoint_changes
-from istiod.xds.connection import Closed, Connection, PushScope, Request, StreamClosed, WatchedResource
+from istiod.xds.connection import Closed, Connection, Held, PushScope, Request, StreamClosed, WatchedResource
 from istiod.xds.gen import generators_for
 from istiod.xds.monitor import AdsMonitor
 from istiod.xds.pusher import PushEvent
@@ -29,6 +31,7 @@ from istiod.xds.watchers import Watchers
 
 log = logging.getLogger(__name__)
 _malformed = logs.Throttled(log)
+_refused = logs.Throttled(log)  # a connect storm refuses many streams a second
 # A request naming more resources than this is refused: far beyond any mesh's clusters, and a bound on
 # what one client can make every later push send.
 MAX_RESOURCE_NAMES = 100_000
@@ -38,7 +41,8 @@ Response: TypeAlias = discovery_pb2.DiscoveryResponse | discovery_pb2.DeltaDisco
 
 
 class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
-    def __init__(self, snapshot: Callable[[], Snapshot], push_concurrency: int = 100, send_timeout: float = 5.0) -> None:
+    def __init__(self, snapshot: Callable[[], Snapshot], push_concurrency: int = 100, send_timeout: float = 5.0,
+                 max_requests_per_second: float = 0.0) -> None:
         self._snapshot = snapshot
         self.cache = ResourceCache()
         self.connections: dict[str, Connection] = {}
@@ -50,6 +54,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         # costs only its own stream.
         self._push_slots = asyncio.Semaphore(push_concurrency)
         self.send_timeout = send_timeout  # 0: none (PILOT_XDS_SEND_TIMEOUT)
+        self.admission = RequestLimiter(max_requests_per_second)  # PILOT_MAX_REQUESTS_PER_SECOND
 
     def on_push(self, event: PushEvent) -> None:
         """Wakes the connections the change concerns: for a change of endpoints and pods only, those
@@ -90,6 +95,13 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         except DecodeError as error:
             _end(context, _malformed_request(context.peer(), error))
             return
+        # After the first request (istiod waits before it): a client whose first send is still under
+        # way when the stream ends sees that send fail, and grpcio then reports INTERNAL, not our status.
+        try:
+            await self.admission.wait()
+        except RateLimited as refused:
+            _refused.warning(logs.event("ads stream refused", peer=context.peer(), reason=str(refused)))
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(refused))
         connection = await self._connect(first, context, authorize, incremental)
         self.connections[connection.id] = connection
         self.watchers.add(connection)
@@ -175,7 +187,8 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             log.warning("ads id=%s asked for unsupported type %s; not answered", connection.id, type_url)
             return []
         watched = connection.watched.get(type_url)
-        names = list(dict.fromkeys(request.resource_names))  # a name asked for twice is sent once
+        # A name asked for twice is sent once; interned, so the connections asking for it share one string.
+        names = list(dict.fromkeys(map(sys.intern, request.resource_names)))
         if len(names) > MAX_RESOURCE_NAMES:
             raise StreamClosed(Closed(grpc.StatusCode.INVALID_ARGUMENT,
                                       f"{len(names)} resource names in one request; at most {MAX_RESOURCE_NAMES}"))
@@ -190,7 +203,9 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         if request.HasField("error_detail"):
             self._nack(connection, watched, request)
             return []
-        watched.nonce_acked, watched.version_acked = request.response_nonce, request.version_info
+        # The strings already held, not the request's copies of them.
+        watched.nonce_acked = watched.nonce_sent
+        watched.version_acked = watched.version_sent if request.version_info == watched.version_sent else request.version_info
         watched.acked = watched.sent
         watched.last_error = ""
         if watched.names is not None and names != watched.names:
@@ -308,7 +323,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         version = snapshot.version
         watched.nonce_sent = uuid.uuid4().hex
         watched.version_sent = version
-        watched.sent = {r.name: r for r in resources}
+        watched.sent = Held.of(resources)
         watched.sent_at = time.time()
         return discovery_pb2.DiscoveryResponse(
             version_info=version,

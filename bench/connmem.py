@@ -1,0 +1,135 @@
+"""Benchmark: Python memory per xDS connection (tracemalloc), proxyless and Envoy-like.
+
+    python bench/connmem.py [--services 200] [--pods 2] [--clients 200] [--watch 5] [--top 8]
+
+An ADS server runs in this process on a mesh of S services; for each kind of client, two equal
+batches of clients (load generator processes, as bench/load.py's) connect one after the other and
+each is waited on until fully configured. The difference between the two batches is what one more
+connection costs, apart from what all of them share (the snapshot, the serialized resources).
+Prints bytes per connection and where they were allocated. gRPC core's own buffers (C, not traced)
+show in bench/load.py's RSS figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import sys
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import grpc
+import yaml
+from envoy.service.discovery.v3 import ads_pb2_grpc
+
+sys.path.insert(0, str(Path(__file__).parent))
+import loadgen  # noqa: E402
+from load import listener, service_yaml  # noqa: E402
+
+from istiod.sources.store import Store  # noqa: E402
+from istiod.xds import admission  # noqa: E402
+from istiod.xds.pusher import Pusher  # noqa: E402
+from istiod.xds.server import DiscoveryServer  # noqa: E402
+
+
+def specs(kind: str, first: int, count: int, services: int, watch: int) -> list[loadgen.ClientSpec]:
+    if kind == "envoy":
+        return [loadgen.ClientSpec(first + i, "envoy", [], services) for i in range(count)]
+    return [loadgen.ClientSpec(first + i, "proxyless",
+                               [listener((i * watch + k) % services) for k in range(watch)], watch)
+            for i in range(count)]
+
+
+class Batch:
+    """One load generator process whose clients stay connected until stopped."""
+
+    def __init__(self, address: str, clients: list[loadgen.ClientSpec]) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.control = ctx.Queue()
+        self.go, self.stop_flag = ctx.Event(), ctx.Event()  # held here: the child opens them after start()
+        self.go.set()
+        self.process = ctx.Process(target=loadgen.main, args=(address, clients, self.control, self.go, self.stop_flag))
+        self.process.start()
+
+    async def configured(self, timeout: float) -> None:
+        while True:
+            kind, _ = await asyncio.to_thread(self.control.get, True, timeout)
+            if kind == "configured":
+                return
+
+    def stop(self) -> None:
+        self.stop_flag.set()
+        self.process.join(30)
+        if self.process.is_alive():
+            self.process.kill()
+
+
+def traced(snapshot: tracemalloc.Snapshot) -> int:
+    return sum(stat.size for stat in snapshot.statistics("filename"))
+
+
+async def measure(server: DiscoveryServer, address: str, kind: str, args: argparse.Namespace, first: int) -> None:
+    batches: list[Batch] = []
+    snapshots: list[tracemalloc.Snapshot] = []
+    try:
+        for b in range(2):
+            batch = Batch(address, specs(kind, first + b * args.clients, args.clients, args.services, args.watch))
+            batches.append(batch)
+            await batch.configured(args.timeout)
+            await asyncio.sleep(1)  # the last ACKs handled
+            snapshots.append(tracemalloc.take_snapshot())
+        assert len(server.connections) == 2 * args.clients, len(server.connections)
+        per = (traced(snapshots[1]) - traced(snapshots[0])) / args.clients
+        print(f"{kind}: {per / 1024:.1f} KiB per connection ({args.clients} more connections, "
+              f"{len(server.connections)} in all)")
+        for stat in snapshots[1].compare_to(snapshots[0], "lineno")[:args.top]:
+            frame = stat.traceback[0]
+            print(f"  {stat.size_diff / args.clients:8.0f} B  {stat.count_diff / args.clients:5.1f} blocks  "
+                  f"{Path(frame.filename).name}:{frame.lineno}")
+    finally:
+        for batch in batches:
+            batch.stop()
+        await asyncio.sleep(1)
+
+
+async def run(args: argparse.Namespace) -> None:
+    store = Store()
+    for s in range(args.services):  # the mesh of bench/load.py
+        for doc in yaml.safe_load_all(service_yaml(s, args.pods, None)):
+            store.apply(doc)
+    pusher = Pusher(store, debounce_after=0.01, debounce_max=0.05)
+    discovery = DiscoveryServer(lambda: pusher.snapshot)
+    pusher.subscribe(discovery.on_push)
+    server = grpc.aio.server(options=admission.CORE_OPTIONS)
+    ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(discovery, server)
+    address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    await server.start()
+    task = asyncio.create_task(pusher.run())
+    pusher.publish(full=True)
+    discovery.ready = True
+    tracemalloc.start()
+    try:
+        print(f"mesh: {args.services} services x {args.pods} pods; proxyless clients watch {args.watch} services")
+        await measure(discovery, address, "proxyless", args, 0)
+        await measure(discovery, address, "envoy", args, 10 * args.clients)
+    finally:
+        tracemalloc.stop()
+        task.cancel()
+        await server.stop(None)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--services", "-S", type=int, default=200)
+    parser.add_argument("--pods", "-P", type=int, default=2)
+    parser.add_argument("--clients", "-N", type=int, default=200, help="clients per batch and kind")
+    parser.add_argument("--watch", "-K", type=int, default=5, help="services each proxyless client watches")
+    parser.add_argument("--top", type=int, default=8, help="allocation sites shown")
+    parser.add_argument("--timeout", type=float, default=120)
+    asyncio.run(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
