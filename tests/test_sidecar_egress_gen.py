@@ -18,7 +18,7 @@ from istiod.model.snapshot import Snapshot
 from istiod.sources.store import Store
 from istiod.xds import types
 from istiod.xds.cache import ResourceCache
-from istiod.xds.gen import SIDECAR
+from istiod.xds.gen import PROXYLESS_GRPC, SIDECAR
 from tests.conftest import DATA
 
 NODE = "sidecar~127.0.0.31~web-1.shop~shop.svc.cluster.local"
@@ -160,3 +160,61 @@ def test_a_service_entry_host_without_an_address_takes_its_port_by_sni() -> None
         assert list(by_sni.filter_chain_match.server_names) == ["b.tls.test"]
         assert tcp_proxy_of(listener_pb2.Listener(filter_chains=[by_sni])).cluster == "outbound|443||b.tls.test"
         assert tcp_proxy_of(listener_pb2.Listener(filter_chains=[other])).cluster == rest
+
+
+EXPORTED = """
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: private, namespace: billing}
+spec:
+  hosts: [private.billing.test]
+  addresses: [10.96.5.9]
+  ports: [{number: 8090, name: http, protocol: HTTP}, {number: 9100, name: tcp, protocol: TCP}]
+  resolution: STATIC
+  endpoints: [{address: 127.0.0.41}]
+  exportTo: ["."]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: partner, namespace: billing}
+spec:
+  hosts: [partner.billing.test]
+  ports: [{number: 9200, name: grpc, protocol: GRPC}]
+  resolution: STATIC
+  endpoints: [{address: 127.0.0.42}]
+  exportTo: [shop]
+"""
+
+
+def test_a_service_entry_is_seen_only_where_it_is_exported() -> None:
+    """exportTo `.`: only billing's proxies see private.billing.test; `[shop]`: only shop's (not
+    even billing's own) see partner.billing.test; with no exportTo, every namespace."""
+    snap = snapshot(EXPORTED)
+    shop = generate(types.CLUSTER, snap, cluster_pb2.Cluster)
+    assert "outbound|9200||partner.billing.test" in shop and "outbound|7000||tcp.external.test" in shop
+    assert not [name for name in shop if "private.billing.test" in name]
+    listeners = generate(types.LISTENER, snap, listener_pb2.Listener)
+    assert "10.96.5.9_9100" not in listeners and "0.0.0.0_9200" in listeners
+    hosts = [h.name for h in generate(types.ROUTE, snap, route_pb2.RouteConfiguration)["8090"].virtual_hosts]
+    assert "echo.external.test:8090" in hosts and "private.billing.test:8090" not in hosts
+
+    billing = proxy_from_node("sidecar~127.0.0.32~pay-1.billing~billing.svc.cluster.local", {"LABELS": {"app": "pay"}})
+    names = {r.name for r in SIDECAR[types.CLUSTER](snap, billing, None, ResourceCache())}
+    assert "outbound|9100||private.billing.test" in names and "outbound|9200||partner.billing.test" not in names
+    assert "outbound|7000||tcp.external.test" in names
+
+    # Proxyless gRPC: not in the wildcard, and not served when asked for by name.
+    grpc_shop = proxy_from_node(NODE, {"GENERATOR": "grpc"})
+    wildcard = {r.name for r in PROXYLESS_GRPC[types.CLUSTER](snap, grpc_shop, None, ResourceCache())}
+    assert "outbound|9200||partner.billing.test" in wildcard
+    assert not [name for name in wildcard if "private.billing.test" in name]
+    asked = ["outbound|8090||private.billing.test", "outbound|9200||partner.billing.test"]
+    for type_url in (types.CLUSTER, types.ENDPOINT, types.ROUTE):
+        served = {r.name for r in PROXYLESS_GRPC[type_url](snap, grpc_shop, asked, ResourceCache())}
+        assert "outbound|8090||private.billing.test" not in served, type_url
+    listeners_asked = ["private.billing.test:8090", "partner.billing.test:9200"]
+    served = {r.name for r in PROXYLESS_GRPC[types.LISTENER](snap, grpc_shop, listeners_asked, ResourceCache())}
+    assert served == {"partner.billing.test:9200"}
+    grpc_billing = proxy_from_node("sidecar~127.0.0.32~pay-1.billing~billing.svc.cluster.local", {"GENERATOR": "grpc"})
+    served = {r.name for r in PROXYLESS_GRPC[types.LISTENER](snap, grpc_billing, listeners_asked, ResourceCache())}
+    assert served == {"private.billing.test:8090"}

@@ -33,6 +33,7 @@ def service_entry_services(config: ConfigSet, services: Mapping[str, Service]) -
                 ports=tuple(Port(p.name, p.number, target_port=p.target_port, app_protocol=p.protocol.lower())
                             for p in entry.ports),
                 external_host=host, resolution=entry.resolution,
+                export_to=entry.export_to, subject_alt_names=entry.subject_alt_names,
                 # Its first address is its VIP, as a ClusterIP is (a CIDR is no address to call).
                 cluster_ip=next((a for a in entry.addresses if "/" not in a), ""),
             )

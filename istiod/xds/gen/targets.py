@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from istiod.model.config.networking import (
     ConsistentHash, DestinationRule, HTTPRoute, L4Route, Sidecar, Subset, VirtualService,
 )
-from istiod.model.config.scope import egress_allows
+from istiod.model.config.scope import egress_allows, exported_to
 from istiod.model.mesh import OutboundTrafficPolicy
 from istiod.model.names import outbound_cluster_name, parse_cluster_name, split_host_port
 from istiod.model.proxy import Proxy
@@ -34,14 +34,20 @@ def sidecar_resource(snapshot: Snapshot, proxy: Proxy) -> Sidecar | None:
     return snapshot.config.sidecar_for(proxy.namespace, dict(proxy.labels), snapshot.mesh.root_namespace)
 
 
+def exported(service: Service, proxy: Proxy) -> bool:
+    """Whether the service is exported to the proxy's namespace: a ServiceEntry's exportTo hides
+    its hosts from other namespaces' proxies entirely, even asked for by name, as istiod."""
+    return exported_to(service.export_to, service.namespace, proxy.namespace)
+
+
 def visible_services(snapshot: Snapshot, proxy: Proxy) -> Iterable[Service]:
-    """The services a proxy sees: all of them, or those some egress listener of its Sidecar
-    resource names in `hosts` (what keeps a proxy's config small in a large mesh)."""
+    """The services a proxy sees: those exported to its namespace, and of them, under a Sidecar
+    resource, those some egress listener names in `hosts` (what keeps a proxy's config small)."""
     sidecar = sidecar_resource(snapshot, proxy)
     if sidecar is None or not sidecar.egress:
-        return snapshot.services.values()
-    return [s for s in snapshot.services.values()
-            if any(egress_allows(e, sidecar.meta.namespace, s.namespace, s.hostname) for e in sidecar.egress)]
+        return [s for s in snapshot.services.values() if exported(s, proxy)]
+    return [s for s in snapshot.services.values() if exported(s, proxy)
+            and any(egress_allows(e, sidecar.meta.namespace, s.namespace, s.hostname) for e in sidecar.egress)]
 
 
 def outbound_traffic_policy(snapshot: Snapshot, proxy: Proxy) -> OutboundTrafficPolicy:
@@ -94,7 +100,7 @@ def outbound_host_ports(snapshot: Snapshot, proxy: Proxy, names: list[str] | Non
         except ValueError:
             continue
         service = snapshot.service_for_host(host if "." in host else f"{host}.{proxy.namespace}")
-        if service is not None and service.port(port) is not None:
+        if service is not None and service.port(port) is not None and exported(service, proxy):
             yield name, service, port
 
 
@@ -113,7 +119,7 @@ def outbound_clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None)
         except ValueError:
             continue
         service = snapshot.services.get(host)
-        if direction != "outbound" or service is None or service.port(port) is None:
+        if direction != "outbound" or service is None or service.port(port) is None or not exported(service, proxy):
             continue
         rule = destination_rule(snapshot, proxy, service)
         subset = rule.subset(subset_name) if rule is not None and subset_name else None
