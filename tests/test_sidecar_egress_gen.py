@@ -10,6 +10,8 @@ from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
+from envoy.extensions.transport_sockets.tls.v3 import common_pb2, tls_pb2
+from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2 as http_options_pb2
 
 from istiod.model.builder import build_snapshot
 from istiod.model.mesh import MeshConfig, OutboundTrafficPolicy
@@ -19,6 +21,7 @@ from istiod.sources.store import Store
 from istiod.xds import types
 from istiod.xds.cache import ResourceCache
 from istiod.xds.gen import PROXYLESS_GRPC, SIDECAR
+from istiod.xds.gen.sidecar.clusters import HTTP_OPTIONS
 from tests.conftest import DATA
 
 NODE = "sidecar~127.0.0.31~web-1.shop~shop.svc.cluster.local"
@@ -218,3 +221,45 @@ def test_a_service_entry_is_seen_only_where_it_is_exported() -> None:
     grpc_billing = proxy_from_node("sidecar~127.0.0.32~pay-1.billing~billing.svc.cluster.local", {"GENERATOR": "grpc"})
     served = {r.name for r in PROXYLESS_GRPC[types.LISTENER](snap, grpc_billing, listeners_asked, ResourceCache())}
     assert served == {"private.billing.test:8090"}
+
+
+def _validation(cluster: cluster_pb2.Cluster) -> list[tuple[int, str]]:
+    context = tls_pb2.UpstreamTlsContext()
+    cluster.transport_socket.typed_config.Unpack(context)
+    return [(m.san_type, m.matcher.exact) for m in context.common_tls_context.validation_context.match_typed_subject_alt_names]
+
+
+def test_a_service_entrys_subject_alt_names_are_verified_when_the_rule_names_none() -> None:
+    """As istiod: SIMPLE and MUTUAL TLS to a ServiceEntry host check its subjectAltNames unless the
+    DestinationRule names its own; auto SAN validation still follows the rule alone."""
+    entry = """
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: api, namespace: shop}
+spec:
+  hosts: [api.external.test]
+  ports: [{number: 8443, name: http, protocol: HTTP}]
+  resolution: DNS
+  subjectAltNames: [api.external.test, "spiffe://partner/ns/api/sa/api"]
+"""
+
+    def cluster(tls: str) -> cluster_pb2.Cluster:
+        rule = f"""
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {{name: api, namespace: shop}}
+spec: {{host: api.external.test, trafficPolicy: {{tls: {tls}}}}}
+"""
+        return generate(types.CLUSTER, snapshot(entry, rule), cluster_pb2.Cluster)["outbound|8443||api.external.test"]
+
+    dns, uri = common_pb2.SubjectAltNameMatcher.DNS, common_pb2.SubjectAltNameMatcher.URI
+    for tls in ("{mode: SIMPLE}", "{mode: MUTUAL, clientCertificate: /c.pem, privateKey: /k.pem}"):
+        assert _validation(cluster(tls)) == [(dns, "api.external.test"), (uri, "api.external.test"),
+                                             (dns, "spiffe://partner/ns/api/sa/api"),
+                                             (uri, "spiffe://partner/ns/api/sa/api")]
+    options = http_options_pb2.HttpProtocolOptions()
+    cluster("{mode: SIMPLE}").typed_extension_protocol_options[HTTP_OPTIONS].Unpack(options)
+    assert options.upstream_http_protocol_options.auto_san_validation
+    assert _validation(cluster("{mode: SIMPLE, subjectAltNames: [other.test]}")) == [
+        (dns, "other.test"), (uri, "other.test")]
+    assert _validation(cluster("{mode: SIMPLE, insecureSkipVerify: true}")) == []

@@ -91,10 +91,11 @@ def sds_downstream_tls(alpn: Iterable[str]) -> base_pb2.TransportSocket:
     return _transport_socket(context)
 
 
-def originated_tls(tls: ClientTLS, alpn: Iterable[str]) -> base_pb2.TransportSocket:
+def originated_tls(tls: ClientTLS, alpn: Iterable[str], default_sans: Iterable[str] = ()) -> base_pb2.TransportSocket:
     """Envoy, client side, for a DestinationRule's SIMPLE or MUTUAL TLS: the files it names, read
     by Envoy in the sidecar (istiod has the agent serve the same files over SDS). The CA is the
-    system's unless named; `insecureSkipVerify` checks nothing; subjectAltNames match a DNS or URI SAN."""
+    system's unless named; `insecureSkipVerify` checks nothing; subjectAltNames match a DNS or URI
+    SAN, and when the rule names none, `default_sans` do (a ServiceEntry's subjectAltNames, as istiod)."""
     common = tls_pb2.CommonTlsContext(alpn_protocols=list(alpn))
     if tls.mode is TLSMode.MUTUAL:
         common.tls_certificates.add(certificate_chain=base_pb2.DataSource(filename=tls.client_certificate),
@@ -104,7 +105,7 @@ def originated_tls(tls: ClientTLS, alpn: Iterable[str]) -> base_pb2.TransportSoc
         validation.trusted_ca.filename = tls.ca_certificates or SYSTEM_CA_BUNDLE
         validation.match_typed_subject_alt_names.extend(
             common_pb2.SubjectAltNameMatcher(san_type=san_type, matcher=string_pb2.StringMatcher(exact=name))
-            for name in tls.subject_alt_names
+            for name in tls.subject_alt_names or default_sans
             for san_type in (common_pb2.SubjectAltNameMatcher.DNS, common_pb2.SubjectAltNameMatcher.URI))
     return _transport_socket(tls_pb2.UpstreamTlsContext(common_tls_context=common, sni=tls.sni))
 

@@ -121,9 +121,11 @@ def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint,
     if tls is not None:
         del cluster.transport_socket_matches[:]
         if tls.mode in (TLSMode.SIMPLE, TLSMode.MUTUAL):
-            cluster.transport_socket.CopyFrom(originated_tls(tls, ("h2",) if target.protocol.is_http2 else ()))
+            cluster.transport_socket.CopyFrom(originated_tls(tls, ("h2",) if target.protocol.is_http2 else (),
+                                                             target.service.subject_alt_names))
             if target.protocol.is_http:
-                # istiod's auto SNI (and SAN check) from the request's Host when the rule names none.
+                # istiod's auto SNI (and SAN check) from the request's Host when the rule names none
+                # (the rule's own SANs decide, not the ServiceEntry's it falls back to: as istiod).
                 cluster.typed_extension_protocol_options[HTTP_OPTIONS].CopyFrom(_http_options(
                     target.protocol, protocol_pb2.UpstreamHttpProtocolOptions(
                         auto_sni=not tls.sni,
