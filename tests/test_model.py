@@ -139,3 +139,58 @@ def test_failed_update_keeps_the_last_good_state() -> None:
         store.apply({**good, "spec": {"ports": [{"port": 0}]}})
     stored = store.get(ObjectKey("Service", "n", "s"))
     assert stored is not None and stored.value.ports[0].port == 80
+
+
+PICKING_ENTRY = """
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: web-ext, namespace: shop}
+spec:
+  hosts: [web.ext.test]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  workloadSelector: {labels: {app: web}}
+  ports:
+  - {number: 8443, name: http, protocol: HTTP}
+  - {number: 9443, name: admin, protocol: HTTP, targetPort: 9901}
+  - {number: 7443, name: tcp, protocol: TCP}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: vm, namespace: shop}
+spec: {address: 192.0.2.1, labels: {app: web}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: web-1, namespace: other, labels: {app: web}}
+status: {phase: Running, podIP: 10.0.9.1, conditions: [{type: Ready, status: "True"}]}
+"""
+
+
+def test_a_service_entrys_workload_selector_picks_pods_of_its_namespace() -> None:
+    """As istiod's ServiceEntry controller: the WorkloadEntries and the Pods of the entry's namespace
+    it selects, each Pod at its container port named as the entry's port, else the targetPort or
+    the port's number; unready ones unhealthy, finished ones (a done Job's) left out."""
+    store = load_store("model-mesh.yaml")
+    for doc in yaml.safe_load_all(PICKING_ENTRY):
+        store.apply(doc)
+    changed: list[ObjectKey] = []
+    store.subscribe(lambda change: changed.append(change.key))
+    snapshot = build_snapshot(store, "v1")
+    endpoints = {port: [(e.address, e.port, e.healthy) for e in snapshot.endpoints_for("web.ext.test", port)]
+                 for port in (8443, 9443, 7443)}
+    assert endpoints == {
+        8443: [("192.0.2.1", 8443, True), ("10.0.0.1", 8080, True), ("10.0.0.2", 8080, False)],
+        9443: [("192.0.2.1", 9901, True), ("10.0.0.1", 9901, True), ("10.0.0.2", 9901, False)],
+        7443: [("192.0.2.1", 7443, True), ("10.0.0.1", 7443, True), ("10.0.0.2", 7443, False)],
+    }
+    pod = snapshot.endpoints_for("web.ext.test", 8443)[1]
+    assert (pod.pod, pod.service_account, pod.locality, pod.namespace) == ("web-abc12-1", "web-sa",
+                                                                           Locality("r1", "z1", "s1"), "shop")
+    # A Pod relabelled away leaves the entry's endpoints in an incremental build.
+    relabelled = next(doc for doc in yaml.safe_load_all((DATA / "model-mesh.yaml").read_text())
+                      if doc["metadata"]["name"] == "web-abc12-1")
+    relabelled["metadata"]["labels"]["app"] = "gone"
+    store.apply(relabelled)
+    after = build_snapshot(store, "v2", snapshot, list(changed))
+    assert [e.address for e in after.endpoints_for("web.ext.test", 8443)] == ["192.0.2.1", "10.0.0.2"]

@@ -226,7 +226,8 @@ def test_a_service_entry_is_seen_only_where_it_is_exported() -> None:
 def _validation(cluster: cluster_pb2.Cluster) -> list[tuple[int, str]]:
     context = tls_pb2.UpstreamTlsContext()
     cluster.transport_socket.typed_config.Unpack(context)
-    return [(m.san_type, m.matcher.exact) for m in context.common_tls_context.validation_context.match_typed_subject_alt_names]
+    validation = context.common_tls_context.validation_context
+    return [(m.san_type, m.matcher.exact) for m in validation.match_typed_subject_alt_names]
 
 
 def test_a_service_entrys_subject_alt_names_are_verified_when_the_rule_names_none() -> None:

@@ -17,7 +17,9 @@ from typing import Any, Protocol, TypeVar
 from istiod.model.batch import CronJob, Job
 from istiod.model.cluster import Node
 from istiod.model.config import ConfigSet
-from istiod.model.entries import EntryServices, service_entry_services
+from istiod.model.config.common import Labels, selector_matches
+from istiod.model.config.networking import ServiceEntry, ServicePort
+from istiod.model.entries import EntryServices, PodEndpoints, service_entry_services
 from istiod.model.endpointslice import EndpointSlice
 from istiod.model.mesh import MeshConfig
 from istiod.model.service import Endpoint, Locality, Port, Service
@@ -73,14 +75,16 @@ def build_snapshot(
 
 def _whole(objects: ObjectValues[Key], version: str, previous: Snapshot | None, mesh: MeshConfig) -> Snapshot:
     config = ConfigSet.collect(objects)
-    services, entries = _services(objects, config)
     workloads: dict[tuple[str, str], Workload] = {(w.namespace, w.name): w for w in objects.values("Pod")}
     jobs: dict[tuple[str, str], Job] = {(j.namespace, j.name): j for j in objects.values("Job")}
     endpoint_slices: dict[tuple[str, str], EndpointSlice] = {
         (s.namespace, s.name): s for s in objects.values("EndpointSlice")}
-    selection = Selection.of(services, workloads, endpoint_slices)
+    # Endpoints need the Pods and slices indexed, not the Services (ServiceEntries pick Pods too).
+    selection = Selection.of({}, workloads, endpoint_slices)
     nodes = _nodes(objects)
     context = _EndpointContext(workloads, nodes, jobs, selection)
+    services, entries = _services(objects, config, context.entry_pod_endpoints)
+    selection = selection.with_services(services)
     endpoints: dict[EndpointKey, tuple[Endpoint, ...]] = {}
     old = previous.endpoints if previous is not None else {}
     for hostname, (_, by_port) in entries.items():
@@ -128,8 +132,9 @@ def _next(objects: ObjectValues[Key], version: str, previous: Snapshot, keys: Ma
     services: Mapping[str, Service] = previous.services
     entries: EntryServices = {}
     hosts: set[str] = set()  # hostnames whose Service is new, gone or changed
-    if keys.keys() & _SERVICE_KINDS:
-        fresh, entries = _services(objects, config)
+    context = _EndpointContext(workloads, previous.nodes, previous.jobs, selection)
+    if keys.keys() & _SERVICE_KINDS or _entries_pick(config.service_entries, pods, previous.workloads, workloads):
+        fresh, entries = _services(objects, config, context.entry_pod_endpoints)
         for hostname in fresh.keys() | previous.services.keys():
             old, new = previous.services.get(hostname), fresh.get(hostname)
             if new is not None and old is not None and new is not old and new == old:
@@ -169,7 +174,6 @@ def _next(objects: ObjectValues[Key], version: str, previous: Snapshot, keys: Ma
     for hostname, (_, by_port) in entries.items():
         for port_number, entry_endpoints in by_port.items():
             put((hostname, port_number), entry_endpoints)
-    context = _EndpointContext(workloads, previous.nodes, previous.jobs, selection)
     for namespace, name in dirty:
         for service in selection.namespaces.get(namespace, ()):
             if service.name == name and services.get(service.hostname) is service:
@@ -199,10 +203,11 @@ def _next(objects: ObjectValues[Key], version: str, previous: Snapshot, keys: Ma
     )
 
 
-def _services(objects: ObjectValues[Key], config: ConfigSet) -> tuple[dict[str, Service], EntryServices]:
+def _services(objects: ObjectValues[Key], config: ConfigSet,
+              pod_endpoints: PodEndpoints) -> tuple[dict[str, Service], EntryServices]:
     """Kubernetes Services and ServiceEntry hosts by hostname, and the hosts' own endpoints."""
     services = {s.hostname: s for s in objects.values("Service")}
-    entries = service_entry_services(config, services)
+    entries = service_entry_services(config, services, pod_endpoints)
     services.update({hostname: service for hostname, (service, _) in entries.items()})
     return services, entries
 
@@ -224,6 +229,19 @@ def _kept(old: tuple[Endpoint, ...] | None, new: Iterable[Endpoint]) -> tuple[En
     """The previous tuple object while it stays equal, so caches keyed on identity stay warm."""
     endpoints = tuple(new)
     return old if old == endpoints and old is not None else endpoints
+
+
+def _entries_pick(entries: Iterable[ServiceEntry], pods: Iterable[tuple[str, str]],
+                  before: Mapping[tuple[str, str], Workload], after: Mapping[tuple[str, str], Workload]) -> bool:
+    """Whether a ServiceEntry's workloadSelector picked or picks one of the changed Pods (its
+    endpoints then move; recomputing every entry's is cheap next to the Services' own)."""
+    selecting = [e for e in entries if e.workload_selector]
+    for key in pods if selecting else ():
+        for pod in (before.get(key), after.get(key)):
+            if pod is not None and any(e.meta.namespace == pod.namespace
+                                       and selector_matches(e.workload_selector, pod.label_map()) for e in selecting):
+                return True
+    return False
 
 
 def _selects(service: Service, workload: Workload | None) -> bool:
@@ -266,15 +284,15 @@ class _EndpointContext:
             return not (job and job.finished)
         return True
 
-    def endpoint(self, workload: Workload | None, address: str, port: int, service_port: Port,
+    def endpoint(self, workload: Workload | None, address: str, port: int, service_port: int,
                  ready: bool, node_name: str, zone: str, namespace: str) -> Endpoint:
         if workload is None:
             locality = self.nodes.get(node_name) or Locality(zone=zone)
-            return Endpoint(address, port, service_port.port, ready, locality, namespace=namespace)
+            return Endpoint(address, port, service_port, ready, locality, namespace=namespace)
         return Endpoint(
             address=address,
             port=port,
-            service_port=service_port.port,
+            service_port=service_port,
             healthy=ready,
             locality=workload.locality(self.nodes.get(node_name or workload.node_name)),
             labels=workload.labels,
@@ -297,26 +315,37 @@ class _EndpointContext:
                     for address in e.addresses:
                         # Slices can overlap while the controller moves endpoints; keep one.
                         result[(address, number)] = self.endpoint(
-                            workload, address, number, port, e.ready, e.node_name, e.zone, service.namespace
+                            workload, address, number, port.port, e.ready, e.node_name, e.zone, service.namespace
                         )
         return [result[k] for k in sorted(result)]
+
+    def picked(self, namespace: str, selector: Labels) -> Iterable[Workload]:
+        """The serving Pods with an IP of the namespace that a (non-empty) selector picks."""
+        candidates = min((self.selection.labelled(namespace, label) for label in selector), key=len)
+        return (w for w in candidates
+                if w.ip and self.serving(w) and selector_matches(selector, w.label_map()))
 
     def selected_endpoints(self, service: Service, port: Port) -> list[Endpoint]:
         """No EndpointSlices: the Pods the selector picks, as the endpoints controller would."""
         if not service.selector:
             return []
         result = []
-        candidates = min((self.selection.labelled(service.namespace, label) for label in service.selector), key=len)
-        for workload in candidates:
-            if not workload.ip or not self.serving(workload):
-                continue
-            labels = workload.label_map()
-            if any(labels.get(k) != v for k, v in service.selector):
-                continue
+        for workload in self.picked(service.namespace, service.selector):
             number = workload.container_port(port.target_port or port.port)
             if number is None:
                 continue
-            result.append(self.endpoint(workload, workload.ip, number, port, workload.ready, "", "", service.namespace))
+            result.append(self.endpoint(workload, workload.ip, number, port.port, workload.ready, "", "",
+                                        service.namespace))
+        result.sort(key=lambda e: (e.address, e.port))
+        return result
+
+    def entry_pod_endpoints(self, namespace: str, selector: Labels, port: ServicePort) -> list[Endpoint]:
+        """A ServiceEntry's Pods, as istiod's ServiceEntry controller makes them: the pod's IP at
+        its container port named as the entry's port, else the port's targetPort or number (the
+        Pod need not declare it)."""
+        result = [self.endpoint(w, w.ip, dict(w.container_ports).get(port.name) or port.target_port or port.number,
+                                port.number, w.ready, "", "", namespace)
+                  for w in self.picked(namespace, selector)]
         result.sort(key=lambda e: (e.address, e.port))
         return result
 

@@ -1,49 +1,56 @@
 """ServiceEntry hosts as Services, so every flavor calls them by name like Kubernetes Services.
 
 Each host of a ServiceEntry with STATIC, DNS or DNS_ROUND_ROBIN resolution becomes a Service
-whose hostname is that host; its endpoints are the entry's (inline, or the WorkloadEntries its
-workloadSelector picks), or for DNS resolution without endpoints the host itself. A host a
+whose hostname is that host; its endpoints are the entry's (inline, or the WorkloadEntries and
+Pods its workloadSelector picks), or for DNS resolution without endpoints the host itself. A host a
 Kubernetes Service already has, a wildcard host and NONE resolution give no Service (nothing to
 call by name); of two entries with one host, the first by namespace and name wins.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from istiod.model.config import ConfigSet, scope
+from istiod.model.config.common import Labels
 from istiod.model.config.networking import Resolution, ServiceEntry, ServicePort, WorkloadEntry
 from istiod.model.service import Endpoint, Locality, Port, Service
 
 EntryServices = dict[str, tuple[Service, dict[int, tuple[Endpoint, ...]]]]
+# The endpoints of the Pods of a namespace that a workloadSelector picks, for one port of the entry.
+PodEndpoints = Callable[[str, Labels, ServicePort], Sequence[Endpoint]]
 
 
-def service_entry_services(config: ConfigSet, services: Mapping[str, Service]) -> EntryServices:
+def service_entry_services(config: ConfigSet, services: Mapping[str, Service],
+                           pod_endpoints: PodEndpoints) -> EntryServices:
     """hostname -> (Service, service port -> endpoints)."""
     result: EntryServices = {}
     for entry in config.service_entries:
         if entry.resolution is Resolution.NONE:
             continue
         members = scope.service_entry_endpoints(entry, config.workload_entries)
+        ports = tuple(Port(p.name, p.number, target_port=p.target_port, app_protocol=p.protocol.lower())
+                      for p in entry.ports)
+        pods = {p.number: tuple(pod_endpoints(entry.meta.namespace, entry.workload_selector, p))
+                for p in entry.ports} if entry.workload_selector else {}
         for host in entry.hosts:
             if host.startswith("*") or host in services or host in result:
                 continue
             service = Service(
-                name=entry.meta.name, namespace=entry.meta.namespace, domain="",
-                ports=tuple(Port(p.name, p.number, target_port=p.target_port, app_protocol=p.protocol.lower())
-                            for p in entry.ports),
+                name=entry.meta.name, namespace=entry.meta.namespace, domain="", ports=ports,
                 external_host=host, resolution=entry.resolution,
                 export_to=entry.export_to, subject_alt_names=entry.subject_alt_names,
                 # Its first address is its VIP, as a ClusterIP is (a CIDR is no address to call).
                 cluster_ip=next((a for a in entry.addresses if "/" not in a), ""),
             )
-            result[host] = (service, {p.number: _endpoints(entry, host, p, members) for p in entry.ports})
+            result[host] = (service, {p.number: _endpoints(entry, host, p, members, pods.get(p.number, ()))
+                                      for p in entry.ports})
     return result
 
 
-def _endpoints(entry: ServiceEntry, host: str, port: ServicePort,
-               members: tuple[WorkloadEntry, ...]) -> tuple[Endpoint, ...]:
-    if not members and entry.resolution is not Resolution.STATIC:
+def _endpoints(entry: ServiceEntry, host: str, port: ServicePort, members: tuple[WorkloadEntry, ...],
+               pods: tuple[Endpoint, ...]) -> tuple[Endpoint, ...]:
+    if not members and not pods and entry.resolution is not Resolution.STATIC:
         return (Endpoint(host, port.target_port or port.number, port.number, namespace=entry.meta.namespace),)
     return tuple(
         Endpoint(
@@ -56,4 +63,4 @@ def _endpoints(entry: ServiceEntry, host: str, port: ServicePort,
             namespace=entry.meta.namespace,
         )
         for member in members
-    )
+    ) + pods

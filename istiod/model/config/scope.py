@@ -194,7 +194,7 @@ def gateways_for(gateways: Iterable[Gateway], labels: Mapping[str, str]) -> list
 
 def service_entry_endpoints(entry: ServiceEntry, workload_entries: Iterable[WorkloadEntry]) -> tuple[WorkloadEntry, ...]:
     """A ServiceEntry's endpoints: inline ones, or the WorkloadEntries of its namespace that its
-    workloadSelector picks (Pods it selects are the translators' to add, from the snapshot)."""
+    workloadSelector picks (the Pods it picks are the snapshot builder's to add)."""
     if not entry.workload_selector:
         return entry.endpoints
     return tuple(w for w in _ordered(workload_entries) if w.meta.namespace == entry.meta.namespace
