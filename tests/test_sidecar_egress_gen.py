@@ -165,7 +165,7 @@ def test_a_service_entry_host_without_an_address_takes_its_port_by_sni() -> None
         assert tcp_proxy_of(listener_pb2.Listener(filter_chains=[other])).cluster == rest
 
 
-EXPORTED = """
+ENTRIES = """
 apiVersion: networking.istio.io/v1
 kind: ServiceEntry
 metadata: {name: private, namespace: billing}
@@ -186,13 +186,22 @@ spec:
   resolution: STATIC
   endpoints: [{address: 127.0.0.42}]
   exportTo: [shop]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: api, namespace: shop}
+spec:
+  hosts: [api.external.test]
+  ports: [{number: 8443, name: http, protocol: HTTP}]
+  resolution: DNS
+  subjectAltNames: [api.external.test, "spiffe://partner/ns/api/sa/api"]
 """
 
 
 def test_a_service_entry_is_seen_only_where_it_is_exported() -> None:
     """exportTo `.`: only billing's proxies see private.billing.test; `[shop]`: only shop's (not
     even billing's own) see partner.billing.test; with no exportTo, every namespace."""
-    snap = snapshot(EXPORTED)
+    snap = snapshot(ENTRIES)
     shop = generate(types.CLUSTER, snap, cluster_pb2.Cluster)
     assert "outbound|9200||partner.billing.test" in shop and "outbound|7000||tcp.external.test" in shop
     assert not [name for name in shop if "private.billing.test" in name]
@@ -233,17 +242,6 @@ def _validation(cluster: cluster_pb2.Cluster) -> list[tuple[int, str]]:
 def test_a_service_entrys_subject_alt_names_are_verified_when_the_rule_names_none() -> None:
     """As istiod: SIMPLE and MUTUAL TLS to a ServiceEntry host check its subjectAltNames unless the
     DestinationRule names its own; auto SAN validation still follows the rule alone."""
-    entry = """
-apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {name: api, namespace: shop}
-spec:
-  hosts: [api.external.test]
-  ports: [{number: 8443, name: http, protocol: HTTP}]
-  resolution: DNS
-  subjectAltNames: [api.external.test, "spiffe://partner/ns/api/sa/api"]
-"""
-
     def cluster(tls: str) -> cluster_pb2.Cluster:
         rule = f"""
 apiVersion: networking.istio.io/v1
@@ -251,7 +249,7 @@ kind: DestinationRule
 metadata: {{name: api, namespace: shop}}
 spec: {{host: api.external.test, trafficPolicy: {{tls: {tls}}}}}
 """
-        return generate(types.CLUSTER, snapshot(entry, rule), cluster_pb2.Cluster)["outbound|8443||api.external.test"]
+        return generate(types.CLUSTER, snapshot(ENTRIES, rule), cluster_pb2.Cluster)["outbound|8443||api.external.test"]
 
     dns, uri = common_pb2.SubjectAltNameMatcher.DNS, common_pb2.SubjectAltNameMatcher.URI
     for tls in ("{mode: SIMPLE}", "{mode: MUTUAL, clientCertificate: /c.pem, privateKey: /k.pem}"):
