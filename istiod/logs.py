@@ -68,6 +68,13 @@ def setup(level: str = "info", output: str = "kv") -> None:
     root.setLevel(level.upper())
 
 
+def current() -> tuple[str, str]:
+    """The level and output that setup() was given, for a child process to log alike."""
+    root = logging.getLogger()
+    json = any(isinstance(h.formatter, JsonFormatter) for h in root.handlers)
+    return logging.getLevelName(root.level).lower(), "json" if json else "kv"
+
+
 def _record_fields(record: logging.LogRecord, formatter: logging.Formatter) -> dict[str, Any]:
     message = record.msg
     values: dict[str, Any] = {

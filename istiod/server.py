@@ -16,8 +16,8 @@ from datetime import datetime, timezone
 
 import grpc
 import uvicorn
-from envoy.service.discovery.v3 import ads_pb2, ads_pb2_grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from envoy.service.discovery.v3 import ads_pb2
+from grpc_health.v1 import health, health_pb2
 from grpc_reflection.v1alpha import reflection
 from kubernetes_asyncio import client
 from kubernetes_asyncio.config import ConfigException
@@ -46,9 +46,9 @@ from istiod.webhooks.cabundle import INJECTOR, CaBundlePatcher, validator_name
 from istiod.webhooks.injection import InjectionError, Injector
 from istiod.webhooks.injector_source import InjectorConfigMapWatcher, read_injection_dir
 from istiod.webhooks.serve import WebhookServer
-from istiod.xds import admission
 from istiod.xds.pusher import Pusher
 from istiod.xds.server import DiscoveryServer
+from istiod.xds.workers import WorkerPool, ads_server
 
 log = logging.getLogger(__name__)
 ADS_SERVICE = ads_pb2.DESCRIPTOR.services_by_name["AggregatedDiscoveryService"].full_name
@@ -71,6 +71,7 @@ class Discovery:
         self.ads = DiscoveryServer(lambda: self.pusher.snapshot, settings.push_concurrency, settings.xds_send_timeout,
                                    settings.max_requests_per_second)
         self.pusher.subscribe(self.ads.on_push)
+        self.workers = WorkerPool(settings, self.store, self.pusher) if settings.xds_workers > 1 else None
         self.supervisor = Supervisor()
         self.secure = SecurePort(settings, self.ads, self.supervisor)
         self.health = health.aio.HealthServicer()
@@ -128,17 +129,21 @@ class Discovery:
                                              self.apply_mesh, settings.watch_timeout)
             self._mesh_synced = configmap.informer.synced
             self._tasks.append(self.supervisor.start("mesh-config", configmap.informer.run, restart=True))
-        # so_reuseport off: a second istiod on the same port must fail, not silently share it.
-        self._grpc = grpc.aio.server(options=[*admission.CORE_OPTIONS, ("grpc.so_reuseport", 0),
-                                              *settings.keepalive.server_options()])
-        ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(self.ads, self._grpc)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc)
-        reflection.enable_server_reflection((ADS_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), self._grpc)
-        await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         grpc_addr = self.settings.grpc_addr
-        with _listening("--grpc-addr", grpc_addr):
-            self.ports["grpc"] = self._grpc.add_insecure_port(join_host_port(grpc_addr.bind_host, grpc_addr.port))
-        await self._grpc.start()
+        if self.workers is not None:  # they serve the port; a port in use stops istiod here all the same
+            with _listening("--grpc-addr", grpc_addr):
+                self.ports["grpc"] = self.workers.reserve()
+            for index in range(settings.xds_workers):
+                self._tasks.append(self.supervisor.start(f"xds-worker-{index}", functools.partial(self.workers.run, index),
+                                                         restart=True))
+        else:
+            # so_reuseport off: a second istiod on the same port must fail, not silently share it.
+            self._grpc = ads_server(self.ads, self.health, settings, reuse_port=False)
+            reflection.enable_server_reflection((ADS_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), self._grpc)
+            await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+            with _listening("--grpc-addr", grpc_addr):
+                self.ports["grpc"] = self._grpc.add_insecure_port(join_host_port(grpc_addr.bind_host, grpc_addr.port))
+            await self._grpc.start()
 
         view = DebugView(lambda: self.pusher.snapshot, lambda: self.ads.connections, self.not_ready,
                          self.store.objects, lambda: self.ads.monitor.last_push)
@@ -217,6 +222,8 @@ class Discovery:
             return "istiod is shutting down"
         if not self.ads.ready:
             return "sources have not synced"
+        if self.workers is not None and (starting := self.workers.not_ready()):
+            return starting
         serving = self.secure.serving
         return serving.expiring(datetime.now(timezone.utc)) if serving is not None else None
 
@@ -226,6 +233,8 @@ class Discovery:
         await self.source.synced.wait()
         self.pusher.publish(full=True)
         self.ads.ready = True
+        if self.workers is not None:
+            self.workers.set_ready(True)
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         log.info("sources synced; ready with %d services", len(self.pusher.snapshot.services))
         source = self.settings.config_dir or self.settings.kubeconfig or "the in-cluster config"
@@ -238,7 +247,8 @@ class Discovery:
         # Both xDS ports at once: GOAWAY to every connection and new streams refused now; open
         # streams closed after the grace.
         grace = self.settings.shutdown_duration
-        await asyncio.gather(self.secure.stop(grace), *([self._grpc.stop(grace=grace)] if self._grpc else []))
+        await asyncio.gather(self.secure.stop(grace), *([self._grpc.stop(grace=grace)] if self._grpc else []),
+                             *([self.workers.stop(grace)] if self.workers else []))
         for server in self._http:
             server.should_exit = True
         for task in self._tasks:

@@ -68,6 +68,7 @@ class Settings:
     keepalive: Keepalive = Keepalive()  # both xDS ports
     max_requests_per_second: float = DEFAULT_RATE  # 0: no limit; new xDS streams admitted a second (PILOT_MAX_REQUESTS_PER_SECOND)
     xds_send_timeout: float = 5.0  # a stream whose client takes no response for this long is closed; 0: never
+    xds_workers: int = 1  # > 1: processes serving --grpc-addr (istiod/xds/workers.py); 1: this one
     shutdown_duration: float = 10.0  # after SIGTERM: xDS streams drain this long, then are closed
     max_connections: int = 4096  # per port served in Python: 8080, 15014, 15017 and 15012's TLS front
     http_read_timeout: float = 30.0  # a connection to 8080 or 15014 must send its request within this
@@ -185,6 +186,9 @@ def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
                                            " ones get a GOAWAY and are closed after this (default 10s, as istiod)")
     parser.add_argument("--xds-send-timeout", type=_seconds, default=env_default("PILOT_XDS_SEND_TIMEOUT", "5s", _seconds),
                         help="close an xDS stream whose client takes no response for this long; 0 never (default 5s)")
+    parser.add_argument("--xds-workers", type=_positive_int, default=1,
+                        help="worker processes that share --grpc-addr and serve its xDS connections from the same "
+                             "snapshots; 1: served by istiod's own process (default 1)")
     parser.add_argument("--max-requests-per-second", type=_non_negative_float,
                         default=env_default("PILOT_MAX_REQUESTS_PER_SECOND", f"{DEFAULT_RATE:g}", _non_negative_float),
                         help="new xDS streams admitted a second; one that would wait over 1s for its turn is refused "
@@ -277,6 +281,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         keepalive=keepalive,
         xds_send_timeout=args.xds_send_timeout,
         max_requests_per_second=args.max_requests_per_second,
+        xds_workers=args.xds_workers,
         shutdown_duration=args.shutdown_duration,
         max_connections=args.max_connections,
         http_read_timeout=args.http_read_timeout,

@@ -1,0 +1,261 @@
+"""ADS worker processes (`--xds-workers N`): the plaintext xDS port served by N processes at once.
+
+Python serves one core per process, and a push costs a few ms of CPU per connection; so with N > 1
+the main process keeps the sources, the store, the debounce (its Pusher), the CA, 15012 and the debug
+ports, and N worker processes each bind the xDS port with SO_REUSEPORT, the kernel spreading new
+connections among them. The main process does not accept on that port itself.
+
+What reaches a worker: after each push of the main process, the objects that push changed (their raw
+form, or their deletion), its version and the mesh config, pickled over the worker's stdin. The worker
+applies them to its own Store and builds the same snapshot version from the previous one and what
+changed, then wakes its connections as a single process would: same versions on every worker, one
+debounce, and each change is converted and built once per worker (the build is a small part of a push
+next to generating and sending for every connection). A worker starts with the whole store.
+
+A second istiod must still fail on a port in use (grpcio's SO_REUSEPORT is off for the single-process
+port): the main process first binds the port without SO_REUSEPORT, which fails if anything holds it,
+then holds it with SO_REUSEPORT but without listening (so it takes no connections) until it stops; the
+workers join that group. A worker that ends is started again (its clients reconnect to the others).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pickle
+import signal
+import socket
+import struct
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from envoy.service.discovery.v3 import ads_pb2_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from istiod import logs
+from istiod.model.builder import build_snapshot
+from istiod.model.mesh import MeshConfig
+from istiod.model.names import join_host_port
+from istiod.sources.convert import ObjectKey
+from istiod.sources.store import Change, Store
+from istiod.settings import Settings
+from istiod.xds import admission
+from istiod.xds.pusher import PushEvent, Pusher
+from istiod.xds.server import DiscoveryServer
+
+log = logging.getLogger(__name__)
+_LENGTH = struct.Struct("!I")
+
+
+@dataclass(frozen=True, slots=True)
+class Push:
+    """One push of the main process: what it changed, as the raw objects (None: deleted)."""
+
+    version: str
+    objects: tuple[tuple[ObjectKey, Any], ...]
+    full: bool
+    mesh: MeshConfig
+    reason: dict[str, int]
+    configs: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    settings: Settings
+    port: int
+    log_level: str
+    log_format: str
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    ready: bool
+
+
+def ads_server(ads: DiscoveryServer, health_servicer: health.aio.HealthServicer, settings: Settings,
+               reuse_port: bool) -> grpc.aio.Server:
+    """A gRPC server for the xDS port: ADS and health, core's limits as admission.py explains."""
+    server = grpc.aio.server(options=[*admission.CORE_OPTIONS, ("grpc.so_reuseport", int(reuse_port)),
+                                      *settings.keepalive.server_options()])
+    ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(ads, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    return server
+
+
+def reserve_port(host: str, port: int) -> socket.socket:
+    """The port for the workers (a free one for 0): fails with EADDRINUSE if anything holds it, then
+    held with SO_REUSEPORT, not listening, so only processes that set it too (the workers) may join."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host or "0.0.0.0", port))
+        port = probe.getsockname()[1]
+    held = socket.socket(family, socket.SOCK_STREAM)
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    held.bind((host or "0.0.0.0", port))
+    return held
+
+
+class WorkerPool:
+    """The main process's side: starts the workers and forwards each push to them."""
+
+    def __init__(self, settings: Settings, store: Store, pusher: Pusher) -> None:
+        self.settings = settings
+        self.store = store
+        self.pusher = pusher
+        self._changed: dict[ObjectKey, None] = {}  # since the last push, in order
+        self._writers: dict[int, asyncio.StreamWriter] = {}
+        self._procs: dict[int, asyncio.subprocess.Process] = {}
+        self._listening: set[int] = set()
+        self._ready = False
+        self._socket: socket.socket | None = None
+        self.port = 0
+        store.subscribe(self._on_change)
+        pusher.subscribe(self._on_push)
+
+    def reserve(self) -> int:
+        address = self.settings.grpc_addr
+        self._socket = reserve_port(address.bind_host, address.port)
+        self.port = self._socket.getsockname()[1]
+        return self.port
+
+    def _on_change(self, change: Change) -> None:
+        self._changed[change.key] = None
+
+    def _on_push(self, event: PushEvent) -> None:
+        keys, self._changed = self._changed, {}
+        self._send_all(self._push(tuple(keys), event.snapshot.version, event.full, event.reason, event.configs))
+
+    def _push(self, keys: tuple[ObjectKey, ...], version: str, full: bool, reason: dict[str, int],
+              configs: tuple[str, ...]) -> Push:
+        objects = tuple((key, stored.raw if (stored := self.store.get(key)) is not None else None) for key in keys)
+        return Push(version, objects, full, self.pusher.mesh, reason, configs)
+
+    def not_ready(self) -> str | None:
+        """istiod is not ready before every worker listens: else the first would take every client."""
+        starting = self.settings.xds_workers - len(self._listening)
+        return f"{starting} xds workers are not serving yet" if starting else None
+
+    def set_ready(self, ready: bool) -> None:
+        self._ready = ready
+        self._send_all(Ready(ready))
+
+    def _send_all(self, message: object) -> None:
+        data = _frame(message)  # pickled once for every worker
+        for writer in self._writers.values():
+            writer.write(data)
+
+    async def run(self, index: int) -> None:
+        """One worker, for the supervisor: ends (to be restarted) when the worker does."""
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-c", "from istiod.xds import workers; workers.main()",
+                                                    stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+        assert proc.stdin is not None and proc.stdout is not None
+        self._procs[index] = proc
+        try:
+            every = tuple(o.key for o in self.store.objects())
+            proc.stdin.write(_frame(Start(self.settings, self.port, *logs.current())))
+            proc.stdin.write(_frame(self._push(every, self.pusher.snapshot.version, True, {}, ())))
+            proc.stdin.write(_frame(Ready(self._ready)))
+            self._writers[index] = proc.stdin
+            if await proc.stdout.readline():  # the worker says it listens
+                self._listening.add(index)
+                log.info(logs.event("xds worker started", worker=index, pid=proc.pid, port=self.port))
+            code = await proc.wait()
+            raise RuntimeError(f"xds worker {index} (pid {proc.pid}) ended with {code}")
+        finally:
+            self._writers.pop(index, None)
+            self._listening.discard(index)
+            if proc.returncode is None:
+                proc.kill()
+
+    async def stop(self, grace: float) -> None:
+        """Each worker drains its streams for `grace` (as the single process's port does), then ends."""
+        for writer in self._writers.values():
+            writer.close()  # the worker reads the end of its input as the order to stop
+        running = [p for p in self._procs.values() if p.returncode is None]
+        if running:
+            await asyncio.wait([asyncio.create_task(p.wait()) for p in running], timeout=grace + 5)
+            for proc in running:
+                if proc.returncode is None:
+                    proc.kill()
+        if self._socket is not None:
+            self._socket.close()
+
+
+def _frame(message: object) -> bytes:
+    data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
+    return _LENGTH.pack(len(data)) + data
+
+
+async def _messages(reader: asyncio.StreamReader) -> Any:
+    while True:
+        try:
+            header = await reader.readexactly(_LENGTH.size)
+        except asyncio.IncompleteReadError:
+            return  # the main process closed the pipe or ended
+        yield pickle.loads(await reader.readexactly(_LENGTH.unpack(header)[0]))
+
+
+class _Worker:
+    """A worker process: its own store and snapshots, fed by the main process's pushes."""
+
+    def __init__(self, start: Start) -> None:
+        self.settings = settings = start.settings
+        self.store = Store(settings.domain)
+        self.snapshot = build_snapshot(self.store, "")
+        self.ads = DiscoveryServer(lambda: self.snapshot, settings.push_concurrency, settings.xds_send_timeout,
+                                   settings.max_requests_per_second)
+        self.health = health.aio.HealthServicer()
+        self.server = ads_server(self.ads, self.health, settings, reuse_port=True)
+        self.server.add_insecure_port(join_host_port(settings.grpc_addr.bind_host, start.port))
+
+    def apply(self, push: Push) -> None:
+        for key, raw in push.objects:
+            try:
+                self.store.apply(raw) if raw is not None else self.store.delete(key)
+            except ValueError as error:  # converted in the main process already: not expected
+                log.warning(logs.event("xds worker cannot apply an object", key=str(key), error=str(error)))
+        keys = None if push.full else [key for key, _ in push.objects]
+        self.snapshot = build_snapshot(self.store, push.version, self.snapshot, keys, push.mesh)
+        self.ads.on_push(PushEvent(self.snapshot, push.reason, full=push.full, configs=push.configs))
+
+    async def serve(self, messages: Any) -> None:
+        await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.server.start()
+        sys.stdout.write("listening\n")
+        sys.stdout.flush()
+        async for message in messages:
+            if isinstance(message, Push):
+                self.apply(message)
+            elif isinstance(message, Ready):
+                self.ads.ready = message.ready
+                await self.health.set("", health_pb2.HealthCheckResponse.SERVING if message.ready
+                                      else health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.ads.ready = False
+        await self.server.stop(grace=self.settings.shutdown_duration)
+
+
+async def _main() -> int:
+    # SIGINT and SIGTERM go to the whole group; the main process says when to stop by closing stdin.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 30)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(0, "rb", buffering=0))
+    messages = _messages(reader)
+    start = await anext(messages)
+    assert isinstance(start, Start)
+    logs.setup(start.log_level, start.log_format)
+    await _Worker(start).serve(messages)
+    return 0
+
+
+def main() -> None:
+    """A worker's entry (not `-m`: its messages must unpickle as this module's classes, not __main__'s)."""
+    from istiod.cli import _run_fast
+
+    sys.exit(_run_fast(_main()))
