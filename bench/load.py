@@ -164,7 +164,7 @@ def run(args: argparse.Namespace, workdir: Path, stack: contextlib.ExitStack) ->
     result["mesh_create_s"] = time.monotonic() - started
     print(f"mesh: {args.services} Services x {args.pods} pods ({args.source}) written in {result['mesh_create_s']:.1f} s",
           flush=True)
-    server = Server(mesh.source_args(), workdir, args.xds_addr, args.server_pid)
+    server = Server([*mesh.source_args(), *args.istiod_arg], workdir, args.xds_addr, args.server_pid)
     stack.callback(server.stop)
     specs = client_specs(args)
     ctx = multiprocessing.get_context("spawn")
@@ -376,6 +376,8 @@ def main() -> None:
     parser.add_argument("--config-dir", type=Path, help="the config dir that istiod watches")
     parser.add_argument("--server-pid", type=int, help="the outside istiod's pid, for CPU and memory")
     parser.add_argument("--results", type=Path, default=Path("results"))
+    parser.add_argument("--istiod-arg", action="append", default=[],
+                        help="a flag for the istiod started here (repeat it), e.g. --istiod-arg=--xds-workers=2")
     args = parser.parse_args()
     if args.xds_addr and (args.source != "config" or not args.config_dir):
         parser.error("--xds-addr needs --config-dir (and the config source): the benchmark makes its changes there")

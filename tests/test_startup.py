@@ -52,15 +52,18 @@ def test_a_port_in_use_names_the_port_and_the_flag(flag: str, tmp_path: Path, li
                                   f" choose another with {flag}")
 
 
+@pytest.mark.parametrize("first_workers, second_workers", [("1", "1"), ("2", "1"), ("1", "2"), ("2", "2")])
 def test_a_second_istiod_on_the_same_ports_fails_instead_of_sharing(
-    tmp_path: Path, processes: list[Process]
+    tmp_path: Path, processes: list[Process], first_workers: str, second_workers: str
 ) -> None:
     # grpcio sets SO_REUSEPORT unless told not to: two istiods would then split 15010's clients silently.
+    # Worker processes share the port with SO_REUSEPORT, but only those of one istiod.
     (tmp_path / "first").mkdir()
-    first = Istiod(tmp_path / "first", "--config-dir", str(ROOT / "deploy/demo"))
+    first = Istiod(tmp_path / "first", "--config-dir", str(ROOT / "deploy/demo"), "--xds-workers", first_workers)
     processes.append(first)
     address = f"127.0.0.1:{first.ports['grpc']}"
-    result = discovery(tmp_path, "--config-dir", str(ROOT / "deploy/demo"), "--grpc-addr", address)
+    result = discovery(tmp_path, "--config-dir", str(ROOT / "deploy/demo"), "--grpc-addr", address,
+                       "--xds-workers", second_workers)
     assert result.returncode == 1
     assert error_line(result) == (f"istiod: cannot listen on {address} (--grpc-addr): the port is in use;"
                                   " choose another with --grpc-addr")
