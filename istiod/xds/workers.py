@@ -207,8 +207,9 @@ class _Worker:
         self.settings = settings = start.settings
         self.store = Store(settings.domain)
         self.snapshot = build_snapshot(self.store, "")
+        # The rate of new streams is istiod's: each worker admits its share of it.
         self.ads = DiscoveryServer(lambda: self.snapshot, settings.push_concurrency, settings.xds_send_timeout,
-                                   settings.max_requests_per_second)
+                                   settings.max_requests_per_second / settings.xds_workers)
         self.health = health.aio.HealthServicer()
         self.server = ads_server(self.ads, self.health, settings, reuse_port=True)
         self.server.add_insecure_port(join_host_port(settings.grpc_addr.bind_host, start.port))
