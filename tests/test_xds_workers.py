@@ -3,6 +3,8 @@ with real gRPC xDS clients (grpcio, in subprocesses) on several connections."""
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,7 +28,7 @@ def test_clients_on_every_worker_converge_and_follow_a_change(
         assert first["reply"].startswith("echo-a ")
     # Every connection is served by a worker: the main process has none on this port.
     assert istiod.get("/debug/syncz")[1] == []
-    pids = {line.split("pid=")[1].split()[0] for line in istiod.text().splitlines() if "xds worker started" in line}
+    pids = _worker_pids(istiod)
     assert len(pids) == 2, istiod.text()
 
     ip, port = echo_mesh["echo-b"]
@@ -36,6 +38,17 @@ def test_clients_on_every_worker_converge_and_follow_a_change(
     held = {pid: _connections(int(pid), int(istiod.ports["grpc"])) for pid in pids}
     print(f"connections per worker pid: {held}")
     assert sum(held.values()) == CLIENTS  # the kernel spreads them by address; each worker usually has some
+
+    # A worker that dies is started again; its clients reconnect, to either worker, and follow changes.
+    os.kill(int(max(pids, key=held.__getitem__)), signal.SIGKILL)
+    wait_until(lambda: len(_worker_pids(istiod)) == 3, 15, "a new worker")
+    (mesh_dir / "pod-a.yaml").unlink()
+    took = [wait_for_replies(client, {"echo-b"}, timeout=10) for client in clients]
+    print(f"after a worker was killed, scale down seen by all within {max(took):.2f}s of the last one checked")
+
+
+def _worker_pids(istiod: Istiod) -> set[str]:
+    return {line.split("pid=")[1].split()[0] for line in istiod.text().splitlines() if "xds worker started" in line}
 
 
 def _connections(pid: int, port: int) -> int:
