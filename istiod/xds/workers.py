@@ -16,6 +16,14 @@ A second istiod must still fail on a port in use (grpcio's SO_REUSEPORT is off f
 port): the main process first binds the port without SO_REUSEPORT, which fails if anything holds it,
 then holds it with SO_REUSEPORT but without listening (so it takes no connections) until it stops; the
 workers join that group. A worker that ends is started again (its clients reconnect to the others).
+
+Not yet (the main process answers only for its own connections, those of 15012): the debug views of
+connections and the xDS metrics; prometheus-client's multiprocess mode would merge the metrics, and
+the workers could answer the main process's debug queries over a second pipe. 15012 would follow
+through its TLS front, which already ends TLS in the main process and relays each connection to a
+loopback gRPC port: each worker would serve such a port too (with the caller's certificate passed
+along as the front does now, and the token check in the worker), and the front would hand each new
+connection to the next worker.
 """
 
 from __future__ import annotations
