@@ -95,6 +95,21 @@ async def test_one_leader_then_a_hand_over(kube: client.ApiClient) -> None:
             assert (held["holderIdentity"], held["leaderTransitions"]) == ("b", 1)
 
 
+async def test_a_release_that_finds_the_lock_moved_on_still_releases(kube: client.ApiClient) -> None:
+    """A renewal cancelled in flight can land just before the release, which then conflicts: the
+    release reads the lock again and, the record still being its own, releases it."""
+    await ensure_namespace(kube, NS)
+    a = Candidate(kube, "moved-on", "a")
+    async with running(a):
+        await eventually(lambda: a.working, 5, "a to lead")
+        core = client.CoreV1Api(kube)
+        configmap = await core.read_namespaced_config_map("moved-on", NS)
+        configmap.metadata.labels = {"touched": "yes"}  # a's record, a newer resourceVersion
+        await core.replace_namespaced_config_map("moved-on", NS, configmap)
+        await a.stop()
+        assert (await record(kube, "moved-on"))["holderIdentity"] == ""
+
+
 async def test_a_lock_taken_by_another_ends_leadership_and_lapses_back(kube: client.ApiClient) -> None:
     await ensure_namespace(kube, NS)
     a = Candidate(kube, "stolen", "a")
