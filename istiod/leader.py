@@ -137,12 +137,11 @@ class LeaderElection:
                 raise
             return await self._write(None, self._record(now, now, 0))
         raw = (configmap.metadata.annotations or {}).get(RECORD, "")
-        try:
-            record = json.loads(raw) if raw else {}
-            holder, transitions = str(record.get("holderIdentity") or ""), int(record.get("leaderTransitions") or 0)
-        except (ValueError, TypeError, AttributeError):
+        parsed = _parse(raw)
+        if parsed is None:
             log.warning("leader election: %s: annotation %s is not a leader record; left alone", self.lease, RECORD)
             return False
+        record, holder, transitions = parsed
         if self._seen is None or self._seen.raw != raw:
             self._seen = _Seen(raw, holder, transitions, str(record.get("acquireTime") or now), configmap,
                                time.monotonic())
@@ -193,7 +192,8 @@ class LeaderElection:
                     configmap = await self.api.read_namespaced_config_map(self.name, self.namespace,
                                                                           _request_timeout=REQUEST_TIMEOUT)
                     raw = (configmap.metadata.annotations or {}).get(RECORD, "")
-                    if _holder(raw) != self.identity:
+                    parsed = _parse(raw)
+                    if parsed is None or parsed[1] != self.identity:
                         return  # another's already
                     seen = _Seen(raw, self.identity, seen.transitions, seen.acquired, configmap, time.monotonic())
                 log.warning("leader election: could not release %s: it kept changing", self.lease)
@@ -217,8 +217,10 @@ def _time(moment: datetime) -> str:
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _holder(raw: str) -> str:
+def _parse(raw: str) -> tuple[dict[str, Any], str, int] | None:
+    """The leader record of the lock's annotation, its holder and transitions; None if it is not one."""
     try:
-        return str(json.loads(raw).get("holderIdentity") or "") if raw else ""
+        record = json.loads(raw) if raw else {}
+        return record, str(record.get("holderIdentity") or ""), int(record.get("leaderTransitions") or 0)
     except (ValueError, TypeError, AttributeError):
-        return ""
+        return None
