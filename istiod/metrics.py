@@ -8,11 +8,14 @@ text format; `exposition()` renames our counters back.
 
 from __future__ import annotations
 
+import operator
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 
 import prometheus_client
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, Metric, generate_latest
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 prometheus_client.disable_created_metrics()  # Istio exports no `*_created` series
 
@@ -49,6 +52,13 @@ XDS_REJECTS = {  # by xDS short name; 1 for each proxy and error code that rejec
     "lds": Gauge("pilot_xds_lds_reject", "Pilot rejected LDS.", ["node", "err"]),
     "rds": Gauge("pilot_xds_rds_reject", "Pilot rejected RDS.", ["node", "err"]),
 }
+
+# What each process serving xDS connections counts of them: with --xds-workers, the main process adds
+# every worker's to its own (the rest, triggers and debounce, the main process alone counts).
+CONNECTION_METRICS = (XDS_CLIENTS, XDS_PUSHES, XDS_PUSH_TIME, CONFIG_SIZE_BYTES, PROXY_CONVERGENCE_TIME,
+                      PROXY_QUEUE_TIME, XDS_WRITE_TIMEOUTS, TOTAL_XDS_REJECTS, *XDS_REJECTS.values())
+# 1 for each proxy and error code: not 2 when two connections of a proxy on two processes NACKed.
+_LARGEST = frozenset(family.name for gauge in XDS_REJECTS.values() for family in gauge.describe())
 
 # Push triggers and debouncing (pilot/pkg/xds/discovery.go, pilot/pkg/model/push_context.go)
 PUSH_TRIGGERS = Counter("pilot_push_triggers", "Total number of times a push was triggered, labeled by reason for the push.", ["type"])
@@ -126,6 +136,45 @@ def trigger_type(kind: str) -> str:
     return _TRIGGERS[update_type(kind)]
 
 
-def exposition(registry: CollectorRegistry = REGISTRY, counter_total: re.Pattern[str] = _COUNTER_TOTAL) -> bytes:
-    """The Prometheus text format of a registry (istiod's by default), counters named as Istio names them."""
+def connection_families() -> list[Metric]:
+    """This process's CONNECTION_METRICS, for the main process to add (pickles)."""
+    return [family for metric in CONNECTION_METRICS for family in metric.collect()]
+
+
+def exposition(registry: CollectorRegistry = REGISTRY, counter_total: re.Pattern[str] = _COUNTER_TOTAL,
+               others: Sequence[Iterable[Metric]] = ()) -> bytes:
+    """The Prometheus text format of a registry (istiod's by default), counters named as Istio names them;
+    `others`: the connection_families() of other processes, added to the registry's."""
+    if others:
+        merged = CollectorRegistry(auto_describe=False)
+        merged.register(_Added(registry, others))
+        registry = merged
     return counter_total.sub(r"\1", generate_latest(registry).decode()).encode()
+
+
+class _Added(Collector):
+    def __init__(self, registry: CollectorRegistry, others: Sequence[Iterable[Metric]]) -> None:
+        self.registry = registry
+        self.others: dict[str, list[Metric]] = {}
+        for families in others:
+            for family in families:
+                self.others.setdefault(family.name, []).append(family)
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.registry.collect():
+            others = self.others.get(family.name)
+            yield _added(family, others) if others else family
+
+
+def _added(family: Metric, others: list[Metric]) -> Metric:
+    """One family from several processes': the values of each series added (of _LARGEST, the largest)."""
+    combine = max if family.name in _LARGEST else operator.add
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], Sample] = {}
+    for one in (family, *others):
+        for sample in one.samples:
+            key = (sample.name, tuple(sorted(sample.labels.items())))
+            held = samples.get(key)
+            samples[key] = sample if held is None else held._replace(value=combine(held.value, sample.value))
+    result = Metric(family.name, family.documentation, family.type, family.unit)
+    result.samples = list(samples.values())
+    return result

@@ -13,6 +13,7 @@ import signal
 from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
+from typing import Any
 
 import grpc
 import uvicorn
@@ -27,6 +28,7 @@ from istiod import logs
 from istiod.debug.access import AccessPolicy
 from istiod.ca.publisher import ELECTION, RootCertPublisher
 from istiod.debug.app import DebugView, create_app
+from istiod.debug.connections import Question, answer
 from istiod.debug.serving import guarded_config
 from istiod.kubeapi import api_client
 from istiod.leader import LeaderElection
@@ -145,8 +147,7 @@ class Discovery:
                 self.ports["grpc"] = self._grpc.add_insecure_port(join_host_port(grpc_addr.bind_host, grpc_addr.port))
             await self._grpc.start()
 
-        view = DebugView(lambda: self.pusher.snapshot, lambda: self.ads.connections, self.not_ready,
-                         self.store.objects, lambda: self.ads.monitor.last_push)
+        view = DebugView(lambda: self.pusher.snapshot, self._answers, self.not_ready, self.store.objects)
         try:
             access = AccessPolicy.from_token_file(self.settings.debug_token_file, self.secure.authenticators,
                                                   self.settings.namespace)
@@ -187,6 +188,11 @@ class Discovery:
         log.info(logs.event("listening", **_urls(settings, self.ports)))
         if self.settings.ports_file:
             self.settings.ports_file.write_text(json.dumps(self.ports))
+
+    async def _answers(self, question: Question) -> list[Any]:
+        """The debug views' answers: this process's (15012's connections), then every xDS worker's."""
+        own = answer(question, self.ads.connections, self.ads.monitor.last_push)
+        return [own, *(await self.workers.ask(question) if self.workers is not None else [])]
 
     def _injector(self) -> Callable[[], Injector | None]:
         """What /inject uses: the --injection-dir files, or the watched ConfigMap in a cluster."""

@@ -104,7 +104,14 @@ def synced(istiod: Istiod, proxy: str, prefixes: tuple[str, ...]) -> bool:
 
 
 @pytest.fixture
-def synced_mesh(mesh_dir: Path, start_istiod: Callable[..., Istiod], start_demo: Callable[..., Process]) -> Mesh:
+def istiod_args() -> tuple[str, ...]:
+    """Flags of synced_mesh's istiod (a module overrides this fixture to run its tests so)."""
+    return ()
+
+
+@pytest.fixture
+def synced_mesh(mesh_dir: Path, start_istiod: Callable[..., Istiod], start_demo: Callable[..., Process],
+                istiod_args: tuple[str, ...]) -> Mesh:
     """Namespace echo-ns: Service echo with pod echo-a served by an xDS-enabled server, a CronJob's
     finished pod with a PersistentVolume, and an xDS client calling echo; both proxies synced."""
     (mesh_dir / "ns.yaml").write_text(render("namespace.yaml", namespace="echo-ns"))
@@ -112,7 +119,7 @@ def synced_mesh(mesh_dir: Path, start_istiod: Callable[..., Istiod], start_demo:
     (mesh_dir / "batch.yaml").write_text(render("batch.yaml", namespace="echo-ns"))
     ip, port = "127.0.0.21", free_port("127.0.0.21")
     (mesh_dir / "pod-a.yaml").write_text(render("pod.yaml", pod="echo-a", app="echo", namespace="echo-ns", ip=ip, port=port))
-    istiod = start_istiod(mesh_dir)
+    istiod = start_istiod(mesh_dir, *istiod_args)
     server = start_demo("server", "--address", f"{ip}:{port}", "--name", "echo-a", "--xds", istiod.xds_address,
                         "--namespace", "echo-ns", name="echo-a")
     client = start_demo("client", f"xds:///{ECHO_HOST}:{ECHO_PORT}", "--xds", istiod.xds_address, "--count", "0",

@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from istiod.ca.authenticate import ClientCertAuthenticator, StaticTokenAuthenticator
 from istiod.debug.access import AccessPolicy, is_loopback
 from istiod.debug.app import DEBUG_ENDPOINTS, DebugView, create_app
+from istiod.debug.connections import Question, answer
 from istiod.debug.views import configz
 from istiod.model.snapshot import Snapshot
 from istiod.sources.store import Store
@@ -95,7 +96,10 @@ async def asgi_get(app: FastAPI, path: str, client: str, headers: dict[str, str]
 
 
 def empty_view() -> DebugView:
-    return DebugView(lambda: Snapshot("v1"), lambda: {}, lambda: None, lambda: [], lambda: None)
+    async def answers(question: Question) -> list[Any]:
+        return [answer(question, {}, None)]
+
+    return DebugView(lambda: Snapshot("v1"), answers, lambda: None, lambda: [])
 
 
 async def test_remote_callers_are_refused_without_the_token() -> None:

@@ -1,19 +1,46 @@
 """`--xds-workers 2`: the plaintext xDS port served by two worker processes from the same snapshots,
-with real gRPC xDS clients (grpcio, in subprocesses) on several connections."""
+with real gRPC xDS clients (grpcio, in subprocesses) on several connections; the debug views,
+`proxy-status` and the xDS metrics show every worker's connections."""
 
 from __future__ import annotations
 
 import os
 import signal
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import render
-from tests.peers import Istiod, Process, wait_until
+from tests.peers import Istiod, Process, metric, wait_until
+from tests.test_cli import istiod_cli, test_proxy_status_of_synced_proxies
+from tests.test_debug_endpoints import (
+    test_config_dump_holds_what_the_proxy_was_sent, test_connected_proxies_and_their_sync_state,
+    test_proxy_queries_are_checked, test_push_status_and_config_dump_show_a_nack, test_push_status_reports_the_last_push,
+)
+from tests.test_metrics import (
+    test_a_reject_stays_while_another_connection_of_the_proxy_has_it, test_connections_and_pushes_move_the_xds_metrics,
+    test_counters_are_exposed_with_istio_names, test_nacks_of_each_type_count_as_rejects,
+)
 from tests.test_proxyless_grpc import SERVICE_PORT, echo_mesh, start_client, wait_for_replies
 
-__all__ = ["echo_mesh"]  # the fixture
+# The debug views', proxy-status's and the metrics' own tests, run here with their proxies on the
+# workers (synced_mesh's istiod takes istiod_args).
+__all__ = [
+    "echo_mesh",  # the fixture
+    "test_a_reject_stays_while_another_connection_of_the_proxy_has_it", "test_config_dump_holds_what_the_proxy_was_sent",
+    "test_connected_proxies_and_their_sync_state", "test_connections_and_pushes_move_the_xds_metrics",
+    "test_counters_are_exposed_with_istio_names", "test_nacks_of_each_type_count_as_rejects",
+    "test_proxy_queries_are_checked", "test_proxy_status_of_synced_proxies", "test_push_status_and_config_dump_show_a_nack",
+    "test_push_status_reports_the_last_push",
+]
 CLIENTS = 6
+
+
+@pytest.fixture
+def istiod_args() -> tuple[str, ...]:
+    return ("--xds-workers", "2")
 
 
 def test_clients_on_every_worker_converge_and_follow_a_change(
@@ -26,8 +53,6 @@ def test_clients_on_every_worker_converge_and_follow_a_change(
     for client in clients:
         first = wait_until(lambda: next((line for line in client.drain() if line["ok"]), None), 15, "a first reply")
         assert first["reply"].startswith("echo-a ")
-    # Every connection is served by a worker: the main process has none on this port.
-    assert istiod.get("/debug/syncz")[1] == []
     pids = _worker_pids(istiod)
     assert len(pids) == 2, istiod.text()
 
@@ -38,6 +63,18 @@ def test_clients_on_every_worker_converge_and_follow_a_change(
     held = {pid: _connections(int(pid), int(istiod.ports["grpc"])) for pid in pids}
     print(f"connections per worker pid: {held}")
     assert sum(held.values()) == CLIENTS  # the kernel spreads them by address; each worker usually has some
+
+    # The main process shows and counts every worker's: a connection's ID names the worker's pid.
+    syncz = istiod.get("/debug/syncz")[1]
+    by_pid = Counter(s["connection_id"].rsplit("-w", 1)[1].split(".")[0] for s in syncz)
+    print(f"/debug/syncz connections by worker pid: {dict(by_pid)}")
+    assert by_pid == {pid: n for pid, n in held.items() if n}
+    assert istiod.get("/debug/connections")[1]["totalClients"] == CLIENTS
+    assert metric(istiod.metrics(), "pilot_xds", version="unknown") == CLIENTS
+    # The clients share one proxy ID: a row each.
+    status = istiod_cli(istiod, "proxy-status").stdout
+    print(status)
+    assert status.count("demo-client.echo-ns   Kubernetes   SYNCED   SYNCED   SYNCED   SYNCED") == CLIENTS
 
     # A worker that dies is started again; its clients reconnect, to either worker, and follow changes.
     os.kill(int(max(pids, key=held.__getitem__)), signal.SIGKILL)

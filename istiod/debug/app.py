@@ -10,7 +10,7 @@ import platform
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -20,11 +20,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from istiod import __version__, metrics
 from istiod.debug import views
 from istiod.debug.access import AccessPolicy
-from istiod.debug.config_dump import config_dump, sync_diff
+from istiod.debug.connections import Question, Unanswered, combined
 from istiod.model.snapshot import Snapshot
 from istiod.sources.store import StoredObject
-from istiod.xds.connection import Connection
-from istiod.xds.monitor import PushStatus
 
 # Every debug endpoint and what it shows: the /debug index is built from this.
 DEBUG_ENDPOINTS = {
@@ -50,10 +48,13 @@ class DebugView:
     """The only way the debug app reads istiod's state; every member is a read."""
 
     snapshot: Callable[[], Snapshot]
-    connections: Callable[[], Mapping[str, Connection]]
+    # Every xDS-serving process's answer (debug/connections.py), this one's first; Unanswered if one is missing.
+    answers: Callable[[Question], Awaitable[list[Any]]]
     not_ready: Callable[[], str | None]  # why /ready fails, None when ready
     objects: Callable[[], Iterable[StoredObject]]
-    last_push: Callable[[], PushStatus | None]
+
+    async def ask(self, question: Question) -> Any:
+        return combined(question, await self.answers(question))
 
 
 def create_app(view: DebugView, access: AccessPolicy = AccessPolicy(), monitoring: bool = False) -> FastAPI:
@@ -76,6 +77,10 @@ def create_app(view: DebugView, access: AccessPolicy = AccessPolicy(), monitorin
     @app.exception_handler(RequestValidationError)
     async def bad_query(request: Request, error: RequestValidationError) -> Response:
         return _error(400, "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()))
+
+    @app.exception_handler(Unanswered)
+    async def unanswered(request: Request, error: Unanswered) -> Response:
+        return _error(503, str(error))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> Response:
@@ -118,35 +123,36 @@ def create_app(view: DebugView, access: AccessPolicy = AccessPolicy(), monitorin
 
     @app.get("/debug/adsz")
     async def adsz() -> dict[str, Any]:
-        return views.ads_clients(view.connections(), detail=True)
+        return await view.ask(Question("adsz"))  # type: ignore[no-any-return]
 
     @app.get("/debug/connections")
     async def connections() -> dict[str, Any]:
-        return views.ads_clients(view.connections(), detail=False)
+        return await view.ask(Question("connections"))  # type: ignore[no-any-return]
 
     @app.get("/debug/syncz")
     async def syncz() -> list[dict[str, Any]]:
-        return [views.sync_json(c) for c in sorted(view.connections().values(), key=lambda c: c.id)]
+        return await view.ask(Question("syncz"))  # type: ignore[no-any-return]
 
     @app.get("/debug/push_status")
     async def push_status() -> dict[str, Any]:
-        status = view.last_push()
+        status = await view.ask(Question("push_status"))
         if status is None:
             raise HTTPException(404, "no push has happened yet")
         return views.push_status_json(status)
 
     @app.get("/debug/config_dump")
     async def config_dump_endpoint(proxyID: str | None = None) -> dict[str, Any]:  # noqa: N803 - istiod's name
-        return config_dump(_proxy(view, proxyID))
+        return await _of_proxy(view, "config_dump", proxyID)
 
     @app.get("/debug/sync_diff")
     async def sync_diff_endpoint(proxyID: str | None = None) -> dict[str, Any]:  # noqa: N803
-        return sync_diff(_proxy(view, proxyID))
+        return await _of_proxy(view, "sync_diff", proxyID)
 
     if monitoring:
         @app.get("/metrics")
         async def prometheus_metrics() -> Response:
-            return Response(metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
+            others = (await view.answers(Question("metrics")))[1:]  # this process's are in its registry
+            return Response(metrics.exposition(others=others), media_type="text/plain; version=0.0.4; charset=utf-8")
 
         @app.get("/version")
         async def version() -> dict[str, str]:
@@ -155,14 +161,14 @@ def create_app(view: DebugView, access: AccessPolicy = AccessPolicy(), monitorin
     return app
 
 
-def _proxy(view: DebugView, proxy_id: str | None) -> Connection:
-    """The connection a `proxyID` query names; 400 or 404 with the reason when there is none."""
+async def _of_proxy(view: DebugView, kind: Literal["config_dump", "sync_diff"], proxy_id: str | None) -> dict[str, Any]:
+    """About the connection a `proxyID` query names; 400 or 404 with the reason when there is none."""
     if not proxy_id:
         raise HTTPException(400, "you must provide a proxyID in the query string")
-    connection = views.find_connection(view.connections(), proxy_id)
-    if connection is None:
+    found = await view.ask(Question(kind, proxy_id))
+    if found is None:
         raise HTTPException(404, f"proxy {proxy_id!r} is not connected to this istiod")
-    return connection
+    return found  # type: ignore[no-any-return]
 
 
 def _error(status: int, reason: str) -> JSONResponse:

@@ -181,13 +181,8 @@ def _without_env_values(container: Any) -> Any:
     return {**container, "env": env}
 
 
-def ads_clients(connections: Mapping[str, Connection], detail: bool) -> dict[str, Any]:
-    """istiod's AdsClients: /debug/adsz (detail: labels, metadata) and /debug/connections."""
-    clients = [_ads_client(c, detail) for c in sorted(connections.values(), key=lambda c: c.id)]
-    return {"totalClients": len(clients), "clients": clients}
-
-
-def _ads_client(connection: Connection, detail: bool) -> dict[str, Any]:
+def ads_client(connection: Connection, detail: bool) -> dict[str, Any]:
+    """One of istiod's AdsClients: /debug/adsz (detail: labels, metadata) and /debug/connections."""
     proxy = connection.proxy
     client: dict[str, Any] = {
         "connectionId": connection.id,

@@ -16,6 +16,13 @@ from istiod.model.proxy import Proxy
 from istiod.xds.cache import Resource
 
 _connection_numbers = itertools.count(1)
+_process_tag = ""  # an xDS worker's, so connection IDs stay unique across istiod's processes
+
+
+def tag_connections(tag: str) -> None:
+    """Connection IDs of this process become `<proxy>-<tag><n>` (an xDS worker's `w<pid>.`)."""
+    global _process_tag
+    _process_tag = tag
 
 
 class Held(dict[str, Resource]):
@@ -106,7 +113,7 @@ class Connection:
         self.proxy = proxy
         self.peer = peer
         self.delta = delta  # DeltaAggregatedResources (incremental) rather than state of the world
-        self.id = f"{proxy.id}-{next(_connection_numbers)}"
+        self.id = f"{proxy.id}-{_process_tag}{next(_connection_numbers)}"
         self.connected_at = time.time()
         self.watched: dict[str, WatchedResource] = {}
         # Delta: clusters sent since the last endpoints response. Envoy warms each until it is sent

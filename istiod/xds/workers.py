@@ -17,18 +17,24 @@ port): the main process first binds the port without SO_REUSEPORT, which fails i
 then holds it with SO_REUSEPORT but without listening (so it takes no connections) until it stops; the
 workers join that group. A worker that ends is started again (its clients reconnect to the others).
 
-Not yet (the main process answers only for its own connections, those of 15012): the debug views of
-connections and the xDS metrics; prometheus-client's multiprocess mode would merge the metrics, and
-the workers could answer the main process's debug queries over a second pipe. 15012 would follow
-through its TLS front, which already ends TLS in the main process and relays each connection to a
-loopback gRPC port: each worker would serve such a port too (with the caller's certificate passed
-along as the front does now, and the token check in the worker), and the front would hand each new
-connection to the next worker.
+The debug views of connections and the xDS metrics are the main process's: it asks every worker
+(a Query over stdin, an Answer over the worker's own pipe) and adds their answers to its own
+(istiod/debug/connections.py); a connection's ID names its worker (`<proxy>-w<pid>.<n>`). A worker
+that does not answer within ANSWER_TIMEOUT makes the view fail with 503 rather than show part of it.
+Counters live in each worker, so a worker that ends takes its counts with it: Prometheus reads the
+drop as a counter reset, as after a restart of istiod. (prometheus-client's multiprocess mode would
+keep them, but it gives up removing series, which pilot_xds_*_reject needs, and Gauge functions.)
+
+Not yet: 15012 stays in the main process. It would follow through its TLS front, which already ends
+TLS in the main process and relays each connection to a loopback gRPC port: each worker would serve
+such a port too (with the caller's certificate passed along as the front does now, and the token
+check in the worker), and the front would hand each new connection to the next worker.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import pickle
@@ -36,6 +42,7 @@ import signal
 import socket
 import struct
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +51,8 @@ from envoy.service.discovery.v3 import ads_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from istiod import logs
+from istiod.debug import connections
+from istiod.debug.connections import Question, Unanswered
 from istiod.model.builder import build_snapshot
 from istiod.model.mesh import MeshConfig
 from istiod.model.names import join_host_port
@@ -51,11 +60,14 @@ from istiod.sources.convert import ObjectKey
 from istiod.sources.store import Change, Store
 from istiod.settings import Settings
 from istiod.xds import admission
+from istiod.xds.connection import tag_connections
 from istiod.xds.pusher import PushEvent, Pusher
 from istiod.xds.server import DiscoveryServer
 
 log = logging.getLogger(__name__)
 _LENGTH = struct.Struct("!I")
+# How long a debug view or a scrape waits for a worker busy with a push to answer.
+ANSWER_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +80,9 @@ class Push:
     mesh: MeshConfig
     reason: dict[str, int]
     configs: tuple[str, ...]
+    debounce_seconds: float
+    build_seconds: float
+    published_at: float  # wall clock: the worker counts the time to reach it into its proxies' convergence
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +96,24 @@ class Start:
 @dataclass(frozen=True, slots=True)
 class Ready:
     ready: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    number: int
+    question: Question
+
+
+# From a worker to the main process, over its own pipe (stdout is the log's, as stderr).
+@dataclass(frozen=True, slots=True)
+class Listening:
+    """The worker listens on the port."""
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    number: int  # the Query's
+    value: Any
 
 
 def ads_server(ads: DiscoveryServer, health_servicer: health.aio.HealthServicer, settings: Settings,
@@ -119,6 +152,8 @@ class WorkerPool:
         self._writers: dict[int, asyncio.StreamWriter] = {}
         self._procs: dict[int, asyncio.subprocess.Process] = {}
         self._listening: set[int] = set()
+        self._numbers = itertools.count(1)
+        self._waiting: dict[int, tuple[int, asyncio.Future[Any]]] = {}  # query number -> (worker, its answer)
         self._ready = False
         self._socket: socket.socket | None = None
         self.port = 0
@@ -136,12 +171,12 @@ class WorkerPool:
 
     def _on_push(self, event: PushEvent) -> None:
         keys, self._changed = self._changed, {}
-        self._send_all(self._push(tuple(keys), event.snapshot.version, event.full, event.reason, event.configs))
+        self._send_all(self._push(tuple(keys), event))
 
-    def _push(self, keys: tuple[ObjectKey, ...], version: str, full: bool, reason: dict[str, int],
-              configs: tuple[str, ...]) -> Push:
+    def _push(self, keys: tuple[ObjectKey, ...], event: PushEvent) -> Push:
         objects = tuple((key, stored.raw if (stored := self.store.get(key)) is not None else None) for key in keys)
-        return Push(version, objects, full, self.pusher.mesh, reason, configs)
+        return Push(event.snapshot.version, objects, event.full, self.pusher.mesh, event.reason, event.configs,
+                    event.debounce_seconds, event.build_seconds, time.time())
 
     def not_ready(self) -> str | None:
         """istiod is not ready before every worker listens: else the first would take every client."""
@@ -157,6 +192,25 @@ class WorkerPool:
         for writer in self._writers.values():
             writer.write(data)
 
+    async def ask(self, question: Question) -> list[Any]:
+        """Every serving worker's answer (a worker that ends meanwhile has no connections left to tell of)."""
+        data = {}
+        for index in sorted(self._listening):
+            number = next(self._numbers)
+            self._waiting[number] = (index, asyncio.get_running_loop().create_future())
+            self._writers[index].write(_frame(Query(number, question)))
+            data[number] = index
+        try:
+            async with asyncio.timeout(ANSWER_TIMEOUT):
+                answers = await asyncio.gather(*(self._waiting[n][1] for n in data), return_exceptions=True)
+        except TimeoutError:
+            late = sorted(index for number, index in data.items() if not self._waiting[number][1].done())
+            raise Unanswered(f"xds worker {late[0]} did not answer within {ANSWER_TIMEOUT:g}s") from None
+        finally:
+            for number in data:
+                self._waiting.pop(number, None)
+        return [a for a in answers if not isinstance(a, asyncio.CancelledError)]
+
     async def run(self, index: int) -> None:
         """One worker, for the supervisor: ends (to be restarted) when the worker does."""
         proc = await asyncio.create_subprocess_exec(sys.executable, "-c", "from istiod.xds import workers; workers.main()",
@@ -166,17 +220,25 @@ class WorkerPool:
         try:
             every = tuple(o.key for o in self.store.objects())
             proc.stdin.write(_frame(Start(self.settings, self.port, *logs.current())))
-            proc.stdin.write(_frame(self._push(every, self.pusher.snapshot.version, True, {}, ())))
+            proc.stdin.write(_frame(self._push(every, PushEvent(self.pusher.snapshot))))
             proc.stdin.write(_frame(Ready(self._ready)))
             self._writers[index] = proc.stdin
-            if await proc.stdout.readline():  # the worker says it listens
-                self._listening.add(index)
-                log.info(logs.event("xds worker started", worker=index, pid=proc.pid, port=self.port))
+            async for message in _messages(proc.stdout):
+                if isinstance(message, Answer):
+                    _, future = self._waiting.get(message.number, (index, None))
+                    if future is not None and not future.done():
+                        future.set_result(message.value)
+                elif isinstance(message, Listening):
+                    self._listening.add(index)
+                    log.info(logs.event("xds worker started", worker=index, pid=proc.pid, port=self.port))
             code = await proc.wait()
             raise RuntimeError(f"xds worker {index} (pid {proc.pid}) ended with {code}")
         finally:
             self._writers.pop(index, None)
             self._listening.discard(index)
+            for asked, future in self._waiting.values():
+                if asked == index:
+                    future.cancel()
             if proc.returncode is None:
                 proc.kill()
 
@@ -211,8 +273,10 @@ async def _messages(reader: asyncio.StreamReader) -> Any:
 class _Worker:
     """A worker process: its own store and snapshots, fed by the main process's pushes."""
 
-    def __init__(self, start: Start) -> None:
+    def __init__(self, start: Start, out: asyncio.StreamWriter) -> None:
         self.settings = settings = start.settings
+        self.out = out
+        tag_connections(f"w{os.getpid()}.")
         self.store = Store(settings.domain)
         self.snapshot = build_snapshot(self.store, "")
         # The rate of new streams is istiod's: each worker admits its share of it.
@@ -230,16 +294,19 @@ class _Worker:
                 log.warning(logs.event("xds worker cannot apply an object", key=str(key), error=str(error)))
         keys = None if push.full else [key for key, _ in push.objects]
         self.snapshot = build_snapshot(self.store, push.version, self.snapshot, keys, push.mesh)
-        self.ads.on_push(PushEvent(self.snapshot, push.reason, full=push.full, configs=push.configs))
+        self.ads.on_push(PushEvent(self.snapshot, push.reason, push.debounce_seconds,
+                                   push.build_seconds + time.time() - push.published_at, push.full, push.configs))
 
     async def serve(self, messages: Any) -> None:
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.server.start()
-        sys.stdout.write("listening\n")
-        sys.stdout.flush()
+        self.out.write(_frame(Listening()))
         async for message in messages:
             if isinstance(message, Push):
                 self.apply(message)
+            elif isinstance(message, Query):
+                answer = connections.answer(message.question, self.ads.connections, self.ads.monitor.last_push)
+                self.out.write(_frame(Answer(message.number, answer)))
             elif isinstance(message, Ready):
                 self.ads.ready = message.ready
                 await self.health.set("", health_pb2.HealthCheckResponse.SERVING if message.ready
@@ -255,11 +322,16 @@ async def _main() -> int:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=1 << 30)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(0, "rb", buffering=0))
+    # Frames to the main process on what was stdout; anything printed goes to stderr with the log.
+    out_fd = os.dup(1)
+    os.dup2(2, 1)
+    transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, os.fdopen(out_fd, "wb", buffering=0))
+    out = asyncio.StreamWriter(transport, protocol, None, loop)
     messages = _messages(reader)
     start = await anext(messages)
     assert isinstance(start, Start)
     logs.setup(start.log_level, start.log_format)
-    await _Worker(start).serve(messages)
+    await _Worker(start, out).serve(messages)
     return 0
 
 
