@@ -23,7 +23,7 @@ The debug views of connections and the xDS metrics are the main process's: it as
 that does not answer within ANSWER_TIMEOUT makes the view fail with 503 rather than show part of it.
 Counters live in each worker, so a worker that ends takes its counts with it: Prometheus reads the
 drop as a counter reset, as after a restart of istiod. (prometheus-client's multiprocess mode would
-keep them, but it gives up removing series, which pilot_xds_*_reject needs, and Gauge functions.)
+keep them, but it cannot remove a series, which pilot_xds_*_reject needs.)
 
 Not yet: 15012 stays in the main process. It would follow through its TLS front, which already ends
 TLS in the main process and relays each connection to a loopback gRPC port: each worker would serve
