@@ -188,7 +188,8 @@ def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
                         help="close an xDS stream whose client takes no response for this long; 0 never (default 5s)")
     parser.add_argument("--xds-workers", type=_positive_int, default=1,
                         help="worker processes that share --grpc-addr and serve its xDS connections from the same "
-                             "snapshots; 1: served by istiod's own process (default 1)")
+                             "snapshots; 1: served by istiod's own process (default 1). --secure-grpc-addr (xDS over "
+                             "TLS, the CA) is served by istiod's own process either way")
     parser.add_argument("--max-requests-per-second", type=_non_negative_float,
                         default=env_default("PILOT_MAX_REQUESTS_PER_SECOND", f"{DEFAULT_RATE:g}", _non_negative_float),
                         help="new xDS streams admitted a second; one that would wait over 1s for its turn is refused "
