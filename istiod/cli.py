@@ -6,11 +6,11 @@ import argparse
 import asyncio
 import difflib
 import sys
-from collections.abc import Coroutine
-from typing import Any, NoReturn
+from typing import NoReturn
 from pathlib import Path
 
 from istiod import __version__, logs
+from istiod.eventloop import run_fast
 from istiod.agent.iptables import add_iptables_flags
 from istiod.agent.settings import add_agent_flags, add_proxy_flags, agent_settings_from_args, proxy_settings_from_args
 from istiod.operator.cli import add_install_flags, add_manifest_flags, run_manifest
@@ -124,23 +124,13 @@ def _unknown(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
     return f"unknown flag {flag}" + (f"; did you mean {close[0]}?" if close else "")
 
 
-def _run_fast(main: Coroutine[Any, Any, int]) -> int:
-    """uvloop's event loop when it is installed (the `fast` extra): the ADS server spends much of its
-    time in the loop's own socket and callback work."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main)
-    return uvloop.run(main)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     logs.setup(args.log_level, args.log_format)
     if args.command == "discovery":
         from istiod.server import run_discovery
 
-        return _run_fast(run_discovery(settings_from_args(args)))
+        return run_fast(run_discovery(settings_from_args(args)))
     if args.command == "agent" and args.agent_mode == "iptables":
         from istiod.agent.iptables import run_iptables
 

@@ -140,7 +140,7 @@ class Discovery:
                                                          restart=True))
         else:
             # so_reuseport off: a second istiod on the same port must fail, not silently share it.
-            self._grpc = ads_server(self.ads, self.health, settings, reuse_port=False)
+            self._grpc = ads_server(self.ads, self.health, settings.keepalive, reuse_port=False)
             reflection.enable_server_reflection((ADS_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), self._grpc)
             await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
             with _listening("--grpc-addr", grpc_addr):

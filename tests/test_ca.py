@@ -23,9 +23,10 @@ from istiod.agent.settings import add_agent_flags, agent_settings_from_args
 from istiod.ca.pki import cert_pem, load_certs, new_key, uri_sans
 from istiod.ca.root import CertificateAuthority, bundle_from_pem
 from istiod.ca.selfsigned import (
-    DirRootStore, RootPolicy, RootRotator, rotated, self_signed_bundle, self_signed_root,
+    DirRootStore, RootRotator, rotated, self_signed_bundle, self_signed_root,
 )
 from istiod.ca.serving import ServingCertificate, serving_names
+from istiod.ca.settings import RootPolicy
 from istiod.ca.signer import SignError, SignErrorKind, TtlPolicy, sign_csr
 from istiod.model.names import parse_spiffe_identity, spiffe_identity
 from istiod.sources.convert import ConversionError, convert

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -102,3 +104,11 @@ def _connections(pid: int, port: int) -> int:
             if int(fields[1].split(":")[1], 16) == port and fields[3] == "01" and fields[9] in inodes:
                 count += 1
     return count
+
+
+def test_a_worker_leaves_out_the_kubernetes_client() -> None:
+    # 50 MB of RSS in each worker, which never talks to the API server (the main process does).
+    loaded = subprocess.run([sys.executable, "-c", "import sys; from istiod.xds import workers;"
+                             " print(sorted({'kubernetes_asyncio', 'istiod.settings'} & set(sys.modules)))"],
+                            capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    assert loaded == "[]"

@@ -38,6 +38,7 @@ from istiod import logs
 from istiod.atomicfile import write_atomic
 from istiod.backoff import Backoff
 from istiod.ca.pki import PrivateKey, cert_pem, key_pem, key_usage, load_certs, load_key, new_key
+from istiod.ca.settings import RootPolicy
 from istiod.ca.root import CA_CERT_FILE, CA_KEY_FILE, CaBundle, CertificateAuthority, bundle_from_pem
 from istiod.certfiles import CERT_CHAIN_FILE, ROOT_CERT_FILE
 from istiod.sources.kube import API_ERRORS, describe_error
@@ -49,15 +50,6 @@ REQUEST_TIMEOUT = 10.0
 SECRET_PATIENCE = 1200.0  # istiod gives up on its CA Secret after 20 minutes
 SECRET_BACKOFF = Backoff(initial=0.5, cap=10.0)
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class RootPolicy:
-    """istiod's CITADEL_SELF_SIGNED_CA_CERT_TTL, ..._ROOT_CERT_CHECK_INTERVAL, ..._GRACE_PERIOD_PERCENTILE."""
-
-    ttl: timedelta = timedelta(days=3650)
-    check_interval: float = 3600.0
-    grace_percent: int = 20
 
 
 @dataclass(frozen=True, slots=True)

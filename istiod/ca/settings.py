@@ -8,10 +8,18 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from istiod.ca.selfsigned import RootPolicy
 from istiod.ca.signer import TtlPolicy
 from istiod.durations import parse_duration
 from istiod.envvars import env_default
+
+
+@dataclass(frozen=True, slots=True)
+class RootPolicy:
+    """istiod's CITADEL_SELF_SIGNED_CA_CERT_TTL, ..._ROOT_CERT_CHECK_INTERVAL, ..._GRACE_PERIOD_PERCENTILE."""
+
+    ttl: timedelta = timedelta(days=3650)
+    check_interval: float = 3600.0
+    grace_percent: int = 20
 
 
 @dataclass(frozen=True, slots=True)

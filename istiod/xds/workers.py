@@ -5,12 +5,14 @@ the main process keeps the sources, the store, the debounce (its Pusher), the CA
 ports, and N worker processes each bind the xDS port with SO_REUSEPORT, the kernel spreading new
 connections among them. The main process does not accept on that port itself.
 
-What reaches a worker: after each push of the main process, the objects that push changed (their raw
-form, or their deletion), its version and the mesh config, pickled over the worker's stdin. The worker
-applies them to its own Store and builds the same snapshot version from the previous one and what
-changed, then wakes its connections as a single process would: same versions on every worker, one
-debounce, and each change is converted and built once per worker (the build is a small part of a push
-next to generating and sending for every connection). A worker starts with the whole store.
+What reaches a worker: after each push of the main process, the objects that push changed (their
+model values as the main process converted them, or their deletion), its version and the mesh config,
+pickled over the worker's stdin. The worker keeps those values (not the raw objects, nor the sources'
+state) and builds the same snapshot version from the previous one and what changed, then wakes its
+connections as a single process would: same versions on every worker, one debounce, and each change
+built once per worker (the build is a small part of a push next to generating and sending for every
+connection). A worker starts with every object's value. It imports only what serving takes: not the
+Kubernetes client (50 MB of RSS), so not istiod.settings either.
 
 A second istiod must still fail on a port in use (grpcio's SO_REUSEPORT is off for the single-process
 port): the main process first binds the port without SO_REUSEPORT, which fails if anything holds it,
@@ -43,8 +45,10 @@ import socket
 import struct
 import sys
 import time
+from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc
@@ -53,16 +57,20 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from istiod import logs
 from istiod.debug import connections
 from istiod.debug.connections import Question, Unanswered
+from istiod.eventloop import run_fast
 from istiod.model.builder import build_snapshot
 from istiod.model.mesh import MeshConfig
 from istiod.model.names import join_host_port
 from istiod.sources.convert import ObjectKey
-from istiod.sources.store import Change, Store
-from istiod.settings import Settings
+from istiod.sources.store import Change, Store, StoredObject
+from istiod.keepalive import Keepalive
 from istiod.xds import admission
 from istiod.xds.connection import tag_connections
 from istiod.xds.pusher import PushEvent, Pusher
 from istiod.xds.server import DiscoveryServer
+
+if TYPE_CHECKING:  # not imported by a worker: istiod.settings brings in the Kubernetes client (50 MB)
+    from istiod.settings import Settings
 
 log = logging.getLogger(__name__)
 _LENGTH = struct.Struct("!I")
@@ -72,7 +80,7 @@ ANSWER_TIMEOUT = 10.0
 
 @dataclass(frozen=True, slots=True)
 class Push:
-    """One push of the main process: what it changed, as the raw objects (None: deleted)."""
+    """One push of the main process: what it changed, as model values (None: deleted)."""
 
     version: str
     objects: tuple[tuple[ObjectKey, Any], ...]
@@ -87,8 +95,15 @@ class Push:
 
 @dataclass(frozen=True, slots=True)
 class Start:
-    settings: Settings
+    """What a worker is given of istiod's settings."""
+
+    host: str
     port: int
+    keepalive: Keepalive
+    push_concurrency: int
+    send_timeout: float
+    max_requests_per_second: float  # the worker's share
+    shutdown_duration: float
     log_level: str
     log_format: str
 
@@ -116,11 +131,11 @@ class Answer:
     value: Any
 
 
-def ads_server(ads: DiscoveryServer, health_servicer: health.aio.HealthServicer, settings: Settings,
+def ads_server(ads: DiscoveryServer, health_servicer: health.aio.HealthServicer, keepalive: Keepalive,
                reuse_port: bool) -> grpc.aio.Server:
     """A gRPC server for the xDS port: ADS and health, core's limits as admission.py explains."""
     server = grpc.aio.server(options=[*admission.CORE_OPTIONS, ("grpc.so_reuseport", int(reuse_port)),
-                                      *settings.keepalive.server_options()])
+                                      *keepalive.server_options()])
     ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(ads, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     return server
@@ -174,7 +189,7 @@ class WorkerPool:
         self._send_all(self._push(tuple(keys), event))
 
     def _push(self, keys: tuple[ObjectKey, ...], event: PushEvent) -> Push:
-        objects = tuple((key, stored.raw if (stored := self.store.get(key)) is not None else None) for key in keys)
+        objects = tuple((key, stored.value if (stored := self.store.get(key)) is not None else None) for key in keys)
         return Push(event.snapshot.version, objects, event.full, self.pusher.mesh, event.reason, event.configs,
                     event.debounce_seconds, event.build_seconds, time.time())
 
@@ -219,7 +234,7 @@ class WorkerPool:
         self._procs[index] = proc
         try:
             every = tuple(o.key for o in self.store.objects())
-            proc.stdin.write(_frame(Start(self.settings, self.port, *logs.current())))
+            proc.stdin.write(_frame(self._start()))
             proc.stdin.write(_frame(self._push(every, PushEvent(self.pusher.snapshot))))
             proc.stdin.write(_frame(Ready(self._ready)))
             self._writers[index] = proc.stdin
@@ -241,6 +256,14 @@ class WorkerPool:
                     future.cancel()
             if proc.returncode is None:
                 proc.kill()
+
+    def _start(self) -> Start:
+        settings = self.settings
+        # The rate of new streams is istiod's: each worker admits its share of it.
+        return Start(settings.grpc_addr.bind_host, self.port, settings.keepalive,
+                     settings.push_concurrency, settings.xds_send_timeout,
+                     settings.max_requests_per_second / settings.xds_workers, settings.shutdown_duration,
+                     *logs.current())
 
     async def stop(self, grace: float) -> None:
         """Each worker drains its streams for `grace` (as the single process's port does), then ends."""
@@ -270,30 +293,45 @@ async def _messages(reader: asyncio.StreamReader) -> Any:
         yield pickle.loads(await reader.readexactly(_LENGTH.unpack(header)[0]))
 
 
+class _Values:
+    """A worker's objects: their model values by key, what the snapshot builder reads of a Store."""
+
+    def __init__(self) -> None:
+        self._by_kind: dict[str, dict[ObjectKey, StoredObject]] = defaultdict(dict)
+
+    def put(self, key: ObjectKey, value: Any) -> None:
+        if value is None:
+            self._by_kind[key.kind].pop(key, None)
+        else:
+            self._by_kind[key.kind][key] = StoredObject(key, {}, value)  # the raw object stays in the main process
+
+    def values(self, kind: str) -> Iterator[Any]:
+        return (o.value for o in self._by_kind[kind].values())
+
+    def get(self, key: ObjectKey) -> StoredObject | None:
+        return self._by_kind[key.kind].get(key)
+
+
 class _Worker:
-    """A worker process: its own store and snapshots, fed by the main process's pushes."""
+    """A worker process: its own objects and snapshots, fed by the main process's pushes."""
 
     def __init__(self, start: Start, out: asyncio.StreamWriter) -> None:
-        self.settings = settings = start.settings
+        self.start = start
         self.out = out
         tag_connections(f"w{os.getpid()}.")
-        self.store = Store(settings.domain)
-        self.snapshot = build_snapshot(self.store, "")
-        # The rate of new streams is istiod's: each worker admits its share of it.
-        self.ads = DiscoveryServer(lambda: self.snapshot, settings.push_concurrency, settings.xds_send_timeout,
-                                   settings.max_requests_per_second / settings.xds_workers)
+        self.objects = _Values()
+        self.snapshot = build_snapshot(self.objects, "")
+        self.ads = DiscoveryServer(lambda: self.snapshot, start.push_concurrency, start.send_timeout,
+                                   start.max_requests_per_second)
         self.health = health.aio.HealthServicer()
-        self.server = ads_server(self.ads, self.health, settings, reuse_port=True)
-        self.server.add_insecure_port(join_host_port(settings.grpc_addr.bind_host, start.port))
+        self.server = ads_server(self.ads, self.health, start.keepalive, reuse_port=True)
+        self.server.add_insecure_port(join_host_port(start.host, start.port))
 
     def apply(self, push: Push) -> None:
-        for key, raw in push.objects:
-            try:
-                self.store.apply(raw) if raw is not None else self.store.delete(key)
-            except ValueError as error:  # converted in the main process already: not expected
-                log.warning(logs.event("xds worker cannot apply an object", key=str(key), error=str(error)))
+        for key, value in push.objects:
+            self.objects.put(key, value)
         keys = None if push.full else [key for key, _ in push.objects]
-        self.snapshot = build_snapshot(self.store, push.version, self.snapshot, keys, push.mesh)
+        self.snapshot = build_snapshot(self.objects, push.version, self.snapshot, keys, push.mesh)
         self.ads.on_push(PushEvent(self.snapshot, push.reason, push.debounce_seconds,
                                    push.build_seconds + time.time() - push.published_at, push.full, push.configs))
 
@@ -312,7 +350,7 @@ class _Worker:
                 await self.health.set("", health_pb2.HealthCheckResponse.SERVING if message.ready
                                       else health_pb2.HealthCheckResponse.NOT_SERVING)
         self.ads.ready = False
-        await self.server.stop(grace=self.settings.shutdown_duration)
+        await self.server.stop(grace=self.start.shutdown_duration)
 
 
 async def _main() -> int:
@@ -337,6 +375,4 @@ async def _main() -> int:
 
 def main() -> None:
     """A worker's entry (not `-m`: its messages must unpickle as this module's classes, not __main__'s)."""
-    from istiod.cli import _run_fast
-
-    sys.exit(_run_fast(_main()))
+    sys.exit(run_fast(_main()))
