@@ -17,7 +17,9 @@ Kubernetes client (50 MB of RSS), so not istiod.settings either.
 A second istiod must still fail on a port in use (grpcio's SO_REUSEPORT is off for the single-process
 port): the main process first binds the port without SO_REUSEPORT, which fails if anything holds it,
 then holds it with SO_REUSEPORT but without listening (so it takes no connections) until it stops; the
-workers join that group. A worker that ends is started again (its clients reconnect to the others).
+workers join that group. A worker listens once it holds the snapshot of synced sources, so no stream is
+refused as "not ready" by one while others could serve it. A worker that ends is started again (its
+clients reconnect to the others).
 
 The debug views of connections and the xDS metrics are the main process's: it asks every worker
 (a Query over stdin, an Answer over the worker's own pipe) and adds their answers to its own
@@ -194,7 +196,8 @@ class WorkerPool:
                     event.debounce_seconds, event.build_seconds, time.time())
 
     def not_ready(self) -> str | None:
-        """istiod is not ready before every worker listens: else the first would take every client."""
+        """istiod is not ready before every worker listens (each does once it holds the synced snapshot):
+        else the first would take every client."""
         starting = self.settings.xds_workers - len(self._listening)
         return f"{starting} xds workers are not serving yet" if starting else None
 
@@ -336,9 +339,7 @@ class _Worker:
                                    push.build_seconds + time.time() - push.published_at, push.full, push.configs))
 
     async def serve(self, messages: Any) -> None:
-        await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-        await self.server.start()
-        self.out.write(_frame(Listening()))
+        listening = False
         async for message in messages:
             if isinstance(message, Push):
                 self.apply(message)
@@ -349,8 +350,15 @@ class _Worker:
                 self.ads.ready = message.ready
                 await self.health.set("", health_pb2.HealthCheckResponse.SERVING if message.ready
                                       else health_pb2.HealthCheckResponse.NOT_SERVING)
+                # Only now, with the whole snapshot built: a worker that listened before would refuse
+                # its share of the new streams (UNAVAILABLE) while the others could serve them.
+                if message.ready and not listening:
+                    await self.server.start()
+                    self.out.write(_frame(Listening()))
+                    listening = True
         self.ads.ready = False
-        await self.server.stop(grace=self.start.shutdown_duration)
+        if listening:
+            await self.server.stop(grace=self.start.shutdown_duration)
 
 
 async def _main() -> int:
