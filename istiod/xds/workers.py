@@ -335,8 +335,9 @@ class _Worker:
             self.objects.put(key, value)
         keys = None if push.full else [key for key, _ in push.objects]
         self.snapshot = build_snapshot(self.objects, push.version, self.snapshot, keys, push.mesh)
-        self.ads.on_push(PushEvent(self.snapshot, push.reason, push.debounce_seconds,
-                                   push.build_seconds + time.time() - push.published_at, push.full, push.configs))
+        self.ads.on_push(PushEvent(self.snapshot, push.reason, debounce_seconds=push.debounce_seconds,
+                                   build_seconds=push.build_seconds + time.time() - push.published_at,
+                                   full=push.full, configs=push.configs))
 
     async def serve(self, messages: Any) -> None:
         listening = False
