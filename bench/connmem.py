@@ -22,7 +22,6 @@ from typing import Any
 
 import grpc
 import yaml
-from envoy.service.discovery.v3 import ads_pb2_grpc
 
 sys.path.insert(0, str(Path(__file__).parent))
 import loadgen  # noqa: E402
@@ -31,7 +30,7 @@ from load import listener, service_yaml  # noqa: E402
 from istiod.sources.store import Store  # noqa: E402
 from istiod.xds import admission  # noqa: E402
 from istiod.xds.pusher import Pusher  # noqa: E402
-from istiod.xds.server import DiscoveryServer  # noqa: E402
+from istiod.xds.server import DiscoveryServer, add_to_server  # noqa: E402
 
 
 def specs(kind: str, first: int, count: int, services: int, watch: int) -> list[loadgen.ClientSpec]:
@@ -103,7 +102,7 @@ async def run(args: argparse.Namespace) -> None:
     discovery = DiscoveryServer(lambda: pusher.snapshot)
     pusher.subscribe(discovery.on_push)
     server = grpc.aio.server(options=admission.CORE_OPTIONS)
-    ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(discovery, server)
+    add_to_server(discovery, server)
     address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
     await server.start()
     task = asyncio.create_task(pusher.run())

@@ -48,7 +48,7 @@ from istiod.webhooks.injector_source import InjectorConfigMapWatcher, read_injec
 from istiod.webhooks.serve import WebhookServer
 from istiod.xds import admission
 from istiod.xds.pusher import Pusher
-from istiod.xds.server import DiscoveryServer
+from istiod.xds.server import DiscoveryServer, add_to_server
 
 log = logging.getLogger(__name__)
 ADS_SERVICE = ads_pb2.DESCRIPTOR.services_by_name["AggregatedDiscoveryService"].full_name
@@ -131,7 +131,7 @@ class Discovery:
         # so_reuseport off: a second istiod on the same port must fail, not silently share it.
         self._grpc = grpc.aio.server(options=[*admission.CORE_OPTIONS, ("grpc.so_reuseport", 0),
                                               *settings.keepalive.server_options()])
-        ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(self.ads, self._grpc)
+        add_to_server(self.ads, self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc)
         reflection.enable_server_reflection((ADS_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), self._grpc)
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)

@@ -46,20 +46,22 @@ def test_unsubscribed_names_are_forgotten_not_removed() -> None:
 def test_a_response_carries_what_changed_and_what_left() -> None:
     watched = WatchedResource(types.CLUSTER, None)
     delta.respond(watched, SNAPSHOT, [resource("a"), resource("b"), resource("c")], always=True)
-    response = delta.respond(watched, SNAPSHOT, [resource("a"), resource("b", b"new")])
-    assert response is not None
+    outgoing = delta.respond(watched, SNAPSHOT, [resource("a"), resource("b", b"new")])
+    assert outgoing is not None
+    response = discovery_pb2.DeltaDiscoveryResponse.FromString(outgoing.wire)
     assert [r.name for r in response.resources] == ["b"] and list(response.removed_resources) == ["c"]
-    assert response.resources[0].version == delta.resource_version(resource("b", b"new"))
+    assert response.resources[0].version == resource("b", b"new").version
 
 
 def test_a_reconnect_gets_only_what_differs_from_the_versions_it_holds() -> None:
     current = [resource("same"), resource("changed", b"new"), resource("new")]
-    held = {"same": delta.resource_version(resource("same")), "changed": delta.resource_version(resource("changed")),
+    held = {"same": resource("same").version, "changed": resource("changed").version,
             "gone": "0123"}
     watched, _ = delta.subscribe(None, request(versions=held), 10)
     delta.held(watched, current, held)
-    response = delta.respond(watched, SNAPSHOT, current, always=True)
-    assert response is not None
+    outgoing = delta.respond(watched, SNAPSHOT, current, always=True)
+    assert outgoing is not None
+    response = discovery_pb2.DeltaDiscoveryResponse.FromString(outgoing.wire)
     assert sorted(r.name for r in response.resources) == ["changed", "new"]
     assert list(response.removed_resources) == ["gone"]
 

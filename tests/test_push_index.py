@@ -158,7 +158,9 @@ class Client:
         moved = False
         while not self.responses.empty():
             moved = True
-            response = self.responses.get_nowait()
+            # The bytes gRPC would send, parsed as the client would.
+            message = discovery_pb2.DeltaDiscoveryResponse if self.delta else discovery_pb2.DiscoveryResponse
+            response = message.FromString(self.responses.get_nowait())
             held = self.held.setdefault(response.type_url, {})
             if self.delta:
                 watching = self.watching.get(response.type_url)
