@@ -48,7 +48,7 @@ def test_a_response_carries_what_changed_and_what_left() -> None:
     delta.respond(watched, SNAPSHOT, [resource("a"), resource("b"), resource("c")], always=True)
     outgoing = delta.respond(watched, SNAPSHOT, [resource("a"), resource("b", b"new")])
     assert outgoing is not None
-    response = discovery_pb2.DeltaDiscoveryResponse.FromString(outgoing.wire)
+    response = discovery_pb2.DeltaDiscoveryResponse.FromString(bytes(outgoing))
     assert [r.name for r in response.resources] == ["b"] and list(response.removed_resources) == ["c"]
     assert response.resources[0].version == resource("b", b"new").version
 
@@ -61,7 +61,7 @@ def test_a_reconnect_gets_only_what_differs_from_the_versions_it_holds() -> None
     delta.held(watched, current, held)
     outgoing = delta.respond(watched, SNAPSHOT, current, always=True)
     assert outgoing is not None
-    response = discovery_pb2.DeltaDiscoveryResponse.FromString(outgoing.wire)
+    response = discovery_pb2.DeltaDiscoveryResponse.FromString(bytes(outgoing))
     assert sorted(r.name for r in response.resources) == ["changed", "new"]
     assert list(response.removed_resources) == ["gone"]
 

@@ -159,9 +159,9 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         and after the send timeout that stream is closed (istiod's "Timeout writing")."""
         try:
             if deadline is None:
-                await context.write(response.wire)
+                await context.write(bytes(response))
             else:
-                await deadline.write(context, response.wire)
+                await deadline.write(context, bytes(response))
         except TimeoutError:
             self.monitor.write_timeout()
             log.warning(logs.event("ads send timeout; closing the stream", id=connection.id,

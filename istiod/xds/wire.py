@@ -18,27 +18,31 @@ from istiod.xds.cache import Resource
 
 @dataclass(frozen=True, slots=True)
 class Outgoing:
-    """One response to one connection, serialized."""
+    """One response to one connection, serialized when it is sent (`bytes()`): a connection's responses to
+    one event are built together, and only the one on the wire need be held as bytes."""
 
     type_url: str
     nonce: str
+    header: bytes  # every field but `resources`
     resources: list[Resource]  # what it carries
-    wire: bytes
+    delta: bool
 
     @property
     def size(self) -> int:
         """Bytes of the resources it carries (pilot_xds_config_size_bytes)."""
         return sum(len(r.value) for r in self.resources)
 
+    def __bytes__(self) -> bytes:
+        entries = (r.delta_entry for r in self.resources) if self.delta else (r.sotw_entry for r in self.resources)
+        return b"".join([self.header, *entries])
+
 
 def sotw(version: str, type_url: str, nonce: str, resources: list[Resource]) -> Outgoing:
     header = discovery_pb2.DiscoveryResponse(version_info=version, type_url=type_url, nonce=nonce)
-    return Outgoing(type_url, nonce, resources,
-                    b"".join([header.SerializeToString(), *(r.sotw_entry for r in resources)]))
+    return Outgoing(type_url, nonce, header.SerializeToString(), resources, delta=False)
 
 
 def delta(version: str, type_url: str, nonce: str, resources: list[Resource], removed: list[str]) -> Outgoing:
     header = discovery_pb2.DeltaDiscoveryResponse(system_version_info=version, type_url=type_url, nonce=nonce,
                                                   removed_resources=removed)
-    return Outgoing(type_url, nonce, resources,
-                    b"".join([header.SerializeToString(), *(r.delta_entry for r in resources)]))
+    return Outgoing(type_url, nonce, header.SerializeToString(), resources, delta=True)
