@@ -25,6 +25,7 @@ import grpc
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(1, str(Path(__file__).parent.parent))  # bench/mesh.py's e2e helpers
 import loadgen  # noqa: E402
 from mesh import listener, service_yaml  # noqa: E402
 

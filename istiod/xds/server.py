@@ -298,8 +298,16 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                 # Connection.endpoints_due): the client keeps the others it holds, in SotW too.
                 names = names | changed_clusters | connection.endpoints_due
                 wanted = sorted(names if watched.names is None else names.intersection(watched.names))
-                fresh = {r.name: r for r in self._generate(connection, watched, snapshot, wanted)}
-                resources = list({**watched.sent, **fresh}.values())
+                fresh = self._generate(connection, watched, snapshot, wanted)
+                sent = watched.sent if isinstance(watched.sent, Held) else Held.of(list(watched.sent.values()))
+                held_after = sent.updated(fresh)
+                if not connection.delta and not changed_clusters and not watched.rejection:
+                    # Only `fresh` can differ from what the client holds: the rest is what it was sent.
+                    carried = [r for r in fresh if not r.same_as(watched.sent.get(r.name))]
+                    if carried:
+                        responses.append(self._respond(watched, snapshot, held_after, carried))
+                    continue
+                resources = list(held_after.values())
             else:
                 resources = self._generate(connection, watched, snapshot)
             if connection.delta:
@@ -328,17 +336,17 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         return generator(snapshot, connection.proxy, watched.names if names is None else names, self.cache)
 
     def _respond(
-        self, watched: WatchedResource, snapshot: Snapshot, resources: list[Resource],
+        self, watched: WatchedResource, snapshot: Snapshot, resources: list[Resource] | Held,
         carried: list[Resource] | None = None,
     ) -> Response:
         """`resources` is what the client holds after this response; `carried`, when only part of
         it goes (EDS), what the response holds."""
         watched.nonce_sent = uuid.uuid4().hex
         watched.version_sent = snapshot.version
-        watched.sent = Held.of(resources)
+        held = watched.sent = resources if isinstance(resources, Held) else Held.of(resources)
         watched.sent_at = time.time()
         return wire.sotw(snapshot.version, watched.type_url, watched.nonce_sent,
-                         resources if carried is None else carried)
+                         list(held.values()) if carried is None else carried)
 
 
 class _SendDeadline:
