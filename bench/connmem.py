@@ -106,7 +106,8 @@ async def run(args: argparse.Namespace) -> None:
         for doc in yaml.safe_load_all(service_yaml(s, args.pods, None)):
             store.apply(doc)
     pusher = Pusher(store, debounce_after=0.01, debounce_max=0.05)
-    discovery = DiscoveryServer(lambda: pusher.snapshot)
+    # No send deadline: tracemalloc slows the server, and a stream it closed would spoil the count.
+    discovery = DiscoveryServer(lambda: pusher.snapshot, send_timeout=0)
     pusher.subscribe(discovery.on_push)
     server = grpc.aio.server(options=admission.CORE_OPTIONS)
     add_to_server(discovery, server)

@@ -339,8 +339,8 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self, watched: WatchedResource, snapshot: Snapshot, resources: list[Resource] | Held,
         carried: list[Resource] | None = None,
     ) -> Response:
-        """`resources` is what the client holds after this response; `carried`, when only part of
-        it goes (EDS), what the response holds."""
+        """`resources` is what the client holds after this response (a Held when already made);
+        `carried`, when only part of it goes (EDS), what the response holds."""
         watched.nonce_sent = uuid.uuid4().hex
         watched.version_sent = snapshot.version
         held = watched.sent = resources if isinstance(resources, Held) else Held.of(resources)
