@@ -107,7 +107,7 @@ def test_not_ready_until_the_api_answers(cluster: Cluster, tmp_path: Path, proce
     istiod = Istiod(tmp_path, "--kubeconfig", str(unreachable), "--plugged-ca-dir", str(tmp_path / "cacerts"),
                     ready_timeout=None)
     processes.append(istiod)
-    wait_until(lambda: istiod.text().count("relisting in") >= 3, 20, "a few backed-off retries")
+    wait_until(lambda: istiod.text().count("relisting in") >= 6, 20, "a few backed-off retries")
     assert istiod.get("/ready")[0] == 503
     delays = [float(line.split("relisting in ")[1].split("s")[0]) for line in istiod.text().splitlines() if "relisting in" in line]
     assert len(set(delays)) > 1  # jittered, not a fixed period

@@ -76,6 +76,14 @@ async def record(kube: client.ApiClient, name: str) -> dict[str, Any]:
     return json.loads(configmap.metadata.annotations[RECORD])
 
 
+async def rewrite(kube: client.ApiClient, name: str, change: Callable[[client.V1ConfigMap], object]) -> None:
+    """Another writer: the lock's ConfigMap read, changed and written back."""
+    core = client.CoreV1Api(kube)
+    configmap = await core.read_namespaced_config_map(name, NS)
+    change(configmap)
+    await core.replace_namespaced_config_map(name, NS, configmap)
+
+
 async def test_one_leader_then_a_hand_over(kube: client.ApiClient) -> None:
     await ensure_namespace(kube, NS)
     a, b = Candidate(kube, "hand-over", "a"), Candidate(kube, "hand-over", "b")
@@ -95,16 +103,25 @@ async def test_one_leader_then_a_hand_over(kube: client.ApiClient) -> None:
             assert (held["holderIdentity"], held["leaderTransitions"]) == ("b", 1)
 
 
+async def test_a_release_that_finds_the_lock_moved_on_still_releases(kube: client.ApiClient) -> None:
+    """A renewal cancelled in flight can land just before the release, which then conflicts: the
+    release reads the lock again and, the record still being its own, releases it."""
+    await ensure_namespace(kube, NS)
+    a = Candidate(kube, "moved-on", "a")
+    async with running(a):
+        await eventually(lambda: a.working, 5, "a to lead")
+        await rewrite(kube, "moved-on", lambda c: setattr(c.metadata, "labels", {"touched": "yes"}))  # a's record, newer
+        await a.stop()
+        assert (await record(kube, "moved-on"))["holderIdentity"] == ""
+
+
 async def test_a_lock_taken_by_another_ends_leadership_and_lapses_back(kube: client.ApiClient) -> None:
     await ensure_namespace(kube, NS)
     a = Candidate(kube, "stolen", "a")
     async with running(a):
         await eventually(lambda: a.working, 5, "a to lead")
-        core = client.CoreV1Api(kube)
-        configmap = await core.read_namespaced_config_map("stolen", NS)
-        configmap.metadata.annotations[RECORD] = json.dumps({**json.loads(configmap.metadata.annotations[RECORD]),
-                                                             "holderIdentity": "intruder"})
-        await core.replace_namespaced_config_map("stolen", NS, configmap)
+        await rewrite(kube, "stolen", lambda c: c.metadata.annotations.update({RECORD: json.dumps(
+            {**json.loads(c.metadata.annotations[RECORD]), "holderIdentity": "intruder"})}))
         await eventually(lambda: not a.working, TIMINGS.retry_period * 3, "a to stop at its next renewal")
         # The intruder never renews: a whole lease duration later, a takes the lock again.
         took = await timed(lambda: a.working, TIMINGS.duration + 1.0, "a to lead again")

@@ -137,12 +137,11 @@ class LeaderElection:
                 raise
             return await self._write(None, self._record(now, now, 0))
         raw = (configmap.metadata.annotations or {}).get(RECORD, "")
-        try:
-            record = json.loads(raw) if raw else {}
-            holder, transitions = str(record.get("holderIdentity") or ""), int(record.get("leaderTransitions") or 0)
-        except (ValueError, TypeError, AttributeError):
+        parsed = _parse(raw)
+        if parsed is None:
             log.warning("leader election: %s: annotation %s is not a leader record; left alone", self.lease, RECORD)
             return False
+        record, holder, transitions = parsed
         if self._seen is None or self._seen.raw != raw:
             self._seen = _Seen(raw, holder, transitions, str(record.get("acquireTime") or now), configmap,
                                time.monotonic())
@@ -179,12 +178,25 @@ class LeaderElection:
         seen = self._seen
         if seen is None or seen.holder != self.identity:
             return
-        now = _time(datetime.now(timezone.utc))
-        record = self._record(now, now, seen.transitions)  # as client-go's release: no holder, a 1 s lease
-        record.update(holderIdentity="", holderKey="", leaseDurationSeconds=1)
         try:
-            await asyncio.wait_for(self._write(seen.configmap, record), 2.0)
-            log.info("leader election: %s released %s", self.identity, self.lease)
+            async with asyncio.timeout(2.0):
+                # A renewal cancelled in flight may still land first, and then this write conflicts:
+                # read the lock again and retry while the record is still ours.
+                for _ in range(3):
+                    now = _time(datetime.now(timezone.utc))
+                    record = self._record(now, now, seen.transitions)  # as client-go's release: no holder, a 1 s lease
+                    record.update(holderIdentity="", holderKey="", leaseDurationSeconds=1)
+                    if await self._write(seen.configmap, record):
+                        log.info("leader election: %s released %s", self.identity, self.lease)
+                        return
+                    configmap = await self.api.read_namespaced_config_map(self.name, self.namespace,
+                                                                          _request_timeout=REQUEST_TIMEOUT)
+                    raw = (configmap.metadata.annotations or {}).get(RECORD, "")
+                    parsed = _parse(raw)
+                    if parsed is None or parsed[1] != self.identity:
+                        return  # another's already
+                    seen = _Seen(raw, self.identity, seen.transitions, seen.acquired, configmap, time.monotonic())
+                log.warning("leader election: could not release %s: it kept changing", self.lease)
         except API_ERRORS as error:
             log.warning("leader election: could not release %s: %s", self.lease, describe_error(error))
 
@@ -203,3 +215,12 @@ class LeaderElection:
 def _time(moment: datetime) -> str:
     """metav1.Time as JSON: RFC 3339 in whole seconds, UTC."""
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse(raw: str) -> tuple[dict[str, Any], str, int] | None:
+    """The leader record of the lock's annotation, its holder and transitions; None if it is not one."""
+    try:
+        record = json.loads(raw) if raw else {}
+        return record, str(record.get("holderIdentity") or ""), int(record.get("leaderTransitions") or 0)
+    except (ValueError, TypeError, AttributeError):
+        return None

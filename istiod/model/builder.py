@@ -17,6 +17,7 @@ from typing import Any, Protocol, TypeVar
 from istiod.model.batch import CronJob, Job
 from istiod.model.cluster import Node
 from istiod.model.config import ConfigSet
+from istiod.model.credentials import TlsCredential
 from istiod.model.config.common import Labels, selector_matches
 from istiod.model.config.networking import ServiceEntry, ServicePort
 from istiod.model.entries import EntryServices, PodEndpoints, service_entry_services
@@ -104,7 +105,7 @@ def _whole(objects: ObjectValues[Key], version: str, previous: Snapshot | None, 
         cronjobs=MappingProxyType(_cronjobs(objects)),
         mesh=mesh,
         config=config,
-        credentials=MappingProxyType({(c.namespace, c.name): c for c in objects.values("Secret")}),
+        credentials=MappingProxyType(_credentials(objects)),
         volumes=_volume_mounts(objects.values("PersistentVolume"), objects.values("PersistentVolumeClaim"), workloads),
         endpoint_slices=MappingProxyType(endpoint_slices),
         nodes=MappingProxyType(nodes),
@@ -193,8 +194,7 @@ def _next(objects: ObjectValues[Key], version: str, previous: Snapshot, keys: Ma
         cronjobs=MappingProxyType(_cronjobs(objects)) if "CronJob" in keys else previous.cronjobs,
         mesh=mesh,
         config=config,
-        credentials=(MappingProxyType({(c.namespace, c.name): c for c in objects.values("Secret")})
-                     if "Secret" in keys else previous.credentials),
+        credentials=MappingProxyType(_credentials(objects)) if "Secret" in keys else previous.credentials,
         volumes=volumes,
         endpoint_slices=endpoint_slices,
         nodes=previous.nodes,
@@ -254,6 +254,10 @@ def _nodes(objects: ObjectValues[Key]) -> dict[str, Locality]:
 
 def _cronjobs(objects: ObjectValues[Key]) -> dict[tuple[str, str], CronJob]:
     return {(c.namespace, c.name): c for c in objects.values("CronJob")}
+
+
+def _credentials(objects: ObjectValues[Key]) -> dict[tuple[str, str], TlsCredential]:
+    return {(c.namespace, c.name): c for c in objects.values("Secret")}
 
 
 class _EndpointContext:

@@ -130,7 +130,7 @@ class Informer:
             # RBAC without watch) keeps failing: the backoff grows so relists cannot hammer the API.
             delay = 0.0 if gone and failures == 0 else self.backoff.delay(failures)
             failures += 1
-            log.warning("informer %s: %s; relisting in %.1fs (attempt %d)", self.kind, reason, delay, failures)
+            log.warning("informer %s: %s; relisting in %.2fs (attempt %d)", self.kind, reason, delay, failures)
             await asyncio.sleep(delay)
 
     async def relist(self) -> None:

@@ -22,7 +22,7 @@ from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.gen.filters import (
     HCM_FILTER, ads_source, http_connection_manager, network_filter, pack, with_fault_filter,
 )
-from istiod.xds.gen.gateway.servers import GatewayServer, gateway_servers
+from istiod.xds.gen.gateway.servers import GatewayServer, servers_by
 from istiod.xds.gen.tls import HTTP_ALPN, TLS_TRANSPORT_SOCKET
 
 TLS_INSPECTOR_FILTER = "envoy.filters.listener.tls_inspector"
@@ -35,13 +35,9 @@ TLS_VERSIONS = {
 
 
 def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
-    by_listener: dict[str, list[GatewayServer]] = {}
-    for served in gateway_servers(snapshot, proxy):
-        by_listener.setdefault(served.listener_name, []).append(served)
     result = []
-    for name, servers in sorted(by_listener.items()):
+    for name, group in servers_by(snapshot, proxy, lambda s: s.listener_name):
         if names is None or name in names:
-            group = tuple(servers)
             gateways = tuple(dict.fromkeys(s.gateway for s in group))
             result.append(cache.get(types.LISTENER, name, gateways, lambda: gateway_listener(name, group),
                                     scope=",".join(str(g.meta) for g in gateways)))

@@ -17,20 +17,16 @@ from istiod.model.proxy import Proxy
 from istiod.model.snapshot import Snapshot
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
-from istiod.xds.gen.gateway.servers import GatewayServer, bound_hosts, gateway_servers
+from istiod.xds.gen.gateway.servers import GatewayServer, bound_hosts, servers_by
 from istiod.xds.gen.routes import virtual_service_routes
 from istiod.xds.gen.targets import destination_rule, hash_lookup
 
 
 def routes(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
-    by_route: dict[str, list[GatewayServer]] = {}
-    for served in gateway_servers(snapshot, proxy):
-        by_route.setdefault(served.route_name, []).append(served)
     result = []
-    for name, servers in sorted(by_route.items()):
+    for name, group in servers_by(snapshot, proxy, lambda s: s.route_name):
         if names is not None and name not in names:
             continue
-        group = tuple(servers)
         # Match sources and VirtualService visibility differ by the proxy's namespace and labels.
         result.append(cache.get(types.ROUTE, name, _inputs(snapshot, proxy, group),
                                 lambda: route_configuration(name, group, snapshot, proxy),

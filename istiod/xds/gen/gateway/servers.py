@@ -8,7 +8,7 @@ warning naming it, never served half-configured.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from istiod import logs
@@ -110,6 +110,15 @@ def gateway_servers(snapshot: Snapshot, proxy: Proxy) -> list[GatewayServer]:
                 continue
             result.append(served)
     return result
+
+
+def servers_by(snapshot: Snapshot, proxy: Proxy,
+               key: Callable[[GatewayServer], str]) -> list[tuple[str, tuple[GatewayServer, ...]]]:
+    """The proxy's servers grouped by `key` (their listener's or route configuration's name), by name."""
+    groups: dict[str, list[GatewayServer]] = {}
+    for served in gateway_servers(snapshot, proxy):
+        groups.setdefault(key(served), []).append(served)
+    return [(name, tuple(servers)) for name, servers in sorted(groups.items())]
 
 
 def bound_hosts(snapshot: Snapshot, proxy: Proxy, served: GatewayServer) -> Iterator[tuple[str, VirtualService]]:
