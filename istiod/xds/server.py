@@ -123,6 +123,10 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
 
     async def _serve(self, connection: Connection, context: grpc.aio.ServicerContext) -> None:
         """The connection's task: answers its requests and sends its pushes, one event at a time."""
+        # Headers first, on their own: grpcio sends them with the first message otherwise, and when the
+        # send deadline interrupts that write it still counts them unsent, so ending the stream fails
+        # (TOO_MANY_OPERATIONS) and the client never gets a status: it waits on a dead stream for good.
+        await context.send_initial_metadata(())
         deadline = _SendDeadline(self.send_timeout) if self.send_timeout else None
         try:
             await self._events(connection, context, deadline)
