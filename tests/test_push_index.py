@@ -71,6 +71,9 @@ class FakeContext:
     def peer(self) -> str:
         return "ipv4:127.0.0.1:1"
 
+    async def send_initial_metadata(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        pass
+
     async def write(self, response: Any) -> None:
         self.responses.put_nowait(response)
 

@@ -75,19 +75,23 @@ def held(watched: WatchedResource, current: list[Resource], versions: dict[str, 
 
 def respond(
     watched: WatchedResource, snapshot: Snapshot, current: list[Resource], always: bool = False,
-    resend: frozenset[str] = frozenset(),
+    resend: frozenset[str] = frozenset(), held: Held | None = None,
 ) -> wire.Outgoing | None:
     """The resources that differ from what the client holds (or are named in `resend`) and the names
     it holds that are gone; None when there are none (unless `always`: the first answer of a watch,
-    which the client awaits)."""
+    which the client awaits). `current` is all the client watches of the type; or, given `held` (what
+    it holds after this response), only what may have changed of that (a push of some endpoints), so
+    that only those are compared and nothing is gone."""
     changed = [r for r in current if r.name in resend or not r.same_as(watched.sent.get(r.name))]
-    names = {r.name for r in current}
-    removed = [n for n in watched.sent if n not in names]
+    removed: list[str] = []
+    if held is None:
+        names = {r.name for r in current}
+        removed = [n for n in watched.sent if n not in names]
     if not changed and not removed and not always:
         return None
     watched.nonce_sent = uuid.uuid4().hex
     watched.version_sent = snapshot.version
-    watched.sent = Held.of(current)
+    watched.sent = Held.of(current) if held is None else held
     watched.sent_at = time.time()
     return wire.delta(snapshot.version, watched.type_url, watched.nonce_sent, changed, removed)
 

@@ -262,12 +262,13 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         return responses
 
     def _delta_respond(self, connection: Connection, watched: WatchedResource, snapshot: Snapshot,
-                       resources: list[Resource], always: bool = False) -> list[Response]:
-        """Only what changed, and after clusters their endpoints again (see Connection.endpoints_due)."""
+                       resources: list[Resource], always: bool = False, held: Held | None = None) -> list[Response]:
+        """Only what changed, and after clusters their endpoints again (see Connection.endpoints_due);
+        `held`: see delta.respond."""
         resend: frozenset[str] = frozenset()
         if watched.type_url == types.ENDPOINT:
             resend, connection.endpoints_due = frozenset(connection.endpoints_due), set()
-        response = delta.respond(watched, snapshot, resources, always, resend)
+        response = delta.respond(watched, snapshot, resources, always, resend, held)
         if response is None:
             return []
         if watched.type_url == types.CLUSTER:
@@ -305,7 +306,10 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                 fresh = self._generate(connection, watched, snapshot, wanted)
                 sent = watched.sent if isinstance(watched.sent, Held) else Held.of(list(watched.sent.values()))
                 held_after = sent.updated(fresh)
-                if not connection.delta and not changed_clusters and not watched.rejection:
+                if connection.delta:  # only `fresh` can differ from what the client holds
+                    responses += self._delta_respond(connection, watched, snapshot, fresh, held=held_after)
+                    continue
+                if not changed_clusters and not watched.rejection:
                     # Only `fresh` can differ from what the client holds: the rest is what it was sent.
                     carried = [r for r in fresh if not r.same_as(watched.sent.get(r.name))]
                     if carried:
