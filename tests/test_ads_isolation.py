@@ -104,6 +104,26 @@ class _Writes:
         await asyncio.sleep(self.seconds)
 
 
+async def test_a_write_done_while_the_loop_was_busy_past_the_deadline_is_no_timeout() -> None:
+    """As in a connect storm: the write finishes during a long stretch of other work, so the loop learns
+    of it only after that work, just when the deadline's timer is due too."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    class Write:
+        async def write(self, message: bytes) -> None:
+            await done
+
+    def busy() -> None:
+        time.sleep(0.8)  # past the deadline
+        loop.call_soon(done.set_result, None)  # the write's completion, seen after the work
+
+    deadline = _SendDeadline(0.5)
+    loop.call_later(0.1, busy)
+    await deadline.write(Write(), b"")  # type: ignore[arg-type]
+    deadline.close()
+
+
 async def test_the_send_deadline_is_per_write_and_an_outside_cancel_stays_a_cancel() -> None:
     deadline = _SendDeadline(0.5)
     context = _Writes(0.01)

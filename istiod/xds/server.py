@@ -358,12 +358,18 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
 
 
 class _SendDeadline:
-    """The send timeout of one stream, as asyncio.timeout around each write would be, but with one timer
-    per stream, armed for the write under way and re-armed only when it fires: a timer per write cost
-    about as much as the write itself."""
+    """The send timeout of one stream, with one timer per stream (a timer per write cost about as much as
+    the write itself), armed for the write under way and re-armed only when it fires.
+
+    It measures the client, not this server: a write that finished while the event loop was busy (a
+    connect storm) is seen only once the loop gets to it, and the timer can run first. So the deadline
+    ends a write only when a look some time after it finds the write still under way, and that look ran
+    on time; a look that ran late (the loop busy) is followed by another.
+    """
 
     def __init__(self, timeout: float) -> None:
         self._timeout = timeout
+        self._recheck = timeout / 10
         self._loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         assert task is not None
@@ -371,15 +377,16 @@ class _SendDeadline:
         self._writes = 0  # writes started on the stream
         self._writing = 0  # the number of the write under way; 0: none
         self._started = 0.0  # when it started
+        self._looked = False  # the write under way is past its deadline, and was looked at once since
         self._timer: asyncio.TimerHandle | None = None
         self._expired = False
 
     async def write(self, context: grpc.aio.ServicerContext, message: bytes) -> None:
         """Raises TimeoutError when the write is not done within the timeout."""
         self._writes += 1
-        self._writing, self._started = self._writes, self._loop.time()
+        self._writing, self._started, self._looked = self._writes, self._loop.time(), False
         if self._timer is None:
-            self._arm()
+            self._arm(self._started + self._timeout)
         try:
             await context.write(message)
         except asyncio.CancelledError:
@@ -393,16 +400,22 @@ class _SendDeadline:
         if self._timer is not None:
             self._timer.cancel()
 
-    def _arm(self) -> None:
-        self._timer = self._loop.call_at(self._started + self._timeout, self._fired, self._writing)
+    def _arm(self, when: float) -> None:
+        self._timer = self._loop.call_at(when, self._fired, self._writing, when)
 
-    def _fired(self, armed_for: int) -> None:
+    def _fired(self, armed_for: int, due: float) -> None:
         self._timer = None
-        if self._writing == armed_for:
+        if self._writing != armed_for:
+            if self._writing:
+                self._arm(self._started + self._timeout)  # a later write is under way: its own deadline
+            return
+        now = self._loop.time()
+        if self._looked and now - due <= self._recheck / 2:
             self._expired = True
             self._task.cancel()
-        elif self._writing:
-            self._arm()  # a later write is under way: its own deadline
+            return
+        self._looked = True
+        self._arm(now + self._recheck)
 
 
 def add_to_server(servicer: ads_pb2_grpc.AggregatedDiscoveryServiceServicer, server: grpc.aio.Server) -> None:
