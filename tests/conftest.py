@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 import string
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -16,6 +17,17 @@ DATA = Path(__file__).parent / "data"
 def render(template: str, **values: object) -> str:
     """A YAML fixture from tests/data with $placeholders filled in."""
     return string.Template((DATA / template).read_text()).substitute({k: str(v) for k, v in values.items()})
+
+
+@pytest.fixture(autouse=True)
+def _root_logger() -> Iterator[None]:
+    """The CLI run in-process points the root logger at this test's captured stderr, which pytest
+    closes after the test: later tests' records would each print a logging error."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture
