@@ -6,8 +6,9 @@ An ADS server runs in this process on a mesh of S services; for each kind of cli
 batches of clients (load generator processes, as bench/load.py's) connect one after the other and
 each is waited on until fully configured. The difference between the two batches is what one more
 connection costs, apart from what all of them share (the snapshot, the serialized resources).
-Prints bytes per connection and where they were allocated. gRPC core's own buffers (C, not traced)
-show in bench/load.py's RSS figures.
+Prints bytes per connection and where they were allocated, and the peak while a batch connects (what
+its connect storm holds in flight). gRPC core's own buffers and protobuf messages (C, not traced) show
+in bench/load.py's RSS figures.
 """
 
 from __future__ import annotations
@@ -22,16 +23,16 @@ from typing import Any
 
 import grpc
 import yaml
-from envoy.service.discovery.v3 import ads_pb2_grpc
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(1, str(Path(__file__).parent.parent))  # bench/mesh.py's e2e helpers
 import loadgen  # noqa: E402
-from load import listener, service_yaml  # noqa: E402
+from mesh import listener, service_yaml  # noqa: E402
 
 from istiod.sources.store import Store  # noqa: E402
 from istiod.xds import admission  # noqa: E402
 from istiod.xds.pusher import Pusher  # noqa: E402
-from istiod.xds.server import DiscoveryServer  # noqa: E402
+from istiod.xds.server import DiscoveryServer, add_to_server  # noqa: E402
 
 
 def specs(kind: str, first: int, count: int, services: int, watch: int) -> list[loadgen.ClientSpec]:
@@ -74,16 +75,21 @@ async def measure(server: DiscoveryServer, address: str, kind: str, args: argpar
     batches: list[Batch] = []
     snapshots: list[tracemalloc.Snapshot] = []
     try:
+        peaks = []
         for b in range(2):
+            before = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
             batch = Batch(address, specs(kind, first + b * args.clients, args.clients, args.services, args.watch))
             batches.append(batch)
             await batch.configured(args.timeout)
+            peaks.append(tracemalloc.get_traced_memory()[1] - before)
             await asyncio.sleep(1)  # the last ACKs handled
             snapshots.append(tracemalloc.take_snapshot())
         assert len(server.connections) == 2 * args.clients, len(server.connections)
         per = (traced(snapshots[1]) - traced(snapshots[0])) / args.clients
         print(f"{kind}: {per / 1024:.1f} KiB per connection ({args.clients} more connections, "
-              f"{len(server.connections)} in all)")
+              f"{len(server.connections)} in all); while each batch connected, the peak was "
+              f"{', '.join(f'{p / 2**20:.1f}' for p in peaks)} MiB above the memory before it")
         for stat in snapshots[1].compare_to(snapshots[0], "lineno")[:args.top]:
             frame = stat.traceback[0]
             print(f"  {stat.size_diff / args.clients:8.0f} B  {stat.count_diff / args.clients:5.1f} blocks  "
@@ -100,10 +106,11 @@ async def run(args: argparse.Namespace) -> None:
         for doc in yaml.safe_load_all(service_yaml(s, args.pods, None)):
             store.apply(doc)
     pusher = Pusher(store, debounce_after=0.01, debounce_max=0.05)
-    discovery = DiscoveryServer(lambda: pusher.snapshot)
+    # No send deadline: tracemalloc slows the server, and a stream it closed would spoil the count.
+    discovery = DiscoveryServer(lambda: pusher.snapshot, send_timeout=0)
     pusher.subscribe(discovery.on_push)
     server = grpc.aio.server(options=admission.CORE_OPTIONS)
-    ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(discovery, server)
+    add_to_server(discovery, server)
     address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
     await server.start()
     task = asyncio.create_task(pusher.run())

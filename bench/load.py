@@ -293,6 +293,7 @@ def run(args: argparse.Namespace, workdir: Path, stack: contextlib.ExitStack) ->
     # Envoy-like clients all ask for everything: under load too, SotW or delta, they must end the same.
     envoy_states = {c["state"] for c in clients if c["kind"] != "proxyless"}
     result["envoy_final_states"] = len(envoy_states) if envoy_states else None
+    result["unsettled"] = sum(1 for c in clients if not c["settled"])
     result["generator_cpu_s"] = sum(summary["cpu_s"] for summary in summaries)
     result["raw"] = {"configured": configured, "churn": latencies, "everyone": everyone}
     return result
@@ -316,7 +317,8 @@ def table(result: dict[str, Any]) -> str:
             if result['churn']['server_bytes_per_change'] is not None else "")),
         ("new Service every client watches", ("everyone", "latency"), f"never seen {result['everyone']['never_seen']}"
          + (f"; Envoy-like clients end in {result['envoy_final_states']} distinct state(s) (1: all the same)"
-            if result["envoy_final_states"] else "")),
+            if result["envoy_final_states"] else "")
+         + f"; {result['unsettled']} client(s) still without all they asked for {loadgen.SETTLE_SECONDS} s later"),
     ):
         stats = result[key[0]][key[1]]
         rows.append(f"| {name} | {ms(stats['p50'])} | {ms(stats['p90'])} | {ms(stats['p99'])} | {ms(stats['max'])} | {extra} |")

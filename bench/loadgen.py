@@ -36,6 +36,7 @@ MESSAGES: dict[str, Any] = {LDS: listener_pb2.Listener, RDS: route_pb2.RouteConf
 # channels of one process unless told not to.
 CHANNEL_OPTIONS = [("grpc.use_local_subchannel_pool", 1)]
 TICKS = 10  # traffic is counted per tenth of a second
+SETTLE_SECONDS = 30  # at the end, how long clients still catching up are waited for
 
 
 def mark_address(change: int) -> str:
@@ -140,6 +141,13 @@ class Client:
     seen: dict[int, float] = field(default_factory=dict)  # mark -> first time held
     streams_failed: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # status -> count
     sent_node: bool = False
+    answered: set[str] = field(default_factory=set)  # the types answered on this stream
+
+    def settled(self) -> bool:
+        """Whether every type asked for on this stream was answered, with every name asked for (a client
+        the server closed and that reconnected late in a run may still be on its way)."""
+        return all(type_url in self.answered and names <= self.resources.get(type_url, {}).keys()
+                   for type_url, names in self.names.items())
 
     def subscribe(self, type_url: str, names: set[str]) -> tuple[set[str], set[str]]:
         """Ask for exactly `names` of `type_url` from now on (empty: wildcard, for CDS and LDS);
@@ -208,6 +216,7 @@ class Worker:
             client.names.clear()  # a new stream starts from nothing, as a restarted client does
             client.versions.clear()
             client.resources.clear()
+            client.answered.clear()
             client.sent_node = False
             await asyncio.sleep(delay * random.uniform(0.5, 1.5))  # reconnect with jittered backoff
             delay = min(delay * 2, 5.0)
@@ -230,6 +239,7 @@ class Worker:
             async for response in call:
                 now = time.time()
                 self._count(response.ByteSize(), now)
+                client.answered.add(response.type_url)
                 held = client.resources[response.type_url]
                 previous = dict(held)
                 if response.type_url in (LDS, CDS):  # the whole state; EDS and RDS may carry only what changed
@@ -261,6 +271,7 @@ class Worker:
             async for response in call:
                 now = time.time()
                 self._count(response.ByteSize(), now)
+                client.answered.add(response.type_url)
                 held = client.resources[response.type_url]
                 for name in response.removed_resources:
                     held.pop(name, None)
@@ -294,7 +305,8 @@ class Worker:
     def summary(self) -> dict[str, Any]:
         return {
             "clients": [{"index": c.spec.index, "kind": c.spec.kind, "configured_at": c.configured_at,
-                         "seen": c.seen, "streams_failed": dict(c.streams_failed), "state": c.digest()}
+                         "seen": c.seen, "streams_failed": dict(c.streams_failed), "state": c.digest(),
+                         "settled": c.settled()}
                         for c in self.clients],
             "traffic": dict(self.traffic),
             "failure_details": self.failure_details,
@@ -323,6 +335,10 @@ async def serve(xds_addr: str, specs: list[ClientSpec], control: Any, go: Any, s
             for mark in common:
                 control.put(("all-seen", mark))
             reported_marks |= common
+    # The final states are compared: first let clients that are still catching up finish (briefly).
+    settled_by = time.monotonic() + SETTLE_SECONDS
+    while not all(c.settled() for c in worker.clients) and time.monotonic() < settled_by:
+        await asyncio.sleep(0.1)
     stop.set()
     for task in tasks:
         task.cancel()

@@ -15,7 +15,6 @@ import logging
 from collections.abc import Callable
 
 import grpc
-from envoy.service.discovery.v3 import ads_pb2_grpc
 from kubernetes_asyncio import client
 
 from istiod.atomicfile import write_atomic
@@ -32,7 +31,7 @@ from istiod.supervisor import Supervisor
 from istiod.tlsfront import TlsFront
 from istiod.xds import admission
 from istiod.xds.authz import XdsAuthorizer
-from istiod.xds.server import DiscoveryServer
+from istiod.xds.server import DiscoveryServer, add_to_server
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +91,7 @@ class SecurePort:
             CertificateService(self.ca, ca_settings.ttl, authenticators, front.credentials), self._inner
         )
         ads = self.ads.authorized(XdsAuthorizer(authenticators, front.credentials))
-        ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(ads, self._inner)
+        add_to_server(ads, self._inner)
         await self._inner.start()
         port = await front.start()
         ca = self.ca

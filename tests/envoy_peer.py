@@ -61,10 +61,15 @@ def node_id(pod: str, namespace: str, ip: str = "127.0.0.1", domain: str = "clus
     return f"sidecar~{ip}~{pod}.{namespace}~{namespace}.svc.{domain}"
 
 
-def _pipe_cluster(name: str, *paths: Path) -> dict[str, Any]:
+def _pipe_cluster(name: str, *paths: Path, window: int | None = None) -> dict[str, Any]:
+    """`window`: the HTTP/2 stream and connection windows Envoy grants (65535 at least; Envoy's default,
+    256 MiB, lets a server's write finish whether or not Envoy reads)."""
+    http2 = HTTP2 if window is None else {key: {**options, "explicit_http_config": {"http2_protocol_options": {
+        "initial_stream_window_size": window, "initial_connection_window_size": window}}}
+        for key, options in HTTP2.items()}
     return {
         "name": name, "type": "STATIC", "connect_timeout": "1s",
-        "typed_extension_protocol_options": HTTP2,  # gRPC: HTTP/2, or nothing connects and nothing is logged
+        "typed_extension_protocol_options": http2,  # gRPC: HTTP/2, or nothing connects and nothing is logged
         "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
             {"endpoint": {"address": {"pipe": {"path": str(path)}}}} for path in paths]}]},
     }
@@ -72,10 +77,10 @@ def _pipe_cluster(name: str, *paths: Path) -> dict[str, Any]:
 
 def bootstrap(node: str, xds_socket: Path, sds_socket: Path, admin_socket: Path,
               metadata: dict[str, Any] | None = None, delta: bool = False,
-              more_xds_sockets: tuple[Path, ...] = ()) -> dict[str, Any]:
+              more_xds_sockets: tuple[Path, ...] = (), xds_window: int | None = None) -> dict[str, Any]:
     """A static bootstrap like pilot-agent's: ADS over `xds-grpc`, certificates over `sds-grpc`;
     `delta`: incremental xDS (DeltaAggregatedResources) instead of state of the world;
-    `more_xds_sockets`: more endpoints of `xds-grpc` (istiod replicas)."""
+    `more_xds_sockets`: more endpoints of `xds-grpc` (istiod replicas); `xds_window`: see _pipe_cluster."""
     namespace = node.split("~")[2].partition(".")[2]
     return {
         "node": {"id": node, "cluster": f"{node.split('~')[2]}",
@@ -87,17 +92,18 @@ def bootstrap(node: str, xds_socket: Path, sds_socket: Path, admin_socket: Path,
             "cds_config": {"ads": {}, "resource_api_version": "V3"},
             "lds_config": {"ads": {}, "resource_api_version": "V3"},
         },
-        "static_resources": {"clusters": [_pipe_cluster("xds-grpc", xds_socket, *more_xds_sockets), _pipe_cluster("sds-grpc", sds_socket)]},
+        "static_resources": {"clusters": [_pipe_cluster("xds-grpc", xds_socket, *more_xds_sockets, window=xds_window),
+                                          _pipe_cluster("sds-grpc", sds_socket)]},
     }
 
 
 @contextmanager
 def sidecar_envoy(xds_address: str, pod: str, namespace: str, ip: str = "127.0.0.1",
                   service_account: str = "default", metadata: dict[str, Any] | None = None,
-                  delta: bool = False, more_xds: tuple[str, ...] = ()) -> Iterator[Envoy]:
+                  delta: bool = False, more_xds: tuple[str, ...] = (), xds_window: int | None = None) -> Iterator[Envoy]:
     """An Envoy sidecar for pod `pod.namespace` at `ip`, on istiod's plaintext xDS, with its
-    certificates; `more_xds`: other istiod replicas, more endpoints of its xDS cluster. Everything
-    it needed is removed on the way out, even on failure."""
+    certificates; `more_xds`: other istiod replicas, more endpoints of its xDS cluster; `xds_window`:
+    see _pipe_cluster. Everything it needed is removed on the way out, even on failure."""
     sockets = Path(tempfile.mkdtemp(prefix="envoy-", dir="/tmp"))  # Unix socket paths must stay short
     stoppable: list[Relay | SdsServer | Envoy] = []
     try:
@@ -107,7 +113,7 @@ def sidecar_envoy(xds_address: str, pod: str, namespace: str, ip: str = "127.0.0
         stoppable.extend(Relay(path, address) for path, address in zip(more_sockets, more_xds))
         stoppable.append(SdsServer(sockets / "sds", f"spiffe://cluster.local/ns/{namespace}/sa/{service_account}"))
         config = bootstrap(node_id(pod, namespace, ip), sockets / "xds", sockets / "sds", sockets / "admin",
-                           {"SERVICE_ACCOUNT": service_account, **(metadata or {})}, delta, more_sockets)
+                           {"SERVICE_ACCOUNT": service_account, **(metadata or {})}, delta, more_sockets, xds_window)
         envoy = Envoy(config, sockets, name=f"envoy-{pod}{'-delta' if delta else ''}")
         envoy.xds_relay = envoy_relay
         stoppable.append(envoy)
@@ -195,6 +201,7 @@ class Relay:
         self.port = int(port)
         self.writers: set[asyncio.StreamWriter] = set()
         self.held = False  # refusing new connections
+        self.flowing: asyncio.Event | None = None  # cleared: nothing goes on to the client (see stall)
         self.loop = asyncio.new_event_loop()
         started = threading.Event()
         self.thread = threading.Thread(target=self._run, args=(started,), daemon=True)
@@ -203,6 +210,8 @@ class Relay:
 
     def _run(self, started: threading.Event) -> None:
         asyncio.set_event_loop(self.loop)
+        self.flowing = asyncio.Event()
+        self.flowing.set()
         self.server = self.loop.run_until_complete(asyncio.start_unix_server(self._serve, str(self.path)))
         started.set()
         self.loop.run_forever()
@@ -217,7 +226,7 @@ class Relay:
             writer.close()
             return
         self.writers |= {writer, upstream_writer}
-        await asyncio.gather(_pipe(reader, upstream_writer), _pipe(upstream_reader, writer))
+        await asyncio.gather(_pipe(reader, upstream_writer), _pipe(upstream_reader, writer, self.flowing))
         self.writers -= {writer, upstream_writer}
 
     def disconnect(self, hold: bool = False) -> None:
@@ -233,6 +242,12 @@ class Relay:
     def resume(self) -> None:
         self.held = False
 
+    def stall(self, stalled: bool = True) -> None:
+        """From now on (until `stall(False)`) the server's bytes stay here and the client's still go on, as
+        with a client that does not read; with a small `xds_window`, the server's writes are soon held back."""
+        assert self.flowing is not None
+        self.loop.call_soon_threadsafe(self.flowing.clear if stalled else self.flowing.set)
+
     def stop(self) -> None:
         def close() -> None:
             self.server.close()
@@ -244,9 +259,11 @@ class Relay:
         self.thread.join(5)
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, flowing: asyncio.Event | None = None) -> None:
     try:
         while data := await reader.read(65536):
+            if flowing is not None:
+                await flowing.wait()
             writer.write(data)
             await writer.drain()
     except (OSError, asyncio.CancelledError):

@@ -18,7 +18,7 @@ from google.rpc import status_pb2
 from istiod.sources.store import Store
 from istiod.xds import types
 from istiod.xds.pusher import Pusher
-from istiod.xds.server import DiscoveryServer
+from istiod.xds.server import DiscoveryServer, add_to_server
 
 NODE = "sidecar~127.0.0.1~client-1.demo~demo.svc.cluster.local"
 
@@ -85,7 +85,7 @@ async def ads() -> AsyncIterator[tuple[Store, Pusher, DiscoveryServer, ads_pb2_g
     discovery = DiscoveryServer(lambda: pusher.snapshot)
     pusher.subscribe(discovery.on_push)
     server = grpc.aio.server()
-    ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(discovery, server)
+    add_to_server(discovery, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     task = asyncio.create_task(pusher.run())

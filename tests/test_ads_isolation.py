@@ -22,7 +22,7 @@ import pytest
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
 from istiod.xds import types
-from istiod.xds.server import MAX_RESOURCE_NAMES
+from istiod.xds.server import MAX_RESOURCE_NAMES, _SendDeadline
 from tests.ads_client import AdsClient
 from tests.conftest import render
 from tests.hostile import NOT_READING, node
@@ -92,6 +92,61 @@ def echo_istiod(mesh_dir: Path, start_istiod: Callable[..., Istiod]) -> Callable
     (mesh_dir / "ns.yaml").write_text(render("namespace.yaml", namespace="echo-ns"))
     (mesh_dir / "svc.yaml").write_text(render("service.yaml", name="echo", namespace="echo-ns", port=SERVICE_PORT))
     return lambda *flags: start_istiod(mesh_dir, *flags)
+
+
+class _Writes:
+    """A stream's context.write taking `seconds`."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    async def write(self, message: bytes) -> None:
+        await asyncio.sleep(self.seconds)
+
+
+async def test_a_write_done_while_the_loop_was_busy_past_the_deadline_is_no_timeout() -> None:
+    """As in a connect storm: the write finishes during a long stretch of other work, so the loop learns
+    of it only after that work, just when the deadline's timer is due too."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    class Write:
+        async def write(self, message: bytes) -> None:
+            await done
+
+    def busy() -> None:
+        time.sleep(0.8)  # past the deadline
+        loop.call_soon(done.set_result, None)  # the write's completion, seen after the work
+
+    deadline = _SendDeadline(0.5)
+    loop.call_later(0.1, busy)
+    await deadline.write(Write(), b"")  # type: ignore[arg-type]
+    deadline.close()
+
+
+async def test_the_send_deadline_is_per_write_and_an_outside_cancel_stays_a_cancel() -> None:
+    deadline = _SendDeadline(0.5)
+    context = _Writes(0.01)
+    started = time.monotonic()
+    while time.monotonic() - started < 1.0:  # writes for twice the deadline, each well within it
+        await deadline.write(context, b"")  # type: ignore[arg-type]
+    context.seconds = 60
+    with pytest.raises(TimeoutError):
+        await deadline.write(context, b"")  # type: ignore[arg-type]
+    deadline.close()
+
+    async def stream() -> None:
+        deadline = _SendDeadline(60)
+        try:
+            await deadline.write(context, b"")  # type: ignore[arg-type]
+        finally:
+            deadline.close()
+
+    task = asyncio.create_task(stream())
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
 
 
 async def test_requests_wait_for_their_stream_so_flow_control_holds_the_client_back(

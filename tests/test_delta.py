@@ -9,7 +9,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from istiod.model.snapshot import Snapshot
 from istiod.xds import delta, types
 from istiod.xds.cache import Resource
-from istiod.xds.connection import StreamClosed, WatchedResource
+from istiod.xds.connection import Held, StreamClosed, WatchedResource
 
 SNAPSHOT = Snapshot("v1")
 
@@ -46,20 +46,35 @@ def test_unsubscribed_names_are_forgotten_not_removed() -> None:
 def test_a_response_carries_what_changed_and_what_left() -> None:
     watched = WatchedResource(types.CLUSTER, None)
     delta.respond(watched, SNAPSHOT, [resource("a"), resource("b"), resource("c")], always=True)
-    response = delta.respond(watched, SNAPSHOT, [resource("a"), resource("b", b"new")])
-    assert response is not None
+    outgoing = delta.respond(watched, SNAPSHOT, [resource("a"), resource("b", b"new")])
+    assert outgoing is not None
+    response = discovery_pb2.DeltaDiscoveryResponse.FromString(bytes(outgoing))
     assert [r.name for r in response.resources] == ["b"] and list(response.removed_resources) == ["c"]
-    assert response.resources[0].version == delta.resource_version(resource("b", b"new"))
+    assert response.resources[0].version == resource("b", b"new").version
+
+
+def test_a_push_of_some_endpoints_compares_only_those_and_removes_nothing() -> None:
+    watched = WatchedResource(types.ENDPOINT, ["a", "b", "c"])
+    delta.respond(watched, SNAPSHOT, [resource("a"), resource("b"), resource("c")], always=True)
+    assert isinstance(watched.sent, Held)
+    fresh = [resource("a"), resource("b", b"new")]  # "a" generated again, unchanged
+    after = watched.sent.updated(fresh)
+    outgoing = delta.respond(watched, SNAPSHOT, fresh, held=after)
+    assert outgoing is not None
+    response = discovery_pb2.DeltaDiscoveryResponse.FromString(bytes(outgoing))
+    assert [r.name for r in response.resources] == ["b"] and not response.removed_resources
+    assert watched.sent is after and set(after) == {"a", "b", "c"}
 
 
 def test_a_reconnect_gets_only_what_differs_from_the_versions_it_holds() -> None:
     current = [resource("same"), resource("changed", b"new"), resource("new")]
-    held = {"same": delta.resource_version(resource("same")), "changed": delta.resource_version(resource("changed")),
+    held = {"same": resource("same").version, "changed": resource("changed").version,
             "gone": "0123"}
     watched, _ = delta.subscribe(None, request(versions=held), 10)
     delta.held(watched, current, held)
-    response = delta.respond(watched, SNAPSHOT, current, always=True)
-    assert response is not None
+    outgoing = delta.respond(watched, SNAPSHOT, current, always=True)
+    assert outgoing is not None
+    response = discovery_pb2.DeltaDiscoveryResponse.FromString(bytes(outgoing))
     assert sorted(r.name for r in response.resources) == ["changed", "new"]
     assert list(response.removed_resources) == ["gone"]
 

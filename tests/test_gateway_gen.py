@@ -34,7 +34,7 @@ from istiod.xds import types
 from istiod.xds.cache import ResourceCache
 from istiod.xds.gen import ROUTER
 from istiod.xds.gen.gateway import servers
-from istiod.xds.server import DiscoveryServer
+from istiod.xds.server import DiscoveryServer, add_to_server
 from tests.conftest import render
 from tests.pki import ca_cert, leaf_cert
 
@@ -241,8 +241,8 @@ async def test_the_ads_server_sends_secrets_only_on_a_verified_stream() -> None:
         pass  # the caller proved it is this proxy
 
     plain, checked = grpc.aio.server(), grpc.aio.server()
-    ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(discovery, plain)
-    ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(discovery.authorized(authorize), checked)
+    add_to_server(discovery, plain)
+    add_to_server(discovery.authorized(authorize), checked)
     ports = [server.add_insecure_port("127.0.0.1:0") for server in (plain, checked)]
     for server in (plain, checked):
         await server.start()

@@ -71,6 +71,9 @@ class FakeContext:
     def peer(self) -> str:
         return "ipv4:127.0.0.1:1"
 
+    async def send_initial_metadata(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        pass
+
     async def write(self, response: Any) -> None:
         self.responses.put_nowait(response)
 
@@ -158,7 +161,9 @@ class Client:
         moved = False
         while not self.responses.empty():
             moved = True
-            response = self.responses.get_nowait()
+            # The bytes gRPC would send, parsed as the client would.
+            message = discovery_pb2.DeltaDiscoveryResponse if self.delta else discovery_pb2.DiscoveryResponse
+            response = message.FromString(self.responses.get_nowait())
             held = self.held.setdefault(response.type_url, {})
             if self.delta:
                 watching = self.watching.get(response.type_url)

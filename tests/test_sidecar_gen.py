@@ -31,7 +31,7 @@ from istiod.sources.store import Store
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.gen import PROXYLESS_GRPC, ROUTER, SIDECAR, generators_for
-from istiod.xds.server import DiscoveryServer
+from istiod.xds.server import DiscoveryServer, add_to_server
 
 DATA = Path(__file__).parent / "data"
 WEB = "web.shop.svc.cluster.local"
@@ -208,7 +208,7 @@ async def test_waypoints_are_refused_at_connect() -> None:
     discovery = DiscoveryServer(lambda: Snapshot("v1"))
     discovery.ready = True
     server = grpc.aio.server()
-    ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(discovery, server)
+    add_to_server(discovery, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:

@@ -6,9 +6,12 @@ unchanged values, so identity is a cheap and exact dependency check.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from envoy.service.discovery.v3 import discovery_pb2
+from google.protobuf import any_pb2
 from google.protobuf.message import Message
 
 
@@ -17,9 +20,40 @@ class Resource:
     name: str
     type_url: str
     value: bytes  # the serialized message
+    # Its element of a response's repeated `resources` field, serialized on first use and then shared by
+    # every connection it is sent to (see istiod.xds.wire): memoized, so not part of the value.
+    _sotw: bytes | None = field(default=None, init=False, repr=False)
+    _delta: bytes | None = field(default=None, init=False, repr=False)
 
     def same_as(self, other: Resource | None) -> bool:
         return other is not None and (other is self or other.value == self.value)
+
+    @property
+    def version(self) -> str:
+        """A version from the content, so a reconnecting delta client's `initial_resource_versions` tell
+        what it holds whichever istiod sent it."""
+        return hashlib.blake2b(self.value, digest_size=8).hexdigest()
+
+    @property
+    def sotw_entry(self) -> bytes:
+        """The resource as one element of DiscoveryResponse.resources (an Any), tag and length included."""
+        entry = self._sotw
+        if entry is None:
+            any_ = any_pb2.Any(type_url=self.type_url, value=self.value)
+            entry = discovery_pb2.DiscoveryResponse(resources=[any_]).SerializeToString()
+            object.__setattr__(self, "_sotw", entry)
+        return entry
+
+    @property
+    def delta_entry(self) -> bytes:
+        """The resource as one element of DeltaDiscoveryResponse.resources, tag and length included."""
+        entry = self._delta
+        if entry is None:
+            resource = discovery_pb2.Resource(name=self.name, version=self.version,
+                                              resource=any_pb2.Any(type_url=self.type_url, value=self.value))
+            entry = discovery_pb2.DeltaDiscoveryResponse(resources=[resource]).SerializeToString()
+            object.__setattr__(self, "_delta", entry)
+        return entry
 
 
 @dataclass(slots=True)

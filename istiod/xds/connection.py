@@ -29,7 +29,7 @@ class Held(dict[str, Resource]):
     """What a response left a client holding of one type, by name. Connections sent the same
     resources share one (see `of`), so it is never changed in place: replace it."""
 
-    __slots__ = ("__weakref__",)
+    __slots__ = ("__weakref__", "_update")
 
     @classmethod
     def of(cls, resources: list[Resource]) -> Held:
@@ -39,6 +39,20 @@ class Held(dict[str, Resource]):
         shared = _held.get(key)
         if shared is None:
             shared = _held[key] = cls((r.name, r) for r in resources)
+        return shared
+
+    def updated(self, fresh: list[Resource]) -> Held:
+        """This with `fresh` in place of what it holds of their names (and any new ones last); made once
+        for the connections holding this that get the same `fresh` (an endpoint change sends every
+        Envoy the same few assignments), instead of a merge of all their assignments each."""
+        key = tuple(map(id, fresh))
+        last = getattr(self, "_update", None)
+        # Weak: the newer must not keep alive the chain of every later one. While it lives, so do the
+        # `fresh` it holds, so their identities in the key are theirs.
+        shared = last[1]() if last is not None and last[0] == key else None
+        if shared is None:
+            shared = Held({**self, **{r.name: r for r in fresh}})
+            self._update = (key, weakref.ref(shared))
         return shared
 
 

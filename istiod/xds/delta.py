@@ -8,26 +8,19 @@ the resources whose content differs from `sent`, and the names that left.
 
 from __future__ import annotations
 
-import hashlib
 import sys
 import time
 import uuid
 
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
-from google.protobuf import any_pb2
 
 from istiod.model.snapshot import Snapshot
+from istiod.xds import wire
 from istiod.xds.cache import Resource
 from istiod.xds.connection import Closed, StreamClosed, Held, WatchedResource
 
 WILDCARD = "*"
-
-
-def resource_version(resource: Resource) -> str:
-    """A version from the content, so a reconnecting client's `initial_resource_versions` tell what it
-    holds whichever istiod sent it."""
-    return hashlib.blake2b(resource.value, digest_size=8).hexdigest()
 
 
 def subscribe(
@@ -74,7 +67,7 @@ def held(watched: WatchedResource, current: list[Resource], versions: dict[str, 
     by_name = {r.name: r for r in current}
     for name, version in versions.items():
         resource = by_name.get(name)
-        if resource is not None and resource_version(resource) == version:
+        if resource is not None and resource.version == version:
             watched.sent[name] = resource
         elif resource is None:
             watched.sent[name] = Resource(name, watched.type_url, b"")  # held, gone: to be removed
@@ -82,31 +75,25 @@ def held(watched: WatchedResource, current: list[Resource], versions: dict[str, 
 
 def respond(
     watched: WatchedResource, snapshot: Snapshot, current: list[Resource], always: bool = False,
-    resend: frozenset[str] = frozenset(),
-) -> discovery_pb2.DeltaDiscoveryResponse | None:
+    resend: frozenset[str] = frozenset(), held: Held | None = None,
+) -> wire.Outgoing | None:
     """The resources that differ from what the client holds (or are named in `resend`) and the names
     it holds that are gone; None when there are none (unless `always`: the first answer of a watch,
-    which the client awaits)."""
+    which the client awaits). `current` is all the client watches of the type; or, given `held` (what
+    it holds after this response), only what may have changed of that (a push of some endpoints), so
+    that only those are compared and nothing is gone."""
     changed = [r for r in current if r.name in resend or not r.same_as(watched.sent.get(r.name))]
-    names = {r.name for r in current}
-    removed = [n for n in watched.sent if n not in names]
+    removed: list[str] = []
+    if held is None:
+        names = {r.name for r in current}
+        removed = [n for n in watched.sent if n not in names]
     if not changed and not removed and not always:
         return None
     watched.nonce_sent = uuid.uuid4().hex
     watched.version_sent = snapshot.version
-    watched.sent = Held.of(current)
+    watched.sent = Held.of(current) if held is None else held
     watched.sent_at = time.time()
-    return discovery_pb2.DeltaDiscoveryResponse(
-        system_version_info=snapshot.version,
-        type_url=watched.type_url,
-        nonce=watched.nonce_sent,
-        resources=[
-            discovery_pb2.Resource(name=r.name, version=resource_version(r),
-                                   resource=any_pb2.Any(type_url=r.type_url, value=r.value))
-            for r in changed
-        ],
-        removed_resources=removed,
-    )
+    return wire.delta(snapshot.version, watched.type_url, watched.nonce_sent, changed, removed)
 
 
 def acked(watched: WatchedResource, request: discovery_pb2.DeltaDiscoveryRequest) -> None:

@@ -13,12 +13,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import grpc
-from envoy.service.discovery.v3 import discovery_pb2
 
 from istiod import logs, metrics
 from istiod.xds import types
 from istiod.xds.connection import Connection, Request, WatchedResource
 from istiod.xds.pusher import PushEvent
+from istiod.xds.wire import Outgoing
 
 log = logging.getLogger(__name__)
 MAX_PUSH_ERRORS = 20  # a push that breaks every proxy needs only a sample of the errors
@@ -102,16 +102,11 @@ class AdsMonitor:
     def dequeued(self, queued_seconds: float) -> None:
         metrics.PROXY_QUEUE_TIME.observe(queued_seconds)
 
-    def response_sent(
-        self, response: discovery_pb2.DiscoveryResponse | discovery_pb2.DeltaDiscoveryResponse, seconds: float
-    ) -> None:
+    def response_sent(self, response: Outgoing, seconds: float) -> None:
         short = types.short_name(response.type_url)
         metrics.XDS_PUSHES.labels(type=short).inc()
         metrics.XDS_PUSH_TIME.labels(type=short).observe(seconds)
-        size = (sum(len(r.resource.value) for r in response.resources)
-                if isinstance(response, discovery_pb2.DeltaDiscoveryResponse)
-                else sum(len(r.value) for r in response.resources))
-        metrics.CONFIG_SIZE_BYTES.labels(type=short).observe(size)
+        metrics.CONFIG_SIZE_BYTES.labels(type=short).observe(response.size)
 
     def write_timeout(self) -> None:
         metrics.XDS_WRITE_TIMEOUTS.inc()

@@ -12,14 +12,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeAlias
 
 import grpc
-from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
-from google.protobuf import any_pb2, json_format
+from envoy.service.discovery.v3 import ads_pb2, ads_pb2_grpc, discovery_pb2
+from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
 from istiod import logs
 from istiod.model.proxy import NodeIdError, Proxy, proxy_from_node
 from istiod.model.snapshot import Snapshot
-from istiod.xds import delta, types
+from istiod.xds import delta, types, wire
 from istiod.xds.admission import RateLimited, RequestLimiter
 from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.changes import endpoint_changes
@@ -37,7 +37,8 @@ _refused = logs.Throttled(log)  # a connect storm refuses many streams a second
 MAX_RESOURCE_NAMES = 100_000
 # Checks the caller may connect as the proxy; aborts the stream if not.
 Authorizer = Callable[[Proxy, grpc.aio.ServicerContext], Awaitable[None]]
-Response: TypeAlias = discovery_pb2.DiscoveryResponse | discovery_pb2.DeltaDiscoveryResponse
+Response: TypeAlias = wire.Outgoing
+SERVICE = ads_pb2.DESCRIPTOR.services_by_name["AggregatedDiscoveryService"].full_name
 
 
 class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
@@ -122,6 +123,19 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
 
     async def _serve(self, connection: Connection, context: grpc.aio.ServicerContext) -> None:
         """The connection's task: answers its requests and sends its pushes, one event at a time."""
+        # Headers first, on their own: grpcio sends them with the first message otherwise, and when the
+        # send deadline interrupts that write it still counts them unsent, so ending the stream fails
+        # (TOO_MANY_OPERATIONS) and the client never gets a status: it waits on a dead stream for good.
+        await context.send_initial_metadata(())
+        deadline = _SendDeadline(self.send_timeout) if self.send_timeout else None
+        try:
+            await self._events(connection, context, deadline)
+        finally:
+            if deadline is not None:
+                deadline.close()
+
+    async def _events(self, connection: Connection, context: grpc.aio.ServicerContext,
+                      deadline: _SendDeadline | None) -> None:
         while not isinstance(event := await connection.next_event(), Closed):
             started = time.perf_counter()
             snapshot = self._snapshot()  # one snapshot for everything this event sends
@@ -136,19 +150,22 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                 assert isinstance(event, discovery_pb2.DiscoveryRequest)
                 responses = self._on_request(connection, event, snapshot)
             for response in responses:
-                await self._send(connection, context, response)
+                await self._send(connection, context, deadline, response)
                 self.monitor.response_sent(response, time.perf_counter() - started)
             if event is Connection.PUSH:
                 self.monitor.pushed(connection, snapshot.version, len(responses))
         if event.code is not grpc.StatusCode.OK:
             raise StreamClosed(event)
 
-    async def _send(self, connection: Connection, context: grpc.aio.ServicerContext, response: Response) -> None:
+    async def _send(self, connection: Connection, context: grpc.aio.ServicerContext,
+                    deadline: _SendDeadline | None, response: Response) -> None:
         """One response at a time per stream: a client that does not read holds back only its own stream,
         and after the send timeout that stream is closed (istiod's "Timeout writing")."""
         try:
-            async with asyncio.timeout(self.send_timeout or None):
-                await context.write(response)
+            if deadline is None:
+                await context.write(bytes(response))
+            else:
+                await deadline.write(context, bytes(response))
         except TimeoutError:
             self.monitor.write_timeout()
             log.warning(logs.event("ads send timeout; closing the stream", id=connection.id,
@@ -181,7 +198,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
 
     def _on_request(
         self, connection: Connection, request: discovery_pb2.DiscoveryRequest, snapshot: Snapshot
-    ) -> list[discovery_pb2.DiscoveryResponse]:
+    ) -> list[Response]:
         type_url = request.type_url
         if type_url not in generators_for(connection.proxy):
             log.warning("ads id=%s asked for unsupported type %s; not answered", connection.id, type_url)
@@ -245,12 +262,13 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         return responses
 
     def _delta_respond(self, connection: Connection, watched: WatchedResource, snapshot: Snapshot,
-                       resources: list[Resource], always: bool = False) -> list[Response]:
-        """Only what changed, and after clusters their endpoints again (see Connection.endpoints_due)."""
+                       resources: list[Resource], always: bool = False, held: Held | None = None) -> list[Response]:
+        """Only what changed, and after clusters their endpoints again (see Connection.endpoints_due);
+        `held`: see delta.respond."""
         resend: frozenset[str] = frozenset()
         if watched.type_url == types.ENDPOINT:
             resend, connection.endpoints_due = frozenset(connection.endpoints_due), set()
-        response = delta.respond(watched, snapshot, resources, always, resend)
+        response = delta.respond(watched, snapshot, resources, always, resend, held)
         if response is None:
             return []
         if watched.type_url == types.CLUSTER:
@@ -285,8 +303,19 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                 # Connection.endpoints_due): the client keeps the others it holds, in SotW too.
                 names = names | changed_clusters | connection.endpoints_due
                 wanted = sorted(names if watched.names is None else names.intersection(watched.names))
-                fresh = {r.name: r for r in self._generate(connection, watched, snapshot, wanted)}
-                resources = list({**watched.sent, **fresh}.values())
+                fresh = self._generate(connection, watched, snapshot, wanted)
+                sent = watched.sent if isinstance(watched.sent, Held) else Held.of(list(watched.sent.values()))
+                held_after = sent.updated(fresh)
+                if connection.delta:  # only `fresh` can differ from what the client holds
+                    responses += self._delta_respond(connection, watched, snapshot, fresh, held=held_after)
+                    continue
+                if not changed_clusters and not watched.rejection:
+                    # Only `fresh` can differ from what the client holds: the rest is what it was sent.
+                    carried = [r for r in fresh if not r.same_as(watched.sent.get(r.name))]
+                    if carried:
+                        responses.append(self._respond(watched, snapshot, held_after, carried))
+                    continue
+                resources = list(held_after.values())
             else:
                 resources = self._generate(connection, watched, snapshot)
             if connection.delta:
@@ -315,22 +344,91 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         return generator(snapshot, connection.proxy, watched.names if names is None else names, self.cache)
 
     def _respond(
-        self, watched: WatchedResource, snapshot: Snapshot, resources: list[Resource],
+        self, watched: WatchedResource, snapshot: Snapshot, resources: list[Resource] | Held,
         carried: list[Resource] | None = None,
-    ) -> discovery_pb2.DiscoveryResponse:
-        """`resources` is what the client holds after this response; `carried`, when only part of
-        it goes (EDS), what the response holds."""
-        version = snapshot.version
+    ) -> Response:
+        """`resources` is what the client holds after this response (a Held when already made);
+        `carried`, when only part of it goes (EDS), what the response holds."""
         watched.nonce_sent = uuid.uuid4().hex
-        watched.version_sent = version
-        watched.sent = Held.of(resources)
+        watched.version_sent = snapshot.version
+        held = watched.sent = resources if isinstance(resources, Held) else Held.of(resources)
         watched.sent_at = time.time()
-        return discovery_pb2.DiscoveryResponse(
-            version_info=version,
-            type_url=watched.type_url,
-            nonce=watched.nonce_sent,
-            resources=[any_pb2.Any(type_url=r.type_url, value=r.value) for r in (resources if carried is None else carried)],
-        )
+        return wire.sotw(snapshot.version, watched.type_url, watched.nonce_sent,
+                         list(held.values()) if carried is None else carried)
+
+
+class _SendDeadline:
+    """The send timeout of one stream, with one timer per stream (a timer per write cost about as much as
+    the write itself), armed for the write under way and re-armed only when it fires.
+
+    It measures the client, not this server: a write that finished while the event loop was busy (a
+    connect storm) is seen only once the loop gets to it, and the timer can run first. So the deadline
+    ends a write only when a look some time after it finds the write still under way, and that look ran
+    on time; a look that ran late (the loop busy) is followed by another.
+    """
+
+    def __init__(self, timeout: float) -> None:
+        self._timeout = timeout
+        self._recheck = timeout / 10
+        self._loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self._writes = 0  # writes started on the stream
+        self._writing = 0  # the number of the write under way; 0: none
+        self._started = 0.0  # when it started
+        self._looked = False  # the write under way is past its deadline, and was looked at once since
+        self._timer: asyncio.TimerHandle | None = None
+        self._expired = False
+
+    async def write(self, context: grpc.aio.ServicerContext, message: bytes) -> None:
+        """Raises TimeoutError when the write is not done within the timeout."""
+        self._writes += 1
+        self._writing, self._started, self._looked = self._writes, self._loop.time(), False
+        if self._timer is None:
+            self._arm(self._started + self._timeout)
+        try:
+            await context.write(message)
+        except asyncio.CancelledError:
+            if self._expired and self._task.uncancel() == 0:
+                raise TimeoutError from None
+            raise
+        finally:
+            self._writing = 0
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _arm(self, when: float) -> None:
+        self._timer = self._loop.call_at(when, self._fired, self._writing, when)
+
+    def _fired(self, armed_for: int, due: float) -> None:
+        self._timer = None
+        if self._writing != armed_for:
+            if self._writing:
+                self._arm(self._started + self._timeout)  # a later write is under way: its own deadline
+            return
+        now = self._loop.time()
+        if self._looked and now - due <= self._recheck / 2:
+            self._expired = True
+            self._task.cancel()
+            return
+        self._looked = True
+        self._arm(now + self._recheck)
+
+
+def add_to_server(servicer: ads_pb2_grpc.AggregatedDiscoveryServiceServicer, server: grpc.aio.Server) -> None:
+    """Registers the ADS methods as the generated add_AggregatedDiscoveryServiceServicer_to_server does,
+    but sending responses as the bytes the servicer wrote (see wire.py)."""
+    handlers: dict[str, grpc.RpcMethodHandler] = {
+        "StreamAggregatedResources": grpc.stream_stream_rpc_method_handler(
+            servicer.StreamAggregatedResources, request_deserializer=discovery_pb2.DiscoveryRequest.FromString),
+        "DeltaAggregatedResources": grpc.stream_stream_rpc_method_handler(
+            servicer.DeltaAggregatedResources, request_deserializer=discovery_pb2.DeltaDiscoveryRequest.FromString),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
 
 
 class _Authorized(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):

@@ -9,6 +9,7 @@ name); listeners and routes do not, except a pod's own inbound side, which the p
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
+import weakref
 from typing import TypeVar
 
 from istiod.model.names import parse_cluster_name
@@ -23,7 +24,7 @@ _K = TypeVar("_K", bound=Hashable)
 class Watchers:
     def __init__(self) -> None:
         # type -> service port -> connection -> the names of that port's clusters it watches
-        self._by_key: dict[str, dict[Key, dict[Connection, set[str]]]] = {t: {} for t in INDEXED_TYPES}
+        self._by_key: dict[str, dict[Key, dict[Connection, frozenset[str]]]] = {t: {} for t in INDEXED_TYPES}
         self._wildcard: dict[str, set[Connection]] = {t: set() for t in INDEXED_TYPES}
         self._watching: dict[Connection, dict[str, set[str] | None]] = {}  # what each is indexed under
         self._by_address: dict[str, set[Connection]] = {}
@@ -56,19 +57,25 @@ class Watchers:
         if new is None:
             self._wildcard[type_url].add(connection)
         by_key = self._by_key[type_url]
-        for name in old - (new or set()):
-            key = _key(name)
-            if key is not None:
+        changes = [(name, key, False) for name in old - (new or set()) if (key := _key(name)) is not None]
+        changes += [(name, key, True) for name in (new or set()) - old if (key := _key(name)) is not None]
+        after: dict[Key, set[str]] = {}  # per service port changed, the names the connection watches of it
+        for name, key, added in changes:
+            names = after.get(key)
+            if names is None:
+                names = after[key] = set(by_key.get(key, {}).get(connection, ()))
+            if added:
+                names.add(name)
+            else:
+                names.discard(name)
+        for key, names in after.items():
+            if names:
+                by_key.setdefault(key, {})[connection] = _shared(names)
+            else:
                 connections = by_key[key]
-                connections[connection].discard(name)
-                if not connections[connection]:
-                    del connections[connection]
-                    if not connections:
-                        del by_key[key]
-        for name in (new or set()) - old:
-            key = _key(name)
-            if key is not None:
-                by_key.setdefault(key, {}).setdefault(connection, set()).add(name)
+                del connections[connection]
+                if not connections:
+                    del by_key[key]
         watching[type_url] = new
 
     def woken(self, changes: EndpointChanges) -> dict[Connection, PushScope | None]:
@@ -89,6 +96,20 @@ class Watchers:
         everything = {c for address in changes.addresses for c in self._by_address.get(address, ())}
         everything.update(c for pod in changes.workloads for c in self._by_pod.get(pod, ()))
         return {**scopes, **dict.fromkeys(everything)}
+
+
+def _shared(names: set[str]) -> frozenset[str]:
+    """One set per distinct set of names, however many connections watch it (500 Envoys watching every
+    cluster would otherwise hold a set per cluster each)."""
+    key = frozenset(names)
+    shared = _names.get(key)
+    if shared is None:
+        shared = _names[key] = frozenset(names)  # not the key, which the table holds strongly
+    return shared
+
+
+# An entry goes with the last connection watching its names.
+_names: weakref.WeakValueDictionary[frozenset[str], frozenset[str]] = weakref.WeakValueDictionary()
 
 
 def _key(name: str) -> Key | None:

@@ -53,7 +53,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
-from envoy.service.discovery.v3 import ads_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from istiod import logs
@@ -69,7 +68,7 @@ from istiod.keepalive import Keepalive
 from istiod.xds import admission
 from istiod.xds.connection import tag_connections
 from istiod.xds.pusher import PushEvent, Pusher
-from istiod.xds.server import DiscoveryServer
+from istiod.xds.server import DiscoveryServer, add_to_server
 
 if TYPE_CHECKING:  # not imported by a worker: istiod.settings brings in the Kubernetes client (50 MB)
     from istiod.settings import Settings
@@ -138,7 +137,7 @@ def ads_server(ads: DiscoveryServer, health_servicer: health.aio.HealthServicer,
     """A gRPC server for the xDS port: ADS and health, core's limits as admission.py explains."""
     server = grpc.aio.server(options=[*admission.CORE_OPTIONS, ("grpc.so_reuseport", int(reuse_port)),
                                       *keepalive.server_options()])
-    ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(ads, server)
+    add_to_server(ads, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     return server
 

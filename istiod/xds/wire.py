@@ -1,0 +1,48 @@
+"""Responses as the bytes gRPC sends, built from entries serialized once per resource.
+
+A resource's element of a response's repeated `resources` field is the same bytes for every connection
+it goes to (Resource.sotw_entry, .delta_entry); only the nonce is the connection's own. Protobuf's wire
+format is a concatenation of fields, in any order, so a small per-connection header (version, type,
+nonce, removals) followed by the shared entries parses as the one response a client would otherwise
+be sent. The ADS handlers send these bytes as they are (server.add_to_server).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from envoy.service.discovery.v3 import discovery_pb2
+
+from istiod.xds.cache import Resource
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One response to one connection, serialized when it is sent (`bytes()`): a connection's responses to
+    one event are built together, and only the one on the wire need be held as bytes."""
+
+    type_url: str
+    nonce: str
+    header: bytes  # every field but `resources`
+    resources: list[Resource]  # what it carries
+    delta: bool
+
+    @property
+    def size(self) -> int:
+        """Bytes of the resources it carries (pilot_xds_config_size_bytes)."""
+        return sum(len(r.value) for r in self.resources)
+
+    def __bytes__(self) -> bytes:
+        entries = (r.delta_entry for r in self.resources) if self.delta else (r.sotw_entry for r in self.resources)
+        return b"".join([self.header, *entries])
+
+
+def sotw(version: str, type_url: str, nonce: str, resources: list[Resource]) -> Outgoing:
+    header = discovery_pb2.DiscoveryResponse(version_info=version, type_url=type_url, nonce=nonce)
+    return Outgoing(type_url, nonce, header.SerializeToString(), resources, delta=False)
+
+
+def delta(version: str, type_url: str, nonce: str, resources: list[Resource], removed: list[str]) -> Outgoing:
+    header = discovery_pb2.DeltaDiscoveryResponse(system_version_info=version, type_url=type_url, nonce=nonce,
+                                                  removed_resources=removed)
+    return Outgoing(type_url, nonce, header.SerializeToString(), resources, delta=True)
