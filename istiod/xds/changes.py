@@ -1,5 +1,6 @@
-"""What a new snapshot changed since the previous one, as far as the ADS push needs to know: only
-endpoints and pods (and which), or more (then every connection regenerates everything).
+"""What a new snapshot changed since the previous one, as far as the ADS push needs to know: which
+endpoints and pods, and which kinds of Istio config (and gateways' credentials); or more (Services,
+the mesh config: then every connection regenerates everything).
 
 Snapshots reuse unchanged values (istiod/model/builder.py), so most comparisons stop at identity.
 """
@@ -22,19 +23,31 @@ class EndpointChanges:
     workloads: frozenset[tuple[str, str]]  # (namespace, pod) whose Pod changed: its proxy's own policies
 
 
-def endpoint_changes(previous: Snapshot | None, current: Snapshot) -> EndpointChanges | None:
-    """None when more than endpoints and pods changed (Services, Istio config, mesh config, Secrets), or
+@dataclass(frozen=True, slots=True)
+class Changes:
+    endpoints: EndpointChanges
+    kinds: frozenset[str]  # of Istio config that changed, and "Secret" if gateways' credentials did
+
+
+def changes(previous: Snapshot | None, current: Snapshot) -> Changes | None:
+    """None when Services, the mesh config or the set of service ports with endpoints changed, or
     when there is nothing to compare with."""
-    if previous is None or previous.mesh != current.mesh:
-        return None
-    # Services, Istio config and gateways' credentials: identity first (snapshots carry them over).
-    pairs: tuple[tuple[object, object], ...] = (
-        (previous.services, current.services), (previous.config, current.config),
-        (previous.credentials, current.credentials))
-    if any(old is not new and old != new for old, new in pairs):
+    # Identity first: snapshots carry unchanged values over.
+    if previous is None or previous.mesh != current.mesh or _differ(previous.services, current.services):
         return None
     if previous.endpoints.keys() != current.endpoints.keys():
         return None
+    kinds = current.config.kinds_changed_from(previous.config)
+    if _differ(previous.credentials, current.credentials):
+        kinds.add("Secret")
+    return Changes(_endpoint_changes(previous, current), frozenset(kinds))
+
+
+def _differ(old: object, new: object) -> bool:
+    return old is not new and old != new
+
+
+def _endpoint_changes(previous: Snapshot, current: Snapshot) -> EndpointChanges:
     keys: set[Key] = set()
     identities: set[Key] = set()
     addresses: set[str] = set()

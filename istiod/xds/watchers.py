@@ -1,6 +1,7 @@
 """Who watches what: from a service port to the connections holding its clusters and endpoints, and
 from a pod (its addresses, its name) to its proxy's connections, so that an endpoint change wakes
-only the connections it concerns, for only the types it can change.
+only the connections it concerns, for only the types it can change; and a change of Istio config
+only the types of each connection that read that kind.
 
 Only clusters and endpoints follow a service port's endpoints (clusters for the identities they
 name); listeners and routes do not, except a pod's own inbound side, which the pod index covers.
@@ -13,8 +14,9 @@ from typing import TypeVar
 
 from istiod.model.names import parse_cluster_name
 from istiod.xds import types
-from istiod.xds.changes import EndpointChanges, Key
+from istiod.xds.changes import Changes, Key
 from istiod.xds.connection import Connection, PushScope
+from istiod.xds.gen import affected_types
 
 INDEXED_TYPES = (types.CLUSTER, types.ENDPOINT)
 _K = TypeVar("_K", bound=Hashable)
@@ -71,8 +73,9 @@ class Watchers:
                 by_key.setdefault(key, {}).setdefault(connection, set()).add(name)
         watching[type_url] = new
 
-    def woken(self, changes: EndpointChanges) -> dict[Connection, PushScope | None]:
+    def woken(self, change: Changes) -> dict[Connection, PushScope | None]:
         """The connections the changes concern and what each must regenerate (None: everything)."""
+        changes = change.endpoints
         scopes: dict[Connection, PushScope] = {}
         for key in changes.keys:
             for connection, names in self._by_key[types.ENDPOINT].get(key, {}).items():
@@ -86,6 +89,10 @@ class Watchers:
             clusters.update(self._by_key[types.CLUSTER].get(key, {}))
         for connection in clusters:
             scopes.setdefault(connection, {})[types.CLUSTER] = None
+        if change.kinds:
+            for connection in self._watching:
+                if affected := affected_types(connection.proxy, change.kinds):
+                    scopes.setdefault(connection, {}).update(dict.fromkeys(affected))
         everything = {c for address in changes.addresses for c in self._by_address.get(address, ())}
         everything.update(c for pod in changes.workloads for c in self._by_pod.get(pod, ()))
         return {**scopes, **dict.fromkeys(everything)}
