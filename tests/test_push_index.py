@@ -36,19 +36,27 @@ NS = "demo"
 SERVICES = {"a": 80, "b": 81, "c": 82}  # different ports: a pod moving to another's address adds inbound ports
 PODS = {"a-1": "a", "a-2": "a", "b-1": "b", "c-1": "c"}
 IPS = ("10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4")
-CLUSTERS = [f"outbound|{p}|{subset}|{s}.{NS}.svc.cluster.local" for s, p in SERVICES.items() for subset in ("", "v1", "v2")]
+# A Service that comes and goes (op "new"), selecting b's pods: clients may watch it before it exists.
+NEW, NEW_PORT = "d", 83
+EXTERNAL = "outbound|443||ext.example.com"  # the ServiceEntry's host
+CLUSTERS = [f"outbound|{p}|{subset}|{s}.{NS}.svc.cluster.local"
+            for s, p in [*SERVICES.items(), (NEW, NEW_PORT)] for subset in ("", "v1", "v2")] + [EXTERNAL]
+# Listeners by every spelling a client may use: FQDN, name.namespace, a bare name from the namespace.
 LISTENERS = ([f"{s}.{NS}.svc.cluster.local:{p}" for s, p in SERVICES.items()]
-             + [f"xds.istio.io/grpc/lds/inbound/{ip}:{p}" for ip in IPS for p in SERVICES.values()])
+             + [f"xds.istio.io/grpc/lds/inbound/{ip}:{p}" for ip in IPS for p in [*SERVICES.values(), NEW_PORT]]
+             + [f"{NEW}:{NEW_PORT}", f"{NEW}.{NS}:{NEW_PORT}", f"a.{NS}:80", "ext.example.com:443"])
 # Proxyless route configurations, and a sidecar's (by port).
-ROUTES = [f"outbound|{p}||{s}.{NS}.svc.cluster.local" for s, p in SERVICES.items()] + [str(p) for p in SERVICES.values()]
+ROUTES = ([f"outbound|{p}||{s}.{NS}.svc.cluster.local" for s, p in [*SERVICES.items(), (NEW, NEW_PORT)]]
+          + [str(p) for p in SERVICES.values()])
 NAMES = {types.CLUSTER: CLUSTERS, types.ENDPOINT: CLUSTERS, types.LISTENER: LISTENERS, types.ROUTE: ROUTES}
 # (flavor, delta): proxyless clients pick their names; sidecars watch CDS and LDS wildcard.
 CLIENTS = (("grpc", False), ("grpc", True), ("sidecar", False), ("sidecar", True))
 
 
-def service(name: str, port: int) -> dict[str, Any]:
+def service(name: str, port: int, target: int | None = None) -> dict[str, Any]:
     return {"kind": "Service", "metadata": {"name": name, "namespace": NS},
-            "spec": {"selector": {"app": name}, "ports": [{"name": "grpc", "port": port}]}}
+            "spec": {"selector": {"app": "b" if name == NEW else name},
+                     "ports": [{"name": "grpc", "port": port, **({"targetPort": target} if target else {})}]}}
 
 
 def pod(name: str, ip: str, version: str, account: str, ready: bool) -> dict[str, Any]:
@@ -85,7 +93,13 @@ CONFIGS: dict[tuple[str, str], tuple[dict[str, Any], ...]] = {
         {"hosts": ["ext.example.com"], "location": "MESH_EXTERNAL", "resolution": "DNS",
          "ports": [{"number": 443, "name": "tls", "protocol": "TLS"}]},
         {"hosts": ["ext.example.com"], "location": "MESH_INTERNAL", "resolution": "STATIC",
-         "workloadSelector": {"labels": {"app": "b"}}, "ports": [{"number": 81, "name": "grpc", "protocol": "GRPC"}]}),
+         "workloadSelector": {"labels": {"app": "b"}}, "ports": [{"number": 443, "name": "grpc", "protocol": "GRPC", "targetPort": 81}]},
+        # Only its endpoints differ from the first: a DNS cluster carries them.
+        {"hosts": ["ext.example.com"], "location": "MESH_EXTERNAL", "resolution": "DNS",
+         "endpoints": [{"address": "other.example.com"}], "ports": [{"number": 443, "name": "tls", "protocol": "TLS"}]},
+        # Its endpoints are WorkloadEntries: when one moves, only the endpoints change.
+        {"hosts": ["ext.example.com"], "location": "MESH_INTERNAL", "resolution": "DNS",
+         "workloadSelector": {"labels": {"app": "b"}}, "ports": [{"number": 443, "name": "tls", "protocol": "TLS"}]}),
     ("networking.istio.io/v1", "WorkloadEntry"): (
         {"address": "10.0.0.9", "labels": {"app": "b", "version": "v2"}, "serviceAccount": "vm"},
         {"address": "10.0.0.1", "labels": {"app": "c", "version": "v1"}}),
@@ -278,6 +292,8 @@ ops = st.lists(st.one_of(
         st.tuples(st.sampled_from(sorted(SERVICES)), st.sampled_from((0, 10)))), max_size=4)),
     st.tuples(st.just("service"), st.sampled_from(sorted(SERVICES)), st.sampled_from((0, 10))),
     st.tuples(st.just("config"), st.sampled_from(CONFIG_CHANGES)),
+    st.tuples(st.just("new"), st.sampled_from((None, 81, 80))),  # gone, or with that target port
+    st.tuples(st.just("pod gone"), st.sampled_from(sorted(PODS))),  # c's only pod: c has no endpoints left
     st.tuples(st.just("disconnect"), st.integers(0, len(CLIENTS) - 1)),
 ), min_size=1, max_size=25)
 
@@ -325,6 +341,15 @@ async def _run(sequence: list[Op]) -> None:
             elif op[0] == "service":
                 store.apply(service(op[1], SERVICES[op[1]] + op[2]))
                 pusher.publish()
+            elif op[0] == "pod gone":
+                store.delete(ObjectKey("Pod", NS, op[1]))
+                pusher.publish()
+            elif op[0] == "new":
+                if op[1] is None:
+                    store.delete(ObjectKey("Service", NS, NEW))
+                else:
+                    store.apply(service(NEW, NEW_PORT, op[1]))
+                pusher.publish()
             elif op[0] == "config":
                 kind, version = op[1]
                 if version is None:
@@ -359,7 +384,8 @@ def _connect(client: Client, server: DiscoveryServer) -> None:
         client.subscribe(types.ENDPOINT, CLUSTERS[:2])
         client.subscribe(types.ROUTE, [str(SERVICES["a"])])
     else:
-        client.subscribe(types.LISTENER, [LISTENERS[0], f"xds.istio.io/grpc/lds/inbound/{client.ip}:{SERVICES['a']}"])
+        client.subscribe(types.LISTENER, [LISTENERS[0], f"xds.istio.io/grpc/lds/inbound/{client.ip}:{SERVICES['a']}",
+                                          f"{NEW}:{NEW_PORT}"])
         client.subscribe(types.ROUTE, ROUTES[:1])
         client.subscribe(types.CLUSTER, CLUSTERS[:2])
         client.subscribe(types.ENDPOINT, CLUSTERS[:2])

@@ -60,13 +60,14 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         """Wakes the connections the change concerns: for a change of endpoints and pods, those
         watching the changed services' clusters (for EDS, or CDS if their identities changed) and
         those of the pods concerned (for everything); for Istio config, the types that read its
-        kinds; for anything else, all of them."""
+        kinds; for Services, what names them (see Watchers.woken); for anything else, all of them."""
         previous, self._published = self._published, event.snapshot
         changed = changes(previous, event.snapshot)
+        if changed is None or changed.hosts - event.snapshot.services.keys():
+            # Entries unused since the previous sweep go: a Service gone leaves some unused for good.
+            self.cache.sweep()
         woken: dict[Connection, PushScope | None]
         if changed is None:
-            # Only a push that regenerates everything tells which cache entries are no longer used.
-            self.cache.sweep()
             woken = dict.fromkeys(self.connections.values())
         else:
             woken = self.watchers.woken(changed)

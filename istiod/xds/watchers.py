@@ -1,7 +1,8 @@
 """Who watches what: from a service port to the connections holding its clusters and endpoints, and
 from a pod (its addresses, its name) to its proxy's connections, so that an endpoint change wakes
 only the connections it concerns, for only the types it can change; and a change of Istio config
-only the types of each connection that read that kind.
+only the types of each connection that read that kind; a change of Services, of a proxyless
+client only the types whose names it watches refer to them (Envoy's wildcards see every Service).
 
 Only clusters and endpoints follow a service port's endpoints (clusters for the identities they
 name); listeners and routes do not, except a pod's own inbound side, which the pod index covers.
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable
 from typing import TypeVar
 
-from istiod.model.names import parse_cluster_name
+from istiod.model.names import parse_cluster_name, split_host_port
 from istiod.xds import types
 from istiod.xds.changes import Changes, Key
 from istiod.xds.connection import Connection, PushScope
@@ -94,6 +95,13 @@ class Watchers:
                 if affected := affected_types(connection.proxy, change.kinds):
                     scopes.setdefault(connection, {}).update(dict.fromkeys(affected))
         everything = {c for address in changes.addresses for c in self._by_address.get(address, ())}
+        if change.hosts:
+            for connection in self._watching:
+                referring = _referring(connection, change)
+                if referring is None:
+                    everything.add(connection)
+                elif referring:
+                    scopes.setdefault(connection, {}).update(referring)
         everything.update(c for pod in changes.workloads for c in self._by_pod.get(pod, ()))
         return {**scopes, **dict.fromkeys(everything)}
 
@@ -105,6 +113,34 @@ def _key(name: str) -> Key | None:
     except ValueError:
         return None
     return (host, port) if direction == "outbound" else None
+
+
+def _referring(connection: Connection, change: Changes) -> PushScope | None:
+    """The types whose watched names refer to a changed Service; None (all) for a connection that
+    is not proxyless or watches some type whole."""
+    if not connection.proxy.proxyless:
+        return None
+    scope: PushScope = {}
+    for type_url, watched in connection.watched.items():
+        if watched.names is None:
+            return None
+        if any(_refers(type_url, name, connection.proxy.namespace, change) for name in watched.names):
+            scope[type_url] = None
+    return scope
+
+
+def _refers(type_url: str, name: str, namespace: str, change: Changes) -> bool:
+    """Listeners `host:port` by any spelling (a bare name, from the client's namespace); route
+    configurations, clusters and their endpoints by `outbound|port|subset|host`. Inbound listeners
+    follow their pod's endpoints (the address index)."""
+    if type_url == types.LISTENER:
+        try:
+            host, _ = split_host_port(name)
+        except ValueError:
+            return False
+        return host in change.spellings or f"{host}.{namespace}" in change.spellings
+    key = _key(name)
+    return key is not None and key[0] in change.hosts
 
 
 def _pod(connection: Connection) -> tuple[str, str]:
