@@ -20,7 +20,7 @@ from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import struct_pb2
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from istiod.model.mesh import MeshConfig
@@ -36,7 +36,8 @@ NS = "demo"
 SERVICES = {"a": 80, "b": 81, "c": 82}  # different ports: a pod moving to another's address adds inbound ports
 PODS = {"a-1": "a", "a-2": "a", "b-1": "b", "c-1": "c"}
 IPS = ("10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4")
-# A Service that comes and goes (op "new"), selecting b's pods: clients may watch it before it exists.
+# A Service that comes and goes (op "new"), selecting a's pods (where the proxyless clients are): clients
+# may watch it before it exists, and its endpoints add inbound listeners.
 NEW, NEW_PORT = "d", 83
 EXTERNAL = "outbound|443||ext.example.com"  # the ServiceEntry's host
 CLUSTERS = [f"outbound|{p}|{subset}|{s}.{NS}.svc.cluster.local"
@@ -55,7 +56,7 @@ CLIENTS = (("grpc", False), ("grpc", True), ("sidecar", False), ("sidecar", True
 
 def service(name: str, port: int, target: int | None = None) -> dict[str, Any]:
     return {"kind": "Service", "metadata": {"name": name, "namespace": NS},
-            "spec": {"selector": {"app": "b" if name == NEW else name},
+            "spec": {"selector": {"app": "a" if name == NEW else name},
                      "ports": [{"name": "grpc", "port": port, **({"targetPort": target} if target else {})}]}}
 
 
@@ -300,6 +301,8 @@ ops = st.lists(st.one_of(
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops)
+# A Service that goes takes its pods' inbound listeners on its target port, whoever watches its own.
+@example([("new", 81), ("subscribe", 0, types.LISTENER, ["xds.istio.io/grpc/lds/inbound/10.0.0.1:81"]), ("new", None)])
 def test_pushed_state_equals_a_fresh_full_generation(sequence: list[Op]) -> None:
     asyncio.run(_run(sequence))
 
@@ -385,7 +388,7 @@ def _connect(client: Client, server: DiscoveryServer) -> None:
         client.subscribe(types.ROUTE, [str(SERVICES["a"])])
     else:
         client.subscribe(types.LISTENER, [LISTENERS[0], f"xds.istio.io/grpc/lds/inbound/{client.ip}:{SERVICES['a']}",
-                                          f"{NEW}:{NEW_PORT}"])
+                                          f"xds.istio.io/grpc/lds/inbound/{client.ip}:{SERVICES['b']}", f"{NEW}:{NEW_PORT}"])
         client.subscribe(types.ROUTE, ROUTES[:1])
         client.subscribe(types.CLUSTER, CLUSTERS[:2])
         client.subscribe(types.ENDPOINT, CLUSTERS[:2])
