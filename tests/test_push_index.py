@@ -81,7 +81,11 @@ CONFIGS: dict[tuple[str, str], tuple[dict[str, Any], ...]] = {
         {"host": A_HOST, "subsets": [{"name": "v1", "labels": {"version": "v2"}}, {"name": "v2", "labels": {"version": "v1"}}]},
         {"host": A_HOST, "trafficPolicy": {"loadBalancer": {"consistentHash": {"httpHeaderName": "x-user"}},
                                            "tls": {"mode": "DISABLE"}},
-         "subsets": [{"name": "v2", "labels": {"version": "v2"}}]}),
+         "subsets": [{"name": "v2", "labels": {"version": "v2"}}]},
+        # Every host of the namespace, by a wildcard.
+        {"host": f"*.{NS}.svc.cluster.local", "subsets": [{"name": "v1", "labels": {"version": "v1"}}]},
+        # Not a's: only a's routes (through the VirtualService, to b) take its hashing.
+        {"host": B_HOST, "trafficPolicy": {"loadBalancer": {"consistentHash": {"httpHeaderName": "x-user"}}}}),
     ("networking.istio.io/v1", "Sidecar"): (
         {"egress": [{"hosts": [f"./{A_HOST}"]}]},
         {"outboundTrafficPolicy": {"mode": "REGISTRY_ONLY"}, "egress": [{"hosts": ["./*"]}]}),
@@ -116,6 +120,7 @@ CONFIGS: dict[tuple[str, str], tuple[dict[str, Any], ...]] = {
 }
 CONFIG_CHANGES = [(kind, version) for kind, versions in sorted(CONFIGS.items()) for version in (*range(len(versions)), None)]
 DESTINATION_RULE = ("networking.istio.io/v1", "DestinationRule")
+VIRTUAL_SERVICE = ("networking.istio.io/v1", "VirtualService")
 
 
 def config(kind: tuple[str, str], version: int) -> dict[str, Any]:
@@ -303,6 +308,9 @@ ops = st.lists(st.one_of(
 @given(ops)
 # A Service that goes takes its pods' inbound listeners on its target port, whoever watches its own.
 @example([("new", 81), ("subscribe", 0, types.LISTENER, ["xds.istio.io/grpc/lds/inbound/10.0.0.1:81"]), ("new", None)])
+# A rule for every host by a wildcard goes; a rule for b changes a's routes, which the VirtualService sends to b.
+@example([("config", (DESTINATION_RULE, 3)), ("config", (DESTINATION_RULE, None))])
+@example([("config", (VIRTUAL_SERVICE, 1)), ("config", (DESTINATION_RULE, None)), ("config", (DESTINATION_RULE, 4))])
 def test_pushed_state_equals_a_fresh_full_generation(sequence: list[Op]) -> None:
     asyncio.run(_run(sequence))
 

@@ -8,9 +8,11 @@ Snapshots reuse unchanged values (istiod/model/builder.py), so most comparisons 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from istiod.model.config.networking import HTTPRoute, L4Route
+from istiod.model.config.scope import host_matches
 from istiod.model.service import Endpoint
 from istiod.model.snapshot import Snapshot
 
@@ -34,6 +36,9 @@ class Changes:
     hosts: frozenset[str] = frozenset()  # whose Service came, went or changed
     # Every spelling those Services claim or claimed (a listener `host:port` may name them so).
     spellings: frozenset[str] = frozenset()
+    # The hosts (patterns) of the DestinationRules that came, went or changed; None when a
+    # VirtualService routes to one of them (other hosts' routes take its policy).
+    rule_hosts: frozenset[str] | None = frozenset()
 
 
 def changes(previous: Snapshot | None, current: Snapshot) -> Changes | None:
@@ -50,24 +55,36 @@ def changes(previous: Snapshot | None, current: Snapshot) -> Changes | None:
             if _differ(old, new):
                 hosts.add(host)
                 spellings.update(*(s.aliases for s in (old, new) if s is not None))
-        if _routed_to(previous, hosts) or _routed_to(current, hosts):
+        if _routed_to(previous, hosts.__contains__) or _routed_to(current, hosts.__contains__):
             return None
     kinds = current.config.kinds_changed_from(previous.config)
     if _differ(previous.credentials, current.credentials):
         kinds.add("Secret")
-    return Changes(_endpoint_changes(previous, current), frozenset(kinds), frozenset(hosts), frozenset(spellings))
+    return Changes(_endpoint_changes(previous, current), frozenset(kinds), frozenset(hosts), frozenset(spellings),
+                   _rule_hosts(previous, current) if "DestinationRule" in kinds else frozenset())
 
 
 def _differ(old: object, new: object) -> bool:
     return old is not new and old != new
 
 
-def _routed_to(snapshot: Snapshot, hosts: set[str]) -> bool:
-    """Whether a VirtualService routes to one of `hosts` (the route configurations of its own hosts
-    depend on the destinations' Services)."""
+def _rule_hosts(previous: Snapshot, current: Snapshot) -> frozenset[str] | None:
+    old, new = previous.config.destination_rules, current.config.destination_rules
+    kept = {id(r) for r in old} & {id(r) for r in new}  # unchanged rules keep their identity
+    patterns = frozenset(r.host for r in (*old, *new) if id(r) not in kept)
+
+    def ruled(host: str) -> bool:
+        return any(host_matches(pattern, host) for pattern in patterns)
+
+    return None if _routed_to(previous, ruled) or _routed_to(current, ruled) else patterns
+
+
+def _routed_to(snapshot: Snapshot, host: Callable[[str], bool]) -> bool:
+    """Whether a VirtualService routes to a `host` (the route configurations of its own hosts depend
+    on the destinations' Services and DestinationRules)."""
     for vs in snapshot.config.virtual_services:
         routes: list[HTTPRoute | L4Route] = [*vs.http, *vs.tcp, *vs.tls]
-        if any(d.destination.host in hosts for r in routes for d in r.route):
+        if any(host(d.destination.host) for r in routes for d in r.route):
             return True
     return False
 

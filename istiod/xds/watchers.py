@@ -10,9 +10,10 @@ name); listeners and routes do not, except a pod's own inbound side, which the p
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from typing import TypeVar
 
+from istiod.model.config.scope import host_matches
 from istiod.model.names import parse_cluster_name, split_host_port
 from istiod.xds import types
 from istiod.xds.changes import Changes, Key
@@ -92,12 +93,12 @@ class Watchers:
             scopes.setdefault(connection, {})[types.CLUSTER] = None
         if change.kinds:
             for connection in self._watching:
-                if affected := affected_types(connection.proxy, change.kinds):
-                    scopes.setdefault(connection, {}).update(dict.fromkeys(affected))
+                if affected := _config_scope(connection, change):
+                    scopes.setdefault(connection, {}).update(affected)
         everything = {c for address in changes.addresses for c in self._by_address.get(address, ())}
         if change.hosts:
             for connection in self._watching:
-                referring = _referring(connection, change)
+                referring = _referring(connection, change.hosts.__contains__, change.spellings)
                 if referring is None:
                     everything.add(connection)
                 elif referring:
@@ -115,32 +116,46 @@ def _key(name: str) -> Key | None:
     return (host, port) if direction == "outbound" else None
 
 
-def _referring(connection: Connection, change: Changes) -> PushScope | None:
-    """The types whose watched names refer to a changed Service; None (all) for a connection that
-    is not proxyless or watches some type whole."""
+def _config_scope(connection: Connection, change: Changes) -> PushScope:
+    """The types that read the changed kinds; of a proxyless client, for DestinationRules, only
+    those whose watched names are of a host the rules name."""
+    kinds, scope = change.kinds, {}
+    rule_hosts = change.rule_hosts
+    if "DestinationRule" in kinds and rule_hosts is not None and connection.proxy.proxyless:
+        kinds = kinds - {"DestinationRule"}
+        referring = _referring(connection, lambda host: any(host_matches(p, host) for p in rule_hosts))
+        ruled = affected_types(connection.proxy, ["DestinationRule"])
+        scope = dict.fromkeys(ruled if referring is None else ruled.intersection(referring))
+    return {**scope, **dict.fromkeys(affected_types(connection.proxy, kinds))}
+
+
+def _referring(connection: Connection, host: Callable[[str], bool],
+               spellings: frozenset[str] = frozenset()) -> PushScope | None:
+    """The types whose watched names refer to a `host` (listeners: by one of `spellings`); None
+    (all) for a connection that is not proxyless or watches some type whole."""
     if not connection.proxy.proxyless:
         return None
     scope: PushScope = {}
     for type_url, watched in connection.watched.items():
         if watched.names is None:
             return None
-        if any(_refers(type_url, name, connection.proxy.namespace, change) for name in watched.names):
+        if any(_refers(type_url, name, connection.proxy.namespace, host, spellings) for name in watched.names):
             scope[type_url] = None
     return scope
 
 
-def _refers(type_url: str, name: str, namespace: str, change: Changes) -> bool:
+def _refers(type_url: str, name: str, namespace: str, host: Callable[[str], bool], spellings: frozenset[str]) -> bool:
     """Listeners `host:port` by any spelling (a bare name, from the client's namespace); route
     configurations, clusters and their endpoints by `outbound|port|subset|host`. Inbound listeners
     follow their pod's endpoints (the address index)."""
     if type_url == types.LISTENER:
         try:
-            host, _ = split_host_port(name)
+            spelled, _ = split_host_port(name)
         except ValueError:
             return False
-        return host in change.spellings or f"{host}.{namespace}" in change.spellings
+        return spelled in spellings or f"{spelled}.{namespace}" in spellings
     key = _key(name)
-    return key is not None and key[0] in change.hosts
+    return key is not None and host(key[0])
 
 
 def _pod(connection: Connection) -> tuple[str, str]:
