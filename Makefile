@@ -78,6 +78,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/configdir.py
 	$(BIN)/python bench/config.py
 	$(BIN)/python bench/connmem.py
+	$(BIN)/python bench/connect.py
 	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python bench/load.py
 	@if bash e2e/cluster/build.sh; then $(BIN)/python bench/load.py --source kube; \

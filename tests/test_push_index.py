@@ -20,10 +20,11 @@ from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import struct_pb2
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from istiod.model.mesh import MeshConfig
+from istiod.sources.convert import ObjectKey
 from istiod.sources.store import Store
 from istiod.xds import types
 from istiod.xds.cache import ResourceCache
@@ -35,18 +36,28 @@ NS = "demo"
 SERVICES = {"a": 80, "b": 81, "c": 82}  # different ports: a pod moving to another's address adds inbound ports
 PODS = {"a-1": "a", "a-2": "a", "b-1": "b", "c-1": "c"}
 IPS = ("10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4")
-CLUSTERS = [f"outbound|{p}|{subset}|{s}.{NS}.svc.cluster.local" for s, p in SERVICES.items() for subset in ("", "v1", "v2")]
+# A Service that comes and goes (op "new"), selecting a's pods (where the proxyless clients are): clients
+# may watch it before it exists, and its endpoints add inbound listeners.
+NEW, NEW_PORT = "d", 83
+EXTERNAL = "outbound|443||ext.example.com"  # the ServiceEntry's host
+CLUSTERS = [f"outbound|{p}|{subset}|{s}.{NS}.svc.cluster.local"
+            for s, p in [*SERVICES.items(), (NEW, NEW_PORT)] for subset in ("", "v1", "v2")] + [EXTERNAL]
+# Listeners by every spelling a client may use: FQDN, name.namespace, a bare name from the namespace.
 LISTENERS = ([f"{s}.{NS}.svc.cluster.local:{p}" for s, p in SERVICES.items()]
-             + [f"xds.istio.io/grpc/lds/inbound/{ip}:{p}" for ip in IPS for p in SERVICES.values()])
-ROUTES = [f"outbound|{p}||{s}.{NS}.svc.cluster.local" for s, p in SERVICES.items()]
+             + [f"xds.istio.io/grpc/lds/inbound/{ip}:{p}" for ip in IPS for p in [*SERVICES.values(), NEW_PORT]]
+             + [f"{NEW}:{NEW_PORT}", f"{NEW}.{NS}:{NEW_PORT}", f"a.{NS}:80", "ext.example.com:443"])
+# Proxyless route configurations, and a sidecar's (by port).
+ROUTES = ([f"outbound|{p}||{s}.{NS}.svc.cluster.local" for s, p in [*SERVICES.items(), (NEW, NEW_PORT)]]
+          + [str(p) for p in SERVICES.values()])
 NAMES = {types.CLUSTER: CLUSTERS, types.ENDPOINT: CLUSTERS, types.LISTENER: LISTENERS, types.ROUTE: ROUTES}
 # (flavor, delta): proxyless clients pick their names; sidecars watch CDS and LDS wildcard.
 CLIENTS = (("grpc", False), ("grpc", True), ("sidecar", False), ("sidecar", True))
 
 
-def service(name: str, port: int) -> dict[str, Any]:
+def service(name: str, port: int, target: int | None = None) -> dict[str, Any]:
     return {"kind": "Service", "metadata": {"name": name, "namespace": NS},
-            "spec": {"selector": {"app": name}, "ports": [{"name": "grpc", "port": port}]}}
+            "spec": {"selector": {"app": "a" if name == NEW else name},
+                     "ports": [{"name": "grpc", "port": port, **({"targetPort": target} if target else {})}]}}
 
 
 def pod(name: str, ip: str, version: str, account: str, ready: bool) -> dict[str, Any]:
@@ -55,10 +66,66 @@ def pod(name: str, ip: str, version: str, account: str, ready: bool) -> dict[str
             "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": str(ready)}]}}
 
 
-def destination_rule(host: str) -> dict[str, Any]:
-    return {"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule",
-            "metadata": {"name": host, "namespace": NS},
-            "spec": {"host": host, "subsets": [{"name": v, "labels": {"version": v}} for v in ("v1", "v2")]}}
+A_HOST, B_HOST = f"a.{NS}.svc.cluster.local", f"b.{NS}.svc.cluster.local"
+_JWKS = '{"keys": [{"kty": "oct", "k": "c2VjcmV0", "alg": "HS256"}]}'
+# Istio config of every kind, in versions (op "config": apply one, or delete with None); each
+# changes some types of some clients, and a push that missed one would leave them stale.
+CONFIGS: dict[tuple[str, str], tuple[dict[str, Any], ...]] = {
+    ("networking.istio.io/v1", "VirtualService"): (
+        {"hosts": [A_HOST], "http": [{"route": [{"destination": {"host": A_HOST, "subset": "v1"}, "weight": 50},
+                                                {"destination": {"host": B_HOST}, "weight": 50}]}]},
+        {"hosts": [A_HOST], "http": [{"timeout": "3s", "route": [{"destination": {"host": B_HOST}}]}]}),
+    ("networking.istio.io/v1", "DestinationRule"): (
+        {"host": A_HOST, "subsets": [{"name": v, "labels": {"version": v}} for v in ("v1", "v2")]},
+        # Only the endpoints of the subsets change (the clusters stay as they were).
+        {"host": A_HOST, "subsets": [{"name": "v1", "labels": {"version": "v2"}}, {"name": "v2", "labels": {"version": "v1"}}]},
+        {"host": A_HOST, "trafficPolicy": {"loadBalancer": {"consistentHash": {"httpHeaderName": "x-user"}},
+                                           "tls": {"mode": "DISABLE"}},
+         "subsets": [{"name": "v2", "labels": {"version": "v2"}}]},
+        # Every host of the namespace, by a wildcard.
+        {"host": f"*.{NS}.svc.cluster.local", "subsets": [{"name": "v1", "labels": {"version": "v1"}}]},
+        # Not a's: only a's routes (through the VirtualService, to b) take its hashing.
+        {"host": B_HOST, "trafficPolicy": {"loadBalancer": {"consistentHash": {"httpHeaderName": "x-user"}}}}),
+    ("networking.istio.io/v1", "Sidecar"): (
+        {"egress": [{"hosts": [f"./{A_HOST}"]}]},
+        {"outboundTrafficPolicy": {"mode": "REGISTRY_ONLY"}, "egress": [{"hosts": ["./*"]}]}),
+    ("networking.istio.io/v1", "Gateway"): (
+        {"selector": {"istio": "ingressgateway"}, "servers": [{"port": {"number": 80, "name": "http", "protocol": "HTTP"},
+                                                               "hosts": ["*"]}]},
+        {"selector": {"istio": "ingressgateway"}, "servers": [{"port": {"number": 81, "name": "http", "protocol": "HTTP"},
+                                                               "hosts": ["*"]}]}),
+    ("networking.istio.io/v1", "ServiceEntry"): (
+        {"hosts": ["ext.example.com"], "location": "MESH_EXTERNAL", "resolution": "DNS",
+         "ports": [{"number": 443, "name": "tls", "protocol": "TLS"}]},
+        {"hosts": ["ext.example.com"], "location": "MESH_INTERNAL", "resolution": "STATIC",
+         "workloadSelector": {"labels": {"app": "b"}}, "ports": [{"number": 443, "name": "grpc", "protocol": "GRPC", "targetPort": 81}]},
+        # Only its endpoints differ from the first: a DNS cluster carries them.
+        {"hosts": ["ext.example.com"], "location": "MESH_EXTERNAL", "resolution": "DNS",
+         "endpoints": [{"address": "other.example.com"}], "ports": [{"number": 443, "name": "tls", "protocol": "TLS"}]},
+        # Its endpoints are WorkloadEntries: when one moves, only the endpoints change.
+        {"hosts": ["ext.example.com"], "location": "MESH_INTERNAL", "resolution": "DNS",
+         "workloadSelector": {"labels": {"app": "b"}}, "ports": [{"number": 443, "name": "tls", "protocol": "TLS"}]}),
+    ("networking.istio.io/v1", "WorkloadEntry"): (
+        {"address": "10.0.0.9", "labels": {"app": "b", "version": "v2"}, "serviceAccount": "vm"},
+        {"address": "10.0.0.1", "labels": {"app": "c", "version": "v1"}}),
+    ("security.istio.io/v1", "PeerAuthentication"): (
+        {"mtls": {"mode": "STRICT"}},
+        {"selector": {"matchLabels": {"app": "a"}}, "mtls": {"mode": "DISABLE"}}),
+    ("security.istio.io/v1", "AuthorizationPolicy"): (
+        {"selector": {"matchLabels": {"app": "a"}}, "action": "DENY", "rules": [{"to": [{"operation": {"paths": ["/x"]}}]}]},
+        {"rules": [{"from": [{"source": {"principals": [f"cluster.local/ns/{NS}/sa/default"]}}]}]}),
+    ("security.istio.io/v1", "RequestAuthentication"): (
+        {"selector": {"matchLabels": {"app": "b"}}, "jwtRules": [{"issuer": "https://issuer.test", "jwks": _JWKS}]},
+        {"jwtRules": [{"issuer": "https://other.test", "jwks": _JWKS}]}),
+}
+CONFIG_CHANGES = [(kind, version) for kind, versions in sorted(CONFIGS.items()) for version in (*range(len(versions)), None)]
+DESTINATION_RULE = ("networking.istio.io/v1", "DestinationRule")
+VIRTUAL_SERVICE = ("networking.istio.io/v1", "VirtualService")
+
+
+def config(kind: tuple[str, str], version: int) -> dict[str, Any]:
+    return {"apiVersion": kind[0], "kind": kind[1], "metadata": {"name": "changing", "namespace": NS},
+            "spec": CONFIGS[kind][version]}
 
 
 class FakeContext:
@@ -227,7 +294,7 @@ async def settle(server: DiscoveryServer, clients: list[Client]) -> None:
 Op = tuple[Any, ...]
 ops = st.lists(st.one_of(
     st.tuples(st.just("subscribe"), st.integers(0, len(CLIENTS) - 1), st.sampled_from(sorted(NAMES)),
-              st.lists(st.sampled_from(CLUSTERS + LISTENERS), max_size=6, unique=True)),
+              st.lists(st.sampled_from(CLUSTERS + LISTENERS + ROUTES), max_size=6, unique=True)),
     st.tuples(st.just("pod"), st.sampled_from(sorted(PODS)), st.sampled_from(IPS), st.sampled_from(("v1", "v2")),
               st.sampled_from(("default", "other")), st.booleans()),
     # Several pushes before the connections run: their scopes coalesce (a service's push is of everything).
@@ -235,12 +302,20 @@ ops = st.lists(st.one_of(
         st.tuples(st.sampled_from(sorted(PODS)), st.sampled_from(IPS)),
         st.tuples(st.sampled_from(sorted(SERVICES)), st.sampled_from((0, 10)))), max_size=4)),
     st.tuples(st.just("service"), st.sampled_from(sorted(SERVICES)), st.sampled_from((0, 10))),
+    st.tuples(st.just("config"), st.sampled_from(CONFIG_CHANGES)),
+    st.tuples(st.just("new"), st.sampled_from((None, 81, 80))),  # gone, or with that target port
+    st.tuples(st.just("pod gone"), st.sampled_from(sorted(PODS))),  # c's only pod: c has no endpoints left
     st.tuples(st.just("disconnect"), st.integers(0, len(CLIENTS) - 1)),
 ), min_size=1, max_size=25)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops)
+# A Service that goes takes its pods' inbound listeners on its target port, whoever watches its own.
+@example([("new", 81), ("subscribe", 0, types.LISTENER, ["xds.istio.io/grpc/lds/inbound/10.0.0.1:81"]), ("new", None)])
+# A rule for every host by a wildcard goes; a rule for b changes a's routes, which the VirtualService sends to b.
+@example([("config", (DESTINATION_RULE, 3)), ("config", (DESTINATION_RULE, None))])
+@example([("config", (VIRTUAL_SERVICE, 1)), ("config", (DESTINATION_RULE, None)), ("config", (DESTINATION_RULE, 4))])
 def test_pushed_state_equals_a_fresh_full_generation(sequence: list[Op]) -> None:
     asyncio.run(_run(sequence))
 
@@ -249,7 +324,7 @@ async def _run(sequence: list[Op]) -> None:
     store = Store()
     for name, port in SERVICES.items():
         store.apply(service(name, port))
-    store.apply(destination_rule(f"a.{NS}.svc.cluster.local"))
+    store.apply(config(DESTINATION_RULE, 0))
     for (name, ip) in zip(PODS, IPS):
         store.apply(pod(name, ip, "v1", "default", True))
     pusher = Pusher(store, mesh=MeshConfig(mtls=True))
@@ -282,6 +357,22 @@ async def _run(sequence: list[Op]) -> None:
             elif op[0] == "service":
                 store.apply(service(op[1], SERVICES[op[1]] + op[2]))
                 pusher.publish()
+            elif op[0] == "pod gone":
+                store.delete(ObjectKey("Pod", NS, op[1]))
+                pusher.publish()
+            elif op[0] == "new":
+                if op[1] is None:
+                    store.delete(ObjectKey("Service", NS, NEW))
+                else:
+                    store.apply(service(NEW, NEW_PORT, op[1]))
+                pusher.publish()
+            elif op[0] == "config":
+                kind, version = op[1]
+                if version is None:
+                    store.delete(ObjectKey(kind[1], NS, "changing"))
+                else:
+                    store.apply(config(kind, version))
+                pusher.publish()
             elif op[0] == "disconnect" and clients[op[1]].connected:
                 clients[op[1]].stop()
                 await settle(server, clients)
@@ -300,12 +391,17 @@ async def _run(sequence: list[Op]) -> None:
 
 
 def _connect(client: Client, server: DiscoveryServer) -> None:
+    """Every type watched from the start, as real clients do, so that each kind of change meets a watcher."""
     client.task = None
     client.start(server)
     if client.flavor == "sidecar":
         client.subscribe(types.CLUSTER, None)
         client.subscribe(types.LISTENER, None)
         client.subscribe(types.ENDPOINT, CLUSTERS[:2])
+        client.subscribe(types.ROUTE, [str(SERVICES["a"])])
     else:
-        client.subscribe(types.LISTENER, LISTENERS[:1])
-        client.subscribe(types.ENDPOINT, CLUSTERS[:1])
+        client.subscribe(types.LISTENER, [LISTENERS[0], f"xds.istio.io/grpc/lds/inbound/{client.ip}:{SERVICES['a']}",
+                                          f"xds.istio.io/grpc/lds/inbound/{client.ip}:{SERVICES['b']}", f"{NEW}:{NEW_PORT}"])
+        client.subscribe(types.ROUTE, ROUTES[:1])
+        client.subscribe(types.CLUSTER, CLUSTERS[:2])
+        client.subscribe(types.ENDPOINT, CLUSTERS[:2])

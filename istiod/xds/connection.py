@@ -150,7 +150,9 @@ class Connection:
         if not self._push_queued:
             self._push_queued = True
             self._queued_at = time.monotonic()
-            self._push_scope = None if scope is None else {t: None if n is None else set(n) for t, n in scope.items()}
+            # The name sets are shared with other connections and never changed in place (merges
+            # below make new ones): only the dict is this connection's.
+            self._push_scope = None if scope is None else dict(scope)
             self._wake.set()
         elif self._push_scope is not None:
             if scope is None:

@@ -22,7 +22,7 @@ from istiod.model.snapshot import Snapshot
 from istiod.xds import delta, types, wire
 from istiod.xds.admission import RateLimited, RequestLimiter
 from istiod.xds.cache import Resource, ResourceCache
-from istiod.xds.changes import endpoint_changes
+from istiod.xds.changes import changes
 from istiod.xds.connection import Closed, Connection, Held, PushScope, Request, StreamClosed, WatchedResource
 from istiod.xds.gen import generators_for
 from istiod.xds.monitor import AdsMonitor
@@ -58,18 +58,20 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self.admission = RequestLimiter(max_requests_per_second)  # PILOT_MAX_REQUESTS_PER_SECOND
 
     def on_push(self, event: PushEvent) -> None:
-        """Wakes the connections the change concerns: for a change of endpoints and pods only, those
+        """Wakes the connections the change concerns: for a change of endpoints and pods, those
         watching the changed services' clusters (for EDS, or CDS if their identities changed) and
-        those of the pods concerned (for everything); for anything else, all of them."""
+        those of the pods concerned (for everything); for Istio config, the types that read its
+        kinds; for Services, what names them (see Watchers.woken); for anything else, all of them."""
         previous, self._published = self._published, event.snapshot
-        changes = endpoint_changes(previous, event.snapshot)
-        woken: dict[Connection, PushScope | None]
-        if changes is None:
-            # Only a push that regenerates everything tells which cache entries are no longer used.
+        changed = changes(previous, event.snapshot)
+        if changed is None or changed.hosts - event.snapshot.services.keys():
+            # Entries unused since the previous sweep go: a Service gone leaves some unused for good.
             self.cache.sweep()
+        woken: dict[Connection, PushScope | None]
+        if changed is None:
             woken = dict.fromkeys(self.connections.values())
         else:
-            woken = self.watchers.woken(changes)
+            woken = self.watchers.woken(changed)
         self.monitor.published(event, [c.id for c in woken], len(self.connections))
         for connection, scope in woken.items():
             connection.request_push(scope)

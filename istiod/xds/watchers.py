@@ -1,6 +1,8 @@
 """Who watches what: from a service port to the connections holding its clusters and endpoints, and
 from a pod (its addresses, its name) to its proxy's connections, so that an endpoint change wakes
-only the connections it concerns, for only the types it can change.
+only the connections it concerns, for only the types it can change; and a change of Istio config
+only the types of each connection that read that kind; a change of Services, of a proxyless
+client only the types whose names it watches refer to them (Envoy's wildcards see every Service).
 
 Only clusters and endpoints follow a service port's endpoints (clusters for the identities they
 name); listeners and routes do not, except a pod's own inbound side, which the pod index covers.
@@ -8,14 +10,16 @@ name); listeners and routes do not, except a pod's own inbound side, which the p
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
 import weakref
+from collections.abc import Callable, Hashable, Iterable
 from typing import TypeVar
 
-from istiod.model.names import parse_cluster_name
+from istiod.model.config.scope import host_matches
+from istiod.model.names import parse_cluster_name, split_host_port
 from istiod.xds import types
-from istiod.xds.changes import EndpointChanges, Key
+from istiod.xds.changes import Changes, Key
 from istiod.xds.connection import Connection, PushScope
+from istiod.xds.gen import affected_types
 
 INDEXED_TYPES = (types.CLUSTER, types.ENDPOINT)
 _K = TypeVar("_K", bound=Hashable)
@@ -78,8 +82,9 @@ class Watchers:
                     del by_key[key]
         watching[type_url] = new
 
-    def woken(self, changes: EndpointChanges) -> dict[Connection, PushScope | None]:
+    def woken(self, change: Changes) -> dict[Connection, PushScope | None]:
         """The connections the changes concern and what each must regenerate (None: everything)."""
+        changes = change.endpoints
         scopes: dict[Connection, PushScope] = {}
         for key in changes.keys:
             for connection, names in self._by_key[types.ENDPOINT].get(key, {}).items():
@@ -93,7 +98,18 @@ class Watchers:
             clusters.update(self._by_key[types.CLUSTER].get(key, {}))
         for connection in clusters:
             scopes.setdefault(connection, {})[types.CLUSTER] = None
+        if change.kinds:
+            for connection in self._watching:
+                if affected := _config_scope(connection, change):
+                    scopes.setdefault(connection, {}).update(affected)
         everything = {c for address in changes.addresses for c in self._by_address.get(address, ())}
+        if change.hosts:
+            for connection in self._watching:
+                referring = _referring(connection, change.hosts.__contains__, change.spellings)
+                if referring is None:
+                    everything.add(connection)
+                elif referring:
+                    scopes.setdefault(connection, {}).update(referring)
         everything.update(c for pod in changes.workloads for c in self._by_pod.get(pod, ()))
         return {**scopes, **dict.fromkeys(everything)}
 
@@ -119,6 +135,48 @@ def _key(name: str) -> Key | None:
     except ValueError:
         return None
     return (host, port) if direction == "outbound" else None
+
+
+def _config_scope(connection: Connection, change: Changes) -> PushScope:
+    """The types that read the changed kinds; of a proxyless client, for DestinationRules, only
+    those whose watched names are of a host the rules name."""
+    kinds, scope = change.kinds, {}
+    rule_hosts = change.rule_hosts
+    if "DestinationRule" in kinds and rule_hosts is not None and connection.proxy.proxyless:
+        kinds = kinds - {"DestinationRule"}
+        referring = _referring(connection, lambda host: any(host_matches(p, host) for p in rule_hosts))
+        ruled = affected_types(connection.proxy, ["DestinationRule"])
+        scope = dict.fromkeys(ruled if referring is None else ruled.intersection(referring))
+    return {**scope, **dict.fromkeys(affected_types(connection.proxy, kinds))}
+
+
+def _referring(connection: Connection, host: Callable[[str], bool],
+               spellings: frozenset[str] = frozenset()) -> PushScope | None:
+    """The types whose watched names refer to a `host` (listeners: by one of `spellings`); None
+    (all) for a connection that is not proxyless or watches some type whole."""
+    if not connection.proxy.proxyless:
+        return None
+    scope: PushScope = {}
+    for type_url, watched in connection.watched.items():
+        if watched.names is None:
+            return None
+        if any(_refers(type_url, name, connection.proxy.namespace, host, spellings) for name in watched.names):
+            scope[type_url] = None
+    return scope
+
+
+def _refers(type_url: str, name: str, namespace: str, host: Callable[[str], bool], spellings: frozenset[str]) -> bool:
+    """Listeners `host:port` by any spelling (a bare name, from the client's namespace); route
+    configurations, clusters and their endpoints by `outbound|port|subset|host`. Inbound listeners
+    follow their pod's endpoints (the address index)."""
+    if type_url == types.LISTENER:
+        try:
+            spelled, _ = split_host_port(name)
+        except ValueError:
+            return False
+        return spelled in spellings or f"{spelled}.{namespace}" in spellings
+    key = _key(name)
+    return key is not None and host(key[0])
 
 
 def _pod(connection: Connection) -> tuple[str, str]:

@@ -58,6 +58,13 @@ class ConfigSet:
         }
         return cls(**fields)
 
+    def kinds_changed_from(self, previous: ConfigSet) -> set[str]:
+        """The kinds whose objects differ from `previous`'s (unchanged kinds are carried over: identity first)."""
+        if previous is self:
+            return set()
+        return {kind for kind, name in _FIELDS.items()
+                if (old := getattr(previous, name)) is not (new := getattr(self, name)) and old != new}
+
     def _grouped(self, name: str) -> Mapping[str, list[Any]]:
         if name not in self._index:
             self._index[name] = _by_namespace(getattr(self, name))

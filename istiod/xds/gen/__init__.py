@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from istiod.model.proxy import Proxy
 from istiod.model.snapshot import Snapshot
@@ -41,13 +41,48 @@ ROUTER: dict[str, Generator] = {
 }
 
 
+_EVERY_TYPE = frozenset(types.PUSH_ORDER)
+# What a change of each kind of config (or "Secret": a gateway's credentials) can alter, by flavor:
+# the types whose generators read it (istiod's per-generator skipped configs). ServiceEntries and
+# WorkloadEntries act through the services and endpoints they make, which are compared on their own.
+Affected = dict[str, frozenset[str]]
+_NONE: frozenset[str] = frozenset()
+_PROXYLESS_AFFECTED: Affected = {
+    "VirtualService": frozenset({types.ROUTE}),
+    # Subsets decide clusters and their endpoints; consistent hashing and routes' destinations, routes.
+    "DestinationRule": frozenset({types.CLUSTER, types.ENDPOINT, types.ROUTE}),
+    "Sidecar": _EVERY_TYPE,  # what the proxy sees at all
+    "PeerAuthentication": frozenset({types.LISTENER}),  # inbound listeners only
+    "AuthorizationPolicy": frozenset({types.LISTENER}),
+    "RequestAuthentication": frozenset({types.LISTENER}),
+    "Gateway": _NONE, "ServiceEntry": _NONE, "WorkloadEntry": _NONE, "Secret": _NONE,
+}
+_SIDECAR_AFFECTED: Affected = {
+    **_PROXYLESS_AFFECTED,
+    # TCP listeners carry their routes.
+    "VirtualService": frozenset({types.LISTENER, types.ROUTE}),
+    "DestinationRule": frozenset({types.CLUSTER, types.ENDPOINT, types.LISTENER, types.ROUTE}),
+}
+_ROUTER_AFFECTED: Affected = {
+    **dict.fromkeys(_PROXYLESS_AFFECTED, _EVERY_TYPE),
+    "Secret": frozenset({types.SECRET}),
+    "ServiceEntry": _NONE, "WorkloadEntry": _NONE,
+}
+_GENERATORS = {"grpc": PROXYLESS_GRPC, "sidecar": SIDECAR, "router": ROUTER}
+_AFFECTED = {"grpc": _PROXYLESS_AFFECTED, "sidecar": _SIDECAR_AFFECTED, "router": _ROUTER_AFFECTED}
+
+
+def affected_types(proxy: Proxy, kinds: Iterable[str]) -> frozenset[str]:
+    """The types of the proxy's config that a change of these kinds can alter (an unknown kind: all)."""
+    affected = _AFFECTED.get(_flavor(proxy), {})
+    return frozenset().union(*(affected.get(kind, _EVERY_TYPE) for kind in kinds))
+
+
 def generators_for(proxy: Proxy) -> dict[str, Generator]:
     """By the node's GENERATOR metadata, then its type, as istiod picks. Waypoints and ztunnel are
     not served yet: they get no generator, and so no config, rather than config meant for someone else."""
-    if proxy.proxyless:
-        return PROXYLESS_GRPC
-    if proxy.type == "sidecar":
-        return SIDECAR
-    if proxy.type == "router":
-        return ROUTER
-    return {}
+    return _GENERATORS.get(_flavor(proxy), {})
+
+
+def _flavor(proxy: Proxy) -> str:
+    return "grpc" if proxy.proxyless else proxy.type
