@@ -22,10 +22,12 @@ _K = TypeVar("_K", bound=Hashable)
 
 class Watchers:
     def __init__(self) -> None:
-        # type -> service port -> connection -> the names of that port's clusters it watches
-        self._by_key: dict[str, dict[Key, dict[Connection, set[str]]]] = {t: {} for t in INDEXED_TYPES}
+        # type -> service port -> connection -> the names of that port's clusters it watches. Tuples,
+        # not sets, here and in _watching: one to five names each, 10 of them per proxyless
+        # connection; a set of up to 4 costs 216 bytes, of 5 728, a tuple 48 + 8 per name.
+        self._by_key: dict[str, dict[Key, dict[Connection, tuple[str, ...]]]] = {t: {} for t in INDEXED_TYPES}
         self._wildcard: dict[str, set[Connection]] = {t: set() for t in INDEXED_TYPES}
-        self._watching: dict[Connection, dict[str, set[str] | None]] = {}  # what each is indexed under
+        self._watching: dict[Connection, dict[str, tuple[str, ...] | None]] = {}  # what each is indexed under
         self._by_address: dict[str, set[Connection]] = {}
         self._by_pod: dict[tuple[str, str], set[Connection]] = {}
 
@@ -48,27 +50,29 @@ class Watchers:
         if type_url not in self._by_key or connection not in self._watching:
             return
         watching = self._watching[connection]
-        old = watching.get(type_url, set())
-        new = None if names is None else set(names)
-        if old is None:
+        held = watching.get(type_url, ())
+        new = None if names is None else tuple(dict.fromkeys(names))
+        if held is None:
             self._wildcard[type_url].discard(connection)
-            old = set()
         if new is None:
             self._wildcard[type_url].add(connection)
+        old, wanted = set(held or ()), set(new or ())
         by_key = self._by_key[type_url]
-        for name in old - (new or set()):
+        for name in old - wanted:
             key = _key(name)
             if key is not None:
                 connections = by_key[key]
-                connections[connection].discard(name)
-                if not connections[connection]:
+                if remaining := tuple(n for n in connections[connection] if n != name):
+                    connections[connection] = remaining
+                else:
                     del connections[connection]
                     if not connections:
                         del by_key[key]
-        for name in (new or set()) - old:
+        for name in wanted - old:
             key = _key(name)
             if key is not None:
-                by_key.setdefault(key, {}).setdefault(connection, set()).add(name)
+                connections = by_key.setdefault(key, {})
+                connections[connection] = (*connections.get(connection, ()), name)
         watching[type_url] = new
 
     def woken(self, changes: EndpointChanges) -> dict[Connection, PushScope | None]:
