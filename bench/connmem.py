@@ -18,13 +18,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
-import os
 import multiprocessing
+import os
 import sys
 import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import istiod  # noqa: F401  # before grpc: it sets gRPC core's experiments, read when grpc loads
 import grpc
 import yaml
 from envoy.service.discovery.v3 import ads_pb2_grpc
