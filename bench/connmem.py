@@ -1,34 +1,41 @@
-"""Benchmark: Python memory per xDS connection (tracemalloc), proxyless and Envoy-like.
+"""Benchmark: memory per xDS connection, proxyless and Envoy-like: Python's (tracemalloc) or all (RSS).
 
     python bench/connmem.py [--services 200] [--pods 2] [--clients 200] [--watch 5] [--top 8]
+                            [--rss [--batches 2] [--kinds proxyless] [--grpc-arg NAME=VALUE ...]]
 
-An ADS server runs in this process on a mesh of S services; for each kind of client, two equal
-batches of clients (load generator processes, as bench/load.py's) connect one after the other and
-each is waited on until fully configured. The difference between the two batches is what one more
-connection costs, apart from what all of them share (the snapshot, the serialized resources).
-Prints bytes per connection and where they were allocated, and the peak while a batch connects (what
-its connect storm holds in flight). gRPC core's own buffers and protobuf messages (C, not traced) show
-in bench/load.py's RSS figures.
+An ADS server runs in this process on a mesh of S services, with istiod's gRPC server options; for
+each kind of client, equal batches of clients (load generator processes, as bench/load.py's) connect
+one after the other and each is waited on until fully configured. The difference between the first
+and the last batch is what one more connection costs, apart from what all of them share (the
+snapshot, the serialized resources). Prints bytes per connection and, with tracemalloc, where they
+were allocated. `--rss` measures this process's RSS instead (no tracemalloc, whose own records
+would count): Python's part and gRPC core's native buffers together, also after glibc's malloc_trim,
+and the peak; `--grpc-arg` adds or overrides a server option, to see what one costs.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import multiprocessing
+import os
 import sys
 import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import istiod  # noqa: F401  # before grpc: it sets gRPC core's experiments, read when grpc loads
 import grpc
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(1, str(Path(__file__).parent.parent))  # bench/mesh.py's e2e helpers
+sys.path.insert(1, str(Path(__file__).parent.parent))  # the e2e helpers that bench/mesh.py uses
 import loadgen  # noqa: E402
 from mesh import listener, service_yaml  # noqa: E402
+from procstat import memory_kb  # noqa: E402
 
+from istiod.keepalive import Keepalive  # noqa: E402
 from istiod.sources.store import Store  # noqa: E402
 from istiod.xds import admission  # noqa: E402
 from istiod.xds.pusher import Pusher  # noqa: E402
@@ -100,6 +107,35 @@ async def measure(server: DiscoveryServer, address: str, kind: str, args: argpar
         await asyncio.sleep(1)
 
 
+async def measure_rss(server: DiscoveryServer, address: str, kind: str, args: argparse.Namespace, first: int) -> None:
+    """RSS after each batch, then after malloc_trim (what glibc holds freed but not returned)."""
+    batches: list[Batch] = []
+    rss: list[int] = []
+    try:
+        for b in range(args.batches):
+            batch = Batch(address, specs(kind, first + b * args.clients, args.clients, args.services, args.watch))
+            batches.append(batch)
+            await batch.configured(args.timeout)
+            await asyncio.sleep(1)  # the last ACKs handled
+            rss.append(memory_kb(os.getpid())[0])
+        ctypes.CDLL(None).malloc_trim(0)  # glibc: give back what is freed but kept
+        trimmed = memory_kb(os.getpid())[0]
+        assert len(server.connections) == args.batches * args.clients, len(server.connections)
+        per = (rss[-1] - rss[0]) * 1024 / ((args.batches - 1) * args.clients)
+        print(f"{kind}: {per / 1024:.1f} KiB RSS per connection; RSS after each batch of {args.clients} "
+              f"{', '.join(f'{r / 1024:.0f}' for r in rss)} MB, after malloc_trim {trimmed / 1024:.0f} MB, "
+              f"peak {memory_kb(os.getpid())[1] / 1024:.0f} MB", flush=True)
+    finally:
+        for batch in batches:
+            batch.stop()
+        await asyncio.sleep(1)
+
+
+def grpc_arg(text: str) -> tuple[str, int | str]:
+    name, _, value = text.partition("=")
+    return name, int(value) if value.lstrip("-").isdigit() else value
+
+
 async def run(args: argparse.Namespace) -> None:
     store = Store()
     for s in range(args.services):  # the mesh of bench/load.py
@@ -109,18 +145,21 @@ async def run(args: argparse.Namespace) -> None:
     # No send deadline: tracemalloc slows the server, and a stream it closed would spoil the count.
     discovery = DiscoveryServer(lambda: pusher.snapshot, send_timeout=0)
     pusher.subscribe(discovery.on_push)
-    server = grpc.aio.server(options=admission.CORE_OPTIONS)
+    options = dict([*admission.CORE_OPTIONS, *Keepalive().server_options(), *args.grpc_arg])
+    server = grpc.aio.server(options=list(options.items()))
     add_to_server(discovery, server)
     address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
     await server.start()
     task = asyncio.create_task(pusher.run())
     pusher.publish(full=True)
     discovery.ready = True
-    tracemalloc.start()
+    if not args.rss:
+        tracemalloc.start()
     try:
-        print(f"mesh: {args.services} services x {args.pods} pods; proxyless clients watch {args.watch} services")
-        await measure(discovery, address, "proxyless", args, 0)
-        await measure(discovery, address, "envoy", args, 10 * args.clients)
+        print(f"mesh: {args.services} services x {args.pods} pods; proxyless clients watch {args.watch} services"
+              + "".join(f"; {name}={value}" for name, value in args.grpc_arg), flush=True)
+        for k, kind in enumerate(args.kinds.split(",")):
+            await (measure_rss if args.rss else measure)(discovery, address, kind, args, 100 * k * args.clients)
     finally:
         tracemalloc.stop()
         task.cancel()
@@ -135,6 +174,11 @@ def main() -> None:
     parser.add_argument("--watch", "-K", type=int, default=5, help="services each proxyless client watches")
     parser.add_argument("--top", type=int, default=8, help="allocation sites shown")
     parser.add_argument("--timeout", type=float, default=120)
+    parser.add_argument("--kinds", default="proxyless,envoy", help="kinds of clients, in order")
+    parser.add_argument("--rss", action="store_true", help="measure RSS instead of tracemalloc")
+    parser.add_argument("--batches", type=int, default=2, help="batches of clients with --rss (at least 2)")
+    parser.add_argument("--grpc-arg", type=grpc_arg, action="append", default=[], metavar="NAME=VALUE",
+                        help="a server option added to istiod's (repeatable)")
     asyncio.run(run(parser.parse_args()))
 
 

@@ -44,16 +44,21 @@ class ProcessTree:
         several, an upper bound of the peak of the sum."""
         rss = peak = 0
         for pid in self.pids():
-            try:
-                lines = Path(f"/proc/{pid}/status").read_text().splitlines()
-            except OSError:
-                continue
-            status = dict(line.split(":", 1) for line in lines)
-            if "VmRSS" not in status:
-                continue  # a zombie: it holds no memory
-            rss += int(status["VmRSS"].split()[0])
-            peak += int(status["VmHWM"].split()[0])
+            rss_kb, peak_kb = memory_kb(pid)
+            rss, peak = rss + rss_kb, peak + peak_kb
         return {"rss_mb": rss / 1024, "peak_rss_mb": peak / 1024}
+
+
+def memory_kb(pid: int) -> tuple[int, int]:
+    """One process's RSS now and its peak (VmHWM), in kB; zeros for one gone or a zombie."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return 0, 0
+    status = dict(line.split(":", 1) for line in lines)
+    if "VmRSS" not in status:
+        return 0, 0  # a zombie: it holds no memory
+    return int(status["VmRSS"].split()[0]), int(status["VmHWM"].split()[0])
 
 
 def _stat(pid: str) -> list[str]:

@@ -277,7 +277,7 @@ def _name(type_url: str, any_: Any) -> str:
 
 
 def _idle(server: DiscoveryServer) -> bool:
-    return all(not c._push_queued and c._requests.empty() for c in server.connections.values())
+    return all(not c._push_queued and c._request is None for c in server.connections.values())
 
 
 async def settle(server: DiscoveryServer, clients: list[Client]) -> None:

@@ -106,6 +106,11 @@ class _Push:
     """The event that means "a newer snapshot is waiting"."""
 
 
+def _resolve(waiter: asyncio.Future[None] | None) -> None:
+    if waiter is not None and not waiter.done():
+        waiter.set_result(None)
+
+
 Request: TypeAlias = discovery_pb2.DiscoveryRequest | discovery_pb2.DeltaDiscoveryRequest
 Event: TypeAlias = Request | Closed | _Push
 # What a push must regenerate: per type, the names (None: all the connection watches of it); a
@@ -133,16 +138,22 @@ class Connection:
         # Delta: clusters sent since the last endpoints response. Envoy warms each until it is sent
         # its endpoints again, and over delta it does not ask for them.
         self.endpoints_due: set[str] = set()
-        self._requests: asyncio.Queue[Request | Closed] = asyncio.Queue(maxsize=1)
-        self._wake = asyncio.Event()
+        # The one slot, and a future for whoever waits on it: an asyncio.Queue and Event would keep
+        # four deques, about 3 kB, on each of thousands of mostly idle connections.
+        self._request: Request | Closed | None = None
+        self._taken: asyncio.Future[None] | None = None  # the reader waits on it while the slot is full
+        self._woken: asyncio.Future[None] | None = None  # the connection's task waits on it for an event
         self._push_queued = False
         self._push_scope: PushScope | None = None
         self._queued_at = 0.0
 
     async def received(self, request: Request | Closed) -> None:
         """From the reader: waits while the previous request is still unhandled."""
-        await self._requests.put(request)
-        self._wake.set()
+        while self._request is not None:
+            self._taken = asyncio.get_running_loop().create_future()
+            await self._taken
+        self._request = request
+        _resolve(self._woken)
 
     def request_push(self, scope: PushScope | None = None) -> None:
         """Coalesce: one queued push covers every snapshot published until it runs, and the union
@@ -153,7 +164,7 @@ class Connection:
             # The name sets are shared with other connections and never changed in place (merges
             # below make new ones): only the dict is this connection's.
             self._push_scope = None if scope is None else dict(scope)
-            self._wake.set()
+            _resolve(self._woken)
         elif self._push_scope is not None:
             if scope is None:
                 self._push_scope = None
@@ -168,12 +179,14 @@ class Connection:
     async def next_event(self) -> Event:
         # Requests first, as istiod does: they are cheap (mostly ACKs) and a starting client waits on them.
         while True:
-            if not self._requests.empty():
-                return self._requests.get_nowait()
+            if (request := self._request) is not None:
+                self._request = None
+                _resolve(self._taken)
+                return request
             if self._push_queued:
                 return self.PUSH
-            self._wake.clear()
-            await self._wake.wait()
+            self._woken = asyncio.get_running_loop().create_future()
+            await self._woken
 
     def push_started(self) -> tuple[float, PushScope | None]:
         """Seconds the push waited in this connection's queue, and what it must regenerate."""

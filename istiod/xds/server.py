@@ -23,7 +23,7 @@ from istiod.xds import delta, types, wire
 from istiod.xds.admission import RateLimited, RequestLimiter
 from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.changes import changes
-from istiod.xds.connection import Closed, Connection, Held, PushScope, Request, StreamClosed, WatchedResource
+from istiod.xds.connection import Closed, Connection, Event, Held, PushScope, Request, StreamClosed, WatchedResource
 from istiod.xds.gen import generators_for
 from istiod.xds.monitor import AdsMonitor
 from istiod.xds.pusher import PushEvent
@@ -111,6 +111,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self.monitor.connected(connection)
         log.info(logs.event("ads connected", id=connection.id, peer=connection.peer, delta=incremental))
         await connection.received(first)
+        del first  # parsed; the node's metadata need not live as long as the stream
         reader = asyncio.create_task(_read(request_iterator, connection))
         try:
             await self._serve(connection, context)
@@ -139,25 +140,32 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
     async def _events(self, connection: Connection, context: grpc.aio.ServicerContext,
                       deadline: _SendDeadline | None) -> None:
         while not isinstance(event := await connection.next_event(), Closed):
-            started = time.perf_counter()
-            snapshot = self._snapshot()  # one snapshot for everything this event sends
-            if event is Connection.PUSH:
-                waited, scope = connection.push_started()
-                self.monitor.dequeued(waited)
-                async with self._push_slots:
-                    responses = self._push(connection, snapshot, scope)
-            elif isinstance(event, discovery_pb2.DeltaDiscoveryRequest):
-                responses = self._on_delta_request(connection, event, snapshot)
-            else:
-                assert isinstance(event, discovery_pb2.DiscoveryRequest)
-                responses = self._on_request(connection, event, snapshot)
-            for response in responses:
-                await self._send(connection, context, deadline, response)
-                self.monitor.response_sent(response, time.perf_counter() - started)
-            if event is Connection.PUSH:
-                self.monitor.pushed(connection, snapshot.version, len(responses))
+            await self._handle(connection, context, deadline, event)
+            # Not held while the next event is awaited, by every idle connection (an Envoy's EDS
+            # request names every cluster). The responses went with _handle's frame.
+            del event
         if event.code is not grpc.StatusCode.OK:
             raise StreamClosed(event)
+
+    async def _handle(self, connection: Connection, context: grpc.aio.ServicerContext,
+                      deadline: _SendDeadline | None, event: Event) -> None:
+        started = time.perf_counter()
+        snapshot = self._snapshot()  # one snapshot for everything this event sends
+        if event is Connection.PUSH:
+            waited, scope = connection.push_started()
+            self.monitor.dequeued(waited)
+            async with self._push_slots:
+                responses = self._push(connection, snapshot, scope)
+        elif isinstance(event, discovery_pb2.DeltaDiscoveryRequest):
+            responses = self._on_delta_request(connection, event, snapshot)
+        else:
+            assert isinstance(event, discovery_pb2.DiscoveryRequest)
+            responses = self._on_request(connection, event, snapshot)
+        for response in responses:
+            await self._send(connection, context, deadline, response)
+            self.monitor.response_sent(response, time.perf_counter() - started)
+        if event is Connection.PUSH:
+            self.monitor.pushed(connection, snapshot.version, len(responses))
 
     async def _send(self, connection: Connection, context: grpc.aio.ServicerContext,
                     deadline: _SendDeadline | None, response: Response) -> None:
@@ -454,6 +462,7 @@ async def _read(requests: AsyncIterator[Request], connection: Connection) -> Non
     try:
         async for request in requests:
             await connection.received(request)
+            del request  # handled by the connection's task: not held while the next is read
     except grpc.aio.AioRpcError:
         pass
     except DecodeError as error:

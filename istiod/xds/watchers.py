@@ -30,7 +30,9 @@ class Watchers:
         # type -> service port -> connection -> the names of that port's clusters it watches
         self._by_key: dict[str, dict[Key, dict[Connection, frozenset[str]]]] = {t: {} for t in INDEXED_TYPES}
         self._wildcard: dict[str, set[Connection]] = {t: set() for t in INDEXED_TYPES}
-        self._watching: dict[Connection, dict[str, set[str] | None]] = {}  # what each is indexed under
+        # What each is indexed under: tuples, not sets (a small set costs 216 bytes or more, and a
+        # proxyless connection has ten of them).
+        self._watching: dict[Connection, dict[str, tuple[str, ...] | None]] = {}
         self._by_address: dict[str, set[Connection]] = {}
         self._by_pod: dict[tuple[str, str], set[Connection]] = {}
 
@@ -53,16 +55,16 @@ class Watchers:
         if type_url not in self._by_key or connection not in self._watching:
             return
         watching = self._watching[connection]
-        old = watching.get(type_url, set())
-        new = None if names is None else set(names)
-        if old is None:
+        held = watching.get(type_url, ())
+        new = None if names is None else tuple(dict.fromkeys(names))
+        if held is None:
             self._wildcard[type_url].discard(connection)
-            old = set()
         if new is None:
             self._wildcard[type_url].add(connection)
+        old, wanted = set(held or ()), set(new or ())
         by_key = self._by_key[type_url]
-        changes = [(name, key, False) for name in old - (new or set()) if (key := _key(name)) is not None]
-        changes += [(name, key, True) for name in (new or set()) - old if (key := _key(name)) is not None]
+        changes = [(name, key, False) for name in old - wanted if (key := _key(name)) is not None]
+        changes += [(name, key, True) for name in wanted - old if (key := _key(name)) is not None]
         after: dict[Key, set[str]] = {}  # per service port changed, the names the connection watches of it
         for name, key, added in changes:
             names = after.get(key)
