@@ -67,16 +67,16 @@ class Watchers:
         changes += [(name, key, True) for name in wanted - old if (key := _key(name)) is not None]
         after: dict[Key, set[str]] = {}  # per service port changed, the names the connection watches of it
         for name, key, added in changes:
-            names = after.get(key)
-            if names is None:
-                names = after[key] = set(by_key.get(key, {}).get(connection, ()))
+            of_key = after.get(key)
+            if of_key is None:
+                of_key = after[key] = set(by_key.get(key, {}).get(connection, ()))
             if added:
-                names.add(name)
+                of_key.add(name)
             else:
-                names.discard(name)
-        for key, names in after.items():
-            if names:
-                by_key.setdefault(key, {})[connection] = _shared(names)
+                of_key.discard(name)
+        for key, of_key in after.items():
+            if of_key:
+                by_key.setdefault(key, {})[connection] = _shared(of_key)
             else:
                 connections = by_key[key]
                 del connections[connection]
@@ -86,17 +86,17 @@ class Watchers:
 
     def woken(self, change: Changes) -> dict[Connection, PushScope | None]:
         """The connections the changes concern and what each must regenerate (None: everything)."""
-        changes = change.endpoints
+        endpoints = change.endpoints
         scopes: dict[Connection, PushScope] = {}
-        for key in changes.keys:
+        for key in endpoints.keys:
             for connection, names in self._by_key[types.ENDPOINT].get(key, {}).items():
                 eds = scopes.setdefault(connection, {}).setdefault(types.ENDPOINT, set())
                 if eds is not None:
                     eds.update(names)
-        for connection in self._wildcard[types.ENDPOINT] if changes.keys else ():
+        for connection in self._wildcard[types.ENDPOINT] if endpoints.keys else ():
             scopes.setdefault(connection, {})[types.ENDPOINT] = None
-        clusters = set(self._wildcard[types.CLUSTER]) if changes.identities else set()
-        for key in changes.identities:
+        clusters = set(self._wildcard[types.CLUSTER]) if endpoints.identities else set()
+        for key in endpoints.identities:
             clusters.update(self._by_key[types.CLUSTER].get(key, {}))
         for connection in clusters:
             scopes.setdefault(connection, {})[types.CLUSTER] = None
@@ -104,7 +104,7 @@ class Watchers:
             for connection in self._watching:
                 if affected := _config_scope(connection, change):
                     scopes.setdefault(connection, {}).update(affected)
-        everything = {c for address in changes.addresses for c in self._by_address.get(address, ())}
+        everything = {c for address in endpoints.addresses for c in self._by_address.get(address, ())}
         if change.hosts:
             for connection in self._watching:
                 referring = _referring(connection, change.hosts.__contains__, change.spellings)
@@ -112,7 +112,7 @@ class Watchers:
                     everything.add(connection)
                 elif referring:
                     scopes.setdefault(connection, {}).update(referring)
-        everything.update(c for pod in changes.workloads for c in self._by_pod.get(pod, ()))
+        everything.update(c for pod in endpoints.workloads for c in self._by_pod.get(pod, ()))
         return {**scopes, **dict.fromkeys(everything)}
 
 
