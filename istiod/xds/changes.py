@@ -104,7 +104,7 @@ def _endpoint_changes(previous: Snapshot, current: Snapshot) -> EndpointChanges:
         service = current.services.get(key[0]) or previous.services.get(key[0])
         if (service is not None and service.dns_resolved) or {_identity(e) for e in before} != {_identity(e) for e in after}:
             identities.add(key)
-    workloads = {k for k, w in current.workloads.items() if (old_w := previous.workloads.get(k)) is not w and old_w != w}
+    workloads = {k for k, w in current.workloads.items() if _differ(previous.workloads.get(k), w)}
     workloads.update(previous.workloads.keys() - current.workloads.keys())
     return EndpointChanges(frozenset(keys), frozenset(identities), frozenset(addresses), frozenset(workloads))
 
