@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import multiprocessing
 import queue
@@ -30,6 +31,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -46,6 +48,8 @@ from tests.peers import stop_group  # noqa: E402
 Mesh = ConfigDirMesh | KubeMesh
 
 EVERYONE_MARK = (1 << 22) - 1  # the new Service's pod's marked address, past any churn change's
+# The compiled load generator, built by bench/loadgen-go/build.sh (`make bench` does).
+GO_GENERATOR = Path(__file__).resolve().parent.parent / ".cache" / "bench-bin" / "loadgen"
 # Services' ClusterIPs when the mesh is in a kube-apiserver: room for 65k, apart from the pods' 10.0-10.95.
 SERVICE_CIDR = "10.96.0.0/16"
 
@@ -108,6 +112,91 @@ class Server:
             stop_group(self.proc, grace=10)
 
 
+class PythonGenerator:
+    """The clients in worker processes running bench/loadgen.py."""
+
+    def __init__(self, xds_addr: str, shares: list[list[loadgen.ClientSpec]]) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.control: Any = ctx.Queue()
+        self._go, self._stop = ctx.Event(), ctx.Event()
+        self.processes = [ctx.Process(target=loadgen.main, args=(xds_addr, share, self.control, self._go, self._stop),
+                                      daemon=True) for share in shares]
+
+    def start(self) -> None:
+        for process in self.processes:
+            process.start()
+
+    def go(self) -> None:
+        self._go.set()
+
+    def finish(self) -> None:
+        """The clients settle, then each worker puts its summary on `control`."""
+        self._stop.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for process in self.processes:
+            if process.pid is not None:
+                process.join(30)
+                if process.is_alive():
+                    process.kill()
+                    process.join()
+
+
+class GoGenerator:
+    """The same clients in processes of the compiled generator (bench/loadgen-go), whose JSON lines
+    become the (kind, value) messages that the Python workers put on `control`."""
+
+    def __init__(self, xds_addr: str, shares: list[list[loadgen.ClientSpec]]) -> None:
+        self.control: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.xds_addr, self.shares = xds_addr, shares
+        self.processes: list[subprocess.Popen[str]] = []
+
+    def start(self) -> None:
+        for share in self.shares:
+            process = subprocess.Popen([str(GO_GENERATOR)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            self.processes.append(process)
+            self._tell(process, json.dumps({"xds_addr": self.xds_addr, "settle_seconds": loadgen.SETTLE_SECONDS,
+                                            "ticks": loadgen.TICKS, "clients": [dataclasses.asdict(s) for s in share]}))
+            threading.Thread(target=self._read, args=(process,), daemon=True).start()
+
+    def _read(self, process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            kind, value = json.loads(line)
+            if kind == "summary":
+                for client in value["clients"]:  # JSON's keys are strings; the marks are numbers
+                    client["seen"] = {int(mark): when for mark, when in client["seen"].items()}
+            self.control.put((kind, value))
+
+    @staticmethod
+    def _tell(process: subprocess.Popen[str], line: str) -> None:
+        assert process.stdin is not None
+        with contextlib.suppress(OSError):  # it is gone already: its end is seen by whoever waits on it
+            process.stdin.write(line + "\n")
+            process.stdin.flush()
+
+    def go(self) -> None:
+        for process in self.processes:
+            self._tell(process, "go")
+
+    def finish(self) -> None:
+        for process in self.processes:
+            self._tell(process, "stop")
+
+    def stop(self) -> None:
+        """The end of its input stops a generator at once."""
+        for process in self.processes:
+            assert process.stdin is not None
+            with contextlib.suppress(OSError):
+                process.stdin.close()
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
 def percentiles(values: list[float]) -> dict[str, float | int | None]:
     if not values:
         return {"count": 0, "p50": None, "p90": None, "p99": None, "max": None}
@@ -167,12 +256,9 @@ def run(args: argparse.Namespace, workdir: Path, stack: contextlib.ExitStack) ->
     server = Server([*mesh.source_args(), *args.istiod_arg], workdir, args.xds_addr, args.server_pid)
     stack.callback(server.stop)
     specs = client_specs(args)
-    ctx = multiprocessing.get_context("spawn")
-    control = ctx.Queue()
-    go, stop_flag = ctx.Event(), ctx.Event()
-    workers = [ctx.Process(target=loadgen.main, args=(server.xds_addr, specs[w::args.workers], control, go, stop_flag),
-                           daemon=True)
-               for w in range(args.workers)]
+    generator_type = GoGenerator if args.generator == "go" else PythonGenerator
+    generator = generator_type(server.xds_addr, [specs[w::args.workers] for w in range(args.workers)])
+    control = generator.control
     events: list[tuple[str, Any]] = []
 
     def wait_for(kind: str, count: int, timeout: float, value: Any = None) -> bool:
@@ -184,24 +270,14 @@ def run(args: argparse.Namespace, workdir: Path, stack: contextlib.ExitStack) ->
                 return False
         return True
 
-    def stop_workers() -> None:
-        stop_flag.set()
-        for worker in workers:
-            if worker.pid is not None:
-                worker.join(30)
-                if worker.is_alive():
-                    worker.kill()
-                    worker.join()
-
-    stack.callback(stop_workers)
-    for worker in workers:
-        worker.start()
+    stack.callback(generator.stop)
+    generator.start()
     if not wait_for("ready", args.workers, 60):
         raise SystemExit("the load generator's workers did not start")
     cpu0 = server.cpu_seconds()
     started = time.time()
-    go.set()
-    print(f"storm: {len(specs)} clients in {args.workers} processes against {server.xds_addr}", flush=True)
+    generator.go()
+    print(f"storm: {len(specs)} clients in {args.workers} {args.generator} processes against {server.xds_addr}", flush=True)
     all_configured = wait_for("configured", args.workers, args.storm_timeout)
     storm_cpu = server.cpu_seconds()
     result["storm"] = {"all_configured": all_configured,
@@ -240,7 +316,7 @@ def run(args: argparse.Namespace, workdir: Path, stack: contextlib.ExitStack) ->
     mesh.add(-1, 1, EVERYONE_MARK)
     everyone_seen = wait_for("all-seen", args.workers, args.storm_timeout, EVERYONE_MARK)
     everyone_written = mesh.settle()[EVERYONE_MARK]
-    stop_flag.set()
+    generator.finish()
     summaries: list[dict[str, Any]] = []
     while len(summaries) < args.workers:
         kind, value = control.get(timeout=60)
@@ -367,7 +443,10 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=20, help="seconds of churn")
     parser.add_argument("--envoy", type=int, default=0, help="Envoy-like clients (wildcard CDS/LDS)")
     parser.add_argument("--delta", action="store_true", help="Envoy-like clients use delta xDS")
-    parser.add_argument("--workers", type=int, default=2, help="load generator processes")
+    parser.add_argument("--generator", choices=("go", "python"),
+                        help="the load generator: compiled (go, the default once built by "
+                             "bench/loadgen-go/build.sh) or Python processes")
+    parser.add_argument("--workers", type=int, help="load generator processes (default: 1 for go, 2 for python)")
     parser.add_argument("--steady", type=float, default=5, help="seconds of steady state measured")
     parser.add_argument("--grace", type=float, default=10, help="seconds after churn for late deliveries")
     parser.add_argument("--storm-timeout", type=float, default=120)
@@ -383,6 +462,14 @@ def main() -> None:
     args = parser.parse_args()
     if args.xds_addr and (args.source != "config" or not args.config_dir):
         parser.error("--xds-addr needs --config-dir (and the config source): the benchmark makes its changes there")
+    if args.generator is None:
+        args.generator = "go" if GO_GENERATOR.exists() else "python"
+        if args.generator == "python":
+            print("load generator: Python workers (for the compiled one: bash bench/loadgen-go/build.sh)", flush=True)
+    elif args.generator == "go" and not GO_GENERATOR.exists():
+        parser.error(f"no compiled load generator at {GO_GENERATOR}: build it with `bash bench/loadgen-go/build.sh` (needs Go)")
+    if args.workers is None:
+        args.workers = 1 if args.generator == "go" else 2
     # SIGTERM unwinds like Ctrl-C, so every process started here is stopped on the way out.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     with tempfile.TemporaryDirectory(prefix="istiod-load-") as tmp, contextlib.ExitStack() as stack:

@@ -38,7 +38,7 @@ type Client struct {
 	Spec
 	node *corev3.Node
 
-	mu            sync.Mutex // the client's goroutine against the end-of-run readers
+	mu            sync.Mutex     // the client's goroutine against the end-of-run readers
 	names         map[string]set // subscribed names per type (present and empty: wildcard)
 	versions      map[string][2]string
 	resources     map[string]map[string]*held
