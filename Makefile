@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed# plus the test extras
 CHROMIUM := /usr/bin/chromium
 SUDO     := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: run test unit e2e e2e-bin helm-bin bench protos demo-server demo-client demo-sidecars chromium netns-tools clean
+.PHONY: run test unit e2e e2e-bin helm-bin bench-bin bench protos demo-server demo-client demo-sidecars chromium netns-tools clean
 
 # pip without --quiet: the first install takes a minute or two, and shows what it is doing.
 $(BASE): pyproject.toml
@@ -28,7 +28,7 @@ $(STAMP): $(BASE)
 run: $(BASE)
 	$(BIN)/istiod discovery --config-dir deploy/demo
 
-test: $(STAMP) $(CHROMIUM) netns-tools e2e-bin helm-bin
+test: $(STAMP) $(CHROMIUM) netns-tools e2e-bin helm-bin bench-bin
 	$(BIN)/pytest -q tests e2e
 
 unit: $(STAMP) $(CHROMIUM) netns-tools helm-bin
@@ -59,6 +59,10 @@ e2e-bin:
 helm-bin:
 	@bash e2e/cluster/build-helm.sh
 
+# The load benchmark's compiled generator (bench/loadgen-go), built and reused the same way.
+bench-bin:
+	@bash bench/loadgen-go/build.sh
+
 e2e: $(STAMP) e2e-bin
 	$(BIN)/pytest -q e2e
 
@@ -80,6 +84,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/connmem.py
 	$(BIN)/python bench/connect.py
 	$(BIN)/pip install --quiet -e '.[bench]'
+	@bash bench/loadgen-go/build.sh || echo "bench: no Go: the load benchmark's clients run in Python processes"
 	$(BIN)/python bench/load.py
 	@if bash e2e/cluster/build.sh; then $(BIN)/python bench/load.py --source kube; \
 	else echo "bench: no kube-apiserver and etcd (make e2e-bin needs Go): the kube source is skipped"; fi

@@ -1,15 +1,18 @@
 """The load benchmark (bench/) still works and its clients are right.
 
 A tiny run against a real istiod it starts itself, on the config dir and on a real kube-apiserver,
-checks what the clients got, never how fast: every client configured, every change held. The load
-generator's Envoy-like clients (SotW and delta) must hold what a real Envoy holds. Its /proc
-measures are checked on processes of known CPU and memory.
+checks what the clients got, never how fast: every client configured, every change held, with the
+compiled generator (bench/loadgen-go, built by its script when Go is there) and the Python one. The
+Python generator's Envoy-like clients (SotW and delta) must hold what a real Envoy holds, and the
+compiled one's exactly what the Python one's hold. Its /proc measures are checked on processes of
+known CPU and memory.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -27,6 +30,7 @@ from tests.test_envoy_delta import KINDS, _config
 
 BENCH = Path(__file__).parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
+import load  # noqa: E402
 import procstat  # noqa: E402
 import loadgen  # noqa: E402
 from mesh import ConfigDirMesh, service_name  # noqa: E402
@@ -34,6 +38,26 @@ from mesh import ConfigDirMesh, service_name  # noqa: E402
 TINY = ["-S", "6", "-P", "1", "-N", "4", "-K", "2", "--envoy", "2", "--rate", "5", "--duration", "1",
         "--steady", "0.5", "--grace", "2", "--storm-timeout", "30"]
 TYPES = {"listeners": loadgen.LDS, "clusters": loadgen.CDS, "routes": loadgen.RDS, "endpoints": loadgen.EDS}
+
+
+@pytest.fixture(scope="module")
+def go_generator() -> Path:
+    """The compiled load generator, built by its script (or copied from the machine's cache) as the
+    e2e binaries are; the script is a no-op when it is up to date."""
+    if shutil.which("go") is not None:
+        build = subprocess.run(["bash", str(BENCH / "loadgen-go" / "build.sh")], capture_output=True, text=True,
+                               timeout=900)
+        assert build.returncode == 0, build.stderr
+    elif not load.GO_GENERATOR.exists():
+        pytest.skip("needs Go on PATH to build the compiled load generator (bench/loadgen-go/build.sh)")
+    return load.GO_GENERATOR
+
+
+@pytest.fixture(params=["go", "python"])
+def generator(request: pytest.FixtureRequest) -> str:
+    if request.param == "go":
+        request.getfixturevalue("go_generator")
+    return str(request.param)
 
 
 def tiny_run(tmp_path: Path, *extra: str) -> dict[str, Any]:
@@ -57,20 +81,27 @@ def tiny_run(tmp_path: Path, *extra: str) -> dict[str, Any]:
     return result
 
 
-def test_tiny_run_on_the_config_dir_with_delta_clients(tmp_path: Path) -> None:
-    tiny_run(tmp_path, "--delta")
+def test_tiny_run_on_the_config_dir_with_delta_clients(tmp_path: Path, generator: str) -> None:
+    result = tiny_run(tmp_path, "--delta", "--generator", generator)
+    assert result["size"]["generator"] == generator
+
+
+def test_tiny_run_on_the_config_dir_with_sotw_clients_of_the_compiled_generator(tmp_path: Path,
+                                                                                go_generator: Path) -> None:
+    tiny_run(tmp_path, "--generator", "go")
 
 
 @pytest.mark.skipif(not (BIN / "kube-apiserver").exists(), reason="needs the e2e binaries: make e2e-bin")
-def test_tiny_run_through_a_kube_apiserver(tmp_path: Path) -> None:
-    result = tiny_run(tmp_path, "--source", "kube")
+def test_tiny_run_through_a_kube_apiserver(tmp_path: Path, generator: str) -> None:
+    result = tiny_run(tmp_path, "--source", "kube", "--generator", generator)
     assert result["churn"]["api_cpu_s"] > 0
 
 
 @pytest.mark.skipif(not (BIN / "kube-apiserver").exists(), reason="needs the e2e binaries: make e2e-bin")
-def test_sigterm_mid_run_stops_every_process_the_bench_started(tmp_path: Path) -> None:
+def test_sigterm_mid_run_stops_every_process_the_bench_started(tmp_path: Path, generator: str) -> None:
     bench = subprocess.Popen([sys.executable, str(BENCH / "load.py"), *TINY, "--source", "kube", "--steady", "60",
-                              "--results", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              "--generator", generator, "--workers", "2", "--results", str(tmp_path)],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert bench.stdout is not None
         for line in bench.stdout:
@@ -78,7 +109,7 @@ def test_sigterm_mid_run_stops_every_process_the_bench_started(tmp_path: Path) -
                 break
         started = {pid: Path(f"/proc/{pid}/cmdline").read_bytes() for pid in procstat.ProcessTree(bench.pid).pids()}
         names = {cmdline.split(b"\0")[0].rsplit(b"/", 1)[-1] for cmdline in started.values()}
-        assert {b"etcd", b"kube-apiserver"} <= names, names
+        assert {b"etcd", b"kube-apiserver"} | ({b"loadgen"} if generator == "go" else set()) <= names, names
         assert len(started) >= 6  # the bench, etcd, kube-apiserver, istiod, two load generator workers
         bench.terminate()
         assert bench.wait(60) != 0
@@ -208,3 +239,61 @@ async def test_envoy_like_clients_sotw_and_delta_hold_what_a_real_envoy_holds(
 
 def summary(state: dict[str, dict[str, bytes]]) -> dict[str, list[str]]:
     return {kind: sorted(names) for kind, names in state.items()}
+
+
+async def test_compiled_envoy_like_clients_end_holding_what_the_python_ones_hold(
+    mesh_dir: Path, start_istiod: Callable[..., Istiod], go_generator: Path
+) -> None:
+    """SotW and delta, in both generators: after the same changes, byte for byte the same digest."""
+    mesh = ConfigDirMesh(mesh_dir, pods=2)
+    mesh.create(4)
+    istiod = start_istiod(mesh_dir)
+    worker = loadgen.Worker(istiod.xds_address, [loadgen.ClientSpec(0, "envoy", [], 4),
+                                                 loadgen.ClientSpec(1, "delta", [], 4)])
+    compiled = load.GoGenerator(istiod.xds_address, [[loadgen.ClientSpec(2, "envoy", [], 4),
+                                                      loadgen.ClientSpec(3, "delta", [], 4)]])
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(worker.run_client(client, stop)) for client in worker.clients]
+
+    messages: list[tuple[str, Any]] = []
+
+    async def told(kind: str, value: Any = None) -> Any:
+        """The compiled generator's message of `kind` (and `value`), in whichever order they come."""
+        while not (found := [v for k, v in messages if k == kind and value in (None, v)]):
+            messages.append(await asyncio.to_thread(compiled.control.get, timeout=30))
+        return found[0]
+
+    def python_state(marks: set[int]) -> str | None:
+        """The Python clients' one digest, once both hold `marks` and services 0, 2, 3, 4 only."""
+        sotw, delta = worker.clients
+        states = {sotw.digest(), delta.digest()}
+        clusters = {name for name in held(sotw)["clusters"] if name.startswith("outbound|7070||svc")}
+        final = clusters == {f"outbound|7070||{'.'.join(service_name(s))}.svc.cluster.local" for s in (0, 2, 3, 4)}
+        return states.pop() if len(states) == 1 and final and marks <= set(sotw.seen) & set(delta.seen) else None
+
+    try:
+        compiled.start()
+        await told("ready")
+        compiled.go()
+        await told("configured")
+        # An endpoint moves, a Service comes, one goes (removed_resources, EDS unsubscribed).
+        mesh.change(0, 7)
+        mesh.add(4, 2, 8)
+        (mesh_dir / f"{service_name(1)[0]}.yaml").unlink()
+        await eventually(lambda: python_state({7, 8}), 20, "the Python clients to hold the changes")
+        # A last change, after the others are everywhere: once the compiled clients hold it, they
+        # were sent all before it.
+        mesh.change(2, 9)
+        for mark in (7, 8, 9):
+            await told("all-seen", mark)
+        state = await eventually(lambda: python_state({9}), 20, "the Python clients to hold the last change")
+        compiled.finish()
+        summary = await told("summary")
+        assert [(c["kind"], c["state"]) for c in summary["clients"]] == [("envoy", state), ("delta", state)]
+        assert all(c["settled"] and not c["streams_failed"] and {7, 8, 9} <= set(c["seen"]) for c in summary["clients"])
+    finally:
+        compiled.stop()
+        stop.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
