@@ -15,7 +15,8 @@ import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -176,20 +177,45 @@ def envoy_addresses(config: dict[str, dict[str, Any]]) -> dict[str, set[str]]:
                    for e in locality.get("lb_endpoints", [])} for name, c in config["endpoints"].items()}
 
 
-async def test_envoy_like_clients_sotw_and_delta_hold_what_a_real_envoy_holds(
-    mesh_dir: Path, start_istiod: Callable[..., Istiod]
-) -> None:
+@dataclass
+class EnvoyLike:
+    mesh: ConfigDirMesh
+    istiod: Istiod
+    worker: loadgen.Worker  # a SotW and a delta Envoy-like client, running
+
+    def change(self) -> None:
+        """An endpoint moves (mark 7), a Service comes (mark 8), one goes (removed_resources, EDS unsubscribed)."""
+        self.mesh.change(0, 7)
+        self.mesh.add(4, 2, 8)
+        (self.mesh.root / f"{service_name(1)[0]}.yaml").unlink()
+
+
+@pytest.fixture
+async def envoy_like(mesh_dir: Path, start_istiod: Callable[..., Istiod]) -> AsyncIterator[EnvoyLike]:
+    """Services 0-3 in a config dir, an istiod on it, and the Python generator's Envoy-like clients."""
     mesh = ConfigDirMesh(mesh_dir, pods=2)
     mesh.create(4)
     istiod = start_istiod(mesh_dir)
     worker = loadgen.Worker(istiod.xds_address, [loadgen.ClientSpec(0, "envoy", [], 4),
                                                  loadgen.ClientSpec(1, "delta", [], 4)])
-    sotw, delta = worker.clients
     stop = asyncio.Event()
     tasks = [asyncio.create_task(worker.run_client(client, stop)) for client in worker.clients]
+    try:
+        yield EnvoyLike(mesh, istiod, worker)
+    finally:
+        stop.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
-    def services(state: dict[str, dict[str, bytes]]) -> set[int]:
-        return {s for s in range(5) if f"outbound|7070||{'.'.join(service_name(s))}.svc.cluster.local" in state["clusters"]}
+
+def services(state: dict[str, dict[str, bytes]]) -> set[int]:
+    return {s for s in range(5) if f"outbound|7070||{'.'.join(service_name(s))}.svc.cluster.local" in state["clusters"]}
+
+
+async def test_envoy_like_clients_sotw_and_delta_hold_what_a_real_envoy_holds(envoy_like: EnvoyLike) -> None:
+    istiod, worker = envoy_like.istiod, envoy_like.worker
+    sotw, delta = worker.clients
 
     async def agree(envoy: Any, want: set[int], what: str) -> dict[str, dict[str, bytes]]:
         """Services `want` held; the delta client holds exactly what the SotW one does, and the
@@ -213,28 +239,19 @@ async def test_envoy_like_clients_sotw_and_delta_hold_what_a_real_envoy_holds(
             raise AssertionError(f"{what}: sotw {summary(held(sotw))}\ndelta {summary(held(delta))}\n"
                                  f"envoy {envoy_names}") from None
 
-    try:
-        with sidecar_envoy(istiod.xds_address, "client9", "bench", ip="10.250.0.9") as envoy:
-            await agree(envoy, {0, 1, 2, 3}, "the first config everywhere")
-            await eventually(lambda: all(synced(istiod, node_id(f"client{i}", "bench", f"10.250.0.{i}"),
-                                                ("cluster", "listener", "endpoint", "route")) for i in (0, 1)),
-                             10, "istiod to see every type ACKed by both load clients")
+    with sidecar_envoy(istiod.xds_address, "client9", "bench", ip="10.250.0.9") as envoy:
+        await agree(envoy, {0, 1, 2, 3}, "the first config everywhere")
+        await eventually(lambda: all(synced(istiod, node_id(f"client{i}", "bench", f"10.250.0.{i}"),
+                                            ("cluster", "listener", "endpoint", "route")) for i in (0, 1)),
+                         10, "istiod to see every type ACKed by both load clients")
 
-            # An endpoint moves, a Service comes, one goes (removed_resources, EDS unsubscribed).
-            mesh.change(0, 7)
-            mesh.add(4, 2, 8)
-            (mesh_dir / f"{service_name(1)[0]}.yaml").unlink()
-            changed = await agree(envoy, {0, 2, 3, 4}, "the changes everywhere")
-            assert not any("svc1." in n for n in changed["endpoints"])
-            endpoints = addresses(changed["endpoints"])
-            assert endpoints["outbound|7070||svc0.ns0.svc.cluster.local"] == {loadgen.mark_address(7), "10.0.0.2"}
-            assert {7, 8} <= set(delta.seen) and {7, 8} <= set(sotw.seen)
-            assert not any(sum(c.streams_failed.values()) for c in worker.clients)
-    finally:
-        stop.set()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        envoy_like.change()
+        changed = await agree(envoy, {0, 2, 3, 4}, "the changes everywhere")
+        assert not any("svc1." in n for n in changed["endpoints"])
+        endpoints = addresses(changed["endpoints"])
+        assert endpoints["outbound|7070||svc0.ns0.svc.cluster.local"] == {loadgen.mark_address(7), "10.0.0.2"}
+        assert {7, 8} <= set(delta.seen) and {7, 8} <= set(sotw.seen)
+        assert not any(sum(c.streams_failed.values()) for c in worker.clients)
 
 
 def summary(state: dict[str, dict[str, bytes]]) -> dict[str, list[str]]:
@@ -242,19 +259,12 @@ def summary(state: dict[str, dict[str, bytes]]) -> dict[str, list[str]]:
 
 
 async def test_compiled_envoy_like_clients_end_holding_what_the_python_ones_hold(
-    mesh_dir: Path, start_istiod: Callable[..., Istiod], go_generator: Path
+    envoy_like: EnvoyLike, go_generator: Path
 ) -> None:
     """SotW and delta, in both generators: after the same changes, byte for byte the same digest."""
-    mesh = ConfigDirMesh(mesh_dir, pods=2)
-    mesh.create(4)
-    istiod = start_istiod(mesh_dir)
-    worker = loadgen.Worker(istiod.xds_address, [loadgen.ClientSpec(0, "envoy", [], 4),
-                                                 loadgen.ClientSpec(1, "delta", [], 4)])
-    compiled = load.GoGenerator(istiod.xds_address, [[loadgen.ClientSpec(2, "envoy", [], 4),
-                                                      loadgen.ClientSpec(3, "delta", [], 4)]])
-    stop = asyncio.Event()
-    tasks = [asyncio.create_task(worker.run_client(client, stop)) for client in worker.clients]
-
+    worker = envoy_like.worker
+    compiled = load.GoGenerator(envoy_like.istiod.xds_address, [[loadgen.ClientSpec(2, "envoy", [], 4),
+                                                                 loadgen.ClientSpec(3, "delta", [], 4)]])
     messages: list[tuple[str, Any]] = []
 
     async def told(kind: str, value: Any = None) -> Any:
@@ -267,33 +277,25 @@ async def test_compiled_envoy_like_clients_end_holding_what_the_python_ones_hold
         """The Python clients' one digest, once both hold `marks` and services 0, 2, 3, 4 only."""
         sotw, delta = worker.clients
         states = {sotw.digest(), delta.digest()}
-        clusters = {name for name in held(sotw)["clusters"] if name.startswith("outbound|7070||svc")}
-        final = clusters == {f"outbound|7070||{'.'.join(service_name(s))}.svc.cluster.local" for s in (0, 2, 3, 4)}
-        return states.pop() if len(states) == 1 and final and marks <= set(sotw.seen) & set(delta.seen) else None
+        final = services(held(sotw)) == {0, 2, 3, 4} and marks <= set(sotw.seen) & set(delta.seen)
+        return states.pop() if len(states) == 1 and final else None
 
     try:
         compiled.start()
         await told("ready")
         compiled.go()
         await told("configured")
-        # An endpoint moves, a Service comes, one goes (removed_resources, EDS unsubscribed).
-        mesh.change(0, 7)
-        mesh.add(4, 2, 8)
-        (mesh_dir / f"{service_name(1)[0]}.yaml").unlink()
+        envoy_like.change()
         await eventually(lambda: python_state({7, 8}), 20, "the Python clients to hold the changes")
         # A last change, after the others are everywhere: once the compiled clients hold it, they
         # were sent all before it.
-        mesh.change(2, 9)
+        envoy_like.mesh.change(2, 9)
         for mark in (7, 8, 9):
             await told("all-seen", mark)
         state = await eventually(lambda: python_state({9}), 20, "the Python clients to hold the last change")
         compiled.finish()
-        summary = await told("summary")
-        assert [(c["kind"], c["state"]) for c in summary["clients"]] == [("envoy", state), ("delta", state)]
-        assert all(c["settled"] and not c["streams_failed"] and {7, 8, 9} <= set(c["seen"]) for c in summary["clients"])
+        report = await told("summary")
+        assert [(c["kind"], c["state"]) for c in report["clients"]] == [("envoy", state), ("delta", state)]
+        assert all(c["settled"] and not c["streams_failed"] and {7, 8, 9} <= set(c["seen"]) for c in report["clients"])
     finally:
         compiled.stop()
-        stop.set()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)

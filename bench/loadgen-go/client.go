@@ -179,16 +179,7 @@ func (w *Worker) sotwStream(ctx context.Context, c *Client, ads discoveryv3.Aggr
 		}
 	}
 	c.mu.Unlock()
-	for {
-		response, err := stream.Recv()
-		if err != nil {
-			return err
-		}
-		now := wallClock()
-		w.count(proto.Size(response), now)
-		c.mu.Lock()
-		typeURL := response.GetTypeUrl()
-		c.answered[typeURL] = struct{}{}
+	return receive(w, c, stream.Recv, func(response *discoveryv3.DiscoveryResponse, typeURL string, now float64) error {
 		previous, have := c.held(typeURL), c.held(typeURL)
 		if typeURL == LDS || typeURL == CDS { // the whole state; EDS and RDS may carry only what changed
 			have = map[string]*held{}
@@ -197,7 +188,6 @@ func (w *Worker) sotwStream(ctx context.Context, c *Client, ads discoveryv3.Aggr
 		for _, packed := range response.GetResources() {
 			name, err := leadingName(packed.GetValue())
 			if err != nil {
-				c.mu.Unlock()
 				return err
 			}
 			have[name] = w.hold(c, typeURL, packed.GetValue(), previous[name], now)
@@ -210,8 +200,8 @@ func (w *Worker) sotwStream(ctx context.Context, c *Client, ads discoveryv3.Aggr
 				send(next)
 			}
 		}
-		c.mu.Unlock()
-	}
+		return nil
+	})
 }
 
 func (w *Worker) deltaStream(ctx context.Context, c *Client, ads discoveryv3.AggregatedDiscoveryServiceClient) error {
@@ -231,16 +221,7 @@ func (w *Worker) deltaStream(ctx context.Context, c *Client, ads discoveryv3.Agg
 		send(typeURL, nil, nil, "")
 	}
 	c.mu.Unlock()
-	for {
-		response, err := stream.Recv()
-		if err != nil {
-			return err
-		}
-		now := wallClock()
-		w.count(proto.Size(response), now)
-		c.mu.Lock()
-		typeURL := response.GetTypeUrl()
-		c.answered[typeURL] = struct{}{}
+	return receive(w, c, stream.Recv, func(response *discoveryv3.DeltaDiscoveryResponse, typeURL string, now float64) error {
 		have := c.held(typeURL)
 		for _, name := range response.GetRemovedResources() {
 			delete(have, name)
@@ -254,7 +235,30 @@ func (w *Worker) deltaStream(ctx context.Context, c *Client, ads discoveryv3.Agg
 				send(next, added, removed, "")
 			}
 		}
+		return nil
+	})
+}
+
+// receive handles a stream's responses, counted and under the client's lock, until the stream ends.
+func receive[R interface {
+	proto.Message
+	GetTypeUrl() string
+}](w *Worker, c *Client, recv func() (R, error), handle func(response R, typeURL string, now float64) error) error {
+	for {
+		response, err := recv()
+		if err != nil {
+			return err
+		}
+		now := wallClock()
+		w.count(proto.Size(response), now)
+		c.mu.Lock()
+		typeURL := response.GetTypeUrl()
+		c.answered[typeURL] = struct{}{}
+		err = handle(response, typeURL, now)
 		c.mu.Unlock()
+		if err != nil {
+			return err
+		}
 	}
 }
 
