@@ -38,8 +38,9 @@ type Client struct {
 	Spec
 	node *corev3.Node
 
-	mu            sync.Mutex     // the client's goroutine against the end-of-run readers
-	names         map[string]set // subscribed names per type (present and empty: wildcard)
+	mu            sync.Mutex          // the client's goroutine against the end-of-run readers
+	names         map[string]set      // subscribed names per type (present and empty: wildcard)
+	requested     map[string][]string // names, sorted: SotW requests carry them, ACKs included
 	versions      map[string][2]string
 	resources     map[string]map[string]*held
 	answered      set // the types answered on this stream
@@ -57,7 +58,7 @@ func newClient(spec Spec) *Client {
 
 // reset: a new stream starts from nothing, as a restarted client does.
 func (c *Client) reset() {
-	c.names, c.versions = map[string]set{}, map[string][2]string{}
+	c.names, c.requested, c.versions = map[string]set{}, map[string][]string{}, map[string][2]string{}
 	c.resources, c.answered, c.sentNode = map[string]map[string]*held{}, set{}, false
 }
 
@@ -72,7 +73,7 @@ func (c *Client) held(typeURL string) map[string]*held {
 // for (see loadgen.Client.subscribe); returns (added, removed).
 func (c *Client) subscribe(typeURL string, names set) (set, set) {
 	old := c.names[typeURL]
-	c.names[typeURL] = names
+	c.names[typeURL], c.requested[typeURL] = names, names.sorted()
 	removed := old.minus(names)
 	for name := range removed {
 		delete(c.resources[typeURL], name)
@@ -163,7 +164,7 @@ func (w *Worker) sotwStream(ctx context.Context, c *Client, ads discoveryv3.Aggr
 	}
 	send := func(typeURL string) {
 		version := c.versions[typeURL]
-		request := &discoveryv3.DiscoveryRequest{TypeUrl: typeURL, ResourceNames: c.names[typeURL].sorted(),
+		request := &discoveryv3.DiscoveryRequest{TypeUrl: typeURL, ResourceNames: c.requested[typeURL],
 			VersionInfo: version[0], ResponseNonce: version[1]}
 		c.first(&request.Node)
 		_ = stream.Send(request)

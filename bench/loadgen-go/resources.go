@@ -16,7 +16,9 @@ import (
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
@@ -134,60 +136,112 @@ func markOf(address string) (int, bool) {
 	return (octets[0]-64)<<16 | octets[1]<<8 | octets[2], true
 }
 
-// derive: what follows from one LDS, RDS or CDS resource (route names, cluster names, EDS names).
+// Where the names that follow are in the serialized resources, by field number: read straight off
+// the wire rather than parsing whole resources (a wildcard client holds thousands, and parsing them
+// was most of the generator's CPU). Each path is looked up by field name, so a typo fails at start.
+var (
+	apiListener    = path(&listenerv3.Listener{}, "api_listener", "api_listener")
+	chainManagers  = path(&listenerv3.Listener{}, "filter_chains", "filters", "typed_config")
+	anyType        = path(&anypb.Any{}, "type_url")
+	anyValue       = path(&anypb.Any{}, "value")
+	hcmRds         = path(&hcmv3.HttpConnectionManager{}, "rds")
+	rdsName        = path(&hcmv3.Rds{}, "route_config_name")
+	routeActions   = path(&routev3.RouteConfiguration{}, "virtual_hosts", "routes", "route")
+	actionCluster  = path(&routev3.RouteAction{}, "cluster")
+	actionWeighted = path(&routev3.RouteAction{}, "weighted_clusters", "clusters")
+	weightedName   = path(&routev3.WeightedCluster_ClusterWeight{}, "name")
+	clusterName    = path(&clusterv3.Cluster{}, "name")
+	clusterType    = path(&clusterv3.Cluster{}, "type")
+	edsService     = path(&clusterv3.Cluster{}, "eds_cluster_config", "service_name")
+	hcmType        = string((&hcmv3.HttpConnectionManager{}).ProtoReflect().Descriptor().FullName())
+)
+
+// path: the field numbers of a chain of fields, from message m down.
+func path(m proto.Message, names ...string) []protowire.Number {
+	message := m.ProtoReflect().Descriptor()
+	var numbers []protowire.Number
+	for _, name := range names {
+		field := message.Fields().ByName(protoreflect.Name(name))
+		numbers = append(numbers, field.Number())
+		message = field.Message()
+	}
+	return numbers
+}
+
+// each calls fn with the value of every occurrence of the field at the end of `path` in the
+// serialized message b (length-delimited values: their contents; varints: their encoding).
+func each(b []byte, path []protowire.Number, fn func([]byte)) {
+	if len(path) == 0 {
+		fn(b)
+		return
+	}
+	for len(b) > 0 {
+		number, kind, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return
+		}
+		b = b[n:]
+		size := protowire.ConsumeFieldValue(number, kind, b)
+		if size < 0 {
+			return
+		}
+		if number == path[0] {
+			value := b[:size]
+			if kind == protowire.BytesType {
+				value, _ = protowire.ConsumeBytes(value)
+			}
+			each(value, path[1:], fn)
+		}
+		b = b[size:]
+	}
+}
+
+// last is the field's value as a parser keeps it (the last occurrence), nil when absent.
+func last(b []byte, path []protowire.Number) []byte {
+	var value []byte
+	each(b, path, func(v []byte) { value = v })
+	return value
+}
+
+// derive: what follows from one LDS, RDS or CDS resource (route names, cluster names, EDS names),
+// as loadgen.derive finds it.
 func derive(typeURL string, value []byte) set {
 	names := set{}
 	switch typeURL {
 	case LDS:
-		listener := &listenerv3.Listener{}
-		if proto.Unmarshal(value, listener) != nil {
-			return names
-		}
-		var managers []*anypb.Any
-		if listener.ApiListener != nil {
-			managers = append(managers, listener.GetApiListener().GetApiListener())
+		var managers [][]byte // Anys: HttpConnectionManagers, if their type says so
+		if last(value, apiListener[:1]) != nil {
+			each(value, apiListener, func(v []byte) { managers = append(managers, v) })
 		} else {
-			for _, chain := range listener.GetFilterChains() {
-				for _, filter := range chain.GetFilters() {
-					if strings.HasSuffix(filter.GetTypedConfig().GetTypeUrl(), "HttpConnectionManager") {
-						managers = append(managers, filter.GetTypedConfig())
-					}
+			each(value, chainManagers, func(v []byte) {
+				if strings.HasSuffix(string(last(v, anyType)), "HttpConnectionManager") {
+					managers = append(managers, v)
 				}
-			}
+			})
 		}
 		for _, packed := range managers {
-			hcm := &hcmv3.HttpConnectionManager{}
-			if packed != nil && packed.UnmarshalTo(hcm) == nil {
-				if rds := hcm.GetRds(); rds != nil {
-					names[rds.GetRouteConfigName()] = struct{}{}
-				}
+			typeName := string(last(packed, anyType))
+			if typeName[strings.LastIndex(typeName, "/")+1:] != hcmType {
+				continue
 			}
+			each(last(packed, anyValue), hcmRds, func(rds []byte) { names[string(last(rds, rdsName))] = struct{}{} })
 		}
 	case RDS:
-		config := &routev3.RouteConfiguration{}
-		if proto.Unmarshal(value, config) != nil {
-			return names
-		}
-		for _, host := range config.GetVirtualHosts() {
-			for _, route := range host.GetRoutes() {
-				action := route.GetRoute()
-				if action.GetCluster() != "" {
-					names[action.GetCluster()] = struct{}{}
-				}
-				for _, weighted := range action.GetWeightedClusters().GetClusters() {
-					names[weighted.GetName()] = struct{}{}
-				}
+		each(value, routeActions, func(action []byte) {
+			if cluster := last(action, actionCluster); len(cluster) > 0 {
+				names[string(cluster)] = struct{}{}
 			}
-		}
+			each(action, actionWeighted, func(weighted []byte) { names[string(last(weighted, weightedName))] = struct{}{} })
+		})
 	case CDS:
-		cluster := &clusterv3.Cluster{}
-		if proto.Unmarshal(value, cluster) != nil || cluster.GetType() != clusterv3.Cluster_EDS {
+		kind, _ := protowire.ConsumeVarint(last(value, clusterType))
+		if clusterv3.Cluster_DiscoveryType(kind) != clusterv3.Cluster_EDS {
 			return names
 		}
-		if service := cluster.GetEdsClusterConfig().GetServiceName(); service != "" {
-			names[service] = struct{}{}
+		if service := last(value, edsService); len(service) > 0 {
+			names[string(service)] = struct{}{}
 		} else {
-			names[cluster.GetName()] = struct{}{}
+			names[string(last(value, clusterName))] = struct{}{}
 		}
 	}
 	return names
