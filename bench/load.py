@@ -3,7 +3,7 @@ or in a real kube-apiserver.
 
     python bench/load.py [--services S] [--pods P] [--proxyless N] [--watch K] [--rate R]
                          [--duration SECONDS] [--envoy M] [--delta] [--source config|kube]
-                         [--xds-addr HOST:PORT --config-dir DIR]
+                         [--generator go|python] [--xds-addr HOST:PORT --config-dir DIR]
 
 The issue's size: --services 1000 --pods 2 --proxyless 2000 --watch 5 --rate 10 --duration 30.
 Scenarios, in order: connect storm (time until every client is configured), steady state (server
@@ -14,6 +14,8 @@ with it, the mesh is written to --config-dir (the one that istiod watches) and -
 the process to measure. `--source kube`: etcd and kube-apiserver are started (the e2e harness),
 the Services and their EndpointSlices created through the API, and istiod started in kube mode;
 a change is an EndpointSlice patch, timed from the start of its request.
+The clients run in the compiled generator (bench/loadgen-go, built by its build.sh) once it is built,
+else in Python worker processes (bench/loadgen.py); the same clients either way.
 Every process started here is stopped at the end, on failure, Ctrl-C or SIGTERM too.
 Writes results/load-<time>.json and .png (the plot needs the `bench` extra), prints a table.
 """
