@@ -10,6 +10,7 @@ name); listeners and routes do not, except a pod's own inbound side, which the p
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable, Hashable, Iterable
 from typing import TypeVar
@@ -130,6 +131,9 @@ def _shared(names: set[str]) -> frozenset[str]:
 _names: weakref.WeakValueDictionary[frozenset[str], frozenset[str]] = weakref.WeakValueDictionary()
 
 
+# Remembered: 500 Envoys each watch, and at the end unwatch, the same 1000 names. Bounded, as a
+# client may name anything.
+@functools.lru_cache(maxsize=1 << 16)
 def _key(name: str) -> Key | None:
     """The service port an `outbound|<port>|<subset>|<host>` cluster name refers to."""
     try:
