@@ -214,6 +214,10 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             log.warning("ads id=%s asked for unsupported type %s; not answered", connection.id, type_url)
             return []
         watched = connection.watched.get(type_url)
+        if watched is not None and request.response_nonce and request.response_nonce != watched.nonce_sent:
+            # Stale, names and all: a reply to a response the client has since been sent a newer one of
+            # (under churn many are: pushes overtake the replies to earlier ones).
+            return []
         requested = request.resource_names
         if (watched is not None and watched.names is not None and request.response_nonce
                 and len(requested) == len(watched.names) and requested == watched.names):
@@ -232,8 +236,6 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             watched = connection.watched[type_url] = WatchedResource(type_url, None if wildcard else names)
             self.watchers.watch(connection, type_url, watched.names)
             return [self._respond(watched, snapshot, self._generate(connection, watched, snapshot))]
-        if request.response_nonce != watched.nonce_sent:
-            return []  # stale: a reply to a response the client has since been sent a newer one of
         if request.HasField("error_detail"):
             self._nack(connection, watched, request)
             return []
