@@ -198,13 +198,14 @@ class Connection:
                 timer.cancel()
 
     def _unanswered(self) -> float:
-        """Seconds a queued push of endpoints only is still to wait for the client to answer (ACK or
-        NACK) the previous endpoints response; 0: none. Under endpoint churn the changes made meanwhile
-        then go in one response, and one ACK, rather than one each: a client reads its responses in
-        order, so one sent before it answered the previous would reach it no sooner."""
+        """Seconds a queued push of endpoints only is still to wait for a state-of-the-world client to
+        answer (ACK or NACK) the previous endpoints response; 0: none. Under endpoint churn the changes
+        made meanwhile then go in one response, and one ACK naming every cluster the client watches,
+        rather than one each. Not for delta clients, whose ACKs name nothing: the wait (an ACK's trip
+        through a busy server) cost their churn latency more than the responses it saved."""
         scope = self._push_scope
         watched = self.watched.get(types.ENDPOINT)
-        if scope is None or scope.keys() != {types.ENDPOINT} or watched is None or \
+        if self.delta or scope is None or scope.keys() != {types.ENDPOINT} or watched is None or \
                 watched.nonce_sent in ("", watched.nonce_acked, watched.nacked_nonce):
             return 0.0
         return watched.sent_at + ANSWER_WAIT - time.time()
