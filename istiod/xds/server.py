@@ -321,7 +321,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                 # Some assignments only, and those whose clusters were just sent (see below and
                 # Connection.endpoints_due): the client keeps the others it holds, in SotW too.
                 names = names | changed_clusters | connection.endpoints_due
-                wanted = sorted(names if watched.names is None else names.intersection(watched.names))
+                wanted = sorted(names if watched.names is None else self.watchers.watching(connection, type_url, names))
                 fresh = self._generate(connection, watched, snapshot, wanted)
                 sent = watched.sent if isinstance(watched.sent, Held) else Held.of(list(watched.sent.values()))
                 held_after = sent.updated(fresh)

@@ -85,6 +85,13 @@ class Watchers:
                     del by_key[key]
         watching[type_url] = new
 
+    def watching(self, connection: Connection, type_url: str, names: Iterable[str]) -> set[str]:
+        """Those of `names` (cluster names) that the connection watches of the type, found in the
+        index: O(len(names)), where the connection's own list (an Envoy's names every cluster) is O(all)."""
+        by_key = self._by_key[type_url]
+        return {name for name in names
+                if (key := _key(name)) is not None and name in by_key.get(key, {}).get(connection, ())}
+
     def woken(self, change: Changes) -> dict[Connection, PushScope | None]:
         """The connections the changes concern and what each must regenerate (None: everything)."""
         endpoints = change.endpoints
