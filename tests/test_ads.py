@@ -188,3 +188,34 @@ async def test_eds_carries_what_differs_from_what_was_sent_or_after_a_nack_from_
     await stream.nothing()
     store.apply(pod("a-1", "a", "10.0.0.21"))
     assert carried(await stream.receive()) == set(names)
+
+
+async def test_a_push_of_endpoints_waits_for_the_answer_to_the_previous_and_carries_what_changed_meanwhile(ads) -> None:
+    store, pusher, discovery, stub = ads
+    stream = Stream(stub)
+    names = [f"outbound|80||{s}.demo.svc.cluster.local" for s in ("a", "b")]
+
+    def held(response: discovery_pb2.DiscoveryResponse) -> dict[str, set[str]]:
+        assignments = [endpoint_pb2.ClusterLoadAssignment.FromString(r.value) for r in response.resources]
+        return {a.cluster_name: {e.endpoint.address.socket_address.address for g in a.endpoints for e in g.lb_endpoints}
+                for a in assignments}
+
+    stream.send(types.ENDPOINT, names)
+    first = await stream.receive()
+    stream.send(types.ENDPOINT, names, first.nonce, first.version_info)
+    store.apply(pod("a-1", "a", "10.0.0.11"))
+    second = await stream.receive()
+    assert held(second) == {names[0]: {"10.0.0.11"}}
+    # Not answered yet: the changes wait, and go together once it is.
+    store.apply(pod("b-1", "b", "10.0.0.12"))
+    await asyncio.sleep(0.1)
+    store.apply(pod("a-1", "a", "10.0.0.21"))
+    await stream.nothing(0.3)
+    stream.send(types.ENDPOINT, names, second.nonce, second.version_info)
+    third = await stream.receive(0.5)
+    assert held(third) == {names[0]: {"10.0.0.21"}, names[1]: {"10.0.0.12"}}
+    # A client that never answers gets them all the same, a moment later (connection.ANSWER_WAIT).
+    store.apply(pod("b-1", "b", "10.0.0.22"))
+    assert held(await stream.receive(3)) == {names[1]: {"10.0.0.22"}}
+    store.apply(pod("b-1", "b", "10.0.0.32"))
+    assert held(await stream.receive(3)) == {names[1]: {"10.0.0.32"}}

@@ -262,3 +262,42 @@ spec: {{host: api.external.test, trafficPolicy: {{tls: {tls}}}}}
     assert _validation(cluster("{mode: SIMPLE, subjectAltNames: [other.test]}")) == [
         (dns, "other.test"), (uri, "other.test")]
     assert _validation(cluster("{mode: SIMPLE, insecureSkipVerify: true}")) == []
+
+
+def test_config_shared_by_proxies_alike_is_each_proxys_own_and_follows_the_snapshot() -> None:
+    """One cache for every proxy, as the ADS server has: what proxies of one namespace and labels
+    share (istiod/xds/cache.ResourceCache.per_snapshot) never leaks to a proxy that differs, nor
+    outlives its snapshot; each gets what a cache of its own would give it."""
+    selected = SIDECAR_RESOURCE.replace("spec:\n", "spec:\n  workloadSelector: {labels: {app: web}}\n")
+    proxies = [proxy_from_node(NODE, {"LABELS": {"app": "web"}}),
+               proxy_from_node("sidecar~127.0.0.33~web-2.shop~shop.svc.cluster.local", {"LABELS": {"app": "web"}}),
+               proxy_from_node("sidecar~127.0.0.32~db-1.shop~shop.svc.cluster.local", {"LABELS": {"app": "db"}}),
+               proxy_from_node("sidecar~127.0.0.34~x-1.other~other.svc.cluster.local", {"LABELS": {"app": "web"}})]
+    shared = ResourceCache()
+    for snap in (snapshot(selected), snapshot(), snapshot(selected)):
+        for type_url, generator in SIDECAR.items():
+            for proxy in proxies:
+                for names in (None, [f"outbound|5432||{DB}", "80", "0.0.0.0_80"]):
+                    got = {r.name: r.value for r in generator(snap, proxy, names, shared)}
+                    own = {r.name: r.value for r in generator(snap, proxy, names, ResourceCache())}
+                    assert got == own, (type_url, proxy.id, names)
+    web = proxy_from_node(NODE, {"LABELS": {"app": "web"}})
+    rpc = "outbound|7070||rpc.shop.svc.cluster.local"
+    assert rpc not in {r.name for r in SIDECAR[types.CLUSTER](snap, web, None, shared)}  # the Sidecar narrows web's view...
+    db = proxy_from_node("sidecar~127.0.0.32~db-1.shop~shop.svc.cluster.local", {"LABELS": {"app": "db"}})
+    assert rpc in {r.name for r in SIDECAR[types.CLUSTER](snap, db, None, shared)}  # ...not db's
+
+
+def test_results_per_snapshot_are_made_once_per_key_and_snapshot() -> None:
+    cache, made = ResourceCache(), []
+    first, second = snapshot(), snapshot()
+
+    def build(what: str) -> list[str]:
+        made.append(what)
+        return [what]
+
+    assert cache.per_snapshot(first, "a", lambda: build("a1")) == ["a1"]
+    assert cache.per_snapshot(first, "a", lambda: build("a2")) == ["a1"]
+    assert cache.per_snapshot(first, "b", lambda: build("b1")) == ["b1"]
+    assert cache.per_snapshot(second, "a", lambda: build("a3")) == ["a3"]
+    assert made == ["a1", "b1", "a3"]

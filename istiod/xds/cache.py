@@ -7,12 +7,16 @@ unchanged values, so identity is a cheap and exact dependency check.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2
 from google.protobuf.message import Message
+
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -68,6 +72,8 @@ class ResourceCache:
         self._entries: dict[tuple[str, str, str], _Entry] = {}
         self._generation = 0
         self.hits = 0
+        self._shared_of: object = None  # the snapshot `_shared` holds results of
+        self._shared: dict[Hashable, Any] = {}
 
     def get(self, type_url: str, name: str, depends_on: object, build: Callable[[], Message],
             scope: str = "") -> Resource:
@@ -82,6 +88,19 @@ class ResourceCache:
         resource = Resource(name, type_url, build().SerializeToString(deterministic=True))
         self._entries[key] = _Entry(depends_on, resource, self._generation)
         return resource
+
+    def per_snapshot(self, snapshot: object, key: Hashable, build: Callable[[], _T]) -> _T:
+        """What `build` makes of `snapshot`, made once per snapshot for every caller with the same `key`,
+        which must name everything else the result depends on (the function, and the proxy's namespace
+        and labels, say): 500 Envoys alike asking for every cluster share one list instead of making
+        one each. Only the latest snapshot's results are kept."""
+        if snapshot is not self._shared_of:
+            self._shared_of, self._shared = snapshot, {}
+        try:
+            return self._shared[key]  # type: ignore[no-any-return]
+        except KeyError:
+            made = self._shared[key] = build()
+            return made
 
     def sweep(self) -> None:
         """Drop entries no push used since the previous sweep; they rebuild if needed again."""

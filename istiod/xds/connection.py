@@ -13,9 +13,13 @@ import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
 from istiod.model.proxy import Proxy
+from istiod.xds import types
 from istiod.xds.cache import Resource
 
 _connection_numbers = itertools.count(1)
+# At most how long a push of endpoints only waits for the client to answer the previous endpoints
+# response (see Connection.next_event).
+ANSWER_WAIT = 1.0
 _process_tag = ""  # an xDS worker's, so connection IDs stay unique across istiod's processes
 
 
@@ -178,15 +182,33 @@ class Connection:
 
     async def next_event(self) -> Event:
         # Requests first, as istiod does: they are cheap (mostly ACKs) and a starting client waits on them.
+        loop = asyncio.get_running_loop()
         while True:
             if (request := self._request) is not None:
                 self._request = None
                 _resolve(self._taken)
                 return request
-            if self._push_queued:
+            held = self._unanswered() if self._push_queued else 0.0
+            if self._push_queued and held <= 0:
                 return self.PUSH
-            self._woken = asyncio.get_running_loop().create_future()
+            self._woken = loop.create_future()
+            timer = loop.call_later(held, _resolve, self._woken) if held > 0 else None
             await self._woken
+            if timer is not None:
+                timer.cancel()
+
+    def _unanswered(self) -> float:
+        """Seconds a queued push of endpoints only is still to wait for a state-of-the-world client to
+        answer (ACK or NACK) the previous endpoints response; 0: none. Under endpoint churn the changes
+        made meanwhile then go in one response, and one ACK naming every cluster the client watches,
+        rather than one each. Not for delta clients, whose ACKs name nothing: the wait (an ACK's trip
+        through a busy server) cost their churn latency more than the responses it saved."""
+        scope = self._push_scope
+        watched = self.watched.get(types.ENDPOINT)
+        if self.delta or scope is None or scope.keys() != {types.ENDPOINT} or watched is None or \
+                watched.nonce_sent in ("", watched.nonce_acked, watched.nacked_nonce):
+            return 0.0
+        return watched.sent_at + ANSWER_WAIT - time.time()
 
     def push_started(self) -> tuple[float, PushScope | None]:
         """Seconds the push waited in this connection's queue, and what it must regenerate."""

@@ -214,8 +214,19 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             log.warning("ads id=%s asked for unsupported type %s; not answered", connection.id, type_url)
             return []
         watched = connection.watched.get(type_url)
-        # A name asked for twice is sent once; interned, so the connections asking for it share one string.
-        names = list(dict.fromkeys(map(sys.intern, request.resource_names)))
+        if watched is not None and request.response_nonce and request.response_nonce != watched.nonce_sent:
+            # Stale, names and all: a reply to a response the client has since been sent a newer one of
+            # (under churn many are: pushes overtake the replies to earlier ones).
+            return []
+        requested = request.resource_names
+        if (watched is not None and watched.names is not None and request.response_nonce
+                and len(requested) == len(watched.names) and requested == watched.names):
+            # An ACK naming what is watched (an Envoy's EDS ACK names every cluster, once per response):
+            # compared as it is, not made a list of interned names again (three times the cost).
+            names = watched.names
+        else:
+            # A name asked for twice is sent once; interned, so the connections asking for it share one string.
+            names = list(dict.fromkeys(map(sys.intern, requested)))
         if len(names) > MAX_RESOURCE_NAMES:
             raise StreamClosed(Closed(grpc.StatusCode.INVALID_ARGUMENT,
                                       f"{len(names)} resource names in one request; at most {MAX_RESOURCE_NAMES}"))
@@ -225,8 +236,6 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             watched = connection.watched[type_url] = WatchedResource(type_url, None if wildcard else names)
             self.watchers.watch(connection, type_url, watched.names)
             return [self._respond(watched, snapshot, self._generate(connection, watched, snapshot))]
-        if request.response_nonce != watched.nonce_sent:
-            return []  # stale: a reply to a response the client has since been sent a newer one of
         if request.HasField("error_detail"):
             self._nack(connection, watched, request)
             return []
@@ -312,7 +321,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                 # Some assignments only, and those whose clusters were just sent (see below and
                 # Connection.endpoints_due): the client keeps the others it holds, in SotW too.
                 names = names | changed_clusters | connection.endpoints_due
-                wanted = sorted(names if watched.names is None else names.intersection(watched.names))
+                wanted = sorted(names if watched.names is None else self.watchers.watching(connection, type_url, names))
                 fresh = self._generate(connection, watched, snapshot, wanted)
                 sent = watched.sent if isinstance(watched.sent, Held) else Held.of(list(watched.sent.values()))
                 held_after = sent.updated(fresh)

@@ -10,6 +10,7 @@ name); listeners and routes do not, except a pod's own inbound side, which the p
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable, Hashable, Iterable
 from typing import TypeVar
@@ -84,6 +85,13 @@ class Watchers:
                     del by_key[key]
         watching[type_url] = new
 
+    def watching(self, connection: Connection, type_url: str, names: Iterable[str]) -> set[str]:
+        """Those of `names` (cluster names) that the connection watches of the type, found in the
+        index: O(len(names)), where the connection's own list (an Envoy's names every cluster) is O(all)."""
+        by_key = self._by_key[type_url]
+        return {name for name in names
+                if (key := _key(name)) is not None and name in by_key.get(key, {}).get(connection, ())}
+
     def woken(self, change: Changes) -> dict[Connection, PushScope | None]:
         """The connections the changes concern and what each must regenerate (None: everything)."""
         endpoints = change.endpoints
@@ -130,6 +138,9 @@ def _shared(names: set[str]) -> frozenset[str]:
 _names: weakref.WeakValueDictionary[frozenset[str], frozenset[str]] = weakref.WeakValueDictionary()
 
 
+# Remembered: 500 Envoys each watch, and at the end unwatch, the same 1000 names. Bounded, as a
+# client may name anything.
+@functools.lru_cache(maxsize=1 << 16)
 def _key(name: str) -> Key | None:
     """The service port an `outbound|<port>|<subset>|<host>` cluster name refers to."""
     try:

@@ -59,6 +59,11 @@ def clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: R
 def outbound_clusters(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[Resource]:
     """An `outbound|<port>|<subset>|<host>` cluster per port and subset of every service the proxy
     sees; gateways have the same ones."""
+    key = ("outbound clusters", proxy.namespace, proxy.labels)  # what targets.py reads of a proxy
+    return list(cache.per_snapshot(snapshot, key, lambda: _outbound_clusters(snapshot, proxy, cache)))
+
+
+def _outbound_clusters(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[Resource]:
     result = []
     seen: set[str] = set()  # a service port may be on two egress listeners: one cluster
     for target in outbound_ports(snapshot, proxy):

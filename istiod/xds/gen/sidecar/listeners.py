@@ -71,6 +71,29 @@ log = logging.getLogger(__name__)
 
 
 def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
+    key = ("outbound listeners", proxy.namespace, proxy.labels)  # what outbound_ports reads of a proxy
+    result = list(cache.per_snapshot(snapshot, key, lambda: _outbound(snapshot, proxy, cache)))
+    inbound = inbound_ports(snapshot, proxy)
+    # PeerAuthentication per port (port 0: ports no service names), the AuthorizationPolicies
+    # (translated as for proxyless servers) and RequestAuthentications selecting the workload.
+    modes = {port: inbound_mtls_mode(snapshot, proxy, port) for port in (0, *(p.port for p in inbound))}
+    policies = authorization_policies(snapshot, proxy)
+    jwt = request_authentications(snapshot, proxy)
+    # Proxies whose pods serve the same ports under the same policies share one copy: the scope
+    # says what it holds.
+    scope = ",".join(f"{p.port}/{p.protocol.value}" for p in inbound) + ":" + ",".join(
+        f"{port}={mode.value}" for port, mode in modes.items()) + ":" + ",".join(
+        str(p.meta) for p in policies) + ":" + ",".join(str(r.meta) for r in jwt)
+    result.append(cache.get(types.LISTENER, VIRTUAL_INBOUND, (*policies, *jwt), scope=scope,
+                            build=lambda: virtual_inbound(inbound, modes, policies, jwt)))
+    if names is not None:
+        wanted = set(names)
+        result = [r for r in result if r.name in wanted]
+    return result
+
+
+def _outbound(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[Resource]:
+    """virtualOutbound and a listener per outbound address and port."""
     policy = outbound_traffic_policy(snapshot, proxy)
     result = [cache.get(types.LISTENER, VIRTUAL_OUTBOUND, None, lambda: virtual_outbound(policy), scope=policy.value)]
     # One listener per address: Envoy refuses two of one name (two Services claiming one ClusterIP
@@ -108,22 +131,6 @@ def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
         if name not in named:  # else an HTTP port's listener has the address
             result.append(cache.get(types.LISTENER, name, tuple(t.service for t in targets),
                                     lambda: unaddressed_listener(number, targets, policy), scope=policy.value))
-    inbound = inbound_ports(snapshot, proxy)
-    # PeerAuthentication per port (port 0: ports no service names), the AuthorizationPolicies
-    # (translated as for proxyless servers) and RequestAuthentications selecting the workload.
-    modes = {port: inbound_mtls_mode(snapshot, proxy, port) for port in (0, *(p.port for p in inbound))}
-    policies = authorization_policies(snapshot, proxy)
-    jwt = request_authentications(snapshot, proxy)
-    # Proxies whose pods serve the same ports under the same policies share one copy: the scope
-    # says what it holds.
-    scope = ",".join(f"{p.port}/{p.protocol.value}" for p in inbound) + ":" + ",".join(
-        f"{port}={mode.value}" for port, mode in modes.items()) + ":" + ",".join(
-        str(p.meta) for p in policies) + ":" + ",".join(str(r.meta) for r in jwt)
-    result.append(cache.get(types.LISTENER, VIRTUAL_INBOUND, (*policies, *jwt), scope=scope,
-                            build=lambda: virtual_inbound(inbound, modes, policies, jwt)))
-    if names is not None:
-        wanted = set(names)
-        result = [r for r in result if r.name in wanted]
     return result
 
 

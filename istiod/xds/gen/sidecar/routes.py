@@ -28,6 +28,12 @@ BLOCKED_STATUS = 502
 
 
 def routes(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
+    # Of a proxy, they read its namespace and labels only.
+    key = ("sidecar routes", proxy.namespace, proxy.labels, None if names is None else tuple(names))
+    return list(cache.per_snapshot(snapshot, key, lambda: _routes(snapshot, proxy, names, cache)))
+
+
+def _routes(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
     by_port: dict[int, list[OutboundPort]] = {}
     for target in outbound_ports(snapshot, proxy):
         if target.protocol.is_http:
