@@ -7,7 +7,7 @@ unchanged values, so identity is a cheap and exact dependency check.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3 import discovery_pb2
@@ -68,6 +68,8 @@ class ResourceCache:
         self._entries: dict[tuple[str, str, str], _Entry] = {}
         self._generation = 0
         self.hits = 0
+        self._snapshot: object = None
+        self._shared: dict[Hashable, dict[str, Resource | None]] = {}
 
     def get(self, type_url: str, name: str, depends_on: object, build: Callable[[], Message],
             scope: str = "") -> Resource:
@@ -82,6 +84,16 @@ class ResourceCache:
         resource = Resource(name, type_url, build().SerializeToString(deterministic=True))
         self._entries[key] = _Entry(depends_on, resource, self._generation)
         return resource
+
+    def shared(self, snapshot: object, key: Hashable) -> dict[str, Resource | None]:
+        """What a generator made of each name for every proxy that `key` stands for (see
+        gen.shared_by_name), under `snapshot` only: a new one starts them all afresh."""
+        if snapshot is not self._snapshot:
+            self._snapshot, self._shared = snapshot, {}
+        table = self._shared.get(key)
+        if table is None:
+            table = self._shared[key] = {}
+        return table
 
     def sweep(self) -> None:
         """Drop entries no push used since the previous sweep; they rebuild if needed again."""
