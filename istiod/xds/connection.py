@@ -146,11 +146,14 @@ class Connection:
         self._push_queued = False
         self._push_scope: PushScope | None = None
         self._queued_at = 0.0
+        # Made within the stream's task. Held: asyncio.get_running_loop() makes a getpid() system call
+        # each time, and every request and push waits on a new future.
+        self._loop = asyncio.get_running_loop()
 
     async def received(self, request: Request | Closed) -> None:
         """From the reader: waits while the previous request is still unhandled."""
         while self._request is not None:
-            self._taken = asyncio.get_running_loop().create_future()
+            self._taken = self._loop.create_future()
             await self._taken
         self._request = request
         _resolve(self._woken)
@@ -185,7 +188,7 @@ class Connection:
                 return request
             if self._push_queued:
                 return self.PUSH
-            self._woken = asyncio.get_running_loop().create_future()
+            self._woken = self._loop.create_future()
             await self._woken
 
     def push_started(self) -> tuple[float, PushScope | None]:
