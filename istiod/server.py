@@ -244,6 +244,11 @@ class Discovery:
         # and again (bench/connect.py: GC during a storm of 2000 from 1.0 to 0.6 s CPU).
         gc.collect()
         gc.freeze()
+        # Collections rarer than Python's default (700, 10, 10): a push to thousands of connections
+        # allocates far more than 700 objects, live across the clients' round trips, so each was walked
+        # again and again; and under endpoint churn, which makes no cyclic garbage, a full collection of
+        # 0.2 s (2000 connections) ran every 12 s. A load bench (bench/load.py, N=2000): GC CPU 3.1 -> 0.6 s.
+        gc.set_threshold(20_000, 20, 20)
         self.ads.ready = True
         if self.workers is not None:
             self.workers.set_ready(True)

@@ -150,11 +150,14 @@ class Connection:
         self._push_queued = False
         self._push_scope: PushScope | None = None
         self._queued_at = 0.0
+        # Made within the stream's task. Held: asyncio.get_running_loop() makes a getpid() system call
+        # each time, and every request and push waits on a new future.
+        self._loop = asyncio.get_running_loop()
 
     async def received(self, request: Request | Closed) -> None:
         """From the reader: waits while the previous request is still unhandled."""
         while self._request is not None:
-            self._taken = asyncio.get_running_loop().create_future()
+            self._taken = self._loop.create_future()
             await self._taken
         self._request = request
         _resolve(self._woken)
@@ -182,7 +185,6 @@ class Connection:
 
     async def next_event(self) -> Event:
         # Requests first, as istiod does: they are cheap (mostly ACKs) and a starting client waits on them.
-        loop = asyncio.get_running_loop()
         while True:
             if (request := self._request) is not None:
                 self._request = None
@@ -191,8 +193,8 @@ class Connection:
             held = self._unanswered() if self._push_queued else 0.0
             if self._push_queued and held <= 0:
                 return self.PUSH
-            self._woken = loop.create_future()
-            timer = loop.call_later(held, _resolve, self._woken) if held > 0 else None
+            self._woken = self._loop.create_future()
+            timer = self._loop.call_later(held, _resolve, self._woken) if held > 0 else None
             await self._woken
             if timer is not None:
                 timer.cancel()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sys
 import time
-import uuid
 
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
@@ -89,7 +88,7 @@ def respond(
         removed = [n for n in watched.sent if n not in names]
     if not changed and not removed and not always:
         return None
-    watched.nonce_sent = uuid.uuid4().hex
+    watched.nonce_sent = wire.nonce()
     watched.version_sent = snapshot.version
     watched.sent = Held.of(current) if held is None else held
     watched.sent_at = time.time()

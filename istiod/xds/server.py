@@ -7,7 +7,6 @@ import dataclasses
 import logging
 import sys
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeAlias
 
@@ -368,7 +367,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
     ) -> Response:
         """`resources` is what the client holds after this response (a Held when already made);
         `carried`, when only part of it goes (EDS), what the response holds."""
-        watched.nonce_sent = uuid.uuid4().hex
+        watched.nonce_sent = wire.nonce()
         watched.version_sent = snapshot.version
         held = watched.sent = resources if isinstance(resources, Held) else Held.of(resources)
         watched.sent_at = time.time()

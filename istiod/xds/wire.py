@@ -9,11 +9,24 @@ be sent. The ADS handlers send these bytes as they are (server.add_to_server).
 
 from __future__ import annotations
 
+import itertools
+import os
 from dataclasses import dataclass
 
 from envoy.service.discovery.v3 import discovery_pb2
 
 from istiod.xds.cache import Resource
+
+
+# Nonces need only differ between this process's responses (and from another istiod's or worker's, to
+# which a client may carry one over): a random prefix and a counter, not a uuid4 per response (a
+# getrandom call and a UUID object each, a few percent of a connect storm's CPU).
+_nonce_prefix = os.urandom(6).hex()
+_nonce_numbers = itertools.count(1)
+
+
+def nonce() -> str:
+    return f"{_nonce_prefix}{next(_nonce_numbers):x}"
 
 
 @dataclass(frozen=True, slots=True)

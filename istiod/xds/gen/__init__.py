@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from istiod.model.names import INBOUND_LISTENER_PREFIX
 from istiod.model.proxy import Proxy
 from istiod.model.snapshot import Snapshot
 from istiod.xds import types
@@ -20,11 +21,41 @@ from istiod.xds.gen.sidecar import clusters, listeners, routes
 
 Generator = Callable[[Snapshot, Proxy, list[str] | None, ResourceCache], list[Resource]]
 
+
+def shared_by_name(generate: Generator) -> Generator:
+    """`generate` with what it makes of each name made once per snapshot for every proxy of the same
+    namespace and labels. For proxyless clients, which name what they watch, an outbound resource
+    depends on nothing else of the proxy (the Services exported to its namespace and the bare names
+    there, its Sidecar, DestinationRule and VirtualService, its routes' source): in a connect storm, or
+    a push that wakes thousands of clients watching a few names each, most are asked for again and
+    again. Inbound listeners (the proxy's addresses and policies) and wildcards are made as before."""
+    def generate_shared(snapshot: Snapshot, proxy: Proxy, names: list[str] | None,
+                        cache: ResourceCache) -> list[Resource]:
+        if names is None:
+            return generate(snapshot, proxy, names, cache)
+        key = (generate, proxy.namespace, proxy.labels)
+        made: dict[str, Resource | None] = cache.per_snapshot(snapshot, key, dict)
+        result, inbound = [], []
+        for name in names:
+            if name.startswith(INBOUND_LISTENER_PREFIX):
+                inbound.append(name)
+                continue
+            if name in made:
+                resource = made[name]
+            else:  # at most one resource per name; none for a name that names nothing this proxy sees
+                resource = made[name] = next(iter(generate(snapshot, proxy, [name], cache)), None)
+            if resource is not None:
+                result.append(resource)
+        return result + generate(snapshot, proxy, inbound, cache) if inbound else result
+
+    return generate_shared
+
+
 PROXYLESS_GRPC: dict[str, Generator] = {
-    types.LISTENER: grpc.listeners,
-    types.ROUTE: grpc.routes,
-    types.CLUSTER: grpc.clusters,
-    types.ENDPOINT: eds.endpoints,
+    types.LISTENER: shared_by_name(grpc.listeners),
+    types.ROUTE: shared_by_name(grpc.routes),
+    types.CLUSTER: shared_by_name(grpc.clusters),
+    types.ENDPOINT: shared_by_name(eds.assignments),
 }
 SIDECAR: dict[str, Generator] = {
     types.CLUSTER: clusters.clusters,

@@ -25,10 +25,11 @@ TRANSPORT_SOCKET_MATCH = "envoy.transport_socket_match"
 def endpoints(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
     # What a proxy sees of clusters depends on its namespace and labels only (targets.py).
     key = ("eds", proxy.namespace, proxy.labels, None if names is None else tuple(names))
-    return list(cache.per_snapshot(snapshot, key, lambda: _endpoints(snapshot, proxy, names, cache)))
+    return list(cache.per_snapshot(snapshot, key, lambda: assignments(snapshot, proxy, names, cache)))
 
 
-def _endpoints(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
+def assignments(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
+    """The assignments themselves, made anew (proxyless clients share them by name instead)."""
     result = []
     for target in outbound_clusters(snapshot, proxy, names):
         if target.service.dns_resolved:
