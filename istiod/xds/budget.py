@@ -1,11 +1,11 @@
 """A budget of bytes shared by every ADS stream's writes: how much of the responses is in gRPC's send
 buffers at once, all streams together.
 
-gRPC completes a write only once the client's flow-control window has taken it, so in a connect storm
-of Envoys (each first sent ~1000 clusters and their assignments, ~200 kB a response) every stream's
-first responses sat in the send buffers at the same time, twice (the bytes given to gRPC and its
-copy): the server's peak RSS was over twice its steady RSS. Writes beyond the budget wait their turn,
-first come first served; the time a write waits here does not count against the send timeout.
+gRPC completes a write only once the client's flow control has taken it, so when a change reached
+every Envoy at once (a new Service: each sent ~1000 clusters and their assignments, ~200 kB a
+response) every stream's responses sat in the send buffers together, twice (the bytes given to gRPC
+and its copy): with 500 Envoy-like clients the server's RSS went from ~400 to 796 MB. Writes beyond
+the budget wait their turn, first come first served; the wait does not count against the send timeout.
 """
 
 from __future__ import annotations
