@@ -20,6 +20,7 @@ from istiod.model.proxy import NodeIdError, Proxy, proxy_from_node
 from istiod.model.snapshot import Snapshot
 from istiod.xds import delta, types, wire
 from istiod.xds.admission import RateLimited, RequestLimiter
+from istiod.xds.budget import ByteBudget
 from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.changes import changes
 from istiod.xds.connection import Closed, Connection, Event, Held, PushScope, Request, StreamClosed, WatchedResource
@@ -38,11 +39,13 @@ MAX_RESOURCE_NAMES = 100_000
 Authorizer = Callable[[Proxy, grpc.aio.ServicerContext], Awaitable[None]]
 Response: TypeAlias = wire.Outgoing
 SERVICE = ads_pb2.DESCRIPTOR.services_by_name["AggregatedDiscoveryService"].full_name
+# Bytes of responses being written at once, all streams together (see istiod/xds/budget.py).
+SEND_BUDGET = 32 << 20
 
 
 class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
     def __init__(self, snapshot: Callable[[], Snapshot], push_concurrency: int = 100, send_timeout: float = 5.0,
-                 max_requests_per_second: float = 0.0) -> None:
+                 max_requests_per_second: float = 0.0, send_budget: int = SEND_BUDGET) -> None:
         self._snapshot = snapshot
         self.cache = ResourceCache()
         self.connections: dict[str, Connection] = {}
@@ -55,6 +58,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self._push_slots = asyncio.Semaphore(push_concurrency)
         self.send_timeout = send_timeout  # 0: none (PILOT_XDS_SEND_TIMEOUT)
         self.admission = RequestLimiter(max_requests_per_second)  # PILOT_MAX_REQUESTS_PER_SECOND
+        self._send_budget = ByteBudget(send_budget)
 
     def on_push(self, event: PushEvent) -> None:
         """Wakes the connections the change concerns: for a change of endpoints and pods, those
@@ -170,6 +174,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                     deadline: _SendDeadline | None, response: Response) -> None:
         """One response at a time per stream: a client that does not read holds back only its own stream,
         and after the send timeout that stream is closed (istiod's "Timeout writing")."""
+        held = await self._send_budget.acquire(response.size)
         try:
             if deadline is None:
                 await context.write(bytes(response))
@@ -180,6 +185,8 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             log.warning(logs.event("ads send timeout; closing the stream", id=connection.id,
                                    type=types.short_name(response.type_url), timeout=f"{self.send_timeout:g}s"))
             raise StreamClosed(Closed(grpc.StatusCode.DEADLINE_EXCEEDED, "timeout sending")) from None
+        finally:
+            self._send_budget.release(held)
 
     StreamAggregatedResources = stream  # the plaintext port: no caller checks, as in istiod
 
