@@ -18,6 +18,7 @@ from istiod.xds.gen.gateway import listeners as gateway_listeners
 from istiod.xds.gen.gateway import routes as gateway_routes
 from istiod.xds.gen.gateway import secrets as gateway_secrets
 from istiod.xds.gen.sidecar import clusters, listeners, routes
+from istiod.xds.gen.targets import alike
 
 Generator = Callable[[Snapshot, Proxy, list[str] | None, ResourceCache], list[Resource]]
 
@@ -33,8 +34,7 @@ def shared_by_name(generate: Generator) -> Generator:
                         cache: ResourceCache) -> list[Resource]:
         if names is None:
             return generate(snapshot, proxy, names, cache)
-        key = (generate, proxy.namespace, proxy.labels)
-        made: dict[str, Resource | None] = cache.per_snapshot(snapshot, key, dict)
+        made: dict[str, Resource | None] = cache.per_snapshot(snapshot, (generate, alike(proxy)), dict)
         result, inbound = [], []
         for name in names:
             if name.startswith(INBOUND_LISTENER_PREFIX):

@@ -15,7 +15,7 @@ from istiod.model.snapshot import Snapshot
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.gen.policy import subset_endpoints
-from istiod.xds.gen.targets import outbound_clusters
+from istiod.xds.gen.targets import alike, outbound_clusters
 
 TLS_MODE_LABEL = "security.istio.io/tlsMode"
 # Where a cluster's transport_socket_matches look for an endpoint's tlsMode (auto mTLS).
@@ -23,8 +23,7 @@ TRANSPORT_SOCKET_MATCH = "envoy.transport_socket_match"
 
 
 def endpoints(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
-    # What a proxy sees of clusters depends on its namespace and labels only (targets.py).
-    key = ("eds", proxy.namespace, proxy.labels, None if names is None else tuple(names))
+    key = ("eds", alike(proxy), None if names is None else tuple(names))
     return list(cache.per_snapshot(snapshot, key, lambda: assignments(snapshot, proxy, names, cache)))
 
 

@@ -29,6 +29,13 @@ class ClusterTarget:
     subset: Subset | None = None
 
 
+def alike(proxy: Proxy) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """All that this module's lookups read of a proxy: proxies alike in it see the same outbound
+    config, so generators share what they make under this key (ResourceCache.per_snapshot). A lookup
+    that reads more of a proxy must add it here."""
+    return proxy.namespace, proxy.labels
+
+
 def sidecar_resource(snapshot: Snapshot, proxy: Proxy) -> Sidecar | None:
     """The Sidecar resource that applies to the proxy, if any (istiod's lookup order)."""
     return snapshot.config.sidecar_for(proxy.namespace, dict(proxy.labels), snapshot.mesh.root_namespace)

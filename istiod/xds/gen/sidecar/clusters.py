@@ -24,7 +24,7 @@ from istiod.xds.gen.eds import dns_load_assignment
 from istiod.xds.gen.filters import ads_source, pack
 from istiod.xds.gen.policy import apply_policy, effective_policy, subset_endpoints, upstream_mtls
 from istiod.xds.gen.sidecar.ports import OutboundPort, inbound_ports, outbound_ports
-from istiod.xds.gen.targets import destination_rule
+from istiod.xds.gen.targets import alike, destination_rule
 from istiod.xds.gen.tls import destination_identities, originated_tls, raw_buffer, sds_upstream_tls
 
 BLACKHOLE = "BlackHoleCluster"
@@ -59,8 +59,8 @@ def clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: R
 def outbound_clusters(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[Resource]:
     """An `outbound|<port>|<subset>|<host>` cluster per port and subset of every service the proxy
     sees; gateways have the same ones."""
-    key = ("outbound clusters", proxy.namespace, proxy.labels)  # what targets.py reads of a proxy
-    return list(cache.per_snapshot(snapshot, key, lambda: _outbound_clusters(snapshot, proxy, cache)))
+    return list(cache.per_snapshot(snapshot, ("outbound clusters", alike(proxy)),
+                                   lambda: _outbound_clusters(snapshot, proxy, cache)))
 
 
 def _outbound_clusters(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[Resource]:

@@ -58,7 +58,7 @@ from istiod.xds.gen.sidecar.ports import (
 from istiod.xds.gen.authn import jwt_filter
 from istiod.xds.gen.rbac import authorization_filters, tcp_authorization_filters
 from istiod.xds.gen.security import authorization_policies, inbound_mtls_mode, request_authentications
-from istiod.xds.gen.targets import outbound_traffic_policy, route_inputs
+from istiod.xds.gen.targets import alike, outbound_traffic_policy, route_inputs
 from istiod.xds.gen.tls import HTTP_ALPN, MESH_ALPN_MATCH, sds_downstream_tls
 
 VIRTUAL_OUTBOUND = "virtualOutbound"
@@ -71,8 +71,8 @@ log = logging.getLogger(__name__)
 
 
 def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
-    key = ("outbound listeners", proxy.namespace, proxy.labels)  # what outbound_ports reads of a proxy
-    result = list(cache.per_snapshot(snapshot, key, lambda: _outbound(snapshot, proxy, cache)))
+    result = list(cache.per_snapshot(snapshot, ("outbound listeners", alike(proxy)),
+                                     lambda: _outbound(snapshot, proxy, cache)))
     inbound = inbound_ports(snapshot, proxy)
     # PeerAuthentication per port (port 0: ports no service names), the AuthorizationPolicies
     # (translated as for proxyless servers) and RequestAuthentications selecting the workload.

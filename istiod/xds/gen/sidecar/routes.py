@@ -22,14 +22,13 @@ from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.gen.routes import default_route, http_routes
 from istiod.xds.gen.sidecar.clusters import PASSTHROUGH
 from istiod.xds.gen.sidecar.ports import OutboundPort, outbound_ports
-from istiod.xds.gen.targets import hash_lookup, outbound_traffic_policy, route_inputs
+from istiod.xds.gen.targets import alike, hash_lookup, outbound_traffic_policy, route_inputs
 
 BLOCKED_STATUS = 502
 
 
 def routes(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
-    # Of a proxy, they read its namespace and labels only.
-    key = ("sidecar routes", proxy.namespace, proxy.labels, None if names is None else tuple(names))
+    key = ("sidecar routes", alike(proxy), None if names is None else tuple(names))
     return list(cache.per_snapshot(snapshot, key, lambda: _routes(snapshot, proxy, names, cache)))
 
 
