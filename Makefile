@@ -24,9 +24,12 @@ $(STAMP): $(BASE)
 	$(BIN)/pip install -e '.[test]'
 	touch $(STAMP)
 
-# An explicit --config-dir: KUBECONFIG in the environment does not turn this into cluster mode.
+# An explicit --config-dir: KUBECONFIG in the environment does not turn this into cluster mode. The
+# README's `istiod agent` walkthrough dials 127.0.0.1:15012 with deploy/demo-ca's token: the demo's
+# certificate names that IP, and its CA takes that token (a stand-in for TokenReview, demo only).
+RUN_ARGS := --config-dir deploy/demo --ca-static-tokens deploy/demo-ca/tokens.json --tls-extra-san 127.0.0.1 --tls-extra-san localhost
 run: $(BASE)
-	$(BIN)/istiod discovery --config-dir deploy/demo
+	$(BIN)/istiod discovery $(RUN_ARGS)
 
 # -rfEs: the summary names every failure, error and skip (with its reason). tests/ and e2e/ run as
 # two sessions, so that an end of the first, even a crash, still lets e2e/ run; either failing fails.
