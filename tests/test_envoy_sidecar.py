@@ -227,7 +227,7 @@ async def test_a_rejected_listener_shows_nacked_and_the_last_good_config_serves(
     loopback = Address("127.0.0.1", 0)
     discovery = Discovery(Settings(
         config_dir=mesh_dir, grpc_addr=loopback, http_addr=loopback, monitoring_addr=loopback,
-        secure_grpc_addr=loopback, poll_interval=0.1, debounce_after=0.05,
+        secure_grpc_addr=loopback, webhook_addr=loopback, poll_interval=0.1, debounce_after=0.05,
         ca=CaSettings(state_dir=tmp_path / "state", extra_sans=("127.0.0.1",)),
     ))
     await discovery.start()

@@ -27,7 +27,7 @@ from tests.peers import eventually
 def settings(tmp_path: Path, mesh_dir: Path) -> Settings:
     loopback = Address("127.0.0.1", 0)
     return Settings(config_dir=mesh_dir, grpc_addr=loopback, http_addr=loopback, monitoring_addr=loopback,
-                    secure_grpc_addr=loopback, debounce_after=0.01, poll_interval=0.05,
+                    secure_grpc_addr=loopback, webhook_addr=loopback, debounce_after=0.01, poll_interval=0.05,
                     ports_file=tmp_path / "ports.json", ca=CaSettings(state_dir=tmp_path / "state"))
 
 
