@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from istiod.model.batch import CronJob, Job
+from istiod.model.cluster import Namespace
 from istiod.model.config import ConfigSet
 from istiod.model.credentials import TlsCredential
 from istiod.model.endpointslice import EndpointSlice
@@ -205,6 +206,7 @@ class Snapshot:
     credentials: Mapping[tuple[str, str], TlsCredential] = field(default_factory=dict)  # Secrets by (namespace, name)
     endpoint_slices: Mapping[tuple[str, str], EndpointSlice] = field(default_factory=dict)  # (namespace, name)
     nodes: Mapping[str, Locality] = field(default_factory=dict)  # by Node name
+    namespaces: Mapping[str, Namespace] = field(default_factory=dict)  # by name (their labels)
     # Derived from the fields above; given by the builder when it moved them from the previous snapshot.
     lookups: Lookups | None = field(default=None, compare=False, repr=False)
     selection: Selection | None = field(default=None, compare=False, repr=False)

@@ -1,0 +1,282 @@
+"""Pods, WorkloadEntries, ServiceEntry endpoints and Services -> istio.workload.Address, as istiod's
+ambient index builds them (pilot/pkg/serviceregistry/kube/controller/ambient/). Pure.
+
+Resource names: a workload's uid (`<cluster>//Pod/<ns>/<name>`,
+`<cluster>/networking.istio.io/WorkloadEntry/<ns>/<name>`,
+`<cluster>/networking.istio.io/ServiceEntry/<ns>/<name>/<address>`), a service's `<ns>/<hostname>`.
+Addresses are `<network>/<IP>` (one network here: the network is empty).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from istiod.gen.istio.workload import workload_pb2 as pb
+from istiod.model.config.common import selector_matches
+from istiod.model.config.networking import ServiceEntry, WorkloadEntry
+from istiod.model.mesh import DEFAULT_TRUST_DOMAIN, MeshConfig
+from istiod.model.names import DEFAULT_CLUSTER_ID
+from istiod.model.protocol import Protocol, parse, port_protocol
+from istiod.model.service import Locality, Service
+from istiod.model.snapshot import Snapshot
+from istiod.model.workload import AMBIENT_REDIRECTION_ANNOTATION, Workload
+from istiod.xds.gen.ztunnel.policies import workload_policies
+
+USE_WAYPOINT_LABEL = "istio.io/use-waypoint"
+USE_WAYPOINT_NAMESPACE_LABEL = "istio.io/use-waypoint-namespace"
+WAYPOINT_FOR_LABEL = "istio.io/waypoint-for"
+TUNNEL_LABEL = "networking.istio.io/tunnel"  # `http`: the workload terminates HBONE itself
+HBONE_PORT = 15008
+_APP_PROTOCOLS = {Protocol.HTTP: pb.HTTP11, Protocol.HTTP2: pb.HTTP2, Protocol.GRPC: pb.GRPC}
+_WORKLOAD_TYPES = {"Deployment": pb.DEPLOYMENT, "Job": pb.JOB, "CronJob": pb.CRONJOB}
+
+
+def pod_uid(namespace: str, name: str, cluster: str = DEFAULT_CLUSTER_ID) -> str:
+    return f"{cluster}//Pod/{namespace}/{name}"
+
+
+def workload_entry_uid(namespace: str, name: str, cluster: str = DEFAULT_CLUSTER_ID) -> str:
+    return f"{cluster}/networking.istio.io/WorkloadEntry/{namespace}/{name}"
+
+
+def entry_endpoint_uid(namespace: str, name: str, address: str, cluster: str = DEFAULT_CLUSTER_ID) -> str:
+    return f"{cluster}/networking.istio.io/ServiceEntry/{namespace}/{name}/{address}"
+
+
+def service_name(namespace: str, hostname: str) -> str:
+    return f"{namespace}/{hostname}"
+
+
+def trust_domain(mesh: MeshConfig) -> str:
+    """Sent only when it is not the default (ztunnel assumes cluster.local), as istiod does."""
+    return "" if mesh.trust_domain == DEFAULT_TRUST_DOMAIN else mesh.trust_domain
+
+
+def canonical_service(labels: Mapping[str, str], workload_name: str) -> tuple[str, str]:
+    """Istio's canonical service name and revision of a workload's labels."""
+    name = (labels.get("service.istio.io/canonical-name") or labels.get("app.kubernetes.io/name")
+            or labels.get("app") or workload_name)
+    revision = (labels.get("service.istio.io/canonical-revision") or labels.get("app.kubernetes.io/version")
+                or labels.get("version") or "latest")
+    return name, revision
+
+
+def _ip(address: str) -> bytes | None:
+    try:
+        return ipaddress.ip_address(address).packed
+    except ValueError:
+        return None
+
+
+def _locality(locality: Locality) -> pb.Locality | None:
+    if not (locality.region or locality.zone or locality.subzone):
+        return None
+    return pb.Locality(region=locality.region, zone=locality.zone, subzone=locality.subzone)
+
+
+@dataclass(frozen=True, slots=True)
+class Waypoint:
+    """A waypoint's Service (the one istiod deploys with a waypoint Gateway, named after it) and what
+    traffic it is for (`istio.io/waypoint-for` on it: service, workload, all or none)."""
+
+    service: Service
+
+    @property
+    def traffic(self) -> str:
+        return dict(self.service.labels).get(WAYPOINT_FOR_LABEL, "service")
+
+    def address(self) -> pb.GatewayAddress:
+        ip = _ip(self.service.cluster_ip)
+        if ip is not None:
+            return pb.GatewayAddress(address=pb.NetworkAddress(address=ip), hbone_mtls_port=HBONE_PORT)
+        return pb.GatewayAddress(hostname=pb.NamespacedHostname(namespace=self.service.namespace,
+                                                               hostname=self.service.hostname),
+                                 hbone_mtls_port=HBONE_PORT)
+
+
+def waypoint_for(snapshot: Snapshot, namespace: str, labels: Mapping[str, str], traffic: str) -> Waypoint | None:
+    """The waypoint that `istio.io/use-waypoint` names, on the object or else on its namespace
+    (`none` on the object opts out), if it exists and takes this kind of traffic."""
+    source = labels if USE_WAYPOINT_LABEL in labels else dict(_namespace_labels(snapshot, namespace))
+    name = source.get(USE_WAYPOINT_LABEL, "")
+    if not name or name == "none":
+        return None
+    waypoint_namespace = source.get(USE_WAYPOINT_NAMESPACE_LABEL) or namespace
+    assert snapshot.selection is not None
+    service = next((s for s in snapshot.selection.namespaces.get(waypoint_namespace, ()) if s.name == name), None)
+    if service is None:
+        return None
+    waypoint = Waypoint(service)
+    return waypoint if waypoint.traffic in (traffic, "all") else None
+
+
+def _namespace_labels(snapshot: Snapshot, namespace: str) -> tuple[tuple[str, str], ...]:
+    found = snapshot.namespaces.get(namespace)
+    return found.labels if found is not None else ()
+
+
+# --- Services ----------------------------------------------------------------------------------
+
+def kube_service(snapshot: Snapshot, service: Service) -> pb.Address:
+    """A Kubernetes Service: its cluster IP (none when headless), its ports with numeric target
+    ports (0 for a named one: each workload says its own), its waypoint."""
+    ip = _ip(service.cluster_ip)
+    result = pb.Service(
+        name=service.name, namespace=service.namespace, hostname=service.hostname,
+        addresses=[pb.NetworkAddress(address=ip)] if ip is not None else [],
+        ports=[pb.Port(service_port=p.port, target_port=p.target_port if isinstance(p.target_port, int) else 0,
+                       app_protocol=_APP_PROTOCOLS.get(port_protocol(p), pb.UNKNOWN))
+               for p in service.ports],
+        ip_families=_ip_families(service.cluster_ip),
+        canonical=True,
+    )
+    waypoint = waypoint_for(snapshot, service.namespace, dict(service.labels), "service")
+    if waypoint is not None and waypoint.service is not service:
+        result.waypoint.CopyFrom(waypoint.address())
+    return pb.Address(service=result)
+
+
+def _ip_families(cluster_ip: str) -> pb.IPFamilies:
+    try:
+        version = ipaddress.ip_address(cluster_ip).version
+    except ValueError:
+        return pb.AUTOMATIC  # headless: the API server's ipFamilies are not read here
+    return pb.IPV4_ONLY if version == 4 else pb.IPV6_ONLY
+
+
+def entry_services(snapshot: Snapshot, entry: ServiceEntry) -> list[tuple[str, pb.Address]]:
+    """A ServiceEntry's hosts, each a service with the entry's addresses, ports and SANs."""
+    addresses = [pb.NetworkAddress(address=network.network_address.packed, length=network.prefixlen)
+                 if network.prefixlen != network.max_prefixlen else pb.NetworkAddress(address=network.network_address.packed)
+                 for network in _networks(entry.addresses)]
+    ports = [pb.Port(service_port=p.number, target_port=p.target_port,
+                     app_protocol=_APP_PROTOCOLS.get(parse(p.protocol), pb.UNKNOWN)) for p in entry.ports]
+    waypoint = waypoint_for(snapshot, entry.meta.namespace, {}, "service")
+    result = []
+    for host in entry.hosts:
+        service = pb.Service(name=entry.meta.name, namespace=entry.meta.namespace, hostname=host,
+                             addresses=addresses, ports=ports, subject_alt_names=entry.subject_alt_names)
+        if waypoint is not None:
+            service.waypoint.CopyFrom(waypoint.address())
+        result.append((service_name(entry.meta.namespace, host), pb.Address(service=service)))
+    return result
+
+
+def _networks(values: Iterable[str]) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    result = []
+    for value in values:
+        try:
+            result.append(ipaddress.ip_network(value, strict=False))
+        except ValueError:
+            continue
+    return result
+
+
+# --- Workloads ---------------------------------------------------------------------------------
+
+def is_workload(pod: Workload) -> bool:
+    """A Pod with an IP that has not finished. Every such pod is one (ztunnel must know who a peer
+    is whatever its data plane), pending ones too (init containers may still run)."""
+    return _ip(pod.ip) is not None and not pod.terminal
+
+
+def pod_workload(snapshot: Snapshot, pod: Workload) -> pb.Address:
+    """A pod that `is_workload`; HBONE only once istio-cni redirects it (or it speaks HBONE itself)."""
+    ip = ipaddress.ip_address(pod.ip).packed
+    labels = pod.label_map()
+    name, kind = (pod.workload_name, _WORKLOAD_TYPES[pod.workload_kind]) if pod.workload_kind in _WORKLOAD_TYPES \
+        else (pod.name, pb.POD)
+    canonical_name, canonical_revision = canonical_service(labels, name)
+    workload = pb.Workload(
+        uid=pod_uid(pod.namespace, pod.name), name=pod.name, namespace=pod.namespace, addresses=[ip],
+        trust_domain=trust_domain(snapshot.mesh), service_account=pod.service_account, node=pod.node_name,
+        canonical_name=canonical_name, canonical_revision=canonical_revision, workload_type=kind,
+        workload_name=name, status=pb.HEALTHY if pod.ready else pb.UNHEALTHY, cluster_id=DEFAULT_CLUSTER_ID,
+        network_mode=pb.HOST_NETWORK if pod.host_network else pb.STANDARD,
+        authorization_policies=_policies(snapshot, pod.namespace, labels),
+    )
+    if dict(pod.annotations).get(AMBIENT_REDIRECTION_ANNOTATION) == "enabled":
+        workload.tunnel_protocol = pb.HBONE
+    if labels.get(TUNNEL_LABEL) == "http":
+        workload.tunnel_protocol, workload.native_tunnel = pb.HBONE, True
+    for key, ports in services_of(snapshot, pod.namespace, labels, dict(pod.container_ports)).items():
+        workload.services[key].ports.extend(ports)
+    _finish(snapshot, workload, pod.namespace, labels, pod.locality(snapshot.nodes.get(pod.node_name)))
+    return pb.Address(workload=workload)
+
+
+def _finish(snapshot: Snapshot, workload: pb.Workload, namespace: str, labels: Mapping[str, str],
+            locality: Locality) -> None:
+    waypoint = waypoint_for(snapshot, namespace, labels, "workload")
+    if waypoint is not None:
+        workload.waypoint.CopyFrom(waypoint.address())
+    where = _locality(locality)
+    if where is not None:
+        workload.locality.CopyFrom(where)
+
+
+def _policies(snapshot: Snapshot, namespace: str, labels: Mapping[str, str]) -> list[str]:
+    config = snapshot.config
+    return workload_policies(config.authorization_policies, config.peer_authentications, namespace, labels,
+                             snapshot.mesh.root_namespace)
+
+
+def services_of(snapshot: Snapshot, namespace: str, labels: Mapping[str, str],
+                named: Mapping[str, int]) -> dict[str, list[pb.Port]]:
+    """`ns/hostname` -> ports, of the Services of the namespace that select a workload and of the
+    ServiceEntries whose workloadSelector picks it. A Service's named target port is the workload's
+    port of that name (a port it does not name is left out, the service kept); a ServiceEntry's
+    target is the workload's port named as the entry's port, else its targetPort, else its number."""
+    result: dict[str, list[pb.Port]] = {}
+    assert snapshot.selection is not None
+    for service in snapshot.selection.namespaces.get(namespace, ()):
+        if not service.selector or not selector_matches(service.selector, labels):
+            continue
+        ports = result[service_name(service.namespace, service.hostname)] = []
+        for port in service.ports:
+            target = named.get(port.target_port) if isinstance(port.target_port, str) else port.target_port
+            if target is not None:
+                ports.append(pb.Port(service_port=port.port, target_port=target or port.port))
+    for entry in snapshot.config.service_entries:
+        if entry.meta.namespace == namespace and entry.workload_selector \
+                and selector_matches(entry.workload_selector, labels):
+            result.update(entry_ports(entry, named))
+    return result
+
+
+def entry_ports(entry: ServiceEntry, named: Mapping[str, int]) -> dict[str, list[pb.Port]]:
+    ports = [pb.Port(service_port=p.number, target_port=named.get(p.name) or p.target_port or p.number)
+             for p in entry.ports]
+    return {service_name(entry.meta.namespace, host): ports for host in entry.hosts}
+
+
+def workload_entry(snapshot: Snapshot, member: WorkloadEntry, uid: str) -> pb.Address:
+    """A standalone WorkloadEntry, in the services that select it as they would a pod."""
+    services = services_of(snapshot, member.meta.namespace, dict(member.labels), dict(member.ports))
+    return entry_workload(snapshot, member, uid, services)
+
+
+def entry_workload(snapshot: Snapshot, member: WorkloadEntry, uid: str,
+                   services: Mapping[str, list[pb.Port]]) -> pb.Address:
+    """A WorkloadEntry, or an inline ServiceEntry endpoint (`member.meta` is the entry's). An address
+    that is no IP is a hostname ztunnel resolves."""
+    labels = dict(member.labels)
+    name = member.meta.name
+    canonical_name, canonical_revision = canonical_service(labels, name)
+    ip = _ip(member.address)
+    workload = pb.Workload(
+        uid=uid, name=name, namespace=member.meta.namespace, addresses=[ip] if ip is not None else [],
+        hostname="" if ip is not None else member.address, network=member.network,
+        trust_domain=trust_domain(snapshot.mesh), service_account=member.service_account or "default",
+        canonical_name=canonical_name, canonical_revision=canonical_revision, workload_type=pb.POD,
+        workload_name=name, status=pb.HEALTHY, cluster_id=DEFAULT_CLUSTER_ID,
+        authorization_policies=_policies(snapshot, member.meta.namespace, labels),
+    )
+    if labels.get(TUNNEL_LABEL) == "http":
+        workload.tunnel_protocol, workload.native_tunnel = pb.HBONE, True
+    for key, ports in services.items():
+        workload.services[key].ports.extend(ports)
+    _finish(snapshot, workload, member.meta.namespace, labels, Locality.parse(member.locality))
+    return pb.Address(workload=workload)
