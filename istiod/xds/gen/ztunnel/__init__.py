@@ -58,23 +58,23 @@ def address_table(snapshot: Snapshot, cache: ResourceCache) -> AddressTable:
               config.authorization_policies, config.peer_authentications)
     for service in snapshot.services.values():
         if not service.external_host:
-            table.put(wds.service_name(service.namespace, service.hostname), (service, shared),
+            table.put(wds.service_name(service.namespace, service.hostname), (service, *shared),
                       partial(wds.kube_service, snapshot, service), _ips([service.cluster_ip]))
     for entry in config.service_entries:
         for name, address in wds.entry_services(snapshot, entry):
-            table.put(name, (entry, shared), partial(_same, address), _ips(entry.addresses))
+            table.put(name, (entry, *shared), partial(_same, address), _ips(entry.addresses))
         for member in entry.endpoints if not entry.workload_selector else ():
             uid = wds.entry_endpoint_uid(entry.meta.namespace, entry.meta.name, member.address)
-            table.put(uid, (entry, shared), partial(wds.entry_workload, snapshot, member, uid,
+            table.put(uid, (entry, *shared), partial(wds.entry_workload, snapshot, member, uid,
                                                     wds.entry_ports(entry, dict(member.ports))),
                       _ips([member.address]), member.network)
     for member in config.workload_entries:
         uid = wds.workload_entry_uid(member.meta.namespace, member.meta.name)
-        table.put(uid, (member, shared), partial(wds.workload_entry, snapshot, member, uid),
+        table.put(uid, (member, *shared), partial(wds.workload_entry, snapshot, member, uid),
                   _ips([member.address]), member.network)
     for pod in snapshot.workloads.values():
         if wds.is_workload(pod):
-            table.put(wds.pod_uid(pod.namespace, pod.name), (pod, shared), partial(wds.pod_workload, snapshot, pod),
+            table.put(wds.pod_uid(pod.namespace, pod.name), (pod, *shared), partial(wds.pod_workload, snapshot, pod),
                       [pod.ip])
     return table
 
