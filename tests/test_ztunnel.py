@@ -136,7 +136,7 @@ def test_real_ztunnel_holds_the_mesh_follows_changes_and_resumes(
         echo = services["ambient/echo.ambient.svc.cluster.local"]
         assert echo["vips"] == ["/10.96.1.10"] and echo["ports"] == {"80": 0, "9000": 9000}
         assert echo["endpoints"]["Kubernetes//Pod/ambient/echo-1"]["port"] == {"80": 8080, "9000": 9000}
-        assert echo["waypoint"]["destination"] == "/10.96.1.2"  # the namespace's use-waypoint
+        assert echo["waypoint"]["destination"] == "ambient/waypoint.ambient.svc.cluster.local"  # its namespace's
 
         # A scale-up: one more echo pod, sent alone.
         echo_4 = mesh.get("Pod", "ambient", "echo-1")

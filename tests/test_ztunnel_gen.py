@@ -61,7 +61,7 @@ def test_a_redirected_pod_is_an_hbone_workload_with_its_services_policies_and_lo
         "uid": "Kubernetes//Pod/ambient/echo-1", "name": "echo-1", "namespace": "ambient",
         "addresses": ["CvQACw=="],  # 10.244.0.11
         "tunnelProtocol": "HBONE", "serviceAccount": "echo", "node": "node-a",
-        "canonicalName": "echo", "canonicalRevision": "v1", "workloadName": "echo",  # DEPLOYMENT: the default
+        "canonicalName": "echo", "canonicalRevision": "v1", "workloadName": "echo", "workloadType": "POD",
         "authorizationPolicies": ["ambient/echo-from-legacy", "istio-system/istio_converted_static_strict"],
         "clusterId": "Kubernetes",
         # The named target port `http` is the pod's 8080.
@@ -71,11 +71,12 @@ def test_a_redirected_pod_is_an_hbone_workload_with_its_services_policies_and_lo
     }}
     unready = found["Kubernetes//Pod/ambient/echo-2"]["workload"]
     assert unready["status"] == "UNHEALTHY"
-    # Not redirected by istio-cni (opted out, not ambient, a sidecar): plain TCP. A Job of a CronJob.
+    # Not redirected by istio-cni (opted out, not ambient, a sidecar): plain TCP. A Job of a CronJob is
+    # named after the CronJob; every pod's type is POD, as istiod sends it.
     for uid in ("Kubernetes//Pod/ambient/batch-1", "Kubernetes//Pod/legacy/web-1", "Kubernetes//Pod/legacy/web-sidecar"):
         assert "tunnelProtocol" not in found[uid]["workload"]
-    assert found["Kubernetes//Pod/ambient/batch-1"]["workload"]["workloadType"] == "CRONJOB"
-    assert found["Kubernetes//Pod/legacy/web-1"]["workload"]["workloadType"] == "POD"
+    batch = found["Kubernetes//Pod/ambient/batch-1"]["workload"]
+    assert (batch["workloadName"], batch["workloadType"]) == ("batch", "POD")
 
 
 def test_a_service_has_its_vip_ports_and_its_namespace_waypoint_but_the_waypoint_not_itself() -> None:
@@ -83,9 +84,10 @@ def test_a_service_has_its_vip_ports_and_its_namespace_waypoint_but_the_waypoint
     assert found["ambient/echo.ambient.svc.cluster.local"] == {"service": {
         "name": "echo", "namespace": "ambient", "hostname": "echo.ambient.svc.cluster.local",
         "addresses": [{"address": "CmABCg=="}],  # 10.96.1.10
-        "ports": [{"servicePort": 80, "appProtocol": "HTTP11"}, {"servicePort": 9000, "targetPort": 9000}],
-        "waypoint": {"address": {"address": "CmABAg=="}, "hboneMtlsPort": 15008},  # 10.96.1.2
-        "ipFamilies": "IPV4_ONLY", "canonical": True,
+        "ports": [{"servicePort": 80}, {"servicePort": 9000, "targetPort": 9000}],
+        "waypoint": {"hostname": {"namespace": "ambient", "hostname": "waypoint.ambient.svc.cluster.local"},
+                     "hboneMtlsPort": 15008},
+        "ipFamilies": "IPV4_ONLY",
     }}
     assert "waypoint" not in found["ambient/waypoint.ambient.svc.cluster.local"]["service"]
     assert "waypoint" not in found["legacy/web.legacy.svc.cluster.local"]["service"]
@@ -104,9 +106,10 @@ def test_entries_are_workloads_in_the_services_that_select_them() -> None:
     found = _addresses(build_snapshot(_store(), "v1"))
     vm = found["Kubernetes/networking.istio.io/WorkloadEntry/legacy/vm-1"]["workload"]
     assert vm["services"] == {"legacy/web.legacy.svc.cluster.local": {"ports": [{"servicePort": 8080, "targetPort": 8080}]}}
-    assert vm["serviceAccount"] == "vm"
+    assert (vm["serviceAccount"], vm["workloadName"]) == ("vm", "vm-1")
     endpoint = found["Kubernetes/networking.istio.io/ServiceEntry/legacy/external-db/192.0.2.7"]["workload"]
     assert endpoint["services"] == {"legacy/db.example.com": {"ports": [{"servicePort": 5432, "targetPort": 5432}]}}
+    assert "serviceAccount" not in endpoint  # none given: none sent
     assert found["legacy/db.example.com"]["service"]["addresses"] == [{"address": "8AAABQ=="}]  # 240.0.0.5
 
 
@@ -230,23 +233,34 @@ APP = (("app", "a"),)
     ([_peer("ns", MTLSMode.STRICT, APP, ((8080, MTLSMode.PERMISSIVE),))], ["ns/converted_peer_authentication_pa"]),
     ([_peer("ns", MTLSMode.PERMISSIVE, APP, ((9000, MTLSMode.STRICT),))], ["ns/converted_peer_authentication_pa"]),
     ([_peer("ns", MTLSMode.STRICT, (("app", "other"),))], []),  # selects another workload
+    ([_peer("ns", MTLSMode.STRICT), _peer("ns", MTLSMode.UNSET, APP, ((8080, MTLSMode.PERMISSIVE),), name="w")],
+     ["ns/converted_peer_authentication_w"]),
+    # (istiod looks for PERMISSIVE ports only when the workload policy inherits STRICT)
+    ([_peer("ns", MTLSMode.STRICT), _peer("ns", MTLSMode.UNSET, APP, ((8080, MTLSMode.DISABLE),), name="w")],
+     [STRICT_REF]),
 ], ids=["none", "mesh-strict", "namespace-permissive-wins", "workload-strict", "strict-but-a-port", "a-port-strict",
-        "not-selected"])
+        "not-selected", "inherits-strict-relaxes-a-port", "inherits-strict-disables-a-port"])
 def test_workloads_name_the_peer_authentication_in_force(peers: list[PeerAuthentication], expected: list[str]) -> None:
     assert policies.workload_policies([], peers, "ns", dict(APP), ROOT) == expected
 
 
 def test_port_level_peer_authentication_becomes_a_deny_of_plaintext() -> None:
-    relaxed = policies.converted(_peer("ns", MTLSMode.STRICT, APP, ((8080, MTLSMode.PERMISSIVE),)), ROOT)
+    relaxed = policies.converted(_peer("ns", MTLSMode.STRICT, APP, ((8080, MTLSMode.PERMISSIVE),)), None, None, ROOT)
     assert _dict(relaxed) == {"name": "converted_peer_authentication_pa", "namespace": "ns", "scope": "WORKLOAD_SELECTOR",
                               "action": "DENY", "rules": [{"clauses": [
                                   {"matches": [{"notPrincipals": [{"presence": {}}]}]},
                                   {"matches": [{"notDestinationPorts": [8080]}]}]}]}
-    tightened = policies.converted(_peer("ns", MTLSMode.PERMISSIVE, APP, ((9000, MTLSMode.STRICT),)), ROOT)
+    tightened = policies.converted(_peer("ns", MTLSMode.PERMISSIVE, APP, ((9000, MTLSMode.STRICT),)), None, None, ROOT)
     assert _dict(tightened)["rules"] == [{"clauses": [{"matches": [
         {"notPrincipals": [{"presence": {}}], "destinationPorts": [9000]}]}]}]
-    assert policies.converted(_peer("ns", MTLSMode.STRICT, APP), ROOT) is None  # the static policy covers it
-    assert policies.converted(_peer(ROOT, MTLSMode.STRICT, APP, ((1, MTLSMode.PERMISSIVE),)), ROOT) is None
+    # UNSET under a STRICT namespace, relaxing a port: the namespace's STRICT merged in.
+    inherited = policies.converted(_peer("ns", MTLSMode.UNSET, APP, ((8080, MTLSMode.DISABLE),)),
+                                   _peer("ns", MTLSMode.STRICT, name="ns-wide"), None, ROOT)
+    assert _dict(inherited)["rules"] == [{"clauses": [{"matches": [{"notDestinationPorts": [8080]}]},
+                                                      {"matches": [{"notPrincipals": [{"presence": {}}]}]}]}]
+    assert policies.converted(_peer("ns", MTLSMode.STRICT, APP), None, None, ROOT) is None  # the static policy covers it
+    assert policies.converted(_peer("ns", MTLSMode.STRICT, APP, ((1, MTLSMode.STRICT),)), None, None, ROOT) is None
+    assert policies.converted(_peer(ROOT, MTLSMode.STRICT, APP, ((1, MTLSMode.PERMISSIVE),)), None, None, ROOT) is None
 
 
 def test_the_static_strict_policy_is_sent_once_any_peer_authentication_exists() -> None:

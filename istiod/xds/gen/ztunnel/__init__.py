@@ -63,10 +63,12 @@ def address_table(snapshot: Snapshot, cache: ResourceCache) -> AddressTable:
     for entry in config.service_entries:
         for name, address in wds.entry_services(snapshot, entry):
             table.put(name, (entry, *shared), partial(_same, address), _ips(entry.addresses))
-        for member in entry.endpoints if not entry.workload_selector else ():
+        for member, services in wds.entry_endpoints(entry):
             uid = wds.entry_endpoint_uid(entry.meta.namespace, entry.meta.name, member.address)
-            table.put(uid, (entry, *shared), partial(wds.entry_workload, snapshot, member, uid,
-                                                    wds.entry_ports(entry, dict(member.ports))),
+            # The entry's name and labels (none are kept: policies with a selector pick none) for
+            # its policies and canonical name, as istiod.
+            table.put(uid, (entry, *shared), partial(wds.entry_workload, snapshot, member, uid, services,
+                                                    entry.meta.name, {}),
                       _ips([member.address]), member.network)
     for member in config.workload_entries:
         uid = wds.workload_entry_uid(member.meta.namespace, member.meta.name)
@@ -139,9 +141,10 @@ def _authorization_table(snapshot: Snapshot, cache: ResourceCache) -> dict[str, 
     if config.peer_authentications:
         put(root, policies.STATIC_STRICT_NAME, root, partial(policies.static_strict, root))
     for peer in config.peer_authentications:
-        if policies.converted(peer, root) is not None:
-            put(peer.meta.namespace, policies.CONVERTED_PREFIX + peer.meta.name, (peer, root),
-                partial(policies.converted, peer, root))
+        own, mesh = policies.levels(config.peer_authentications, peer.meta.namespace, root)
+        if policies.converted(peer, own, mesh, root) is not None:
+            put(peer.meta.namespace, policies.CONVERTED_PREFIX + peer.meta.name, (peer, own, mesh, root),
+                partial(policies.converted, peer, own, mesh, root))
     return made
 
 

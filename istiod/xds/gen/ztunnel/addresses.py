@@ -15,22 +15,22 @@ from dataclasses import dataclass
 
 from istiod.gen.istio.workload import workload_pb2 as pb
 from istiod.model.config.common import selector_matches
-from istiod.model.config.networking import ServiceEntry, WorkloadEntry
+from istiod.model.config.networking import Resolution, ServiceEntry, WorkloadEntry
 from istiod.model.mesh import DEFAULT_TRUST_DOMAIN, MeshConfig
 from istiod.model.names import DEFAULT_CLUSTER_ID
-from istiod.model.protocol import Protocol, parse, port_protocol
 from istiod.model.service import Locality, Service
 from istiod.model.snapshot import Snapshot
-from istiod.model.workload import AMBIENT_REDIRECTION_ANNOTATION, Workload
+from istiod.model.workload import AMBIENT_REDIRECTION_ANNOTATION, WORKLOAD_NAME_LABEL, Workload
 from istiod.xds.gen.ztunnel.policies import workload_policies
 
 USE_WAYPOINT_LABEL = "istio.io/use-waypoint"
 USE_WAYPOINT_NAMESPACE_LABEL = "istio.io/use-waypoint-namespace"
 WAYPOINT_FOR_LABEL = "istio.io/waypoint-for"
 TUNNEL_LABEL = "networking.istio.io/tunnel"  # `http`: the workload terminates HBONE itself
+GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"  # on a waypoint's own pods
+MANAGED_LABEL = "gateway.istio.io/managed"
+MESH_CONTROLLER = "istio.io-mesh-controller"  # the value of MANAGED_LABEL on what istiod deploys for a waypoint
 HBONE_PORT = 15008
-_APP_PROTOCOLS = {Protocol.HTTP: pb.HTTP11, Protocol.HTTP2: pb.HTTP2, Protocol.GRPC: pb.GRPC}
-_WORKLOAD_TYPES = {"Deployment": pb.DEPLOYMENT, "Job": pb.JOB, "CronJob": pb.CRONJOB}
 
 
 def pod_uid(namespace: str, name: str, cluster: str = DEFAULT_CLUSTER_ID) -> str:
@@ -88,9 +88,7 @@ class Waypoint:
         return dict(self.service.labels).get(WAYPOINT_FOR_LABEL, "service")
 
     def address(self) -> pb.GatewayAddress:
-        ip = _ip(self.service.cluster_ip)
-        if ip is not None:
-            return pb.GatewayAddress(address=pb.NetworkAddress(address=ip), hbone_mtls_port=HBONE_PORT)
+        """By hostname, as istiod prefers the Gateway's Hostname status address (the Service's)."""
         return pb.GatewayAddress(hostname=pb.NamespacedHostname(namespace=self.service.namespace,
                                                                hostname=self.service.hostname),
                                  hbone_mtls_port=HBONE_PORT)
@@ -98,18 +96,27 @@ class Waypoint:
 
 def waypoint_for(snapshot: Snapshot, namespace: str, labels: Mapping[str, str], traffic: str) -> Waypoint | None:
     """The waypoint that `istio.io/use-waypoint` names, on the object or else on its namespace
-    (`none` on the object opts out), if it exists and takes this kind of traffic."""
+    (`none` on the object opts out), if it exists, admits the namespace and takes this kind of
+    traffic. A waypoint admits its own namespace only (a waypoint Gateway's HBONE listener without
+    allowedRoutes); its own Service and pods have none."""
+    if labels.get(MANAGED_LABEL) == MESH_CONTROLLER or _waypoint_named(snapshot, namespace,
+                                                                       labels.get(GATEWAY_NAME_LABEL, "")):
+        return None
     source = labels if USE_WAYPOINT_LABEL in labels else dict(_namespace_labels(snapshot, namespace))
     name = source.get(USE_WAYPOINT_LABEL, "")
-    if not name or name == "none":
+    if not name or name == "none" or (source.get(USE_WAYPOINT_NAMESPACE_LABEL) or namespace) != namespace:
         return None
-    waypoint_namespace = source.get(USE_WAYPOINT_NAMESPACE_LABEL) or namespace
-    assert snapshot.selection is not None
-    service = next((s for s in snapshot.selection.namespaces.get(waypoint_namespace, ()) if s.name == name), None)
+    service = _waypoint_named(snapshot, namespace, name)
     if service is None:
         return None
     waypoint = Waypoint(service)
     return waypoint if waypoint.traffic in (traffic, "all") else None
+
+
+def _waypoint_named(snapshot: Snapshot, namespace: str, name: str) -> Service | None:
+    assert snapshot.selection is not None
+    return next((s for s in snapshot.selection.namespaces.get(namespace, ())
+                 if name and s.name == name and dict(s.labels).get(MANAGED_LABEL) == MESH_CONTROLLER), None)
 
 
 def _namespace_labels(snapshot: Snapshot, namespace: str) -> tuple[tuple[str, str], ...]:
@@ -126,14 +133,12 @@ def kube_service(snapshot: Snapshot, service: Service) -> pb.Address:
     result = pb.Service(
         name=service.name, namespace=service.namespace, hostname=service.hostname,
         addresses=[pb.NetworkAddress(address=ip)] if ip is not None else [],
-        ports=[pb.Port(service_port=p.port, target_port=p.target_port if isinstance(p.target_port, int) else 0,
-                       app_protocol=_APP_PROTOCOLS.get(port_protocol(p), pb.UNKNOWN))
+        ports=[pb.Port(service_port=p.port, target_port=p.target_port if isinstance(p.target_port, int) else 0)
                for p in service.ports],
         ip_families=_ip_families(service.cluster_ip),
-        canonical=True,
     )
     waypoint = waypoint_for(snapshot, service.namespace, dict(service.labels), "service")
-    if waypoint is not None and waypoint.service is not service:
+    if waypoint is not None:
         result.waypoint.CopyFrom(waypoint.address())
     return pb.Address(service=result)
 
@@ -151,8 +156,7 @@ def entry_services(snapshot: Snapshot, entry: ServiceEntry) -> list[tuple[str, p
     addresses = [pb.NetworkAddress(address=network.network_address.packed, length=network.prefixlen)
                  if network.prefixlen != network.max_prefixlen else pb.NetworkAddress(address=network.network_address.packed)
                  for network in _networks(entry.addresses)]
-    ports = [pb.Port(service_port=p.number, target_port=p.target_port,
-                     app_protocol=_APP_PROTOCOLS.get(parse(p.protocol), pb.UNKNOWN)) for p in entry.ports]
+    ports = [pb.Port(service_port=p.number, target_port=p.target_port or p.number) for p in entry.ports]
     waypoint = waypoint_for(snapshot, entry.meta.namespace, {}, "service")
     result = []
     for host in entry.hosts:
@@ -186,25 +190,29 @@ def pod_workload(snapshot: Snapshot, pod: Workload) -> pb.Address:
     """A pod that `is_workload`; HBONE only once istio-cni redirects it (or it speaks HBONE itself)."""
     ip = ipaddress.ip_address(pod.ip).packed
     labels = pod.label_map()
-    name, kind = (pod.workload_name, _WORKLOAD_TYPES[pod.workload_kind]) if pod.workload_kind in _WORKLOAD_TYPES \
-        else (pod.name, pb.POD)
-    canonical_name, canonical_revision = canonical_service(labels, name)
+    canonical_name, canonical_revision = canonical_service(labels, pod.workload_name)
     workload = pb.Workload(
         uid=pod_uid(pod.namespace, pod.name), name=pod.name, namespace=pod.namespace, addresses=[ip],
         trust_domain=trust_domain(snapshot.mesh), service_account=pod.service_account, node=pod.node_name,
-        canonical_name=canonical_name, canonical_revision=canonical_revision, workload_type=kind,
-        workload_name=name, status=pb.HEALTHY if pod.ready else pb.UNHEALTHY, cluster_id=DEFAULT_CLUSTER_ID,
-        network_mode=pb.HOST_NETWORK if pod.host_network else pb.STANDARD,
+        canonical_name=canonical_name, canonical_revision=canonical_revision,
+        workload_type=pb.POD,  # for every pod, as istiod sends it (backwards compatibility)
+        workload_name=pod.workload_name, status=pb.HEALTHY if pod.ready else pb.UNHEALTHY,
+        cluster_id=DEFAULT_CLUSTER_ID, network_mode=pb.HOST_NETWORK if pod.host_network else pb.STANDARD,
         authorization_policies=_policies(snapshot, pod.namespace, labels),
     )
-    if dict(pod.annotations).get(AMBIENT_REDIRECTION_ANNOTATION) == "enabled":
+    _tunnel(workload, labels, dict(pod.annotations))
+    for key, ports in services_of(snapshot, pod.namespace, labels, dict(pod.container_ports)).items():
+        workload.services[key].ports.extend(ports)
+    # From its Node only (istiod reads no locality label of the pod for ztunnel).
+    _finish(snapshot, workload, pod.namespace, labels, snapshot.nodes.get(pod.node_name) or Locality())
+    return pb.Address(workload=workload)
+
+
+def _tunnel(workload: pb.Workload, labels: Mapping[str, str], annotations: Mapping[str, str]) -> None:
+    if annotations.get(AMBIENT_REDIRECTION_ANNOTATION) == "enabled":
         workload.tunnel_protocol = pb.HBONE
     if labels.get(TUNNEL_LABEL) == "http":
         workload.tunnel_protocol, workload.native_tunnel = pb.HBONE, True
-    for key, ports in services_of(snapshot, pod.namespace, labels, dict(pod.container_ports)).items():
-        workload.services[key].ports.extend(ports)
-    _finish(snapshot, workload, pod.namespace, labels, pod.locality(snapshot.nodes.get(pod.node_name)))
-    return pb.Address(workload=workload)
 
 
 def _finish(snapshot: Snapshot, workload: pb.Workload, namespace: str, labels: Mapping[str, str],
@@ -246,6 +254,19 @@ def services_of(snapshot: Snapshot, namespace: str, labels: Mapping[str, str],
     return result
 
 
+def entry_endpoints(entry: ServiceEntry) -> list[tuple[WorkloadEntry, dict[str, list[pb.Port]]]]:
+    """A ServiceEntry's own endpoints and their services: inline ones in every host of it; for DNS
+    resolution without endpoints or workloadSelector, each host is one, in that host only."""
+    if entry.endpoints:
+        return [(member, entry_ports(entry, dict(member.ports))) for member in entry.endpoints]
+    if entry.workload_selector or entry.resolution not in (Resolution.DNS, Resolution.DNS_ROUND_ROBIN):
+        return []
+    ports = entry_ports(entry, {})
+    return [(WorkloadEntry(entry.meta, address=host), {service_name(entry.meta.namespace, host):
+                                                       ports[service_name(entry.meta.namespace, host)]})
+            for host in entry.hosts]
+
+
 def entry_ports(entry: ServiceEntry, named: Mapping[str, int]) -> dict[str, list[pb.Port]]:
     ports = [pb.Port(service_port=p.number, target_port=named.get(p.name) or p.target_port or p.number)
              for p in entry.ports]
@@ -253,30 +274,32 @@ def entry_ports(entry: ServiceEntry, named: Mapping[str, int]) -> dict[str, list
 
 
 def workload_entry(snapshot: Snapshot, member: WorkloadEntry, uid: str) -> pb.Address:
-    """A standalone WorkloadEntry, in the services that select it as they would a pod."""
-    services = services_of(snapshot, member.meta.namespace, dict(member.labels), dict(member.ports))
-    return entry_workload(snapshot, member, uid, services)
-
-
-def entry_workload(snapshot: Snapshot, member: WorkloadEntry, uid: str,
-                   services: Mapping[str, list[pb.Port]]) -> pb.Address:
-    """A WorkloadEntry, or an inline ServiceEntry endpoint (`member.meta` is the entry's). An address
-    that is no IP is a hostname ztunnel resolves."""
+    """A standalone WorkloadEntry: its labels pick its services, policies and waypoint."""
     labels = dict(member.labels)
-    name = member.meta.name
+    services = services_of(snapshot, member.meta.namespace, labels, dict(member.ports))
+    name = labels.get(WORKLOAD_NAME_LABEL) or member.meta.name
+    return entry_workload(snapshot, member, uid, services, name, labels)
+
+
+def entry_workload(snapshot: Snapshot, member: WorkloadEntry, uid: str, services: Mapping[str, list[pb.Port]],
+                   name: str, labels: Mapping[str, str]) -> pb.Address:
+    """A WorkloadEntry, or a ServiceEntry endpoint (`member.meta` is the entry's, `name` the entry's
+    name, `labels` the entry's: the policies and canonical name go by those). An address that is
+    no IP is a hostname ztunnel resolves."""
     canonical_name, canonical_revision = canonical_service(labels, name)
     ip = _ip(member.address)
     workload = pb.Workload(
-        uid=uid, name=name, namespace=member.meta.namespace, addresses=[ip] if ip is not None else [],
+        uid=uid, name=member.meta.name, namespace=member.meta.namespace, addresses=[ip] if ip is not None else [],
         hostname="" if ip is not None else member.address, network=member.network,
-        trust_domain=trust_domain(snapshot.mesh), service_account=member.service_account or "default",
+        trust_domain=trust_domain(snapshot.mesh), service_account=member.service_account,
         canonical_name=canonical_name, canonical_revision=canonical_revision, workload_type=pb.POD,
         workload_name=name, status=pb.HEALTHY, cluster_id=DEFAULT_CLUSTER_ID,
         authorization_policies=_policies(snapshot, member.meta.namespace, labels),
     )
-    if labels.get(TUNNEL_LABEL) == "http":
-        workload.tunnel_protocol, workload.native_tunnel = pb.HBONE, True
+    if member.weight > 0:
+        workload.capacity.value = member.weight
+    _tunnel(workload, labels, {})
     for key, ports in services.items():
         workload.services[key].ports.extend(ports)
-    _finish(snapshot, workload, member.meta.namespace, labels, Locality.parse(member.locality))
+    _finish(snapshot, workload, member.meta.namespace, dict(member.labels), Locality.parse(member.locality))
     return pb.Address(workload=workload)

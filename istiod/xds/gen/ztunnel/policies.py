@@ -109,19 +109,25 @@ def _strings(values: Iterable[str]) -> list[pb.StringMatch]:
 
 
 def _addresses(values: Iterable[str]) -> list[pb.Address]:
-    """IPs and CIDRs; what parses as neither is left out, as istiod does (validation refuses it first)."""
+    """IPs (full length) and CIDRs (the address as written, its prefix length); what parses as
+    neither is left out, as istiod does (validation refuses it first)."""
     result = []
     for value in values:
         try:
-            network = ipaddress.ip_network(value, strict=False)
+            if "/" in value:
+                interface = ipaddress.ip_interface(value)
+                address, length = interface.ip, interface.network.prefixlen
+            else:
+                address = ipaddress.ip_address(value)
+                length = address.max_prefixlen
         except ValueError:
             continue
-        result.append(pb.Address(address=network.network_address.packed, length=network.prefixlen))
+        result.append(pb.Address(address=address.packed, length=length))
     return result
 
 
 def _ports(values: Iterable[str]) -> list[int]:
-    return [int(v) for v in values if v.isdigit() and int(v) < 1 << 32]
+    return [int(v) for v in values if v.isdigit() and int(v) <= 65535]
 
 
 # A `when` key ztunnel can check -> the match fields of its values and notValues.
@@ -146,25 +152,59 @@ def static_strict(root_namespace: str) -> pb.Authorization:
                             action=pb.DENY, rules=[pb.Rule(clauses=[pb.Clause(matches=[_no_principal()])])])
 
 
-def converted(peer: PeerAuthentication, root_namespace: str) -> pb.Authorization | None:
-    """A workload PeerAuthentication with port-level modes, as a DENY of plaintext on the ports that
-    must be mTLS; None for any other (the static STRICT policy stands for those)."""
+def converted(peer: PeerAuthentication, namespace_wide: PeerAuthentication | None,
+              mesh_wide: PeerAuthentication | None, root_namespace: str) -> pb.Authorization | None:
+    """A workload PeerAuthentication with port-level modes, as istiod converts it: a DENY of plaintext
+    on the ports that must be mTLS, with the STRICT of the levels above merged in when it relaxes
+    ports of them; None when the static STRICT policy (or nothing) says the same."""
     if peer.meta.namespace == root_namespace or not peer.selector or not peer.port_level:
         return None
-    clauses = [pb.Clause(matches=[_no_principal()])] if peer.mode is MTLSMode.STRICT else []
+    mode = peer.mode
+    ns_mode = namespace_wide.mode if namespace_wide is not None else None
+    mesh_mode = mesh_wide.mode if mesh_wide is not None else None
+    # When a STRICT port needs no rule of its own. (As istiod's condition groups it: a STRICT mesh
+    # under no namespace mode covers the port even below a PERMISSIVE workload policy.)
+    covered = (mode is MTLSMode.STRICT or (mode is MTLSMode.UNSET and ns_mode is MTLSMode.STRICT)
+               or (ns_mode in (None, MTLSMode.UNSET) and mesh_mode is MTLSMode.STRICT))
+    rules = [pb.Clause(matches=[_no_principal()])] if mode is MTLSMode.STRICT else []
+    strict_ports: list[pb.Rule] = []  # each its own rule: rules are OR'd
     relaxed = False
-    for port, mode in sorted(peer.port_level):
-        if mode is MTLSMode.STRICT:
+    for port, port_mode in sorted(peer.port_level):
+        if port_mode is MTLSMode.STRICT:
+            if covered:
+                continue
             match = _no_principal()
             match.destination_ports.append(port)
-            clauses.append(pb.Clause(matches=[match]))
-        elif mode in (MTLSMode.PERMISSIVE, MTLSMode.DISABLE) and peer.mode is MTLSMode.STRICT:
+            strict_ports.append(pb.Rule(clauses=[pb.Clause(matches=[match])]))
+        elif port_mode in (MTLSMode.PERMISSIVE, MTLSMode.DISABLE):
+            if mode in (MTLSMode.PERMISSIVE, MTLSMode.DISABLE):
+                continue
+            if mode is MTLSMode.UNSET and ((ns_mode is not None and ns_mode is not MTLSMode.STRICT)
+                                           or (ns_mode is None and mesh_mode is not MTLSMode.STRICT)):
+                continue  # not STRICT in force: nothing to relax
             relaxed = True
-            clauses.append(pb.Clause(matches=[pb.Match(not_destination_ports=[port])]))
-    if (peer.mode is MTLSMode.STRICT and not relaxed) or not clauses:
+            rules.append(pb.Clause(matches=[pb.Match(not_destination_ports=[port])]))
+    if (mode is MTLSMode.STRICT and not relaxed) or not (rules or strict_ports):
         return None
-    return pb.Authorization(name=CONVERTED_PREFIX + peer.meta.name, namespace=peer.meta.namespace,
-                            scope=pb.WORKLOAD_SELECTOR, action=pb.DENY, rules=[pb.Rule(clauses=clauses)])
+    merge = ((mesh_mode is MTLSMode.STRICT and ns_mode in (None, MTLSMode.UNSET, MTLSMode.STRICT))
+             or ns_mode is MTLSMode.STRICT)
+    if merge and relaxed:
+        rules.append(pb.Clause(matches=[_no_principal()]))
+    result = pb.Authorization(name=CONVERTED_PREFIX + peer.meta.name, namespace=peer.meta.namespace,
+                              scope=pb.WORKLOAD_SELECTOR, action=pb.DENY, rules=strict_ports)
+    if rules:
+        result.rules.add().clauses.extend(rules)
+    return result
+
+
+def levels(peers: Iterable[PeerAuthentication], namespace: str,
+           root_namespace: str) -> tuple[PeerAuthentication | None, PeerAuthentication | None]:
+    """The namespace-wide and mesh-wide PeerAuthentications in force for a namespace: of several, the
+    first (istiod: the oldest; here, by name)."""
+    peers = list(peers)
+    own = next((p for p in peers if p.meta.namespace == namespace and not p.selector), None)
+    mesh = next((p for p in peers if p.meta.namespace == root_namespace and not p.selector), None)
+    return own, mesh
 
 
 def workload_policies(policies: Iterable[AuthorizationPolicy], peers: Sequence[PeerAuthentication],
@@ -183,25 +223,33 @@ def _peer_policies(peers: Sequence[PeerAuthentication], namespace: str, labels: 
                    root_namespace: str) -> list[str]:
     """istiod's convertedSelectorPeerAuthentications: mesh, namespace, then workload policy, each UNSET
     level inheriting; of several at one level the first (istiod: the oldest; here: by name)."""
-    mesh = next((p for p in peers if p.meta.namespace == root_namespace and not p.selector), None)
-    own = next((p for p in peers if p.meta.namespace == namespace != root_namespace and not p.selector), None)
+    own, mesh = levels(peers, namespace, root_namespace)
+    if own is not None and own.meta.namespace == root_namespace:
+        own = None  # the root namespace's are mesh-wide
     workload = next((p for p in peers if p.meta.namespace == namespace != root_namespace and p.selector
                      and selector_matches(p.selector, labels)), None)
-    strict = False
-    for level in (mesh, own):
-        if level is not None and level.mode is not MTLSMode.UNSET:
-            strict = level.mode is MTLSMode.STRICT
-    port_level = ""
+    strict = mesh is not None and mesh.mode is MTLSMode.STRICT
+    if own is not None and own.mode is not MTLSMode.UNSET:
+        strict = own.mode is MTLSMode.STRICT
+    port_level = False
     if workload is not None:
-        if workload.mode is not MTLSMode.UNSET:
-            strict = workload.mode is MTLSMode.STRICT
+        if workload.mode is MTLSMode.STRICT:
+            strict = True
+        elif workload.mode in (MTLSMode.PERMISSIVE, MTLSMode.DISABLE):
+            strict = False
         modes = {mode for _, mode in workload.port_level}
-        relaxing = bool(modes & {MTLSMode.PERMISSIVE, MTLSMode.DISABLE})
-        # (A workload policy that inherits STRICT and relaxes some ports keeps the static STRICT policy
-        # here, stricter than written: istiod's conversion of that case would deny mTLS callers too.)
-        if workload.mode is MTLSMode.STRICT and relaxing:
-            port_level, strict = f"{workload.meta.namespace}/{CONVERTED_PREFIX}{workload.meta.name}", False
-        elif not strict and MTLSMode.STRICT in modes:
-            port_level = f"{workload.meta.namespace}/{CONVERTED_PREFIX}{workload.meta.name}"
+        if workload.port_level:
+            if workload.mode is MTLSMode.STRICT:
+                port_level = bool(modes & {MTLSMode.PERMISSIVE, MTLSMode.DISABLE})
+            elif workload.mode in (MTLSMode.PERMISSIVE, MTLSMode.DISABLE):
+                port_level = MTLSMode.STRICT in modes
+            elif strict:
+                port_level = MTLSMode.PERMISSIVE in modes  # (istiod looks for PERMISSIVE only here)
+            else:
+                port_level = MTLSMode.STRICT in modes
+            if port_level and workload.mode not in (MTLSMode.PERMISSIVE, MTLSMode.DISABLE):
+                strict = False  # the converted policy carries the STRICT part
     names = [f"{root_namespace}/{STATIC_STRICT_NAME}"] if strict else []
-    return names + ([port_level] if port_level else [])
+    if port_level:
+        names.append(f"{workload.meta.namespace}/{CONVERTED_PREFIX}{workload.meta.name}")  # type: ignore[union-attr]
+    return sorted(names)
