@@ -42,8 +42,9 @@ class Changes:
 
 
 def changes(previous: Snapshot | None, current: Snapshot) -> Changes | None:
-    """None when the mesh config, a Namespace's labels or a Node's locality changed, when a changed Service is a VirtualService's destination
-    (routes of other hosts name it), or when there is nothing to compare with."""
+    """None when the mesh config, a Namespace's labels or a Node's locality changed, when a changed
+    Service is a VirtualService's destination (routes of other hosts name it), or when there is
+    nothing to compare with."""
     if previous is None or previous.mesh != current.mesh:
         return None
     # Namespace labels (ambient mode, waypoints) and Node localities are read by ztunnel's workloads

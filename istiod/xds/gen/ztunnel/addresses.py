@@ -201,7 +201,7 @@ def pod_workload(snapshot: Snapshot, pod: Workload) -> pb.Address:
         authorization_policies=_policies(snapshot, pod.namespace, labels),
     )
     _tunnel(workload, labels, dict(pod.annotations))
-    for key, ports in services_of(snapshot, pod.namespace, labels, dict(pod.container_ports)).items():
+    for key, ports in services_of(snapshot, pod.namespace, labels, dict(pod.container_ports), {}).items():
         workload.services[key].ports.extend(ports)
     # From its Node only (istiod reads no locality label of the pod for ztunnel).
     _finish(snapshot, workload, pod.namespace, labels, snapshot.nodes.get(pod.node_name) or Locality())
@@ -231,12 +231,13 @@ def _policies(snapshot: Snapshot, namespace: str, labels: Mapping[str, str]) -> 
                              snapshot.mesh.root_namespace)
 
 
-def services_of(snapshot: Snapshot, namespace: str, labels: Mapping[str, str],
-                named: Mapping[str, int]) -> dict[str, list[pb.Port]]:
+def services_of(snapshot: Snapshot, namespace: str, labels: Mapping[str, str], named: Mapping[str, int],
+                entry_named: Mapping[str, int]) -> dict[str, list[pb.Port]]:
     """`ns/hostname` -> ports, of the Services of the namespace that select a workload and of the
     ServiceEntries whose workloadSelector picks it. A Service's named target port is the workload's
-    port of that name (a port it does not name is left out, the service kept); a ServiceEntry's
-    target is the workload's port named as the entry's port, else its targetPort, else its number."""
+    port of that name in `named` (a port it does not name is left out, the service kept); a
+    ServiceEntry's target is the port named as the entry's in `entry_named`, else its targetPort,
+    else its number (a WorkloadEntry's ports count here; a pod's do not, as in istiod)."""
     result: dict[str, list[pb.Port]] = {}
     assert snapshot.selection is not None
     for service in snapshot.selection.namespaces.get(namespace, ()):
@@ -250,7 +251,7 @@ def services_of(snapshot: Snapshot, namespace: str, labels: Mapping[str, str],
     for entry in snapshot.config.service_entries:
         if entry.meta.namespace == namespace and entry.workload_selector \
                 and selector_matches(entry.workload_selector, labels):
-            result.update(entry_ports(entry, named))
+            result.update(entry_ports(entry, entry_named))
     return result
 
 
@@ -276,7 +277,8 @@ def entry_ports(entry: ServiceEntry, named: Mapping[str, int]) -> dict[str, list
 def workload_entry(snapshot: Snapshot, member: WorkloadEntry, uid: str) -> pb.Address:
     """A standalone WorkloadEntry: its labels pick its services, policies and waypoint."""
     labels = dict(member.labels)
-    services = services_of(snapshot, member.meta.namespace, labels, dict(member.ports))
+    ports = dict(member.ports)
+    services = services_of(snapshot, member.meta.namespace, labels, ports, ports)
     name = labels.get(WORKLOAD_NAME_LABEL) or member.meta.name
     return entry_workload(snapshot, member, uid, services, name, labels)
 
