@@ -93,6 +93,20 @@ def test_a_service_has_its_vip_ports_and_its_namespace_waypoint_but_the_waypoint
     assert "waypoint" not in found["legacy/web.legacy.svc.cluster.local"]["service"]
 
 
+def test_a_terminating_pod_is_unhealthy_and_an_entry_has_its_locality_and_capacity() -> None:
+    store = _store()
+    pod = copy.deepcopy(store.get(ObjectKey("Pod", "ambient", "echo-1")).raw)  # type: ignore[union-attr]
+    pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    store.apply(pod)
+    entry = copy.deepcopy(store.get(ObjectKey("WorkloadEntry", "legacy", "vm-1")).raw)  # type: ignore[union-attr]
+    entry["spec"].update(locality="eu/eu-2/rack-1", weight=3)
+    store.apply(entry)
+    found = _addresses(build_snapshot(store, "v1"))
+    assert found["Kubernetes//Pod/ambient/echo-1"]["workload"]["status"] == "UNHEALTHY"
+    vm = found["Kubernetes/networking.istio.io/WorkloadEntry/legacy/vm-1"]["workload"]
+    assert (vm["locality"], vm["capacity"]) == ({"region": "eu", "zone": "eu-2", "subzone": "rack-1"}, 3)
+
+
 def test_pods_without_an_ip_or_finished_are_no_workloads() -> None:
     store = _store()
     finished = copy.deepcopy(store.get(ObjectKey("Pod", "legacy", "web-1")).raw)  # type: ignore[union-attr]

@@ -46,6 +46,7 @@ class Workload:
     locality_label: str = ""
     annotations: tuple[tuple[str, str], ...] = ()  # those of MESH_ANNOTATIONS it has
     host_network: bool = False
+    terminating: bool = False  # it has a deletionTimestamp
 
     @property
     def terminal(self) -> bool:

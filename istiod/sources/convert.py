@@ -236,6 +236,7 @@ def _pod(key: ObjectKey, f: _Fields, domain: str) -> Workload:
         locality_label=dict(labels).get(LOCALITY_LABEL, ""),
         annotations=tuple((k, v) for k, v in f.str_map("metadata.annotations") if k in MESH_ANNOTATIONS),
         host_network=f.get("spec.hostNetwork", bool, False),
+        terminating=bool(f.get("metadata.deletionTimestamp", str, "")),
     )
 
 

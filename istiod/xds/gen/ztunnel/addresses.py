@@ -196,7 +196,7 @@ def pod_workload(snapshot: Snapshot, pod: Workload) -> pb.Address:
         trust_domain=trust_domain(snapshot.mesh), service_account=pod.service_account, node=pod.node_name,
         canonical_name=canonical_name, canonical_revision=canonical_revision,
         workload_type=pb.POD,  # for every pod, as istiod sends it (backwards compatibility)
-        workload_name=pod.workload_name, status=pb.HEALTHY if pod.ready else pb.UNHEALTHY,
+        workload_name=pod.workload_name, status=pb.HEALTHY if pod.ready and not pod.terminating else pb.UNHEALTHY,
         cluster_id=DEFAULT_CLUSTER_ID, network_mode=pb.HOST_NETWORK if pod.host_network else pb.STANDARD,
         authorization_policies=_policies(snapshot, pod.namespace, labels),
     )
@@ -303,5 +303,7 @@ def entry_workload(snapshot: Snapshot, member: WorkloadEntry, uid: str, services
     _tunnel(workload, labels, {})
     for key, ports in services.items():
         workload.services[key].ports.extend(ports)
-    _finish(snapshot, workload, member.meta.namespace, dict(member.labels), Locality.parse(member.locality))
+    # A WorkloadEntry's locality is `region/zone/subzone`.
+    _finish(snapshot, workload, member.meta.namespace, dict(member.labels),
+            Locality.parse(member.locality.replace("/", ".")))
     return pb.Address(workload=workload)
