@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from collections.abc import Callable, Iterable
+import weakref
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 
 from google.protobuf.message import Message
@@ -22,6 +23,7 @@ from istiod import logs
 from istiod.model.config.security import Action
 from istiod.model.proxy import Proxy
 from istiod.model.snapshot import Snapshot
+from istiod.model.workload import Workload
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.gen.ztunnel import addresses as wds
@@ -32,12 +34,17 @@ _bad_names = logs.Throttled(log)
 
 
 class AddressTable:
-    """Every Address resource of a snapshot, by name, and their names by `network/IP`."""
+    """Every Address resource of a snapshot, by name, and their names by `network/IP`; and what it
+    was made of, so the next snapshot's is this one patched when only pods changed."""
 
-    def __init__(self, cache: ResourceCache) -> None:
+    def __init__(self, cache: ResourceCache, inputs: tuple[object, ...], pods: Mapping[tuple[str, str], Workload],
+                 resources: dict[str, Resource] | None = None,
+                 by_address: dict[str, tuple[str, ...]] | None = None) -> None:
         self.cache = cache
-        self.resources: dict[str, Resource] = {}
-        self.by_address: dict[str, list[str]] = {}
+        self.inputs = inputs
+        self.pods = pods
+        self.resources: dict[str, Resource] = resources or {}
+        self.by_address: dict[str, tuple[str, ...]] = by_address or {}  # tuples: copies share them
 
     def put(self, name: str, depends_on: object, build: Callable[[], Message], addresses: Iterable[str],
             network: str = "") -> None:
@@ -47,18 +54,70 @@ class AddressTable:
             return  # a ServiceEntry host that a Kubernetes Service (or an earlier entry) has
         self.resources[name] = self.cache.get(types.ADDRESS, name, depends_on, build)
         for address in addresses:
-            self.by_address.setdefault(f"{network}/{address}", []).append(name)
+            key = f"{network}/{address}"
+            self.by_address[key] = (*self.by_address.get(key, ()), name)
+
+    def drop(self, name: str, addresses: Iterable[str]) -> None:
+        if self.resources.pop(name, None) is None:
+            return
+        for address in addresses:
+            key = f"/{address}"
+            left = tuple(n for n in self.by_address.get(key, ()) if n != name)
+            if left:
+                self.by_address[key] = left
+            else:
+                self.by_address.pop(key, None)
+
+    def put_pod(self, snapshot: Snapshot, pod: Workload, common: tuple[object, ...]) -> None:
+        if wds.is_workload(pod):
+            self.put(wds.pod_uid(pod.namespace, pod.name), (pod, *_local(snapshot, pod.namespace), *common),
+                     partial(wds.pod_workload, snapshot, pod), [pod.ip])
+
+    def next(self, snapshot: Snapshot, common: tuple[object, ...]) -> AddressTable:
+        """This table with the pods that changed since made anew (the rest is the same objects)."""
+        old, new = self.pods, snapshot.workloads
+        table = AddressTable(self.cache, self.inputs, new, dict(self.resources), dict(self.by_address))
+        if old is new:
+            return table
+        changed = [key for key, pod in new.items() if old.get(key) is not pod]
+        for key in [*changed, *(key for key in old if key not in new)]:
+            gone = old.get(key)
+            if gone is not None:
+                table.drop(wds.pod_uid(*key), [gone.ip])
+            pod = new.get(key)
+            if pod is not None:
+                table.put_pod(snapshot, pod, common)
+        return table
+
+
+# The last table made with each cache, to patch into the next (a cache serves one server).
+_previous: weakref.WeakKeyDictionary[ResourceCache, AddressTable] = weakref.WeakKeyDictionary()
+
+
+def _local(snapshot: Snapshot, namespace: str) -> tuple[object, ...]:
+    """What a pod or Service reads of its namespace: the Namespace (its waypoint) and its Services
+    (they select pods; a waypoint's is one; the same tuple while they are the same), so a Service
+    changed elsewhere rebuilds none."""
+    assert snapshot.selection is not None
+    return snapshot.namespaces.get(namespace), snapshot.selection.namespaces.get(namespace)
 
 
 def address_table(snapshot: Snapshot, cache: ResourceCache) -> AddressTable:
-    table = AddressTable(cache)
     config = snapshot.config
-    # What any resource may read besides its own object.
-    shared = (snapshot.services, snapshot.namespaces, snapshot.nodes, snapshot.mesh, config.service_entries,
-              config.authorization_policies, config.peer_authentications)
+    # What pods and Services may read besides their own object and namespace; entries read the rest.
+    common = (snapshot.nodes, snapshot.mesh, config.service_entries, config.authorization_policies,
+              config.peer_authentications)
+    shared = (snapshot.services, snapshot.namespaces, *common)
+    inputs = (*shared, config.workload_entries)
+    previous = _previous.get(cache)
+    if previous is not None and all(a is b for a, b in zip(previous.inputs, inputs)):
+        table = _previous[cache] = previous.next(snapshot, common)
+        return table
+    table = AddressTable(cache, inputs, snapshot.workloads)
     for service in snapshot.services.values():
         if not service.external_host:
-            table.put(wds.service_name(service.namespace, service.hostname), (service, *shared),
+            table.put(wds.service_name(service.namespace, service.hostname),
+                      (service, *_local(snapshot, service.namespace), snapshot.mesh),
                       partial(wds.kube_service, snapshot, service), _ips([service.cluster_ip]))
     for entry in config.service_entries:
         for name, address in wds.entry_services(snapshot, entry):
@@ -75,9 +134,8 @@ def address_table(snapshot: Snapshot, cache: ResourceCache) -> AddressTable:
         table.put(uid, (member, *shared), partial(wds.workload_entry, snapshot, member, uid),
                   _ips([member.address]), member.network)
     for pod in snapshot.workloads.values():
-        if wds.is_workload(pod):
-            table.put(wds.pod_uid(pod.namespace, pod.name), (pod, *shared), partial(wds.pod_workload, snapshot, pod),
-                      [pod.ip])
+        table.put_pod(snapshot, pod, common)
+    _previous[cache] = table
     return table
 
 

@@ -183,7 +183,7 @@ def _networks(values: Iterable[str]) -> list[ipaddress.IPv4Network | ipaddress.I
 def is_workload(pod: Workload) -> bool:
     """A Pod with an IP that has not finished. Every such pod is one (ztunnel must know who a peer
     is whatever its data plane), pending ones too (init containers may still run)."""
-    return _ip(pod.ip) is not None and not pod.terminal
+    return bool(pod.ip) and not pod.terminal  # the source checked it is an IP
 
 
 def pod_workload(snapshot: Snapshot, pod: Workload) -> pb.Address:
