@@ -394,3 +394,36 @@ async def test_the_secure_port_refuses_a_ztunnel_whose_token_is_of_another_names
     finally:
         await secure.port.stop()
 
+
+
+_POD_OPS = st.lists(st.tuples(st.sampled_from(["add", "ready", "unready", "delete", "relabel"]), st.integers(0, 5)),
+                    max_size=12)
+
+
+@given(_POD_OPS)
+def test_the_table_patched_pod_by_pod_is_the_table_made_whole(ops: list[tuple[str, int]]) -> None:
+    """Snapshot after snapshot, the Address resources made from the previous ones (only the pods that
+    changed made anew) are those made from nothing, byte for byte, and so are their addresses."""
+    store = _store()
+    template = store.get(ObjectKey("Pod", "ambient", "echo-1")).raw  # type: ignore[union-attr]
+    snapshot = build_snapshot(store, "v0")
+    proxy = proxy_from_node(NODE, {})
+    cache = ResourceCache()
+    addresses(snapshot, proxy, None, cache)
+    for number, (op, i) in enumerate(ops, 1):
+        key = ObjectKey("Pod", "ambient", f"gen-{i}")
+        if op == "delete":
+            store.delete(key)
+        else:
+            raw = copy.deepcopy(template)
+            raw["metadata"]["name"], raw["status"]["podIP"] = key.name, f"10.244.9.{i + 1}"
+            raw["status"]["conditions"][0]["status"] = "False" if op == "unready" else "True"
+            if op == "relabel":
+                raw["metadata"]["labels"] = {"app": "other"}
+            store.apply(raw)
+        snapshot = build_snapshot(store, f"v{number}", snapshot, [key])
+        patched = {r.name: r.value for r in addresses(snapshot, proxy, None, cache)}
+        whole = {r.name: r.value for r in addresses(snapshot, proxy, None, ResourceCache())}
+        assert patched == whole
+        by_address = addresses(snapshot, proxy, [f"/10.244.9.{j + 1}" for j in range(6)], cache)
+        assert {r.name for r in by_address} == {n for n in whole if n.startswith("Kubernetes//Pod/ambient/gen-")}
