@@ -17,7 +17,7 @@ from google.protobuf import empty_pb2
 from istiod.gen.istio.security import authorization_pb2 as pb
 from istiod.model.config.common import selector_matches
 from istiod.model.config.security import (
-    Action, AuthorizationPolicy, Condition, MTLSMode, Operation, PeerAuthentication, Rule, Source,
+    Action, AuthorizationPolicy, Condition, MTLSMode, PeerAuthentication, Rule, Source,
 )
 
 # The DENY-plaintext policy istiod makes (in the root namespace) once any PeerAuthentication exists;
@@ -52,13 +52,13 @@ def _clauses(action: int, rule: Rule) -> list[pb.Clause] | None:
     allow = action == pb.ALLOW
     to: list[pb.Match] = []
     for op in rule.operations:
-        if allow and _any(op.hosts, op.not_hosts, op.methods, op.not_methods, op.paths, op.not_paths):
+        if allow and any((op.hosts, op.not_hosts, op.methods, op.not_methods, op.paths, op.not_paths)):
             return None
         to.append(pb.Match(destination_ports=op.ports, not_destination_ports=op.not_ports))
     sources: list[pb.Match] = []
     for source in rule.sources:
-        if allow and _any(source.remote_ip_blocks, source.not_remote_ip_blocks, source.request_principals,
-                          source.not_request_principals):
+        if allow and any((source.remote_ip_blocks, source.not_remote_ip_blocks, source.request_principals,
+                          source.not_request_principals)):
             return None
         sources.append(_source_match(source))
     clauses = [pb.Clause(matches=m) for m in (to, sources) if m]
@@ -87,10 +87,6 @@ def _when_match(condition: Condition) -> pb.Match:
         getattr(match, positive).extend(convert(condition.values))
         getattr(match, negative).extend(convert(condition.not_values))
     return match
-
-
-def _any(*lists: Sequence[object]) -> bool:
-    return any(lists)
 
 
 def _strings(values: Iterable[str]) -> list[pb.StringMatch]:
