@@ -28,7 +28,7 @@ from istiod.model.proxy import proxy_from_node
 from istiod.model.snapshot import Snapshot
 from istiod.sources.convert import ObjectKey
 from istiod.sources.store import Store
-from istiod.xds import types
+from istiod.xds import delta, types
 from istiod.xds.cache import ResourceCache
 from istiod.xds.gen.ztunnel import addresses, authorizations, policies
 from istiod.xds.pusher import Pusher
@@ -360,6 +360,13 @@ async def test_a_ztunnel_gets_everything_then_only_what_each_change_changed() ->
             stream.requests.put_nowait(None)
     finally:
         await server.stop(None)
+
+
+def test_subscribing_and_unsubscribing_the_wildcard_at_once_asks_for_nothing() -> None:
+    request = discovery_pb2.DeltaDiscoveryRequest(type_url=types.ADDRESS, resource_names_subscribe=["*"],
+                                                  resource_names_unsubscribe=["*"])
+    watched, changed = delta.subscribe(None, request, 10)
+    assert watched.names == [] and changed
 
 
 async def test_on_demand_starts_with_nothing_and_a_malformed_name_keeps_the_stream() -> None:

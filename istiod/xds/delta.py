@@ -33,7 +33,8 @@ def subscribe(
     """
     subscribed = list(dict.fromkeys(map(sys.intern, request.resource_names_subscribe)))
     if watched is None:
-        wildcard = not subscribed or WILDCARD in subscribed
+        # `*` subscribed and unsubscribed at once asks for nothing yet (ztunnel on demand: xDS has no other way).
+        wildcard = (not subscribed or WILDCARD in subscribed) and WILDCARD not in request.resource_names_unsubscribe
         watched = WatchedResource(request.type_url, None if wildcard else [n for n in subscribed if n != WILDCARD])
         changed = True
     else:
@@ -45,17 +46,15 @@ def subscribe(
                 added = [n for n in subscribed if n not in watched.names]
                 watched.names.extend(added)
                 changed = bool(added)
-    # Also on the first request: ztunnel on demand subscribes to `*` and unsubscribes it at once
-    # (xDS has no other way to ask for nothing yet).
-    for name in request.resource_names_unsubscribe:
-        if name == WILDCARD and watched.names is None:
-            watched.names, changed = [], True  # explicit names only from now on, none yet
-        elif watched.names is not None and name in watched.names:
-            watched.names.remove(name)
-            # The client forgets what it unsubscribed from: no removal is due for it. (A copy:
-            # `sent` may be shared with other connections.)
-            watched.sent = {n: r for n, r in watched.sent.items() if n != name}
-            changed = True
+        for name in request.resource_names_unsubscribe:
+            if name == WILDCARD and watched.names is None:
+                watched.names, changed = [], True  # explicit names only from now on, none yet
+            elif watched.names is not None and name in watched.names:
+                watched.names.remove(name)
+                # The client forgets what it unsubscribed from: no removal is due for it. (A copy:
+                # `sent` may be shared with other connections.)
+                watched.sent = {n: r for n, r in watched.sent.items() if n != name}
+                changed = True
     if watched.names is not None and len(watched.names) > max_names:
         raise StreamClosed(Closed(grpc.StatusCode.INVALID_ARGUMENT,
                                   f"{len(watched.names)} resource names subscribed; at most {max_names}"))
