@@ -67,7 +67,7 @@ helm-bin:
 	@bash e2e/cluster/build-helm.sh
 
 # The real ztunnel for the ambient tests, built by the shared script beside the clone (Rust: 4-5 min
-# cold on 2 cores, then cached machine-wide) and linked where tests/peers.py's ztunnel_binary() looks.
+# cold on 2 cores, then cached machine-wide) and linked where tests/ztunnel_peer.py's ztunnel_binary() looks.
 ZTUNNEL_BUILD ?= $(firstword $(wildcard ../shared/ztunnel/build.sh ../../shared/ztunnel/build.sh) ../shared/ztunnel/build.sh)
 ztunnel-bin: protoc-bin
 	@[ -f "$(ZTUNNEL_BUILD)" ] || { echo "ztunnel-bin: no $(ZTUNNEL_BUILD) (the ztunnel build script and source tarball beside this clone); name it with ZTUNNEL_BUILD=/path/to/ztunnel/build.sh"; exit 1; }

@@ -22,19 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def ztunnel_binary() -> Path:
-    """The real ztunnel: $ZTUNNEL_BIN, else the one `make ztunnel-bin` links into .cache/ztunnel-bin.
-    Skips the test without it (a failure in CI)."""
-    path = Path(os.environ.get("ZTUNNEL_BIN") or ROOT / ".cache" / "ztunnel-bin" / "ztunnel")
-    if not os.access(path, os.X_OK):
-        pytest.skip(f"needs the real ztunnel at {path}: make ztunnel-bin")
-    return path
 
 
 def free_port(ip: str = "127.0.0.1") -> int:
