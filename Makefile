@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed# plus the test extras
 CHROMIUM := /usr/bin/chromium
 SUDO     := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: run test unit e2e e2e-bin helm-bin bench-bin bench protos demo-server demo-client demo-sidecars chromium netns-tools clean
+.PHONY: run test unit e2e e2e-bin helm-bin bench-bin ztunnel-bin protoc-bin bench protos demo-server demo-client demo-sidecars chromium netns-tools clean
 
 # pip without --quiet: the first install takes a minute or two, and shows what it is doing.
 $(BASE): pyproject.toml
@@ -24,15 +24,22 @@ $(STAMP): $(BASE)
 	$(BIN)/pip install -e '.[test]'
 	touch $(STAMP)
 
-# An explicit --config-dir: KUBECONFIG in the environment does not turn this into cluster mode.
+# An explicit --config-dir: KUBECONFIG in the environment does not turn this into cluster mode. The
+# README's `istiod agent` walkthrough dials 127.0.0.1:15012 with deploy/demo-ca's token: the demo's
+# certificate names that IP, and its CA takes that token (a stand-in for TokenReview, demo only).
+RUN_ARGS := --config-dir deploy/demo --ca-static-tokens deploy/demo-ca/tokens.json --tls-extra-san 127.0.0.1 --tls-extra-san localhost
 run: $(BASE)
-	$(BIN)/istiod discovery --config-dir deploy/demo
+	$(BIN)/istiod discovery $(RUN_ARGS)
 
-test: $(STAMP) $(CHROMIUM) netns-tools e2e-bin helm-bin bench-bin
-	$(BIN)/pytest -q tests e2e
+# -rfEs: the summary names every failure, error and skip (with its reason). tests/ and e2e/ run as
+# two sessions, so that an end of the first, even a crash, still lets e2e/ run; either failing fails.
+PYTEST := $(BIN)/pytest -q -rfEs
 
-unit: $(STAMP) $(CHROMIUM) netns-tools helm-bin
-	$(BIN)/pytest -q tests
+test: $(STAMP) $(CHROMIUM) netns-tools e2e-bin helm-bin bench-bin ztunnel-bin
+	status=0; $(PYTEST) tests || status=1; $(PYTEST) e2e || status=1; exit $$status
+
+unit: $(STAMP) $(CHROMIUM) netns-tools helm-bin ztunnel-bin
+	$(PYTEST) tests
 
 # Headless Chromium renders /debug/ui in the tests: Debian's package, installed once.
 chromium: $(CHROMIUM)
@@ -59,12 +66,23 @@ e2e-bin:
 helm-bin:
 	@bash e2e/cluster/build-helm.sh
 
+# The real ztunnel for the ambient tests, built by the shared script beside the clone (Rust: 4-5 min
+# cold on 2 cores, then cached machine-wide) and linked where tests/ztunnel_peer.py's ztunnel_binary() looks.
+ZTUNNEL_BUILD ?= $(firstword $(wildcard ../shared/ztunnel/build.sh ../../shared/ztunnel/build.sh) ../shared/ztunnel/build.sh)
+ztunnel-bin: protoc-bin
+	@[ -f "$(ZTUNNEL_BUILD)" ] || { echo "ztunnel-bin: no $(ZTUNNEL_BUILD) (the ztunnel build script and source tarball beside this clone); name it with ZTUNNEL_BUILD=/path/to/ztunnel/build.sh"; exit 1; }
+	@path=$$(bash "$(ZTUNNEL_BUILD)") && mkdir -p .cache/ztunnel-bin && ln -sfn "$$path" .cache/ztunnel-bin/ztunnel && echo "ztunnel: $$path"
+
+# ztunnel's build compiles its protos: Debian's protobuf-compiler, installed when missing (as root).
+protoc-bin:
+	@command -v protoc >/dev/null || [ "$$(id -u)" != 0 ] || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends protobuf-compiler; }
+
 # The load benchmark's compiled generator (bench/loadgen-go), built and reused the same way.
 bench-bin:
 	@bash bench/loadgen-go/build.sh
 
 e2e: $(STAMP) e2e-bin
-	$(BIN)/pytest -q e2e
+	$(PYTEST) e2e
 
 demo-server: $(BASE)
 	$(BIN)/python -m istiod.demo server --address 127.0.0.10:7070 --name echo-v1

@@ -50,7 +50,11 @@ class TlsFront:
         self._server: asyncio.Server | None = None
 
     async def start(self) -> int:
-        self._server = await asyncio.get_running_loop().create_server(lambda: _Accepted(self), self.host, self.port)
+        # A burst of connections waits in the kernel's accept queue (capped by net.core.somaxconn), as
+        # gRPC core's and Go's listeners let it: with asyncio's default of 100, the rest of a connect
+        # storm had their SYNs dropped and retried 1, 3, 7 s later, late for the handshake deadline.
+        self._server = await asyncio.get_running_loop().create_server(lambda: _Accepted(self), self.host, self.port,
+                                                                      backlog=self._cap.limit)
         return self._server.sockets[0].getsockname()[1]
 
     def stop_accepting(self) -> None:

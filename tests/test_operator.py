@@ -27,6 +27,17 @@ def generate(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 
+def test_without_helm_on_path_the_one_make_built_is_used_and_a_missing_one_is_named() -> None:
+    env = {"PATH": "/nonexistent", "HOME": os.environ.get("HOME", "/root")}
+    command = [sys.executable, "-m", "istiod", "manifest", "generate"]
+    if HELM == ROOT / ".cache" / "helm-bin" / "helm":  # `make helm-bin`'s, where istiod looks for it
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+        assert done.returncode == 0 and "kind: Deployment" in done.stdout, done.stderr
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT, env={**env, "HELM": "/no/helm"})
+    assert (done.returncode, done.stderr) == (1, "istiod manifest generate: helm not found (/no/helm); set --helm or"
+                                                " HELM, or build it in this checkout: `make helm-bin` (needs Go)\n")
+
+
 @pytest.mark.parametrize("name", SPECS)
 def test_golden(name: str) -> None:
     done = generate("-f", str(DATA / f"{name}.iop.yaml"))

@@ -201,6 +201,27 @@ def test_the_readme_edit_and_watch_works_as_written(tmp_path: Path, processes: l
     assert client.proc.poll() is None, "the client stopped calling"
 
 
+def test_the_readme_agent_walkthrough_gets_a_certificate_from_make_run(tmp_path: Path, processes: list[Process]) -> None:
+    """The README's `istiod agent` command against `make run`'s istiod: its token is one the demo CA
+    takes, and the certificate it dials names 127.0.0.1 (Envoy itself is tests/test_agent_proxy.py's)."""
+    run = make_command("run")
+    assert run[:2] == [".venv/bin/istiod", "discovery"]
+    assert "--tls-extra-san 127.0.0.1" in " ".join(run)
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index(".venv/bin/istiod agent --ca-addr")
+    command = readme[start:readme.index("\n```", start)].replace("\\\n", " ").split()
+    agent_args = command[1:command.index("proxy")]  # the certificate half: `proxy` would start Envoy
+    istiod = Istiod(tmp_path, *run[2:])
+    processes.append(istiod)
+    replaced = {"127.0.0.1:15012": istiod.secure_address, "state/root-cert.pem": str(istiod.root_cert),
+                "pod/certs": str(tmp_path / "certs")}
+    agent = Process([sys.executable, "-m", "istiod", *(replaced.get(arg, arg) for arg in agent_args)], name="agent")
+    processes.append(agent)
+    wait_until(lambda: "wrote certificate for spiffe://cluster.local/ns/app/sa/web" in agent.text()
+               or agent.proc.poll() is not None, 30, "the agent's certificate")
+    assert (tmp_path / "certs" / "cert-chain.pem").exists(), agent.text()
+
+
 def test_xds_connections_are_recycled_after_the_max_connection_age(tmp_path: Path, processes: list[Process]) -> None:
     # pilot-discovery's --keepaliveMaxServerConnectionAge: GOAWAY after the age, streams closed after
     # istiod's 10s grace, and a real grpcio client reconnects (to any replica, in a cluster).

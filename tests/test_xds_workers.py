@@ -74,9 +74,11 @@ def test_clients_on_every_worker_converge_and_follow_a_change(
     assert istiod.get("/debug/connections")[1]["totalClients"] == CLIENTS
     assert metric(istiod.metrics(), "pilot_xds", version="unknown") == CLIENTS
     # The clients share one proxy ID: a row each.
-    status = istiod_cli(istiod, "proxy-status").stdout
+    # The clients use an update before they ACK it: wait for the ACKs rather than catch one in flight.
+    synced = "demo-client.echo-ns   Kubernetes   SYNCED   SYNCED   SYNCED   SYNCED"
+    status = wait_until(lambda: (out := istiod_cli(istiod, "proxy-status").stdout).count(synced) == CLIENTS and out,
+                        60, f"{CLIENTS} SYNCED rows in proxy-status")
     print(status)
-    assert status.count("demo-client.echo-ns   Kubernetes   SYNCED   SYNCED   SYNCED   SYNCED") == CLIENTS
 
     # A worker that dies is started again; its clients reconnect, to either worker, and follow changes.
     os.kill(int(max(pids, key=held.__getitem__)), signal.SIGKILL)

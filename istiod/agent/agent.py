@@ -103,7 +103,8 @@ async def request_certificate(settings: AgentSettings, previous: Issued | None) 
         except grpc.aio.AioRpcError as error:
             reason = f"{error.code().name}: {error.details()}"
             if error.code() in _UNREACHABLE:
-                raise CaUnreachable(f"CA at {settings.ca_address} is unreachable: {reason}") from None
+                raise CaUnreachable(f"CA at {settings.ca_address} is unreachable: {reason}"
+                                    f"{_name_hint(settings.ca_address, error.details() or '')}") from None
             raise AgentError(f"CA at {settings.ca_address} refused the certificate request: {reason}") from None
     chain = tuple(response.cert_chain)
     try:
@@ -113,6 +114,15 @@ async def request_certificate(settings: AgentSettings, previous: Issued | None) 
     if leaf is None or len(chain) < 2 or not same_public_key(key, leaf):
         raise AgentError(f"CA at {settings.ca_address} answered with no usable certificate chain for our key")
     return Issued(chain, key, leaf)
+
+
+def _name_hint(address: str, details: str) -> str:
+    """What to change when istiod's certificate does not carry the name or IP the agent dials."""
+    if "Hostname Verification Check failed" not in details:
+        return ""
+    host = address.rsplit(":", 1)[0].strip("[]")
+    return (f"; istiod's certificate does not name {host}: start istiod with --tls-extra-san {host}"
+            f" (ISTIOD_CUSTOM_HOST), or give --ca-addr a name it carries (istiod.istio-system.svc)")
 
 
 def istiod_credentials(settings: AgentSettings, issued: Issued) -> grpc.ChannelCredentials:

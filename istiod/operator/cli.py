@@ -21,7 +21,8 @@ def add_manifest_flags(parser: argparse.ArgumentParser) -> None:
                         help="override a field of the spec, e.g. components.pilot.k8s.replicaCount=3 (repeatable)")
     parser.add_argument("--charts", type=Path, default=DEFAULT_CHARTS,
                         help=f"the directory holding the base and istiod charts (default {DEFAULT_CHARTS})")
-    parser.add_argument("--helm", default=default_helm(), help="the helm binary (default: $HELM, else helm on PATH)")
+    parser.add_argument("--helm", default=default_helm(),
+                        help="the helm binary (default: $HELM, else helm on PATH, else the one `make helm-bin` built)")
 
 
 def add_install_flags(parser: argparse.ArgumentParser) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Mapping
@@ -12,8 +13,11 @@ from typing import Any
 
 from istiod.operator.spec import Install
 
-# In a checkout (or an editable install) the charts are next to the package.
-DEFAULT_CHARTS = Path(__file__).resolve().parents[2] / "deploy" / "charts"
+# In a checkout (or an editable install) the charts are next to the package, and so is the helm that
+# `make helm-bin` builds.
+CHECKOUT = Path(__file__).resolve().parents[2]
+DEFAULT_CHARTS = CHECKOUT / "deploy" / "charts"
+BUILT_HELM = CHECKOUT / ".cache" / "helm-bin" / "helm"
 
 
 class RenderError(RuntimeError):
@@ -21,7 +25,12 @@ class RenderError(RuntimeError):
 
 
 def default_helm() -> str:
-    return os.environ.get("HELM", "helm")
+    """$HELM, else helm on PATH, else the one `make helm-bin` built in this checkout."""
+    if "HELM" in os.environ:
+        return os.environ["HELM"]
+    if shutil.which("helm") is None and BUILT_HELM.is_file():
+        return str(BUILT_HELM)
+    return "helm"
 
 
 def render(install: Install, charts: Path, helm: str) -> str:
@@ -40,7 +49,8 @@ def render(install: Install, charts: Path, helm: str) -> str:
             try:
                 done = subprocess.run(command, capture_output=True, text=True, timeout=120)
             except FileNotFoundError:
-                raise RenderError(f"helm not found ({helm}); set --helm or HELM") from None
+                raise RenderError(f"helm not found ({helm}); set --helm or HELM, or build it in this checkout:"
+                                  " `make helm-bin` (needs Go)") from None
             if done.returncode != 0:
                 raise RenderError(f"helm template {name}: {done.stderr.strip()}")
             out.append(done.stdout)
