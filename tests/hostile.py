@@ -1,4 +1,4 @@
-"""Hostile load for isolation tests: `python -m tests.hostile stall ADDRESS STREAMS`.
+"""Hostile load for isolation tests: `python -m tests.hostile stall ADDRESS STREAMS [STREAMS_PER_CONNECTION]`.
 
 Opens ADS streams (every other one delta) that ask for every type, over and over, and never read a
 response: each channel
@@ -29,13 +29,13 @@ def node(pod: str, namespace: str = "echo-ns") -> base_pb2.Node:
     return base_pb2.Node(id=f"sidecar~127.0.0.1~{pod}.{namespace}~{namespace}.svc.cluster.local", metadata=metadata)
 
 
-async def stall(address: str, count: int) -> None:
+async def stall(address: str, count: int, per_channel: int = STREAMS_PER_CHANNEL) -> None:
     channels = [grpc.aio.insecure_channel(address, options=NOT_READING)
-                for _ in range(-(-count // STREAMS_PER_CHANNEL))]
+                for _ in range(-(-count // per_channel))]
     stubs = [ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel) for channel in channels]
     delta = [i % 2 == 1 for i in range(count)]
-    calls = [stubs[i // STREAMS_PER_CHANNEL].DeltaAggregatedResources() if delta[i]
-             else stubs[i // STREAMS_PER_CHANNEL].StreamAggregatedResources() for i in range(count)]
+    calls = [stubs[i // per_channel].DeltaAggregatedResources() if delta[i]
+             else stubs[i // per_channel].StreamAggregatedResources() for i in range(count)]
 
     async def ask(i: int) -> None:
         request = discovery_pb2.DeltaDiscoveryRequest if delta[i] else discovery_pb2.DiscoveryRequest
@@ -50,6 +50,6 @@ async def stall(address: str, count: int) -> None:
 
 
 if __name__ == "__main__":
-    command, address, count = sys.argv[1:4]
+    command, address, count, *per_channel = sys.argv[1:]
     assert command == "stall", command
-    asyncio.run(stall(address, int(count)))
+    asyncio.run(stall(address, int(count), *map(int, per_channel)))

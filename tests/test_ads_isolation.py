@@ -21,12 +21,15 @@ import grpc
 import pytest
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
-from istiod.xds import types
-from istiod.xds.server import MAX_RESOURCE_NAMES, _SendDeadline
+from istiod.sources.store import Store
+from istiod.xds import admission, types
+from istiod.xds.pusher import Pusher
+from istiod.xds.server import MAX_RESOURCE_NAMES, DiscoveryServer, _SendDeadline, add_to_server
 from tests.ads_client import AdsClient
 from tests.conftest import render
 from tests.hostile import NOT_READING, node
-from tests.peers import Istiod, Process, metric, wait_until
+from tests.peers import Istiod, Process, eventually, metric, wait_until
+from tests.test_ads import Stream, service
 from tests.test_mtls import Workload, mesh, run_agent  # noqa: F401
 from tests.test_proxyless_grpc import SERVICE_PORT, echo_mesh, start_client, wait_for_replies  # noqa: F401
 
@@ -73,6 +76,45 @@ def test_streams_that_never_read_cost_only_themselves(
     assert timeouts == stalled
     assert sorted(c.split("~")[2] for c in connections(istiod)) == ["demo-client.echo-ns"] * 2
     assert replies_ok(client) and replies_ok(newcomer)
+
+
+async def test_streams_that_never_read_do_not_hold_the_send_budget() -> None:
+    """The issue's 100 streams on one connection of a 1000-Service mesh filling the 32 MB budget, scaled
+    down: 200 streams on 10 connections, each stream's first response ~20 kB, a 256 kB budget. A fresh
+    client must get its config while every hostile stream is still open (the send timeout is 60 s)."""
+    store = Store()
+    for i in range(100):
+        store.apply(service(f"svc-{i}"))
+    pusher = Pusher(store)
+    discovery = DiscoveryServer(lambda: pusher.snapshot, send_timeout=60, send_budget=256 << 10)
+    pusher.publish(full=True)
+    discovery.ready = True
+    server = grpc.aio.server(options=admission.CORE_OPTIONS)
+    add_to_server(discovery, server)
+    address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    await server.start()
+    hostile = await asyncio.create_subprocess_exec(sys.executable, "-m", "tests.hostile", "stall", address, "200", "20",
+                                                   stdout=asyncio.subprocess.PIPE, start_new_session=True)
+    channel = grpc.aio.insecure_channel(address)
+    try:
+        assert hostile.stdout is not None
+        assert b'"streams": 200' in await asyncio.wait_for(hostile.stdout.readline(), 30)
+        await eventually(lambda: len(discovery.connections) == 200, 20, "the stalled streams")
+        stalled = set(discovery.connections)
+        await eventually(lambda: discovery._send_budget.used > (200 << 10), 20, "the stalled writes to fill the budget")
+
+        fresh = Stream(ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel))
+        fresh.send(types.CLUSTER)
+        response = await fresh.receive(timeout=20)  # generous: the point is that it comes before the streams end
+        print(f"a fresh client got {len(response.resources)} clusters while {len(stalled)} streams on 10 connections "
+              f"never read; the budget held {discovery._send_budget.used >> 10} kB")
+        assert len(response.resources) == 100
+        assert stalled <= set(discovery.connections)  # all still open: nothing timed out to let it through
+    finally:
+        os.killpg(hostile.pid, signal.SIGKILL)
+        await hostile.wait()
+        await channel.close()
+        await server.stop(None)
 
 
 def replies_ok(client: Process) -> bool:

@@ -174,7 +174,8 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                     deadline: _SendDeadline | None, response: Response) -> None:
         """One response at a time per stream: a client that does not read holds back only its own stream,
         and after the send timeout that stream is closed (istiod's "Timeout writing")."""
-        held = await self._send_budget.acquire(response.size)
+        # The budget's share is per HTTP/2 connection: its streams have one peer address.
+        held = await self._send_budget.acquire(response.size, connection.peer)
         try:
             if deadline is None:
                 await context.write(bytes(response))
