@@ -117,6 +117,75 @@ async def test_streams_that_never_read_do_not_hold_the_send_budget() -> None:
         await server.stop(None)
 
 
+async def test_made_up_names_cost_their_bytes_within_bounds_and_go_with_their_streams() -> None:
+    """The issue's 76 MB of unknown names over a few streams, scaled down with the bound (1 MB a stream,
+    2 MB a connection): refused past the bounds with a clear status, counted at their bytes meanwhile,
+    nothing of them left once the streams end, and a fresh client served all along."""
+    store = Store()
+    store.apply(service("known"))
+    pusher = Pusher(store)
+    bound = 1 << 20
+    discovery = DiscoveryServer(lambda: pusher.snapshot, max_name_bytes=bound)
+    pusher.publish(full=True)
+    discovery.ready = True
+    server = grpc.aio.server(options=admission.CORE_OPTIONS)
+    add_to_server(discovery, server)
+    address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    await server.start()
+    hostile, other = grpc.aio.insecure_channel(address), grpc.aio.insecure_channel(address)
+    try:
+        stub = ads_pb2_grpc.AggregatedDiscoveryServiceStub(hostile)
+
+        def made_up(prefix: str, size: int) -> list[str]:  # cluster-shaped, so the push index sees them too
+            return [f"outbound|80||{prefix}-{i:0>80}.demo.svc.cluster.local" for i in range(size // 120)]
+
+        # Delta: subscriptions add up on a stream until past its bound.
+        delta = stub.DeltaAggregatedResources()
+        for i in range(3):
+            await delta.write(discovery_pb2.DeltaDiscoveryRequest(
+                type_url=types.CLUSTER, node=node("delta") if i == 0 else None, resource_names_subscribe=made_up(f"d{i}", 400_000)))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            while True:
+                await asyncio.wait_for(delta.read(), 10)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        print(f"delta past the bound: {refused.value.details()}")
+        assert "at most 1048576 a stream" in refused.value.details()
+
+        # State of the world: streams under the bound each, past it together on one connection.
+        streams, sent = [], 0
+        for i in range(3):
+            call = stub.StreamAggregatedResources()
+            names = made_up(f"s{i}", 900_000)
+            await call.write(discovery_pb2.DiscoveryRequest(type_url=types.ENDPOINT, node=node(f"sotw-{i}"), resource_names=names))
+            streams.append(call)
+            if i < 2:
+                await asyncio.wait_for(call.read(), 10)
+                sent += sum(map(len, names))
+                assert discovery.name_bytes == {discovery.connections[max(discovery.connections)].peer: sent}
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await asyncio.wait_for(streams[2].read(), 10)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        print(f"a third stream on the connection: {refused.value.details()}")
+        assert "at most 2097152 a connection" in refused.value.details()
+
+        fresh = Stream(ads_pb2_grpc.AggregatedDiscoveryServiceStub(other))
+        fresh.send(types.CLUSTER)
+        assert len((await fresh.receive(timeout=10)).resources) == 1  # served while the others hold theirs
+
+        for call in streams[:2]:
+            call.cancel()
+        await eventually(lambda: len(discovery.connections) == 1, 10, "the hostile streams to end")
+        # Nothing of the made-up names is left: not counted, not indexed, not remembered for the snapshot.
+        assert discovery.name_bytes == {}
+        assert not discovery.watchers._keys
+        memo = [made for made in discovery.cache._shared.values() if isinstance(made, dict)]
+        assert all(len(made) <= 1 for made in memo), [len(made) for made in memo]
+    finally:
+        await hostile.close()
+        await other.close()
+        await server.stop(None)
+
+
 def replies_ok(client: Process) -> bool:
     return wait_until(lambda: any(line["ok"] for line in client.drain()), 5, "a reply")
 
