@@ -25,9 +25,10 @@ from istiod.sources.store import Store
 from istiod.xds import admission, types
 from istiod.xds.pusher import Pusher
 from istiod.xds.server import MAX_RESOURCE_NAMES, DiscoveryServer, _SendDeadline, add_to_server
+from istiod.tlsfront import IDLE_TIMEOUT
 from tests.ads_client import AdsClient
 from tests.conftest import render
-from tests.hostile import NOT_READING, node
+from tests.hostile import NOT_READING, closed, idle_http2, node
 from tests.peers import Istiod, Process, eventually, metric, wait_until
 from tests.test_ads import Stream, service
 from tests.test_mtls import Workload, mesh, run_agent  # noqa: F401
@@ -413,6 +414,27 @@ def test_idle_sockets_cannot_use_up_fds_and_real_clients_are_served(
     print(f"istiod's fds: {before} before, {during} with {idle} idle sockets on each of 8080, 15014, 15012, 15017 "
           f"(cap {cap} a port), {served} while real clients were served, {after} after the timeouts")
     assert during <= before + 4 * cap + 10
+
+
+def test_idle_http2_connections_on_the_secure_port_give_way_and_go(
+    mesh: dict[str, Workload], mesh_dir: Path, tmp_path: Path, start_istiod: Callable[..., Istiod],
+    start_agent: Callable[..., Process],
+) -> None:
+    """HTTP/2 over TLS, no credentials, no stream, as many as --max-connections: a workload still gets
+    its certificate (the oldest idle connection gives way), and istiod closes them all within IDLE_TIMEOUT."""
+    cap = 20
+    istiod = start_istiod(mesh_dir, "--ca-static-tokens", str(tmp_path / "tokens.json"), "--max-connections", str(cap))
+    idle = [idle_http2(istiod.ports["secure-grpc"]) for _ in range(cap)]
+    try:
+        opened = time.monotonic()
+        run_agent(start_agent, istiod, mesh["client"])
+        print(f"with {cap} idle HTTP/2 connections at --max-connections {cap}: a certificate in "
+              f"{time.monotonic() - opened:.1f}s")
+        wait_until(lambda: all(closed(sock) for sock in idle), IDLE_TIMEOUT + 20, "istiod to close the idle connections")
+        print(f"all {cap} closed by istiod {time.monotonic() - opened:.1f}s after they opened (IDLE_TIMEOUT {IDLE_TIMEOUT:g}s)")
+    finally:
+        for sock in idle:
+            sock.close()
 
 
 def test_soft_open_files_limit_is_raised_to_the_hard_one(
