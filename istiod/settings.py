@@ -70,7 +70,7 @@ class Settings:
     xds_send_timeout: float = 5.0  # a stream whose client takes no response for this long is closed; 0: never
     xds_workers: int = 1  # > 1: processes serving --grpc-addr (istiod/xds/workers.py); 1: this one
     shutdown_duration: float = 10.0  # after SIGTERM: xDS streams drain this long, then are closed
-    max_connections: int = 4096  # per port served in Python: 8080, 15014, 15017 and 15012's TLS front
+    max_connections: int = 4096  # per port: 8080, 15014, 15017, 15012's TLS front and 15010 (sized to the fd limit at start)
     http_read_timeout: float = 30.0  # a connection to 8080 or 15014 must send its request within this
     webhook_addr: Address = Address("", 15017)
     mesh_config: Path | None = None  # watched; in a cluster without it, the ConfigMap `istio` key `mesh`
@@ -195,8 +195,9 @@ def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
                         help="new xDS streams admitted a second; one that would wait over 1s for its turn is refused "
                              f"with RESOURCE_EXHAUSTED; 0: no limit (default {DEFAULT_RATE:g}; istiod's is 25 on 2 cores)")
     parser.add_argument("--max-connections", type=int, default=4096,
-                        help="connections per port on 8080, 15014, 15017 and 15012; beyond it the longest idle one "
-                             "that has not sent a request is closed (default 4096)")
+                        help="connections per port on 8080, 15014, 15017, 15012 and 15010; beyond it the longest idle "
+                             "one that has not sent a request is closed (15010: the new one is); lowered, with a warning, "
+                             "to what the open files limit can hold (default 4096)")
     parser.add_argument("--http-read-timeout", type=_seconds, default=30.0,
                         help="8080, 15014 and 15017: a connection's request must arrive within this (default 30s)")
     parser.add_argument("--webhook-addr", "--httpsAddr", type=Address.parse,

@@ -23,18 +23,16 @@ from cryptography import x509
 
 from istiod import logs
 from istiod.ca.authenticate import Credentials
-from istiod.connlimit import ConnectionCap
+from istiod.connlimit import HANDSHAKE_TIMEOUT, IDLE_TIMEOUT, ConnectionCap
 from istiod.model.names import join_host_port
 
 log = logging.getLogger(__name__)
 _refusals = logs.Throttled(log)  # a client can cause these at will
 # The TLS handshake and the client's first bytes (a gRPC client's HTTP/2 preface comes at once) must
-# arrive within this; after that the inner server's keepalive finds dead peers.
-HANDSHAKE_TIMEOUT = 10.0
-# A connection without a call under way (none yet: no credentials shown; or none since its last ended)
-# is closed after this: otherwise HTTP/2 connections that never open a stream, which keepalive keeps
-# alive, fill --max-connections. A gRPC client reconnects when it next calls.
-IDLE_TIMEOUT = 10.0
+# arrive within HANDSHAKE_TIMEOUT; after that the inner server's keepalive finds dead peers. A
+# connection without a call under way (none yet: no credentials shown; or none since its last ended)
+# is closed after IDLE_TIMEOUT: otherwise HTTP/2 connections that never open a stream, which keepalive
+# keeps alive, fill --max-connections. A gRPC client reconnects when it next calls.
 CLOSE_TIMEOUT = 2.0  # how long a closing connection may take to flush to a client before it is cut
 
 

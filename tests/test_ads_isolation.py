@@ -25,7 +25,8 @@ from istiod.sources.store import Store
 from istiod.xds import admission, types
 from istiod.xds.pusher import Pusher
 from istiod.xds.server import MAX_RESOURCE_NAMES, DiscoveryServer, _SendDeadline, add_to_server
-from istiod.tlsfront import IDLE_TIMEOUT
+from istiod.connlimit import IDLE_TIMEOUT, RESERVED_FDS
+from istiod.server import FDS_PER_CONNECTION
 from tests.ads_client import AdsClient
 from tests.conftest import render
 from tests.hostile import NOT_READING, closed, idle_http2, node
@@ -435,6 +436,33 @@ def test_idle_http2_connections_on_the_secure_port_give_way_and_go(
     finally:
         for sock in idle:
             sock.close()
+
+
+def test_connection_caps_fit_the_open_files_limit(
+    mesh: dict[str, Workload], mesh_dir: Path, tmp_path: Path, start_istiod: Callable[..., Istiod],
+    start_agent: Callable[..., Process],
+) -> None:
+    """The default --max-connections (4096) under an open files limit that cannot be raised (512): the caps
+    are sized to fit, so a flood of idle sockets on every port leaves fds for real clients."""
+    limit = 512
+    istiod = start_istiod(mesh_dir, "--ca-static-tokens", str(tmp_path / "tokens.json"), open_files=limit)
+    cap = (limit - RESERVED_FDS) // FDS_PER_CONNECTION
+    assert f"cap={cap}" in istiod.text() and "connection cap lowered" in istiod.text()
+    sockets = []
+    try:
+        for port in ("grpc", "http", "monitoring", "secure-grpc", "webhook"):
+            sockets += [socket.create_connection(("127.0.0.1", istiod.ports[port]), timeout=5) for _ in range(3 * cap)]
+        time.sleep(0.5)
+        during = open_fds(istiod)
+        assert istiod.get("/ready")[0] == 200
+        assert istiod.get("/metrics", port="monitoring")[0] == 200
+        run_agent(start_agent, istiod, mesh["client"])  # a certificate over 15012
+    finally:
+        for sock in sockets:
+            sock.close()
+    print(f"open files limit {limit}: cap {cap} a port; {len(sockets)} idle sockets held istiod at {during} fds, "
+          f"and real clients were served")
+    assert during < limit - RESERVED_FDS // 2
 
 
 def test_soft_open_files_limit_is_raised_to_the_hard_one(
