@@ -18,8 +18,15 @@ from collections.abc import Callable, Hashable
 from istiod import logs
 
 log = logging.getLogger(__name__)
-# Fds kept out of the caps' reach: files, clients of the Kubernetes API, Envoy's and the workers' pipes.
-RESERVED_FDS = 256
+MAX_CONNECTIONS = 4096  # a port's cap by default (istiod's --max-connections; the agent's status ports)
+HTTP_READ_TIMEOUT = 30.0  # an HTTP request must arrive within this (istiod's --http-read-timeout; the agent's)
+# The most connections an HTTP port accepts at once, before its cap sees them (asyncio accepts up to its
+# listen backlog in one go; uvicorn's default of 2048 would take every fd a flood offers before the
+# cap could close an idle one, and each accept that fails logs a traceback).
+ACCEPT_BATCH = 64
+# Fds kept out of the caps' reach: what the ports accept at once (three HTTP ports' batches, 15012's
+# asyncio default of 100), files, clients of the Kubernetes API, Envoy's and the workers' pipes.
+RESERVED_FDS = 3 * ACCEPT_BATCH + 100 + 128
 # A connection without a call under way (none yet, or none since its last ended) is closed after this,
 # on the xDS ports; a port's TLS handshake and first bytes must come within HANDSHAKE_TIMEOUT.
 IDLE_TIMEOUT = 10.0

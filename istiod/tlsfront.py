@@ -23,7 +23,7 @@ from cryptography import x509
 
 from istiod import logs
 from istiod.ca.authenticate import Credentials
-from istiod.connlimit import HANDSHAKE_TIMEOUT, IDLE_TIMEOUT, ConnectionCap
+from istiod.connlimit import HANDSHAKE_TIMEOUT, IDLE_TIMEOUT, MAX_CONNECTIONS, ConnectionCap
 from istiod.model.names import join_host_port
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ CLOSE_TIMEOUT = 2.0  # how long a closing connection may take to flush to a clie
 
 class TlsFront:
     def __init__(self, host: str, port: int, backend_port: int, context: Callable[[], ssl.SSLContext],
-                 user_timeout: float = 10.0, max_connections: int = 4096) -> None:
+                 user_timeout: float = 10.0, max_connections: int = MAX_CONNECTIONS) -> None:
         self.host, self.port = host, port
         self.backend_port = backend_port
         self.context = context

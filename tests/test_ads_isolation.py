@@ -451,7 +451,7 @@ def test_connection_caps_fit_the_open_files_limit(
     sockets = []
     try:
         for port in ("grpc", "http", "monitoring", "secure-grpc", "webhook"):
-            sockets += [socket.create_connection(("127.0.0.1", istiod.ports[port]), timeout=5) for _ in range(3 * cap)]
+            sockets += [socket.create_connection(("127.0.0.1", istiod.ports[port]), timeout=5) for _ in range(limit // 4)]
         time.sleep(0.5)
         during = open_fds(istiod)
         assert istiod.get("/ready")[0] == 200
