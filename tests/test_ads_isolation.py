@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -80,21 +81,28 @@ def test_streams_that_never_read_cost_only_themselves(
     assert replies_ok(client) and replies_ok(newcomer)
 
 
-async def test_streams_that_never_read_do_not_hold_the_send_budget() -> None:
-    """The issue's 100 streams on one connection of a 1000-Service mesh filling the 32 MB budget, scaled
-    down: 200 streams on 10 connections, each stream's first response ~20 kB, a 256 kB budget. A fresh
-    client must get its config while every hostile stream is still open (the send timeout is 60 s)."""
+async def serve_in_process(objects: list[dict], **options: Any) -> tuple[DiscoveryServer, grpc.aio.Server, str]:
+    """An ADS server in this process (its state can be looked at) serving `objects`, and its address."""
     store = Store()
-    for i in range(100):
-        store.apply(service(f"svc-{i}"))
+    for obj in objects:
+        store.apply(obj)
     pusher = Pusher(store)
-    discovery = DiscoveryServer(lambda: pusher.snapshot, send_timeout=60, send_budget=256 << 10)
+    discovery = DiscoveryServer(lambda: pusher.snapshot, **options)
     pusher.publish(full=True)
     discovery.ready = True
     server = grpc.aio.server(options=admission.CORE_OPTIONS)
     add_to_server(discovery, server)
     address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
     await server.start()
+    return discovery, server, address
+
+
+async def test_streams_that_never_read_do_not_hold_the_send_budget() -> None:
+    """The issue's 100 streams on one connection of a 1000-Service mesh filling the 32 MB budget, scaled
+    down: 200 streams on 10 connections, each stream's first response ~20 kB, a 256 kB budget. A fresh
+    client must get its config while every hostile stream is still open (the send timeout is 60 s)."""
+    discovery, server, address = await serve_in_process([service(f"svc-{i}") for i in range(100)],
+                                                        send_timeout=60, send_budget=256 << 10)
     hostile = await asyncio.create_subprocess_exec(sys.executable, "-m", "tests.hostile", "stall", address, "200", "20",
                                                    stdout=asyncio.subprocess.PIPE, start_new_session=True)
     channel = grpc.aio.insecure_channel(address)
@@ -123,17 +131,7 @@ async def test_made_up_names_cost_their_bytes_within_bounds_and_go_with_their_st
     """The issue's 76 MB of unknown names over a few streams, scaled down with the bound (1 MB a stream,
     2 MB a connection): refused past the bounds with a clear status, counted at their bytes meanwhile,
     nothing of them left once the streams end, and a fresh client served all along."""
-    store = Store()
-    store.apply(service("known"))
-    pusher = Pusher(store)
-    bound = 1 << 20
-    discovery = DiscoveryServer(lambda: pusher.snapshot, max_name_bytes=bound)
-    pusher.publish(full=True)
-    discovery.ready = True
-    server = grpc.aio.server(options=admission.CORE_OPTIONS)
-    add_to_server(discovery, server)
-    address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
-    await server.start()
+    discovery, server, address = await serve_in_process([service("known")], max_name_bytes=1 << 20)
     hostile, other = grpc.aio.insecure_channel(address), grpc.aio.insecure_channel(address)
     try:
         stub = ads_pb2_grpc.AggregatedDiscoveryServiceStub(hostile)
