@@ -48,14 +48,15 @@ def raise_open_file_limit() -> int:
 
 
 def sized_cap(requested: int, fds_per_connection: int, flag: str = "") -> int:
-    """`requested` connections a port, lowered (with a warning naming `flag`) so that every capped port
-    at its cap, `fds_per_connection` fds for one more connection on each, fits in the open files
-    limit with RESERVED_FDS to spare."""
+    """`requested` connections a port, lowered so that every capped port at its cap,
+    `fds_per_connection` fds for one more connection on each, fits in the open files limit with
+    RESERVED_FDS to spare; logged, as a warning when `flag` asked for more."""
     limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     fits = max(1, (limit - RESERVED_FDS) // fds_per_connection)
     if requested > fits:
-        log.warning(logs.event("connection cap lowered to fit the open files limit", flag=flag or "default",
-                               requested=requested, cap=fits, open_files_limit=limit))
+        (log.warning if flag else log.info)(logs.event(
+            "connection cap lowered to fit the open files limit", flag=flag or "default", requested=requested,
+            cap=fits, open_files_limit=limit))
         return fits
     return requested
 

@@ -28,7 +28,7 @@ import yaml
 from istiod import logs
 from istiod.debug.access import AccessPolicy
 from istiod.ca.publisher import ELECTION, RootCertPublisher
-from istiod.connlimit import raise_open_file_limit, sized_cap
+from istiod.connlimit import MAX_CONNECTIONS, raise_open_file_limit, sized_cap
 from istiod.debug.app import DebugView, create_app
 from istiod.debug.connections import Question, answer
 from istiod.debug.serving import guarded_config
@@ -289,8 +289,8 @@ class Discovery:
 async def run_discovery(settings: Settings) -> int:
     """Serves until SIGINT or SIGTERM (0), or until a background task fails that cannot be restarted (1)."""
     raise_open_file_limit()
-    settings = dataclasses.replace(settings, max_connections=sized_cap(settings.max_connections, FDS_PER_CONNECTION,
-                                                                       "--max-connections"))
+    flag = "--max-connections" if settings.max_connections != MAX_CONNECTIONS else ""
+    settings = dataclasses.replace(settings, max_connections=sized_cap(settings.max_connections, FDS_PER_CONNECTION, flag))
     discovery = Discovery(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
