@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import functools
 import gc
 import json
 import logging
-import resource
 import signal
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -28,6 +28,7 @@ import yaml
 from istiod import logs
 from istiod.debug.access import AccessPolicy
 from istiod.ca.publisher import ELECTION, RootCertPublisher
+from istiod.connlimit import MAX_CONNECTIONS, raise_open_file_limit, sized_cap
 from istiod.debug.app import DebugView, create_app
 from istiod.debug.connections import Question, answer
 from istiod.debug.serving import guarded_config
@@ -55,6 +56,9 @@ from istiod.xds.workers import WorkerPool, ads_server
 
 log = logging.getLogger(__name__)
 ADS_SERVICE = ads_pb2.DESCRIPTOR.services_by_name["AggregatedDiscoveryService"].full_name
+# Fds one more connection on each capped port takes: 8080, 15014, 15017 and 15010 one each, 15012 three
+# (the client's, the TLS front's to the inner gRPC server, and that server's side of it).
+FDS_PER_CONNECTION = 7
 
 
 class Discovery:
@@ -141,7 +145,8 @@ class Discovery:
                                                          restart=True))
         else:
             # so_reuseport off: a second istiod on the same port must fail, not silently share it.
-            self._grpc = ads_server(self.ads, self.health, settings.keepalive, reuse_port=False)
+            self._grpc = ads_server(self.ads, self.health, settings.keepalive, reuse_port=False,
+                                    max_connections=settings.max_connections)
             reflection.enable_server_reflection((ADS_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), self._grpc)
             await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
             with _listening("--grpc-addr", grpc_addr):
@@ -283,7 +288,9 @@ class Discovery:
 
 async def run_discovery(settings: Settings) -> int:
     """Serves until SIGINT or SIGTERM (0), or until a background task fails that cannot be restarted (1)."""
-    _raise_open_file_limit()
+    raise_open_file_limit()
+    flag = "--max-connections" if settings.max_connections != MAX_CONNECTIONS else ""
+    settings = dataclasses.replace(settings, max_connections=sized_cap(settings.max_connections, FDS_PER_CONNECTION, flag))
     discovery = Discovery(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -342,14 +349,3 @@ def _urls(settings: Settings, ports: dict[str, int]) -> dict[str, str]:
         "debug": f"http://{at(settings.http_addr, ports['http'])}/debug",
         "metrics": f"http://{at(settings.monitoring_addr, ports['monitoring'])}/metrics",
     }
-
-
-def _raise_open_file_limit() -> None:
-    """As Go programs (istiod) do at start: the soft limit on open files up to the hard one, so a low
-    default soft limit (often 1024) is not what caps the connections istiod can hold."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        except (ValueError, OSError) as error:
-            log.warning(logs.event("cannot raise the open files limit", soft=soft, hard=hard, error=str(error)))

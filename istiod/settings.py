@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from istiod.ca.settings import CaSettings, add_ca_flags, ca_settings_from_args
+from istiod.connlimit import HTTP_READ_TIMEOUT, MAX_CONNECTIONS
 from istiod.durations import parse_duration as _seconds
 from istiod.envvars import env_default
 from istiod.keepalive import Keepalive
@@ -70,8 +71,8 @@ class Settings:
     xds_send_timeout: float = 5.0  # a stream whose client takes no response for this long is closed; 0: never
     xds_workers: int = 1  # > 1: processes serving --grpc-addr (istiod/xds/workers.py); 1: this one
     shutdown_duration: float = 10.0  # after SIGTERM: xDS streams drain this long, then are closed
-    max_connections: int = 4096  # per port served in Python: 8080, 15014, 15017 and 15012's TLS front
-    http_read_timeout: float = 30.0  # a connection to 8080 or 15014 must send its request within this
+    max_connections: int = MAX_CONNECTIONS  # per port: 8080, 15014, 15017, 15012's TLS front and 15010 (sized to the fd limit at start)
+    http_read_timeout: float = HTTP_READ_TIMEOUT  # a connection to 8080 or 15014 must send its request within this
     webhook_addr: Address = Address("", 15017)
     mesh_config: Path | None = None  # watched; in a cluster without it, the ConfigMap `istio` key `mesh`
     mesh_defaults: MeshConfig = MeshConfig()  # the flags' values, under whatever the mesh config sets
@@ -194,10 +195,11 @@ def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
                         default=env_default("PILOT_MAX_REQUESTS_PER_SECOND", f"{DEFAULT_RATE:g}", _non_negative_float),
                         help="new xDS streams admitted a second; one that would wait over 1s for its turn is refused "
                              f"with RESOURCE_EXHAUSTED; 0: no limit (default {DEFAULT_RATE:g}; istiod's is 25 on 2 cores)")
-    parser.add_argument("--max-connections", type=int, default=4096,
-                        help="connections per port on 8080, 15014, 15017 and 15012; beyond it the longest idle one "
-                             "that has not sent a request is closed (default 4096)")
-    parser.add_argument("--http-read-timeout", type=_seconds, default=30.0,
+    parser.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS,
+                        help="connections per port on 8080, 15014, 15017, 15012 and 15010; beyond it the longest idle "
+                             "one that has not sent a request is closed (15010: the new one is); lowered, with a warning, "
+                             f"to what the open files limit can hold (default {MAX_CONNECTIONS})")
+    parser.add_argument("--http-read-timeout", type=_seconds, default=HTTP_READ_TIMEOUT,
                         help="8080, 15014 and 15017: a connection's request must arrive within this (default 30s)")
     parser.add_argument("--webhook-addr", "--httpsAddr", type=Address.parse,
                         default=env_default("HTTPS_ADDR", ":15017", Address.parse),

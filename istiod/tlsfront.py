@@ -23,20 +23,22 @@ from cryptography import x509
 
 from istiod import logs
 from istiod.ca.authenticate import Credentials
-from istiod.connlimit import ConnectionCap
+from istiod.connlimit import HANDSHAKE_TIMEOUT, IDLE_TIMEOUT, MAX_CONNECTIONS, ConnectionCap
 from istiod.model.names import join_host_port
 
 log = logging.getLogger(__name__)
 _refusals = logs.Throttled(log)  # a client can cause these at will
 # The TLS handshake and the client's first bytes (a gRPC client's HTTP/2 preface comes at once) must
-# arrive within this; after that the inner server's keepalive finds dead and idle peers.
-HANDSHAKE_TIMEOUT = 10.0
+# arrive within HANDSHAKE_TIMEOUT; after that the inner server's keepalive finds dead peers. A
+# connection without a call under way (none yet: no credentials shown; or none since its last ended)
+# is closed after IDLE_TIMEOUT: otherwise HTTP/2 connections that never open a stream, which keepalive
+# keeps alive, fill --max-connections. A gRPC client reconnects when it next calls.
 CLOSE_TIMEOUT = 2.0  # how long a closing connection may take to flush to a client before it is cut
 
 
 class TlsFront:
     def __init__(self, host: str, port: int, backend_port: int, context: Callable[[], ssl.SSLContext],
-                 user_timeout: float = 10.0, max_connections: int = 4096) -> None:
+                 user_timeout: float = 10.0, max_connections: int = MAX_CONNECTIONS) -> None:
         self.host, self.port = host, port
         self.backend_port = backend_port
         self.context = context
@@ -45,6 +47,9 @@ class TlsFront:
         self.user_timeout = user_timeout
         self._cap = ConnectionCap(max_connections)
         self._peers: dict[str, x509.Certificate | None] = {}
+        self._fronts: dict[str, asyncio.Transport] = {}  # the inner server's peer name -> the client's connection
+        self._calls: dict[asyncio.Transport, int] = {}  # calls under way per connection
+        self._idle: dict[asyncio.Transport, asyncio.TimerHandle] = {}  # connections without a call, to close
         self._transports: set[asyncio.Transport] = set()
         self._tasks: set[asyncio.Task[None]] = set()  # the loop keeps only weak references to tasks
         self._server: asyncio.Server | None = None
@@ -80,14 +85,42 @@ class TlsFront:
         sock = transport.get_extra_info("socket")
         if sock is not None and hasattr(socket, "TCP_USER_TIMEOUT"):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, round(self.user_timeout * 1000))
+        self._went_idle(transport)
         task = asyncio.get_running_loop().create_task(self.serve(transport, client, early))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     def credentials(self, context: grpc.aio.ServicerContext) -> Credentials:
-        """The caller's credentials as the inner gRPC server sees it (no certificate unless it came through TLS)."""
+        """The caller's credentials as the inner gRPC server sees it (no certificate unless it came through
+        TLS). Every call asks once (the CA's and ADS's): its connection is busy until the call ends."""
+        peer = context.peer() or ""
+        transport = self._fronts.get(peer)
+        if transport is not None:
+            self._call_started(transport)
+            # The stubs type the callback as a class of their own; any callable taking the context does.
+            context.add_done_callback(lambda _: self._call_ended(transport))  # type: ignore[arg-type]
         metadata = {key: value for key, value in (context.invocation_metadata() or ()) if isinstance(value, str)}
-        return Credentials(metadata.get("authorization"), self._peers.get(context.peer() or ""))
+        return Credentials(metadata.get("authorization"), self._peers.get(peer))
+
+    def _call_started(self, transport: asyncio.Transport) -> None:
+        self._calls[transport] = self._calls.get(transport, 0) + 1
+        idle = self._idle.pop(transport, None)
+        if idle is not None:
+            idle.cancel()
+        self._cap.busy(transport)
+
+    def _call_ended(self, transport: asyncio.Transport) -> None:
+        if transport not in self._calls:
+            return  # the connection is gone
+        self._calls[transport] -= 1
+        if not self._calls[transport]:
+            self._went_idle(transport)
+
+    def _went_idle(self, transport: asyncio.Transport) -> None:
+        """The connection has no call under way: it gives way first at the cap, and goes after IDLE_TIMEOUT."""
+        self._calls[transport] = 0
+        self._cap.idle(transport)
+        self._idle[transport] = asyncio.get_running_loop().call_later(IDLE_TIMEOUT, transport.abort)
 
     async def serve(self, transport: asyncio.Transport, client: str, early: bytearray) -> None:
         self._transports.add(transport)
@@ -96,6 +129,10 @@ class TlsFront:
         finally:
             self._cap.release(transport)
             self._transports.discard(transport)
+            self._calls.pop(transport, None)
+            idle = self._idle.pop(transport, None)
+            if idle is not None:
+                idle.cancel()
             transport.abort()
 
     async def _forward(self, transport: asyncio.Transport, client: str, early: bytearray) -> None:
@@ -126,19 +163,18 @@ class TlsFront:
                 tls.abort()
             return
         assert tls is not None
-        self._cap.busy(transport)
         writer = asyncio.StreamWriter(tls, protocol, reader, loop)
         try:
             if first:
-                await self._pipe(tls, reader, writer, first)
+                await self._pipe(transport, tls, reader, writer, first)
         finally:
             tls.close()  # flushes what is left to the client, or gives up after CLOSE_TIMEOUT
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(CLOSE_TIMEOUT):
                     await writer.wait_closed()
 
-    async def _pipe(self, tls: asyncio.Transport, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    first: bytes) -> None:
+    async def _pipe(self, transport: asyncio.Transport, tls: asyncio.Transport, reader: asyncio.StreamReader,
+                    writer: asyncio.StreamWriter, first: bytes) -> None:
         der = tls.get_extra_info("ssl_object").getpeercert(binary_form=True)
         cert = x509.load_der_x509_certificate(der) if der else None
         try:
@@ -148,6 +184,7 @@ class TlsFront:
             return
         peer = f"ipv4:127.0.0.1:{backend_writer.get_extra_info('sockname')[1]}"
         self._peers[peer] = cert  # before a byte is forwarded, so every RPC finds it
+        self._fronts[peer] = transport
         backend_writer.write(first)
         # Either side closing ends both: a pump waiting to write to a client that stopped reading
         # must not keep the connection when the inner server has dropped it (its keepalive failed).
@@ -160,6 +197,7 @@ class TlsFront:
                 task.cancel()
             backend_writer.close()
             del self._peers[peer]
+            del self._fronts[peer]
 
 
 class _TlsStreamProtocol(asyncio.StreamReaderProtocol):

@@ -127,13 +127,15 @@ class Process:
 
 class Istiod(Process):
     def __init__(self, workdir: Path, *args: str, ready_timeout: float | None = 20, log_format: str = "kv",
-                 env: dict[str, str] | None = None) -> None:
-        """`args` name the source (`--config-dir DIR` or `--kubeconfig FILE`) and any other flags."""
+                 env: dict[str, str] | None = None, open_files: int | None = None) -> None:
+        """`args` name the source (`--config-dir DIR` or `--kubeconfig FILE`) and any other flags;
+        `open_files`: its soft and hard limit on open files (util-linux's prlimit)."""
         ports_file = workdir / "ports.json"
         ports_file.unlink(missing_ok=True)
         self.state_dir = workdir / "state"
+        limited = ["prlimit", f"--nofile={open_files}:{open_files}", "--"] if open_files else []
         super().__init__(
-            [sys.executable, "-m", "istiod", "--log-format", log_format, "discovery",
+            [*limited, sys.executable, "-m", "istiod", "--log-format", log_format, "discovery",
              "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--monitoring-addr", "127.0.0.1:0",
              "--ports-file", str(ports_file),
              "--secure-grpc-addr", "127.0.0.1:0", "--webhook-addr", "127.0.0.1:0", "--ca-state-dir", str(self.state_dir), "--tls-extra-san", "127.0.0.1",

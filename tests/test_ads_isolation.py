@@ -16,17 +16,23 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
-from istiod.xds import types
-from istiod.xds.server import MAX_RESOURCE_NAMES, _SendDeadline
+from istiod.sources.store import Store
+from istiod.xds import admission, types
+from istiod.xds.pusher import Pusher
+from istiod.xds.server import MAX_RESOURCE_NAMES, DiscoveryServer, _SendDeadline, add_to_server
+from istiod.connlimit import IDLE_TIMEOUT, RESERVED_FDS
+from istiod.server import FDS_PER_CONNECTION
 from tests.ads_client import AdsClient
 from tests.conftest import render
-from tests.hostile import NOT_READING, node
-from tests.peers import Istiod, Process, metric, wait_until
+from tests.hostile import NOT_READING, closed, idle_http2, node
+from tests.peers import Istiod, Process, eventually, metric, wait_until
+from tests.test_ads import Stream, service
 from tests.test_mtls import Workload, mesh, run_agent  # noqa: F401
 from tests.test_proxyless_grpc import SERVICE_PORT, echo_mesh, start_client, wait_for_replies  # noqa: F401
 
@@ -73,6 +79,111 @@ def test_streams_that_never_read_cost_only_themselves(
     assert timeouts == stalled
     assert sorted(c.split("~")[2] for c in connections(istiod)) == ["demo-client.echo-ns"] * 2
     assert replies_ok(client) and replies_ok(newcomer)
+
+
+async def serve_in_process(objects: list[dict], **options: Any) -> tuple[DiscoveryServer, grpc.aio.Server, str]:
+    """An ADS server in this process (its state can be looked at) serving `objects`, and its address."""
+    store = Store()
+    for obj in objects:
+        store.apply(obj)
+    pusher = Pusher(store)
+    discovery = DiscoveryServer(lambda: pusher.snapshot, **options)
+    pusher.publish(full=True)
+    discovery.ready = True
+    server = grpc.aio.server(options=admission.CORE_OPTIONS)
+    add_to_server(discovery, server)
+    address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    await server.start()
+    return discovery, server, address
+
+
+async def test_streams_that_never_read_do_not_hold_the_send_budget() -> None:
+    """The issue's 100 streams on one connection of a 1000-Service mesh filling the 32 MB budget, scaled
+    down: 200 streams on 10 connections, each stream's first response ~20 kB, a 256 kB budget. A fresh
+    client must get its config while every hostile stream is still open (the send timeout is 60 s)."""
+    discovery, server, address = await serve_in_process([service(f"svc-{i}") for i in range(100)],
+                                                        send_timeout=60, send_budget=256 << 10)
+    hostile = await asyncio.create_subprocess_exec(sys.executable, "-m", "tests.hostile", "stall", address, "200", "20",
+                                                   stdout=asyncio.subprocess.PIPE, start_new_session=True)
+    channel = grpc.aio.insecure_channel(address)
+    try:
+        assert hostile.stdout is not None
+        assert b'"streams": 200' in await asyncio.wait_for(hostile.stdout.readline(), 30)
+        await eventually(lambda: len(discovery.connections) == 200, 20, "the stalled streams")
+        stalled = set(discovery.connections)
+        await eventually(lambda: discovery._send_budget.used > (200 << 10), 20, "the stalled writes to fill the budget")
+
+        fresh = Stream(ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel))
+        fresh.send(types.CLUSTER)
+        response = await fresh.receive(timeout=20)  # generous: the point is that it comes before the streams end
+        print(f"a fresh client got {len(response.resources)} clusters while {len(stalled)} streams on 10 connections "
+              f"never read; the budget held {discovery._send_budget.used >> 10} kB")
+        assert len(response.resources) == 100
+        assert stalled <= set(discovery.connections)  # all still open: nothing timed out to let it through
+    finally:
+        os.killpg(hostile.pid, signal.SIGKILL)
+        await hostile.wait()
+        await channel.close()
+        await server.stop(None)
+
+
+async def test_made_up_names_cost_their_bytes_within_bounds_and_go_with_their_streams() -> None:
+    """The issue's 76 MB of unknown names over a few streams, scaled down with the bound (1 MB a stream,
+    2 MB a connection): refused past the bounds with a clear status, counted at their bytes meanwhile,
+    nothing of them left once the streams end, and a fresh client served all along."""
+    discovery, server, address = await serve_in_process([service("known")], max_name_bytes=1 << 20)
+    hostile, other = grpc.aio.insecure_channel(address), grpc.aio.insecure_channel(address)
+    try:
+        stub = ads_pb2_grpc.AggregatedDiscoveryServiceStub(hostile)
+
+        def made_up(prefix: str, size: int) -> list[str]:  # cluster-shaped, so the push index sees them too
+            return [f"outbound|80||{prefix}-{i:0>80}.demo.svc.cluster.local" for i in range(size // 120)]
+
+        # Delta: subscriptions add up on a stream until past its bound.
+        delta = stub.DeltaAggregatedResources()
+        for i in range(3):
+            await delta.write(discovery_pb2.DeltaDiscoveryRequest(
+                type_url=types.CLUSTER, node=node("delta") if i == 0 else None, resource_names_subscribe=made_up(f"d{i}", 400_000)))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            while True:
+                await asyncio.wait_for(delta.read(), 10)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        print(f"delta past the bound: {refused.value.details()}")
+        assert "at most 1048576 a stream" in refused.value.details()
+
+        # State of the world: streams under the bound each, past it together on one connection.
+        streams, sent = [], 0
+        for i in range(3):
+            call = stub.StreamAggregatedResources()
+            names = made_up(f"s{i}", 900_000)
+            await call.write(discovery_pb2.DiscoveryRequest(type_url=types.ENDPOINT, node=node(f"sotw-{i}"), resource_names=names))
+            streams.append(call)
+            if i < 2:
+                await asyncio.wait_for(call.read(), 10)
+                sent += sum(map(len, names))
+                assert discovery.name_bytes == {discovery.connections[max(discovery.connections)].peer: sent}
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await asyncio.wait_for(streams[2].read(), 10)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        print(f"a third stream on the connection: {refused.value.details()}")
+        assert "at most 2097152 a connection" in refused.value.details()
+
+        fresh = Stream(ads_pb2_grpc.AggregatedDiscoveryServiceStub(other))
+        fresh.send(types.CLUSTER)
+        assert len((await fresh.receive(timeout=10)).resources) == 1  # served while the others hold theirs
+
+        for call in streams[:2]:
+            call.cancel()
+        await eventually(lambda: len(discovery.connections) == 1, 10, "the hostile streams to end")
+        # Nothing of the made-up names is left: not counted, not indexed, not remembered for the snapshot.
+        assert discovery.name_bytes == {}
+        assert not discovery.watchers._keys
+        memo = [made for made in discovery.cache._shared.values() if isinstance(made, dict)]
+        assert all(len(made) <= 1 for made in memo), [len(made) for made in memo]
+    finally:
+        await hostile.close()
+        await other.close()
+        await server.stop(None)
 
 
 def replies_ok(client: Process) -> bool:
@@ -302,6 +413,54 @@ def test_idle_sockets_cannot_use_up_fds_and_real_clients_are_served(
     print(f"istiod's fds: {before} before, {during} with {idle} idle sockets on each of 8080, 15014, 15012, 15017 "
           f"(cap {cap} a port), {served} while real clients were served, {after} after the timeouts")
     assert during <= before + 4 * cap + 10
+
+
+def test_idle_http2_connections_on_the_secure_port_give_way_and_go(
+    mesh: dict[str, Workload], mesh_dir: Path, tmp_path: Path, start_istiod: Callable[..., Istiod],
+    start_agent: Callable[..., Process],
+) -> None:
+    """HTTP/2 over TLS, no credentials, no stream, as many as --max-connections: a workload still gets
+    its certificate (the oldest idle connection gives way), and istiod closes them all within IDLE_TIMEOUT."""
+    cap = 20
+    istiod = start_istiod(mesh_dir, "--ca-static-tokens", str(tmp_path / "tokens.json"), "--max-connections", str(cap))
+    idle = [idle_http2(istiod.ports["secure-grpc"]) for _ in range(cap)]
+    try:
+        opened = time.monotonic()
+        run_agent(start_agent, istiod, mesh["client"])
+        print(f"with {cap} idle HTTP/2 connections at --max-connections {cap}: a certificate in "
+              f"{time.monotonic() - opened:.1f}s")
+        wait_until(lambda: all(closed(sock) for sock in idle), IDLE_TIMEOUT + 20, "istiod to close the idle connections")
+        print(f"all {cap} closed by istiod {time.monotonic() - opened:.1f}s after they opened (IDLE_TIMEOUT {IDLE_TIMEOUT:g}s)")
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_connection_caps_fit_the_open_files_limit(
+    mesh: dict[str, Workload], mesh_dir: Path, tmp_path: Path, start_istiod: Callable[..., Istiod],
+    start_agent: Callable[..., Process],
+) -> None:
+    """The default --max-connections (4096) under an open files limit that cannot be raised (512): the caps
+    are sized to fit, so a flood of idle sockets on every port leaves fds for real clients."""
+    limit = 512
+    istiod = start_istiod(mesh_dir, "--ca-static-tokens", str(tmp_path / "tokens.json"), open_files=limit)
+    cap = (limit - RESERVED_FDS) // FDS_PER_CONNECTION
+    assert f"cap={cap}" in istiod.text() and "connection cap lowered" in istiod.text()
+    sockets = []
+    try:
+        for port in ("grpc", "http", "monitoring", "secure-grpc", "webhook"):
+            sockets += [socket.create_connection(("127.0.0.1", istiod.ports[port]), timeout=5) for _ in range(limit // 4)]
+        time.sleep(0.5)
+        during = open_fds(istiod)
+        assert istiod.get("/ready")[0] == 200
+        assert istiod.get("/metrics", port="monitoring")[0] == 200
+        run_agent(start_agent, istiod, mesh["client"])  # a certificate over 15012
+    finally:
+        for sock in sockets:
+            sock.close()
+    print(f"open files limit {limit}: cap {cap} a port; {len(sockets)} idle sockets held istiod at {during} fds, "
+          f"and real clients were served")
+    assert during < limit - RESERVED_FDS // 2
 
 
 def test_soft_open_files_limit_is_raised_to_the_hard_one(

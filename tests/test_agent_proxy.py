@@ -14,6 +14,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import time
 import types
 import urllib.error
 import urllib.request
@@ -159,9 +160,10 @@ def mesh(mesh_dir: Path, tmp_path: Path) -> Path:
 @pytest.fixture
 def start_sidecar(processes: list[Process], workdir: Path) -> Callable[..., Sidecar]:
     def start(istiod: Istiod, *extra: str, unix_admin: bool = False, env: dict[str, str] | None = None,
-              ready: bool = True, drain: str = "1s") -> Sidecar:
+              ready: bool = True, drain: str = "1s", open_files: int | None = None) -> Sidecar:
         """`extra`: agent flags. `unix_admin`: Envoy's admin on a Unix socket under the workdir (as for
-        a pod in its own network namespace), else on a loopback port. `ready`: wait until it is."""
+        a pod in its own network namespace), else on a loopback port. `ready`: wait until it is.
+        `open_files`: the agent's (and so Envoy's) soft and hard limit on open files (util-linux's prlimit)."""
         (workdir / "token").write_text("web-s3cret")
         tls_port = free_port()
         override = workdir / "override.json"
@@ -169,8 +171,9 @@ def start_sidecar(processes: list[Process], workdir: Path) -> Callable[..., Side
         status, readiness, prometheus = free_port(), free_port(), free_port()
         admin = EnvoyAdmin(workdir / "admin.sock" if unix_admin else ("127.0.0.1", free_port()))
         admin_flag = "unix:admin.sock" if unix_admin else str(admin)
+        limited = ["prlimit", f"--nofile={open_files}:{open_files}", "--"] if open_files else []
         agent = Process([
-            sys.executable, "-m", "istiod", "agent",
+            *limited, sys.executable, "-m", "istiod", "agent",
             "--ca-addr", istiod.secure_address, "--ca-root-cert", str(istiod.root_cert),
             "--token-file", str(workdir / "token"), "--output-dir", str(workdir / "certs"),
             "--pod-name", POD, "--pod-namespace", NAMESPACE, "--instance-ip", POD_IP, "--service-account", "web",
@@ -245,6 +248,38 @@ def test_envoy_gets_istiod_config_through_the_agent(mesh: Path, mesh_dir: Path, 
     print("agent and Envoy printed:\n" + sidecar.agent.log())
     assert "web-s3cret" not in sidecar.agent.text() + istiod.text()
     assert "PRIVATE KEY" not in sidecar.agent.text()
+
+
+def test_idle_sockets_on_the_status_ports_leave_the_agent_serving(mesh: Path, mesh_dir: Path,
+                                                                  start_istiod: Callable[..., Istiod],
+                                                                  start_sidecar: Callable[..., Sidecar]) -> None:
+    """More idle sockets (a third of them half a request) on 15020 and 15021 than the agent may open
+    files: readiness and the stats still answer, and no accept fails (a cap fitted to the limit)."""
+    istiod = start_istiod(mesh_dir, "--ca-static-tokens", str(mesh))
+    limit = 512
+    sidecar = start_sidecar(istiod, open_files=limit)
+    agent_pid = sidecar.agent.proc.pid
+    sockets: list[socket.socket] = []
+    try:
+        for port in (sidecar.status, sidecar.readiness):
+            for i in range(limit * 3 // 5):
+                sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+                if i % 3 == 0:
+                    sock.sendall(b"GET /healthz/ready HTTP/1.1\r\nHost: x\r\n")
+                sockets.append(sock)
+        time.sleep(0.5)
+        fds = len(os.listdir(f"/proc/{agent_pid}/fd"))
+        assert sidecar.ready() == (200, "")
+        status, stats = http_get(f"http://127.0.0.1:{sidecar.status}/stats/prometheus")
+        assert status == 200 and "istio_agent_scrapes_total" in stats
+    finally:
+        for sock in sockets:
+            sock.close()
+    log = sidecar.agent.log()
+    print(f"{len(sockets)} idle sockets on 15020 and 15021 with an open files limit of {limit}: the agent held "
+          f"{fds} fds, readiness and stats answered")
+    assert fds < limit - 100
+    assert "Too many open files" not in log and "accept" not in log.lower(), log[-2000:]
 
 
 def test_rotation_reaches_envoy_over_sds_without_restart(mesh: Path, mesh_dir: Path,

@@ -29,6 +29,7 @@ from istiod.agent.settings import AgentSettings
 from istiod.atomicfile import write_atomic
 from istiod.ca.pki import PrivateKey, key_pem, load_certs, new_key, same_public_key, uri_sans
 from istiod.certfiles import CERT_CHAIN_FILE, KEY_FILE, ROOT_CERT_FILE
+from istiod.connlimit import raise_open_file_limit
 from istiod.gen.istio.v1.auth import ca_pb2, ca_pb2_grpc
 from istiod.model.names import spiffe_identity
 from istiod.backoff import Backoff
@@ -201,6 +202,7 @@ async def run_until_signalled(run: Callable[[asyncio.Event], Awaitable[int]]) ->
 
 
 async def run_agent(settings: AgentSettings) -> int:
+    raise_open_file_limit()  # as pilot-agent (a Go program) does at start
     return await run_until_signalled(lambda stop: run(settings, stop))
 
 

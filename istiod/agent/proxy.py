@@ -31,6 +31,7 @@ from istiod.agent.settings import AgentSettings, ProxySettings
 from istiod.agent.status import StatusServer
 from istiod.agent.xdsproxy import XdsProxy
 from istiod.atomicfile import write_atomic
+from istiod.connlimit import raise_open_file_limit
 from istiod.model.names import join_host_port
 
 log = logging.getLogger(__name__)
@@ -125,6 +126,7 @@ async def _first_or_end(event: asyncio.Event, task: asyncio.Task[int]) -> bool:
 
 
 async def run_proxy_agent(settings: AgentSettings, proxy: ProxySettings) -> int:
+    raise_open_file_limit()  # as pilot-agent (a Go program) does at start
     return await run_until_signalled(lambda stop: run_proxy(settings, proxy, stop))
 
 

@@ -19,6 +19,8 @@ from fastapi.responses import PlainTextResponse, Response
 
 from istiod.agent.admin import EnvoyAdmin
 from istiod.agent.metrics import SCRAPES, agent_exposition
+from istiod.connlimit import HTTP_READ_TIMEOUT, MAX_CONNECTIONS, sized_cap
+from istiod.debug.serving import guarded_config
 from istiod.listen import listen_tcp
 
 log = logging.getLogger(__name__)
@@ -80,8 +82,10 @@ class StatusServer:
     async def start(self, *addresses: tuple[str, int]) -> list[int]:
         """Serves on every address; the ports bound, in order."""
         sockets = [listen_tcp(host, port) for host, port in addresses]
-        self._server = _Server(uvicorn.Config(self.app(), log_level="warning", lifespan="off", access_log=False,
-                                              log_config=None, proxy_headers=False))
+        # istiod's rules for its HTTP ports: a request within the read timeout, and a cap on connections
+        # (one for every address together, the longest idle giving way) that fits in the open files
+        # limit, so idle sockets cannot stop readiness and SDS.
+        self._server = _Server(guarded_config(self.app(), HTTP_READ_TIMEOUT, sized_cap(MAX_CONNECTIONS, 1)))
         self._task = asyncio.create_task(self._server.serve(sockets=sockets), name="status")
         return [sock.getsockname()[1] for sock in sockets]
 

@@ -1,4 +1,5 @@
-"""The HTTP servers of 8080, 15014 and the webhooks' 15017: uvicorn with istiod's read timeout and a connection cap.
+"""The HTTP servers of 8080, 15014, the webhooks' 15017 and the agent's 15020/15021: uvicorn with istiod's
+read timeout and a connection cap.
 
 uvicorn closes idle keep-alive connections, but holds a connection that never sends a complete
 request forever. Like istiod's http.Server (ReadTimeout 30s), a request must arrive within the
@@ -16,19 +17,20 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from istiod import logs
-from istiod.connlimit import ConnectionCap
+from istiod.connlimit import ACCEPT_BATCH, ConnectionCap
 
 log = logging.getLogger(__name__)
 _refusals = logs.Throttled(log)
 
 
 def guarded_config(app: Any, read_timeout: float, max_connections: int) -> uvicorn.Config:
-    """uvicorn's config for one of istiod's ports (8080, 15014, the webhooks' 15017)."""
+    """uvicorn's config for one of istiod's ports (8080, 15014, the webhooks' 15017) or the agent's
+    (15020, 15021: one cap for the sockets served together)."""
     protocol = type("Protocol", (_GuardedH11,), {"cap": ConnectionCap(max_connections), "read_timeout": read_timeout})
     # log_config=None: uvicorn logs through our structured handler; no proxy headers, so the client
     # address the debug access check sees is the socket's peer.
     return uvicorn.Config(app, http=protocol, log_level="warning", lifespan="off", access_log=False,
-                          log_config=None, proxy_headers=False)
+                          log_config=None, proxy_headers=False, backlog=ACCEPT_BATCH)
 
 
 class _GuardedH11(H11Protocol):

@@ -22,14 +22,25 @@ def inbound_cluster_name(port: int) -> str:
     return f"inbound|{port}||"
 
 
-# Parsed per requested name, per proxy, per push: cached (bounded, as clients choose the names).
-@lru_cache(maxsize=16384)
+# Parsed per requested name, per proxy, per push: cached, bounded in count and in length (clients choose
+# the names: the caches keep at most a few MB of theirs after they go, however long the names they sent).
+# Longer than any name of a DNS host (253) and its port or subset (63) is parsed each time.
+CACHED_NAME_LENGTH = 400
+
+
 def parse_cluster_name(name: str) -> tuple[str, int, str, str]:
     """Split `direction|port|subset|host`; raises ValueError for anything else."""
+    return _parse_cluster_name_cached(name) if len(name) <= CACHED_NAME_LENGTH else _parse_cluster_name(name)
+
+
+def _parse_cluster_name(name: str) -> tuple[str, int, str, str]:
     parts = name.split("|")
     if len(parts) != 4 or parts[0] not in ("inbound", "outbound"):
         raise ValueError(f"not an Istio cluster name: {name!r}")
     return parts[0], int(parts[1]), parts[2], parts[3]
+
+
+_parse_cluster_name_cached = lru_cache(maxsize=16384)(_parse_cluster_name)
 
 
 def inbound_listener_name(ip: str, port: int) -> str:
@@ -40,13 +51,17 @@ def join_host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-@lru_cache(maxsize=16384)
 def split_host_port(value: str, *, allow_empty_host: bool = False, allow_zero_port: bool = False) -> tuple[str, int]:
     """`host:port` or `[v6]:port` -> (host, port); raises ValueError.
 
     A listen address may leave the host empty (`:15010`, every interface) and use port 0 (a free
     port): the flags allow those, a name to connect to does not.
     """
+    split = _split_host_port_cached if len(value) <= CACHED_NAME_LENGTH else _split_host_port
+    return split(value, allow_empty_host=allow_empty_host, allow_zero_port=allow_zero_port)
+
+
+def _split_host_port(value: str, *, allow_empty_host: bool, allow_zero_port: bool) -> tuple[str, int]:
     if value.startswith("["):
         host, sep, rest = value[1:].partition("]:")
         if not sep:
@@ -59,6 +74,9 @@ def split_host_port(value: str, *, allow_empty_host: bool = False, allow_zero_po
     if not port_text.isdigit() or not (0 if allow_zero_port else 1) <= int(port_text) < 65536:
         raise ValueError(f"bad port in {value!r}")
     return host, int(port_text)
+
+
+_split_host_port_cached = lru_cache(maxsize=16384)(_split_host_port)
 
 
 def listener_host_aliases(name: str, namespace: str, domain: str = DEFAULT_DOMAIN) -> tuple[str, ...]:

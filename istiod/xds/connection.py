@@ -139,6 +139,7 @@ class Connection:
         self.id = f"{proxy.id}-{_process_tag}{next(_connection_numbers)}"
         self.connected_at = time.time()
         self.watched: dict[str, WatchedResource] = {}
+        self.name_bytes = 0  # of the resource names it watches, all types (bounded: DiscoveryServer._bound_names)
         # Delta: clusters sent since the last endpoints response. Envoy warms each until it is sent
         # its endpoints again, and over delta it does not ask for them.
         self.endpoints_due: set[str] = set()

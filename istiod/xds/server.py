@@ -35,6 +35,11 @@ _refused = logs.Throttled(log)  # a connect storm refuses many streams a second
 # A request naming more resources than this is refused: far beyond any mesh's clusters, and a bound on
 # what one client can make every later push send.
 MAX_RESOURCE_NAMES = 100_000
+# Bytes of the resource names one stream watches, all types together; a connection's streams together
+# may watch twice that. Past either the stream is closed (RESOURCE_EXHAUSTED): names a client makes up
+# cost what they weigh, and no client can make this server hold more of them (an Envoy of 100k
+# clusters names ~7 MB in its EDS requests).
+MAX_NAME_BYTES = 16 << 20
 # Checks the caller may connect as the proxy; aborts the stream if not.
 Authorizer = Callable[[Proxy, grpc.aio.ServicerContext], Awaitable[None]]
 Response: TypeAlias = wire.Outgoing
@@ -45,7 +50,8 @@ SEND_BUDGET = 32 << 20
 
 class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
     def __init__(self, snapshot: Callable[[], Snapshot], push_concurrency: int = 100, send_timeout: float = 5.0,
-                 max_requests_per_second: float = 0.0, send_budget: int = SEND_BUDGET) -> None:
+                 max_requests_per_second: float = 0.0, send_budget: int = SEND_BUDGET,
+                 max_name_bytes: int = MAX_NAME_BYTES) -> None:
         self._snapshot = snapshot
         self.cache = ResourceCache()
         self.connections: dict[str, Connection] = {}
@@ -59,6 +65,8 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self.send_timeout = send_timeout  # 0: none (PILOT_XDS_SEND_TIMEOUT)
         self.admission = RequestLimiter(max_requests_per_second)  # PILOT_MAX_REQUESTS_PER_SECOND
         self._send_budget = ByteBudget(send_budget)
+        self.max_name_bytes = max_name_bytes
+        self.name_bytes: dict[str, int] = {}  # per connection (peer address): bytes of the names its streams watch
 
     def on_push(self, event: PushEvent) -> None:
         """Wakes the connections the change concerns: for a change of endpoints and pods, those
@@ -123,6 +131,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         finally:
             reader.cancel()
             del self.connections[connection.id]
+            self._hold_names(connection, 0)
             self.watchers.remove(connection)
             self.monitor.disconnected(connection)
             log.info(logs.event("ads disconnected", id=connection.id))
@@ -174,7 +183,8 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                     deadline: _SendDeadline | None, response: Response) -> None:
         """One response at a time per stream: a client that does not read holds back only its own stream,
         and after the send timeout that stream is closed (istiod's "Timeout writing")."""
-        held = await self._send_budget.acquire(response.size)
+        # The budget's share is per HTTP/2 connection: its streams have one peer address.
+        held = await self._send_budget.acquire(response.size, connection.peer)
         try:
             if deadline is None:
                 await context.write(bytes(response))
@@ -236,6 +246,8 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         if len(names) > MAX_RESOURCE_NAMES:
             raise StreamClosed(Closed(grpc.StatusCode.INVALID_ARGUMENT,
                                       f"{len(names)} resource names in one request; at most {MAX_RESOURCE_NAMES}"))
+        if watched is None or names is not watched.names:
+            self._bound_names(connection, type_url, names)
         if watched is None or not request.response_nonce:
             # A new watch, or a client that reconnected and re-requests: always answer.
             wildcard = not names or "*" in names
@@ -275,6 +287,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         connection.watched[type_url] = watched
         if not changed:
             return []
+        self._bound_names(connection, type_url, watched.names)
         self.watchers.watch(connection, type_url, watched.names)
         resources = self._generate(connection, watched, snapshot)
         if previous is None:
@@ -285,6 +298,31 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             responses += self._delta_respond(connection, endpoints, snapshot,
                                              self._generate(connection, endpoints, snapshot))
         return responses
+
+    def _bound_names(self, connection: Connection, type_url: str, names: list[str] | None) -> None:
+        """Counts the bytes of the names the stream watches once it watches `names` of the type; closes
+        it past the bound of a stream or of its connection's streams together."""
+        held = sum(map(len, names or ())) + sum(len(name) for other, watched in connection.watched.items()
+                                                if other != type_url for name in watched.names or ())
+        bound = self.max_name_bytes
+        if held > bound:
+            raise StreamClosed(Closed(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                      f"the resource names this stream subscribed to take {held} bytes; "
+                                      f"at most {bound} a stream"))
+        total = self.name_bytes.get(connection.peer, 0) - connection.name_bytes + held
+        if total > 2 * bound:
+            raise StreamClosed(Closed(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                      f"the resource names this connection's streams subscribed to take {total} "
+                                      f"bytes; at most {2 * bound} a connection"))
+        self._hold_names(connection, held)
+
+    def _hold_names(self, connection: Connection, held: int) -> None:
+        total = self.name_bytes.get(connection.peer, 0) - connection.name_bytes + held
+        connection.name_bytes = held
+        if total:
+            self.name_bytes[connection.peer] = total
+        else:
+            self.name_bytes.pop(connection.peer, None)
 
     def _delta_respond(self, connection: Connection, watched: WatchedResource, snapshot: Snapshot,
                        resources: list[Resource], always: bool = False, held: Held | None = None) -> list[Response]:

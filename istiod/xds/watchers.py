@@ -10,7 +10,6 @@ name); listeners and routes do not, except a pod's own inbound side, which the p
 
 from __future__ import annotations
 
-import functools
 import weakref
 from collections.abc import Callable, Hashable, Iterable
 from typing import TypeVar
@@ -34,6 +33,10 @@ class Watchers:
         # What each is indexed under: tuples, not sets (a small set costs 216 bytes or more, and a
         # proxyless connection has ten of them).
         self._watching: dict[Connection, dict[str, tuple[str, ...] | None]] = {}
+        # The service port of each cluster name watched, parsed once however many connections watch it
+        # (500 Envoys each watch, and at the end unwatch, the same 1000 names), with how many do:
+        # forgotten with the last, so names that clients make up go with their streams.
+        self._keys: dict[str, tuple[Key, int]] = {}
         self._by_address: dict[str, set[Connection]] = {}
         self._by_pod: dict[tuple[str, str], set[Connection]] = {}
         self._ztunnels: set[Connection] = set()
@@ -68,8 +71,8 @@ class Watchers:
             self._wildcard[type_url].add(connection)
         old, wanted = set(held or ()), set(new or ())
         by_key = self._by_key[type_url]
-        changes = [(name, key, False) for name in old - wanted if (key := _key(name)) is not None]
-        changes += [(name, key, True) for name in wanted - old if (key := _key(name)) is not None]
+        changes = [(name, key, False) for name in old - wanted if (key := self._unhold(name)) is not None]
+        changes += [(name, key, True) for name in wanted - old if (key := self._hold(name)) is not None]
         after: dict[Key, set[str]] = {}  # per service port changed, the names the connection watches of it
         for name, key, added in changes:
             of_key = after.get(key)
@@ -92,9 +95,30 @@ class Watchers:
     def watching(self, connection: Connection, type_url: str, names: Iterable[str]) -> set[str]:
         """Those of `names` (cluster names) that the connection watches of the type, found in the
         index: O(len(names)), where the connection's own list (an Envoy's names every cluster) is O(all)."""
-        by_key = self._by_key[type_url]
+        by_key, keys = self._by_key[type_url], self._keys
         return {name for name in names
-                if (key := _key(name)) is not None and name in by_key.get(key, {}).get(connection, ())}
+                if (held := keys.get(name)) is not None and name in by_key.get(held[0], {}).get(connection, ())}
+
+    def _hold(self, name: str) -> Key | None:
+        held = self._keys.get(name)
+        if held is not None:
+            self._keys[name] = (held[0], held[1] + 1)
+            return held[0]
+        key = _key(name)
+        if key is not None:
+            self._keys[name] = (key, 1)
+        return key
+
+    def _unhold(self, name: str) -> Key | None:
+        held = self._keys.get(name)
+        if held is None:
+            return None
+        key, count = held
+        if count == 1:
+            del self._keys[name]
+        else:
+            self._keys[name] = (key, count - 1)
+        return key
 
     def woken(self, change: Changes) -> dict[Connection, PushScope | None]:
         """The connections the changes concern and what each must regenerate (None: everything)."""
@@ -147,9 +171,6 @@ def _shared(names: set[str]) -> frozenset[str]:
 _names: weakref.WeakValueDictionary[frozenset[str], frozenset[str]] = weakref.WeakValueDictionary()
 
 
-# Remembered: 500 Envoys each watch, and at the end unwatch, the same 1000 names. Bounded, as a
-# client may name anything.
-@functools.lru_cache(maxsize=1 << 16)
 def _key(name: str) -> Key | None:
     """The service port an `outbound|<port>|<subset>|<host>` cluster name refers to."""
     try:

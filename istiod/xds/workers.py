@@ -57,6 +57,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from istiod import logs
 from istiod.debug import connections
+from istiod.connlimit import HANDSHAKE_TIMEOUT, IDLE_TIMEOUT
 from istiod.debug.connections import Question, Unanswered
 from istiod.eventloop import run_fast
 from istiod.model.builder import build_snapshot
@@ -105,6 +106,7 @@ class Start:
     send_timeout: float
     max_requests_per_second: float  # the worker's share
     shutdown_duration: float
+    max_connections: int  # the worker's, on the shared port
     log_level: str
     log_format: str
 
@@ -133,10 +135,15 @@ class Answer:
 
 
 def ads_server(ads: DiscoveryServer, health_servicer: health.aio.HealthServicer, keepalive: Keepalive,
-               reuse_port: bool) -> grpc.aio.Server:
-    """A gRPC server for the xDS port: ADS and health, core's limits as admission.py explains."""
+               reuse_port: bool, max_connections: int) -> grpc.aio.Server:
+    """A gRPC server for the xDS port: ADS and health, core's limits as admission.py explains, and the
+    connection rules of istiod's other ports (connlimit.py): at most `max_connections` (core closes
+    those past it), the HTTP/2 preface within HANDSHAKE_TIMEOUT, closed after IDLE_TIMEOUT without a call."""
     server = grpc.aio.server(options=[*admission.CORE_OPTIONS, ("grpc.so_reuseport", int(reuse_port)),
-                                      *keepalive.server_options()])
+                                      *keepalive.server_options(),
+                                      ("grpc.max_allowed_incoming_connections", max_connections),
+                                      ("grpc.server_handshake_timeout_ms", round(HANDSHAKE_TIMEOUT * 1000)),
+                                      ("grpc.max_connection_idle_ms", round(IDLE_TIMEOUT * 1000))])
     add_to_server(ads, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     return server
@@ -265,7 +272,7 @@ class WorkerPool:
         return Start(settings.grpc_addr.bind_host, self.port, settings.keepalive,
                      settings.push_concurrency, settings.xds_send_timeout,
                      settings.max_requests_per_second / settings.xds_workers, settings.shutdown_duration,
-                     *logs.current())
+                     settings.max_connections, *logs.current())
 
     async def stop(self, grace: float) -> None:
         """Each worker drains its streams for `grace` (as the single process's port does), then ends."""
@@ -326,7 +333,8 @@ class _Worker:
         self.ads = DiscoveryServer(lambda: self.snapshot, start.push_concurrency, start.send_timeout,
                                    start.max_requests_per_second)
         self.health = health.aio.HealthServicer()
-        self.server = ads_server(self.ads, self.health, start.keepalive, reuse_port=True)
+        self.server = ads_server(self.ads, self.health, start.keepalive, reuse_port=True,
+                                 max_connections=start.max_connections)
         self.server.add_insecure_port(join_host_port(start.host, start.port))
 
     def apply(self, push: Push) -> None:

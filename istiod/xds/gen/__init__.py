@@ -35,18 +35,21 @@ def shared_by_name(generate: Generator) -> Generator:
                         cache: ResourceCache) -> list[Resource]:
         if names is None:
             return generate(snapshot, proxy, names, cache)
-        made: dict[str, Resource | None] = cache.per_snapshot(snapshot, (generate, alike(proxy)), dict)
+        made: dict[str, Resource] = cache.per_snapshot(snapshot, (generate, alike(proxy)), dict)
         result, inbound = [], []
         for name in names:
             if name.startswith(INBOUND_LISTENER_PREFIX):
                 inbound.append(name)
                 continue
-            if name in made:
-                resource = made[name]
-            else:  # at most one resource per name; none for a name that names nothing this proxy sees
-                resource = made[name] = next(iter(generate(snapshot, proxy, [name], cache)), None)
-            if resource is not None:
-                result.append(resource)
+            resource = made.get(name)
+            if resource is None:  # at most one resource per name; none for a name that names nothing this proxy sees
+                resource = next(iter(generate(snapshot, proxy, [name], cache)), None)
+                if resource is None:
+                    # Not remembered: names a client makes up would outlive its stream here, until the
+                    # next snapshot (in a quiet mesh, for good).
+                    continue
+                made[name] = resource
+            result.append(resource)
         return result + generate(snapshot, proxy, inbound, cache) if inbound else result
 
     return generate_shared
