@@ -15,7 +15,7 @@ import yaml
 
 from istiod.webhooks.injection import InjectionError, Injector, inject, parse_injector, review, wants_injection
 from istiod.webhooks.injector_source import read_injection_dir
-from tests.peers import ROOT, Istiod
+from tests.peers import ROOT, Istiod, wait_until
 from tests.test_webhook import post
 
 MANIFEST = ROOT / "deploy" / "webhooks" / "injection.yaml"
@@ -119,6 +119,20 @@ def test_resource_and_traffic_annotations() -> None:
     assert answer["status"]["message"].startswith("injection failed: annotation sidecar.istio.io/proxyMemory: ")
 
 
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"metadata": "echo"}, "request.object: metadata.name: expected a map above 'name'"),
+    ({"metadata": {"annotations": {"a": 1}}}, "request.object: metadata.annotations: keys and values must be strings"),
+    ({"metadata": {"labels": ["app"]}}, "request.object: metadata.labels: expected dict, got list"),
+    ({"spec": {"containers": "echo"}}, "request.object: spec.containers: expected list, got str"),
+    ({"spec": {"containers": [{"name": ["echo"]}]}}, "request.object spec.containers[0]: name: expected str, got list"),
+    ({"spec": {"hostNetwork": "yes"}}, "request.object: spec.hostNetwork: expected bool, got str"),
+])
+def test_mistyped_pod_fields_are_a_bad_request(change: dict[str, Any], reason: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        review(admission({**pod(), **change}), injector())
+    assert str(refused.value) == reason
+
+
 def test_cni_mode_annotates_instead_of_an_init_container() -> None:
     original = pod(annotations={"traffic.sidecar.istio.io/excludeInboundPorts": "8080"})
     injected = apply(original, inject(original, injector(istio_cni={"enabled": True})))
@@ -171,6 +185,10 @@ def test_inject_over_https(mesh_dir: Path, tmp_path: Path, start_istiod: Callabl
     assert status == 200 and answer["response"]["patchType"] == "JSONPatch"
     patched = apply(pod(), json.loads(base64.b64decode(answer["response"]["patch"])))
     assert [c["name"] for c in patched["spec"]["containers"]] == ["echo", "istio-proxy"]
+    status, answer = post(istiod, admission({**pod(), "spec": {"containers": "echo"}}), "/inject")
+    assert (status, answer["detail"]) == (400, "bad AdmissionReview: request.object: spec.containers: expected list, got str")
+    wait_until(lambda: "bad AdmissionReview" in istiod.text(), 10, "the refusal logged")
+    assert "Traceback" not in istiod.text()
 
 
 def test_template_commands_parse_with_istiods_own_flags(monkeypatch: pytest.MonkeyPatch) -> None:
