@@ -24,6 +24,7 @@ from fastapi import FastAPI
 from istiod.model.quantity import QuantityError, parse_quantity
 from istiod.sources.convert import _Fields
 from istiod.webhooks.admission import add_review_route, admission_answer, admission_request
+from istiod.webhooks.annotations import annotation_errors
 
 log = logging.getLogger(__name__)
 CONFIGMAP = "istio-sidecar-injector"
@@ -196,6 +197,9 @@ def inject(pod: Mapping[str, Any], injector: Injector) -> list[dict[str, Any]]:
     metadata = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     annotations: dict[str, str] = dict(metadata.get("annotations") or {})
+    errors = annotation_errors(annotations)
+    if errors:
+        raise InjectionError("; ".join(errors))
     variables = injector.variables()
     for annotation, (name, default) in TRAFFIC_ANNOTATIONS.items():
         variables[name] = annotations.get(annotation, default)
