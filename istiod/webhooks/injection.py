@@ -22,7 +22,7 @@ import yaml
 from fastapi import FastAPI
 
 from istiod.model.quantity import QuantityError, parse_quantity
-from istiod.sources.convert import _Fields
+from istiod.sources.fields import _Fields
 from istiod.webhooks.admission import add_review_route, admission_answer, admission_request
 from istiod.webhooks.annotations import annotation_errors
 

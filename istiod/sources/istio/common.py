@@ -15,7 +15,7 @@ from typing import Any
 import durationpy
 
 from istiod.model.config.common import RE2_MAX_PROGRAM_SIZE, Labels, MatchKind, Meta, StringMatch, compile_regex
-from istiod.sources.convert import ObjectKey, _Fields
+from istiod.sources.fields import ObjectKey, _Fields
 
 _DNS1123_LABEL = re.compile(r"[a-zA-Z0-9]([-a-zA-Z0-9]{0,61}[a-zA-Z0-9])?")
 _WILDCARD_LABEL = re.compile(r"\*|(\*-?)?[a-zA-Z0-9]([-a-zA-Z0-9]{0,61}[a-zA-Z0-9])?|\*[a-zA-Z0-9]")
