@@ -116,8 +116,22 @@ class Discovery:
             self.pusher.publish(full=True)
 
     async def start(self) -> None:
-        settings = self.settings
+        """The CA first (a CA that cannot start stops istiod before any port opens), then the mesh
+        config, the xDS, HTTP and webhook ports, and the tasks that feed and publish."""
         self.source = await self._make_source()
+        await self._start_ca()
+        self._watch_mesh_config()
+        await self._serve_xds()
+        self._serve_http()
+        self._serve_webhooks()
+        self._run_background()
+        log.info(logs.event("serving", **self.ports))
+        log.info(logs.event("listening", **_urls(self.settings, self.ports)))
+        if self.settings.ports_file:
+            self.settings.ports_file.write_text(json.dumps(self.ports))
+
+    async def _start_ca(self) -> None:
+        settings = self.settings
         if isinstance(self.source, KubeSource):  # the CA's leader-elected writer
             api = self.source.api
             self.publisher = RootCertPublisher(api, self.store, self.namespaces, self.source.informers["Namespace"].synced,
@@ -127,7 +141,10 @@ class Discovery:
         with _listening("--secure-grpc-addr", settings.secure_grpc_addr):
             self.ports["secure-grpc"] = await self.secure.start(self._api,
                                                                 self.publisher.publish if self.publisher else None)
-        # The mesh config after the CA, which must hold its root before anything else starts.
+
+    def _watch_mesh_config(self) -> None:
+        """The mesh config after the CA, which must hold its root before anything else starts."""
+        settings = self.settings
         if settings.mesh_config is not None:
             watcher = MeshFileWatcher(settings.mesh_config, settings.mesh_defaults, self.apply_mesh, settings.poll_interval)
             self._tasks.append(self.supervisor.start("mesh-config", watcher.run, restart=True))
@@ -136,6 +153,10 @@ class Discovery:
                                              self.apply_mesh, settings.watch_timeout)
             self._mesh_synced = configmap.informer.synced
             self._tasks.append(self.supervisor.start("mesh-config", configmap.informer.run, restart=True))
+
+    async def _serve_xds(self) -> None:
+        """The plaintext xDS port: served by the xDS workers, or by this process."""
+        settings = self.settings
         grpc_addr = self.settings.grpc_addr
         if self.workers is not None:  # they serve the port; a port in use stops istiod here all the same
             with _listening("--grpc-addr", grpc_addr):
@@ -153,6 +174,9 @@ class Discovery:
                 self.ports["grpc"] = self._grpc.add_insecure_port(join_host_port(grpc_addr.bind_host, grpc_addr.port))
             await self._grpc.start()
 
+    def _serve_http(self) -> None:
+        """The debug (8080) and monitoring (15014) ports."""
+        settings = self.settings
         view = DebugView(lambda: self.pusher.snapshot, self._answers, self.not_ready, self.store.objects)
         try:
             access = AccessPolicy.from_token_file(self.settings.debug_token_file, self.secure.authenticators,
@@ -168,14 +192,24 @@ class Discovery:
             self._http.append(server)
             # A server that ends is not restarted: its socket is gone with it.
             self._tasks.append(self.supervisor.start(name, functools.partial(server.serve, sockets=[sock]), restart=False))
+
+    def _serve_webhooks(self) -> None:
+        """The webhooks' port (15017)."""
+        settings = self.settings
         assert self.secure.ca is not None
         with _listening("--webhook-addr", settings.webhook_addr):
             sock = listen_tcp(settings.webhook_addr.bind_host, settings.webhook_addr.port)
         webhook = WebhookServer(settings, self.secure.ca, self._injector())
         self.ports["webhook"] = sock.getsockname()[1]
         self._http.append(webhook.server)
+        self._tasks.append(self.supervisor.start("webhook", functools.partial(webhook.serve, sock), restart=False))
+
+    def _run_background(self) -> None:
+        """The tasks that read the source and push, and what istiod writes to the cluster: the
+        webhooks' caBundles and (leader-elected) the root certificate."""
+        settings = self.settings
+        assert self.secure.ca is not None
         self._tasks += [
-            self.supervisor.start("webhook", functools.partial(webhook.serve, sock), restart=False),
             self.supervisor.start("source", self._read_source, restart=True),
             self.supervisor.start("pusher", self._push, restart=True),
         ]
@@ -190,10 +224,6 @@ class Discovery:
             election, publisher = self.election, self.publisher
             self._tasks.append(self.supervisor.start("root-cert-publisher", lambda: election.run(publisher.run),
                                                      restart=True))
-        log.info(logs.event("serving", **self.ports))
-        log.info(logs.event("listening", **_urls(settings, self.ports)))
-        if self.settings.ports_file:
-            self.settings.ports_file.write_text(json.dumps(self.ports))
 
     async def _answers(self, question: Question) -> list[Any]:
         """The debug views' answers: this process's (15012's connections), then every xDS worker's."""

@@ -33,6 +33,7 @@ from envoy.service.secret.v3 import sds_pb2_grpc
 from google.protobuf import any_pb2
 
 from istiod.agent.envoy import EnvoyNotFound, find_envoy
+from istiod.agent.envoy_bootstrap import layered_runtime
 from istiod.ca.pki import cert_pem, key_pem, new_key
 from tests.peers import Process, wait_until
 from tests.pki import ca_cert, leaf_cert
@@ -75,13 +76,15 @@ def _pipe_cluster(name: str, *paths: Path, window: int | None = None) -> dict[st
 def bootstrap(node: str, xds_socket: Path, sds_socket: Path, admin_socket: Path,
               metadata: dict[str, Any] | None = None, delta: bool = False,
               more_xds_sockets: tuple[Path, ...] = (), xds_window: int | None = None) -> dict[str, Any]:
-    """A static bootstrap like pilot-agent's: ADS over `xds-grpc`, certificates over `sds-grpc`;
+    """A static bootstrap like pilot-agent's: ADS over `xds-grpc`, certificates over `sds-grpc`, the
+    agent's runtime values (so a test Envoy accepts what istiod's validation does);
     `delta`: incremental xDS (DeltaAggregatedResources) instead of state of the world;
     `more_xds_sockets`: more endpoints of `xds-grpc` (istiod replicas); `xds_window`: see _pipe_cluster."""
     namespace = node.split("~")[2].partition(".")[2]
     return {
         "node": {"id": node, "cluster": f"{node.split('~')[2]}",
                  "metadata": {"NAMESPACE": namespace, "ISTIO_VERSION": "1.28.0", **(metadata or {})}},
+        "layered_runtime": layered_runtime(),
         "admin": {"address": {"pipe": {"path": str(admin_socket)}}},
         "dynamic_resources": {
             "ads_config": {"api_type": "DELTA_GRPC" if delta else "GRPC", "transport_api_version": "V3", "set_node_on_first_message_only": True,

@@ -35,6 +35,8 @@ def test_bootstrap_and_override() -> None:
     assert bootstrap["admin"] == {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 15000}}}
     assert [c["name"] for c in bootstrap["static_resources"]["clusters"]] == ["xds-grpc", "sds-grpc", "prometheus_stats"]
     assert bootstrap["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"] == 15090
+    # Istio's runtime limit, which validation holds regexes to (Envoy's default NACKs `\pL`).
+    assert bootstrap["layered_runtime"]["layers"][0]["static_layer"]["re2.max_program_size.error_level"] == 32768
     for cluster in bootstrap["static_resources"]["clusters"][:2]:  # gRPC needs HTTP/2, or Envoy connects to nothing
         options = cluster["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
         assert options["explicit_http_config"] == {"http2_protocol_options": {}}

@@ -424,3 +424,32 @@ def test_envoy_acks_virtual_service_and_destination_rule(mesh_dir: Path, start_i
         assert [f["name"] for f in manager["http_filters"]] == ["envoy.filters.http.fault", "envoy.filters.http.router"]
         print(f"Envoy ACKed routes {[r.get('name') for r in web['routes']]} and clusters "
               f"{sorted(n for n in clusters if '|80|' in n)}")
+
+
+UNICODE_ROUTE = r"""
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: web, namespace: shop}
+spec:
+  hosts: [web]
+  http:
+  - match: [{uri: {regex: '/users/\pL+'}}]
+    route: [{destination: {host: web}}]
+"""
+
+
+def test_envoy_acks_a_regex_over_its_default_program_size(mesh_dir: Path, start_istiod: Callable[..., Istiod]) -> None:
+    """A Unicode class alone compiles to an RE2 program of 1200, past Envoy's default limit (100),
+    which NACKs the whole route configuration; under the bootstrap's runtime limit, which
+    validation holds regexes to, Envoy takes it."""
+    _mesh(mesh_dir)
+    (mesh_dir / "users.yaml").write_text(UNICODE_ROUTE)
+    istiod = start_istiod(mesh_dir)
+    with sidecar_envoy(istiod.xds_address, "web-1", "shop", "127.0.0.31", service_account="web") as envoy:
+        _acked(istiod, envoy)
+        web = next(h for h in _dynamic(envoy.config_dump(), "routes")["80"]["virtual_hosts"] if h["name"] == f"{WEB}:80")
+        assert web["routes"][0]["match"]["safe_regex"]["regex"] == r"/users/\pL+"
+        status, runtime = envoy.get("/runtime")
+        entries = {name: entry["final_value"] for name, entry in json.loads(runtime)["entries"].items()}
+        assert status == 200 and entries == {"re2.max_program_size.error_level": "32768",
+                                             "envoy.reloadable_features.http_reject_path_with_fragment": "false"}

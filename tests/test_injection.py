@@ -15,7 +15,7 @@ import yaml
 
 from istiod.webhooks.injection import InjectionError, Injector, inject, parse_injector, review, wants_injection
 from istiod.webhooks.injector_source import read_injection_dir
-from tests.peers import ROOT, Istiod
+from tests.peers import ROOT, Istiod, wait_until
 from tests.test_webhook import post
 
 MANIFEST = ROOT / "deploy" / "webhooks" / "injection.yaml"
@@ -119,6 +119,56 @@ def test_resource_and_traffic_annotations() -> None:
     assert answer["status"]["message"].startswith("injection failed: annotation sidecar.istio.io/proxyMemory: ")
 
 
+@pytest.mark.parametrize(("annotation", "value", "reason"), [
+    ("traffic.sidecar.istio.io/includeOutboundIPRanges", "10.0.0.0/33",
+     "includeIPRanges invalid: failed parsing cidr '10.0.0.0/33': prefix length out of range"),
+    ("traffic.sidecar.istio.io/excludeOutboundIPRanges", "10.0.0.0/8, 10.1.0.0/16",
+     "excludeIPRanges invalid: failed parsing cidr ' 10.1.0.0/16': ' 10.1.0.0' is not an IP address"),
+    ("traffic.sidecar.istio.io/excludeOutboundIPRanges", "10.0.0.1",
+     "excludeIPRanges invalid: failed parsing cidr '10.0.0.1': no '/'"),
+    ("traffic.sidecar.istio.io/excludeInboundPorts", "8080;9090",
+     "excludeInboundPorts invalid: failed parsing port '8080;9090': parsing '8080;9090': invalid syntax"),
+    ("traffic.sidecar.istio.io/includeInboundPorts", "--run-validation",
+     "includeInboundPorts invalid: failed parsing port '--run-validation': parsing '--run-validation': invalid syntax"),
+    ("traffic.sidecar.istio.io/excludeOutboundPorts", "70000",
+     "excludeOutboundPorts invalid: failed parsing port '70000': parsing '70000': value out of range"),
+    ("sidecar.istio.io/interceptionMode", "CAPTURE", "interceptionMode invalid, use REDIRECT,TPROXY,NONE: CAPTURE"),
+    ("status.sidecar.istio.io/port", "-1",
+     "excludeInboundPorts invalid: failed parsing port '-1': parsing '-1': invalid syntax"),
+    ("readiness.status.sidecar.istio.io/periodSeconds", "1.5", "parsing '1.5': invalid syntax"),
+    ("prometheus.istio.io/merge-metrics", "yes", "parsing 'yes': invalid syntax"),
+])
+def test_invalid_annotations_refuse_the_pod_with_istiods_message(annotation: str, value: str, reason: str) -> None:
+    """The values istiod's injector refuses (a bad one would make istio-init fail on every start)."""
+    answer = review(admission(pod(annotations={annotation: value})), injector())["response"]
+    assert answer["allowed"] is False
+    assert answer["status"]["message"] == f"injection failed: invalid value '{value}' for annotation '{annotation}': {reason}"
+
+
+def test_valid_annotations_are_injected() -> None:
+    annotations = {"traffic.sidecar.istio.io/includeOutboundIPRanges": "10.0.0.0/8,fd00::/8,0.0.0.0/0",
+                   "traffic.sidecar.istio.io/excludeOutboundIPRanges": "",
+                   "traffic.sidecar.istio.io/includeInboundPorts": "*",
+                   "traffic.sidecar.istio.io/excludeInboundPorts": " 15020, 8080 ",
+                   "sidecar.istio.io/interceptionMode": "TPROXY", "prometheus.istio.io/merge-metrics": "False",
+                   "readiness.status.sidecar.istio.io/failureThreshold": "4294967295"}
+    assert review(admission(pod(annotations=annotations)), injector())["response"]["allowed"]
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"metadata": "echo"}, "request.object: metadata.name: expected a map above 'name'"),
+    ({"metadata": {"annotations": {"a": 1}}}, "request.object: metadata.annotations: keys and values must be strings"),
+    ({"metadata": {"labels": ["app"]}}, "request.object: metadata.labels: expected dict, got list"),
+    ({"spec": {"containers": "echo"}}, "request.object: spec.containers: expected list, got str"),
+    ({"spec": {"containers": [{"name": ["echo"]}]}}, "request.object spec.containers[0]: name: expected str, got list"),
+    ({"spec": {"hostNetwork": "yes"}}, "request.object: spec.hostNetwork: expected bool, got str"),
+])
+def test_mistyped_pod_fields_are_a_bad_request(change: dict[str, Any], reason: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        review(admission({**pod(), **change}), injector())
+    assert str(refused.value) == reason
+
+
 def test_cni_mode_annotates_instead_of_an_init_container() -> None:
     original = pod(annotations={"traffic.sidecar.istio.io/excludeInboundPorts": "8080"})
     injected = apply(original, inject(original, injector(istio_cni={"enabled": True})))
@@ -171,6 +221,10 @@ def test_inject_over_https(mesh_dir: Path, tmp_path: Path, start_istiod: Callabl
     assert status == 200 and answer["response"]["patchType"] == "JSONPatch"
     patched = apply(pod(), json.loads(base64.b64decode(answer["response"]["patch"])))
     assert [c["name"] for c in patched["spec"]["containers"]] == ["echo", "istio-proxy"]
+    status, answer = post(istiod, admission({**pod(), "spec": {"containers": "echo"}}), "/inject")
+    assert (status, answer["detail"]) == (400, "bad AdmissionReview: request.object: spec.containers: expected list, got str")
+    wait_until(lambda: "bad AdmissionReview" in istiod.text(), 10, "the refusal logged")
+    assert "Traceback" not in istiod.text()
 
 
 def test_template_commands_parse_with_istiods_own_flags(monkeypatch: pytest.MonkeyPatch) -> None:

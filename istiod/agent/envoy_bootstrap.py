@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from istiod.agent.bootstrap import NodeInfo
+from istiod.model.config.common import RE2_MAX_PROGRAM_SIZE
 
 XDS_SOCKET = "./etc/istio/proxy/XDS"
 SDS_SOCKET = "./var/run/secrets/workload-spiffe-uds/socket"
@@ -21,6 +22,14 @@ SDS_CLUSTER = "sds-grpc"
 PROMETHEUS_CLUSTER = "prometheus_stats"
 META_PREFIX = "ISTIO_META_"
 META_JSON_PREFIX = "ISTIO_METAJSON_"
+# Istio's runtime values where upstream Envoy's defaults refuse valid config or serve it differently
+# (pkg/bootstrap's extractRuntimeFlags). The others Istio sets change nothing in Envoy 1.40: the
+# deprecated use_original_dst field is gone, and a global connection limit of 2^31-1 only trades
+# Envoy's "no limit" warning for a deprecation one.
+RUNTIME = {
+    "re2.max_program_size.error_level": RE2_MAX_PROGRAM_SIZE,  # the limit validation holds regexes to
+    "envoy.reloadable_features.http_reject_path_with_fragment": False,  # strip a #fragment, not a 400
+}
 
 
 def node_metadata(node: NodeInfo, environ: Mapping[str, str]) -> dict[str, Any]:
@@ -87,6 +96,11 @@ def _prometheus_listener(host: str, port: int) -> dict[str, Any]:
     }
 
 
+def layered_runtime() -> dict[str, Any]:
+    """Istio's layers: its static values, then an admin layer (so /runtime_modify works, as in Istio's)."""
+    return {"layers": [{"name": "global config", "static_layer": dict(RUNTIME)}, {"name": "admin", "admin_layer": {}}]}
+
+
 def envoy_bootstrap(node: NodeInfo, metadata: Mapping[str, Any], admin: Mapping[str, Any],
                     prometheus: tuple[str, int]) -> dict[str, Any]:
     """`admin`: the admin address as the bootstrap spells it (EnvoyAdmin.bootstrap_address());
@@ -99,6 +113,7 @@ def envoy_bootstrap(node: NodeInfo, metadata: Mapping[str, Any], admin: Mapping[
             "locality": {},
             "metadata": dict(metadata),
         },
+        "layered_runtime": layered_runtime(),
         "admin": {"address": dict(admin)},
         "dynamic_resources": {
             "lds_config": ads,

@@ -2,9 +2,10 @@
 read timeout and a connection cap.
 
 uvicorn closes idle keep-alive connections, but holds a connection that never sends a complete
-request forever. Like istiod's http.Server (ReadTimeout 30s), a request must arrive within the
-read timeout of the connection opening or of its first byte after the last response; and a port
-holds at most `max_connections`, the longest idle giving way to a new one.
+request forever. Like istiod's http.Server (ReadTimeout 30s), a whole request, headers and body,
+must arrive within the read timeout of the connection opening or of its first byte after the last
+response; and a port holds at most `max_connections`, the longest idle giving way to a new one. A
+connection counts as busy only once its request is complete, so a slow body is not what holds a slot.
 """
 
 from __future__ import annotations
@@ -48,10 +49,10 @@ class _GuardedH11(H11Protocol):
         self._arm()
 
     def data_received(self, data: bytes) -> None:
-        if self._waiting():
+        if self._receiving():
             self._arm()  # the first byte after a response: uvicorn's idle timer stops, this one starts
         super().data_received(data)
-        if not self._waiting():
+        if not self._receiving():
             self._disarm()
             self.cap.busy(self)
 
@@ -64,9 +65,9 @@ class _GuardedH11(H11Protocol):
         self.cap.release(self)
         super().connection_lost(exc)
 
-    def _waiting(self) -> bool:
-        """No request in progress: between connecting (or the last response) and a request's headers."""
-        return self.cycle is None or self.cycle.response_complete
+    def _receiving(self) -> bool:
+        """No complete request: between connecting (or the last response) and a request's last byte."""
+        return self.cycle is None or self.cycle.response_complete or self.cycle.more_body
 
     def _arm(self) -> None:
         if self._deadline is None:

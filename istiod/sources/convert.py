@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-import ipaddress
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from cryptography import x509
@@ -27,76 +25,14 @@ from istiod.model.quantity import QuantityError, parse_quantity
 from istiod.model.service import Locality, Port, Service
 from istiod.model.storage import PersistentVolume, PersistentVolumeClaim
 from istiod.model.workload import LOCALITY_LABEL, MESH_ANNOTATIONS, OwnerRef, Workload, workload_identity
+from istiod.sources.fields import ConversionError, ObjectKey, _Fields
+from istiod.sources.istio import istio_converter
 
 CLUSTER_SCOPED = frozenset({"Namespace", "Node", "PersistentVolume"})
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 REGION_LABEL = "topology.kubernetes.io/region"
 ZONE_LABEL = "topology.kubernetes.io/zone"
 SUBZONE_LABEL = "topology.istio.io/subzone"
-
-
-class ConversionError(ValueError):
-    pass
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class ObjectKey:
-    kind: str
-    namespace: str  # "" for cluster-scoped kinds
-    name: str
-
-    def __str__(self) -> str:
-        return f"{self.kind} {self.namespace}/{self.name}" if self.namespace else f"{self.kind} {self.name}"
-
-
-class _Fields:
-    """Typed reads from one object's dict, with errors that name the object and the field."""
-
-    def __init__(self, key: ObjectKey | str, body: Mapping[str, Any]) -> None:
-        self.key = key
-        self.body = body
-
-    def fail(self, message: str) -> ConversionError:
-        return ConversionError(f"{self.key}: {message}")
-
-    def get(self, path: str, kind: type | tuple[type, ...], default: Any) -> Any:
-        value: Any = self.body
-        for part in path.split("."):
-            if not isinstance(value, Mapping):
-                raise self.fail(f"{path}: expected a map above {part!r}")
-            value = value.get(part)
-            if value is None:
-                return default
-        if kind is int and isinstance(value, bool) or not isinstance(value, kind):
-            expected = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
-            raise self.fail(f"{path}: expected {expected}, got {type(value).__name__}")
-        return value
-
-    def ip(self, path: str, value: str, version: int | None = None) -> str:
-        """`value` as the API server accepts an IP (no zone, no leading zeros), of `version` if given."""
-        try:
-            address = ipaddress.ip_address(value)
-        except ValueError:
-            address = None
-        if address is None or "%" in value or version is not None and address.version != version:
-            kind = f"an IPv{version}" if version else "an IP"
-            raise self.fail(f"{path}: {value!r} is not {kind} address")
-        return value
-
-    def str_map(self, path: str) -> tuple[tuple[str, str], ...]:
-        value = self.get(path, dict, {})
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-            raise self.fail(f"{path}: keys and values must be strings")
-        return tuple(sorted(value.items()))
-
-    def items(self, path: str) -> list[_Fields]:
-        """A list of maps, each readable with errors that name its index."""
-        result = []
-        for i, item in enumerate(self.get(path, list, [])):
-            if not isinstance(item, Mapping):
-                raise self.fail(f"{path}[{i}]: expected a map")
-            result.append(_Fields(f"{self.key} {path}[{i}]", item))
-        return result
 
 
 def object_key(body: Any) -> ObjectKey:
@@ -135,8 +71,6 @@ def convert(body: Mapping[str, Any], domain: str = DEFAULT_DOMAIN) -> tuple[Obje
     key = object_key(body)
     converter = CONVERTERS.get(key.kind)
     if converter is None:
-        from istiod.sources.istio import istio_converter  # late: it reads objects with _Fields above
-
         converter = istio_converter(key, body)
     if converter is None:
         raise ConversionError(f"{key}: kind {key.kind!r} is not one istiod reads")

@@ -20,7 +20,7 @@ from kubernetes_asyncio import client
 
 from istiod.model.labels import EXPRESSION_OPERATORS, Requirement, Selector
 from istiod.model.mesh import MeshConfig, OutboundTrafficPolicy, ProxyConfig
-from istiod.sources.convert import ConversionError, _Fields
+from istiod.sources.fields import ConversionError, _Fields
 from istiod.sources.istio.common import check_label, dns1123_label, fields, items, only, str_list
 from istiod.sources.kube import Informer
 

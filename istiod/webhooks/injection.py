@@ -19,10 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI
 
 from istiod.model.quantity import QuantityError, parse_quantity
-from istiod.webhooks.validation import admission_answer, admission_request
+from istiod.sources.fields import _Fields
+from istiod.webhooks.admission import add_review_route, admission_answer, admission_request
+from istiod.webhooks.annotations import annotation_errors
 
 log = logging.getLogger(__name__)
 CONFIGMAP = "istio-sidecar-injector"
@@ -195,6 +197,9 @@ def inject(pod: Mapping[str, Any], injector: Injector) -> list[dict[str, Any]]:
     metadata = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     annotations: dict[str, str] = dict(metadata.get("annotations") or {})
+    errors = annotation_errors(annotations)
+    if errors:
+        raise InjectionError("; ".join(errors))
     variables = injector.variables()
     for annotation, (name, default) in TRAFFIC_ANNOTATIONS.items():
         variables[name] = annotations.get(annotation, default)
@@ -245,9 +250,10 @@ def review(body: Any, injector: Injector | None) -> dict[str, Any]:
     ValueError if malformed; LookupError if there is no injector config (the API server then
     applies the webhook's failurePolicy)."""
     request, uid = admission_request(body)
-    pod = request.get("object")
+    pod = request.get("object") or {}
     response: dict[str, Any] = {"uid": uid, "allowed": True}
-    if isinstance(pod, dict) and pod.get("kind") == "Pod" and request.get("operation", "CREATE") == "CREATE":
+    if pod.get("kind") == "Pod" and request.get("operation", "CREATE") == "CREATE":
+        _check_pod(pod)
         if injector is None:
             raise LookupError(f"no injector config: the ConfigMap {CONFIGMAP} is missing or invalid")
         namespace = request.get("namespace") or (pod.get("metadata") or {}).get("namespace", "")
@@ -266,13 +272,18 @@ def review(body: Any, injector: Injector | None) -> dict[str, Any]:
     return admission_answer(body, response)
 
 
-def add_injection_route(app: FastAPI, current: Callable[[], Injector | None]) -> None:
-    async def handle(request: Request) -> dict[str, Any]:
-        try:
-            return review(await request.json(), current())
-        except ValueError as error:
-            raise HTTPException(400, f"bad AdmissionReview: {error}") from None
-        except LookupError as error:
-            raise HTTPException(500, str(error)) from None
+def _check_pod(pod: Mapping[str, Any]) -> None:
+    """The Pod fields injection reads, typed as the API server types them; ValueError names the field."""
+    f = _Fields("request.object", pod)
+    for path in ("metadata.name", "metadata.generateName", "metadata.namespace"):
+        f.get(path, str, "")
+    f.str_map("metadata.labels")
+    f.str_map("metadata.annotations")
+    f.get("spec.hostNetwork", bool, False)
+    for path in ("spec.containers", "spec.initContainers", "spec.volumes"):
+        for item in f.items(path):
+            item.get("name", str, "")
 
-    app.add_api_route(PATH, handle, methods=["POST"])
+
+def add_injection_route(app: FastAPI, current: Callable[[], Injector | None]) -> None:
+    add_review_route(app, (PATH,), lambda body: review(body, current()))

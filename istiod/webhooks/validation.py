@@ -5,13 +5,15 @@ only Istio's groups)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI
 
 from istiod.model.config.kinds import BY_KIND
 from istiod.sources.convert import ConversionError, convert
+from istiod.webhooks.admission import add_review_route, admission_answer, admission_request
 
 log = logging.getLogger(__name__)
 PATHS = ("/validate", "/admitpilot")  # istiod serves both; /admitpilot is the older name
@@ -21,10 +23,12 @@ def review(body: Any, domain: str) -> dict[str, Any]:
     """An AdmissionReview (v1 or v1beta1) -> the AdmissionReview answer; ValueError if malformed."""
     request, uid = admission_request(body)
     response: dict[str, Any] = {"uid": uid, "allowed": True}
-    obj = request.get("object")
-    if request.get("operation") in ("CREATE", "UPDATE") and isinstance(obj, dict) and obj.get("kind") in BY_KIND:
+    obj = request.get("object") or {}
+    kind = obj.get("kind")
+    if request.get("operation") in ("CREATE", "UPDATE") and isinstance(kind, str) and kind in BY_KIND:
         metadata = obj.get("metadata") or {}
-        if not metadata.get("namespace") and request.get("namespace"):
+        # A mistyped metadata is convert's to name.
+        if isinstance(metadata, dict) and not metadata.get("namespace") and request.get("namespace"):
             obj = {**obj, "metadata": {**metadata, "namespace": request["namespace"]}}
         try:
             convert(obj, domain)
@@ -35,31 +39,7 @@ def review(body: Any, domain: str) -> dict[str, Any]:
     return admission_answer(body, response)
 
 
-def admission_request(body: Any) -> tuple[dict[str, Any], str]:
-    """An AdmissionReview's request and uid; ValueError if malformed."""
-    if not isinstance(body, dict) or not isinstance(body.get("request"), dict):
-        raise ValueError("expected an AdmissionReview with a request")
-    request = body["request"]
-    uid = request.get("uid")
-    if not isinstance(uid, str) or not uid:
-        raise ValueError("request.uid is missing")
-    return request, uid
-
-
-def admission_answer(body: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
-    """The AdmissionReview answer, in the version it was asked in."""
-    return {"apiVersion": body.get("apiVersion", "admission.k8s.io/v1"), "kind": "AdmissionReview", "response": response}
-
-
 def create_webhook_app(domain: str) -> FastAPI:
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
-
-    async def validate(request: Request) -> dict[str, Any]:
-        try:
-            return review(await request.json(), domain)
-        except ValueError as error:  # JSON that does not parse is a ValueError too
-            raise HTTPException(400, f"bad AdmissionReview: {error}") from None
-
-    for path in PATHS:
-        app.add_api_route(path, validate, methods=["POST"])
+    add_review_route(app, PATHS, functools.partial(review, domain=domain))
     return app

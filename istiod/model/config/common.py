@@ -13,6 +13,10 @@ import re2  # type: ignore[import-untyped]
 Labels = tuple[tuple[str, str], ...]  # sorted (key, value) pairs, as Service.selector
 _RE2_OPTIONS = re2.Options()
 _RE2_OPTIONS.log_errors = False  # a bad pattern is an error we report, not a line on stderr
+# The largest compiled RE2 program a proxy accepts. Envoy's default (100) refuses even `\pL` and
+# NACKs the whole route configuration; Istio's bootstrap raises it to this (the runtime key
+# re2.max_program_size.error_level), and so does ours; validation refuses what is larger.
+RE2_MAX_PROGRAM_SIZE = 32768
 
 
 def compile_regex(pattern: str) -> Any:

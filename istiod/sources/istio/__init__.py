@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from istiod.model.config.kinds import BY_KIND
-from istiod.sources.convert import ConversionError, ObjectKey, _Fields
+from istiod.sources.fields import ConversionError, ObjectKey, _Fields
 from istiod.sources.istio import networking, security
 
 CONVERTERS: dict[str, Callable[[ObjectKey, _Fields, str], Any]] = {

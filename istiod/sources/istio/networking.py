@@ -16,7 +16,7 @@ from istiod.model.config.networking import (
     ServiceEntry, ServicePort, Sidecar, Subset, TCPSettings, TLSMode, TrafficPolicy, VirtualService, WorkloadEntry,
 )
 from istiod.model.config.networking import TLS_PROTOCOL_VERSIONS
-from istiod.sources.convert import ObjectKey, _Fields
+from istiod.sources.fields import ObjectKey, _Fields
 from istiod.sources.istio.common import (
     dns1123_label, duration, enum_field, export_to, fields, items, meta, spec, fqdn_error, integer, ip_or_cidr, is_ip, labels, only, percentage,
     port, protocol, raise_if, regex, resolve_host, str_keyed, str_list, string_match, string_matches, wildcard_domain_error,

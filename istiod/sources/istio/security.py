@@ -12,7 +12,7 @@ from istiod.model.config.security import (
     Action, AuthorizationPolicy, Condition, JWTHeader, JWTRule, MTLSMode, Operation, PeerAuthentication,
     RequestAuthentication, Rule, Source,
 )
-from istiod.sources.convert import ObjectKey, _Fields
+from istiod.sources.fields import ObjectKey, _Fields
 from istiod.sources.istio.common import enum_field, fields, ip_or_cidr, items, meta, spec, only, str_list, workload_selector
 
 _TARGET_REFS = ("targetRef", "targetRefs")  # Gateway API policy attachment: not implemented
