@@ -20,10 +20,10 @@ from istiod.ca.authenticate import (
     service_account_of, token_review_account,
 )
 from istiod.agent.settings import add_agent_flags, agent_settings_from_args
-from istiod.ca.pki import cert_pem, load_certs, new_key, uri_sans
+from istiod.ca.pki import cert_pem, key_pem, load_certs, new_key, subject_key_identifier, uri_sans
 from istiod.ca.root import CertificateAuthority, bundle_from_pem
 from istiod.ca.selfsigned import (
-    DirRootStore, RootRotator, rotated, self_signed_bundle, self_signed_root,
+    DirRootStore, RootRotator, StoredRoot, rotated, self_signed_bundle, self_signed_root, stored_bundle,
 )
 from istiod.ca.serving import ServingCertificate, serving_names
 from istiod.ca.settings import RootPolicy
@@ -31,7 +31,7 @@ from istiod.ca.signer import SignError, SignErrorKind, TtlPolicy, sign_csr
 from istiod.model.names import parse_spiffe_identity, spiffe_identity
 from istiod.sources.convert import ConversionError, convert
 from tests.peers import eventually
-from tests.pki import NOW, csr_claiming_other_key, csr_pem, write_plugged
+from tests.pki import KEY_ID_STYLES, NOW, ca_cert, csr_claiming_other_key, csr_pem, write_plugged
 
 TD = "cluster.local"
 CALLER = ("spiffe://cluster.local/ns/app/sa/web",)
@@ -276,6 +276,27 @@ async def test_serving_certificate_renews_at_half_life_off_the_accept_path(tmp_p
         renewal.cancel()
     assert serving.ssl_context() is not first_context
     assert serving.cert is not None and first is not None and serving.cert.serial_number != first.serial_number
+
+
+@pytest.mark.parametrize("key_ids", KEY_ID_STYLES)
+async def test_leaves_copy_the_issuers_key_identifier_and_a_rotated_root_keeps_it(tmp_path: Path, key_ids: str) -> None:
+    """A root istiod did not make (Istio's istiod hashes keys with Go's truncated SHA-256, OpenSSL with
+    SHA-1, some tools not at all): leaves name its identifier as it is, and rotation keeps it, so
+    leaves signed before still chain to the new root alone."""
+    key = new_key()
+    root = ca_cert("cluster.local", key, key_ids=key_ids)
+    stored = StoredRoot(cert_pem(root).encode(), key_pem(key))
+    old_leaf = load_certs(sign_csr(stored_bundle(stored, NOW), csr_pem(new_key()), CALLER, 0, TtlPolicy(), NOW)[0].encode(),
+                          "leaf")[0]
+    new_root = load_certs(rotated(stored, NOW, timedelta(days=30)).cert, "rotated")[0]
+    assert new_root.serial_number != root.serial_number
+    assert subject_key_identifier(new_root) == subject_key_identifier(root)
+    expected = subject_key_identifier(root)
+    try:
+        found = old_leaf.extensions.get_extension_for_class(x509.AuthorityKeyIdentifier).value.key_identifier
+    except x509.ExtensionNotFound:
+        found = None
+    assert found == (expected.digest if expected else None)
 
 
 async def test_rotator_adopts_another_replicas_rotation_and_drops_expired_roots(tmp_path: Path) -> None:
