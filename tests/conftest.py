@@ -47,9 +47,9 @@ def processes() -> Iterator[list[Process]]:
 
 @pytest.fixture
 def start_istiod(tmp_path: Path, processes: list[Process]) -> Callable[..., Istiod]:
-    def start(config_dir: Path, *extra: str, log_format: str = "kv") -> Istiod:
+    def start(config_dir: Path, *extra: str, log_format: str = "kv", env: dict[str, str] | None = None) -> Istiod:
         istiod = Istiod(tmp_path, "--config-dir", str(config_dir), "--poll-interval", "100ms", *extra,
-                        log_format=log_format)
+                        log_format=log_format, env=env)
         processes.append(istiod)
         return istiod
 

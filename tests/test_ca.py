@@ -16,7 +16,7 @@ from cryptography.x509.verification import PolicyBuilder, Store
 from kubernetes_asyncio.client import V1TokenReviewStatus, V1UserInfo
 
 from istiod.ca.authenticate import (
-    AuthenticationError, ClientCertAuthenticator, Credentials, StaticTokenAuthenticator, authenticate,
+    AuthenticationError, Caller, ClientCertAuthenticator, Credentials, StaticTokenAuthenticator, authenticate,
     service_account_of, token_review_account,
 )
 from istiod.agent.settings import add_agent_flags, agent_settings_from_args
@@ -28,6 +28,7 @@ from istiod.ca.selfsigned import (
 from istiod.ca.serving import ServingCertificate, serving_names
 from istiod.ca.settings import RootPolicy
 from istiod.ca.signer import SignError, SignErrorKind, TtlPolicy, sign_csr
+from istiod.model.mesh import MeshConfig
 from istiod.model.names import parse_spiffe_identity, spiffe_identity
 from istiod.sources.convert import ConversionError, convert
 from tests.peers import eventually
@@ -154,20 +155,22 @@ async def test_static_tokens_and_client_certs(tmp_path: Path, bundle) -> None:
     tokens = tmp_path / "tokens.json"
     tokens.write_text('{"s3cret-token": "app/web"}')
     static = StaticTokenAuthenticator.from_file(tokens, TD)
-    chain = (ClientCertAuthenticator(), static)
+    chain = (ClientCertAuthenticator(MeshConfig), static)
     by_token = await authenticate(chain, Credentials("Bearer s3cret-token"))
-    assert by_token == type(by_token)(CALLER, "StaticTokenAuthenticator")
+    assert by_token == Caller(CALLER, "StaticTokenAuthenticator", ("app", "web"))
     leaf = load_certs(sign_csr(bundle, csr_pem(new_key()), CALLER, 0, TtlPolicy(), NOW)[0].encode(), "leaf")[0]
     assert (await authenticate(chain, Credentials(None, leaf))).identities == CALLER
     for credentials, message in (
-        (Credentials(), "ClientCertAuthenticator: no client certificate is presented; StaticTokenAuthenticator: "
-                        "target JWT extraction error: no HTTP authorization header exists"),
+        (Credentials(), "no client certificate or bearer token is presented"),
         (Credentials("Basic abc"), "target JWT extraction error: no bearer token exists in HTTP authorization header"),
         (Credentials("Bearer wrong-token"), "StaticTokenAuthenticator: the token is not in the static token file"),
     ):
         with pytest.raises(AuthenticationError) as refused:
             await authenticate(chain, credentials)
-        assert message in str(refused.value) and "wrong-token" not in str(refused.value)
+        assert message in str(refused.value) and "wrong-token" not in str(refused.value) + refused.value.detail
+        # The caller hears only of what it presented; the log has every authenticator's reason.
+        assert "ClientCertAuthenticator" not in str(refused.value)
+        assert "ClientCertAuthenticator: no client certificate is presented" in refused.value.detail
     assert "s3cret" not in repr(Credentials("Bearer s3cret-token"))
 
 
@@ -176,7 +179,7 @@ def test_static_token_file_errors_name_the_entry_not_the_token(tmp_path: Path) -
     tokens.write_text('{"good": "a/b", "s3cret": "no-slash"}')
     with pytest.raises(ValueError) as bad:
         StaticTokenAuthenticator.from_file(tokens, TD)
-    assert "entry #2 must map to 'namespace/serviceaccount'" in str(bad.value) and "s3cret" not in str(bad.value)
+    assert "entry #2: must map to 'namespace/serviceaccount'" in str(bad.value) and "s3cret" not in str(bad.value)
 
 
 HOSTILE_ACCOUNTS = ("ns/../sa/x", "demo?x=1#/web", "app/web?x=1#", "App/web", "app/", "/web", "app/web/x",
@@ -259,7 +262,7 @@ async def test_client_certificate_without_spiffe_identity(tmp_path: Path, bundle
 
     leaf = issue(bundle, new_key().public_key(), serving_names("istio-system", TD), NOW, timedelta(hours=1))
     with pytest.raises(AuthenticationError) as refused:
-        await authenticate([ClientCertAuthenticator()], Credentials(None, leaf))
+        await authenticate([ClientCertAuthenticator(MeshConfig)], Credentials(None, leaf))
     assert refused.value.no_identity
     assert str(refused.value) == "ClientCertAuthenticator: the client certificate has no SPIFFE URI SAN"
 
