@@ -8,13 +8,14 @@ pod's node. The pods and nodes are the model's (the snapshot), so no API call is
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from istiod.ca.authenticate import Caller
 from istiod.ca.settings import NODE_ACCOUNTS_VARIABLE
 from istiod.model.names import parse_spiffe_identity
 from istiod.model.snapshot import Snapshot
+from istiod.model.workload import Workload
 
 IMPERSONATED_IDENTITY = "ImpersonatedIdentity"  # Istio's security.ImpersonatedIdentity metadata key
 MAX_QUOTED = 120  # an impersonated identity is quoted in refusals and logs up to this many characters
@@ -26,15 +27,16 @@ class ImpersonationDenied(Exception):
 
 @dataclass(frozen=True, slots=True)
 class _NodeIndex:
-    """Per snapshot: which (node, namespace, service account) have a pod that can still run."""
+    """Which (node, namespace, service account) have a pod that can still run, for one set of pods
+    (a snapshot keeps its predecessor's mapping while no pod changed, so this is rebuilt only then)."""
 
-    snapshot: Snapshot
+    workloads: Mapping[tuple[str, str], Workload]
     accounts: frozenset[tuple[str, str, str]]
 
     @classmethod
-    def of(cls, snapshot: Snapshot) -> _NodeIndex:
-        return cls(snapshot, frozenset((w.node_name, w.namespace, w.service_account)
-                                       for w in snapshot.workloads.values() if w.node_name and not w.terminal))
+    def of(cls, workloads: Mapping[tuple[str, str], Workload]) -> _NodeIndex:
+        return cls(workloads, frozenset((w.node_name, w.namespace, w.service_account)
+                                        for w in workloads.values() if w.node_name and not w.terminal))
 
 
 class NodeAuthorizer:
@@ -62,7 +64,7 @@ class NodeAuthorizer:
             raise ImpersonationDenied(f"impersonated identity {_quoted(requested)} is not in the mesh's trust domain "
                                       f"{snapshot.mesh.trust_domain!r}")
         node = self._caller_node(caller, account, snapshot)
-        if (node, namespace, service_account) not in self._node_index(snapshot).accounts:
+        if (node, namespace, service_account) not in self._node_index(snapshot.workloads).accounts:
             raise ImpersonationDenied(f"no pod of service account {namespace}/{service_account} runs on node {node!r}")
         return requested
 
@@ -92,9 +94,9 @@ class NodeAuthorizer:
             raise ImpersonationDenied(f"the caller's node {pod.node_name!r} is unknown")
         return pod.node_name
 
-    def _node_index(self, snapshot: Snapshot) -> _NodeIndex:
-        if self._index is None or self._index.snapshot is not snapshot:
-            self._index = _NodeIndex.of(snapshot)
+    def _node_index(self, workloads: Mapping[tuple[str, str], Workload]) -> _NodeIndex:
+        if self._index is None or self._index.workloads is not workloads:
+            self._index = _NodeIndex.of(workloads)
         return self._index
 
 
