@@ -77,7 +77,7 @@ def add_ca_flags(parser: argparse.ArgumentParser) -> None:
                         default=env("CITADEL_SELF_SIGNED_ROOT_CERT_GRACE_PERIOD_PERCENTILE", str(root.grace_percent)),
                         help="rotate the self-signed root when less than this percent of its lifetime is left (default 20)")
     parser.add_argument("--ca-trusted-node-accounts", type=parse_node_accounts,
-                        default=env(NODE_ACCOUNTS_VARIABLE, DEFAULT_NODE_ACCOUNTS),
+                        default=env_default(NODE_ACCOUNTS_VARIABLE, DEFAULT_NODE_ACCOUNTS, parse_node_accounts),
                         help="node agents (ztunnel) that may ask for certificates of the workloads on their own node,"
                              " 'namespace/serviceaccount,...'; empty: none (default istio-system/ztunnel)")
     parser.add_argument("--tls-extra-san", action="append",
