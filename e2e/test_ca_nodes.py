@@ -13,6 +13,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from e2e.kube_objects import ISTIO_NAMESPACE, ensure_namespace
 from e2e.test_ca import ensure_account, published_root, start_istiod_sa, token_for  # noqa: F401 (fixture)
+from istiod.ca.authenticate import BoundPod, bound_pod
 from istiod.ca.pki import load_certs, uri_sans
 from tests.peers import Istiod, eventually
 from tests.secure_port import CaEndpoint
@@ -60,6 +61,11 @@ async def test_ztunnel_gets_certificates_only_for_its_own_nodes_workloads(
     await ensure(lambda: core.create_namespaced_pod(NS, pod("db-0", "db", "e2e-node-b")))
     ztunnel = await bound_token(kube, ISTIO_NAMESPACE, "ztunnel", "ztunnel-e2e-a")
     unbound, web = await token_for(kube, ISTIO_NAMESPACE, "ztunnel"), await token_for(kube, NS, "web")
+    # What the API server's TokenReview says of the bound token: its pod, and (Kubernetes 1.32+) its node.
+    review = await client.AuthenticationV1Api(kube).create_token_review(
+        client.V1TokenReview(spec=client.V1TokenReviewSpec(token=ztunnel, audiences=["istio-ca"])))
+    uid = (await core.read_namespaced_pod("ztunnel-e2e-a", ISTIO_NAMESPACE)).metadata.uid
+    assert bound_pod(review.status.user.extra) == BoundPod("ztunnel-e2e-a", uid, "e2e-node-a")
 
     istiod = start_istiod_sa("istiod-0")
     endpoint = CaEndpoint(istiod.secure_address, (await published_root(kube, NS)).encode())
