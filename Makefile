@@ -81,6 +81,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/push.py
 	$(BIN)/python bench/configdir.py
 	$(BIN)/python bench/config.py
+	$(BIN)/python bench/wds.py
 	$(BIN)/python bench/connmem.py
 	$(BIN)/python bench/connect.py
 	$(BIN)/pip install --quiet -e '.[bench]'

@@ -15,7 +15,7 @@ from types import MappingProxyType
 from typing import Any, Protocol, TypeVar
 
 from istiod.model.batch import CronJob, Job
-from istiod.model.cluster import Node
+from istiod.model.cluster import Namespace, Node
 from istiod.model.config import ConfigSet
 from istiod.model.credentials import TlsCredential
 from istiod.model.config.common import Labels, selector_matches
@@ -109,6 +109,7 @@ def _whole(objects: ObjectValues[Key], version: str, previous: Snapshot | None, 
         volumes=_volume_mounts(objects.values("PersistentVolume"), objects.values("PersistentVolumeClaim"), workloads),
         endpoint_slices=MappingProxyType(endpoint_slices),
         nodes=MappingProxyType(nodes),
+        namespaces=MappingProxyType({n.name: n for n in objects.values("Namespace") if isinstance(n, Namespace)}),
         selection=selection,
     )
 
@@ -198,6 +199,7 @@ def _next(objects: ObjectValues[Key], version: str, previous: Snapshot, keys: Ma
         volumes=volumes,
         endpoint_slices=endpoint_slices,
         nodes=previous.nodes,
+        namespaces=previous.namespaces,
         lookups=previous.lookups.updated(previous, services, endpoints, hosts, changed_keys),
         selection=selection,
     )

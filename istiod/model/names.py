@@ -6,6 +6,7 @@ import re
 from functools import lru_cache
 
 DEFAULT_DOMAIN = "cluster.local"
+DEFAULT_CLUSTER_ID = "Kubernetes"  # istiod's --clusterID default; part of workload uids
 INBOUND_LISTENER_PREFIX = "xds.istio.io/grpc/lds/inbound/"
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from istiod.model.batch import CronJob, Job
+from istiod.model.cluster import Namespace
 from istiod.model.config import ConfigSet
 from istiod.model.credentials import TlsCredential
 from istiod.model.endpointslice import EndpointSlice
@@ -148,7 +149,7 @@ class Selection:
                    _slices(endpoint_slices.values()), _namespaces(services))
 
     def with_services(self, services: Mapping[str, Service]) -> Selection:
-        return Selection(self.labels, self.slices, _namespaces(services))
+        return Selection(self.labels, self.slices, _namespaces(services, self.namespaces))
 
     def with_pods(self, before: Mapping[tuple[str, str], Workload], after: Mapping[tuple[str, str], Workload],
                   keys: Iterable[tuple[str, str]]) -> Selection:
@@ -186,8 +187,16 @@ def _slices(endpoint_slices: Iterable[EndpointSlice]) -> dict[tuple[str, str], t
     return _grouped((((s.namespace, s.service), s) for s in endpoint_slices if s.service), _slice_order)
 
 
-def _namespaces(services: Mapping[str, Service]) -> dict[str, tuple[Service, ...]]:
-    return _grouped(((s.namespace, s) for s in services.values() if not s.external_host), lambda s: s.name)
+def _namespaces(services: Mapping[str, Service],
+                before: Mapping[str, tuple[Service, ...]] | None = None) -> dict[str, tuple[Service, ...]]:
+    """A namespace's tuple is the one `before` had while its Services are the same objects, so what
+    reads one namespace's Services can key on it."""
+    grouped = _grouped(((s.namespace, s) for s in services.values() if not s.external_host), lambda s: s.name)
+    for namespace, group in grouped.items():
+        old = before.get(namespace) if before is not None else None
+        if old is not None and len(old) == len(group) and all(a is b for a, b in zip(old, group)):
+            grouped[namespace] = old
+    return grouped
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +214,7 @@ class Snapshot:
     credentials: Mapping[tuple[str, str], TlsCredential] = field(default_factory=dict)  # Secrets by (namespace, name)
     endpoint_slices: Mapping[tuple[str, str], EndpointSlice] = field(default_factory=dict)  # (namespace, name)
     nodes: Mapping[str, Locality] = field(default_factory=dict)  # by Node name
+    namespaces: Mapping[str, Namespace] = field(default_factory=dict)  # by name (their labels)
     # Derived from the fields above; given by the builder when it moved them from the previous snapshot.
     lookups: Lookups | None = field(default=None, compare=False, repr=False)
     selection: Selection | None = field(default=None, compare=False, repr=False)

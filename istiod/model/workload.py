@@ -9,6 +9,11 @@ from istiod.model.service import Locality
 
 WORKLOAD_NAME_LABEL = "service.istio.io/workload-name"
 LOCALITY_LABEL = "istio-locality"
+# The Pod annotations the mesh reads (only these are kept, so others changing push nothing): istio-cni's
+# mark that it redirects the pod's traffic to ztunnel, and the injector's mark of a sidecar.
+AMBIENT_REDIRECTION_ANNOTATION = "ambient.istio.io/redirection"
+SIDECAR_STATUS_ANNOTATION = "sidecar.istio.io/status"
+MESH_ANNOTATIONS = (AMBIENT_REDIRECTION_ANNOTATION, SIDECAR_STATUS_ANNOTATION)
 # Istio treats a Job named `<cron>-<8..10 digits>` as made by CronJob `<cron>` (the digits are the
 # scheduled time in minutes), so no owner needs to be fetched.
 _CRONJOB_JOB_NAME = re.compile(r"(.+)-\d{8,10}")
@@ -40,6 +45,9 @@ class Workload:
     claims: tuple[str, ...] = ()  # names of PersistentVolumeClaims it mounts
     container_ports: tuple[tuple[str, int], ...] = ()  # (name, containerPort)
     locality_label: str = ""
+    annotations: tuple[tuple[str, str], ...] = ()  # those of MESH_ANNOTATIONS it has
+    host_network: bool = False
+    terminating: bool = False  # it has a deletionTimestamp
 
     @property
     def terminal(self) -> bool:

@@ -26,7 +26,7 @@ from istiod.model.names import DEFAULT_DOMAIN
 from istiod.model.quantity import QuantityError, parse_quantity
 from istiod.model.service import Locality, Port, Service
 from istiod.model.storage import PersistentVolume, PersistentVolumeClaim
-from istiod.model.workload import LOCALITY_LABEL, OwnerRef, Workload, workload_identity
+from istiod.model.workload import LOCALITY_LABEL, MESH_ANNOTATIONS, OwnerRef, Workload, workload_identity
 
 CLUSTER_SCOPED = frozenset({"Namespace", "Node", "PersistentVolume"})
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
@@ -235,6 +235,9 @@ def _pod(key: ObjectKey, f: _Fields, domain: str) -> Workload:
         claims=claims,
         container_ports=tuple(container_ports),
         locality_label=dict(labels).get(LOCALITY_LABEL, ""),
+        annotations=tuple((k, v) for k, v in f.str_map("metadata.annotations") if k in MESH_ANNOTATIONS),
+        host_network=f.get("spec.hostNetwork", bool, False),
+        terminating=bool(f.get("metadata.deletionTimestamp", str, "")),
     )
 
 

@@ -42,9 +42,14 @@ class Changes:
 
 
 def changes(previous: Snapshot | None, current: Snapshot) -> Changes | None:
-    """None when the mesh config changed, when a changed Service is a VirtualService's destination
-    (routes of other hosts name it), or when there is nothing to compare with."""
+    """None when the mesh config, a Namespace's labels or a Node's locality changed, when a changed
+    Service is a VirtualService's destination (routes of other hosts name it), or when there is
+    nothing to compare with."""
     if previous is None or previous.mesh != current.mesh:
+        return None
+    # Namespace labels (ambient mode, waypoints) and Node localities are read by ztunnel's workloads
+    # whole; both change rarely, and either rebuilds the whole snapshot anyway.
+    if _differ(previous.namespaces, current.namespaces) or _differ(previous.nodes, current.nodes):
         return None
     hosts: set[str] = set()
     spellings: set[str] = set()

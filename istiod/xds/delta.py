@@ -33,7 +33,8 @@ def subscribe(
     """
     subscribed = list(dict.fromkeys(map(sys.intern, request.resource_names_subscribe)))
     if watched is None:
-        wildcard = not subscribed or WILDCARD in subscribed
+        # `*` subscribed and unsubscribed at once asks for nothing yet (ztunnel on demand: xDS has no other way).
+        wildcard = (not subscribed or WILDCARD in subscribed) and WILDCARD not in request.resource_names_unsubscribe
         watched = WatchedResource(request.type_url, None if wildcard else [n for n in subscribed if n != WILDCARD])
         changed = True
     else:

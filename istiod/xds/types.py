@@ -8,10 +8,14 @@ CLUSTER = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 ENDPOINT = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 # SDS: the workload's own certificates come from the agent; a gateway's `kubernetes://` credentials from istiod.
 SECRET = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
+# ztunnel's workload discovery (WDS): workloads and services by address, and the policies it enforces.
+ADDRESS = "type.googleapis.com/istio.workload.Address"
+AUTHORIZATION = "type.googleapis.com/istio.security.Authorization"
 
-SHORT_NAMES = {CLUSTER: "cds", LISTENER: "lds", ROUTE: "rds", ENDPOINT: "eds", SECRET: "sds"}
+SHORT_NAMES = {CLUSTER: "cds", LISTENER: "lds", ROUTE: "rds", ENDPOINT: "eds", SECRET: "sds",
+               ADDRESS: "wads", AUTHORIZATION: "wdsauthorization"}
 # The order istiod pushes in, so a client never sees a reference before what it refers to.
-PUSH_ORDER = (CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET)
+PUSH_ORDER = (CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET, ADDRESS, AUTHORIZATION)
 
 
 def short_name(type_url: str) -> str:

@@ -36,12 +36,15 @@ class Watchers:
         self._watching: dict[Connection, dict[str, tuple[str, ...] | None]] = {}
         self._by_address: dict[str, set[Connection]] = {}
         self._by_pod: dict[tuple[str, str], set[Connection]] = {}
+        self._ztunnels: set[Connection] = set()
 
     def add(self, connection: Connection) -> None:
         self._watching[connection] = {}
         for address in connection.proxy.ip_addresses:
             self._by_address.setdefault(address, set()).add(connection)
         self._by_pod.setdefault(_pod(connection), set()).add(connection)
+        if connection.proxy.type == "ztunnel":
+            self._ztunnels.add(connection)
 
     def remove(self, connection: Connection) -> None:
         for type_url in self._watching.get(connection, {}).copy():
@@ -50,6 +53,7 @@ class Watchers:
         for address in connection.proxy.ip_addresses:
             _discard(self._by_address, address, connection)
         _discard(self._by_pod, _pod(connection), connection)
+        self._ztunnels.discard(connection)
 
     def watch(self, connection: Connection, type_url: str, names: Iterable[str] | None) -> None:
         """The connection now watches `names` (None: every resource) of the type."""
@@ -121,6 +125,11 @@ class Watchers:
                 elif referring:
                     scopes.setdefault(connection, {}).update(referring)
         everything.update(c for pod in endpoints.workloads for c in self._by_pod.get(pod, ()))
+        if endpoints.keys or endpoints.workloads or change.hosts:
+            # A ztunnel holds every workload and service: it compares them all (each made once per
+            # snapshot for every ztunnel) and is sent only those that differ.
+            for connection in self._ztunnels:
+                scopes.setdefault(connection, {})[types.ADDRESS] = None
         return {**scopes, **dict.fromkeys(everything)}
 
 

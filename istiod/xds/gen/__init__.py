@@ -19,6 +19,7 @@ from istiod.xds.gen.gateway import routes as gateway_routes
 from istiod.xds.gen.gateway import secrets as gateway_secrets
 from istiod.xds.gen.sidecar import clusters, listeners, routes
 from istiod.xds.gen.targets import alike
+from istiod.xds.gen.ztunnel import GENERATORS as ZTUNNEL
 
 Generator = Callable[[Snapshot, Proxy, list[str] | None, ResourceCache], list[Resource]]
 
@@ -99,8 +100,17 @@ _ROUTER_AFFECTED: Affected = {
     "Secret": frozenset({types.SECRET}),
     "ServiceEntry": _NONE, "WorkloadEntry": _NONE,
 }
-_GENERATORS = {"grpc": PROXYLESS_GRPC, "sidecar": SIDECAR, "router": ROUTER}
-_AFFECTED = {"grpc": _PROXYLESS_AFFECTED, "sidecar": _SIDECAR_AFFECTED, "router": _ROUTER_AFFECTED}
+# ztunnel: policies name workloads' policies (Address) and are sent themselves; ServiceEntries and
+# WorkloadEntries are workloads and services of their own.
+_ZTUNNEL_AFFECTED: Affected = {
+    **dict.fromkeys(_PROXYLESS_AFFECTED, _NONE),
+    "AuthorizationPolicy": frozenset({types.ADDRESS, types.AUTHORIZATION}),
+    "PeerAuthentication": frozenset({types.ADDRESS, types.AUTHORIZATION}),
+    "ServiceEntry": frozenset({types.ADDRESS}), "WorkloadEntry": frozenset({types.ADDRESS}),
+}
+_GENERATORS = {"grpc": PROXYLESS_GRPC, "sidecar": SIDECAR, "router": ROUTER, "ztunnel": ZTUNNEL}
+_AFFECTED = {"grpc": _PROXYLESS_AFFECTED, "sidecar": _SIDECAR_AFFECTED, "router": _ROUTER_AFFECTED,
+             "ztunnel": _ZTUNNEL_AFFECTED}
 
 
 def affected_types(proxy: Proxy, kinds: Iterable[str]) -> frozenset[str]:
@@ -110,8 +120,8 @@ def affected_types(proxy: Proxy, kinds: Iterable[str]) -> frozenset[str]:
 
 
 def generators_for(proxy: Proxy) -> dict[str, Generator]:
-    """By the node's GENERATOR metadata, then its type, as istiod picks. Waypoints and ztunnel are
-    not served yet: they get no generator, and so no config, rather than config meant for someone else."""
+    """By the node's GENERATOR metadata, then its type, as istiod picks. Waypoints are not served
+    yet: they get no generator, and so no config, rather than config meant for someone else."""
     return _GENERATORS.get(_flavor(proxy), {})
 
 

@@ -1,0 +1,67 @@
+"""The real ztunnel as a test peer: its binary, and one run in a network namespace (its ports are fixed).
+
+Dedicated mode (one workload, no istio-cni) with FAKE_CA (it mints its own certificates): what is under
+test is its WDS client, against istiod's secure port with a bearer token, as a ztunnel connects.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from istiod.demo.pods import Netns
+from tests.peers import ROOT, Process, stop_group, wait_until
+
+BUILD_TIMEOUT = 1200  # a cold build is ~5 minutes on 2 cores
+
+
+def ztunnel_binary() -> str:
+    """$ZTUNNEL, else what `shared/ztunnel/build.sh` beside the checkout builds (cached after the first)."""
+    given = os.environ.get("ZTUNNEL")
+    if given:
+        return given
+    script = next((p / "shared" / "ztunnel" / "build.sh" for p in ROOT.parents
+                   if (p / "shared" / "ztunnel" / "build.sh").exists()), None)
+    if script is None:
+        raise AssertionError("no ztunnel: set ZTUNNEL, or put shared/ztunnel/build.sh beside the checkout")
+    built = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=BUILD_TIMEOUT)
+    if built.returncode != 0:
+        raise AssertionError(f"building ztunnel failed:\n{built.stderr[-4000:]}")
+    return built.stdout.strip().splitlines()[-1]
+
+
+class Ztunnel(Process):
+    """One ztunnel inside `pod`, run from an empty directory (it reads ./var/run/secrets defaults)."""
+
+    def __init__(self, binary: str, pod: Netns, workdir: Path, env: dict[str, str]) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.pod = pod
+        settings = {"RUST_LOG": "info,ztunnel::xds=debug", "FAKE_CA": "true", "PROXY_MODE": "dedicated", **env}
+        super().__init__(pod.exec_args("env", "-C", str(workdir), *(f"{k}={v}" for k, v in settings.items()),
+                                       binary), name="ztunnel")
+
+    def get(self, path: str, port: int = 15000) -> tuple[int, str]:
+        done = self.pod.run("curl", "-s", "-w", "\n%{http_code}", f"http://127.0.0.1:{port}{path}", timeout=10)
+        body, _, code = done.stdout.rpartition("\n")
+        return int(code or 0), body
+
+    def ready(self) -> bool:
+        return self.get("/healthz/ready", 15021)[0] == 200
+
+    def wait_ready(self, timeout: float = 30) -> None:
+        try:
+            wait_until(self.ready, timeout, "ztunnel /healthz/ready", interval=0.2)
+        except AssertionError:
+            raise AssertionError(f"ztunnel not ready; log:\n{self.log()}") from None
+
+    def config_dump(self) -> dict[str, Any]:
+        code, body = self.get("/config_dump")
+        assert code == 200, body
+        return json.loads(body)  # type: ignore[no-any-return]
+
+    def stop(self) -> None:
+        # Before its first xDS state a SIGTERM does not end it: stop_group follows up with SIGKILL.
+        stop_group(self.proc, grace=3)
