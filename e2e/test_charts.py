@@ -81,6 +81,7 @@ def delete(server: ApiServer, objects: list[dict[str, Any]]) -> None:
 async def test_charts_apply_server_side(cluster: Cluster, kube: client.ApiClient) -> None:
     await ensure_namespace(kube, ISTIO_NAMESPACE)
     objects = render(CHARTS / "base") + render(CHARTS / "istiod") + render(CHARTS / "istiod", "--set", "caMode=plugged,autoscale.enabled=false")
+    objects += render(CHARTS / "istiod", "--set", "ambient=true") + render(CHARTS / "cni") + render(CHARTS / "ztunnel")
     assert len(objects) > 12
     assert dry_run_apply(cluster.apiserver, objects) == []
     try:
@@ -95,6 +96,15 @@ async def test_istio_operator_render_applies_server_side(cluster: Cluster, kube:
     assert done.returncode == 0, done.stderr
     objects = [o for o in yaml.safe_load_all(done.stdout) if o]
     await ensure_namespace(kube, "mesh-prod")
+    assert dry_run_apply(cluster.apiserver, objects) == []
+
+
+async def test_ambient_profile_render_applies_server_side(cluster: Cluster, kube: client.ApiClient) -> None:
+    done = generate("--set", "profile=ambient", "--set", "namespace=mesh-ambient")
+    assert done.returncode == 0, done.stderr
+    objects = [o for o in yaml.safe_load_all(done.stdout) if o]
+    assert {("DaemonSet", "ztunnel"), ("DaemonSet", "istio-cni-node")} <= {(o["kind"], o["metadata"]["name"]) for o in objects}
+    await ensure_namespace(kube, "mesh-ambient")
     assert dry_run_apply(cluster.apiserver, objects) == []
 
 

@@ -24,8 +24,10 @@ from istiod.ca.authenticate import (
 from istiod.ca.root import ROOT_CERT_FILE, CaBundle, CertificateAuthority
 from istiod.ca.selfsigned import DirRootStore, RootRotator, RootStore, SecretRootStore, self_signed_bundle
 from istiod.ca.serving import ServingCertificate, serving_names
+from istiod.ca.nodeauth import NodeAuthorizer
 from istiod.ca.service import CertificateService
-from istiod.gen.istio.v1.auth import ca_pb2_grpc
+from istiod.ca.service import add_to_server as add_ca_to_server
+from istiod.model.snapshot import Snapshot
 from istiod.settings import Settings
 from istiod.supervisor import Supervisor
 from istiod.tlsfront import TlsFront
@@ -37,9 +39,12 @@ log = logging.getLogger(__name__)
 
 
 class SecurePort:
-    def __init__(self, settings: Settings, ads: DiscoveryServer, supervisor: Supervisor | None = None) -> None:
+    def __init__(self, settings: Settings, ads: DiscoveryServer, snapshot: Callable[[], Snapshot],
+                 supervisor: Supervisor | None = None) -> None:
+        """`snapshot`: the model in force, for the mesh's trust domain and the node authorizer's pods."""
         self.settings = settings
         self.ads = ads
+        self.snapshot = snapshot
         self.supervisor = supervisor or Supervisor()
         self.ca: CertificateAuthority | None = None
         self.serving: ServingCertificate | None = None
@@ -57,7 +62,7 @@ class SecurePort:
         """`api` given: the cluster's mode (Secret, TokenReview, `publish_root`); else config-dir mode."""
         settings, ca_settings = self.settings, self.settings.ca
         trust_domain = settings.mesh.trust_domain
-        authenticators = self.authenticators = [ClientCertAuthenticator()]
+        authenticators = self.authenticators = [ClientCertAuthenticator(lambda: self.snapshot().mesh)]
         self._publish_root = publish_root or self._write_root_file
         try:
             if ca_settings.plugged_dir is not None:
@@ -87,9 +92,9 @@ class SecurePort:
         self._front = front = TlsFront(settings.secure_grpc_addr.bind_host, settings.secure_grpc_addr.port,
                                        backend_port, serving.ssl_context, settings.keepalive.timeout,
                                        settings.max_connections)
-        ca_pb2_grpc.add_IstioCertificateServiceServicer_to_server(
-            CertificateService(self.ca, ca_settings.ttl, authenticators, front.credentials), self._inner
-        )
+        nodes = NodeAuthorizer(ca_settings.trusted_node_accounts, self.snapshot)
+        add_ca_to_server(CertificateService(self.ca, ca_settings.ttl, authenticators, front.credentials, nodes),
+                         self._inner)
         ads = self.ads.authorized(XdsAuthorizer(authenticators, front.credentials))
         add_to_server(ads, self._inner)
         await self._inner.start()

@@ -47,9 +47,10 @@ def processes() -> Iterator[list[Process]]:
 
 @pytest.fixture
 def start_istiod(tmp_path: Path, processes: list[Process]) -> Callable[..., Istiod]:
-    def start(config_dir: Path, *extra: str, log_format: str = "kv", open_files: int | None = None) -> Istiod:
+    def start(config_dir: Path, *extra: str, log_format: str = "kv", env: dict[str, str] | None = None,
+              open_files: int | None = None) -> Istiod:
         istiod = Istiod(tmp_path, "--config-dir", str(config_dir), "--poll-interval", "100ms", *extra,
-                        log_format=log_format, open_files=open_files)
+                        log_format=log_format, env=env, open_files=open_files)
         processes.append(istiod)
         return istiod
 

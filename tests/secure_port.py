@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,21 +45,23 @@ class Secure(CaEndpoint):
 
 
 async def start_secure(workdir: Path, ttl: TtlPolicy = TtlPolicy(), plugged: Path | None = None,
-                       api: client.ApiClient | None = None) -> Secure:
+                       api: client.ApiClient | None = None, snapshot: Callable[[], Snapshot] = lambda: Snapshot("v1"),
+                       tokens: Mapping[str, object] | None = None) -> Secure:
     """Config-dir mode (static tokens, root file in the state dir), or with `api` the cluster's (Secret,
-    TokenReview; the ConfigMap publisher is not part of the port, so its root is not published)."""
+    TokenReview; the ConfigMap publisher is not part of the port, so its root is not published).
+    `snapshot`: the model the port reads; `tokens`: more static tokens (see StaticTokenAuthenticator)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    tokens = workdir / "tokens.json"
-    tokens.write_text(json.dumps({TOKEN: "app/web", OTHER_TOKEN: "app/db"}))
+    token_file = workdir / "tokens.json"
+    token_file.write_text(json.dumps({TOKEN: "app/web", OTHER_TOKEN: "app/db", **(tokens or {})}))
     settings = Settings(
         config_dir=None, grpc_addr=Address("127.0.0.1", 0), http_addr=Address("127.0.0.1", 0),
         secure_grpc_addr=Address("127.0.0.1", 0),
-        ca=CaSettings(state_dir=workdir / "state", plugged_dir=plugged, ttl=ttl, static_tokens=tokens,
+        ca=CaSettings(state_dir=workdir / "state", plugged_dir=plugged, ttl=ttl, static_tokens=token_file,
                       extra_sans=("127.0.0.1",), reload_interval=0.1),
     )
-    ads = DiscoveryServer(lambda: Snapshot("v1"))
+    ads = DiscoveryServer(snapshot)
     ads.ready = True
-    port = SecurePort(settings, ads)
+    port = SecurePort(settings, ads, snapshot)
     if api is None:
         bound = await port.start()
         return Secure(f"127.0.0.1:{bound}", (workdir / "state" / "root-cert.pem").read_bytes(), port)

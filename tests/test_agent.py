@@ -103,7 +103,7 @@ async def test_refused_first_request_ends_the_agent(secure: Secure, tmp_path: Pa
     settings = agent_settings(tmp_path, secure.address, tmp_path / "istiod/state/root-cert.pem", token="wr0ng-t0ken")
     assert await asyncio.wait_for(run(settings, asyncio.Event()), 10) == 1
     assert (f"CA at {secure.address} refused the certificate request: UNAUTHENTICATED: request authenticate failure: "
-            "ClientCertAuthenticator: no client certificate is presented; StaticTokenAuthenticator: the token is not "
+            "StaticTokenAuthenticator: the token is not "
             "in the static token file") in caplog.text
     assert "wr0ng-t0ken" not in caplog.text and not settings.bootstrap_file.exists()
 

@@ -16,22 +16,23 @@ from cryptography.x509.verification import PolicyBuilder, Store
 from kubernetes_asyncio.client import V1TokenReviewStatus, V1UserInfo
 
 from istiod.ca.authenticate import (
-    AuthenticationError, ClientCertAuthenticator, Credentials, StaticTokenAuthenticator, authenticate,
+    AuthenticationError, Caller, ClientCertAuthenticator, Credentials, StaticTokenAuthenticator, authenticate,
     service_account_of, token_review_account,
 )
 from istiod.agent.settings import add_agent_flags, agent_settings_from_args
-from istiod.ca.pki import cert_pem, load_certs, new_key, uri_sans
+from istiod.ca.pki import cert_pem, key_pem, load_certs, new_key, subject_key_identifier, uri_sans
 from istiod.ca.root import CertificateAuthority, bundle_from_pem
 from istiod.ca.selfsigned import (
-    DirRootStore, RootRotator, rotated, self_signed_bundle, self_signed_root,
+    DirRootStore, RootRotator, StoredRoot, rotated, self_signed_bundle, self_signed_root, stored_bundle,
 )
 from istiod.ca.serving import ServingCertificate, serving_names
 from istiod.ca.settings import RootPolicy
 from istiod.ca.signer import SignError, SignErrorKind, TtlPolicy, sign_csr
+from istiod.model.mesh import MeshConfig
 from istiod.model.names import parse_spiffe_identity, spiffe_identity
 from istiod.sources.convert import ConversionError, convert
 from tests.peers import eventually
-from tests.pki import NOW, csr_claiming_other_key, csr_pem, write_plugged
+from tests.pki import KEY_ID_STYLES, NOW, ca_cert, csr_claiming_other_key, csr_pem, write_plugged
 
 TD = "cluster.local"
 CALLER = ("spiffe://cluster.local/ns/app/sa/web",)
@@ -154,20 +155,22 @@ async def test_static_tokens_and_client_certs(tmp_path: Path, bundle) -> None:
     tokens = tmp_path / "tokens.json"
     tokens.write_text('{"s3cret-token": "app/web"}')
     static = StaticTokenAuthenticator.from_file(tokens, TD)
-    chain = (ClientCertAuthenticator(), static)
+    chain = (ClientCertAuthenticator(MeshConfig), static)
     by_token = await authenticate(chain, Credentials("Bearer s3cret-token"))
-    assert by_token == type(by_token)(CALLER, "StaticTokenAuthenticator")
+    assert by_token == Caller(CALLER, "StaticTokenAuthenticator", ("app", "web"))
     leaf = load_certs(sign_csr(bundle, csr_pem(new_key()), CALLER, 0, TtlPolicy(), NOW)[0].encode(), "leaf")[0]
     assert (await authenticate(chain, Credentials(None, leaf))).identities == CALLER
     for credentials, message in (
-        (Credentials(), "ClientCertAuthenticator: no client certificate is presented; StaticTokenAuthenticator: "
-                        "target JWT extraction error: no HTTP authorization header exists"),
+        (Credentials(), "no client certificate or bearer token is presented"),
         (Credentials("Basic abc"), "target JWT extraction error: no bearer token exists in HTTP authorization header"),
         (Credentials("Bearer wrong-token"), "StaticTokenAuthenticator: the token is not in the static token file"),
     ):
         with pytest.raises(AuthenticationError) as refused:
             await authenticate(chain, credentials)
-        assert message in str(refused.value) and "wrong-token" not in str(refused.value)
+        assert message in str(refused.value) and "wrong-token" not in str(refused.value) + refused.value.detail
+        # The caller hears only of what it presented; the log has every authenticator's reason.
+        assert "ClientCertAuthenticator" not in str(refused.value)
+        assert "ClientCertAuthenticator: no client certificate is presented" in refused.value.detail
     assert "s3cret" not in repr(Credentials("Bearer s3cret-token"))
 
 
@@ -176,7 +179,7 @@ def test_static_token_file_errors_name_the_entry_not_the_token(tmp_path: Path) -
     tokens.write_text('{"good": "a/b", "s3cret": "no-slash"}')
     with pytest.raises(ValueError) as bad:
         StaticTokenAuthenticator.from_file(tokens, TD)
-    assert "entry #2 must map to 'namespace/serviceaccount'" in str(bad.value) and "s3cret" not in str(bad.value)
+    assert "entry #2: must map to 'namespace/serviceaccount'" in str(bad.value) and "s3cret" not in str(bad.value)
 
 
 HOSTILE_ACCOUNTS = ("ns/../sa/x", "demo?x=1#/web", "app/web?x=1#", "App/web", "app/", "/web", "app/web/x",
@@ -259,7 +262,7 @@ async def test_client_certificate_without_spiffe_identity(tmp_path: Path, bundle
 
     leaf = issue(bundle, new_key().public_key(), serving_names("istio-system", TD), NOW, timedelta(hours=1))
     with pytest.raises(AuthenticationError) as refused:
-        await authenticate([ClientCertAuthenticator()], Credentials(None, leaf))
+        await authenticate([ClientCertAuthenticator(MeshConfig)], Credentials(None, leaf))
     assert refused.value.no_identity
     assert str(refused.value) == "ClientCertAuthenticator: the client certificate has no SPIFFE URI SAN"
 
@@ -276,6 +279,27 @@ async def test_serving_certificate_renews_at_half_life_off_the_accept_path(tmp_p
         renewal.cancel()
     assert serving.ssl_context() is not first_context
     assert serving.cert is not None and first is not None and serving.cert.serial_number != first.serial_number
+
+
+@pytest.mark.parametrize("key_ids", KEY_ID_STYLES)
+async def test_leaves_copy_the_issuers_key_identifier_and_a_rotated_root_keeps_it(tmp_path: Path, key_ids: str) -> None:
+    """A root istiod did not make (Istio's istiod hashes keys with Go's truncated SHA-256, OpenSSL with
+    SHA-1, some tools not at all): leaves name its identifier as it is, and rotation keeps it, so
+    leaves signed before still chain to the new root alone."""
+    key = new_key()
+    root = ca_cert("cluster.local", key, key_ids=key_ids)
+    stored = StoredRoot(cert_pem(root).encode(), key_pem(key))
+    old_leaf = load_certs(sign_csr(stored_bundle(stored, NOW), csr_pem(new_key()), CALLER, 0, TtlPolicy(), NOW)[0].encode(),
+                          "leaf")[0]
+    new_root = load_certs(rotated(stored, NOW, timedelta(days=30)).cert, "rotated")[0]
+    assert new_root.serial_number != root.serial_number
+    assert subject_key_identifier(new_root) == subject_key_identifier(root)
+    expected = subject_key_identifier(root)
+    try:
+        found = old_leaf.extensions.get_extension_for_class(x509.AuthorityKeyIdentifier).value.key_identifier
+    except x509.ExtensionNotFound:
+        found = None
+    assert found == (expected.digest if expected else None)
 
 
 async def test_rotator_adopts_another_replicas_rotation_and_drops_expired_roots(tmp_path: Path) -> None:

@@ -23,12 +23,13 @@ from prometheus_client import REGISTRY
 from istiod.ca.pki import cert_pem, key_pem, load_certs, new_key, uri_sans
 from istiod.ca.signer import TtlPolicy, issue
 from istiod.gen.istio.v1.auth import ca_pb2, ca_pb2_grpc
+from istiod.model.mesh import MeshConfig
+from istiod.model.snapshot import Snapshot
 from tests.pki import csr_claiming_other_key, csr_pem, write_plugged
 from tests.secure_port import OTHER_TOKEN, TOKEN, CaEndpoint, Secure, start_secure
 
 WEB = "spiffe://cluster.local/ns/app/sa/web"
-NO_CREDENTIALS = ("request authenticate failure: ClientCertAuthenticator: no client certificate is presented; "
-                  "StaticTokenAuthenticator: target JWT extraction error: no HTTP authorization header exists")
+NO_CREDENTIALS = "request authenticate failure: no client certificate or bearer token is presented"
 
 
 @pytest.fixture
@@ -82,8 +83,7 @@ async def test_every_refusal_says_what_was_wrong(secure: Secure, caplog: pytest.
          "CSR signing error (requested TTL 2160h0m1s is greater than the max allowed TTL 2160h0m0s)"),
         (dict(csr=good), grpc.StatusCode.UNAUTHENTICATED, NO_CREDENTIALS),
         (dict(csr=good, token="not-a-known-token"), grpc.StatusCode.UNAUTHENTICATED,
-         "request authenticate failure: ClientCertAuthenticator: no client certificate is presented; "
-         "StaticTokenAuthenticator: the token is not in the static token file"),
+         "request authenticate failure: StaticTokenAuthenticator: the token is not in the static token file"),
     ]
     for args, code, message in cases:
         assert await refusal(secure, **args) == (code, message)  # type: ignore[arg-type]
@@ -93,6 +93,9 @@ async def test_every_refusal_says_what_was_wrong(secure: Secure, caplog: pytest.
     assert metric("citadel_server_csr_sign_err_count_total", error="TTL_ERROR") == ttl_errors + 1
     logged = caplog.text
     assert "CSR signing error" in logged and "authentication failed" in logged
+    # The log has every authenticator's reason; the caller only those of what it presented.
+    assert ("ClientCertAuthenticator: no client certificate is presented; StaticTokenAuthenticator: the token is not "
+            "in the static token file") in logged
     for secret in (TOKEN, "not-a-known-token", "PRIVATE KEY"):
         assert secret not in logged
 
@@ -210,6 +213,68 @@ async def test_tls_xds_checks_the_callers_identity(secure: Secure, delta: bool) 
             await ads_first_response(secure, request, delta, **channel)
         print(f"ads refused: {refused.value.code().name}: {refused.value.details()}")
         assert (refused.value.code(), refused.value.details()) == (code, message)
+
+
+async def certificate_naming(secure: Secure, *uris: str) -> tuple[bytes, bytes]:
+    """A client (key, chain) from our own CA naming `uris`: the TLS handshake accepts it, the rules may not."""
+    key = new_key()
+    assert secure.port.ca is not None
+    leaf = issue(secure.port.ca.bundle, key.public_key(), [x509.UniformResourceIdentifier(u) for u in uris],
+                 datetime.now(timezone.utc), timedelta(hours=1))
+    return key_pem(key), cert_pem(leaf).encode()
+
+
+IDENTITY_RULES = [
+    (("spiffe://example.org/ns/app/sa/web",),
+     "the client certificate's trust domain 'example.org' is not the mesh's 'cluster.local' or its aliases old.example"),
+    ((WEB, "spiffe://cluster.local/ns/app/sa/admin"), "the client certificate has 2 URI SANs; exactly one SPIFFE "
+                                                      "identity is accepted"),
+    ((WEB, "https://example.com/web"), "the client certificate has 2 URI SANs; exactly one SPIFFE identity is accepted"),
+    (("spiffe://cluster.local/web",), "the client certificate's URI SAN is not "
+                                      "spiffe://<trust domain>/ns/<namespace>/sa/<service account>"),
+]
+
+
+@pytest.mark.parametrize("uris, rule", IDENTITY_RULES, ids=["other-trust-domain", "two-spiffe", "spiffe-and-https",
+                                                            "not-ns-sa"])
+async def test_a_client_certificate_names_one_identity_in_the_mesh(tmp_path: Path, uris: tuple[str, ...], rule: str,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """Signed by our CA, so the handshake passes; but as xDS client (and for renewal) it is refused, naming
+    the rule it broke, not what every authenticator thought."""
+    mesh = Snapshot("v1", mesh=MeshConfig(trust_domain_aliases=("old.example",)))
+    secure = await start_secure(tmp_path, snapshot=lambda: mesh)
+    try:
+        cert = await certificate_naming(secure, *uris)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await ads_first_response(secure, ads_request("app", "web"), cert=cert)
+        print(f"ads refused: {refused.value.code().name}: {refused.value.details()}")
+        assert (refused.value.code(), refused.value.details()) == (
+            grpc.StatusCode.UNAUTHENTICATED, f"authentication failure: ClientCertAuthenticator: {rule}")
+        assert await refusal(secure, csr_pem(new_key()), cert=cert) == (
+            grpc.StatusCode.UNAUTHENTICATED, f"request authenticate failure: ClientCertAuthenticator: {rule}")
+        # An alias of the trust domain is the mesh's own.
+        alias = await certificate_naming(secure, "spiffe://old.example/ns/app/sa/web")
+        assert (await ads_first_response(secure, ads_request("app", "web"), cert=alias)).type_url.endswith("Cluster")
+    finally:
+        await secure.port.stop()
+    assert "StaticTokenAuthenticator: target JWT extraction error" in caplog.text  # the log has every reason
+
+
+async def test_garbage_certificate_requests_are_invalid_argument_without_tracebacks(
+    secure: Secure, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with secure.channel(token=TOKEN) as channel:
+        create_raw = channel.unary_unary("/istio.v1.auth.IstioCertificateService/CreateCertificate")
+        for garbage in (b"\xff" * 10, b"\x0a\xff\xff\xff\xff\x0f", b"\x22\x05abc"):
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await create_raw(garbage, timeout=10)
+            print(f"garbage refused: {refused.value.code().name}: {refused.value.details()}")
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert (refused.value.details() or "").startswith("malformed IstioCertificateRequest: ")
+        # The service still answers.
+        assert (await create(secure, csr_pem(new_key()), token=TOKEN)).cert_chain
+    assert "Traceback" not in caplog.text and "ERROR" not in caplog.text
+    assert caplog.text.count("CA: malformed certificate request") == 1  # throttled: one line a second
 
 
 async def test_short_ttl_policy(tmp_path: Path) -> None:

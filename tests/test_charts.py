@@ -45,7 +45,7 @@ def container(objects: list[dict[str, Any]]) -> Any:
     return discovery
 
 
-@pytest.mark.parametrize("chart", ["base", "istiod"])
+@pytest.mark.parametrize("chart", ["base", "istiod", "cni", "ztunnel"])
 def test_lint(chart: str) -> None:
     done = helm("lint", "--strict", str(CHARTS / chart))
     assert done.returncode == 0, done.stdout + done.stderr
@@ -84,8 +84,9 @@ def test_istiod_defaults() -> None:
     assert discovery["readinessProbe"]["httpGet"] == {"path": "/ready", "port": 8080}
     assert discovery["securityContext"]["readOnlyRootFilesystem"] is True
     assert discovery["securityContext"]["allowPrivilegeEscalation"] is False
-    assert {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in discovery["env"]} == {
+    assert {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in discovery["env"] if "valueFrom" in e} == {
         "POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+    assert env_values(discovery) == {"CA_TRUSTED_NODE_ACCOUNTS": ""}  # no ambient: nobody may impersonate
     assert discovery["resources"] == {"requests": {"cpu": "500m", "memory": "512Mi"}}
     volumes = {v["name"]: v for v in pod["volumes"]}
     [token] = volumes["istio-token"]["projected"]["sources"]
@@ -102,6 +103,91 @@ def test_istiod_defaults() -> None:
     [webhook] = objects["ValidatingWebhookConfiguration", "istio-validator-istio-system"]["webhooks"]
     assert webhook["clientConfig"]["service"] == {"name": "istiod", "namespace": "istio-system", "path": "/validate", "port": 443}
     assert webhook["failurePolicy"] == "Fail"
+
+
+def env_values(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container["env"] if "value" in e}
+
+
+def daemonset_container(objects: list[dict[str, Any]], name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(pod spec, its one container) of DaemonSet `name`."""
+    pod = by_kind(objects)["DaemonSet", name]["spec"]["template"]["spec"]
+    [main] = pod["containers"]
+    return pod, main
+
+
+@pytest.mark.parametrize("namespace", ["istio-system", "mesh-a"])
+def test_istiod_ambient_switch_trusts_its_namespaces_ztunnel(namespace: str) -> None:
+    discovery = container(render(CHARTS / "istiod", "--set", "ambient=true", namespace=namespace))
+    assert env_values(discovery)["CA_TRUSTED_NODE_ACCOUNTS"] == f"{namespace}/ztunnel"
+
+
+def test_ztunnel_chart() -> None:
+    objects = render(CHARTS / "ztunnel")
+    named = by_kind(objects)
+    assert sorted(named) == [("DaemonSet", "ztunnel"), ("ServiceAccount", "ztunnel")]  # it reads no API: no RBAC
+    assert {o["metadata"]["namespace"] for o in objects} == {"istio-system"}
+    pod, ztunnel = daemonset_container(objects, "ztunnel")
+    assert pod["serviceAccountName"] == "ztunnel"  # what istiod's ambient switch trusts
+    assert ztunnel["image"] == "docker.io/istio/ztunnel:1.28.0" and ztunnel["args"] == ["proxy", "ztunnel"]
+    env = env_values(ztunnel)
+    assert env["CA_ADDRESS"] == env["XDS_ADDRESS"] == "istiod.istio-system.svc:15012"
+    assert env["INPOD_ENABLED"] == "true" and env["ISTIO_META_CLUSTER_ID"] == "Kubernetes"
+    assert {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in ztunnel["env"] if "valueFrom" in e} == {
+        "POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace", "NODE_NAME": "spec.nodeName",
+        "INSTANCE_IP": "status.podIP", "SERVICE_ACCOUNT": "spec.serviceAccountName"}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    [token] = volumes["istio-token"]["projected"]["sources"]
+    assert token["serviceAccountToken"]["audience"] == "istio-ca"  # a pod-bound token, for the node authorizer
+    assert volumes["istiod-ca-cert"]["configMap"] == {"name": "istio-ca-root-cert"}
+    assert volumes["cni-ztunnel-sock-dir"]["hostPath"]["path"] == "/var/run/ztunnel"
+    mounts = {m["name"]: m["mountPath"] for m in ztunnel["volumeMounts"]}
+    assert (mounts["istio-token"], mounts["istiod-ca-cert"]) == ("/var/run/secrets/tokens", "/var/run/secrets/istio")
+    assert ztunnel["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN", "SYS_ADMIN", "NET_RAW"]}
+    assert pod["priorityClassName"] == "system-node-critical"
+
+    other = render(CHARTS / "ztunnel", "--set", "istiodAddress=istiod.mesh.example:15012,logLevel=debug",
+                   "--set-json", 'env=[{"name": "ISTIO_META_DNS_CAPTURE", "value": "true"}]', namespace="mesh-a")
+    _, ztunnel = daemonset_container(other, "ztunnel")
+    env = env_values(ztunnel)
+    assert env["CA_ADDRESS"] == env["XDS_ADDRESS"] == "istiod.mesh.example:15012"
+    assert (env["RUST_LOG"], env["ISTIO_META_DNS_CAPTURE"]) == ("debug", "true")
+    assert {o["metadata"]["namespace"] for o in other} == {"mesh-a"}
+
+
+def test_cni_chart() -> None:
+    objects = render(CHARTS / "cni", namespace="mesh-a")
+    named = by_kind(objects)
+    assert sorted(named) == [
+        ("ClusterRole", "istio-cni"), ("ClusterRole", "istio-cni-ambient"), ("ClusterRoleBinding", "istio-cni"),
+        ("ClusterRoleBinding", "istio-cni-ambient"), ("DaemonSet", "istio-cni-node"), ("ServiceAccount", "istio-cni")]
+    assert named["ClusterRole", "istio-cni"]["rules"] == [
+        {"apiGroups": [""], "resources": ["pods", "nodes", "namespaces"], "verbs": ["get", "list", "watch"]}]
+    assert named["ClusterRole", "istio-cni-ambient"]["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]
+    for binding in ("istio-cni", "istio-cni-ambient"):
+        assert named["ClusterRoleBinding", binding]["subjects"] == [
+            {"kind": "ServiceAccount", "name": "istio-cni", "namespace": "mesh-a"}]
+    pod, agent = daemonset_container(objects, "istio-cni-node")
+    assert pod["serviceAccountName"] == "istio-cni" and pod["hostNetwork"] is True
+    assert agent["image"] == "istiod:0.1.0" and agent["args"] == ["cni"]  # `istiod cni`
+    assert {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in agent["env"] if "valueFrom" in e}["NODE_NAME"] == "spec.nodeName"
+    env = env_values(agent)
+    volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in agent["volumeMounts"]}
+    assert (volumes["cni-net-dir"], mounts["cni-net-dir"], env["MOUNTED_CNI_NET_DIR"]) == (
+        "/etc/cni/net.d", "/host/etc/cni/net.d", "/host/etc/cni/net.d")
+    assert (volumes["cni-bin-dir"], mounts["cni-bin-dir"], env["CNI_BIN_DIR"]) == (
+        "/opt/cni/bin", "/host/opt/cni/bin", "/host/opt/cni/bin")
+    # The sockets shared with ztunnel and with the plugin the runtime runs, at their host paths.
+    assert env["ZTUNNEL_UDS_ADDRESS"] == "/var/run/ztunnel/ztunnel.sock"
+    assert volumes["cni-ztunnel-sock-dir"] == mounts["cni-ztunnel-sock-dir"] == "/var/run/ztunnel"
+    assert volumes["cni-socket-dir"] == mounts["cni-socket-dir"] == env["CNI_AGENT_RUN_DIR"] == "/var/run/istio-cni"
+    assert volumes["cni-netns-dir"] == mounts["cni-netns-dir"] == "/var/run/netns"
+
+    other = render(CHARTS / "cni", "--set", "image=registry.example/istiod:1.2.3,cniConfDir=/etc/cni/multus/net.d")
+    pod, agent = daemonset_container(other, "istio-cni-node")
+    assert agent["image"] == "registry.example/istiod:1.2.3"
+    assert {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}["cni-net-dir"] == "/etc/cni/multus/net.d"
 
 
 def test_rbac_is_deploy_rbac() -> None:

@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 
-from istiod.ca.authenticate import ClientCertAuthenticator, StaticTokenAuthenticator
+from istiod.ca.authenticate import ClientCertAuthenticator, StaticToken, StaticTokenAuthenticator
 from istiod.debug.access import AccessPolicy, is_loopback
 from istiod.debug.app import DEBUG_ENDPOINTS, DebugView, create_app
 from istiod.debug.connections import Question, answer
 from istiod.debug.views import configz
+from istiod.model.mesh import MeshConfig
 from istiod.model.snapshot import Snapshot
 from istiod.sources.store import Store
 from tests.conftest import CLIENT_PROXY, render
@@ -47,8 +48,8 @@ async def test_other_callers_need_the_token(host: str | None) -> None:
 async def test_tokens_the_ca_accepts_for_istiods_namespace() -> None:
     """As istiod: a service-account token (here the CA's static stand-in for TokenReview) is enough
     when its identity is in istiod's namespace."""
-    accounts = {"istiod-sa-token": ("istio-system", "istiod"), "app-token": ("demo", "web")}
-    policy = AccessPolicy(authenticators=(ClientCertAuthenticator(), StaticTokenAuthenticator(accounts, "cluster.local")))
+    accounts = {"istiod-sa-token": StaticToken("istio-system", "istiod"), "app-token": StaticToken("demo", "web")}
+    policy = AccessPolicy(authenticators=(ClientCertAuthenticator(MeshConfig), StaticTokenAuthenticator(accounts, "cluster.local")))
     assert await policy.refusal(REMOTE, "Bearer istiod-sa-token") is None
     assert await policy.refusal(REMOTE, "Bearer app-token") == (
         "debug endpoints need an identity in namespace 'istio-system'; the token is for ['demo']")

@@ -21,6 +21,7 @@ from tests.test_kube_writer import keys, ns, svc
 
 MESH = """
 trustDomain: example.org
+trustDomainAliases: [old.example, cluster.local]
 rootNamespace: mesh-root
 enableAutoMtls: false
 outboundTrafficPolicy: {mode: REGISTRY_ONLY}
@@ -42,6 +43,7 @@ def test_fields_istiod_reads(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING):
         mesh = parse_mesh_config(MESH, MeshConfig(mtls=True), "mesh config test")
     assert mesh.trust_domain == "example.org" and mesh.root_namespace == "mesh-root" and mesh.mtls
+    assert mesh.trust_domain_aliases == ("old.example", "cluster.local")
     assert mesh.outbound_traffic_policy is OutboundTrafficPolicy.REGISTRY_ONLY and not mesh.enable_auto_mtls
     assert mesh.default_config.discovery_address == "istiod.mesh-root.svc:15012"
     assert mesh.default_config.proxy_metadata == (("ISTIO_META_DNS_CAPTURE", "true"),)
@@ -62,6 +64,7 @@ def test_fields_istiod_reads(caplog: pytest.LogCaptureFixture) -> None:
      "discoverySelectors[0].matchExpressions[0]: operator: 'Near' is not one of"),
     ("discoverySelectors: [{matchExpressions: [{key: a, operator: In}]}]", "values: In needs some values"),
     ("enableAutoMtls: maybe", "enableAutoMtls: expected bool"),
+    ("trustDomainAliases: [old.example, 7]", "trustDomainAliases[1]: expected str, got int"),
     ("[a, b]", "expected a map"),
 ])
 def test_bad_mesh_config_names_the_field(text: str, error: str) -> None:

@@ -66,6 +66,28 @@ def test_base_and_istiod_by_default() -> None:
     assert {"ClusterRole", "ClusterRoleBinding", "Deployment", "Service"} <= kinds
 
 
+def test_ambient_profile_adds_cni_and_ztunnel() -> None:
+    """istioctl's habit: `--set profile=ambient` installs istiod with its ambient switch, the istio-cni
+    agent (istiod's image, `istiod cni`) and Istio's ztunnel, in that order after base."""
+    done = generate("--set", "profile=ambient", "--set", "hub=registry.example", "--set", "tag=1.2.3")
+    assert done.returncode == 0, done.stderr
+    objects = [o for o in yaml.safe_load_all(done.stdout) if o]
+    order = [(o["kind"], o["metadata"]["name"]) for o in objects]
+    assert order.index(("Deployment", "istiod")) < order.index(("DaemonSet", "istio-cni-node")) < \
+        order.index(("DaemonSet", "ztunnel"))
+    named = {(o["kind"], o["metadata"]["name"]): o for o in objects}
+    [discovery] = named["Deployment", "istiod"]["spec"]["template"]["spec"]["containers"]
+    assert {"name": "CA_TRUSTED_NODE_ACCOUNTS", "value": "istio-system/ztunnel"} in discovery["env"]
+    [agent] = named["DaemonSet", "istio-cni-node"]["spec"]["template"]["spec"]["containers"]
+    assert agent["image"] == discovery["image"] == "registry.example/istiod:1.2.3"
+    assert named["DaemonSet", "ztunnel"]["metadata"]["namespace"] == "istio-system"
+
+    # Components override the profile, wherever they are written.
+    install = to_install({"spec": {"components": {"cni": {"enabled": False}}, "profile": "ambient"}})
+    assert (install.cni, install.ztunnel, install.values["ambient"]) == (False, True, True)
+    assert (to_install({}).cni, to_install({}).ztunnel, "ambient" in to_install({}).values) == (False, False, False)
+
+
 @pytest.mark.parametrize(("sets", "message"), [
     (["revision=canary"], "spec.revision: unknown field"),
     (["components.pilot.k8s.hpaSpec.behavior.scaleDown.stabilizationWindowSeconds=60"],
@@ -73,7 +95,7 @@ def test_base_and_istiod_by_default() -> None:
     (["components.pilot.k8s.serviceAnnotations.a=b"], "spec.components.pilot.k8s.serviceAnnotations: unknown field"),
     (["components.ingressGateways=[]"], "spec.components.ingressGateways: unknown field"),
     (["values.pilot.traceSampling=1.0"], "spec.values.pilot.traceSampling: unknown field"),
-    (["profile=demo"], "spec.profile: 'demo': only the default profile exists"),
+    (["profile=demo"], "spec.profile: 'demo': only the profiles default, ambient exist"),
     (["components.pilot.k8s.replicaCount=three"], "spec.components.pilot.k8s.replicaCount: 'three' is not an int"),
     (["components.pilot.k8s.hpaSpec.metrics=[{type: Pods}]"], "spec.components.pilot.k8s.hpaSpec.metrics[0]: only a Resource cpu"),
     (["components.pilot.k8s.replicaCount"], "--set components.pilot.k8s.replicaCount: expected path=value"),
@@ -86,7 +108,8 @@ def test_unknown_or_bad_fields_are_refused(sets: list[str], message: str) -> Non
 
 def test_refusal_is_one_line(tmp_path: Path) -> None:
     spec = tmp_path / "iop.yaml"
-    spec.write_text("apiVersion: install.istio.io/v1alpha1\nkind: IstioOperator\nspec: {components: {cni: {enabled: true}}}\n")
+    spec.write_text("apiVersion: install.istio.io/v1alpha1\nkind: IstioOperator\nspec: {components: {egressGateways: []}}\n")
     done = generate("-f", str(spec))
     assert (done.returncode, done.stdout) == (1, "")
-    assert done.stderr == "istiod manifest generate: spec.components.cni: unknown field (not supported by this installer)\n"
+    assert done.stderr == ("istiod manifest generate: spec.components.egressGateways: unknown field (not supported by this "
+                           "installer)\n")

@@ -67,6 +67,7 @@ def test_every_duration_flag_takes_go_durations_only(flag: str, tmp_path: Path, 
 
 
     ("PILOT_PUSH_THROTTLE", "0"), ("PILOT_MAX_REQUESTS_PER_SECOND", "-1"), ("PILOT_MAX_REQUESTS_PER_SECOND", "fast"),
+    ("CA_TRUSTED_NODE_ACCOUNTS", "istio-system"), ("CA_TRUSTED_NODE_ACCOUNTS", "istio-system/Ztunnel"),
 ])
 def test_bad_environment_values_name_the_variable(variable: str, value: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(variable, value)
@@ -83,6 +84,14 @@ def test_debounce_defaults_and_variables_are_istiods(monkeypatch: pytest.MonkeyP
     from_env = settings("--config-dir", str(tmp_path))
     assert (from_env.debounce_max, from_env.eds_debounce) == (2.0, False)
     assert settings("--config-dir", str(tmp_path), "--enable-eds-debounce", "1").eds_debounce
+
+
+def test_trusted_node_accounts_from_the_flag_or_istiods_variable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert settings("--config-dir", str(tmp_path)).ca.trusted_node_accounts == (("istio-system", "ztunnel"),)
+    monkeypatch.setenv("CA_TRUSTED_NODE_ACCOUNTS", "mesh/ztunnel, kube-system/node-agent")
+    assert settings("--config-dir", str(tmp_path)).ca.trusted_node_accounts == (
+        ("mesh", "ztunnel"), ("kube-system", "node-agent"))
+    assert settings("--config-dir", str(tmp_path), "--ca-trusted-node-accounts", "").ca.trusted_node_accounts == ()
 
 
 def test_request_rate_from_the_flag_or_istiods_variable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -60,6 +60,14 @@ def uri_sans(cert: x509.Certificate) -> list[str]:
     return names.get_values_for_type(x509.UniformResourceIdentifier)
 
 
+def subject_key_identifier(cert: x509.Certificate) -> x509.SubjectKeyIdentifier | None:
+    """The certificate's own Subject Key Identifier, as whatever tool made it computed it; None if absent."""
+    try:
+        return cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    except x509.ExtensionNotFound:
+        return None
+
+
 def spki(public: object) -> bytes:
     """A public key's DER SubjectPublicKeyInfo."""
     return public.public_bytes(  # type: ignore[attr-defined]

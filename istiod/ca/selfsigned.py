@@ -37,7 +37,9 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from istiod import logs
 from istiod.atomicfile import write_atomic
 from istiod.backoff import Backoff
-from istiod.ca.pki import PrivateKey, cert_pem, key_pem, key_usage, load_certs, load_key, new_key
+from istiod.ca.pki import (
+    PrivateKey, cert_pem, key_pem, key_usage, load_certs, load_key, new_key, subject_key_identifier,
+)
 from istiod.ca.settings import RootPolicy
 from istiod.ca.root import CA_CERT_FILE, CA_KEY_FILE, CaBundle, CertificateAuthority, bundle_from_pem
 from istiod.certfiles import CERT_CHAIN_FILE, ROOT_CERT_FILE
@@ -65,11 +67,14 @@ def self_signed_root(trust_domain: str, now: datetime, ttl: timedelta) -> Stored
     """A new root as istiod makes it: RSA 2048, subject O=<trust domain>."""
     key = new_key()
     name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, trust_domain)])
-    return StoredRoot(cert_pem(_root_cert(key, name, now, ttl)).encode(), key_pem(key))
+    subject_key = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
+    return StoredRoot(cert_pem(_root_cert(key, name, now, ttl, subject_key)).encode(), key_pem(key))
 
 
-def _root_cert(key: PrivateKey, name: x509.Name, now: datetime, ttl: timedelta) -> x509.Certificate:
-    return (
+def _root_cert(key: PrivateKey, name: x509.Name, now: datetime, ttl: timedelta,
+               subject_key: x509.SubjectKeyIdentifier | None) -> x509.Certificate:
+    """`subject_key` None: a root without one (a rotated root whose predecessor had none)."""
+    builder = (
         x509.CertificateBuilder()
         .subject_name(name)
         .issuer_name(name)
@@ -79,9 +84,10 @@ def _root_cert(key: PrivateKey, name: x509.Name, now: datetime, ttl: timedelta) 
         .not_valid_after(now + ttl)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .add_extension(key_usage(ca=True), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
     )
+    if subject_key is not None:
+        builder = builder.add_extension(subject_key, critical=False)
+    return builder.sign(key, hashes.SHA256())
 
 
 def needs_rotation(root: x509.Certificate, now: datetime, grace_percent: int) -> bool:
@@ -91,9 +97,11 @@ def needs_rotation(root: x509.Certificate, now: datetime, grace_percent: int) ->
 
 
 def rotated(stored: StoredRoot, now: datetime, ttl: timedelta) -> StoredRoot:
-    """A new root from the stored one's key and subject; the old one stays trusted while it is valid."""
+    """A new root from the stored one's key, subject and key identifier (a root another tool made may
+    have hashed the key differently: leaves carry it as their authority key identifier, and BoringSSL
+    chains them only to a root with the same); the old one stays trusted while it is valid."""
     old = load_certs(stored.cert, CA_CERT_FILE)[0]
-    new = _root_cert(load_key(stored.key, CA_KEY_FILE), old.subject, now, ttl)
+    new = _root_cert(load_key(stored.key, CA_KEY_FILE), old.subject, now, ttl, subject_key_identifier(old))
     kept = [old] if old.not_valid_after_utc > now else []
     return StoredRoot(cert_pem(new).encode(), stored.key, "".join(map(cert_pem, [new, *kept])).encode())
 

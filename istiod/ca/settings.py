@@ -11,6 +11,10 @@ from pathlib import Path
 from istiod.ca.signer import TtlPolicy
 from istiod.durations import parse_duration
 from istiod.envvars import env_default
+from istiod.model.names import parse_account
+
+NODE_ACCOUNTS_VARIABLE = "CA_TRUSTED_NODE_ACCOUNTS"
+DEFAULT_NODE_ACCOUNTS = "istio-system/ztunnel"
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +35,16 @@ class CaSettings:
     extra_sans: tuple[str, ...] = ()
     reload_interval: float = 1.0  # how often a plugged-in CA's files are checked
     root: RootPolicy = RootPolicy()  # the self-signed root's lifetime and rotation
+    # Who may ask for certificates of the workloads on its node (ztunnel), as (namespace, service account).
+    trusted_node_accounts: tuple[tuple[str, str], ...] = (("istio-system", "ztunnel"),)
+
+
+def parse_node_accounts(text: str) -> tuple[tuple[str, str], ...]:
+    """`namespace/serviceaccount,...`, as Istio's CA_TRUSTED_NODE_ACCOUNTS; empty: nobody."""
+    try:
+        return tuple(parse_account(entry.strip()) for entry in text.split(",") if entry.strip())
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def add_ca_flags(parser: argparse.ArgumentParser) -> None:
@@ -62,6 +76,10 @@ def add_ca_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--self-signed-root-cert-grace-period-percentile", type=int,
                         default=env("CITADEL_SELF_SIGNED_ROOT_CERT_GRACE_PERIOD_PERCENTILE", str(root.grace_percent)),
                         help="rotate the self-signed root when less than this percent of its lifetime is left (default 20)")
+    parser.add_argument("--ca-trusted-node-accounts", type=parse_node_accounts,
+                        default=env_default(NODE_ACCOUNTS_VARIABLE, DEFAULT_NODE_ACCOUNTS, parse_node_accounts),
+                        help="node agents (ztunnel) that may ask for certificates of the workloads on their own node,"
+                             " 'namespace/serviceaccount,...'; empty: none (default istio-system/ztunnel)")
     parser.add_argument("--tls-extra-san", action="append",
                         default=[h for h in env("ISTIOD_CUSTOM_HOST", "").split(",") if h],
                         help="another DNS name or IP for istiod's serving certificate (repeatable)")
@@ -82,6 +100,7 @@ def ca_settings_from_args(args: argparse.Namespace) -> CaSettings:
         ttl=ttl,
         static_tokens=args.ca_static_tokens,
         extra_sans=tuple(args.tls_extra_san),
+        trusted_node_accounts=args.ca_trusted_node_accounts,
         root=RootPolicy(timedelta(seconds=args.self_signed_ca_cert_ttl), args.self_signed_root_cert_check_interval,
                         args.self_signed_root_cert_grace_period_percentile),
     )

@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from istiod.ca.pki import cert_pem, key_usage
+from istiod.ca.pki import cert_pem, key_usage, subject_key_identifier
 from istiod.ca.root import CaBundle
 from istiod.durations import go_duration
 
@@ -80,7 +80,7 @@ def issue(bundle: CaBundle, public_key: object, names: list[x509.GeneralName], n
         raise SignError(SignErrorKind.CSR, "only RSA and ECDSA public keys are supported")
     not_after = min(not_before + ttl, bundle.cert.not_valid_after_utc)
     # Istio leaves the subject empty, which RFC 5280 allows only with a critical SAN extension.
-    return (
+    builder = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([]))
         .issuer_name(bundle.cert.subject)
@@ -93,10 +93,21 @@ def issue(bundle: CaBundle, public_key: object, names: list[x509.GeneralName], n
         .add_extension(key_usage(ca=False), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
                        critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(bundle.cert.public_key()),  # type: ignore[arg-type]
-                       critical=False)
-        .sign(bundle.key, hashes.SHA256())
     )
+    authority = authority_key_identifier(bundle.cert)
+    if authority is not None:
+        builder = builder.add_extension(authority, critical=False)
+    return builder.sign(bundle.key, hashes.SHA256())
+
+
+def authority_key_identifier(issuer: x509.Certificate) -> x509.AuthorityKeyIdentifier | None:
+    """The issuer's Subject Key Identifier copied, as Go's x509 does; None for an issuer without one.
+
+    Never recomputed from the issuer's key: tools hash differently (Go 1.25+ a truncated SHA-256,
+    OpenSSL SHA-1, some none at all), and BoringSSL refuses a chain whose identifiers differ.
+    """
+    subject_key = subject_key_identifier(issuer)
+    return x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(subject_key) if subject_key else None
 
 
 def sign_csr(bundle: CaBundle, csr_pem: str, identities: tuple[str, ...], requested_seconds: int,

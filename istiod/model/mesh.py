@@ -29,6 +29,7 @@ class ProxyConfig:
 @dataclass(frozen=True, slots=True)
 class MeshConfig:
     trust_domain: str = DEFAULT_TRUST_DOMAIN
+    trust_domain_aliases: tuple[str, ...] = ()  # other trust domains whose identities istiod accepts as its own
     # Mesh-wide mTLS between proxyless gRPC workloads (STRICT); PeerAuthentication and
     # DestinationRule will refine it per workload and service.
     mtls: bool = False

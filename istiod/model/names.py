@@ -99,6 +99,15 @@ def check_account(namespace: str, service_account: str) -> None:
             raise ValueError(f"{what} {value!r} is not a DNS-1123 label")
 
 
+def parse_account(text: str) -> tuple[str, str]:
+    """`namespace/serviceaccount` -> its two parts, both checked; ValueError says what is wrong."""
+    namespace, slash, service_account = text.partition("/")
+    if not slash:
+        raise ValueError(f"{text!r} is not 'namespace/serviceaccount'")
+    check_account(namespace, service_account)
+    return namespace, service_account
+
+
 def spiffe_identity(trust_domain: str, namespace: str, service_account: str) -> str:
     check_account(namespace, service_account)
     return f"spiffe://{trust_domain}/ns/{namespace}/sa/{service_account}"

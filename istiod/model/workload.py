@@ -40,6 +40,7 @@ class Workload:
     workload_name: str
     workload_kind: str
     node_name: str = ""
+    uid: str = ""  # metadata.uid: tells a pod from one recreated under its name
     owner: OwnerRef | None = None
     claims: tuple[str, ...] = ()  # names of PersistentVolumeClaims it mounts
     container_ports: tuple[tuple[str, int], ...] = ()  # (name, containerPort)

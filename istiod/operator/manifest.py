@@ -34,12 +34,13 @@ def default_helm() -> str:
 
 
 def render(install: Install, charts: Path, helm: str) -> str:
-    """The manifests: base (when enabled), then istiod (when enabled), as `helm template` prints them."""
-    releases: dict[str, Mapping[str, Any]] = {}
-    if install.base:
-        releases["base"] = {}
-    if install.istiod:
-        releases["istiod"] = install.values
+    """The manifests of each chart enabled, in the order base, istiod, cni, ztunnel, as `helm template`
+    prints them."""
+    charts_values: tuple[tuple[str, bool, Mapping[str, Any]], ...] = (
+        ("base", install.base, {}), ("istiod", install.istiod, install.values),
+        ("cni", install.cni, install.cni_values), ("ztunnel", install.ztunnel, {}),
+    )
+    releases = {name: values for name, enabled, values in charts_values if enabled}
     out = []
     with tempfile.TemporaryDirectory(prefix="istiod-manifest-") as tmp:
         for name, values in releases.items():

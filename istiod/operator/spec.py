@@ -22,12 +22,18 @@ class SpecError(ValueError):
     """A field we do not map (its path), or a value of the wrong shape."""
 
 
+PROFILES = ("default", "ambient")
+
+
 @dataclass(frozen=True)
 class Install:
     namespace: str = DEFAULT_NAMESPACE
     base: bool = True
     istiod: bool = True
+    cni: bool = False
+    ztunnel: bool = False
     values: Mapping[str, Any] = field(default_factory=dict)  # the istiod chart's values
+    cni_values: Mapping[str, Any] = field(default_factory=dict)  # the cni chart's (the agent runs istiod's image)
 
 
 @dataclass
@@ -35,6 +41,8 @@ class _Plan:  # what the table's entries fill in, turned into an Install at the 
     namespace: str = DEFAULT_NAMESPACE
     base: bool = True
     istiod: bool = True
+    cni: bool = False
+    ztunnel: bool = False
     hub: str = DEFAULT_HUB
     tag: str = DEFAULT_TAG
     image: str = "istiod"
@@ -68,8 +76,13 @@ def _enabled(attr: str) -> Apply:
 
 
 def _profile(plan: _Plan, value: Any, path: str) -> None:
-    if value != "default":
-        raise SpecError(f"{path}: {value!r}: only the default profile exists")
+    """Applied first, as istioctl starts from the profile: `ambient` adds the cni and ztunnel charts
+    and turns istiod's ambient switch on."""
+    if value not in PROFILES:
+        raise SpecError(f"{path}: {value!r}: only the profiles {', '.join(PROFILES)} exist")
+    if value == "ambient":
+        plan.cni = plan.ztunnel = True
+        plan.set("ambient", True)
 
 
 def _accept(plan: _Plan, value: Any, path: str) -> None:
@@ -132,6 +145,8 @@ TABLE: dict[str, Apply] = {
     "spec.values.pilot.env": _env_map,
     "spec.components.base.enabled": _enabled("base"),
     "spec.components.pilot.enabled": _enabled("istiod"),
+    "spec.components.cni.enabled": _enabled("cni"),
+    "spec.components.ztunnel.enabled": _enabled("ztunnel"),
     "spec.components.pilot.k8s.replicaCount": _replicas,
     "spec.components.pilot.k8s.resources": _value("resources"),
     "spec.components.pilot.k8s.nodeSelector": _value("nodeSelector"),
@@ -189,11 +204,14 @@ def to_install(operator: Mapping[str, Any]) -> Install:
     if operator.get("apiVersion", API_VERSION) != API_VERSION or operator.get("kind", "IstioOperator") != "IstioOperator":
         raise SpecError(f"expected apiVersion {API_VERSION}, kind IstioOperator")
     plan = _Plan()
-    leaves = sorted(_leaves(dict(operator), ""), key=lambda leaf: not leaf[0].startswith("spec.values."))
+    leaves = sorted(_leaves(dict(operator), ""),
+                    key=lambda leaf: (leaf[0] != "spec.profile", not leaf[0].startswith("spec.values.")))
     for path, value in leaves:
         TABLE[path](plan, value, path)
     if "/" in plan.image:  # a full reference, as values.pilot.image may be
-        plan.set("image", plan.image)
+        image = plan.image
     else:
-        plan.set("image", f"{plan.hub}/{plan.image}:{plan.tag}" if plan.hub else f"{plan.image}:{plan.tag}")
-    return Install(namespace=plan.namespace, base=plan.base, istiod=plan.istiod, values=plan.values)
+        image = f"{plan.hub}/{plan.image}:{plan.tag}" if plan.hub else f"{plan.image}:{plan.tag}"
+    plan.set("image", image)
+    return Install(namespace=plan.namespace, base=plan.base, istiod=plan.istiod, cni=plan.cni, ztunnel=plan.ztunnel,
+                   values=plan.values, cni_values={"image": image})

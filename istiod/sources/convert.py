@@ -164,6 +164,7 @@ def _pod(key: ObjectKey, f: _Fields, domain: str) -> Workload:
         workload_name=name,
         workload_kind=kind,
         node_name=f.get("spec.nodeName", str, ""),
+        uid=f.get("metadata.uid", str, ""),
         owner=next((o for o in owners if o.controller), None),
         claims=claims,
         container_ports=tuple(container_ports),

@@ -27,7 +27,7 @@ from istiod.sources.kube import Informer
 log = logging.getLogger(__name__)
 CONFIGMAP = "istio"
 CONFIGMAP_KEY = "mesh"
-_FIELDS = ("trustDomain", "rootNamespace", "outboundTrafficPolicy", "enableAutoMtls", "defaultConfig",
+_FIELDS = ("trustDomain", "trustDomainAliases", "rootNamespace", "outboundTrafficPolicy", "enableAutoMtls", "defaultConfig",
            "discoverySelectors")
 _PROXY_FIELDS = ("discoveryAddress", "proxyMetadata", "holdApplicationUntilProxyStarts")
 
@@ -76,6 +76,8 @@ def _parse(f: _Fields, base: MeshConfig) -> MeshConfig:
     return dataclasses.replace(
         base,
         trust_domain=f.get("trustDomain", str, base.trust_domain) or base.trust_domain,
+        trust_domain_aliases=str_list(f, "trustDomainAliases") if "trustDomainAliases" in f.body
+        else base.trust_domain_aliases,
         root_namespace=root,
         outbound_traffic_policy=policy,
         enable_auto_mtls=f.get("enableAutoMtls", bool, base.enable_auto_mtls),

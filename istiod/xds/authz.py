@@ -45,7 +45,7 @@ class XdsAuthorizer:
         try:
             caller = await authenticate(self.authenticators, self.credentials_of(context))
         except AuthenticationError as error:
-            log.warning("ads: failed to authenticate %s (%s): %s", proxy.id, context.peer(), error)
+            log.warning("ads: failed to authenticate %s (%s): %s", proxy.id, context.peer(), error.detail)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"authentication failure: {error}")
         mismatch = identity_mismatch(proxy, caller.identities)
         if mismatch is not None:
