@@ -133,15 +133,22 @@ class NodeAgent:
             return f"its network namespace {captured.netns} is gone"
         return ""
 
-    async def _ensure(self, pod: NodePod) -> None:
-        """Capture, hand over and annotate one ambient pod, as far as it is not yet; CaptureError if stuck."""
+    async def _ensure(self, pod: NodePod, plugin: bool = False) -> None:
+        """Capture, hand over and annotate one ambient pod, as far as it is not yet; CaptureError if stuck.
+
+        For the plugin's ADD, the pod must be with ztunnel before the call returns; otherwise what
+        cannot be done yet (no IP to find its namespace by, no ztunnel) waits for the next pass."""
         captured = self.captured.get(pod.key)
         if captured is None:
             captured = await self._capture(pod)
+            if captured is None:
+                return
         captured.pod = pod
         if not captured.handed:
             if not self.ztunnel.connected:
-                raise CaptureError(f"pod {_name(pod)}: captured, waiting for ztunnel to connect")
+                if not plugin:  # ztunnel's snapshot will carry it
+                    return
+                raise CaptureError(f"pod {_name(pod)}: captured, but no ztunnel is connected")
             try:
                 await self.ztunnel.add(captured.workload())
             except ZdsError as error:
@@ -155,9 +162,11 @@ class NodeAgent:
                 raise CaptureError(f"pod {_name(pod)}: annotating it failed: {describe_error(error)}") from None
         self._errors.pop(pod.key, None)
 
-    async def _capture(self, pod: NodePod) -> Captured:
+    async def _capture(self, pod: NodePod) -> Captured | None:
         netns = self.plugin_netns.get(pod.key)
         if netns is None:
+            if not pod.ip:
+                return None  # not started yet: the plugin's ADD, or its IP, will name its namespace
             try:
                 netns = await find_by_ip(self.netns_dir, pod.ip)
             except NetnsError as error:
@@ -213,6 +222,10 @@ class NodeAgent:
         pod = await self._wait_pod(key)
         if not pod.ambient:
             return False
+        if not os.path.exists(netns):
+            message = f"pod {namespace}/{name}: network namespace {netns} does not exist"
+            self._report(key, message)
+            raise CaptureError(message)
         async with self.lock:
             self.released.discard(key)
             self.plugin_netns[key] = netns
@@ -220,7 +233,7 @@ class NodeAgent:
             if captured is not None and captured.netns != netns:
                 await self._release(key, pod, "a new sandbox replaces it")
             try:
-                await self._ensure(pod)
+                await self._ensure(pod, plugin=True)
             except CaptureError as error:
                 self._report(key, str(error))
                 raise
