@@ -12,12 +12,12 @@ the runtime starts this for every pod.
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
-import socket
 import sys
 from typing import Any, NoReturn
+
+from istiod.unixhttp import UnixHTTPConnection
 
 SUPPORTED_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
 DEFAULT_RUN_DIR = "/var/run/istio-cni"
@@ -35,24 +35,8 @@ class CniError(Exception):
         self.msg = msg
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self.path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self.path)
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
-
-
 def _post(run_dir: str, path: str, event: dict[str, Any]) -> tuple[int, str]:
-    connection = _UnixConnection(os.path.join(run_dir, EVENT_SOCKET), AGENT_TIMEOUT)
+    connection = UnixHTTPConnection(os.path.join(run_dir, EVENT_SOCKET), AGENT_TIMEOUT)
     try:
         connection.request("POST", path, json.dumps(event), {"Content-Type": "application/json"})
         response = connection.getresponse()
