@@ -84,6 +84,7 @@ class NodeAgent:
         return [c.workload() for c in self.captured.values()]
 
     def handed(self, uid: str, error: str) -> None:
+        self.changed.set()  # annotate it without waiting for the next pass
         for key, captured in self.captured.items():
             if captured.pod.uid == uid:
                 captured.handed = not error
