@@ -67,6 +67,7 @@ class CniNode:
         self.pods: dict[str, Netns] = {}
         self.agent: Process | None = None
         self.ztunnel: Process | None = None
+        self.apps: list[Process] = []
 
     def write(self, name: str, body: dict[str, Any]) -> None:
         staged = self.config / f".{name}.tmp"
@@ -91,14 +92,16 @@ class CniNode:
         assert self.agent.proc.poll() is None, self.agent.log()
         return self.agent
 
-    def start_ztunnel(self, binary: str) -> Process:
+    def start_ztunnel(self, binary: str, local: Path | None = None) -> Process:
         workdir = self.tmp / "ztunnel"
         workdir.mkdir(exist_ok=True)
         env = {"INPOD_UDS": str(self.socket), "FAKE_CA": "true", "NODE_NAME": NODE, "POD_NAME": "ztunnel-1",
                "POD_NAMESPACE": "istio-system", "RUST_LOG": "info",
-               # No xDS: our istiod does not serve ztunnel's types on this branch, and ztunnel only
-               # connects to ZDS once its first xDS state arrived (or when it has no xDS server).
+               # No xDS server: ztunnel connects to ZDS only once its first xDS state arrived, or at
+               # once when it has no xDS server; `local` stands in for istiod's WDS.
                "XDS_ADDRESS": ""}
+        if local is not None:
+            env["LOCAL_XDS_PATH"] = str(local)
         # From an empty working directory: ztunnel reads ./var/run/secrets/... by default.
         self.ztunnel = Process(self.node.ns.exec_args("env", "-C", str(workdir), binary), env=env, name="ztunnel")
         return self.ztunnel
@@ -121,8 +124,27 @@ class CniNode:
     def captured(self, name: str) -> bool:
         return "ISTIO_PRERT" in self.pods[name].run("iptables-save").stdout
 
+    def start_echo(self, name: str, port: int) -> None:
+        """An HTTP app in the pod on every address: ztunnel delivers inbound traffic over loopback."""
+        self.apps.append(Process(self.pods[name].exec_args(sys.executable, "tests/http_echo.py", "0.0.0.0", str(port)),
+                                 name=f"echo in {name}"))
+
+    def call(self, source: str, target: str, port: int) -> str:
+        done = self.pods[source].run("curl", "-s", "--max-time", "5", f"http://{target}:{port}/")
+        return done.stdout
+
+    def local_config(self, *pods: tuple[str, int]) -> Path:
+        """ztunnel's own static config (LOCAL_XDS_PATH): each pod an HBONE workload on this node, as
+        istiod's WDS would describe it."""
+        path = self.tmp / "ztunnel-local.yaml"
+        workloads = [{"uid": f"Kubernetes//Pod/demo/{name}", "name": name, "namespace": "demo",
+                      "serviceAccount": f"sa-{name}", "workloadIps": [self.node.pod_ip(host)], "protocol": "HBONE",
+                      "node": NODE, "network": "", "services": {}} for name, host in pods]
+        path.write_text(json.dumps({"workloads": workloads}))
+        return path
+
     def close(self) -> None:
-        for process in (self.ztunnel, self.agent):
+        for process in (*self.apps, self.ztunnel, self.agent):
             self.stop(process)
         self.node.delete()
 

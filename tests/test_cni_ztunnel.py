@@ -6,7 +6,7 @@ import json
 import os
 
 from tests.cni_node import INPOD_PORTS, CniNode, cni_node, plugin, pod_yaml, up, ztunnel_binary  # noqa: F401
-from tests.peers import wait_until
+from tests.peers import Process, wait_until
 from tests.pods import requires_root
 
 pytestmark = requires_root
@@ -105,3 +105,35 @@ def test_agent_captures_ambient_pods_for_the_real_ztunnel(cni_node: CniNode) -> 
     mesh.stop(mesh.agent)
     conflist = json.loads((mesh.conf_dir / "10-bridge.conflist").read_text())
     assert [p["type"] for p in conflist["plugins"]] == ["bridge"]
+
+
+def test_traffic_between_captured_pods_goes_over_hbone_and_resumes_after_a_ztunnel_restart(cni_node: CniNode) -> None:
+    """What istiod's WDS will say (both pods HBONE workloads of this node) comes from ztunnel's own
+    static config here: the point is that the agent's rules bring each pod's traffic to ztunnel."""
+    mesh, binary = cni_node, ztunnel_binary()
+    for name, host in (("a", 2), ("b", 3)):
+        mesh.add_pod(name, host)
+        mesh.write(name, pod_yaml(name, mesh.node.pod_ip(host), f"uid-{name}"))
+        mesh.start_echo(name, 8080)
+    local = mesh.local_config(("a", 2), ("b", 3))
+    mesh.start_agent()
+    ztunnel = mesh.start_ztunnel(binary, local)
+    a, b = mesh.node.pod_ip(2), mesh.node.pod_ip(3)
+
+    def hbone(source: Process, client: str, server: str) -> bool:
+        """ztunnel logged both ends of a completed HBONE connection from `client` to `server`'s app."""
+        lines = [l for l in source.output if "connection complete" in l and f"dst.hbone_addr={server}:8080" in l
+                 and f"src.addr={client}:" in l and "error=" not in l]
+        return {'direction="outbound"', 'direction="inbound"'} <= {d for l in lines for d in l.split() if "direction" in d}
+
+    wait_until(lambda: up(mesh, "uid-a") and up(mesh, "uid-b"), 30, "ztunnel to run both pods' proxies")
+    assert json.loads(mesh.call("a", b, 8080))["host"] == f"{b}:8080"
+    assert json.loads(mesh.call("b", a, 8080))["host"] == f"{a}:8080"
+    wait_until(lambda: hbone(ztunnel, a, b) and hbone(ztunnel, b, a), 5, "ztunnel's access log of both calls")
+
+    mesh.stop(ztunnel)
+    assert mesh.call("a", b, 8080) == ""  # captured and no ztunnel: nothing gets out (fail closed)
+    ztunnel = mesh.start_ztunnel(binary, local)
+    wait_until(lambda: up(mesh, "uid-a") and up(mesh, "uid-b"), 30, "the new ztunnel to take the snapshot")
+    wait_until(lambda: mesh.call("a", b, 8080), 10, "a's call to b to work again")
+    wait_until(lambda: hbone(ztunnel, a, b), 5, "the new ztunnel's access log of the call")

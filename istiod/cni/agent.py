@@ -21,7 +21,7 @@ from typing import Protocol
 from istiod.agent.iptables import IptablesError
 from istiod.cni import redirect
 from istiod.cni.membership import NodePod, PodKey, node_pods
-from istiod.cni.netns import NetnsError, find_by_ip
+from istiod.cni.netns import NetnsError, NetnsIndex
 from istiod.cni.zds import ZdsError, ZdsWorkload
 from istiod.sources.kube import API_ERRORS, describe_error
 from istiod.sources.store import Change, Store
@@ -73,6 +73,7 @@ class NodeAgent:
         self.lock = asyncio.Lock()
         self.changed = asyncio.Event()
         self._errors: dict[PodKey, str] = {}  # the last error logged per pod: each is logged once
+        self._netns = NetnsIndex(netns_dir)
         store.subscribe(self._on_change)
 
     def _on_change(self, change: Change) -> None:
@@ -105,6 +106,7 @@ class NodeAgent:
     async def reconcile(self, startup: bool = False) -> None:
         async with self.lock:
             pods = node_pods(self.store, self.node)
+            self._netns = NetnsIndex(self.netns_dir)  # read at most once per pass
             self.released &= pods.keys()
             for key in list(self.captured):
                 pod, captured = pods.get(key), self.captured[key]
@@ -169,7 +171,7 @@ class NodeAgent:
             if not pod.ip:
                 return None  # not started yet: the plugin's ADD, or its IP, will name its namespace
             try:
-                netns = await find_by_ip(self.netns_dir, pod.ip)
+                netns = await self._netns.find(pod.ip)
             except NetnsError as error:
                 raise CaptureError(f"pod {_name(pod)}: no network namespace: {error}") from None
         try:
@@ -201,7 +203,7 @@ class NodeAgent:
     async def _clean_stale(self, pod: NodePod) -> None:
         """A pod not in the mesh that an earlier run of the agent may have left captured or annotated."""
         try:
-            netns = self.plugin_netns.get(pod.key) or await find_by_ip(self.netns_dir, pod.ip)
+            netns = self.plugin_netns.get(pod.key) or await self._netns.find(pod.ip)
             if await asyncio.to_thread(redirect.remove, netns):
                 log.info("pod %s: removed redirection left from before (not in the ambient mesh)", _name(pod))
         except (NetnsError, IptablesError):

@@ -31,17 +31,33 @@ async def addresses(netns: str) -> set[str]:
     return set(_INET.findall(out.decode())) if process.returncode == 0 else set()
 
 
-async def find_by_ip(directory: Path, ip: str) -> str:
-    """The one namespace file under `directory` holding `ip`; NetnsError when none or several do."""
-    if not ip:
-        raise NetnsError("the pod has no IP yet")
-    try:
-        candidates = sorted(str(p) for p in directory.iterdir() if not p.name.startswith("."))
-    except OSError as error:
-        raise NetnsError(f"cannot list {directory}: {error.strerror}") from None
-    found = [path for path in candidates if ip in await addresses(path)]
-    if not found:
-        raise NetnsError(f"no network namespace under {directory} has {ip}")
-    if len(found) > 1:  # capturing the wrong one would break another pod: refuse
-        raise NetnsError(f"{ip} is in several network namespaces: {', '.join(found)}")
-    return found[0]
+class NetnsIndex:
+    """Which namespace file under a directory holds which IP, read once (one `ip addr` per
+    namespace) the first time it is asked, so one pass over many pods costs one scan."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._by_ip: dict[str, list[str]] | None = None
+        self._problem = ""
+
+    async def find(self, ip: str) -> str:
+        """The one namespace holding `ip`; NetnsError when none or several do."""
+        if not ip:
+            raise NetnsError("the pod has no IP yet")
+        if self._by_ip is None:
+            self._by_ip = {}
+            try:
+                paths = sorted(str(p) for p in self.directory.iterdir() if not p.name.startswith("."))
+            except OSError as error:
+                paths, self._problem = [], f"cannot list {self.directory}: {error.strerror}"
+            for path in paths:
+                for address in await addresses(path):
+                    self._by_ip.setdefault(address, []).append(path)
+        if self._problem:
+            raise NetnsError(self._problem)
+        found = self._by_ip.get(ip, [])
+        if not found:
+            raise NetnsError(f"no network namespace under {self.directory} has {ip}")
+        if len(found) > 1:  # capturing the wrong one would break another pod: refuse
+            raise NetnsError(f"{ip} is in several network namespaces: {', '.join(found)}")
+        return found[0]
