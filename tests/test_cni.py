@@ -404,3 +404,15 @@ def test_plugin_module_loads_only_the_standard_library() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, cwd=ROOT)
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
 
+
+
+@pytest.mark.parametrize("args, env, message", [
+    ([], {"NODE_NAME": ""}, "istiod cni: --node-name (or $NODE_NAME) is required"),
+    (["--node-name", "n1", "--config-dir", "/nonexistent-dir"], {}, "--config-dir /nonexistent-dir: no such directory"),
+    (["--node-name", "n1", "--zds-ack-timeout", "5"], {}, "duration '5' must be a number with a unit"),
+    (["--node-name", "n1", "--ambient-dns-capture", "maybe"], {}, "'maybe' must be true or false"),
+])
+def test_cni_command_line_mistakes_are_one_line(args: list[str], env: dict[str, str], message: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "istiod", "cni", *args], env={**os.environ, **env}, capture_output=True,
+                          text=True, timeout=30, cwd=ROOT)
+    assert done.returncode != 0 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
