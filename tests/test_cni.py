@@ -157,14 +157,16 @@ async def test_zds_snapshot_then_adds_and_deletes_each_acked(zds: tuple[ZdsServe
 @pytest.mark.parametrize("hello, error", [
     (b"\xff\xff\xff\xff", "malformed hello"),
     (zds_pb2.ZdsHello(version=zds_pb2.NOT_USED).SerializeToString() + b"\x08\x07", "unsupported version 7"),
+    (None, "no hello within 0.5s"),
 ])
-async def test_zds_bad_hello_drops_only_that_client(zds: tuple[ZdsServer, Pods], hello: bytes, error: str,
+async def test_zds_bad_hello_drops_only_that_client(zds: tuple[ZdsServer, Pods], hello: bytes | None, error: str,
                                                     caplog: pytest.LogCaptureFixture) -> None:
     server, _ = zds
     bad, good = Client(server.path), Client(server.path)
     try:
         await bad.connect()
-        await bad.send(hello)
+        if hello is not None:
+            await bad.send(hello)
         assert await bad.closed()
         assert error in caplog.text and "Traceback" not in caplog.text
         await connected(server, good)

@@ -49,7 +49,10 @@ class _Connection:
         self.closed = False
 
     async def hello(self) -> None:
-        packet = await asyncio.wait_for(asyncio.get_running_loop().sock_recv(self.sock, MAX_PACKET), self.ack_timeout)
+        try:
+            packet = await asyncio.wait_for(asyncio.get_running_loop().sock_recv(self.sock, MAX_PACKET), self.ack_timeout)
+        except TimeoutError:
+            raise ZdsError(f"no hello within {self.ack_timeout:g}s") from None
         if not packet:
             raise ZdsError("ztunnel closed the connection before its hello")
         try:
@@ -170,8 +173,8 @@ class ZdsServer:
             self.synced.clear()
             await self._send_snapshot(connection, pods)
             self.synced.set()
-        except (ZdsError, OSError, TimeoutError) as error:
-            log.error("ZDS: ztunnel connection dropped: %s", error or type(error).__name__)
+        except (ZdsError, OSError) as error:
+            log.error("ZDS: ztunnel connection dropped: %s", error)
             connection.close()
             if self._current is connection:
                 self._current = None
