@@ -47,10 +47,14 @@ def pod_yaml(name: str, ip: str, uid: str, mode: str | None = None, node: str = 
 class CniNode:
     """The config dir, the node and its pods, the agent, and ztunnel; all removed at the end."""
 
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.config = tmp / "config"
-        self.config.mkdir()
+    def __init__(self, tmp: Path, name: str = NODE, subnet: str = "10.61", config: Path | None = None) -> None:
+        """`config`: a config dir shared with other nodes (the cluster they all read)."""
+        self.name = name
+        self.tmp = tmp / name
+        tmp = self.tmp
+        tmp.mkdir()
+        self.config = config or tmp / "config"
+        self.config.mkdir(exist_ok=True)
         self.netns_dir = tmp / "netns"
         self.netns_dir.mkdir()
         self.run_dir = tmp / "run"
@@ -63,14 +67,14 @@ class CniNode:
                                  "metadata": {"name": "demo", "labels": {"istio.io/dataplane-mode": "ambient"}}})
         (self.conf_dir / "10-bridge.conflist").write_text(json.dumps(
             {"cniVersion": "1.0.0", "name": "k8s-pod-network", "plugins": [{"type": "bridge"}]}))
-        self.node = Node("10.61")
+        self.node = Node(subnet, name)
         self.pods: dict[str, Netns] = {}
         self.agent: Process | None = None
         self.ztunnel: Process | None = None
         self.apps: list[Process] = []
 
     def write(self, name: str, body: dict[str, Any]) -> None:
-        staged = self.config / f".{name}.tmp"
+        staged = self.config / f".{name}.{self.name}.tmp"
         staged.write_text(json.dumps(body))
         staged.rename(self.config / f"{name}.yaml")
 
@@ -83,7 +87,7 @@ class CniNode:
     def start_agent(self, *source: str) -> Process:
         """`source`: where pods come from (default the config dir)."""
         source = source or ("--config-dir", str(self.config))
-        self.agent = Process([sys.executable, "-m", "istiod", "cni", "--node-name", NODE, *source,
+        self.agent = Process([sys.executable, "-m", "istiod", "cni", "--node-name", self.name, *source,
                               "--ztunnel-uds-address", str(self.socket),
                               "--cni-agent-run-dir", str(self.run_dir), "--mounted-cni-net-dir", str(self.conf_dir),
                               "--cni-bin-dir", str(self.bin_dir), "--netns-dir", str(self.netns_dir),
@@ -95,7 +99,7 @@ class CniNode:
     def start_ztunnel(self, binary: str, local: Path | None = None) -> Process:
         workdir = self.tmp / "ztunnel"
         workdir.mkdir(exist_ok=True)
-        env = {"INPOD_UDS": str(self.socket), "FAKE_CA": "true", "NODE_NAME": NODE, "POD_NAME": "ztunnel-1",
+        env = {"INPOD_UDS": str(self.socket), "FAKE_CA": "true", "NODE_NAME": self.name, "POD_NAME": f"ztunnel-{self.name}",
                "POD_NAMESPACE": "istio-system", "RUST_LOG": "info",
                # No xDS server: ztunnel connects to ZDS only once its first xDS state arrived, or at
                # once when it has no xDS server; `local` stands in for istiod's WDS.
@@ -133,15 +137,27 @@ class CniNode:
         done = self.pods[source].run("curl", "-s", "--max-time", "5", f"http://{target}:{port}/")
         return done.stdout
 
-    def local_config(self, *pods: tuple[str, int]) -> Path:
-        """ztunnel's own static config (LOCAL_XDS_PATH): each pod an HBONE workload on this node, as
+    def local_config(self, *pods: tuple[CniNode, str, int]) -> Path:
+        """ztunnel's own static config (LOCAL_XDS_PATH): each pod an HBONE workload on its node, as
         istiod's WDS would describe it."""
         path = self.tmp / "ztunnel-local.yaml"
         workloads = [{"uid": f"Kubernetes//Pod/demo/{name}", "name": name, "namespace": "demo",
-                      "serviceAccount": f"sa-{name}", "workloadIps": [self.node.pod_ip(host)], "protocol": "HBONE",
-                      "node": NODE, "network": "", "services": {}} for name, host in pods]
+                      "serviceAccount": f"sa-{name}", "workloadIps": [node.node.pod_ip(host)], "protocol": "HBONE",
+                      "node": node.name, "network": "", "services": {}} for node, name, host in pods]
         path.write_text(json.dumps({"workloads": workloads}))
         return path
+
+    def link(self, other: CniNode) -> None:
+        """A veth between the two node namespaces, each routing the other's pod subnet over it."""
+        for args in (["link", "add", "peer0", "netns", self.node.ns.name, "type", "veth", "peer", "name", "peer0",
+                      "netns", other.node.ns.name],
+                     ["-n", self.node.ns.name, "addr", "add", "192.168.255.1/30", "dev", "peer0"],
+                     ["-n", other.node.ns.name, "addr", "add", "192.168.255.2/30", "dev", "peer0"],
+                     ["-n", self.node.ns.name, "link", "set", "peer0", "up"],
+                     ["-n", other.node.ns.name, "link", "set", "peer0", "up"],
+                     ["-n", self.node.ns.name, "route", "add", f"{other.node.subnet}.0.0/16", "via", "192.168.255.2"],
+                     ["-n", other.node.ns.name, "route", "add", f"{self.node.subnet}.0.0/16", "via", "192.168.255.1"]):
+            subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
 
     def close(self) -> None:
         for process in (*self.apps, self.ztunnel, self.agent):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 from tests.cni_node import INPOD_PORTS, CniNode, cni_node, plugin, pod_yaml, up, ztunnel_binary  # noqa: F401
 from tests.peers import Process, wait_until
@@ -115,7 +116,7 @@ def test_traffic_between_captured_pods_goes_over_hbone_and_resumes_after_a_ztunn
         mesh.add_pod(name, host)
         mesh.write(name, pod_yaml(name, mesh.node.pod_ip(host), f"uid-{name}"))
         mesh.start_echo(name, 8080)
-    local = mesh.local_config(("a", 2), ("b", 3))
+    local = mesh.local_config((mesh, "a", 2), (mesh, "b", 3))
     mesh.start_agent()
     ztunnel = mesh.start_ztunnel(binary, local)
     a, b = mesh.node.pod_ip(2), mesh.node.pod_ip(3)
@@ -137,3 +138,50 @@ def test_traffic_between_captured_pods_goes_over_hbone_and_resumes_after_a_ztunn
     wait_until(lambda: up(mesh, "uid-a") and up(mesh, "uid-b"), 30, "the new ztunnel to take the snapshot")
     wait_until(lambda: mesh.call("a", b, 8080), 10, "a's call to b to work again")
     wait_until(lambda: hbone(ztunnel, a, b), 5, "the new ztunnel's access log of the call")
+
+
+def test_two_nodes_each_with_its_agent_and_ztunnel(tmp_path: Path) -> None:
+    """Pods on two nodes, each node with its own ztunnel and agent reading the same config dir: each
+    agent captures only its node's pods, and a call crosses from one node's ztunnel to the other's
+    over HBONE; a pod deleted through the plugin on one node is released there only."""
+    binary = ztunnel_binary()
+    config = tmp_path / "cluster"
+    nodes: list[CniNode] = []
+    try:
+        one = CniNode(tmp_path, "node-1", "10.61", config)
+        nodes.append(one)
+        two = CniNode(tmp_path, "node-2", "10.62", config)
+        nodes.append(two)
+        one.link(two)
+        for node, name in ((one, "a"), (two, "b")):
+            node.add_pod(name, 2)
+            node.write(name, pod_yaml(name, node.node.pod_ip(2), f"uid-{name}", node=node.name))
+            node.start_echo(name, 8080)
+        local = one.local_config((one, "a", 2), (two, "b", 2))
+        ztunnels = {}
+        for node in nodes:
+            node.start_agent()
+            ztunnels[node.name] = node.start_ztunnel(binary, local)
+        wait_until(lambda: up(one, "uid-a") and up(two, "uid-b"), 30, "each ztunnel to run its node's pod")
+        assert set(one.workload_state()) == {"uid-a"} and set(two.workload_state()) == {"uid-b"}
+        a, b = one.node.pod_ip(2), two.node.pod_ip(2)
+        assert json.loads(one.call("a", b, 8080))["host"] == f"{b}:8080"
+        assert json.loads(two.call("b", a, 8080))["host"] == f"{a}:8080"
+
+        def logged(node: str, direction: str, client: str, server: str) -> bool:
+            return any("connection complete" in l and f'direction="{direction}"' in l and f"src.addr={client}:" in l
+                       and f"dst.hbone_addr={server}:8080" in l and "error=" not in l for l in ztunnels[node].output)
+
+        wait_until(lambda: logged("node-1", "outbound", a, b) and logged("node-2", "inbound", a, b), 5,
+                   "a's call leaving through node-1's ztunnel and arriving through node-2's")
+
+        # DEL through the plugin on node-2: b is released there, a on node-1 is untouched.
+        entry = {"cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "istio-cni",
+                 "cni_agent_run_dir": str(two.run_dir)}
+        done = plugin("DEL", "b", f"/var/run/netns/{two.pods['b'].name}", entry)
+        assert done.returncode == 0, done.stdout + done.stderr
+        wait_until(lambda: "uid-b" not in two.workload_state(), 10, "node-2's ztunnel to drop b")
+        assert not two.captured("b") and one.captured("a") and up(one, "uid-a")
+    finally:
+        for node in reversed(nodes):
+            node.close()
