@@ -418,3 +418,15 @@ def test_cni_command_line_mistakes_are_one_line(args: list[str], env: dict[str, 
     done = subprocess.run([sys.executable, "-m", "istiod", "cni", *args], env={**os.environ, **env}, capture_output=True,
                           text=True, timeout=30, cwd=ROOT)
     assert done.returncode != 0 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_cni_agent_that_cannot_serve_its_socket_says_so(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    (tmp_path / "config").mkdir()
+    done = subprocess.run([sys.executable, "-m", "istiod", "cni", "--node-name", "n1", "--config-dir",
+                           str(tmp_path / "config"), "--cni-agent-run-dir", str(tmp_path / "file" / "run"),
+                           "--ztunnel-uds-address", str(tmp_path / "zds.sock"), "--mounted-cni-net-dir",
+                           str(tmp_path / "net.d"), "--cni-bin-dir", ""],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 1, done.stderr
+    assert "istio-cni node agent: [Errno 20] Not a directory" in done.stderr and "Traceback" not in done.stderr

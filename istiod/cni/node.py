@@ -50,7 +50,13 @@ class NodeSource:
 
 
 async def run_cni(settings: CniSettings) -> int:
-    return await run_until_signalled(lambda stop: _run(settings, stop))
+    from kubernetes_asyncio.config import ConfigException
+
+    try:
+        return await run_until_signalled(lambda stop: _run(settings, stop))
+    except (OSError, ConfigException) as error:  # a socket that cannot be served, a bad kubeconfig
+        log.error("istio-cni node agent: %s", error)
+        return 1
 
 
 async def _run(settings: CniSettings, stop: asyncio.Event) -> int:
