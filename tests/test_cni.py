@@ -216,6 +216,31 @@ async def test_zds_snapshot_skips_a_pod_whose_namespace_vanished(zds: tuple[ZdsS
         client.close()
 
 
+async def test_zds_snapshot_follows_pods_captured_and_released_meanwhile(zds: tuple[ZdsServer, Pods]) -> None:
+    server, pods = zds
+    client = Client(server.path)
+    try:
+        await client.connect()
+        await client.hello()
+        request, fds = await client.receive()
+        assert request.add.uid == "uid-1"
+        os.close(fds[0])
+        # While ztunnel works on uid-1: the agent released it and captured uid-3.
+        pods.workloads = [ZdsWorkload("uid-3", "three", "demo", "sa", "/proc/self/ns/net")]
+        await client.ack()
+        request, fds = await client.receive()
+        assert getattr(request, "del").uid == "uid-1" and not fds
+        await client.ack()
+        request, fds = await client.receive()
+        assert request.add.uid == "uid-3" and len(fds) == 1
+        os.close(fds[0])
+        await client.ack()
+        request, _ = await client.receive()
+        assert request.WhichOneof("payload") == "snapshot_sent"
+    finally:
+        client.close()
+
+
 def test_redirection_rules_are_ztunnels() -> None:
     """Every rule of ztunnel's scripts/ztunnel-redirect-inpod.sh, in its order, for its tables."""
     with tarfile.open(ZTUNNEL_SOURCE) as tar:

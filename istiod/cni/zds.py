@@ -130,7 +130,6 @@ class ZdsServer:
         self.ack_timeout = ack_timeout
         self._current: _Connection | None = None
         self.synced = asyncio.Event()  # a ztunnel took the snapshot and is connected now
-        self.connections = 0
 
     @property
     def connected(self) -> bool:
@@ -163,7 +162,6 @@ class ZdsServer:
                 self.path.unlink()
 
     async def _serve(self, connection: _Connection, pods: Pods) -> None:
-        self.connections += 1
         try:
             await connection.hello()
             if self._current is not None:
@@ -183,27 +181,38 @@ class ZdsServer:
         # ztunnel's new connection replaces this one.
 
     async def _send_snapshot(self, connection: _Connection, pods: Pods) -> None:
-        workloads = pods.snapshot()
-        for workload in workloads:
-            try:
-                await self._add(connection, workload)
-            except ZdsError as error:
-                pods.handed(workload.uid, str(error))
-                if connection.closed:
-                    raise
-                continue
-            pods.handed(workload.uid, "")
+        """Every captured pod, then SnapshotSent. Pods captured or released meanwhile (the agent
+        sends nothing while a snapshot is under way) are added or deleted before it ends."""
+        sent: set[str] = set()
+        tried: set[str] = set()  # each pod once: one that keeps failing cannot hold the snapshot up
+        while True:
+            current = {w.uid: w for w in pods.snapshot()}
+            gone, todo = sent - current.keys(), [w for uid, w in current.items() if uid not in tried]
+            if not gone and not todo:
+                break
+            for uid in gone:
+                await connection.request(_delete(uid))
+                sent.discard(uid)
+            for workload in todo:
+                tried.add(workload.uid)
+                try:
+                    await self._add(connection, workload)
+                except ZdsError as error:
+                    pods.handed(workload.uid, str(error))
+                    if connection.closed:
+                        raise
+                    continue
+                sent.add(workload.uid)
+                pods.handed(workload.uid, "")
         await connection.request(zds_pb2.WorkloadRequest(snapshot_sent=zds_pb2.SnapshotSent()))
-        log.info("ZDS: ztunnel connected; snapshot of %d pods sent", len(workloads))
+        log.info("ZDS: ztunnel connected; snapshot of %d pods sent", len(sent))
 
     async def add(self, workload: ZdsWorkload) -> None:
         """Hand one pod to ztunnel; ZdsError if it is not connected or does not take it."""
         await self._add(self._connection(), workload)
 
     async def delete(self, uid: str) -> None:
-        request = zds_pb2.WorkloadRequest()
-        getattr(request, "del").uid = uid  # `del` is a Python keyword
-        await self._connection().request(request)
+        await self._connection().request(_delete(uid))
 
     def _connection(self) -> _Connection:
         if not self.connected or self._current is None:
@@ -222,3 +231,9 @@ class ZdsServer:
             await connection.request(zds_pb2.WorkloadRequest(add=zds_pb2.AddWorkload(uid=workload.uid, workload_info=info)), fd)
         finally:
             os.close(fd)
+
+
+def _delete(uid: str) -> zds_pb2.WorkloadRequest:
+    request = zds_pb2.WorkloadRequest()
+    getattr(request, "del").uid = uid  # `del` is a Python keyword
+    return request
