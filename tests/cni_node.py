@@ -18,17 +18,10 @@ import pytest
 
 from istiod.demo.pods import Netns, Node
 from tests.peers import ROOT, Process, wait_until
+from tests.ztunnel_peer import ztunnel_binary
 
-ZTUNNEL_BUILD = Path("/work/shared/ztunnel/build.sh")
 NODE = "node-1"
 INPOD_PORTS = {15001, 15006, 15008}
-
-
-def ztunnel_binary() -> str:
-    """The real ztunnel (built once, then cached by its build script)."""
-    done = subprocess.run(["bash", str(ZTUNNEL_BUILD)], capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout.strip().splitlines()[-1]
 
 
 def pod_yaml(name: str, ip: str, uid: str, mode: str | None = None, node: str = NODE) -> dict[str, Any]:
@@ -96,16 +89,18 @@ class CniNode:
         assert self.agent.proc.poll() is None, self.agent.log()
         return self.agent
 
-    def start_ztunnel(self, binary: str, local: Path | None = None) -> Process:
+    def start_ztunnel(self, binary: str, local: Path | None = None, xds: dict[str, str] | None = None) -> Process:
+        """`local`: ztunnel's static config; `xds`: the variables pointing it at istiod instead."""
         workdir = self.tmp / "ztunnel"
         workdir.mkdir(exist_ok=True)
         env = {"INPOD_UDS": str(self.socket), "FAKE_CA": "true", "NODE_NAME": self.name, "POD_NAME": f"ztunnel-{self.name}",
                "POD_NAMESPACE": "istio-system", "RUST_LOG": "info",
-               # No xDS server: ztunnel connects to ZDS only once its first xDS state arrived, or at
-               # once when it has no xDS server; `local` stands in for istiod's WDS.
+               # Without an xDS server ztunnel connects to ZDS at once; with one, once its first
+               # xDS state arrived.
                "XDS_ADDRESS": ""}
         if local is not None:
             env["LOCAL_XDS_PATH"] = str(local)
+        env.update(xds or {})
         # From an empty working directory: ztunnel reads ./var/run/secrets/... by default.
         self.ztunnel = Process(self.node.ns.exec_args("env", "-C", str(workdir), binary), env=env, name="ztunnel")
         return self.ztunnel
@@ -114,11 +109,16 @@ class CniNode:
         if process is not None:
             process.stop()
 
-    def workload_state(self) -> dict[str, Any]:
+    def config_dump(self) -> dict[str, Any]:
+        """ztunnel's admin /config_dump; ValueError while it does not answer."""
         done = self.node.ns.run("curl", "-s", "--max-time", "5", "http://127.0.0.1:15000/config_dump")
+        return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+    def workload_state(self) -> dict[str, Any]:
+        """The pods ztunnel took over ZDS, by UID."""
         try:
-            return json.loads(done.stdout).get("workloadState") or {}
-        except json.JSONDecodeError:
+            return self.config_dump().get("workloadState") or {}
+        except ValueError:
             return {}
 
     def listening(self, name: str) -> set[int]:

@@ -6,7 +6,8 @@ import json
 import os
 from pathlib import Path
 
-from tests.cni_node import INPOD_PORTS, CniNode, cni_node, plugin, pod_yaml, up, ztunnel_binary  # noqa: F401
+from tests.cni_node import INPOD_PORTS, CniNode, cni_node, plugin, pod_yaml, up  # noqa: F401
+from tests.ztunnel_peer import ztunnel_binary
 from tests.peers import Process, wait_until
 from tests.pods import requires_root
 

@@ -6,14 +6,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from istiod.model.workload import Workload
+from istiod.model.workload import AMBIENT_REDIRECTION_ANNOTATION, SIDECAR_STATUS_ANNOTATION, Workload
 
 DATAPLANE_MODE_LABEL = "istio.io/dataplane-mode"
 AMBIENT, NONE = "ambient", "none"
-# What istio-cni writes on a pod it captured, and istiod reads to send the workload as HBONE.
-REDIRECTION_ANNOTATION = "ambient.istio.io/redirection"
-REDIRECTION_ENABLED = "enabled"
-SIDECAR_STATUS_ANNOTATION = "sidecar.istio.io/status"  # the injector's mark: the pod has a sidecar
+REDIRECTION_ENABLED = "enabled"  # the value of AMBIENT_REDIRECTION_ANNOTATION istio-cni writes
 
 PodKey = tuple[str, str]  # (namespace, name)
 
@@ -47,16 +44,15 @@ class _Objects(Protocol):
     def objects(self, kind: str | None = None) -> Iterator[_Stored]: ...
 
 
-def redirection_enabled(pod: Mapping[str, Any], labels: Mapping[str, str], namespace_labels: Mapping[str, str]) -> bool:
+def redirection_enabled(pod: Workload, namespace_labels: Mapping[str, str]) -> bool:
     """Istio's rules: the pod or its namespace asks for ambient, the pod does not opt out with
     `none`, it has no sidecar, and it is not on the host's network (its rules would be the host's)."""
+    labels = pod.label_map()
     if AMBIENT not in (labels.get(DATAPLANE_MODE_LABEL), namespace_labels.get(DATAPLANE_MODE_LABEL)):
         return False
     if labels.get(DATAPLANE_MODE_LABEL) == NONE:
         return False
-    if SIDECAR_STATUS_ANNOTATION in _annotations(pod):
-        return False
-    return not (pod.get("spec") or {}).get("hostNetwork", False)
+    return SIDECAR_STATUS_ANNOTATION not in dict(pod.annotations) and not pod.host_network
 
 
 def node_pods(objects: _Objects, node: str) -> dict[PodKey, NodePod]:
@@ -65,23 +61,17 @@ def node_pods(objects: _Objects, node: str) -> dict[PodKey, NodePod]:
     pods = {}
     for stored in objects.objects("Pod"):
         workload: Workload = stored.value
-        if workload.node_name != node or workload.terminal or (stored.raw.get("metadata") or {}).get("deletionTimestamp"):
+        if workload.node_name != node or workload.terminal or workload.terminating:
             continue
-        labels = workload.label_map()
-        annotations = _annotations(stored.raw)
         pod = NodePod(
+            # The model keeps no UID (istiod names workloads by namespace and name): read it here.
             uid=str((stored.raw.get("metadata") or {}).get("uid") or f"{workload.namespace}/{workload.name}"),
             name=workload.name,
             namespace=workload.namespace,
             service_account=workload.service_account,
             ip=workload.ip,
-            ambient=redirection_enabled(stored.raw, labels, namespaces.get(workload.namespace, {})),
-            annotated=annotations.get(REDIRECTION_ANNOTATION) == REDIRECTION_ENABLED,
+            ambient=redirection_enabled(workload, namespaces.get(workload.namespace, {})),
+            annotated=dict(workload.annotations).get(AMBIENT_REDIRECTION_ANNOTATION) == REDIRECTION_ENABLED,
         )
         pods[pod.key] = pod
     return pods
-
-
-def _annotations(pod: Mapping[str, Any]) -> Mapping[str, Any]:
-    annotations = (pod.get("metadata") or {}).get("annotations")
-    return annotations if isinstance(annotations, Mapping) else {}
