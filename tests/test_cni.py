@@ -30,7 +30,9 @@ from istiod.gen.istio.workload.zds import zds_pb2
 from istiod.sources.store import Store
 from tests.peers import ROOT
 
-ZTUNNEL_SOURCE = Path("/work/shared/ztunnel/ztunnel-src.tar.gz")
+# ztunnel's source, beside the checkout as tests/ztunnel_peer.py finds its build script.
+ZTUNNEL_SOURCE = next((p / "shared" / "ztunnel" / "ztunnel-src.tar.gz" for p in ROOT.parents
+                       if (p / "shared" / "ztunnel" / "ztunnel-src.tar.gz").exists()), None)
 
 
 class Pods:
@@ -243,6 +245,7 @@ async def test_zds_snapshot_follows_pods_captured_and_released_meanwhile(zds: tu
 
 def test_redirection_rules_are_ztunnels() -> None:
     """Every rule of ztunnel's scripts/ztunnel-redirect-inpod.sh, in its order, for its tables."""
+    assert ZTUNNEL_SOURCE is not None, "no shared/ztunnel/ztunnel-src.tar.gz beside the checkout"
     with tarfile.open(ZTUNNEL_SOURCE) as tar:
         member = next(m for m in tar.getmembers() if m.name.endswith("scripts/ztunnel-redirect-inpod.sh"))
         script = tar.extractfile(member).read().decode()  # type: ignore[union-attr]
