@@ -13,6 +13,7 @@ from istiod import __version__, logs
 from istiod.eventloop import run_fast
 from istiod.agent.iptables import add_iptables_flags
 from istiod.agent.settings import add_agent_flags, add_proxy_flags, agent_settings_from_args, proxy_settings_from_args
+from istiod.cni.settings import add_cni_flags, cni_settings_from_args
 from istiod.operator.cli import add_install_flags, add_manifest_flags, run_manifest
 from istiod.settings import add_discovery_flags, settings_from_args
 
@@ -60,6 +61,7 @@ def build_parser() -> _Parser:
                                       help="install istio-init's traffic capture in this network namespace")
     iptables.set_defaults(parser=iptables)
     add_iptables_flags(iptables)
+    add_cni_flags(command("cni", "the istio-cni node agent: capture this node's ambient pods for ztunnel"))
     status = command("proxy-status", "each connected proxy's sync state, or one proxy's diff", ("ps",))
     status.add_argument("proxy", nargs="?", help="a proxy ID or <pod>.<namespace>: show what it has not ACKed")
     _add_istiod_url(status)
@@ -143,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
         from istiod.agent.agent import run_agent
 
         return asyncio.run(run_agent(agent_settings_from_args(args)))
+    if args.command == "cni":
+        from istiod.cni.node import run_cni
+
+        return asyncio.run(run_cni(cni_settings_from_args(args)))
     if args.command == "analyze":
         return _analyze(args)
     if args.command in ("manifest", "install"):

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import http.client
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from istiod.model.names import join_host_port
+from istiod.unixhttp import UnixHTTPConnection
 
 TIMEOUT = 5.0
 
@@ -32,7 +32,7 @@ class EnvoyAdmin:
         return await asyncio.to_thread(self.call, method, path)
 
     def call(self, method: str, path: str) -> tuple[int, str]:
-        connection = (_UnixConnection(self.address) if isinstance(self.address, Path)
+        connection = (UnixHTTPConnection(str(self.address), TIMEOUT) if isinstance(self.address, Path)
                       else http.client.HTTPConnection(*self.address, timeout=TIMEOUT))
         try:
             connection.request(method, path)
@@ -43,18 +43,3 @@ class EnvoyAdmin:
         finally:
             connection.close()
 
-
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: Path) -> None:
-        super().__init__("localhost", timeout=TIMEOUT)
-        self.socket_path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(str(self.socket_path))
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock

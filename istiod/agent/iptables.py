@@ -102,17 +102,25 @@ def without_capture(saved: str) -> str:
 def apply(config: CaptureConfig) -> None:
     """Install the capture in the current network namespace, replacing any earlier one."""
     clean()
-    _run(["iptables-restore", "--noflush"], render(config))
+    run_command(["iptables-restore", "--noflush"], render(config))
 
 
-def clean() -> None:
-    """Remove the capture (istio-clean-iptables): the nat table is rewritten without it, atomically."""
-    saved = _run(["iptables-save", "-t", "nat"], None)
-    if "ISTIO_" in saved:
-        _run(["iptables-restore", "-T", "nat"], without_capture(saved))
+def clean(tables: tuple[str, ...] = ("nat",), enter: tuple[str, ...] = ()) -> bool:
+    """Remove the capture (istio-clean-iptables): each table is rewritten without it, atomically.
+
+    `enter` prefixes each command (nsenter into another network namespace). True if any was there."""
+    found = False
+    for table in tables:
+        saved = run_command([*enter, "iptables-save", "-t", table], None)
+        if "ISTIO_" in saved:
+            # -w: the xtables lock is one file for every namespace of the host, so others may hold it.
+            run_command([*enter, "iptables-restore", "-w", "10", "-T", table], without_capture(saved))
+            found = True
+    return found
 
 
-def _run(command: list[str], stdin: str | None) -> str:
+def run_command(command: list[str], stdin: str | None) -> str:
+    """Run a capture tool; its failure is an IptablesError in one line."""
     try:
         done = subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=30)
     except FileNotFoundError:

@@ -118,10 +118,10 @@ def _alive(pid: int) -> bool:
 class Node:
     """The node: a namespace with a bridge that every pod's veth is plugged into."""
 
-    def __init__(self, subnet: str = "10.44") -> None:
+    def __init__(self, subnet: str = "10.44", name: str = "node") -> None:
         self.subnet = subnet
         self.pods: list[Netns] = []
-        self.ns = Netns("node")
+        self.ns = Netns(name)
         try:
             _ip("-n", self.ns.name, "link", "add", "br0", "type", "bridge")
             _ip("-n", self.ns.name, "addr", "add", f"{subnet}.0.1/{POD_PREFIX_LENGTH}", "dev", "br0")

@@ -1,0 +1,1 @@
+"""The istio-cni node agent and CNI plugin for ambient mode: pod watch, in-pod redirection, ZDS."""
