@@ -377,12 +377,20 @@ async def test_on_demand_starts_with_nothing_and_a_malformed_name_keeps_the_stre
             stream.send(types.ADDRESS, subscribe=("*",), unsubscribe=("*",))  # ztunnel's "nothing yet"
             empty = await stream.receive()
             assert not empty.resources and not empty.removed_resources
+            # What names nothing (malformed, or nothing there) is answered as removed, as Istio does:
+            # ztunnel waits for an answer to each name.
             stream.send(types.ADDRESS, subscribe=("not a name", "/10.244.0.12"))
             found = await stream.receive()
             assert [r.name for r in found.resources] == ["Kubernetes//Pod/ambient/echo-2"]
+            assert list(found.removed_resources) == ["not a name"]
             stream.send(types.ADDRESS, subscribe=("ambient/echo.ambient.svc.cluster.local",))
             found = await stream.receive()
             assert [r.name for r in found.resources] == ["ambient/echo.ambient.svc.cluster.local"]
+            assert not found.removed_resources
+            stream.send(types.ADDRESS, subscribe=("/10.9.9.9", "ambient/nothing.ambient.svc.cluster.local"))
+            unknown = await stream.receive()
+            assert not unknown.resources
+            assert sorted(unknown.removed_resources) == ["/10.9.9.9", "ambient/nothing.ambient.svc.cluster.local"]
             stream.requests.put_nowait(None)
     finally:
         await server.stop(None)

@@ -6,7 +6,8 @@ delta server sends each ztunnel only those that differ from what it holds.
 
 A wildcard watch gets everything. With XDS_ON_DEMAND ztunnel names what it wants: `network/IP`
 (the workloads and services at that address) or `namespace/hostname` (a service); a name that
-names nothing gets nothing (a malformed one is logged).
+names nothing is answered as removed, as Istio does (the server's delta step; a malformed one is
+logged too).
 """
 
 from __future__ import annotations
