@@ -30,10 +30,20 @@ type config struct {
 	SettleSeconds float64 `json:"settle_seconds"`
 	Ticks         float64 `json:"ticks"`
 	Clients       []Spec  `json:"clients"`
+	Secure        *Secure `json:"secure"` // ztunnel clients: istiod's secure port and their certificate
+}
+
+// Secure is loadgen.Secure: how ztunnel clients reach istiod's secure port, as real ztunnels do.
+type Secure struct {
+	Addr string `json:"addr"`
+	Root string `json:"root"` // PEM files
+	Cert string `json:"cert"`
+	Key  string `json:"key"`
 }
 
 type Worker struct {
 	addr    string
+	secure  *Secure
 	ticks   float64
 	clients []*Client
 
@@ -48,12 +58,18 @@ type Worker struct {
 }
 
 func node(spec Spec) *corev3.Node {
+	ip := fmt.Sprintf("10.250.%d.%d", spec.Index>>8&255, spec.Index&255)
+	if spec.Kind == "ztunnel" { // as ztunnel's xds client builds it (src/xds/client.rs), CLUSTER_ID from its chart
+		metadata, _ := structpb.NewStruct(map[string]any{"NAME": fmt.Sprintf("ztunnel-%d", spec.Index),
+			"NAMESPACE": "istio-system", "INSTANCE_IPS": ip, "NODE_NAME": spec.Node, "CLUSTER_ID": "Kubernetes"})
+		return &corev3.Node{Id: fmt.Sprintf("ztunnel~%s~ztunnel-%d.istio-system~istio-system.svc.cluster.local",
+			ip, spec.Index), Metadata: metadata}
+	}
 	fields := map[string]any{"NAMESPACE": "bench"}
 	if spec.Kind == "proxyless" {
 		fields["GENERATOR"] = "grpc"
 	}
 	metadata, _ := structpb.NewStruct(fields)
-	ip := fmt.Sprintf("10.250.%d.%d", spec.Index>>8&255, spec.Index&255)
 	return &corev3.Node{Id: fmt.Sprintf("sidecar~%s~client%d.bench~bench.svc.cluster.local", ip, spec.Index),
 		Metadata: metadata}
 }
@@ -144,7 +160,7 @@ func main() {
 		fmt.Fprintf(os.Stderr, "loadgen: the first line of input must be the run's JSON: %v\n", err)
 		os.Exit(2)
 	}
-	w := &Worker{addr: cfg.XdsAddr, ticks: cfg.Ticks, traffic: map[int64]*[2]int64{},
+	w := &Worker{addr: cfg.XdsAddr, secure: cfg.Secure, ticks: cfg.Ticks, traffic: map[int64]*[2]int64{},
 		failureDetails: map[string]string{}, seenBy: map[int]int{}}
 	for _, spec := range cfg.Clients {
 		w.clients = append(w.clients, newClient(spec))
