@@ -98,7 +98,8 @@ class Server:
         self.xds_addr = f"127.0.0.1:{port['grpc']}"
         self.metrics_url = f"http://127.0.0.1:{port['monitoring']}/metrics"
         if (workdir / "ca").exists():
-            self.secure = ztunnel_identity(workdir / "ca", f"127.0.0.1:{port['secure-grpc']}")
+            self.secure = ztunnel_identity(workdir / "ca", workdir / "ca" / "root-cert.pem",
+                                           f"127.0.0.1:{port['secure-grpc']}")
 
     def sent(self) -> tuple[float, float] | None:
         """(resource bytes, responses) istiod says it has sent so far, from its own metrics."""
@@ -129,8 +130,9 @@ def plugged_ca(workdir: Path) -> list[str]:
     return ["--plugged-ca-dir", str(workdir / "ca"), "--tls-extra-san", "127.0.0.1"]
 
 
-def ztunnel_identity(ca: Path, secure_addr: str) -> loadgen.Secure:
-    """Istio's ztunnel identity (istio-system/ztunnel), signed by the plugged-in CA."""
+def ztunnel_identity(ca: Path, root: Path, secure_addr: str) -> loadgen.Secure:
+    """Istio's ztunnel identity (istio-system/ztunnel), signed by the CA in `ca` (ca-cert.pem,
+    ca-key.pem) that chains to `root`; written beside them."""
     from cryptography import x509
 
     from istiod.ca.pki import cert_pem, key_pem, load_key, new_key
@@ -139,9 +141,9 @@ def ztunnel_identity(ca: Path, secure_addr: str) -> loadgen.Secure:
               load_key((ca / "ca-key.pem").read_bytes(), "the bench's CA key"))
     key = new_key()
     cert = leaf_cert(key, issuer, uris=("spiffe://cluster.local/ns/istio-system/sa/ztunnel",))
-    (ca / "ztunnel-cert.pem").write_text(cert_pem(cert) + (ca / "cert-chain.pem").read_text())
+    (ca / "ztunnel-cert.pem").write_text(cert_pem(cert) + (ca / "ca-cert.pem").read_text())
     (ca / "ztunnel-key.pem").write_bytes(key_pem(key))
-    return loadgen.Secure(secure_addr, str(ca / "root-cert.pem"), str(ca / "ztunnel-cert.pem"), str(ca / "ztunnel-key.pem"))
+    return loadgen.Secure(secure_addr, str(root), str(ca / "ztunnel-cert.pem"), str(ca / "ztunnel-key.pem"))
 
 
 class PythonGenerator:

@@ -138,6 +138,7 @@ class ClientSpec:
     listeners: list[str]  # proxyless: the listener names it watches (its services)
     expected_clusters: int  # how many ClusterLoadAssignments (ztunnel: Addresses) make it fully configured
     node: str = ""  # ztunnel: its node's name
+    report_held: bool = False  # its summary names what it holds, by type (for comparing with a real peer)
 
 
 @dataclass
@@ -345,7 +346,8 @@ class Worker:
         return {
             "clients": [{"index": c.spec.index, "kind": c.spec.kind, "configured_at": c.configured_at,
                          "seen": c.seen, "streams_failed": dict(c.streams_failed), "state": c.digest(),
-                         "settled": c.settled()}
+                         "settled": c.settled(),
+                         "held": {t: sorted(r) for t, r in c.resources.items()} if c.spec.report_held else None}
                         for c in self.clients],
             "traffic": dict(self.traffic),
             "failure_details": self.failure_details,

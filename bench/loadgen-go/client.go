@@ -32,6 +32,7 @@ type Spec struct {
 	Listeners        []string `json:"listeners"`         // proxyless: the listener names it watches
 	ExpectedClusters int      `json:"expected_clusters"` // ztunnel: Addresses
 	Node             string   `json:"node"`              // ztunnel: its node's name
+	ReportHeld       bool     `json:"report_held"`       // its summary names what it holds, by type
 }
 
 // codeNames are the status codes as Python's grpc.StatusCode names them (the summaries of both

@@ -128,20 +128,31 @@ func (w *Worker) configured(now float64) {
 }
 
 type clientSummary struct {
-	Index         int             `json:"index"`
-	Kind          string          `json:"kind"`
-	ConfiguredAt  *float64        `json:"configured_at"`
-	Seen          map[int]float64 `json:"seen"`
-	StreamsFailed map[string]int  `json:"streams_failed"`
-	State         string          `json:"state"`
-	Settled       bool            `json:"settled"`
+	Index         int                 `json:"index"`
+	Kind          string              `json:"kind"`
+	ConfiguredAt  *float64            `json:"configured_at"`
+	Seen          map[int]float64     `json:"seen"`
+	StreamsFailed map[string]int      `json:"streams_failed"`
+	State         string              `json:"state"`
+	Settled       bool                `json:"settled"`
+	Held          map[string][]string `json:"held"` // names by type, when its spec asks
 }
 
 // summary is loadgen.Worker.summary's, key for key; called once every client's goroutine is done.
 func (w *Worker) summary() map[string]any {
 	clients := make([]clientSummary, len(w.clients))
 	for i, c := range w.clients {
-		clients[i] = clientSummary{c.Index, c.Kind, c.configuredAt, c.seen, c.streamsFailed, digest(c.resources), c.settled()}
+		clients[i] = clientSummary{c.Index, c.Kind, c.configuredAt, c.seen, c.streamsFailed, digest(c.resources), c.settled(), nil}
+		if c.ReportHeld {
+			clients[i].Held = map[string][]string{}
+			for typeURL, resources := range c.resources {
+				names := set{}
+				for name := range resources {
+					names[name] = struct{}{}
+				}
+				clients[i].Held[typeURL] = names.sorted()
+			}
+		}
 	}
 	var usage syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &usage)
