@@ -123,6 +123,21 @@ class Server:
             stop_group(self.proc, grace=10)
 
 
+def reference_server(binary: str, mesh: Mesh, workdir: Path, stack: contextlib.ExitStack) -> Server:
+    """Istio's own istiod on the mesh's kube-apiserver (with Istio's CRDs), measured as ours is. Its
+    plaintext port authenticates nobody: ztunnel clients use it (no certificate of its CA here)."""
+    from e2e.istio_crds import install_crds
+    from reference import start_reference
+
+    assert isinstance(mesh, KubeMesh)
+    mesh.run(install_crds(mesh.api), 60)
+    proc, xds_addr, metrics_url = start_reference(binary, mesh.kubeconfig, workdir)
+    stack.callback(stop_group, proc, 10)
+    server = Server([], workdir, xds_addr, proc.pid)
+    server.metrics_url = metrics_url
+    return server
+
+
 def plugged_ca(workdir: Path) -> list[str]:
     """A CA of our own plugged into istiod, so that the bench can give ztunnel clients a workload
     certificate of it (what istio-agent's CSR would get) and they connect as a real ztunnel does."""
@@ -295,9 +310,12 @@ def run(args: argparse.Namespace, workdir: Path, stack: contextlib.ExitStack) ->
     result["mesh_create_s"] = time.monotonic() - started
     print(f"mesh: {args.services} Services x {args.pods} pods ({args.source}) written in {result['mesh_create_s']:.1f} s",
           flush=True)
-    ca = plugged_ca(workdir) if args.ztunnel else []
-    server = Server([*mesh.source_args(), *ca, *args.istiod_arg], workdir, args.xds_addr, args.server_pid)
-    stack.callback(server.stop)
+    if args.reference_istiod:
+        server = reference_server(args.reference_istiod, mesh, workdir, stack)
+    else:
+        ca = plugged_ca(workdir) if args.ztunnel else []
+        server = Server([*mesh.source_args(), *ca, *args.istiod_arg], workdir, args.xds_addr, args.server_pid)
+        stack.callback(server.stop)
     specs = client_specs(args)
     generator_type = GoGenerator if args.generator == "go" else PythonGenerator
     generator = generator_type(server.xds_addr, [specs[w::args.workers] for w in range(args.workers)], server.secure)
@@ -508,6 +526,9 @@ def main() -> None:
     parser.add_argument("--config-dir", type=Path, help="the config dir that istiod watches")
     parser.add_argument("--server-pid", type=int, help="the outside istiod's pid, for CPU and memory")
     parser.add_argument("--results", type=Path, default=Path("results"))
+    parser.add_argument("--reference-istiod", metavar="PILOT_DISCOVERY",
+                        help="kube source: measure Istio's own istiod (shared/reference-istiod/build.sh) instead "
+                             "of ours; ztunnel clients then use its plaintext port")
     parser.add_argument("--istiod-arg", action="append", default=[],
                         help="a flag for the istiod started here (repeat it), e.g. --istiod-arg=--xds-workers=2")
     args = parser.parse_args()
@@ -523,6 +544,8 @@ def main() -> None:
     if args.ztunnel and args.source == "kube" and (args.proxyless or args.envoy):
         parser.error("--ztunnel through a kube-apiserver writes Pods, not EndpointSlices: use it with "
                      "--proxyless 0 --envoy 0 (the config dir serves both)")
+    if args.reference_istiod and args.source != "kube":
+        parser.error("--reference-istiod needs --source kube (Istio's istiod reads a cluster)")
     if args.ztunnel and args.xds_addr:
         parser.error("--ztunnel needs the istiod started here (its CA is plugged in by the bench)")
     if args.workers is None:

@@ -316,9 +316,8 @@ class Worker:
 
     def _channel(self, client: Client) -> grpc.aio.Channel:
         """ztunnels: the secure port with a workload certificate, as a real ztunnel connects."""
-        if client.spec.kind != "ztunnel":
+        if client.spec.kind != "ztunnel" or self.secure is None:  # Istio's own istiod: its plaintext port
             return grpc.aio.insecure_channel(self.xds_addr, options=CHANNEL_OPTIONS)
-        assert self.secure is not None, "ztunnel clients need the secure port's address and a certificate"
         files = [open(path, "rb").read() for path in (self.secure.root, self.secure.key, self.secure.cert)]
         return grpc.aio.secure_channel(self.secure.addr, grpc.ssl_channel_credentials(*files), options=CHANNEL_OPTIONS)
 

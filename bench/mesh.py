@@ -154,19 +154,20 @@ class KubeMesh:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="kube-writes", daemon=True)
         self.thread.start()
-        self.api: client.ApiClient = self._run(api_client(kubeconfig), 30)
+        self.api: client.ApiClient = self.run(api_client(kubeconfig), 30)
         # One change of a Service at a time, so writes of the same slice land in the churn's order.
         self.locks: dict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
 
     def source_args(self) -> list[str]:
         return ["--kubeconfig", str(self.kubeconfig)]
 
-    def _run(self, coroutine: Any, timeout: float) -> Any:
+    def run(self, coroutine: Any, timeout: float) -> Any:
+        """`coroutine` on the mesh's loop (its API client's), waited for."""
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
 
     def create(self, services: int) -> None:
         """Every Service and its slice, CONCURRENT_CREATES requests in flight."""
-        self._run(self._create_all(services), 600)
+        self.run(self._create_all(services), 600)
 
     async def _create_all(self, services: int) -> None:
         labels = AMBIENT_NAMESPACE if self.nodes else None
@@ -232,7 +233,7 @@ class KubeMesh:
 
     def close(self) -> None:
         try:
-            self._run(self.api.close(), 10)
+            self.run(self.api.close(), 10)
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(10)

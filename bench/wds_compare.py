@@ -16,14 +16,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import glob
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -43,7 +39,8 @@ from e2e.istio_crds import create_istio_object, install_crds  # noqa: E402
 from istiod.gen.istio.security import authorization_pb2  # noqa: E402
 from istiod.gen.istio.workload import workload_pb2  # noqa: E402
 from istiod.kubeapi import api_client  # noqa: E402
-from tests.peers import free_port, stop_group  # noqa: E402
+from reference import built_reference, start_reference  # noqa: E402
+from tests.peers import stop_group  # noqa: E402
 
 ADDRESS = "type.googleapis.com/istio.workload.Address"
 AUTHORIZATION = "type.googleapis.com/istio.security.Authorization"
@@ -86,39 +83,6 @@ async def load_mesh(kubeconfig: Path, mesh: Path) -> None:
             await create(api, body)
     finally:
         await api.close()
-
-
-def start_reference(binary: str, kubeconfig: Path, workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """Istio's istiod as shared/reference-istiod/README.md runs it, ambient on; its plaintext xDS address."""
-    (workdir / "mesh.yaml").write_text("trustDomain: cluster.local\n"
-                                       "defaultConfig: {discoveryAddress: istiod.istio-system.svc:15012}\n")
-    (workdir / "meshNetworks.yaml").write_text("networks: {}\n")
-    grpc_port, http_port = free_port(), free_port()
-    env = {**os.environ, "POD_NAMESPACE": "istio-system", "POD_NAME": "istiod-ref-0", "REVISION": "default",
-           "PILOT_CERT_PROVIDER": "istiod", "CLUSTER_ID": "Kubernetes", "INJECT_ENABLED": "false",
-           "VALIDATION_WEBHOOK_CONFIG_NAME": "", "JWT_POLICY": "third-party-jwt", "PILOT_ENABLE_ANALYSIS": "false",
-           "PILOT_ENABLE_AMBIENT": "true"}
-    secure = free_port()
-    env["ISTIOD_ADDR"] = f"127.0.0.1:{secure}"
-    with open(workdir / "reference.log", "wb") as log:
-        proc = subprocess.Popen(
-            [binary, "discovery", f"--kubeconfig={kubeconfig}", f"--meshConfig={workdir / 'mesh.yaml'}",
-             f"--networksConfig={workdir / 'meshNetworks.yaml'}", f"--grpcAddr=127.0.0.1:{grpc_port}",
-             f"--secureGRPCAddr=127.0.0.1:{secure}", f"--httpAddr=127.0.0.1:{http_port}",
-             f"--httpsAddr=127.0.0.1:{free_port()}", f"--monitoringAddr=127.0.0.1:{free_port()}",
-             "--ctrlz_address=127.0.0.1", f"--ctrlz_port={free_port()}", "--domain=cluster.local",
-             "--clusterID=Kubernetes"], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while True:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop_group(proc, grace=5)
-            tail = (workdir / "reference.log").read_text(errors="replace").splitlines()[-20:]
-            raise SystemExit("Istio's istiod did not become ready; its log ends:\n" + "\n".join(tail))
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/ready", timeout=2) as reply:
-                if reply.status == 200:
-                    return proc, f"127.0.0.1:{grpc_port}"
-        time.sleep(0.3)
 
 
 async def held(address: str) -> dict[str, dict[str, Any]]:
@@ -183,7 +147,7 @@ def main() -> None:
     parser.add_argument("--reference", help="Istio's pilot-discovery (default: the one build.sh cached)")
     parser.add_argument("--mesh", type=Path, default=Path(__file__).parent.parent / "tests" / "data" / "ambient-mesh.yaml")
     args = parser.parse_args()
-    binary = args.reference or next(iter(sorted(glob.glob(os.path.expanduser("~/.cache/real-istiod/*/pilot-discovery")))), None)
+    binary = args.reference or built_reference()
     if not binary:
         parser.error("no Istio pilot-discovery: build it with shared/reference-istiod/build.sh or give --reference")
     with tempfile.TemporaryDirectory(prefix="wds-compare-") as tmp, contextlib.ExitStack() as stack:
@@ -193,7 +157,7 @@ def main() -> None:
         stack.callback(cluster.stop)
         cluster.start()
         asyncio.run(load_mesh(cluster.kubeconfig, args.mesh))
-        reference, reference_addr = start_reference(binary, cluster.kubeconfig, workdir)
+        reference, reference_addr, _ = start_reference(binary, cluster.kubeconfig, workdir)
         stack.callback(stop_group, reference, 10)
         ours = Server(["--kubeconfig", str(cluster.kubeconfig)], workdir, None, None)
         stack.callback(ours.stop)
