@@ -120,8 +120,10 @@ def address_table(snapshot: Snapshot, cache: ResourceCache) -> AddressTable:
             table.put(wds.service_name(service.namespace, service.hostname),
                       (service, *_local(snapshot, service.namespace), snapshot.mesh),
                       partial(wds.kube_service, snapshot, service), _ips([service.cluster_ip]))
+    taken = {s.hostname for s in snapshot.services.values() if not s.external_host}
     for entry in config.service_entries:
-        for name, address in wds.entry_services(snapshot, entry):
+        canonical = wds.canonical_hosts(entry, taken)
+        for name, address in wds.entry_services(snapshot, entry, canonical):
             table.put(name, (entry, *shared), partial(_same, address), _ips(entry.addresses))
         for member, services in wds.entry_endpoints(entry):
             uid = wds.entry_endpoint_uid(entry.meta.namespace, entry.meta.name, member.address)
