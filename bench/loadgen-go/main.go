@@ -30,7 +30,7 @@ type config struct {
 	SettleSeconds float64 `json:"settle_seconds"`
 	Ticks         float64 `json:"ticks"`
 	Clients       []Spec  `json:"clients"`
-	Secure        *Secure `json:"secure"` // ztunnel clients: istiod's secure port and their certificate
+	Secure        *Secure `json:"secure"` // ztunnel clients: istiod's secure port and their certificate; none: the plaintext port (Istio's istiod's)
 }
 
 // Secure is loadgen.Secure: how ztunnel clients reach istiod's secure port, as real ztunnels do.
