@@ -2,11 +2,15 @@
 or in a real kube-apiserver.
 
     python bench/load.py [--services S] [--pods P] [--proxyless N] [--watch K] [--rate R]
-                         [--duration SECONDS] [--envoy M] [--delta] [--source config|kube]
+                         [--duration SECONDS] [--envoy M] [--delta] [--ztunnel Z [--nodes NODES]]
+                         [--source config|kube]
                          [--generator go|python] [--xds-addr HOST:PORT --config-dir DIR]
 
 The defaults (200 Services, 400 proxyless clients) take about a minute; a large mesh, 2000 clients:
 --services 1000 --pods 2 --proxyless 2000 --watch 5 --rate 10 --duration 30 (a few minutes).
+Ambient (ztunnel clients, the mesh an ambient cluster's: see mesh.py): --services 1000 --pods 5
+--proxyless 0 --ztunnel 50 --rate 10 --duration 30 --source kube; a change is then a pod's IP,
+and ztunnels reach istiod's secure port with a workload certificate of its CA (plugged in here).
 Scenarios, in order: connect storm (time until every client is configured), steady state (server
 CPU while nothing changes), endpoint churn (R pod address changes a second; per change the time
 from the write to each watching client holding it), and a new Service every client watches.
@@ -43,10 +47,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(1, str(Path(__file__).parent.parent))  # the e2e harness and the tests' process helpers
 import loadgen  # noqa: E402  # a sibling script, importable in the spawned workers too
-from mesh import ConfigDirMesh, KubeMesh, listener  # noqa: E402
+from mesh import ConfigDirMesh, KubeMesh, listener, node_name  # noqa: E402
 from procstat import ProcessTree  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from tests.peers import stop_group  # noqa: E402
+from tests.pki import leaf_cert, write_plugged  # noqa: E402
 
 Mesh = ConfigDirMesh | KubeMesh
 
@@ -63,6 +68,7 @@ class Server:
     def __init__(self, source_args: list[str], workdir: Path, xds_addr: str | None, pid: int | None) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
         self.metrics_url: str | None = None
+        self.secure: loadgen.Secure | None = None
         if xds_addr:
             self.xds_addr, self.tree = xds_addr, ProcessTree(pid) if pid else None
             return
@@ -92,6 +98,9 @@ class Server:
             raise
         self.xds_addr = f"127.0.0.1:{port['grpc']}"
         self.metrics_url = f"http://127.0.0.1:{port['monitoring']}/metrics"
+        if (workdir / "ca").exists():
+            self.secure = ztunnel_identity(workdir / "ca", workdir / "ca" / "root-cert.pem",
+                                           f"127.0.0.1:{port['secure-grpc']}")
 
     def sent(self) -> tuple[float, float] | None:
         """(resource bytes, responses) istiod says it has sent so far, from its own metrics."""
@@ -115,14 +124,53 @@ class Server:
             stop_group(self.proc, grace=10)
 
 
+def reference_server(binary: str, mesh: Mesh, workdir: Path, stack: contextlib.ExitStack) -> Server:
+    """Istio's own istiod on the mesh's kube-apiserver (with Istio's CRDs), measured as ours is. Its
+    plaintext port authenticates nobody: ztunnel clients use it (no certificate of its CA here)."""
+    from e2e.istio_crds import install_crds
+    from reference import start_reference
+
+    assert isinstance(mesh, KubeMesh)
+    mesh.run(install_crds(mesh.api), 60)
+    proc, xds_addr, metrics_url = start_reference(binary, mesh.kubeconfig, workdir)
+    stack.callback(stop_group, proc, 10)
+    server = Server([], workdir, xds_addr, proc.pid)
+    server.metrics_url = metrics_url
+    return server
+
+
+def plugged_ca(workdir: Path) -> list[str]:
+    """A CA of our own plugged into istiod, so that the bench can give ztunnel clients a workload
+    certificate of it (what istio-agent's CSR would get) and they connect as a real ztunnel does."""
+    write_plugged(workdir / "ca", "bench")
+    return ["--plugged-ca-dir", str(workdir / "ca"), "--tls-extra-san", "127.0.0.1"]
+
+
+def ztunnel_identity(ca: Path, root: Path, secure_addr: str) -> loadgen.Secure:
+    """Istio's ztunnel identity (istio-system/ztunnel), signed by the CA in `ca` (ca-cert.pem,
+    ca-key.pem) that chains to `root`; written beside them."""
+    from cryptography import x509
+
+    from istiod.ca.pki import cert_pem, key_pem, load_key, new_key
+
+    issuer = (x509.load_pem_x509_certificate((ca / "ca-cert.pem").read_bytes()),
+              load_key((ca / "ca-key.pem").read_bytes(), "the bench's CA key"))
+    key = new_key()
+    cert = leaf_cert(key, issuer, uris=("spiffe://cluster.local/ns/istio-system/sa/ztunnel",))
+    (ca / "ztunnel-cert.pem").write_text(cert_pem(cert) + (ca / "ca-cert.pem").read_text())
+    (ca / "ztunnel-key.pem").write_bytes(key_pem(key))
+    return loadgen.Secure(secure_addr, str(root), str(ca / "ztunnel-cert.pem"), str(ca / "ztunnel-key.pem"))
+
+
 class PythonGenerator:
     """The clients in worker processes running bench/loadgen.py."""
 
-    def __init__(self, xds_addr: str, shares: list[list[loadgen.ClientSpec]]) -> None:
+    def __init__(self, xds_addr: str, shares: list[list[loadgen.ClientSpec]], secure: loadgen.Secure | None = None) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.control: Any = ctx.Queue()
         self._go, self._stop = ctx.Event(), ctx.Event()
-        self.processes = [ctx.Process(target=loadgen.main, args=(xds_addr, share, self.control, self._go, self._stop),
+        self.processes = [ctx.Process(target=loadgen.main,
+                                      args=(xds_addr, share, self.control, self._go, self._stop, secure),
                                       daemon=True) for share in shares]
 
     def start(self) -> None:
@@ -150,17 +198,21 @@ class GoGenerator:
     """The same clients in processes of the compiled generator (bench/loadgen-go), whose JSON lines
     become the (kind, value) messages that the Python workers put on `control`."""
 
-    def __init__(self, xds_addr: str, shares: list[list[loadgen.ClientSpec]]) -> None:
+    def __init__(self, xds_addr: str, shares: list[list[loadgen.ClientSpec]], secure: loadgen.Secure | None = None,
+                 command: tuple[str, ...] = ()) -> None:
+        """`command`: what runs the generator (its path is appended), e.g. a network namespace's exec."""
         self.control: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self.xds_addr, self.shares = xds_addr, shares
+        self.xds_addr, self.shares, self.secure, self.command = xds_addr, shares, secure, command
         self.processes: list[subprocess.Popen[str]] = []
 
     def start(self) -> None:
         for share in self.shares:
-            process = subprocess.Popen([str(GO_GENERATOR)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            process = subprocess.Popen([*self.command, str(GO_GENERATOR)], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, text=True)
             self.processes.append(process)
             self._tell(process, json.dumps({"xds_addr": self.xds_addr, "settle_seconds": loadgen.SETTLE_SECONDS,
-                                            "ticks": loadgen.TICKS, "clients": [dataclasses.asdict(s) for s in share]}))
+                                            "ticks": loadgen.TICKS, "clients": [dataclasses.asdict(s) for s in share],
+                                            "secure": dataclasses.asdict(self.secure) if self.secure else None}))
             threading.Thread(target=self._read, args=(process,), daemon=True).start()
 
     def _read(self, process: subprocess.Popen[str]) -> None:
@@ -216,6 +268,9 @@ def client_specs(args: argparse.Namespace) -> list[loadgen.ClientSpec]:
         specs.append(loadgen.ClientSpec(i, "proxyless", [listener(s) for s in watched] + [listener(-1)], len(watched)))
     for i in range(args.envoy):
         specs.append(loadgen.ClientSpec(args.proxyless + i, "delta" if args.delta else "envoy", [], args.services))
+    for i in range(args.ztunnel):  # one a node; every ztunnel holds every Service and pod
+        specs.append(loadgen.ClientSpec(args.proxyless + args.envoy + i, "ztunnel", [], args.services * (1 + args.pods),
+                                        node_name(i % args.nodes)))
     return specs
 
 
@@ -231,7 +286,7 @@ def open_mesh(args: argparse.Namespace, workdir: Path, stack: contextlib.ExitSta
     if args.source == "config":
         root = args.config_dir or workdir / "mesh"
         root.mkdir(exist_ok=True)
-        return ConfigDirMesh(root, args.pods), None
+        return ConfigDirMesh(root, args.pods, args.nodes), None
     from e2e.harness import Cluster  # only the kube source needs the e2e binaries
 
     (workdir / "cluster").mkdir()
@@ -242,7 +297,7 @@ def open_mesh(args: argparse.Namespace, workdir: Path, stack: contextlib.ExitSta
     stack.callback(cluster.stop)
     print("kube: starting etcd and kube-apiserver", flush=True)
     cluster.start()
-    mesh = KubeMesh(cluster.kubeconfig, args.pods)
+    mesh = KubeMesh(cluster.kubeconfig, args.pods, args.nodes)
     stack.callback(mesh.close)
     assert cluster.etcd.proc and cluster.apiserver.daemon.proc
     return mesh, ProcessTree(cluster.etcd.proc.pid, cluster.apiserver.daemon.proc.pid)
@@ -256,11 +311,15 @@ def run(args: argparse.Namespace, workdir: Path, stack: contextlib.ExitStack) ->
     result["mesh_create_s"] = time.monotonic() - started
     print(f"mesh: {args.services} Services x {args.pods} pods ({args.source}) written in {result['mesh_create_s']:.1f} s",
           flush=True)
-    server = Server([*mesh.source_args(), *args.istiod_arg], workdir, args.xds_addr, args.server_pid)
-    stack.callback(server.stop)
+    if args.reference_istiod:
+        server = reference_server(args.reference_istiod, mesh, workdir, stack)
+    else:
+        ca = plugged_ca(workdir) if args.ztunnel else []
+        server = Server([*mesh.source_args(), *ca, *args.istiod_arg], workdir, args.xds_addr, args.server_pid)
+        stack.callback(server.stop)
     specs = client_specs(args)
     generator_type = GoGenerator if args.generator == "go" else PythonGenerator
-    generator = generator_type(server.xds_addr, [specs[w::args.workers] for w in range(args.workers)])
+    generator = generator_type(server.xds_addr, [specs[w::args.workers] for w in range(args.workers)], server.secure)
     control = generator.control
     events: list[tuple[str, Any]] = []
 
@@ -369,9 +428,12 @@ def run(args: argparse.Namespace, workdir: Path, stack: contextlib.ExitStack) ->
                        "server_responses": server_sent[1]}
     everyone = [c["seen"][EVERYONE_MARK] - everyone_written for c in clients if EVERYONE_MARK in c["seen"]]
     result["everyone"] = {"all_seen": everyone_seen, "latency": percentiles(everyone), "never_seen": len(clients) - len(everyone)}
-    # Envoy-like clients all ask for everything: under load too, SotW or delta, they must end the same.
-    envoy_states = {c["state"] for c in clients if c["kind"] != "proxyless"}
+    # Envoy-like clients all ask for everything: under load too, SotW or delta, they must end the same;
+    # and so must ztunnels.
+    envoy_states = {c["state"] for c in clients if c["kind"] in ("envoy", "delta")}
     result["envoy_final_states"] = len(envoy_states) if envoy_states else None
+    ztunnel_states = {c["state"] for c in clients if c["kind"] == "ztunnel"}
+    result["ztunnel_final_states"] = len(ztunnel_states) if ztunnel_states else None
     result["unsettled"] = sum(1 for c in clients if not c["settled"])
     result["generator_cpu_s"] = sum(summary["cpu_s"] for summary in summaries)
     result["raw"] = {"configured": configured, "churn": latencies, "everyone": everyone}
@@ -397,6 +459,8 @@ def table(result: dict[str, Any]) -> str:
         ("new Service every client watches", ("everyone", "latency"), f"never seen {result['everyone']['never_seen']}"
          + (f"; Envoy-like clients end in {result['envoy_final_states']} distinct state(s) (1: all the same)"
             if result["envoy_final_states"] else "")
+         + (f"; ztunnels end in {result['ztunnel_final_states']} distinct state(s)"
+            if result.get("ztunnel_final_states") else "")
          + f"; {result['unsettled']} client(s) still without all they asked for {loadgen.SETTLE_SECONDS} s later"),
     ):
         stats = result[key[0]][key[1]]
@@ -431,7 +495,7 @@ def plot(result: dict[str, Any], path: Path) -> bool:
     ax.legend()
     size = result["size"]
     ax.set_title(f"{size['source']}: S={size['services']} P={size['pods']} N={size['proxyless']} K={size['watch']} "
-                 f"R={size['rate']} envoy={size['envoy']}{' delta' if size['delta'] else ''}")
+                 f"R={size['rate']} envoy={size['envoy']}{' delta' if size['delta'] else ''} ztunnel={size['ztunnel']}")
     fig.savefig(path, dpi=100, bbox_inches="tight")
     return True
 
@@ -456,6 +520,9 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=20, help="seconds of churn")
     parser.add_argument("--envoy", type=int, default=0, help="Envoy-like clients (wildcard CDS/LDS)")
     parser.add_argument("--delta", action="store_true", help="Envoy-like clients use delta xDS")
+    parser.add_argument("--ztunnel", type=int, default=0,
+                        help="ztunnel clients (delta WDS on the secure port), one a node; makes the mesh ambient")
+    parser.add_argument("--nodes", type=int, help="Nodes the ambient mesh's pods are spread over (default: --ztunnel)")
     parser.add_argument("--generator", choices=("go", "python"),
                         help="the load generator: compiled (go, the default once built by "
                              "bench/loadgen-go/build.sh) or Python processes")
@@ -471,6 +538,9 @@ def main() -> None:
     parser.add_argument("--config-dir", type=Path, help="the config dir that istiod watches")
     parser.add_argument("--server-pid", type=int, help="the outside istiod's pid, for CPU and memory")
     parser.add_argument("--results", type=Path, default=Path("results"), help="where the JSON and plot go")
+    parser.add_argument("--reference-istiod", metavar="PILOT_DISCOVERY",
+                        help="kube source: measure Istio's own istiod (shared/reference-istiod/build.sh) instead "
+                             "of ours; ztunnel clients then use its plaintext port")
     parser.add_argument("--istiod-arg", action="append", default=[],
                         help="a flag for the istiod started here (repeat it), e.g. --istiod-arg=--xds-workers=2")
     args = parser.parse_args()
@@ -482,6 +552,14 @@ def main() -> None:
             print("load generator: Python workers (for the compiled one: bash bench/loadgen-go/build.sh)", flush=True)
     elif args.generator == "go" and not GO_GENERATOR.exists():
         parser.error(f"no compiled load generator at {GO_GENERATOR}: build it with `bash bench/loadgen-go/build.sh` (needs Go)")
+    args.nodes = (args.nodes or args.ztunnel) if args.ztunnel else 0
+    if args.ztunnel and args.source == "kube" and (args.proxyless or args.envoy):
+        parser.error("--ztunnel through a kube-apiserver writes Pods, not EndpointSlices: use it with "
+                     "--proxyless 0 --envoy 0 (the config dir serves both)")
+    if args.reference_istiod and args.source != "kube":
+        parser.error("--reference-istiod needs --source kube (Istio's istiod reads a cluster)")
+    if args.ztunnel and args.xds_addr:
+        parser.error("--ztunnel needs the istiod started here (its CA is plugged in by the bench)")
     if args.workers is None:
         args.workers = 1 if args.generator == "go" else 2
     # SIGTERM unwinds like Ctrl-C, so every process started here is stopped on the way out.

@@ -26,10 +26,14 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import http_con
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.protobuf import struct_pb2
 
+from istiod.gen.istio.workload import workload_pb2
+
 LDS = "type.googleapis.com/envoy.config.listener.v3.Listener"
 RDS = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
 CDS = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 EDS = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+ADDRESS = "type.googleapis.com/istio.workload.Address"  # ztunnel's
+AUTHORIZATION = "type.googleapis.com/istio.security.Authorization"
 MESSAGES: dict[str, Any] = {LDS: listener_pb2.Listener, RDS: route_pb2.RouteConfiguration,
                             CDS: cluster_pb2.Cluster}
 # One HTTP/2 connection per client, as separate proxies have: grpc shares subchannels between
@@ -72,6 +76,11 @@ def derive(type_url: str, value: bytes) -> set[Any]:
     """What follows from one resource: route names, cluster names, EDS names, or marks held."""
     if type_url == EDS:
         return {mark_of(m[2].decode()) for m in MARKED.finditer(value) if len(m[2]) == m[1][0]}
+    if type_url == ADDRESS:  # a workload's marked addresses (4 bytes each)
+        return {mark_of(".".join(map(str, ip))) for ip in workload_pb2.Address.FromString(value).workload.addresses
+                if len(ip) == 4 and ip[0] == 100}
+    if type_url == AUTHORIZATION:
+        return set()
     message = MESSAGES[type_url]()
     message.ParseFromString(value)
     if type_url == LDS:
@@ -87,7 +96,7 @@ def hold(client: "Client", type_url: str, value: bytes, previous: tuple[bytes, s
     if previous is not None and previous[0] == value:
         return previous
     derived = derive(type_url, value)
-    if type_url == EDS:
+    if type_url in (EDS, ADDRESS):
         for mark in derived:
             client.seen.setdefault(mark, now)
     return value, derived
@@ -125,9 +134,22 @@ def eds_name(cluster: cluster_pb2.Cluster) -> str | None:
 @dataclass
 class ClientSpec:
     index: int
-    kind: str  # "proxyless" | "envoy" | "delta"
+    kind: str  # "proxyless" | "envoy" | "delta" | "ztunnel"
     listeners: list[str]  # proxyless: the listener names it watches (its services)
-    expected_clusters: int  # how many ClusterLoadAssignments make it fully configured
+    expected_clusters: int  # how many ClusterLoadAssignments (ztunnel: Addresses) make it fully configured
+    node: str = ""  # ztunnel: its node's name
+    report_held: bool = False  # its summary names what it holds, by type (for comparing with a real peer)
+
+
+@dataclass
+class Secure:
+    """How ztunnel clients reach istiod's secure port: its address, and PEM files of the root and
+    their certificate (chain) and key."""
+
+    addr: str
+    root: str
+    cert: str
+    key: str
 
 
 @dataclass
@@ -183,8 +205,8 @@ async def drain(queue: asyncio.Queue[Any]) -> Any:
 
 
 class Worker:
-    def __init__(self, xds_addr: str, specs: list[ClientSpec]) -> None:
-        self.xds_addr = xds_addr
+    def __init__(self, xds_addr: str, specs: list[ClientSpec], secure: Secure | None = None) -> None:
+        self.xds_addr, self.secure = xds_addr, secure
         self.clients = [Client(spec, self._node(spec)) for spec in specs]
         self.traffic: dict[int, list[int]] = defaultdict(lambda: [0, 0])  # tick -> [bytes, responses] received
         self.failure_details: dict[str, str] = {}  # status -> the first failed stream's message
@@ -192,11 +214,16 @@ class Worker:
     @staticmethod
     def _node(spec: ClientSpec) -> base_pb2.Node:
         metadata = struct_pb2.Struct()
+        ip = f"10.250.{spec.index >> 8 & 255}.{spec.index & 255}"
+        if spec.kind == "ztunnel":  # as ztunnel's xds client builds it (src/xds/client.rs), CLUSTER_ID from its chart
+            metadata.update({"NAME": f"ztunnel-{spec.index}", "NAMESPACE": "istio-system", "INSTANCE_IPS": ip,
+                             "NODE_NAME": spec.node, "CLUSTER_ID": "Kubernetes"})
+            return base_pb2.Node(id=f"ztunnel~{ip}~ztunnel-{spec.index}.istio-system~istio-system.svc.cluster.local",
+                                 metadata=metadata)
         fields: dict[str, Any] = {"NAMESPACE": "bench"}
         if spec.kind == "proxyless":
             fields["GENERATOR"] = "grpc"
         metadata.update(fields)
-        ip = f"10.250.{spec.index >> 8 & 255}.{spec.index & 255}"
         return base_pb2.Node(id=f"sidecar~{ip}~client{spec.index}.bench~bench.svc.cluster.local", metadata=metadata)
 
     async def run_client(self, client: Client, stop: asyncio.Event) -> None:
@@ -204,7 +231,7 @@ class Worker:
         while not stop.is_set():
             queue: asyncio.Queue[Any] = asyncio.Queue()
             try:
-                if client.spec.kind == "delta":
+                if client.spec.kind in ("delta", "ztunnel"):
                     await self._delta_stream(client, queue)
                 else:
                     await self._sotw_stream(client, queue)
@@ -263,9 +290,10 @@ class Worker:
                 resource_names_unsubscribe=sorted(unsubscribe), response_nonce=nonce)
             client.enqueue(queue, request)
 
-        async with grpc.aio.insecure_channel(self.xds_addr, options=CHANNEL_OPTIONS) as channel:
+        async with self._channel(client) as channel:
             call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel).DeltaAggregatedResources(drain(queue))
-            for type_url in (CDS, LDS):  # wildcard: an empty subscribe list
+            wildcard = (ADDRESS, AUTHORIZATION) if client.spec.kind == "ztunnel" else (CDS, LDS)  # ztunnel's order
+            for type_url in wildcard:  # wildcard: an empty subscribe list
                 client.subscribe(type_url, set())
                 send(type_url)
             async for response in call:
@@ -286,6 +314,13 @@ class Worker:
 
     # --- shared ---------------------------------------------------------------------------------
 
+    def _channel(self, client: Client) -> grpc.aio.Channel:
+        """ztunnels: the secure port with a workload certificate, as a real ztunnel connects."""
+        if client.spec.kind != "ztunnel" or self.secure is None:  # Istio's own istiod: its plaintext port
+            return grpc.aio.insecure_channel(self.xds_addr, options=CHANNEL_OPTIONS)
+        files = [open(path, "rb").read() for path in (self.secure.root, self.secure.key, self.secure.cert)]
+        return grpc.aio.secure_channel(self.secure.addr, grpc.ssl_channel_credentials(*files), options=CHANNEL_OPTIONS)
+
     def _follow(self, client: Client, type_url: str, now: float) -> dict[str, set[str]]:
         """The subscriptions that follow from what the client now holds of `type_url`."""
         held = client.resources[type_url]
@@ -295,6 +330,10 @@ class Worker:
             if client.configured_at is None and len(held) >= client.spec.expected_clusters \
                     and client.names.get(EDS, set()) <= held.keys():
                 client.configured_at = now
+        if client.spec.kind == "ztunnel" and client.configured_at is None \
+                and len(client.resources[ADDRESS]) >= client.spec.expected_clusters \
+                and {ADDRESS, AUTHORIZATION} <= client.answered:
+            client.configured_at = now
         return {}
 
     def _count(self, size: int, now: float) -> None:
@@ -306,7 +345,8 @@ class Worker:
         return {
             "clients": [{"index": c.spec.index, "kind": c.spec.kind, "configured_at": c.configured_at,
                          "seen": c.seen, "streams_failed": dict(c.streams_failed), "state": c.digest(),
-                         "settled": c.settled()}
+                         "settled": c.settled(),
+                         "held": {t: sorted(r) for t, r in c.resources.items()} if c.spec.report_held else None}
                         for c in self.clients],
             "traffic": dict(self.traffic),
             "failure_details": self.failure_details,
@@ -314,9 +354,10 @@ class Worker:
         }
 
 
-async def serve(xds_addr: str, specs: list[ClientSpec], control: Any, go: Any, stop_flag: Any) -> None:
+async def serve(xds_addr: str, specs: list[ClientSpec], control: Any, go: Any, stop_flag: Any,
+                secure: Secure | None = None) -> None:
     """Once `go` is set, run the clients until `stop_flag` is; tell `control` (a queue) progress, then the summary."""
-    worker = Worker(xds_addr, specs)
+    worker = Worker(xds_addr, specs, secure)
     control.put(("ready", None))
     while not go.is_set():  # all workers connect at once: the storm does not time process start-up
         await asyncio.sleep(0.005)
@@ -346,5 +387,6 @@ async def serve(xds_addr: str, specs: list[ClientSpec], control: Any, go: Any, s
     control.put(("summary", worker.summary()))
 
 
-def main(xds_addr: str, specs: list[ClientSpec], control: Any, go: Any, stop_flag: Any) -> None:
-    asyncio.run(serve(xds_addr, specs, control, go, stop_flag))
+def main(xds_addr: str, specs: list[ClientSpec], control: Any, go: Any, stop_flag: Any,
+         secure: Secure | None = None) -> None:
+    asyncio.run(serve(xds_addr, specs, control, go, stop_flag, secure))

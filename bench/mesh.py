@@ -5,6 +5,11 @@ Service `s` is svc<s> in namespace ns<s % 10> with port 7070 and `pods` endpoint
 Service every client watches. A change gives pod 0 a marked address (loadgen.mark_address), which
 the clients find again in what they hold. Each change's write time is kept: the start of the file
 write, or of the API request.
+
+An ambient mesh (`nodes` > 0) looks like a cluster's for ztunnel: its namespaces are labelled
+`istio.io/dataplane-mode=ambient`, its pods carry istio-cni's `ambient.istio.io/redirection: enabled`
+and are spread over `nodes` Nodes; through the API it is Pods (a change: pod 0's status gets the
+marked IP, as the kubelet would write it) rather than EndpointSlices.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 import loadgen
 from e2e.kube_objects import ensure_namespace, service_body, slice_body
 from istiod.kubeapi import api_client
+import yaml
 from kubernetes_asyncio import client
 
 DOMAIN = "svc.cluster.local"
@@ -48,36 +54,67 @@ def pod_ips(s: int, pods: int, mark: int | None) -> list[str]:
             for p in range(pods)]
 
 
-def service_yaml(s: int, pods: int, mark: int | None) -> str:
+AMBIENT_NAMESPACE = {"istio.io/dataplane-mode": "ambient"}
+REDIRECTED = {"ambient.istio.io/redirection": "enabled"}  # what istio-cni writes on a pod it captured
+
+
+def node_name(n: int) -> str:
+    return f"node-{n}"
+
+
+def pod_node(s: int, p: int, pods: int, nodes: int) -> str:
+    """The node of service `s`'s pod `p`: the mesh's pods dealt round the nodes."""
+    return node_name((max(s, 0) * pods + p) % nodes)
+
+
+def pod_body(s: int, p: int, pods: int, nodes: int) -> dict[str, Any]:
+    name, _ = service_name(s)
+    spec: dict[str, Any] = {"containers": [{"name": "app", "image": "bench", "ports": [{"containerPort": PORT}]}]}
+    metadata: dict[str, Any] = {"name": f"{name}-{p}", "labels": {"app": name}}
+    if nodes:
+        spec["nodeName"] = pod_node(s, p, pods, nodes)
+        metadata["annotations"] = REDIRECTED
+    return {"metadata": metadata, "spec": spec}
+
+
+def pod_status(ip: str) -> dict[str, Any]:
+    return {"podIP": ip, "podIPs": [{"ip": ip}], "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+
+
+def service_yaml(s: int, pods: int, mark: int | None, nodes: int = 0) -> str:
     """Service `s` and its pods as a config-dir file (the config dir has no EndpointSlices: the
     endpoints come from the pods the selector picks)."""
     name, ns = service_name(s)
-    docs = [f"""apiVersion: v1
-kind: Service
-metadata: {{name: {name}, namespace: {ns}}}
-spec: {{selector: {{app: {name}}}, ports: [{{name: grpc, port: {PORT}}}]}}
-"""]
+    docs: list[dict[str, Any]] = [{"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": ns},
+                                   "spec": {"selector": {"app": name}, "ports": [{"name": "grpc", "port": PORT}]}}]
     for p, ip in enumerate(pod_ips(s, pods, mark)):
-        docs.append(f"""apiVersion: v1
-kind: Pod
-metadata: {{name: {name}-{p}, namespace: {ns}, labels: {{app: {name}}}}}
-spec: {{containers: [{{name: app, ports: [{{containerPort: {PORT}}}]}}]}}
-status: {{podIP: {ip}, phase: Running, conditions: [{{type: Ready, status: "True"}}]}}
-""")
-    return "---\n".join(docs)
+        pod = pod_body(s, p, pods, nodes)
+        pod["metadata"]["namespace"] = ns
+        docs.append({"apiVersion": "v1", "kind": "Pod", **pod, "status": pod_status(ip)})
+    return yaml.safe_dump_all(docs)
+
+
+def ambient_yaml(nodes: int) -> str:
+    """The ambient mesh's Namespaces and Nodes, as a config-dir file."""
+    docs: list[dict[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace",
+                                   "metadata": {"name": f"ns{n}", "labels": AMBIENT_NAMESPACE}} for n in range(NAMESPACES)]
+    docs += [{"apiVersion": "v1", "kind": "Node", "metadata": {"name": node_name(n)}} for n in range(nodes)]
+    return yaml.safe_dump_all(docs)
 
 
 class ConfigDirMesh:
     """One file per Service (the Service and its pods), replaced at once on each change."""
 
-    def __init__(self, root: Path, pods: int) -> None:
-        self.root, self.pods = root, pods
+    def __init__(self, root: Path, pods: int, nodes: int = 0) -> None:
+        self.root, self.pods, self.nodes = root, pods, nodes
         self.written: dict[int, float] = {}  # mark -> when its write started
 
     def source_args(self) -> list[str]:
         return ["--config-dir", str(self.root)]
 
     def create(self, services: int) -> None:
+        if self.nodes:
+            (self.root / "ambient.yaml").write_text(ambient_yaml(self.nodes))
         for s in range(services):
             self._write(s, self.pods, None)
 
@@ -100,39 +137,44 @@ class ConfigDirMesh:
         """Replace the file at once (a rename), so the watcher never reads half of it."""
         path = self.root / f"{service_name(s)[0]}.yaml"
         tmp = self.root.parent / f".{path.name}.tmp"
-        tmp.write_text(service_yaml(s, pods, mark))
+        tmp.write_text(service_yaml(s, pods, mark, self.nodes))
         os.replace(tmp, path)
 
 
 class KubeMesh:
     """Services and one EndpointSlice each (what the endpointslice controller would write, no
-    Pods), through the API as the admin user; an asyncio loop in a thread of its own sends the
-    writes, so a slow API server delays the changes' delivery, not the churn's pace."""
+    Pods), or in an ambient mesh their Pods, through the API as the admin user; an asyncio loop in
+    a thread of its own sends the writes, so a slow API server delays the changes' delivery, not
+    the churn's pace."""
 
-    def __init__(self, kubeconfig: Path, pods: int) -> None:
-        self.kubeconfig, self.pods = kubeconfig, pods
+    def __init__(self, kubeconfig: Path, pods: int, nodes: int = 0) -> None:
+        self.kubeconfig, self.pods, self.nodes = kubeconfig, pods, nodes
         self.written: dict[int, float] = {}
         self.pending: list[Future[None]] = []
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="kube-writes", daemon=True)
         self.thread.start()
-        self.api: client.ApiClient = self._run(api_client(kubeconfig), 30)
+        self.api: client.ApiClient = self.run(api_client(kubeconfig), 30)
         # One change of a Service at a time, so writes of the same slice land in the churn's order.
         self.locks: dict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
 
     def source_args(self) -> list[str]:
         return ["--kubeconfig", str(self.kubeconfig)]
 
-    def _run(self, coroutine: Any, timeout: float) -> Any:
+    def run(self, coroutine: Any, timeout: float) -> Any:
+        """`coroutine` on the mesh's loop (its API client's), waited for."""
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
 
     def create(self, services: int) -> None:
         """Every Service and its slice, CONCURRENT_CREATES requests in flight."""
-        self._run(self._create_all(services), 600)
+        self.run(self._create_all(services), 600)
 
     async def _create_all(self, services: int) -> None:
-        await asyncio.gather(*(ensure_namespace(self.api, service_name(n)[1]) for n in range(NAMESPACES)),
+        labels = AMBIENT_NAMESPACE if self.nodes else None
+        await asyncio.gather(*(ensure_namespace(self.api, service_name(n)[1], labels) for n in range(NAMESPACES)),
                              ensure_namespace(self.api, "bench"))  # the clients' namespace
+        for n in range(self.nodes):
+            await _write(client.CoreV1Api(self.api).create_node, {"metadata": {"name": node_name(n)}})
         seats = asyncio.Semaphore(CONCURRENT_CREATES)
 
         async def create(s: int) -> None:
@@ -146,7 +188,19 @@ class KubeMesh:
         if mark is not None:
             self.written[mark] = time.time()
         await _write(client.CoreV1Api(self.api).create_namespaced_service, namespace, service_body(name, PORT))
-        await _write(client.DiscoveryV1Api(self.api).create_namespaced_endpoint_slice, namespace, self._slice(s, pods, mark))
+        if not self.nodes:
+            await _write(client.DiscoveryV1Api(self.api).create_namespaced_endpoint_slice, namespace,
+                         self._slice(s, pods, mark))
+            return
+        core = client.CoreV1Api(self.api)
+        for p, ip in enumerate(pod_ips(s, pods, mark)):  # a Pod is created without status: the kubelet writes it
+            await _write(core.create_namespaced_pod, namespace, pod_body(s, p, pods, self.nodes))
+            await self._pod_ip(s, p, ip)
+
+    async def _pod_ip(self, s: int, p: int, ip: str) -> None:
+        name, namespace = service_name(s)
+        await _write(client.CoreV1Api(self.api).patch_namespaced_pod_status, f"{name}-{p}", namespace,
+                     {"status": pod_status(ip)}, _content_type="application/merge-patch+json")
 
     def _slice(self, s: int, pods: int, mark: int | None) -> dict[str, Any]:
         name, _ = service_name(s)
@@ -160,6 +214,9 @@ class KubeMesh:
         body = self._slice(s, self.pods, mark)
         async with self.locks[s]:
             self.written[mark] = time.time()
+            if self.nodes:
+                await self._pod_ip(s, 0, loadgen.mark_address(mark))
+                return
             # A merge patch replaces the whole endpoints list, as the controller's update does.
             await _write(client.DiscoveryV1Api(self.api).patch_namespaced_endpoint_slice,
                          body["metadata"]["name"], namespace, {"endpoints": body["endpoints"]},
@@ -176,7 +233,7 @@ class KubeMesh:
 
     def close(self) -> None:
         try:
-            self._run(self.api.close(), 10)
+            self.run(self.api.close(), 10)
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(10)

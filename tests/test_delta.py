@@ -83,3 +83,19 @@ def test_too_many_names_end_the_stream() -> None:
     with pytest.raises(StreamClosed) as closed:
         delta.subscribe(None, request(("a", "b", "c")), 2)
     assert closed.value.closed.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_connections_holding_the_same_are_told_the_same_difference_worked_out_once() -> None:
+    """Every ztunnel holds the same table and is given the same next one: the difference is made once."""
+    a, b, c = (Resource(n, types.ADDRESS, n.encode()) for n in "abc")
+    b2 = Resource("b", types.ADDRESS, b"b2")
+    held = Held.of([a, b, c])
+    first, second = (WatchedResource(types.ADDRESS, None) for _ in range(2))
+    first.sent = second.sent = held
+    current = [a, b2, Resource("d", types.ADDRESS, b"d")]
+    one = delta.respond(first, Snapshot("v2"), current)
+    other = delta.respond(second, Snapshot("v2"), list(current))
+    assert one is not None and other is not None
+    assert [r.name for r in one.resources] == ["b", "d"] and one.resources is other.resources
+    assert first.sent is second.sent and set(first.sent) == {"a", "b", "d"}
+    assert discovery_pb2.DeltaDiscoveryResponse.FromString(one.header).removed_resources == ["c"]

@@ -27,7 +27,11 @@ from e2e.harness import BIN
 from tests.conftest import synced
 from tests.envoy_peer import node_id, sidecar_envoy
 from tests.peers import Istiod, eventually, wait_until
+from tests.pods import netns, requires_root
 from tests.test_envoy_delta import KINDS, _config
+from tests.test_ztunnel import TOKEN as ZTUNNEL_TOKEN
+from tests.test_ztunnel import Mesh, _names, start_istiod
+from tests.ztunnel_peer import Ztunnel, ztunnel_binary
 
 BENCH = Path(__file__).parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
@@ -38,6 +42,7 @@ from mesh import ConfigDirMesh, service_name  # noqa: E402
 
 TINY = ["-S", "6", "-P", "1", "-N", "4", "-K", "2", "--envoy", "2", "--rate", "5", "--duration", "1",
         "--steady", "0.5", "--grace", "2", "--storm-timeout", "30"]
+ZTUNNELS = ["-N", "0", "--envoy", "0", "--ztunnel", "3"]
 TYPES = {"listeners": loadgen.LDS, "clusters": loadgen.CDS, "routes": loadgen.RDS, "endpoints": loadgen.EDS}
 
 
@@ -72,7 +77,9 @@ def tiny_run(tmp_path: Path, *extra: str) -> dict[str, Any]:
     assert result["churn"]["changes"] == 5 and result["churn"]["never_seen"] == 0
     assert result["churn"]["latency"]["count"] > 0
     assert result["everyone"]["all_seen"] and result["everyone"]["never_seen"] == 0
-    assert result["envoy_final_states"] == 1  # the Envoy-like clients all end holding the same
+    # The Envoy-like clients all end holding the same, and so do the ztunnels.
+    assert result["envoy_final_states"] == (1 if result["size"]["envoy"] else None)
+    assert result["ztunnel_final_states"] == (1 if result["size"]["ztunnel"] else None)
     # The clients' count of what istiod sent during the churn agrees with istiod's own metrics
     # (which count the resources, without the responses' envelopes).
     churn = result["churn"]
@@ -96,6 +103,25 @@ def test_tiny_run_on_the_config_dir_with_sotw_clients_of_the_compiled_generator(
 def test_tiny_run_through_a_kube_apiserver(tmp_path: Path, generator: str) -> None:
     result = tiny_run(tmp_path, "--source", "kube", "--generator", generator)
     assert result["churn"]["api_cpu_s"] > 0
+
+
+def test_tiny_run_with_ztunnel_clients_on_the_config_dir(tmp_path: Path, generator: str) -> None:
+    """ztunnels on the secure port, an ambient mesh: every pod IP change held by every ztunnel."""
+    result = tiny_run(tmp_path, *ZTUNNELS, "--generator", generator)
+    assert result["size"]["nodes"] == 3
+
+
+@pytest.mark.skipif(not (BIN / "kube-apiserver").exists(), reason="needs the e2e binaries: make e2e-bin")
+def test_tiny_run_with_ztunnel_clients_through_a_kube_apiserver(tmp_path: Path, generator: str) -> None:
+    """The ambient mesh as Pods, Nodes and labelled Namespaces; a change is a pod's status."""
+    result = tiny_run(tmp_path, *ZTUNNELS, "--source", "kube", "--generator", generator)
+    assert result["churn"]["api_cpu_s"] > 0
+
+
+def test_ztunnel_clients_with_sidecars_through_a_kube_apiserver_are_refused(tmp_path: Path) -> None:
+    run = subprocess.run([sys.executable, str(BENCH / "load.py"), "--ztunnel", "2", "--source", "kube",
+                          "--results", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "writes Pods, not EndpointSlices" in run.stderr
 
 
 @pytest.mark.skipif(not (BIN / "kube-apiserver").exists(), reason="needs the e2e binaries: make e2e-bin")
@@ -299,3 +325,56 @@ async def test_compiled_envoy_like_clients_end_holding_what_the_python_ones_hold
         assert all(c["settled"] and not c["streams_failed"] and {7, 8, 9} <= set(c["seen"]) for c in report["clients"])
     finally:
         compiled.stop()
+
+
+@requires_root
+def test_compiled_ztunnel_client_holds_what_a_real_ztunnel_holds(tmp_path: Path, go_generator: Path) -> None:
+    """The ambient test mesh, one istiod, a real ztunnel and the compiled generator's ztunnel client
+    side by side (in one network namespace: ztunnel's ports are fixed): the client holds the Addresses
+    and Authorizations that the real ztunnel's /config_dump shows, before and after a pod comes with
+    a marked IP, which the client sees as its change."""
+    binary = ztunnel_binary()
+    with netns("ztbench") as pod:
+        mesh = Mesh(tmp_path / "config")
+        istiod = start_istiod(pod, tmp_path, mesh.root)
+        ztunnel, compiled = None, None
+        try:
+            ztunnel = Ztunnel(binary, pod, tmp_path / "zt", {
+                "XDS_ADDRESS": "https://127.0.0.1:15012", "XDS_ROOT_CA": str(tmp_path / "state" / "root-cert.pem"),
+                "AUTH_TOKEN": ZTUNNEL_TOKEN, "PROXY_WORKLOAD_INFO": "ambient/echo-1/echo", "POD_NAME": "ztunnel-0",
+                "POD_NAMESPACE": "istio-system", "INSTANCE_IP": "10.244.0.11", "NODE_NAME": "node-a"})
+            ztunnel.wait_ready()
+            state = tmp_path / "state"
+            secure = load.ztunnel_identity(state / "istio-ca-secret", state / "root-cert.pem", "127.0.0.1:15012")
+            compiled = load.GoGenerator("127.0.0.1:15010", [[loadgen.ClientSpec(0, "ztunnel", [], 11, "node-a",
+                                                                                 report_held=True)]],
+                                        secure, tuple(pod.exec_args()))
+            compiled.start()
+            messages: list[tuple[str, Any]] = []
+
+            def told(kind: str, value: Any = None) -> Any:
+                while not (found := [v for k, v in messages if k == kind and value in (None, v)]):
+                    messages.append(compiled.control.get(timeout=30))
+                return found[0]
+
+            told("ready")
+            compiled.go()
+            told("configured")
+            arrived = mesh.get("Pod", "ambient", "echo-1")
+            arrived["metadata"]["name"], arrived["status"]["podIP"] = "echo-4", loadgen.mark_address(7)
+            mesh.put(arrived)
+            told("all-seen", 7)
+            wait_until(lambda: "Kubernetes//Pod/ambient/echo-4" in _names(ztunnel.config_dump())[0], 10,
+                       "the real ztunnel to hold the new pod", 0.1)
+            workloads, services, policies = _names(ztunnel.config_dump())
+            compiled.finish()
+            [client] = told("summary")["clients"]
+            assert client["settled"] and not client["streams_failed"]
+            assert set(client["held"][loadgen.ADDRESS]) == workloads | services
+            assert set(client["held"][loadgen.AUTHORIZATION]) == policies
+        finally:
+            if compiled is not None:
+                compiled.stop()
+            if ztunnel is not None:
+                ztunnel.stop()
+            istiod.stop()

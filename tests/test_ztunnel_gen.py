@@ -21,6 +21,7 @@ from istiod.gen.istio.security import authorization_pb2 as apb
 from istiod.gen.istio.workload import workload_pb2 as wpb
 from istiod.model.builder import build_snapshot
 from istiod.model.config.common import Meta
+from istiod.model.config.networking import ServiceEntry
 from istiod.model.config.security import (
     Action, AuthorizationPolicy, Condition, MTLSMode, Operation, PeerAuthentication, Rule, Source,
 )
@@ -31,6 +32,7 @@ from istiod.sources.store import Store
 from istiod.xds import delta, types
 from istiod.xds.cache import ResourceCache
 from istiod.xds.gen.ztunnel import addresses, authorizations, policies
+from istiod.xds.gen.ztunnel.addresses import canonical_hosts
 from istiod.xds.pusher import Pusher
 from istiod.xds.server import DiscoveryServer, add_to_server
 from tests.secure_port import TOKEN, start_secure
@@ -84,10 +86,12 @@ def test_a_service_has_its_vip_ports_and_its_namespace_waypoint_but_the_waypoint
     assert found["ambient/echo.ambient.svc.cluster.local"] == {"service": {
         "name": "echo", "namespace": "ambient", "hostname": "echo.ambient.svc.cluster.local",
         "addresses": [{"address": "CmABCg=="}],  # 10.96.1.10
-        "ports": [{"servicePort": 80}, {"servicePort": 9000, "targetPort": 9000}],
+        # Port protocols by name (`http`, `tcp-raw`) as istiod tells ztunnel; a Service is canonical.
+        "ports": [{"servicePort": 80, "appProtocol": "HTTP11"},
+                  {"servicePort": 9000, "targetPort": 9000, "appProtocol": "TCP"}],
         "waypoint": {"hostname": {"namespace": "ambient", "hostname": "waypoint.ambient.svc.cluster.local"},
                      "hboneMtlsPort": 15008},
-        "ipFamilies": "IPV4_ONLY",
+        "ipFamilies": "IPV4_ONLY", "canonical": True,
     }}
     assert "waypoint" not in found["ambient/waypoint.ambient.svc.cluster.local"]["service"]
     assert "waypoint" not in found["legacy/web.legacy.svc.cluster.local"]["service"]
@@ -125,6 +129,9 @@ def test_entries_are_workloads_in_the_services_that_select_them() -> None:
     assert endpoint["services"] == {"legacy/db.example.com": {"ports": [{"servicePort": 5432, "targetPort": 5432}]}}
     assert "serviceAccount" not in endpoint  # none given: none sent
     assert found["legacy/db.example.com"]["service"]["addresses"] == [{"address": "8AAABQ=="}]  # 240.0.0.5
+    assert found["legacy/db.example.com"]["service"]["canonical"]  # no Service and no earlier entry has the host
+    assert found["legacy/db.example.com"]["service"]["ports"] == [
+        {"servicePort": 5432, "targetPort": 5432, "appProtocol": "TCP"}]
 
 
 def test_on_demand_names_find_by_address_or_host_and_a_malformed_one_nothing(caplog: pytest.LogCaptureFixture) -> None:
@@ -377,12 +384,20 @@ async def test_on_demand_starts_with_nothing_and_a_malformed_name_keeps_the_stre
             stream.send(types.ADDRESS, subscribe=("*",), unsubscribe=("*",))  # ztunnel's "nothing yet"
             empty = await stream.receive()
             assert not empty.resources and not empty.removed_resources
+            # What names nothing (malformed, or nothing there) is answered as removed, as Istio does:
+            # ztunnel waits for an answer to each name.
             stream.send(types.ADDRESS, subscribe=("not a name", "/10.244.0.12"))
             found = await stream.receive()
             assert [r.name for r in found.resources] == ["Kubernetes//Pod/ambient/echo-2"]
+            assert list(found.removed_resources) == ["not a name"]
             stream.send(types.ADDRESS, subscribe=("ambient/echo.ambient.svc.cluster.local",))
             found = await stream.receive()
             assert [r.name for r in found.resources] == ["ambient/echo.ambient.svc.cluster.local"]
+            assert not found.removed_resources
+            stream.send(types.ADDRESS, subscribe=("/10.9.9.9", "ambient/nothing.ambient.svc.cluster.local"))
+            unknown = await stream.receive()
+            assert not unknown.resources
+            assert sorted(unknown.removed_resources) == ["/10.9.9.9", "ambient/nothing.ambient.svc.cluster.local"]
             stream.requests.put_nowait(None)
     finally:
         await server.stop(None)
@@ -434,3 +449,13 @@ def test_the_table_patched_pod_by_pod_is_the_table_made_whole(ops: list[tuple[st
         assert patched == whole
         by_address = addresses(snapshot, proxy, [f"/10.244.9.{j + 1}" for j in range(6)], cache)
         assert {r.name for r in by_address} == {n for n in whole if n.startswith("Kubernetes//Pod/ambient/gen-")}
+
+
+def test_an_entry_is_canonical_for_a_host_no_service_or_earlier_entry_has_unless_it_is_namespace_local() -> None:
+    taken = {"web.legacy.svc.cluster.local"}
+    first = ServiceEntry(Meta("one", "a"), ("db.example.com", "web.legacy.svc.cluster.local"))
+    second = ServiceEntry(Meta("two", "b"), ("db.example.com", "cache.example.com"))
+    local = ServiceEntry(Meta("three", "c"), ("local.example.com",), export_to=(".",))
+    assert canonical_hosts(first, taken) == {"db.example.com"}
+    assert canonical_hosts(second, taken) == {"cache.example.com"}
+    assert canonical_hosts(local, taken) == set()

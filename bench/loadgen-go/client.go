@@ -6,15 +6,20 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
 	"io"
 	"math"
 	"math/rand/v2"
+	"os"
 	"sync"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -23,9 +28,11 @@ import (
 // Spec is loadgen.ClientSpec, as JSON.
 type Spec struct {
 	Index            int      `json:"index"`
-	Kind             string   `json:"kind"`      // "proxyless" | "envoy" | "delta"
-	Listeners        []string `json:"listeners"` // proxyless: the listener names it watches
-	ExpectedClusters int      `json:"expected_clusters"`
+	Kind             string   `json:"kind"`              // "proxyless" | "envoy" | "delta" | "ztunnel"
+	Listeners        []string `json:"listeners"`         // proxyless: the listener names it watches
+	ExpectedClusters int      `json:"expected_clusters"` // ztunnel: Addresses
+	Node             string   `json:"node"`              // ztunnel: its node's name
+	ReportHeld       bool     `json:"report_held"`       // its summary names what it holds, by type
 }
 
 // codeNames are the status codes as Python's grpc.StatusCode names them (the summaries of both
@@ -139,7 +146,14 @@ func codeIndex(code int) int {
 
 // stream runs one stream on a connection of its own, as separate proxies have.
 func (w *Worker) stream(ctx context.Context, c *Client) error {
-	conn, err := grpc.NewClient("passthrough:///"+w.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	addr, creds := w.addr, insecure.NewCredentials()
+	if c.Kind == "ztunnel" && w.secure != nil { // the secure port with a workload certificate, as a real ztunnel connects
+		var err error
+		if addr, creds, err = w.secure.credentials(); err != nil {
+			return err
+		}
+	}
+	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(creds),
 		// Envoy has no cap on a response's size; grpc's default (4 MB) would be one at large meshes.
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(math.MaxInt32)))
 	if err != nil {
@@ -149,10 +163,26 @@ func (w *Worker) stream(ctx context.Context, c *Client) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	ads := discoveryv3.NewAggregatedDiscoveryServiceClient(conn)
-	if c.Kind == "delta" {
+	if c.Kind == "delta" || c.Kind == "ztunnel" {
 		return w.deltaStream(ctx, c, ads)
 	}
 	return w.sotwStream(ctx, c, ads)
+}
+
+func (s *Secure) credentials() (string, credentials.TransportCredentials, error) {
+	root, err := os.ReadFile(s.Root)
+	if err != nil {
+		return "", nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(root) {
+		return "", nil, fmt.Errorf("no root certificate in %s", s.Root)
+	}
+	pair, err := tls.LoadX509KeyPair(s.Cert, s.Key)
+	if err != nil {
+		return "", nil, err
+	}
+	return s.Addr, credentials.NewTLS(&tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}}), nil
 }
 
 // Send errors are left to Recv, which returns the stream's status.
@@ -217,7 +247,11 @@ func (w *Worker) deltaStream(ctx context.Context, c *Client, ads discoveryv3.Agg
 		_ = stream.Send(request)
 	}
 	c.mu.Lock()
-	for _, typeURL := range []string{CDS, LDS} { // wildcard: an empty subscribe list
+	wildcard := []string{CDS, LDS}
+	if c.Kind == "ztunnel" {
+		wildcard = []string{ADDRESS, AUTHORIZATION} // in ztunnel's order
+	}
+	for _, typeURL := range wildcard { // wildcard: an empty subscribe list
 		c.subscribe(typeURL, set{})
 		send(typeURL, nil, nil, "")
 	}
@@ -268,10 +302,17 @@ func (w *Worker) hold(c *Client, typeURL string, value []byte, previous *held, n
 	if previous != nil && bytes.Equal(previous.value, value) {
 		return previous
 	}
-	if typeURL != EDS {
+	found := []int(nil)
+	switch typeURL {
+	case EDS:
+		found = marks(value)
+	case ADDRESS:
+		found = workloadMarks(value)
+	case AUTHORIZATION:
+	default:
 		return &held{value: value, derived: derive(typeURL, value)}
 	}
-	for _, mark := range marks(value) {
+	for _, mark := range found {
 		if _, ok := c.seen[mark]; !ok {
 			c.seen[mark] = now
 			w.saw(mark)
@@ -291,6 +332,13 @@ func (w *Worker) follow(c *Client, typeURL string, now float64) (string, set, bo
 			}
 		}
 		return next, names, true
+	}
+	if c.Kind == "ztunnel" && c.configuredAt == nil && len(c.resources[ADDRESS]) >= c.ExpectedClusters {
+		_, policies := c.answered[AUTHORIZATION]
+		if _, addresses := c.answered[ADDRESS]; addresses && policies {
+			c.configuredAt = &now
+			w.configured(now)
+		}
 	}
 	if typeURL == EDS && c.configuredAt == nil && len(have) >= c.ExpectedClusters {
 		for name := range c.names[EDS] {

@@ -30,10 +30,20 @@ type config struct {
 	SettleSeconds float64 `json:"settle_seconds"`
 	Ticks         float64 `json:"ticks"`
 	Clients       []Spec  `json:"clients"`
+	Secure        *Secure `json:"secure"` // ztunnel clients: istiod's secure port and their certificate; none: the plaintext port (Istio's istiod's)
+}
+
+// Secure is loadgen.Secure: how ztunnel clients reach istiod's secure port, as real ztunnels do.
+type Secure struct {
+	Addr string `json:"addr"`
+	Root string `json:"root"` // PEM files
+	Cert string `json:"cert"`
+	Key  string `json:"key"`
 }
 
 type Worker struct {
 	addr    string
+	secure  *Secure
 	ticks   float64
 	clients []*Client
 
@@ -48,12 +58,18 @@ type Worker struct {
 }
 
 func node(spec Spec) *corev3.Node {
+	ip := fmt.Sprintf("10.250.%d.%d", spec.Index>>8&255, spec.Index&255)
+	if spec.Kind == "ztunnel" { // as ztunnel's xds client builds it (src/xds/client.rs), CLUSTER_ID from its chart
+		metadata, _ := structpb.NewStruct(map[string]any{"NAME": fmt.Sprintf("ztunnel-%d", spec.Index),
+			"NAMESPACE": "istio-system", "INSTANCE_IPS": ip, "NODE_NAME": spec.Node, "CLUSTER_ID": "Kubernetes"})
+		return &corev3.Node{Id: fmt.Sprintf("ztunnel~%s~ztunnel-%d.istio-system~istio-system.svc.cluster.local",
+			ip, spec.Index), Metadata: metadata}
+	}
 	fields := map[string]any{"NAMESPACE": "bench"}
 	if spec.Kind == "proxyless" {
 		fields["GENERATOR"] = "grpc"
 	}
 	metadata, _ := structpb.NewStruct(fields)
-	ip := fmt.Sprintf("10.250.%d.%d", spec.Index>>8&255, spec.Index&255)
 	return &corev3.Node{Id: fmt.Sprintf("sidecar~%s~client%d.bench~bench.svc.cluster.local", ip, spec.Index),
 		Metadata: metadata}
 }
@@ -112,20 +128,31 @@ func (w *Worker) configured(now float64) {
 }
 
 type clientSummary struct {
-	Index         int             `json:"index"`
-	Kind          string          `json:"kind"`
-	ConfiguredAt  *float64        `json:"configured_at"`
-	Seen          map[int]float64 `json:"seen"`
-	StreamsFailed map[string]int  `json:"streams_failed"`
-	State         string          `json:"state"`
-	Settled       bool            `json:"settled"`
+	Index         int                 `json:"index"`
+	Kind          string              `json:"kind"`
+	ConfiguredAt  *float64            `json:"configured_at"`
+	Seen          map[int]float64     `json:"seen"`
+	StreamsFailed map[string]int      `json:"streams_failed"`
+	State         string              `json:"state"`
+	Settled       bool                `json:"settled"`
+	Held          map[string][]string `json:"held"` // names by type, when its spec asks
 }
 
 // summary is loadgen.Worker.summary's, key for key; called once every client's goroutine is done.
 func (w *Worker) summary() map[string]any {
 	clients := make([]clientSummary, len(w.clients))
 	for i, c := range w.clients {
-		clients[i] = clientSummary{c.Index, c.Kind, c.configuredAt, c.seen, c.streamsFailed, digest(c.resources), c.settled()}
+		clients[i] = clientSummary{c.Index, c.Kind, c.configuredAt, c.seen, c.streamsFailed, digest(c.resources), c.settled(), nil}
+		if c.ReportHeld {
+			clients[i].Held = map[string][]string{}
+			for typeURL, resources := range c.resources {
+				names := set{}
+				for name := range resources {
+					names[name] = struct{}{}
+				}
+				clients[i].Held[typeURL] = names.sorted()
+			}
+		}
 	}
 	var usage syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &usage)
@@ -144,7 +171,7 @@ func main() {
 		fmt.Fprintf(os.Stderr, "loadgen: the first line of input must be the run's JSON: %v\n", err)
 		os.Exit(2)
 	}
-	w := &Worker{addr: cfg.XdsAddr, ticks: cfg.Ticks, traffic: map[int64]*[2]int64{},
+	w := &Worker{addr: cfg.XdsAddr, secure: cfg.Secure, ticks: cfg.Ticks, traffic: map[int64]*[2]int64{},
 		failureDetails: map[string]string{}, seenBy: map[int]int{}}
 	for _, spec := range cfg.Clients {
 		w.clients = append(w.clients, newClient(spec))

@@ -27,6 +27,9 @@ const (
 	RDS = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
 	CDS = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 	EDS = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+	// ztunnel's
+	ADDRESS       = "type.googleapis.com/istio.workload.Address"
+	AUTHORIZATION = "type.googleapis.com/istio.security.Authorization"
 )
 
 // follows: the type a type's resources name. Envoy-like clients ask CDS for all (wildcard), not by route.
@@ -117,6 +120,23 @@ func marks(value []byte) []int {
 			found = append(found, mark)
 		}
 	}
+}
+
+// Where a workload's addresses are in a serialized istio.workload.Address (no Go package of
+// ztunnel's protos here: the field numbers of api/istio/workload/workload.proto).
+var workloadAddresses = []protowire.Number{1, 3} // Address.workload, Workload.addresses (bytes)
+
+// workloadMarks are the marked addresses of the workload an Address holds, if it holds one.
+func workloadMarks(value []byte) []int {
+	var found []int
+	each(value, workloadAddresses, func(ip []byte) {
+		if len(ip) == 4 && ip[0] == 100 {
+			if mark, ok := markOf(fmt.Sprintf("%d.%d.%d.%d", ip[0], ip[1], ip[2], ip[3])); ok {
+				found = append(found, mark)
+			}
+		}
+	})
+	return found
 }
 
 // markOf is loadgen.mark_of: the change whose address this is.

@@ -33,17 +33,35 @@ class Held(dict[str, Resource]):
     """What a response left a client holding of one type, by name. Connections sent the same
     resources share one (see `of`), so it is never changed in place: replace it."""
 
-    __slots__ = ("__weakref__", "_update")
+    __slots__ = ("__weakref__", "_update", "_delta")
 
     @classmethod
     def of(cls, resources: list[Resource]) -> Held:
         """One per distinct list, however many connections hold it (the cache gives every connection
         the same Resource objects, so 2000 clients of one wildcard CDS share one)."""
-        key = tuple(map(id, resources))
+        return cls._of(tuple(map(id, resources)), resources)
+
+    @classmethod
+    def _of(cls, key: tuple[int, ...], resources: list[Resource]) -> Held:
         shared = _held.get(key)
         if shared is None:
             shared = _held[key] = cls((r.name, r) for r in resources)
         return shared
+
+    def delta_to(self, current: list[Resource]) -> tuple[list[Resource], list[str], Held]:
+        """The resources of `current` whose content differs from what this holds, the names this holds
+        that `current` has not, and `current` as a Held: worked out once for all the connections
+        holding this that are given the same `current` (every ztunnel is sent the same Address
+        table: comparing it whole for each was most of a pod change's cost)."""
+        key = tuple(map(id, current))
+        last = getattr(self, "_delta", None)
+        if last is not None and last[0] == key:
+            return last[1]  # type: ignore[no-any-return]
+        after = Held._of(key, current)
+        result = ([r for r in current if not r.same_as(self.get(r.name))], [n for n in self if n not in after], after)
+        # Strong: while this lives, so do `after` and the resources whose identities are the key.
+        self._delta = (key, result)
+        return result
 
     def updated(self, fresh: list[Resource]) -> Held:
         """This with `fresh` in place of what it holds of their names (and any new ones last); made once

@@ -78,18 +78,23 @@ def held(watched: WatchedResource, current: list[Resource], versions: dict[str, 
 
 def respond(
     watched: WatchedResource, snapshot: Snapshot, current: list[Resource], always: bool = False,
-    resend: frozenset[str] = frozenset(), held: Held | None = None,
+    resend: frozenset[str] = frozenset(), held: Held | None = None, unknown: tuple[str, ...] = (),
 ) -> wire.Outgoing | None:
     """The resources that differ from what the client holds (or are named in `resend`) and the names
     it holds that are gone; None when there are none (unless `always`: the first answer of a watch,
     which the client awaits). `current` is all the client watches of the type; or, given `held` (what
     it holds after this response), only what may have changed of that (a push of some endpoints), so
-    that only those are compared and nothing is gone."""
-    changed = [r for r in current if r.name in resend or not r.same_as(watched.sent.get(r.name))]
-    removed: list[str] = []
-    if held is None:
-        names = {r.name for r in current}
-        removed = [n for n in watched.sent if n not in names]
+    that only those are compared and nothing is gone. `unknown`: names just subscribed that name
+    nothing, sent as removed (the xDS spec's answer for a resource that does not exist)."""
+    removed: list[str] = list(unknown)
+    if held is None and not resend and isinstance(watched.sent, Held):
+        changed, gone, held = watched.sent.delta_to(current)
+        removed += [n for n in gone if n not in unknown]
+    else:
+        changed = [r for r in current if r.name in resend or not r.same_as(watched.sent.get(r.name))]
+        if held is None:
+            names = {r.name for r in current}
+            removed += [n for n in watched.sent if n not in names and n not in unknown]
     if not changed and not removed and not always:
         return None
     watched.nonce_sent = wire.nonce()

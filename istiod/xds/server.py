@@ -283,6 +283,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                 self._nack(connection, previous, request)
             else:
                 delta.acked(previous, request)
+        named_before = set(previous.names or ()) if previous is not None else set()
         watched, changed = delta.subscribe(previous, request, MAX_RESOURCE_NAMES)
         connection.watched[type_url] = watched
         if not changed:
@@ -292,7 +293,14 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         resources = self._generate(connection, watched, snapshot)
         if previous is None:
             delta.held(watched, resources, dict(request.initial_resource_versions))
-        responses = self._delta_respond(connection, watched, snapshot, resources, always=previous is None)
+        # A name just subscribed that names nothing is answered as removed, as Istio does: an
+        # on-demand ztunnel waits for an answer to each name it asks for. (An Address name may be
+        # an IP that finds resources of other names: only one that finds none is unknown.)
+        sent = {r.name for r in resources}
+        unknown = tuple(n for n in watched.names or () if n not in named_before and n not in sent
+                        and not self._generate(connection, watched, snapshot, [n]))
+        responses = self._delta_respond(connection, watched, snapshot, resources, always=previous is None,
+                                        unknown=unknown)
         endpoints = connection.watched.get(types.ENDPOINT)
         if connection.endpoints_due and endpoints is not None:
             responses += self._delta_respond(connection, endpoints, snapshot,
@@ -325,13 +333,14 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             self.name_bytes.pop(connection.peer, None)
 
     def _delta_respond(self, connection: Connection, watched: WatchedResource, snapshot: Snapshot,
-                       resources: list[Resource], always: bool = False, held: Held | None = None) -> list[Response]:
+                       resources: list[Resource], always: bool = False, held: Held | None = None,
+                       unknown: tuple[str, ...] = ()) -> list[Response]:
         """Only what changed, and after clusters their endpoints again (see Connection.endpoints_due);
-        `held`: see delta.respond."""
+        `held`, `unknown`: see delta.respond."""
         resend: frozenset[str] = frozenset()
         if watched.type_url == types.ENDPOINT:
             resend, connection.endpoints_due = frozenset(connection.endpoints_due), set()
-        response = delta.respond(watched, snapshot, resources, always, resend, held)
+        response = delta.respond(watched, snapshot, resources, always, resend, held, unknown)
         if response is None:
             return []
         if watched.type_url == types.CLUSTER:

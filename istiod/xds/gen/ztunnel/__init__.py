@@ -6,7 +6,8 @@ delta server sends each ztunnel only those that differ from what it holds.
 
 A wildcard watch gets everything. With XDS_ON_DEMAND ztunnel names what it wants: `network/IP`
 (the workloads and services at that address) or `namespace/hostname` (a service); a name that
-names nothing gets nothing (a malformed one is logged).
+names nothing is answered as removed, as Istio does (the server's delta step; a malformed one is
+logged too).
 """
 
 from __future__ import annotations
@@ -119,8 +120,10 @@ def address_table(snapshot: Snapshot, cache: ResourceCache) -> AddressTable:
             table.put(wds.service_name(service.namespace, service.hostname),
                       (service, *_local(snapshot, service.namespace), snapshot.mesh),
                       partial(wds.kube_service, snapshot, service), _ips([service.cluster_ip]))
+    taken = {s.hostname for s in snapshot.services.values() if not s.external_host}
     for entry in config.service_entries:
-        for name, address in wds.entry_services(snapshot, entry):
+        canonical = wds.canonical_hosts(entry, taken)
+        for name, address in wds.entry_services(snapshot, entry, canonical):
             table.put(name, (entry, *shared), partial(_same, address), _ips(entry.addresses))
         for member, services in wds.entry_endpoints(entry):
             uid = wds.entry_endpoint_uid(entry.meta.namespace, entry.meta.name, member.address)

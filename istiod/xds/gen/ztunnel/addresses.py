@@ -18,6 +18,7 @@ from istiod.model.config.common import selector_matches
 from istiod.model.config.networking import Resolution, ServiceEntry, WorkloadEntry
 from istiod.model.mesh import DEFAULT_TRUST_DOMAIN, MeshConfig
 from istiod.model.names import DEFAULT_CLUSTER_ID
+from istiod.model.protocol import Protocol, parse, port_protocol
 from istiod.model.service import Locality, Service
 from istiod.model.snapshot import Snapshot
 from istiod.model.workload import AMBIENT_REDIRECTION_ANNOTATION, WORKLOAD_NAME_LABEL, Workload
@@ -133,14 +134,25 @@ def kube_service(snapshot: Snapshot, service: Service) -> pb.Address:
     result = pb.Service(
         name=service.name, namespace=service.namespace, hostname=service.hostname,
         addresses=[pb.NetworkAddress(address=ip)] if ip is not None else [],
-        ports=[pb.Port(service_port=p.port, target_port=p.target_port if isinstance(p.target_port, int) else 0)
+        ports=[pb.Port(service_port=p.port, target_port=p.target_port if isinstance(p.target_port, int) else 0,
+                       app_protocol=_app_protocol(port_protocol(p)))
                for p in service.ports],
         ip_families=_ip_families(service.cluster_ip),
+        canonical=True,  # as istiod: a Kubernetes Service is always its hostname's
     )
     waypoint = waypoint_for(snapshot, service.namespace, dict(service.labels), "service")
     if waypoint is not None:
         result.waypoint.CopyFrom(waypoint.address())
     return pb.Address(service=result)
+
+
+# What ztunnel is told of a port's protocol, as istiod maps it (what it would sniff is UNKNOWN).
+_APP_PROTOCOLS = {Protocol.HTTP: pb.HTTP11, Protocol.HTTP2: pb.HTTP2, Protocol.GRPC: pb.GRPC, Protocol.TLS: pb.TLS,
+                  Protocol.HTTPS: pb.TLS, Protocol.TCP: pb.TCP}
+
+
+def _app_protocol(protocol: Protocol) -> pb.AppProtocol:
+    return _APP_PROTOCOLS.get(protocol, pb.UNKNOWN)
 
 
 def _ip_families(cluster_ip: str) -> pb.IPFamilies:
@@ -151,21 +163,36 @@ def _ip_families(cluster_ip: str) -> pb.IPFamilies:
     return pb.IPV4_ONLY if version == 4 else pb.IPV6_ONLY
 
 
-def entry_services(snapshot: Snapshot, entry: ServiceEntry) -> list[tuple[str, pb.Address]]:
-    """A ServiceEntry's hosts, each a service with the entry's addresses, ports and SANs."""
+def entry_services(snapshot: Snapshot, entry: ServiceEntry, canonical: frozenset[str] = frozenset()
+                   ) -> list[tuple[str, pb.Address]]:
+    """A ServiceEntry's hosts, each a service with the entry's addresses, ports and SANs; `canonical`:
+    its hosts for which it is the service ztunnel prefers (see canonical_hosts)."""
     addresses = [pb.NetworkAddress(address=network.network_address.packed, length=network.prefixlen)
                  if network.prefixlen != network.max_prefixlen else pb.NetworkAddress(address=network.network_address.packed)
                  for network in _networks(entry.addresses)]
-    ports = [pb.Port(service_port=p.number, target_port=p.target_port or p.number) for p in entry.ports]
+    ports = [pb.Port(service_port=p.number, target_port=p.target_port or p.number, app_protocol=_app_protocol(parse(p.protocol)))
+             for p in entry.ports]
     waypoint = waypoint_for(snapshot, entry.meta.namespace, {}, "service")
     result = []
     for host in entry.hosts:
         service = pb.Service(name=entry.meta.name, namespace=entry.meta.namespace, hostname=host,
-                             addresses=addresses, ports=ports, subject_alt_names=entry.subject_alt_names)
+                             addresses=addresses, ports=ports, subject_alt_names=entry.subject_alt_names,
+                             canonical=host in canonical)
         if waypoint is not None:
             service.waypoint.CopyFrom(waypoint.address())
         result.append((service_name(entry.meta.namespace, host), pb.Address(service=service)))
     return result
+
+
+def canonical_hosts(entry: ServiceEntry, taken: set[str]) -> frozenset[str]:
+    """The entry's hosts it is canonical for, as istiod picks: none that a Kubernetes Service or an
+    earlier entry has (`taken`, which this adds to; istiod: the oldest entry, creation times are not
+    kept), and none when it is visible in its own namespace only."""
+    if entry.export_to == (".",) or entry.export_to == (entry.meta.namespace,):
+        return frozenset()
+    mine = frozenset(h for h in entry.hosts if h not in taken)
+    taken.update(mine)
+    return mine
 
 
 def _networks(values: Iterable[str]) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:

@@ -1,0 +1,171 @@
+"""What Istio's own istiod and ours send a ztunnel for the same cluster, field by field (a dev tool:
+it needs Istio's pilot-discovery, built by shared/reference-istiod/build.sh, which CI does not have).
+
+    python bench/wds_compare.py [--reference PATH] [--mesh tests/data/ambient-mesh.yaml]
+
+etcd and kube-apiserver are started (the e2e harness), Istio's CRDs installed and the mesh's objects
+created through the API (a Pod's status as the kubelet writes it); then Istio's istiod (with
+PILOT_ENABLE_AMBIENT=true) and ours in kube mode on that API server, and a delta WDS client as
+ztunnel's (wildcard Address and Authorization, ACKing) on each one's plaintext port. Prints each
+resource that differs, as the JSON of each side (sorted by name), and exits 1 if any does.
+Every process started here is stopped at the end, on failure and Ctrl-C too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import grpc
+import yaml
+from envoy.config.core.v3 import base_pb2
+from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+from google.protobuf import json_format, struct_pb2
+from kubernetes_asyncio import client
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(1, str(Path(__file__).parent.parent))
+from load import SERVICE_CIDR, Server  # noqa: E402
+from e2e.harness import Cluster  # noqa: E402
+from e2e.istio_crds import create_istio_object, install_crds  # noqa: E402
+from istiod.gen.istio.security import authorization_pb2  # noqa: E402
+from istiod.gen.istio.workload import workload_pb2  # noqa: E402
+from istiod.kubeapi import api_client  # noqa: E402
+from reference import built_reference, start_reference  # noqa: E402
+from tests.peers import stop_group  # noqa: E402
+
+ADDRESS = "type.googleapis.com/istio.workload.Address"
+AUTHORIZATION = "type.googleapis.com/istio.security.Authorization"
+MESSAGES: dict[str, Any] = {ADDRESS: workload_pb2.Address, AUTHORIZATION: authorization_pb2.Authorization}
+NODE = "ztunnel~10.244.0.1~ztunnel-x.istio-system~istio-system.svc.cluster.local"
+OWNER_GROUPS = {"Job": "batch/v1", "CronJob": "batch/v1"}
+QUIET = 3.0  # seconds without a response: the client holds all there is
+
+
+async def create(api: client.ApiClient, body: dict[str, Any]) -> None:
+    core, kind, meta = client.CoreV1Api(api), body["kind"], body["metadata"]
+    namespace = meta.get("namespace", "")
+    if kind == "Namespace":
+        if meta["name"] != "istio-system":  # the harness made it
+            await core.create_namespace(body)
+    elif kind == "Node":
+        await core.create_node(body)
+    elif kind == "Service":
+        await core.create_namespaced_service(namespace, body)
+    elif kind == "Pod":
+        # The test mesh abbreviates what the API server requires and the translation does not read.
+        for owner in meta.get("ownerReferences", []):
+            owner.setdefault("apiVersion", OWNER_GROUPS.get(owner["kind"], "apps/v1"))
+            owner.setdefault("uid", str(uuid.uuid4()))
+        for container in body["spec"]["containers"]:
+            container.setdefault("image", "app")
+        status = body.pop("status", None)
+        await core.create_namespaced_pod(namespace, body)
+        if status:
+            await core.patch_namespaced_pod_status(meta["name"], namespace, {"status": status})
+    else:
+        await create_istio_object(api, body)
+
+
+async def load_mesh(kubeconfig: Path, mesh: Path) -> None:
+    api = await api_client(kubeconfig)
+    try:
+        await install_crds(api)
+        for body in yaml.safe_load_all(mesh.read_text()):
+            await create(api, body)
+    finally:
+        await api.close()
+
+
+async def held(address: str) -> dict[str, dict[str, Any]]:
+    """What a wildcard ztunnel holds from `address` once it is quiet: type -> name -> the resource as JSON."""
+    requests: asyncio.Queue[discovery_pb2.DeltaDiscoveryRequest | None] = asyncio.Queue()
+    metadata = struct_pb2.Struct()
+    metadata.update({"NAME": "ztunnel-x", "NAMESPACE": "istio-system", "INSTANCE_IPS": "10.244.0.1",
+                     "NODE_NAME": "node-a", "CLUSTER_ID": "Kubernetes"})
+    for type_url in (ADDRESS, AUTHORIZATION):
+        requests.put_nowait(discovery_pb2.DeltaDiscoveryRequest(
+            type_url=type_url, node=base_pb2.Node(id=NODE, metadata=metadata)))
+
+    async def stream() -> Any:
+        while (request := await requests.get()) is not None:
+            yield request
+
+    result: dict[str, dict[str, Any]] = {ADDRESS: {}, AUTHORIZATION: {}}
+    async with grpc.aio.insecure_channel(address) as channel:
+        call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel).DeltaAggregatedResources(stream())
+        while True:
+            try:
+                response = await asyncio.wait_for(call.read(), QUIET)
+            except asyncio.TimeoutError:
+                break
+            have = result[response.type_url]
+            for name in response.removed_resources:
+                have.pop(name, None)
+            for resource in response.resources:
+                message = MESSAGES[response.type_url].FromString(resource.resource.value)
+                have[resource.name] = json_format.MessageToDict(message)
+            requests.put_nowait(discovery_pb2.DeltaDiscoveryRequest(type_url=response.type_url,
+                                                                    response_nonce=response.nonce))
+        requests.put_nowait(None)
+        call.cancel()
+    return result
+
+
+def diff(istio: dict[str, dict[str, Any]], ours: dict[str, dict[str, Any]]) -> int:
+    differences = 0
+    for type_url in (ADDRESS, AUTHORIZATION):
+        short = type_url.rsplit(".", 1)[-1]
+        for name in sorted(istio[type_url].keys() | ours[type_url].keys()):
+            theirs, mine = istio[type_url].get(name), ours[type_url].get(name)
+            if theirs == mine:
+                continue
+            differences += 1
+            print(f"--- {short} {name}")
+            if theirs is None or mine is None:
+                print(f"  only {'ours' if theirs is None else 'Istio'}: {json.dumps(theirs or mine, sort_keys=True)}")
+                continue
+            for key in sorted(theirs.keys() | mine.keys()):
+                if theirs.get(key) != mine.get(key):
+                    print(f"  {key}: Istio {json.dumps(theirs.get(key), sort_keys=True)}\n"
+                          f"  {' ' * len(key)}  ours  {json.dumps(mine.get(key), sort_keys=True)}")
+    print(f"{sum(len(v) for v in istio.values())} resources from Istio, {sum(len(v) for v in ours.values())} "
+          f"from ours; {differences} differ")
+    return differences
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reference", help="Istio's pilot-discovery (default: the one build.sh cached)")
+    parser.add_argument("--mesh", type=Path, default=Path(__file__).parent.parent / "tests" / "data" / "ambient-mesh.yaml")
+    args = parser.parse_args()
+    binary = args.reference or built_reference()
+    if not binary:
+        parser.error("no Istio pilot-discovery: build it with shared/reference-istiod/build.sh or give --reference")
+    with tempfile.TemporaryDirectory(prefix="wds-compare-") as tmp, contextlib.ExitStack() as stack:
+        workdir = Path(tmp)
+        (workdir / "cluster").mkdir()
+        cluster = Cluster(workdir / "cluster", service_cidr=SERVICE_CIDR)
+        stack.callback(cluster.stop)
+        cluster.start()
+        asyncio.run(load_mesh(cluster.kubeconfig, args.mesh))
+        reference, reference_addr, _ = start_reference(binary, cluster.kubeconfig, workdir)
+        stack.callback(stop_group, reference, 10)
+        ours = Server(["--kubeconfig", str(cluster.kubeconfig)], workdir, None, None)
+        stack.callback(ours.stop)
+        time.sleep(2)  # both have listed the cluster (ready), and pushed what they built
+        istio_held, our_held = asyncio.run(held(reference_addr)), asyncio.run(held(ours.xds_addr))
+        differences = diff(istio_held, our_held)
+    sys.exit(1 if differences else 0)
+
+
+if __name__ == "__main__":
+    main()
