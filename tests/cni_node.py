@@ -6,6 +6,7 @@ inside each pod; the capture from the pod's iptables. Everything is removed at t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -174,6 +175,20 @@ class CniNode:
         for process in (*self.apps, self.ztunnel, self.agent):
             self.stop(process)
         self.node.delete()
+
+
+@contextlib.contextmanager
+def two_nodes(tmp: Path) -> Iterator[tuple[CniNode, CniNode]]:
+    """node-1 and node-2 reading one config dir (the cluster), linked so their pods reach each other."""
+    nodes: list[CniNode] = []
+    try:
+        nodes.append(CniNode(tmp, "node-1", "10.61", tmp / "cluster"))
+        nodes.append(CniNode(tmp, "node-2", "10.62", tmp / "cluster"))
+        nodes[0].link(nodes[1])
+        yield nodes[0], nodes[1]
+    finally:
+        for node in reversed(nodes):
+            node.close()
 
 
 @pytest.fixture
