@@ -6,6 +6,7 @@ inside each pod; the capture from the pod's iptables. Everything is removed at t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -16,7 +17,9 @@ from typing import Any
 
 import pytest
 
-from istiod.demo.pods import Netns, Node
+from istiod.cni.membership import REDIRECTION_ENABLED
+from istiod.demo.pods import NETNS_ETC, Netns, Node
+from istiod.model.workload import AMBIENT_REDIRECTION_ANNOTATION
 from tests.peers import ROOT, Process, wait_until
 from tests.ztunnel_peer import ztunnel_binary
 
@@ -24,16 +27,20 @@ NODE = "node-1"
 INPOD_PORTS = {15001, 15006, 15008}
 
 
-def pod_yaml(name: str, ip: str, uid: str, mode: str | None = None, node: str = NODE) -> dict[str, Any]:
+def pod_yaml(name: str, ip: str, uid: str, mode: str | None = None, node: str = NODE,
+             annotated: bool = False) -> dict[str, Any]:
+    """`annotated`: marked as istio-cni marks a captured pod, which nothing writes in a config dir, and
+    which is what makes istiod describe it as an HBONE workload."""
     labels = {"app": name} | ({"istio.io/dataplane-mode": mode} if mode else {})
+    annotations = {AMBIENT_REDIRECTION_ANNOTATION: REDIRECTION_ENABLED} if annotated else {}
     pod: dict[str, Any] = {
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "demo", "uid": uid, "labels": labels},
+        "metadata": {"name": name, "namespace": "demo", "uid": uid, "labels": labels, "annotations": annotations},
         "spec": {"nodeName": node, "serviceAccountName": "sa-" + name, "containers": [{"name": "app", "image": "x"}]},
         "status": {"phase": "Running"},
     }
-    if ip:
-        pod["status"]["podIP"] = ip
+    if ip:  # running with an address: ready, so istiod counts it as a healthy endpoint
+        pod["status"] |= {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}
     return pod
 
 
@@ -71,8 +78,13 @@ class CniNode:
         staged.write_text(json.dumps(body))
         staged.rename(self.config / f"{name}.yaml")
 
-    def add_pod(self, name: str, host: int) -> Netns:
+    def add_pod(self, name: str, host: int, nameserver: str = "") -> Netns:
+        """`nameserver`: the pod's resolv.conf names it, searching the pod's namespace as in Kubernetes."""
         pod = self.pods[name] = self.node.add_pod(name, host)
+        if nameserver:
+            (NETNS_ETC / pod.name).mkdir(parents=True, exist_ok=True)
+            (NETNS_ETC / pod.name / "resolv.conf").write_text(
+                f"nameserver {nameserver}\nsearch demo.svc.cluster.local svc.cluster.local cluster.local\n")
         # Only this test's namespaces are searched by IP: never another test's pod of the same IP.
         (self.netns_dir / name).symlink_to(f"/var/run/netns/{pod.name}")
         return pod
@@ -163,6 +175,20 @@ class CniNode:
         for process in (*self.apps, self.ztunnel, self.agent):
             self.stop(process)
         self.node.delete()
+
+
+@contextlib.contextmanager
+def two_nodes(tmp: Path) -> Iterator[tuple[CniNode, CniNode]]:
+    """node-1 and node-2 reading one config dir (the cluster), linked so their pods reach each other."""
+    nodes: list[CniNode] = []
+    try:
+        nodes.append(CniNode(tmp, "node-1", "10.61", tmp / "cluster"))
+        nodes.append(CniNode(tmp, "node-2", "10.62", tmp / "cluster"))
+        nodes[0].link(nodes[1])
+        yield nodes[0], nodes[1]
+    finally:
+        for node in reversed(nodes):
+            node.close()
 
 
 @pytest.fixture

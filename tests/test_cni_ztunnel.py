@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from tests.cni_node import INPOD_PORTS, CniNode, cni_node, plugin, pod_yaml, up  # noqa: F401
+from tests.cni_node import INPOD_PORTS, CniNode, cni_node, plugin, pod_yaml, two_nodes, up  # noqa: F401
 from tests.ztunnel_peer import ztunnel_binary
 from tests.peers import Process, wait_until
 from tests.pods import requires_root
@@ -146,14 +146,8 @@ def test_two_nodes_each_with_its_agent_and_ztunnel(tmp_path: Path) -> None:
     agent captures only its node's pods, and a call crosses from one node's ztunnel to the other's
     over HBONE; a pod deleted through the plugin on one node is released there only."""
     binary = ztunnel_binary()
-    config = tmp_path / "cluster"
-    nodes: list[CniNode] = []
-    try:
-        one = CniNode(tmp_path, "node-1", "10.61", config)
-        nodes.append(one)
-        two = CniNode(tmp_path, "node-2", "10.62", config)
-        nodes.append(two)
-        one.link(two)
+    with two_nodes(tmp_path) as (one, two):
+        nodes = (one, two)
         for node, name in ((one, "a"), (two, "b")):
             node.add_pod(name, 2)
             node.write(name, pod_yaml(name, node.node.pod_ip(2), f"uid-{name}", node=node.name))
@@ -183,6 +177,3 @@ def test_two_nodes_each_with_its_agent_and_ztunnel(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stdout + done.stderr
         wait_until(lambda: "uid-b" not in two.workload_state(), 10, "node-2's ztunnel to drop b")
         assert not two.captured("b") and one.captured("a") and up(one, "uid-a")
-    finally:
-        for node in reversed(nodes):
-            node.close()

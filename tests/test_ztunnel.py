@@ -8,7 +8,6 @@ sent only what changed meanwhile.
 from __future__ import annotations
 
 import re
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ import yaml
 from istiod.demo.pods import Netns
 from tests.peers import Process, stop_group, wait_until
 from tests.pods import netns, requires_root
-from tests.ztunnel_peer import Ztunnel, ztunnel_binary
+from tests.ztunnel_peer import Ztunnel, istiod_for_ztunnels, ztunnel_binary
 
 pytestmark = requires_root
 MESH = Path(__file__).parent / "data" / "ambient-mesh.yaml"
@@ -68,19 +67,7 @@ def start_istiod(pod: Netns, workdir: Path, config: Path) -> Process:
     """istiod inside the pod's namespace on its usual ports; its CA state kept across restarts."""
     tokens = workdir / "tokens.json"
     tokens.write_text(f'{{"{TOKEN}": "istio-system/ztunnel"}}')
-    istiod = Process(pod.exec_args(
-        sys.executable, "-m", "istiod", "--log-format", "kv", "discovery", "--config-dir", str(config),
-        "--grpc-addr", "127.0.0.1:15010", "--http-addr", "127.0.0.1:8080", "--monitoring-addr", "127.0.0.1:15014",
-        "--secure-grpc-addr", "127.0.0.1:15012", "--webhook-addr", "127.0.0.1:15017",
-        "--ca-state-dir", str(workdir / "state"), "--ca-static-tokens", str(tokens), "--tls-extra-san", "127.0.0.1",
-        "--debounce-after", "20ms"), name="istiod")
-    try:
-        wait_until(lambda: pod.run("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
-                                   "http://127.0.0.1:8080/ready").stdout == "200", 30, "istiod /ready", 0.2)
-    except BaseException:
-        istiod.stop()
-        raise
-    return istiod
+    return istiod_for_ztunnels(pod, config, workdir / "state", tokens, "--debounce-after", "20ms")
 
 
 @pytest.fixture

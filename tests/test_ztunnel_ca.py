@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,19 +20,11 @@ from tests.peers import Process, wait_until
 from tests.pods import netns, requires_root
 from tests.test_ca_chaining import assert_chains_by_key_id
 from tests.test_ztunnel import Mesh
-from tests.ztunnel_peer import Ztunnel, ztunnel_binary
+from tests.ztunnel_peer import Ztunnel, istiod_for_ztunnels, node_tokens, shared_env, ztunnel_binary, ztunnel_pod
 
 pytestmark = requires_root
 ECHO = "spiffe://cluster.local/ns/ambient/sa/echo"  # echo-1, HBONE on node-a in tests/data/ambient-mesh.yaml
 TOKENS = {"zt-node-a": "ztunnel-a", "zt-node-b": "ztunnel-b"}  # token -> the ztunnel pod it is bound to
-
-
-def ztunnel_pod(name: str, node: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": "istio-system", "uid": f"uid-{name}"},
-            "spec": {"serviceAccountName": "ztunnel", "nodeName": node, "hostNetwork": True,
-                     "containers": [{"name": "istio-proxy"}]},
-            "status": {"phase": "Running", "podIP": "10.244.0.250"}}
 
 
 @pytest.fixture
@@ -45,19 +36,10 @@ def world(tmp_path: Path) -> Iterator[tuple[Netns, Process, Path]]:
     mesh.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-b"}})
     mesh.put(ztunnel_pod("ztunnel-a", "node-a"))
     mesh.put(ztunnel_pod("ztunnel-b", "node-b"))
-    tokens = tmp_path / "tokens.json"
-    tokens.write_text(json.dumps({token: {"serviceAccount": "istio-system/ztunnel", "pod": pod, "podUID": f"uid-{pod}"}
-                                  for token, pod in TOKENS.items()}))
+    tokens = node_tokens(tmp_path / "tokens.json", TOKENS)
     with netns("ztunnel-ca") as pod:
-        istiod = Process(pod.exec_args(
-            sys.executable, "-m", "istiod", "--log-format", "kv", "discovery", "--config-dir", str(mesh.root),
-            "--grpc-addr", "127.0.0.1:15010", "--http-addr", "127.0.0.1:8080", "--monitoring-addr", "127.0.0.1:15014",
-            "--secure-grpc-addr", "127.0.0.1:15012", "--webhook-addr", "127.0.0.1:15017",
-            "--ca-state-dir", str(tmp_path / "state"), "--ca-static-tokens", str(tokens),
-            "--tls-extra-san", "127.0.0.1"), name="istiod")
+        istiod = istiod_for_ztunnels(pod, mesh.root, tmp_path / "state", tokens)
         try:
-            wait_until(lambda: pod.run("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
-                                       "http://127.0.0.1:8080/ready").stdout == "200", 30, "istiod /ready", 0.2)
             yield pod, istiod, Path(binary)
         finally:
             istiod.stop()
@@ -66,11 +48,8 @@ def world(tmp_path: Path) -> Iterator[tuple[Netns, Process, Path]]:
 def shared_ztunnel(binary: Path, pod: Netns, workdir: Path, token: str, pod_name: str) -> Ztunnel:
     """A node's ztunnel as the chart runs it (shared mode, the CA on istiod's 15012), on node-a as far as
     it knows: what decides is the pod its token is bound to. No istio-cni runs: it only waits for one."""
-    root = str(workdir.parent / "state" / "root-cert.pem")
-    return Ztunnel(str(binary), pod, workdir, {
-        "FAKE_CA": "false", "PROXY_MODE": "shared", "XDS_ADDRESS": "https://127.0.0.1:15012", "XDS_ROOT_CA": root,
-        "CA_ADDRESS": "https://127.0.0.1:15012", "CA_ROOT_CA": root, "AUTH_TOKEN": token, "POD_NAME": pod_name,
-        "POD_NAMESPACE": "istio-system", "INSTANCE_IP": "10.244.0.250", "NODE_NAME": "node-a"})
+    return Ztunnel(str(binary), pod, workdir,
+                   shared_env(workdir.parent / "state", "127.0.0.1:15012", token, pod_name, "node-a"))
 
 
 def certificates(ztunnel: Ztunnel) -> dict[str, list[Any]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -69,3 +70,46 @@ class Ztunnel(Process):
     def stop(self) -> None:
         # Before its first xDS state a SIGTERM does not end it: stop_group follows up with SIGKILL.
         stop_group(self.proc, grace=3)
+
+
+def istiod_for_ztunnels(pod: Netns, config: Path, state: Path, tokens: Path, *extra: str,
+                 secure: str = "127.0.0.1:15012") -> Process:
+    """istiod inside `pod`'s namespace on its usual ports (xDS and CA for ztunnels on `secure`), its CA
+    state in `state` (kept across restarts), `tokens` its static bearer tokens; ready when returned."""
+    istiod = Process(pod.exec_args(
+        sys.executable, "-m", "istiod", "--log-format", "kv", "discovery", "--config-dir", str(config),
+        "--grpc-addr", "127.0.0.1:15010", "--http-addr", "127.0.0.1:8080", "--monitoring-addr", "127.0.0.1:15014",
+        "--secure-grpc-addr", secure, "--webhook-addr", "127.0.0.1:15017", "--ca-state-dir", str(state),
+        "--ca-static-tokens", str(tokens), "--tls-extra-san", secure.rpartition(":")[0], *extra), name="istiod")
+    try:
+        wait_until(lambda: pod.run("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
+                                   "http://127.0.0.1:8080/ready").stdout == "200", 30, "istiod /ready", 0.2)
+    except BaseException:
+        istiod.stop()
+        raise
+    return istiod
+
+
+def ztunnel_pod(name: str, node: str) -> dict[str, Any]:
+    """A node's ztunnel pod, as the chart runs it: what a node-bound token names."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "istio-system", "uid": f"uid-{name}"},
+            "spec": {"serviceAccountName": "ztunnel", "nodeName": node, "hostNetwork": True,
+                     "containers": [{"name": "istio-proxy"}]},
+            "status": {"phase": "Running", "podIP": "10.244.0.250"}}
+
+
+def node_tokens(path: Path, tokens: dict[str, str]) -> Path:
+    """istiod's static tokens (`--ca-static-tokens`): each token -> the ztunnel pod it is bound to."""
+    path.write_text(json.dumps({token: {"serviceAccount": "istio-system/ztunnel", "pod": pod, "podUID": f"uid-{pod}"}
+                                for token, pod in tokens.items()}))
+    return path
+
+
+def shared_env(state: Path, istiod: str, token: str, pod_name: str, node: str) -> dict[str, str]:
+    """A node's ztunnel (shared mode) with xDS and its workloads' certificates from istiod at `istiod`
+    (no FAKE_CA), with `token`, as pod `pod_name` of `node`."""
+    root, url = str(state / "root-cert.pem"), f"https://{istiod}"
+    return {"FAKE_CA": "false", "PROXY_MODE": "shared", "XDS_ADDRESS": url, "XDS_ROOT_CA": root,
+            "CA_ADDRESS": url, "CA_ROOT_CA": root, "AUTH_TOKEN": token, "POD_NAME": pod_name,
+            "POD_NAMESPACE": "istio-system", "INSTANCE_IP": "10.244.0.250", "NODE_NAME": node}
