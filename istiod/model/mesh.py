@@ -29,7 +29,6 @@ class ProxyConfig:
 @dataclass(frozen=True, slots=True)
 class MeshConfig:
     trust_domain: str = DEFAULT_TRUST_DOMAIN
-    trust_domain_aliases: tuple[str, ...] = ()  # other trust domains whose identities istiod accepts as its own
     # Mesh-wide mTLS between proxyless gRPC workloads (STRICT); PeerAuthentication and
     # DestinationRule will refine it per workload and service.
     mtls: bool = False
@@ -38,3 +37,4 @@ class MeshConfig:
     enable_auto_mtls: bool = True
     default_config: ProxyConfig = ProxyConfig()
     discovery_selectors: tuple[Selector, ...] = ()  # none: every namespace
+    trust_domain_aliases: tuple[str, ...] = ()  # other trust domains whose identities istiod accepts as its own
