@@ -17,3 +17,12 @@ def env_default(name: str, default: str, parse: Callable[[str], T]) -> T:
         return parse(text)
     except (ValueError, argparse.ArgumentTypeError) as error:
         raise SystemExit(f"istiod: environment variable {name}={text!r} is not valid: {error}") from None
+
+
+def parse_bool(text: str) -> bool:
+    """Go's strconv.ParseBool, as istiod reads its boolean variables."""
+    if text in ("1", "t", "T", "true", "TRUE", "True"):
+        return True
+    if text in ("0", "f", "F", "false", "FALSE", "False"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} must be true or false")

@@ -12,7 +12,7 @@ from pathlib import Path
 from istiod.ca.settings import CaSettings, add_ca_flags, ca_settings_from_args
 from istiod.connlimit import HTTP_READ_TIMEOUT, MAX_CONNECTIONS
 from istiod.durations import parse_duration as _seconds
-from istiod.envvars import env_default
+from istiod.envvars import env_default, parse_bool
 from istiod.keepalive import Keepalive
 from istiod.leader import LeaseTimings
 from istiod.model.mesh import DEFAULT_TRUST_DOMAIN, MeshConfig, OutboundTrafficPolicy
@@ -89,15 +89,6 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _bool(text: str) -> bool:
-    """Go's strconv.ParseBool, as istiod reads its boolean variables."""
-    if text in ("1", "t", "T", "true", "TRUE", "True"):
-        return True
-    if text in ("0", "f", "F", "false", "FALSE", "False"):
-        return False
-    raise argparse.ArgumentTypeError(f"{text!r} must be true or false")
-
-
 def _non_negative_float(text: str) -> float:
     try:
         value = float(text)
@@ -143,8 +134,8 @@ def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
                         help="quiet time before a push (default 100ms)")
     parser.add_argument("--debounce-max", type=_seconds, default=env_default("PILOT_DEBOUNCE_MAX", "10s", _seconds),
                         help="longest a push waits for quiet (default 10s)")
-    parser.add_argument("--enable-eds-debounce", dest="eds_debounce", type=_bool,
-                        default=env_default("PILOT_ENABLE_EDS_DEBOUNCE", "true", _bool),
+    parser.add_argument("--enable-eds-debounce", dest="eds_debounce", type=parse_bool,
+                        default=env_default("PILOT_ENABLE_EDS_DEBOUNCE", "true", parse_bool),
                         help="hold changes that only move endpoints for --debounce-after; false pushes them"
                              " at once (default true)")
     parser.add_argument("--push-concurrency", type=_positive_int,

@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from istiod.durations import parse_duration
-from istiod.envvars import env_default
-from istiod.settings import _bool
+from istiod.envvars import env_default, parse_bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,12 +49,12 @@ def add_cni_flags(parser: argparse.ArgumentParser) -> None:
                         help="the config file to chain into (default: the first in the conf dir, as the runtime picks)")
     parser.add_argument("--cni-bin-dir", type=Path, default=Path(env("CNI_BIN_DIR", "/opt/cni/bin")),
                         help="where the `istio-cni` plugin executable is written (default /opt/cni/bin; '' skips)")
-    parser.add_argument("--chained-cni-plugin", type=_bool, default=env_default("CHAINED_CNI_PLUGIN", "true", _bool),
+    parser.add_argument("--chained-cni-plugin", type=parse_bool, default=env_default("CHAINED_CNI_PLUGIN", "true", parse_bool),
                         help="chain the plugin into the CNI config (default true; false leaves the config alone)")
     parser.add_argument("--netns-dir", type=Path, default=Path("/var/run/netns"),
                         help="where pods' network namespaces are found by IP when the plugin did not name them "
                              "(default /var/run/netns)")
-    parser.add_argument("--ambient-dns-capture", type=_bool, default=env_default("AMBIENT_DNS_CAPTURE", "true", _bool),
+    parser.add_argument("--ambient-dns-capture", type=parse_bool, default=env_default("AMBIENT_DNS_CAPTURE", "true", parse_bool),
                         help="redirect pods' DNS to ztunnel's 15053 (default true)")
     parser.add_argument("--exclude-namespaces", default=env("EXCLUDE_NAMESPACES", "kube-system"),
                         help="namespaces the plugin never hands to the agent, comma-separated (default kube-system)")
