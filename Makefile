@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed# plus the test extras
 CHROMIUM := /usr/bin/chromium
 SUDO     := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: run test unit e2e e2e-bin helm-bin bench-bin ztunnel-bin protoc-bin bench protos demo-server demo-client demo-sidecars chromium netns-tools clean
+.PHONY: run test unit e2e e2e-bin helm-bin istio-bin bench-bin ztunnel-bin protoc-bin bench protos demo-server demo-client demo-sidecars chromium netns-tools clean
 
 # pip without --quiet: the first install takes a minute or two, and shows what it is doing.
 $(BASE): pyproject.toml
@@ -35,10 +35,10 @@ run: $(BASE)
 # two sessions, so that an end of the first, even a crash, still lets e2e/ run; either failing fails.
 PYTEST := $(BIN)/pytest -q -rfEs
 
-test: $(STAMP) $(CHROMIUM) netns-tools e2e-bin helm-bin bench-bin ztunnel-bin
+test: $(STAMP) $(CHROMIUM) netns-tools e2e-bin helm-bin istio-bin bench-bin ztunnel-bin
 	status=0; $(PYTEST) tests || status=1; $(PYTEST) e2e || status=1; exit $$status
 
-unit: $(STAMP) $(CHROMIUM) netns-tools helm-bin ztunnel-bin
+unit: $(STAMP) $(CHROMIUM) netns-tools helm-bin istio-bin ztunnel-bin
 	$(PYTEST) tests
 
 # Headless Chromium renders /debug/ui in the tests: Debian's package, installed once.
@@ -65,6 +65,11 @@ e2e-bin:
 # The real helm for the chart tests (tests/test_charts.py), built and reused the same way.
 helm-bin:
 	@bash e2e/cluster/build-helm.sh
+
+# Istio's own istioctl and pilot-agent for the drop-in tests (they run against our istiod), built and
+# reused the same way (e2e/cluster/istio/go.mod pins istio.io/istio).
+istio-bin:
+	@bash e2e/cluster/build-istio.sh
 
 # The real ztunnel for the ambient tests, built by the shared script beside the clone (Rust: 4-5 min
 # cold on 2 cores, then cached machine-wide) and linked where tests/ztunnel_peer.py's ztunnel_binary() looks.

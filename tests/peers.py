@@ -217,3 +217,11 @@ def make_plan(*args: str) -> str:
     env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
     return subprocess.run(["make", "-n", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30,
                           check=True).stdout
+
+
+def istio_binary(name: str) -> str:
+    """Istio's own `istioctl` or `pilot-agent`, built by e2e/cluster/build-istio.sh (`make istio-bin`)."""
+    path = Path(os.environ.get(name.upper().replace("-", "_"), ROOT / ".cache" / "istio-bin" / name))
+    if not os.access(path, os.X_OK):
+        raise RuntimeError(f"{path} is missing; run `make istio-bin` (needs Go on PATH)")
+    return str(path)
