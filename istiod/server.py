@@ -50,6 +50,7 @@ from istiod.webhooks.cabundle import INJECTOR, CaBundlePatcher, validator_name
 from istiod.webhooks.injection import InjectionError, Injector
 from istiod.webhooks.injector_source import InjectorConfigMapWatcher, read_injection_dir
 from istiod.webhooks.serve import WebhookServer
+from istiod.xds.debugtypes import DebugTypes, control_plane_identifier
 from istiod.xds.pusher import Pusher
 from istiod.xds.server import DiscoveryServer
 from istiod.xds.workers import WorkerPool, ads_server
@@ -183,6 +184,10 @@ class Discovery:
                                                   self.settings.namespace)
         except (OSError, ValueError) as error:
             raise SystemExit(f"istiod: --debug-auth-token-file: {logs.one_line(error)}") from None
+        # istioctl's xDS debug types; `istio.io/debug` runs the debug handlers in-process (istiod's internal mux).
+        self.ads.debug_types = DebugTypes(
+            view.ask, create_app(view), control_plane_identifier(settings.pod_name), settings.namespace,
+            settings.debug_endpoint_auth, settings.debug_auth_allowed_namespaces)
         for name, address in (("http", self.settings.http_addr), ("monitoring", self.settings.monitoring_addr)):
             with _listening(f"--{name}-addr", address):
                 sock = listen_tcp(address.bind_host, address.port)

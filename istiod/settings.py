@@ -66,6 +66,11 @@ class Settings:
     ca: CaSettings = CaSettings()
     monitoring_addr: Address = Address("", 15014)
     debug_token_file: Path | None = None  # a bearer token that lets non-loopback callers read /debug
+    # istiod's environment only: the xDS debug types need a proven identity (ENABLE_DEBUG_ENDPOINT_AUTH), and
+    # one outside the system namespace sees its own namespace's proxies unless listed here
+    # (DEBUG_ENDPOINT_AUTH_ALLOWED_NAMESPACES).
+    debug_endpoint_auth: bool = True
+    debug_auth_allowed_namespaces: frozenset[str] = frozenset()
     keepalive: Keepalive = Keepalive()  # both xDS ports
     max_requests_per_second: float = DEFAULT_RATE  # 0: no limit; new xDS streams admitted a second (PILOT_MAX_REQUESTS_PER_SECOND)
     xds_send_timeout: float = 5.0  # a stream whose client takes no response for this long is closed; 0: never
@@ -272,6 +277,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         ca=ca,
         monitoring_addr=args.monitoring_addr,
         debug_token_file=args.debug_auth_token_file,
+        debug_endpoint_auth=env_default("ENABLE_DEBUG_ENDPOINT_AUTH", "true", parse_bool),
+        debug_auth_allowed_namespaces=frozenset(
+            filter(None, os.environ.get("DEBUG_ENDPOINT_AUTH_ALLOWED_NAMESPACES", "").split(","))),
         keepalive=keepalive,
         xds_send_timeout=args.xds_send_timeout,
         max_requests_per_second=args.max_requests_per_second,

@@ -14,10 +14,12 @@ from typing import Any, Literal
 from istiod import metrics
 from istiod.debug import views
 from istiod.debug.config_dump import config_dump, sync_diff
+from istiod.debug.csds import QUERY_GENERATOR, client_config
 from istiod.xds.connection import Connection
 from istiod.xds.monitor import MAX_PUSH_ERRORS, PushStatus
 
-Kind = Literal["adsz", "connections", "syncz", "config_dump", "sync_diff", "push_status", "metrics"]
+# csds: each proxy's serialized ClientConfig (the xDS type istio.io/debug/syncz)
+Kind = Literal["adsz", "connections", "syncz", "csds", "config_dump", "sync_diff", "push_status", "metrics"]
 _BY_PROXY = {"config_dump": config_dump, "sync_diff": sync_diff}
 
 
@@ -37,7 +39,9 @@ def answer(question: Question, connections: Mapping[str, Connection], last_push:
     if kind in ("adsz", "connections"):
         return [views.ads_client(c, detail=kind == "adsz") for c in connections.values()]
     if kind == "syncz":
-        return [views.sync_json(c) for c in connections.values()]
+        return [views.sync_json(c) for c in connections.values() if c.proxy.generator != QUERY_GENERATOR]
+    if kind == "csds":
+        return [config for config in map(client_config, connections.values()) if config is not None]
     if kind in _BY_PROXY:
         connection = views.find_connection(connections, question.proxy_id)
         return None if connection is None else (connection.connected_at, _BY_PROXY[kind](connection))
@@ -54,6 +58,8 @@ def combined(question: Question, answers: Sequence[Any]) -> Any:
         return {"totalClients": len(clients), "clients": clients}
     if kind == "syncz":
         return sorted((s for one in answers for s in one), key=lambda s: s["connection_id"])
+    if kind == "csds":
+        return [config for one in answers for config in one]
     if kind in _BY_PROXY:  # the newest connection of the proxy, whichever process holds it
         found = [one for one in answers if one is not None]
         return max(found, key=lambda one: one[0])[1] if found else None

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import posixpath
+import re
 from typing import Any, ClassVar
 
 import uvicorn
@@ -30,8 +32,39 @@ def guarded_config(app: Any, read_timeout: float, max_connections: int) -> uvico
     protocol = type("Protocol", (_GuardedH11,), {"cap": ConnectionCap(max_connections), "read_timeout": read_timeout})
     # log_config=None: uvicorn logs through our structured handler; no proxy headers, so the client
     # address the debug access check sees is the socket's peer.
-    return uvicorn.Config(app, http=protocol, log_level="warning", lifespan="off", access_log=False,
+    return uvicorn.Config(CleanPath(app), http=protocol, log_level="warning", lifespan="off", access_log=False,
                           log_config=None, proxy_headers=False, backlog=ACCEPT_BATCH)
+
+
+class CleanPath:
+    """Go's http.ServeMux, which serves istiod's and pilot-agent's ports, answers a path that is not clean
+    (`//version`, `/debug/../ready`) with a 301 to the cleaned one; `istioctl version` asks for `//version`."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] != "CONNECT":
+            clean = clean_path(scope["path"])
+            if clean != scope["path"]:
+                query = scope.get("query_string", b"")
+                location = clean.encode() + (b"?" + query if query else b"")
+                body = b'<a href="' + location + b'">Moved Permanently</a>.\n\n' if scope["method"] == "GET" else b""
+                await send({"type": "http.response.start", "status": 301,
+                            "headers": [(b"location", location), (b"content-type", b"text/html; charset=utf-8"),
+                                        (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+
+def clean_path(path: str) -> str:
+    """Go's net/http cleanPath: one slash between elements, `.` and `..` resolved, a trailing slash kept."""
+    if not path.startswith("/"):
+        path = "/" + path
+    # normpath keeps a leading `//` (POSIX allows it a meaning); Go's path.Clean does not.
+    cleaned = posixpath.normpath(re.sub("/{2,}", "/", path))
+    return cleaned + "/" if path.endswith("/") and cleaned != "/" else cleaned
 
 
 class _GuardedH11(H11Protocol):

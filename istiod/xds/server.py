@@ -18,7 +18,7 @@ from google.protobuf.message import DecodeError
 from istiod import logs
 from istiod.model.proxy import NodeIdError, Proxy, proxy_from_node
 from istiod.model.snapshot import Snapshot
-from istiod.xds import delta, types, wire
+from istiod.xds import debugtypes, delta, types, wire
 from istiod.xds.admission import RateLimited, RequestLimiter
 from istiod.xds.budget import ByteBudget
 from istiod.xds.cache import Resource, ResourceCache
@@ -67,6 +67,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self._send_budget = ByteBudget(send_budget)
         self.max_name_bytes = max_name_bytes
         self.name_bytes: dict[str, int] = {}  # per connection (peer address): bytes of the names its streams watch
+        self.debug_types: debugtypes.DebugTypes | None = None  # istioctl's queries; None: refused
 
     def on_push(self, event: PushEvent) -> None:
         """Wakes the connections the change concerns: for a change of endpoints and pods, those
@@ -168,6 +169,8 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             self.monitor.dequeued(waited)
             async with self._push_slots:
                 responses = self._push(connection, snapshot, scope)
+        elif isinstance(event, Request) and debugtypes.is_debug(event.type_url):
+            responses = await self._debug(connection, event, snapshot)
         elif isinstance(event, discovery_pb2.DeltaDiscoveryRequest):
             responses = self._on_delta_request(connection, event, snapshot)
         else:
@@ -306,6 +309,24 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             responses += self._delta_respond(connection, endpoints, snapshot,
                                              self._generate(connection, endpoints, snapshot))
         return responses
+
+    async def _debug(self, connection: Connection, request: Request, snapshot: Snapshot) -> list[Response]:
+        """istioctl's queries (istiod's debug types): each request answered once, never pushed."""
+        if self.debug_types is None:
+            raise StreamClosed(Closed(grpc.StatusCode.UNIMPLEMENTED,
+                                      f"{request.type_url} is not served by xDS worker processes; ask the secure port"))
+        watched = connection.watched.get(request.type_url)
+        if watched is not None and request.response_nonce:  # an ACK, or a reply to an older response
+            return []
+        incremental = isinstance(request, discovery_pb2.DeltaDiscoveryRequest)
+        names = list(request.resource_names_subscribe if incremental else request.resource_names)
+        resources = await self.debug_types.generate(connection.proxy, request.type_url, names)
+        watched = connection.watched[request.type_url] = WatchedResource(request.type_url, names or None)
+        watched.nonce_sent, watched.version_sent, watched.sent_at = wire.nonce(), snapshot.version, time.time()
+        if incremental:
+            return [wire.delta(snapshot.version, request.type_url, watched.nonce_sent, resources, [])]
+        control_plane = self.debug_types.control_plane if request.type_url == debugtypes.SYNCZ else ""
+        return [wire.sotw(snapshot.version, request.type_url, watched.nonce_sent, resources, control_plane)]
 
     def _bound_names(self, connection: Connection, type_url: str, names: list[str] | None) -> None:
         """Counts the bytes of the names the stream watches once it watches `names` of the type; closes

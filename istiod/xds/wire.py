@@ -50,8 +50,11 @@ class Outgoing:
         return b"".join([self.header, *entries])
 
 
-def sotw(version: str, type_url: str, nonce: str, resources: list[Resource]) -> Outgoing:
+def sotw(version: str, type_url: str, nonce: str, resources: list[Resource], control_plane: str = "") -> Outgoing:
+    """`control_plane`: the identifier istiod sets in its answers to istio.io/debug/syncz."""
     header = discovery_pb2.DiscoveryResponse(version_info=version, type_url=type_url, nonce=nonce)
+    if control_plane:
+        header.control_plane.identifier = control_plane
     return Outgoing(type_url, nonce, header.SerializeToString(), resources, delta=False)
 
 
