@@ -27,12 +27,14 @@ Status = dump_pb2.ClientResourceStatus
 
 
 def config_dump(connection: Connection) -> dict[str, Any]:
-    """Envoy's ConfigDump of the last response of each type: clusters, listeners, routes, endpoints."""
+    """Envoy's ConfigDump of the last response of each type: clusters, listeners, routes, endpoints (when watched)."""
     dump = config_dump_pb2.ConfigDump()
     for layout in DUMP_LAYOUT:
         watched = connection.watched.get(layout.type_url)
         if watched is not None:
             dump.configs.add().Pack(_dump(layout, watched))
+        elif layout.type_url != types.ENDPOINT:  # istiod's dump always has these three, empty if need be
+            dump.configs.add().Pack(getattr(dump_pb2, layout.dump_type)())
     return json_format.MessageToDict(dump, preserving_proto_field_name=True)
 
 

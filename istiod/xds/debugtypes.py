@@ -103,7 +103,7 @@ class DebugTypes:
         if found is None or (restricted and _namespace_of(names[0]) != restricted):
             log.info("%s: no connection for proxy %r", CONFIG_DUMP, names[0])
             return []
-        dump = json_format.ParseDict(found, config_dump_pb2.ConfigDump())
+        dump = json_format.ParseDict(_without_client_state(found), config_dump_pb2.ConfigDump())
         return [Resource("", config.type_url, config.value) for config in dump.configs]
 
     async def _internal_debug(self, proxy: Proxy, names: list[str]) -> list[Resource]:
@@ -128,6 +128,16 @@ def _refused(proxy: Proxy, code: grpc.StatusCode, message: str) -> StreamClosed:
     log.warning("proxy %s is not authorized to receive debug info (%s). Ensure you are connecting over "
                 "the TLS port and are authenticated.", proxy.id, message)
     return StreamClosed(Closed(code, message))
+
+
+def _without_client_state(value: Any) -> Any:
+    """The dump without what the proxy made of each resource (client_status, error_state): istiod's
+    has neither, and istioctl compares it with the Envoy's own, which has neither for these either."""
+    if isinstance(value, dict):
+        return {k: _without_client_state(v) for k, v in value.items() if k not in ("client_status", "error_state")}
+    if isinstance(value, list):
+        return [_without_client_state(v) for v in value]
+    return value
 
 
 def _namespace_of(proxy_id: str) -> str:
