@@ -129,7 +129,7 @@ async def test_plaintext_port_needs_authentication_as_istiod(cluster: Cluster, k
         wait_until(lambda: synced(open_istiod), 20, "the Envoy synced")
         status = istioctl(cluster, "proxy-status", "--xds-address", open_istiod.xds_address, "--plaintext")
         assert status.returncode == 0, status.stderr
-        assert f"{POD}.{NS}" in status.stdout and "SYNCED" in status.stdout, status.stdout
+        assert f"~{POD}.{NS}~" in status.stdout and "4 (CDS,LDS,EDS,RDS)" in status.stdout, status.stdout
         # `istio.io/debug` needs an identity whatever the variable says, as istiod's.
         debug = istioctl(cluster, "x", "internal-debug", "syncz", "--xds-address", open_istiod.xds_address,
                          "--plaintext")
@@ -157,7 +157,7 @@ async def test_webhook_address_when_no_istiod_pod_runs(cluster: Cluster, kube: c
             wait_until(lambda: synced(mesh), 20, "the Envoy synced")
             status = istioctl(cluster, "proxy-status", "--revision", "default")
             assert status.returncode == 0, status.stderr
-            assert f"{POD}.{NS}" in status.stdout and "SYNCED" in status.stdout, status.stdout
+            assert f"~{POD}.{NS}~" in status.stdout and "4 (CDS,LDS,EDS,RDS)" in status.stdout, status.stdout
     finally:
         await admission.delete_mutating_webhook_configuration(name)
 
@@ -177,11 +177,9 @@ async def test_debug_types_refused_as_istiod(kube: client.ApiClient, mesh: Istio
         if token is not None:
             credentials = grpc.composite_channel_credentials(credentials, grpc.access_token_call_credentials(token))
         async with grpc.aio.secure_channel(mesh.secure_address, credentials) as channel:
-            node = {"id": f"sidecar~127.0.0.1~istioctl.{namespace}~{namespace}.svc.cluster.local",
-                    "metadata": {"fields": {"GENERATOR": {"string_value": "event"},
-                                            "NAMESPACE": {"string_value": namespace},
-                                            "SERVICE_ACCOUNT": {"string_value": account}}}}
-            request = discovery_pb2.DiscoveryRequest(type_url=type_url, resource_names=names, node=node)
+            request = discovery_pb2.DiscoveryRequest(type_url=type_url, resource_names=names)
+            request.node.id = f"sidecar~127.0.0.1~istioctl.{namespace}~{namespace}.svc.cluster.local"
+            request.node.metadata.update({"GENERATOR": "event", "NAMESPACE": namespace, "SERVICE_ACCOUNT": account})
             stream = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel).StreamAggregatedResources(iter([request]))
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 async for _ in stream:

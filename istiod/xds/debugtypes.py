@@ -118,7 +118,7 @@ class DebugTypes:
             # Its proxies only: the caller's namespace must be the one config_dump names.
             or (target.path == "config_dump" and _namespace_of(_query_value(target.query, "proxyID")) != proxy.namespace)
         ):
-            identity = f"ns/{proxy.namespace}/sa/{proxy.service_account}"
+            identity = f"ns/{proxy.namespace}" + (f"/sa/{proxy.service_account}" if proxy.service_account else "")
             raise _refused(proxy, grpc.StatusCode.PERMISSION_DENIED,
                            f"the debug info is not available for current identity: {json.dumps(identity)}")
         return [Resource(name, DEBUG, await _get(self.app, f"/debug/{target.path}", target.query))]
