@@ -121,7 +121,10 @@ async def test_push_status_and_config_dump_show_a_nack(
     await eventually(lambda: get_json(istiod, "/debug/push_status", "http")["errors"], 5, "the NACK in push_status")
     assert get_json(istiod, "/debug/push_status", "http")["errors"] == [
         {"proxy": nacker.node.id, "type": "cds", "message": "cluster rejected"}]
-    [clusters] = get_json(istiod, "/debug/config_dump?proxyID=nacker.echo-ns", "http")["configs"]
+    # istiod's dump always has clusters, listeners and routes (empty when not watched).
+    clusters, listeners, routes = get_json(istiod, "/debug/config_dump?proxyID=nacker.echo-ns", "http")["configs"]
+    assert [listeners["@type"], routes["@type"]] == [
+        "type.googleapis.com/envoy.admin.v3.ListenersConfigDump", "type.googleapis.com/envoy.admin.v3.RoutesConfigDump"]
     [cluster] = clusters["dynamic_active_clusters"]
     assert cluster["client_status"] == "NACKED" and cluster["error_state"]["details"] == "cluster rejected"
     assert cluster["error_state"]["version_info"] == cluster["version_info"]
