@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 import pytest
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+from envoy.service.status.v3 import csds_pb2
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -171,20 +172,37 @@ async def test_debug_types_refused_as_istiod(kube: client.ApiClient, mesh: Istio
     token = (await client.CoreV1Api(kube).create_namespaced_service_account_token(
         "web", NS, {"spec": {"audiences": ["istio-ca"], "expirationSeconds": 600}})).status.token
 
-    async def ask(type_url: str, names: list[str], namespace: str, account: str,
-                  token: str | None) -> grpc.aio.AioRpcError:
+    def request(type_url: str, names: list[str], namespace: str, account: str) -> discovery_pb2.DiscoveryRequest:
+        request = discovery_pb2.DiscoveryRequest(type_url=type_url, resource_names=names)
+        request.node.id = f"sidecar~127.0.0.1~istioctl.{namespace}~{namespace}.svc.cluster.local"
+        request.node.metadata.update({"GENERATOR": "event", "NAMESPACE": namespace, "SERVICE_ACCOUNT": account})
+        return request
+
+    def channel(token: str | None) -> grpc.aio.Channel:
         credentials = grpc.ssl_channel_credentials(root)
         if token is not None:
             credentials = grpc.composite_channel_credentials(credentials, grpc.access_token_call_credentials(token))
-        async with grpc.aio.secure_channel(mesh.secure_address, credentials) as channel:
-            request = discovery_pb2.DiscoveryRequest(type_url=type_url, resource_names=names)
-            request.node.id = f"sidecar~127.0.0.1~istioctl.{namespace}~{namespace}.svc.cluster.local"
-            request.node.metadata.update({"GENERATOR": "event", "NAMESPACE": namespace, "SERVICE_ACCOUNT": account})
-            stream = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel).StreamAggregatedResources(iter([request]))
+        return grpc.aio.secure_channel(mesh.secure_address, credentials)
+
+    async def ask(type_url: str, names: list[str], namespace: str, account: str,
+                  token: str | None) -> grpc.aio.AioRpcError:
+        async with channel(token) as open_channel:
+            stream = ads_pb2_grpc.AggregatedDiscoveryServiceStub(open_channel).StreamAggregatedResources(
+                iter([request(type_url, names, namespace, account)]))
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 async for _ in stream:
                     pass
             return refused.value
+
+    async def syncz(namespace: str, account: str, token: str) -> list[str]:
+        """The proxies istio.io/debug/syncz shows this caller."""
+        async with channel(token) as open_channel:
+            stream = ads_pb2_grpc.AggregatedDiscoveryServiceStub(open_channel).StreamAggregatedResources()
+            await stream.write(request(SYNCZ, [], namespace, account))
+            response = await stream.read()
+            stream.cancel()
+        assert response.type_url == SYNCZ and json.loads(response.control_plane.identifier)["Component"] == "istiod"
+        return [csds_pb2.ClientConfig.FromString(r.value).node.id.split("~")[2] for r in response.resources]
 
     anonymous = await ask(SYNCZ, [], ISTIO_NAMESPACE, "default", None)
     assert anonymous.code() is grpc.StatusCode.UNAUTHENTICATED
@@ -196,6 +214,19 @@ async def test_debug_types_refused_as_istiod(kube: client.ApiClient, mesh: Istio
 
     two = await ask("istio.io/debug", ["syncz", "adsz"], NS, "web", token)
     assert (two.code(), two.details()) == (grpc.StatusCode.INVALID_ARGUMENT, "exactly one debug request is required")
+
+    # A workload's identity sees its own namespace's proxies only; istiod's namespace sees all.
+    await ensure_namespace(kube, "other")
+    await ensure_account(kube, "other", "default")
+    other = (await client.CoreV1Api(kube).create_namespaced_service_account_token(
+        "default", "other", {"spec": {"audiences": ["istio-ca"], "expirationSeconds": 600}})).status.token
+    system = (await client.CoreV1Api(kube).create_namespaced_service_account_token(
+        "default", ISTIO_NAMESPACE, {"spec": {"audiences": ["istio-ca"], "expirationSeconds": 600}})).status.token
+    with sidecar_envoy(mesh.xds_address, POD, NS, POD_IP):
+        wait_until(lambda: synced(mesh), 20, "the Envoy synced")
+        assert await syncz(NS, "web", token) == [f"{POD}.{NS}"]
+        assert await syncz("other", "default", other) == []
+        assert await syncz(ISTIO_NAMESPACE, "default", system) == [f"{POD}.{NS}"]
 
 
 async def test_unclean_paths_redirect_as_go(mesh: Istiod) -> None:
