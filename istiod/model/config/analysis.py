@@ -51,6 +51,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "IST0148": (INFO, "is enabled for Istio injection, as Istio is installed with enableNamespacesByDefault as true."),
     "IST0150": (WARNING, "Port name for ExternalName service is invalid. Proxy may prevent tcp named ports and unmatched "
                          "traffic for ports serving TCP protocol from being forwarded correctly"),
+    "IST0161": (ERROR, "The credential referenced by the Gateway {} in namespace {} is invalid, which can cause the "
+                       "traffic not to work as expected."),
     "IST0162": (WARNING, "The gateway is listening on a target port (port {}) that is not defined in the Service "
                          "associated with its workload instances (Pod selector {}). If you need to access the gateway "
                          "port through the gateway Service, it will not be available."),
@@ -60,7 +62,7 @@ MESSAGES: dict[str, tuple[str, str]] = {
 }
 
 # The Kubernetes kinds analyzers read besides Istio's; only a cluster provides them.
-KUBE_KINDS = ("Namespace", "Service", "Pod", "Node", "ConfigMap")
+KUBE_KINDS = ("Namespace", "Service", "Pod", "Node", "ConfigMap", "Secret")
 # Namespaces Istio never analyzes (its injector's ignored namespaces).
 IGNORED_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease", "local-path-storage"})
 SUPPRESS_ANNOTATION = "galley.istio.io/analyze-suppress"
@@ -534,6 +536,33 @@ def _gateway_ports(objects: Objects) -> Iterator[Message]:
             number = (server.get("port") or {}).get("number")
             if number is not None and number not in ports:
                 yield Message("IST0162", gateway, (number, _selector(selector)))
+
+
+@_analyzer("Gateway", "Pod", "Secret")
+def _gateway_secrets(objects: Objects) -> Iterator[Message]:
+    """gateway.SecretAnalyzer: IST0101 (selector, credentialName), IST0161. A credential is valid
+    when istiod's own reading of the Secret takes it."""
+    from istiod.sources.convert import ConversionError, convert  # the Secret's reading is istiod's
+
+    for gateway in objects("Gateway"):
+        selector = gateway.spec.get("selector") or {}
+        namespace = next((p.namespace for p in objects("Pod") if _selects(selector, p.labels)), "")
+        if not namespace:
+            yield Message("IST0101", gateway, ("selector", go_quote(_selector(selector))))
+            continue
+        for server in gateway.spec.get("servers") or []:
+            name = (server.get("tls") or {}).get("credentialName", "")
+            if not name:
+                continue
+            ns, _, bare = name.rpartition("/")
+            secret = next((s for s in objects("Secret") if s.namespace == (ns or namespace) and s.name == bare), None)
+            if secret is None:
+                yield Message("IST0101", gateway, ("credentialName", go_quote(name)))
+                continue
+            try:
+                convert(secret.body)
+            except ConversionError:
+                yield Message("IST0161", gateway, (gateway.name, namespace))
 
 
 @_analyzer("Sidecar", "Pod", "Namespace")
