@@ -33,7 +33,7 @@ def _vs(gateways: list[str]) -> dict[str, Any]:
 
 def _message(code: str, level: str) -> dict[str, Any]:
     return {"type": {"code": code}, "level": level,
-            "documentationUrl": f"https://istio.io/latest/docs/reference/config/analysis/{code.lower()}/"}
+            "documentationUrl": f"https://istio.io/v1.31/docs/reference/config/analysis/{code.lower()}/"}
 
 
 async def test_validation_messages_in_status_written_by_the_leader_only(

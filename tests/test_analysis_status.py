@@ -13,7 +13,7 @@ BODY: dict[str, Any] = {"kind": "VirtualService", "metadata": {"name": "r", "nam
 VS = Resource("VirtualService", "demo", "r", BODY)
 MISSING = Message("IST0101", VS, ("gateway", '"gw"'))
 IST0101 = {"type": {"code": "IST0101"}, "level": "ERROR",
-           "documentationUrl": "https://istio.io/latest/docs/reference/config/analysis/ist0101/"}
+           "documentationUrl": "https://istio.io/v1.31/docs/reference/config/analysis/ist0101/"}
 
 
 def test_messages_and_the_generation_analyzed() -> None:

@@ -25,8 +25,8 @@ PROBLEMS = [
 ]
 
 
-def _messages(output: str) -> set[tuple[str, str, str, str]]:
-    return {(m["code"], m["level"], m["origin"], m["message"]) for m in json.loads(output)}
+def _messages(output: str) -> set[tuple[str, str, str, str, str]]:
+    return {(m["code"], m["level"], m["origin"], m["message"], m["documentationUrl"]) for m in json.loads(output)}
 
 
 def test_same_messages_as_istioctl(capsys: pytest.CaptureFixture[str]) -> None:

@@ -140,7 +140,8 @@ class Message:
 
     def json(self) -> dict[str, str]:
         """istioctl analyze -o json's fields."""
-        found = {"code": self.code, "documentationUrl": documentation_url(self.code), "level": self.level,
+        found = {"code": self.code, "documentationUrl": documentation_url(self.code, "istioctl-analyze"),
+                 "level": self.level,
                  "message": self.text, "origin": self.origin}
         if self.resource.reference:
             found["reference"] = self.resource.reference
@@ -152,8 +153,13 @@ class Message:
         return _LEVEL_ORDER[self.level], self.code, f"{r.kind}/{r.name}/{r.namespace}", self.line()
 
 
-def documentation_url(code: str) -> str:
-    return f"https://istio.io/latest/docs/reference/config/analysis/{code.lower()}/"
+# The Istio release whose analyzers these match: its documentation explains the codes.
+DOCS = "https://istio.io/v1.31/docs/reference/config/analysis"
+
+
+def documentation_url(code: str, ref: str = "") -> str:
+    """Istio's link for a code; `ref` names who links (istioctl analyze's `?ref=istioctl-analyze`)."""
+    return f"{DOCS}/{code.lower()}/" + (f"?ref={ref}" if ref else "")
 
 
 def schema_error(resource: Resource, error: str) -> Message:
