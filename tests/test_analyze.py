@@ -38,7 +38,7 @@ def test_same_messages_as_istioctl(capsys: pytest.CaptureFixture[str]) -> None:
     assert _messages(capsys.readouterr().out) == expected
     # The fixture exercises every offline analyzer we match.
     assert {code for code, *_ in expected} == {"IST0101", "IST0109", "IST0128", "IST0129", "IST0130", "IST0131",
-                                               "IST0132"}
+                                               "IST0132", "IST0134", "IST0138", "IST0177"}
 
 
 def test_a_line_per_message_and_istioctl_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import yaml
+
 from istiod.model.protocol import Protocol, port_protocol
 from istiod.model.service import Port
 
@@ -47,7 +49,11 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "IST0130": (WARNING, "VirtualService rule {} not used ({})."),
     "IST0131": (INFO, "VirtualService rule {} match {} is not used (duplicate/overlapping match in rule {})."),
     "IST0132": (WARNING, "one or more host {} defined in VirtualService {} not found in Gateway {}."),
+    "IST0134": (WARNING, "ServiceEntry addresses are required for this protocol."),
+    "IST0138": (WARNING, "Duplicate certificate in multiple gateways {} may cause 404s if clients re-use HTTP2 "
+                         "connections."),
     "IST0140": (WARNING, "Subset in virtual service {} has no effect on ingress gateway {} requests"),
+    "IST0145": (ERROR, "Conflict with gateways {} (workload selector {}, port {}, hosts {})."),
     "IST0148": (INFO, "is enabled for Istio injection, as Istio is installed with enableNamespacesByDefault as true."),
     "IST0150": (WARNING, "Port name for ExternalName service is invalid. Proxy may prevent tcp named ports and unmatched "
                          "traffic for ports serving TCP protocol from being forwarded correctly"),
@@ -56,6 +62,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "IST0162": (WARNING, "The gateway is listening on a target port (port {}) that is not defined in the Service "
                          "associated with its workload instances (Pod selector {}). If you need to access the gateway "
                          "port through the gateway Service, it will not be available."),
+    "IST0177": (WARNING, "Multiple ServiceEntries ({}) define the same host {} and port {} with conflicting protocols "
+                         "({})."),
     "IST0173": (ERROR, "The Subset {} defined in the DestinationRule does not select any pods. Which may lead to 503 UH "
                        "(NoHealthyUpstream)."),
     "IST0174": (WARNING, "The host {} defined in the DestinationRule does not match any services in the mesh."),
@@ -476,6 +484,62 @@ def _mesh_gateway_hosts(objects: Objects) -> Iterator[Message]:
                     yield Message("IST0109", vs, (names, f"{scope}/{host}"))
 
 
+# --- ServiceEntry ---
+
+@_analyzer("ServiceEntry")
+def _service_entry_addresses(objects: Objects) -> Iterator[Message]:
+    """serviceentry.ProtocolAddressesAnalyzer: IST0134 (addresses needed for a TCP port), unless the
+    mesh config's proxyMetadata turns on DNS capture with auto-allocation (read from a cluster's
+    ConfigMap `istio`; without one, Istio's defaults, which do not)."""
+    if _auto_allocates(objects):
+        return
+    for entry in objects("ServiceEntry"):
+        if entry.spec.get("addresses") or (entry.body.get("status") or {}).get("addresses"):
+            continue
+        for port in entry.spec.get("ports") or []:
+            if port.get("protocol", "").upper() in ("", "TCP"):
+                yield Message("IST0134", entry)
+
+
+def _auto_allocates(objects: Objects) -> bool:
+    for configmap in objects("ConfigMap"):
+        if configmap.name == "istio" and configmap.namespace == _ISTIO_NAMESPACE:
+            try:
+                mesh = yaml.safe_load((configmap.body.get("data") or {}).get("mesh", "")) or {}
+                metadata = (mesh.get("defaultConfig") or {}).get("proxyMetadata") or {}
+            except (yaml.YAMLError, AttributeError):
+                return False
+            return bool(metadata.get("ISTIO_META_DNS_CAPTURE") == "true" and "true" in (
+                metadata.get("ISTIO_META_DNS_AUTO_ALLOCATE"), metadata.get("PILOT_ENABLE_IP_AUTOALLOCATE")))
+    return False
+
+
+@_analyzer("ServiceEntry")
+def _conflicting_service_entry_protocols(objects: Objects) -> Iterator[Message]:
+    """serviceentry.ConflictingServiceEntryProtocolAnalyzer: IST0177."""
+    index: dict[tuple[str, str, int], list[tuple[str, Resource]]] = defaultdict(list)
+    for entry in objects("ServiceEntry"):
+        export_to = entry.spec.get("exportTo") or []
+        scopes = ["*"] if not export_to or "*" in export_to else \
+            list(dict.fromkeys(entry.namespace if e == "." else e for e in export_to))
+        for scope in scopes:
+            for host in entry.spec.get("hosts") or []:
+                for port in entry.spec.get("ports") or []:
+                    index[(scope, host, port.get("number", 0))].append((port.get("protocol", ""), entry))
+    reported = set()
+    for (scope, host, number), entries in index.items():
+        if scope != "*":
+            entries = entries + index.get(("*", host, number), [])
+        protocols = sorted({protocol.upper() for protocol, _ in entries})
+        if len(protocols) < 2:
+            continue
+        names = ", ".join(sorted({entry.full_name for _, entry in entries}))
+        for _, entry in entries:
+            if entry.full_name not in reported:
+                reported.add(entry.full_name)
+                yield Message("IST0177", entry, (names, go_quote(host), number, ", ".join(protocols)))
+
+
 # --- DestinationRule ---
 
 @_analyzer("DestinationRule")
@@ -542,6 +606,62 @@ def _gateway_ports(objects: Objects) -> Iterator[Message]:
             number = (server.get("port") or {}).get("number")
             if number is not None and number not in ports:
                 yield Message("IST0162", gateway, (number, _selector(selector)))
+
+
+@_analyzer("Gateway")
+def _duplicate_certificates(objects: Objects) -> Iterator[Message]:
+    """gateway.CertificateAnalyzer: IST0138 (gateways not scoped to their namespace, istiod's default)."""
+    for gateway in objects("Gateway"):
+        selector = gateway.spec.get("selector") or {}
+        for other in objects("Gateway"):
+            if other.full_name == gateway.full_name or not _subset(selector, other.spec.get("selector") or {}):
+                continue
+            for server in gateway.spec.get("servers") or []:
+                for theirs in other.spec.get("servers") or []:
+                    if server.get("tls") is not None and theirs.get("tls") is not None and \
+                            _same_certificate(server["tls"], theirs["tls"]):
+                        yield Message("IST0138", gateway, (go_list([gateway.full_name, other.full_name]),))
+
+
+def _subset(x: Mapping[str, str], y: Mapping[str, str]) -> bool:
+    """Every label of `x` is in `y` with its value (an empty `x` selects every gateway)."""
+    return all(k in y and y[k] == v for k, v in x.items())
+
+
+def _same_certificate(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    if a.get("credentialName") and b.get("credentialName"):
+        return bool(a["credentialName"] == b["credentialName"])
+    if not a.get("credentialName") and not b.get("credentialName") and a.get("serverCertificate") and \
+            a.get("serverCertificate") == b.get("serverCertificate") and a.get("privateKey") and b.get("privateKey"):
+        return bool(a["privateKey"] == b["privateKey"])
+    return False
+
+
+@_analyzer("Gateway", "Pod")
+def _conflicting_gateways(objects: Objects) -> Iterator[Message]:
+    """gateway.ConflictingGatewayAnalyzer: IST0145, a host bound twice on one selector and port (a
+    gateway's last server on a port stands for it, as in Istio's; its hosts are compared as written)."""
+    bound: dict[tuple[str, int], dict[str, dict[str, str]]] = defaultdict(dict)
+    for gateway in objects("Gateway"):
+        for server in gateway.spec.get("servers") or []:
+            key = (_selector(gateway.spec.get("selector") or {}), (server.get("port") or {}).get("number", 0))
+            bound[key][gateway.full_name] = {h: server.get("bind", "") for h in server.get("hosts") or []}
+    for gateway in objects("Gateway"):
+        selector = gateway.spec.get("selector") or {}
+        text = _selector(selector)
+        same = [key for key in bound if key[0] == text or (key[0] in text or text in key[0]) and any(
+            _selects(selector, p.labels) and _selects(_parse_selector(key[0]), p.labels) for p in objects("Pod"))]
+        for server in gateway.spec.get("servers") or []:
+            port = (server.get("port") or {}).get("number", 0)
+            hosts, bind = server.get("hosts") or [], server.get("bind", "")
+            others = sorted(name for key in same if key[1] == port for name, known in bound[key].items()
+                            if name != gateway.full_name and any(known.get(h, None) == bind for h in hosts))
+            if others:
+                yield Message("IST0145", gateway, (",".join(others), text, port, ",".join(hosts)))
+
+
+def _parse_selector(text: str) -> dict[str, str]:
+    return dict(pair.split("=", 1) for pair in text.split(",") if pair.count("=") == 1)
 
 
 @_analyzer("Gateway", "Pod", "Secret")
