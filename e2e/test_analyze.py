@@ -63,7 +63,7 @@ async def test_same_messages_as_istioctl_on_a_cluster(cluster: Cluster, kube: cl
     print("istioctl:", *sorted(expected), sep="\n  ")
     assert ours == expected
     codes = {code for code, *_ in expected}
-    assert {"IST0101", "IST0102", "IST0103", "IST0110", "IST0111", "IST0112", "IST0118", "IST0123", "IST0145", "IST0161", "IST0162",
+    assert {"IST0101", "IST0102", "IST0103", "IST0110", "IST0111", "IST0112", "IST0118", "IST0123", "IST0127", "IST0145", "IST0161", "IST0162",
             "IST0173", "IST0174"} <= codes
 
     # Only the selected namespace, as istioctl's default.

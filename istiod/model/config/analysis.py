@@ -42,6 +42,7 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "IST0118": (INFO, "Port name {} (port: {}, targetPort: {}) doesn't follow the naming convention of Istio port."),
     "IST0123": (WARNING, "The namespace has more than one type of injection labels {}, which may lead to undefined "
                          "behavior. Make sure only one injection label exists."),
+    "IST0127": (WARNING, "No matching workloads for this resource with the following labels: {}"),
     "IST0128": (WARNING, "DestinationRule {} in namespace {} has TLS mode set to {} but no caCertificates are set to "
                          "validate server identity for host: {}"),
     "IST0129": (WARNING, "DestinationRule {} in namespace {} has TLS mode set to {} but no caCertificates are set to "
@@ -502,16 +503,22 @@ def _service_entry_addresses(objects: Objects) -> Iterator[Message]:
 
 
 def _auto_allocates(objects: Objects) -> bool:
+    default_config = _mesh_config(objects).get("defaultConfig")
+    metadata = (default_config.get("proxyMetadata") if isinstance(default_config, dict) else None) or {}
+    return bool(metadata.get("ISTIO_META_DNS_CAPTURE") == "true" and "true" in (
+        metadata.get("ISTIO_META_DNS_AUTO_ALLOCATE"), metadata.get("PILOT_ENABLE_IP_AUTOALLOCATE")))
+
+
+def _mesh_config(objects: Objects) -> Mapping[str, Any]:
+    """The mesh config of a cluster's ConfigMap `istio` (key `mesh`); {} (Istio's defaults) without one."""
     for configmap in objects("ConfigMap"):
         if configmap.name == "istio" and configmap.namespace == _ISTIO_NAMESPACE:
             try:
                 mesh = yaml.safe_load((configmap.body.get("data") or {}).get("mesh", "")) or {}
-                metadata = (mesh.get("defaultConfig") or {}).get("proxyMetadata") or {}
-            except (yaml.YAMLError, AttributeError):
-                return False
-            return bool(metadata.get("ISTIO_META_DNS_CAPTURE") == "true" and "true" in (
-                metadata.get("ISTIO_META_DNS_AUTO_ALLOCATE"), metadata.get("PILOT_ENABLE_IP_AUTOALLOCATE")))
-    return False
+            except yaml.YAMLError:
+                return {}
+            return mesh if isinstance(mesh, dict) else {}
+    return {}
 
 
 @_analyzer("ServiceEntry")
@@ -717,6 +724,58 @@ def _sidecar_selectors(objects: Objects) -> Iterator[Message]:
             names = go_list(sorted(s.name for s in sidecars))
             for sidecar in sidecars:
                 yield Message("IST0111", sidecar, (names, go_quote(namespace)))
+
+
+# --- AuthorizationPolicy ---
+
+@_analyzer("AuthorizationPolicy", "Namespace", "Pod")
+def _authorization_policies(objects: Objects) -> Iterator[Message]:
+    """auth.AuthorizationPoliciesAnalyzer: IST0127 (no pod in the mesh selected), IST0101 (namespace)."""
+    in_mesh: dict[str, list[Mapping[str, str]]] = defaultdict(list)
+    for pod in objects("Pod"):
+        if _pod_in_mesh(objects, pod) or pod.annotations.get("ambient.istio.io/redirection") == "enabled":
+            in_mesh[pod.namespace].append(pod.labels)
+    root = _mesh_config(objects).get("rootNamespace") or _ISTIO_NAMESPACE
+    namespaces = [n.name for n in objects("Namespace")]
+    for policy in objects("AuthorizationPolicy"):
+        selector = policy.spec.get("selector")
+        labels = (selector or {}).get("matchLabels") or {}
+        if policy.namespace == root:
+            if selector is not None and not any(_selects(labels, pod) for pods in in_mesh.values() for pod in pods):
+                yield Message("IST0127", policy, (_selector(labels),))
+        elif selector is None:
+            if not in_mesh[policy.namespace]:
+                yield Message("IST0127", policy, ("",))
+        elif not any(_selects(labels, pod) for pod in in_mesh[policy.namespace]):
+            yield Message("IST0127", policy, (_selector(labels),))
+        for rule in policy.spec.get("rules") or []:
+            for source in rule.get("from") or []:
+                source = source.get("source") or {}
+                for pattern in (source.get("namespaces") or []) + (source.get("notNamespaces") or []):
+                    if not any(_namespace_matches(name, pattern) for name in namespaces):
+                        yield Message("IST0101", policy, ("namespace", go_quote(pattern)))
+
+
+def _pod_in_mesh(objects: Objects, pod: Resource) -> bool:
+    """util.PodInMesh: a proxy container, else the pod's inject label or annotation, else its namespace's label."""
+    containers = (pod.spec.get("containers") or []) + (pod.spec.get("initContainers") or [])
+    if any(c.get("name") == "istio-proxy" and c.get("image") for c in containers):
+        return True
+    for metadata in (pod.labels, pod.annotations):
+        if "sidecar.istio.io/inject" in metadata:
+            return metadata["sidecar.istio.io/inject"] == "true"
+    namespace = next((n for n in objects("Namespace") if n.name == pod.namespace), None)
+    return namespace is not None and namespace.labels.get("istio-injection") == "enabled"
+
+
+def _namespace_matches(namespace: str, pattern: str) -> bool:
+    if pattern == "*":
+        return True
+    if pattern.startswith("*"):
+        return namespace.endswith(pattern[1:])
+    if pattern.endswith("*"):
+        return namespace.startswith(pattern[:-1])
+    return namespace.lower() == pattern.lower()
 
 
 # --- Kubernetes kinds ---
