@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from istiod.model.config.analysis import (
-    ERROR, IGNORED_NAMESPACES, KUBE_KINDS, Message, Objects, Resource, analyze, schema_error, selected,
+    DOCS, ERROR, IGNORED_NAMESPACES, KUBE_KINDS, Message, Objects, Resource, analyze, schema_error, selected,
 )
 from istiod.model.config.kinds import BY_KIND
 from istiod.sources.configdir import SUFFIXES, _expand_lists
@@ -36,7 +36,7 @@ class AnalyzeError(Exception):
 class Read:
     """What the sources gave: objects with their `file:line` ("" from a cluster), and files' parse errors."""
 
-    objects: list[tuple[dict[str, Any], str]]
+    objects: list[tuple[dict[str, Any], str, dict[str, int]]]  # (object, `file:line`, its fields' lines)
     errors: list[str]
 
 
@@ -67,15 +67,46 @@ def read_files(paths: list[Path]) -> Read:
         try:
             text = path.read_text()
             load_documents(text)  # the bounds on aliases every file read keeps, before anything walks it
-            documents = [yaml.safe_load(doc) for doc in _split(text)]
+            chunks = _split(text)
+            documents = [yaml.safe_load(chunk) for chunk in chunks]
         except (OSError, UnicodeDecodeError, yaml.YAMLError, LimitError) as error:
             errors.append(f"{path}: {' '.join(str(error).split())}")
             continue
         lines = _document_lines(text) if path.suffix != ".json" else []
         for i, document in enumerate(documents):
-            reference = f"{path}:{lines[i]}" if i < len(lines) else str(path)
-            objects += [(o, reference) for o in _expand_lists([document]) if isinstance(o, dict)]
+            if i < len(lines):
+                reference, fields = f"{path}:{lines[i]}", field_lines(chunks[i], lines[i])
+            else:
+                reference, fields = str(path), {}
+            expanded = [o for o in _expand_lists([document]) if isinstance(o, dict)]
+            objects += [(o, reference, fields if o is document else {}) for o in expanded]
     return Read(objects, errors)
+
+
+def field_lines(chunk: str, first: int) -> dict[str, int]:
+    """The line of every scalar field of one YAML document starting on line `first`, keyed as
+    Istio's analyzers name fields (`{.spec.http[0].route[0].destination.host}`)."""
+    found: dict[str, int] = {}
+
+    def walk(node: yaml.Node, path: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                here = f"{path}.{key.value}"
+                if isinstance(value, yaml.ScalarNode):
+                    found[f"{{{here}}}"] = value.start_mark.line + first
+                else:
+                    walk(value, here)
+        elif isinstance(node, yaml.SequenceNode):
+            for j, item in enumerate(node.value):
+                if isinstance(item, yaml.ScalarNode):
+                    found[f"{{{path}[{j}]}}"] = item.start_mark.line + first
+                else:
+                    walk(item, f"{path}[{j}]")
+
+    root = yaml.compose(chunk, Loader=yaml.SafeLoader)
+    if isinstance(root, yaml.MappingNode):
+        walk(root, "")
+    return found
 
 
 def _split(text: str) -> list[str]:
@@ -126,13 +157,13 @@ async def read_cluster(kubeconfig: Path) -> list[dict[str, Any]]:
     return collect.objects
 
 
-def resources(objects: Iterable[tuple[dict[str, Any], str]], default_namespace: str) -> tuple[list[Resource], list[Message], list[str]]:
+def resources(objects: Iterable[tuple[dict[str, Any], str, dict[str, int]]], default_namespace: str) -> tuple[list[Resource], list[Message], list[str]]:
     """The objects analyzers read (later ones replace earlier ones of the same name), the schema
     errors of Istio's kinds, and the objects that do not parse (left out, as istioctl does)."""
     found: dict[tuple[str, str, str], Resource] = {}
     invalid: dict[tuple[str, str, str], Message] = {}
     errors = []
-    for body, reference in objects:
+    for body, reference, fields in objects:
         if reference and not (body.get("metadata") or {}).get("namespace") and body.get("kind") in BY_KIND:
             body = {**body, "metadata": {**(body.get("metadata") or {}), "namespace": default_namespace}}
         try:
@@ -145,7 +176,7 @@ def resources(objects: Iterable[tuple[dict[str, Any], str]], default_namespace: 
         namespace = key.name if key.kind == "Namespace" else key.namespace
         if namespace in IGNORED_NAMESPACES:
             continue
-        resource = Resource(key.kind, key.namespace, key.name, body, reference)
+        resource = Resource(key.kind, key.namespace, key.name, body, reference, fields)
         index = (key.kind, key.namespace, key.name)
         invalid.pop(index, None)
         if key.kind in BY_KIND:
@@ -162,7 +193,7 @@ def resources(objects: Iterable[tuple[dict[str, Any], str]], default_namespace: 
     return list(found.values()), list(invalid.values()), errors
 
 
-def messages(objects: Iterable[tuple[dict[str, Any], str]], cluster: bool, namespace: str | None) -> tuple[list[Message], list[str]]:
+def messages(objects: Iterable[tuple[dict[str, Any], str, dict[str, int]]], cluster: bool, namespace: str | None) -> tuple[list[Message], list[str]]:
     """istioctl analyze's messages for `namespace` (None: all namespaces), and the parse errors."""
     read, invalid, errors = resources(objects, namespace or "default")
     kinds = set(BY_KIND) | (set(KUBE_KINDS) if cluster else set())
@@ -172,9 +203,9 @@ def messages(objects: Iterable[tuple[dict[str, Any], str]], cluster: bool, names
 
 def run(paths: list[Path], kubeconfig: Path | None, output: str, namespace: str | None) -> int:
     try:
-        objects: list[tuple[dict[str, Any], str]] = []
+        objects: list[tuple[dict[str, Any], str, dict[str, int]]] = []
         if kubeconfig:
-            objects = [(o, "") for o in asyncio.run(read_cluster(kubeconfig))]
+            objects = [(o, "", {}) for o in asyncio.run(read_cluster(kubeconfig))]
         read = read_files(paths)  # files on top of the cluster, as istioctl analyze does
     except AnalyzeError as error:
         print(f"istiod analyze: {error}", file=sys.stderr)
@@ -186,12 +217,13 @@ def run(paths: list[Path], kubeconfig: Path | None, output: str, namespace: str 
     if output == "json":
         sys.stdout.write(json.dumps([m.json() for m in found], indent=2) + "\n")
         return 0  # as istioctl's: only its log format exits non-zero for what it found
-    sys.stdout.write("".join(m.line() + "\n" for m in found))
+    sys.stdout.write("".join(m.line() + "\n" for m in found) or "\n")  # istioctl's empty line when clean
     target = "all namespaces" if namespace is None else f"namespace: {namespace}"
     if not found:
         print(_clean(target, [str(p) for p in paths], bool(errors)), file=sys.stderr)
     if any(m.level == ERROR for m in found):
-        print(f"Error: Analyzers found issues when analyzing {target}.", file=sys.stderr)
+        print(f"Error: Analyzers found issues when analyzing {target}.\n"
+              f"See {DOCS} for more information about causes and resolutions.", file=sys.stderr)
         return EXIT_ISSUES
     return EXIT_DATA_ERROR if errors else 0
 

@@ -99,6 +99,8 @@ class Resource:
     name: str
     body: Mapping[str, Any] = field(compare=False)
     reference: str = field(default="", compare=False)  # `file:line` when read from a file
+    # The line of each scalar field, keyed as Istio's analyzers name them (`{.spec.gateways[0]}`).
+    fields: Mapping[str, int] = field(default_factory=dict, compare=False)
 
     @property
     def spec(self) -> Mapping[str, Any]:
@@ -130,6 +132,13 @@ class Message:
     code: str
     resource: Resource
     parameters: tuple[Any, ...] = ()
+    path: str = ""  # the field at fault: its line replaces the object's in the reference
+
+    @property
+    def reference(self) -> str:
+        reference, line = self.resource.reference, self.resource.fields.get(self.path)
+        head, colon, tail = reference.rpartition(":")
+        return f"{head}:{line}" if line and colon and tail.isdigit() else reference
 
     @property
     def level(self) -> str:
@@ -144,7 +153,7 @@ class Message:
         return self.resource.origin
 
     def line(self) -> str:
-        reference = f" {self.resource.reference}" if self.resource.reference else ""
+        reference = f" {self.reference}" if self.reference else ""
         return f"{self.level} [{self.code}] ({self.origin}{reference}) {self.text}"
 
     def json(self) -> dict[str, str]:
@@ -152,8 +161,8 @@ class Message:
         found = {"code": self.code, "documentationUrl": documentation_url(self.code, "istioctl-analyze"),
                  "level": self.level,
                  "message": self.text, "origin": self.origin}
-        if self.resource.reference:
-            found["reference"] = self.resource.reference
+        if self.reference:
+            found["reference"] = self.reference
         return found
 
     def sort_key(self) -> tuple[int, str, str, str]:
@@ -294,6 +303,14 @@ def _host_matches(a: str, b: str) -> bool:
     return a == b
 
 
+_NAME = "{.metadata.name}"
+
+
+def _selector_path(selector: Mapping[str, str]) -> str:
+    """A Gateway selector's first label (in the selector's string order), where Istio points."""
+    return f"{{.spec.selector.{_selector(selector).partition('=')[0]}}}"
+
+
 def _selector(labels: Mapping[str, str]) -> str:
     """labels.SelectorFromSet(...).String(): sorted `k=v`, comma-joined."""
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
@@ -307,21 +324,23 @@ def _selects(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class _Destination:
-    rule: str  # tcp, tls, http, http.mirror, http.mirrors
+    path: str  # its host field, as Istio's analyzers name it
     destination: Mapping[str, Any]
 
 
 def _route_destinations(spec: Mapping[str, Any]) -> list[_Destination]:
-    return [_Destination(kind, route.get("destination") or {})
-            for kind in ("tcp", "tls", "http") for rule in spec.get(kind) or [] for route in rule.get("route") or []]
+    return [_Destination(f"{{.spec.{kind}[{i}].route[{j}].destination.host}}", route.get("destination") or {})
+            for kind in ("tcp", "tls", "http") for i, rule in enumerate(spec.get(kind) or [])
+            for j, route in enumerate(rule.get("route") or [])]
 
 
 def _mirror_destinations(spec: Mapping[str, Any]) -> list[_Destination]:
     found = []
-    for rule in spec.get("http") or []:
+    for i, rule in enumerate(spec.get("http") or []):
         if rule.get("mirror"):
-            found.append(_Destination("http.mirror", rule["mirror"]))
-        found += [_Destination("http.mirrors", m.get("destination") or {}) for m in rule.get("mirrors") or []]
+            found.append(_Destination(f"{{.spec.http[{i}].mirror.host}}", rule["mirror"]))
+        found += [_Destination(f"{{.spec.http[{i}].mirrors[{j}].host}}", m.get("destination") or {})
+                  for j, m in enumerate(rule.get("mirrors") or [])]
     return found
 
 
@@ -329,15 +348,17 @@ def _mirror_destinations(spec: Mapping[str, Any]) -> list[_Destination]:
 def _virtual_service_gateways(objects: Objects) -> Iterator[Message]:
     """virtualservice.GatewayAnalyzer: IST0101 (gateway), IST0132."""
     for vs in objects("VirtualService"):
-        for gateway in vs.spec.get("gateways") or []:
+        for i, gateway in enumerate(vs.spec.get("gateways") or []):
             if gateway == "mesh":
                 continue
             namespace, _, name = gateway.rpartition("/")
             namespace = namespace or vs.namespace
+            path = f"{{.spec.gateways[{i}]}}"
             if not objects.exists("Gateway", namespace, name):
-                yield Message("IST0101", vs, ("gateway", go_quote(gateway)))
+                yield Message("IST0101", vs, ("gateway", go_quote(gateway)), path)
             if not _host_in_gateway(objects, namespace, name, vs.spec.get("hosts") or [], vs.namespace):
-                yield Message("IST0132", vs, (go_list(vs.spec.get("hosts") or []), vs.full_name, f"{namespace}/{name}"))
+                yield Message("IST0132", vs, (go_list(vs.spec.get("hosts") or []), vs.full_name, f"{namespace}/{name}"),
+                              path)
 
 
 def _host_in_gateway(objects: Objects, namespace: str, name: str, vs_hosts: Sequence[str], vs_namespace: str) -> bool:
@@ -420,7 +441,7 @@ def _virtual_service_subsets(objects: Objects) -> Iterator[Message]:
             for d in destinations:
                 host, subset = d.destination.get("host", ""), d.destination.get("subset", "")
                 if subset and (_resource_name(vs.namespace, host), subset) not in subsets:
-                    yield Message("IST0101", vs, (reftype, go_quote(f"{host}+{subset}")))
+                    yield Message("IST0101", vs, (reftype, go_quote(f"{host}+{subset}")), d.path)
 
 
 @_analyzer("ServiceEntry", "VirtualService", "Service")
@@ -432,31 +453,36 @@ def _virtual_service_hosts(objects: Objects) -> Iterator[Message]:
                     for vs in objects("VirtualService")}
     for vs in objects("VirtualService"):
         if vs.spec.get("gateways"):
-            for d in _route_destinations({"http": vs.spec.get("http")}):
-                if d.destination.get("subset"):
-                    continue
-                for other, destinations in with_subsets.items():
-                    for _ in (x for x in destinations if x.destination.get("host") == d.destination.get("host")):
-                        yield Message("IST0140", vs, (other, vs.full_name))
+            for i, rule in enumerate(vs.spec.get("http") or []):
+                for j, route in enumerate(rule.get("route") or []):
+                    destination = route.get("destination") or {}
+                    if destination.get("subset"):
+                        continue
+                    # Istio names the field with the rule's name where the others say `http` (so rarely finds it).
+                    path = f"{{.spec.{rule.get('name', '')}[{i}].route[{j}].destination.host}}"
+                    for other, destinations in with_subsets.items():
+                        for _ in (x for x in destinations if x.destination.get("host") == destination.get("host")):
+                            yield Message("IST0140", vs, (other, vs.full_name), path)
         export_to = vs.spec.get("exportTo") or []
         for reftype, destinations in (("host", _route_destinations(vs.spec)), ("mirror host", _mirror_destinations(vs.spec))):
             for d in destinations:
                 host = d.destination.get("host", "")
                 entry = _destination_host(vs.namespace, export_to, host, hosts)
                 if entry is None:
-                    yield Message("IST0101", vs, (reftype, go_quote(host)))
+                    yield Message("IST0101", vs, (reftype, go_quote(host)), d.path)
                     continue
-                yield from _destination_ports(vs, d.destination, entry)
+                yield from _destination_ports(vs, d, entry)
 
 
-def _destination_ports(vs: Resource, destination: Mapping[str, Any], entry: Mapping[str, Any]) -> Iterator[Message]:
+def _destination_ports(vs: Resource, d: _Destination, entry: Mapping[str, Any]) -> Iterator[Message]:
+    destination = d.destination
     ports = [p.get("number") for p in entry.get("ports") or []]
     port = (destination.get("port") or {}).get("number")
     if destination.get("port") is None:
         if len(ports) > 1:
-            yield Message("IST0112", vs, (go_quote(destination.get("host", "")), go_list(ports)))
+            yield Message("IST0112", vs, (go_quote(destination.get("host", "")), go_list(ports)), d.path)
     elif port not in ports:
-        yield Message("IST0101", vs, ("host:port", go_quote(f"{destination.get('host', '')}:{port or 0}")))
+        yield Message("IST0101", vs, ("host:port", go_quote(f"{destination.get('host', '')}:{port or 0}")), d.path)
 
 
 @_analyzer("VirtualService")
@@ -482,7 +508,7 @@ def _mesh_gateway_hosts(objects: Objects) -> Iterator[Message]:
             for vs in same:
                 if vs.full_name not in reported:
                     reported.add(vs.full_name)
-                    yield Message("IST0109", vs, (names, f"{scope}/{host}"))
+                    yield Message("IST0109", vs, (names, f"{scope}/{host}"), _NAME)
 
 
 # --- ServiceEntry ---
@@ -497,9 +523,9 @@ def _service_entry_addresses(objects: Objects) -> Iterator[Message]:
     for entry in objects("ServiceEntry"):
         if entry.spec.get("addresses") or (entry.body.get("status") or {}).get("addresses"):
             continue
-        for port in entry.spec.get("ports") or []:
+        for i, port in enumerate(entry.spec.get("ports") or []):
             if port.get("protocol", "").upper() in ("", "TCP"):
-                yield Message("IST0134", entry)
+                yield Message("IST0134", entry, (), f"{{.spec.ports[{i}].name}}")
 
 
 def _auto_allocates(objects: Objects) -> bool:
@@ -544,7 +570,7 @@ def _conflicting_service_entry_protocols(objects: Objects) -> Iterator[Message]:
         for _, entry in entries:
             if entry.full_name not in reported:
                 reported.add(entry.full_name)
-                yield Message("IST0177", entry, (names, go_quote(host), number, ", ".join(protocols)))
+                yield Message("IST0177", entry, (names, go_quote(host), number, ", ".join(protocols)), _NAME)
 
 
 # --- DestinationRule ---
@@ -556,14 +582,16 @@ def _ca_certificates(objects: Objects) -> Iterator[Message]:
         policy = dr.spec.get("trafficPolicy") or {}
         selector = dr.spec.get("workloadSelector") is not None
         if _unverified(policy.get("tls") or {}, selector):
-            yield Message("IST0128", dr, (dr.full_name, dr.namespace, policy["tls"]["mode"], dr.spec.get("host", "")))
-        for settings in policy.get("portLevelSettings") or []:
+            yield Message("IST0128", dr, (dr.full_name, dr.namespace, policy["tls"]["mode"], dr.spec.get("host", "")),
+                          "{.spec.trafficPolicy.tls.caCertificates}")
+        for i, settings in enumerate(policy.get("portLevelSettings") or []):
             if _unverified(settings.get("tls") or {}, selector):
                 port = settings.get("port") or {}
                 # Go's String() of the PortSelector proto.
                 shown = f"number:{port['number']}" if port.get("number") else ""
                 yield Message("IST0129", dr, (dr.full_name, dr.namespace, settings["tls"]["mode"],
-                                              dr.spec.get("host", ""), shown))
+                                              dr.spec.get("host", ""), shown),
+                              f"{{.spec.trafficPolicy.portLevelSettings[{i}].tls.caCertificates}}")
 
 
 def _unverified(tls: Mapping[str, Any], has_selector: bool) -> bool:
@@ -597,7 +625,7 @@ def _gateway_ports(objects: Objects) -> Iterator[Message]:
         selector = gateway.spec.get("selector") or {}
         matched = [p for p in objects("Pod") if _selects(selector, p.labels)]
         if not matched:
-            yield Message("IST0101", gateway, ("selector", go_quote(_selector(selector))))
+            yield Message("IST0101", gateway, ("selector", go_quote(_selector(selector))), _selector_path(selector))
             continue
         ports: set[int] = set()
         for pod in matched:
@@ -612,7 +640,7 @@ def _gateway_ports(objects: Objects) -> Iterator[Message]:
         for server in gateway.spec.get("servers") or []:
             number = (server.get("port") or {}).get("number")
             if number is not None and number not in ports:
-                yield Message("IST0162", gateway, (number, _selector(selector)))
+                yield Message("IST0162", gateway, (number, _selector(selector)), _selector_path(selector))
 
 
 @_analyzer("Gateway")
@@ -627,7 +655,7 @@ def _duplicate_certificates(objects: Objects) -> Iterator[Message]:
                 for theirs in other.spec.get("servers") or []:
                     if server.get("tls") is not None and theirs.get("tls") is not None and \
                             _same_certificate(server["tls"], theirs["tls"]):
-                        yield Message("IST0138", gateway, (go_list([gateway.full_name, other.full_name]),))
+                        yield Message("IST0138", gateway, (go_list([gateway.full_name, other.full_name]),), _NAME)
 
 
 def _subset(x: Mapping[str, str], y: Mapping[str, str]) -> bool:
@@ -681,21 +709,22 @@ def _gateway_secrets(objects: Objects) -> Iterator[Message]:
         selector = gateway.spec.get("selector") or {}
         namespace = next((p.namespace for p in objects("Pod") if _selects(selector, p.labels)), "")
         if not namespace:
-            yield Message("IST0101", gateway, ("selector", go_quote(_selector(selector))))
+            yield Message("IST0101", gateway, ("selector", go_quote(_selector(selector))), _selector_path(selector))
             continue
-        for server in gateway.spec.get("servers") or []:
+        for i, server in enumerate(gateway.spec.get("servers") or []):
+            path = f"{{.spec.servers[{i}].tls.credentialName}}"
             name = (server.get("tls") or {}).get("credentialName", "")
             if not name:
                 continue
             ns, _, bare = name.rpartition("/")
             secret = next((s for s in objects("Secret") if s.namespace == (ns or namespace) and s.name == bare), None)
             if secret is None:
-                yield Message("IST0101", gateway, ("credentialName", go_quote(name)))
+                yield Message("IST0101", gateway, ("credentialName", go_quote(name)), path)
                 continue
             try:
                 convert(secret.body)
             except ConversionError:
-                yield Message("IST0161", gateway, (gateway.name, namespace))
+                yield Message("IST0161", gateway, (gateway.name, namespace), path)
 
 
 @_analyzer("Sidecar", "Pod", "Namespace")
@@ -713,12 +742,14 @@ def _sidecar_selectors(objects: Objects) -> Iterator[Message]:
         for pod in matched:
             pods_to_sidecars[(pod.namespace, pod.name)].append(sidecar)
         if not matched:
-            yield Message("IST0101", sidecar, ("selector", go_quote(_selector(selector))))
+            first = _selector(selector).partition("=")[0]
+            yield Message("IST0101", sidecar, ("selector", go_quote(_selector(selector))),
+                          f"{{.spec.workloadSelector.labels.{first}}}")
     for (namespace, pod_name), sidecars in pods_to_sidecars.items():
         if len(sidecars) > 1:
             names = go_list(sorted(s.name for s in sidecars))
             for sidecar in sidecars:
-                yield Message("IST0110", sidecar, (names, go_quote(namespace), go_quote(pod_name)))
+                yield Message("IST0110", sidecar, (names, go_quote(namespace), go_quote(pod_name)), _NAME)
     for namespace, sidecars in without.items():
         if len(sidecars) > 1:
             names = go_list(sorted(s.name for s in sidecars))
@@ -748,12 +779,18 @@ def _authorization_policies(objects: Objects) -> Iterator[Message]:
                 yield Message("IST0127", policy, ("",))
         elif not any(_selects(labels, pod) for pod in in_mesh[policy.namespace]):
             yield Message("IST0127", policy, (_selector(labels),))
-        for rule in policy.spec.get("rules") or []:
-            for source in rule.get("from") or []:
+        for i, rule in enumerate(policy.spec.get("rules") or []):
+            for j, source in enumerate(rule.get("from") or []):
                 source = source.get("source") or {}
-                for pattern in (source.get("namespaces") or []) + (source.get("notNamespaces") or []):
+                for pattern, k in _with_index(source.get("namespaces") or []) + _with_index(source.get("notNamespaces") or []):
                     if not any(_namespace_matches(name, pattern) for name in namespaces):
-                        yield Message("IST0101", policy, ("namespace", go_quote(pattern)))
+                        # Istio points at `namespaces[k]` for a notNamespaces entry too.
+                        yield Message("IST0101", policy, ("namespace", go_quote(pattern)),
+                                      f"{{.spec.rules[{i}].from[{j}].source.namespaces[{k}]}}")
+
+
+def _with_index(values: list[str]) -> list[tuple[str, int]]:
+    return [(v, k) for k, v in enumerate(values)]
 
 
 def _pod_in_mesh(objects: Objects, pod: Resource) -> bool:
@@ -790,7 +827,7 @@ def _port_names(objects: Objects) -> Iterator[Message]:
                                                                "istio.io-eastwest-controller"):
             continue
         external = service.spec.get("type") == "ExternalName"
-        for p in service.spec.get("ports") or []:
+        for i, p in enumerate(service.spec.get("ports") or []):
             port = Port(name=p.get("name", ""), port=p.get("port", 0), protocol=p.get("protocol", "TCP"),
                         app_protocol=p.get("appProtocol", ""))
             protocol = port_protocol(port)
@@ -801,7 +838,7 @@ def _port_names(objects: Objects) -> Iterator[Message]:
                     yield Message("IST0150", service)
                 else:
                     target = p.get("targetPort", 0)
-                    yield Message("IST0118", service, (port.name, port.port, target))
+                    yield Message("IST0118", service, (port.name, port.port, target), f"{{.spec.ports[{i}].port}}")
 
 
 @_analyzer("Namespace", "Pod", "ConfigMap")
@@ -824,7 +861,7 @@ def _injection(objects: Objects) -> Iterator[Message]:
             if _enabled_by_default(objects, labels.get("istio.io/rev", "")):
                 yield Message("IST0148", namespace)
             else:
-                yield Message("IST0102", namespace, (namespace.name, namespace.name))
+                yield Message("IST0102", namespace, (namespace.name, namespace.name), _NAME)
             continue
         if label == "enabled":
             injected.add(namespace.name)
