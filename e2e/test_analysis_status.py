@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import json
 import subprocess
-from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from kubernetes_asyncio import client
@@ -18,7 +18,8 @@ from e2e.istio_crds import create_istio_object, install_crds
 from e2e.kube_objects import ISTIO_NAMESPACE, ensure_namespace
 from istiod.leader import LeaderElection, LeaseTimings
 from istiod.status import ELECTION
-from tests.peers import Istiod, eventually, istio_binary
+from e2e.test_rbac import istiod_kubeconfig
+from tests.peers import Istiod, Process, eventually, istio_binary
 
 NS = "status-demo"
 FAST = ("--leader-lease-duration", "2s", "--leader-renew-deadline", "1.5s", "--leader-retry-period", "0.25s")
@@ -37,7 +38,7 @@ def _message(code: str, level: str) -> dict[str, Any]:
 
 
 async def test_validation_messages_in_status_written_by_the_leader_only(
-        cluster: Cluster, kube: client.ApiClient, start_istiod_kube: Callable[..., Istiod]) -> None:
+        cluster: Cluster, kube: client.ApiClient, tmp_path: Path, processes: list[Process]) -> None:
     await install_crds(kube)
     await ensure_namespace(kube, NS)
     with contextlib.suppress(client.ApiException):  # 409: from an earlier run on this cluster
@@ -65,9 +66,12 @@ async def test_validation_messages_in_status_written_by_the_leader_only(
     try:
         await asyncio.wait_for(held.wait(), 10)
         await create_istio_object(kube, _vs(["missing-gw"]))
-        # Started off the event loop, so that the lock holder keeps renewing meanwhile.
-        istiod = await asyncio.to_thread(start_istiod_kube, "--enable-analysis", "true", "--analysis-interval", "1s",
-                                         *FAST)
+        # With its own ServiceAccount's token under deploy/rbac; started off the event loop, so that
+        # the lock holder keeps renewing meanwhile.
+        kubeconfig, _ = await istiod_kubeconfig(cluster, kube, tmp_path / "istiod.kubeconfig")
+        istiod = await asyncio.to_thread(Istiod, tmp_path, "--kubeconfig", str(kubeconfig), "--enable-analysis", "true",
+                                         "--analysis-interval", "1s", *FAST, ready_timeout=60)
+        processes.append(istiod)
         await asyncio.sleep(4)  # several analysis intervals and lease renewals
         await read()
         assert status == {}
