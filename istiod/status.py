@@ -107,8 +107,9 @@ class AnalysisController:
                 return
 
     async def round(self) -> None:
-        read = resources(self.store)
-        messages = selected(analyze(Objects(read, _KINDS)), None)
+        read = resources(self.store)  # on the loop: the store changes there
+        # Off the loop: analyzers walk pods per selector, which takes a while in a large cluster.
+        messages = selected(await asyncio.to_thread(analyze, Objects(read, _KINDS)), None)
         self._log(messages)
         by_object: dict[tuple[str, str, str], list[Message]] = {}
         for m in messages:

@@ -190,14 +190,40 @@ class Objects:
     def __init__(self, resources: Iterable[Resource], kinds: Iterable[str]) -> None:
         self.kinds = frozenset(kinds)  # what was read at all: an analyzer needing another kind is skipped
         self._by_kind: dict[str, list[Resource]] = defaultdict(list)
+        self._by_name: dict[tuple[str, str, str], Resource] = {}
+        self._index: dict[str, Any] = {}  # built on first use
         for resource in resources:
             self._by_kind[resource.kind].append(resource)
+            self._by_name[(resource.kind, resource.namespace, resource.name)] = resource
 
     def __call__(self, kind: str) -> list[Resource]:
         return self._by_kind.get(kind, [])
 
+    def _selected_ids(self, selector: Mapping[str, str]) -> frozenset[int]:
+        if "pods" not in self._index:
+            by_label: dict[tuple[str, str], list[int]] = defaultdict(list)
+            for i, pod in enumerate(self("Pod")):
+                for label in pod.labels.items():
+                    by_label[label].append(i)
+            self._index["pods"] = {label: frozenset(ids) for label, ids in by_label.items()}
+        if not selector:
+            return frozenset(range(len(self("Pod"))))
+        index: dict[tuple[str, str], frozenset[int]] = self._index["pods"]
+        return frozenset.intersection(*(index.get(label, frozenset()) for label in selector.items()))
+
+    def selected(self, selector: Mapping[str, str]) -> list[Resource]:
+        """The pods whose labels hold every label of `selector` (all pods for an empty one), in order."""
+        pods = self("Pod")
+        return [pods[i] for i in sorted(self._selected_ids(selector))]
+
+    def any_selected(self, selector: Mapping[str, str]) -> bool:
+        return bool(self._selected_ids(selector))
+
+    def get(self, kind: str, namespace: str, name: str) -> Resource | None:
+        return self._by_name.get((kind, namespace, name))
+
     def exists(self, kind: str, namespace: str, name: str) -> bool:
-        return any(r.namespace == namespace and r.name == name for r in self(kind))
+        return (kind, namespace, name) in self._by_name
 
 
 Analyzer = Callable[[Objects], Iterator[Message]]
@@ -363,10 +389,9 @@ def _virtual_service_gateways(objects: Objects) -> Iterator[Message]:
 
 def _host_in_gateway(objects: Objects, namespace: str, name: str, vs_hosts: Sequence[str], vs_namespace: str) -> bool:
     gateway_hosts: list[str] = []
-    for gateway in objects("Gateway"):
-        if gateway.namespace == namespace and gateway.name == name:
-            for server in gateway.spec.get("servers") or []:
-                gateway_hosts += _server_hosts(server.get("hosts") or [], namespace)
+    gateway = objects.get("Gateway", namespace, name)
+    for server in gateway.spec.get("servers") or [] if gateway is not None else []:
+        gateway_hosts += _server_hosts(server.get("hosts") or [], namespace)
     names = []
     for host in gateway_hosts:
         ns, slash, bare = host.partition("/")
@@ -603,7 +628,6 @@ def _unverified(tls: Mapping[str, Any], has_selector: bool) -> bool:
 def _subsets_select_pods(objects: Objects) -> Iterator[Message]:
     """destinationrule.PodNotSelectedAnalyzer: IST0174, IST0173."""
     hosts = _service_entry_hosts(objects)
-    pods = [p.labels for p in objects("Pod")]
     for dr in objects("DestinationRule"):
         entry = _destination_host(dr.namespace, dr.spec.get("exportTo") or [], dr.spec.get("host", ""), hosts)
         if entry is None:
@@ -612,7 +636,7 @@ def _subsets_select_pods(objects: Objects) -> Iterator[Message]:
         base = (entry.get("workloadSelector") or {}).get("labels") or {}
         for subset in dr.spec.get("subsets") or []:
             selector = {**base, **(subset.get("labels") or {})}
-            if not any(_selects(selector, labels) for labels in pods):
+            if not objects.any_selected(selector):
                 yield Message("IST0173", dr, (subset.get("name", ""),))
 
 
@@ -623,7 +647,7 @@ def _gateway_ports(objects: Objects) -> Iterator[Message]:
     """gateway.IngressGatewayPortAnalyzer: IST0101 (selector), IST0162."""
     for gateway in objects("Gateway"):
         selector = gateway.spec.get("selector") or {}
-        matched = [p for p in objects("Pod") if _selects(selector, p.labels)]
+        matched = objects.selected(selector)
         if not matched:
             yield Message("IST0101", gateway, ("selector", go_quote(_selector(selector))), _selector_path(selector))
             continue
@@ -707,7 +731,7 @@ def _gateway_secrets(objects: Objects) -> Iterator[Message]:
 
     for gateway in objects("Gateway"):
         selector = gateway.spec.get("selector") or {}
-        namespace = next((p.namespace for p in objects("Pod") if _selects(selector, p.labels)), "")
+        namespace = next((p.namespace for p in objects.selected(selector)), "")
         if not namespace:
             yield Message("IST0101", gateway, ("selector", go_quote(_selector(selector))), _selector_path(selector))
             continue
@@ -738,7 +762,7 @@ def _sidecar_selectors(objects: Objects) -> Iterator[Message]:
         if not selector:
             without[sidecar.namespace].append(sidecar)
             continue
-        matched = [p for p in objects("Pod") if p.namespace == sidecar.namespace and _selects(selector, p.labels)]
+        matched = [p for p in objects.selected(selector) if p.namespace == sidecar.namespace]
         for pod in matched:
             pods_to_sidecars[(pod.namespace, pod.name)].append(sidecar)
         if not matched:
@@ -801,7 +825,7 @@ def _pod_in_mesh(objects: Objects, pod: Resource) -> bool:
     for metadata in (pod.labels, pod.annotations):
         if "sidecar.istio.io/inject" in metadata:
             return metadata["sidecar.istio.io/inject"] == "true"
-    namespace = next((n for n in objects("Namespace") if n.name == pod.namespace), None)
+    namespace = objects.get("Namespace", "", pod.namespace)
     return namespace is not None and namespace.labels.get("istio-injection") == "enabled"
 
 
