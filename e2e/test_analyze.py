@@ -64,8 +64,8 @@ async def test_same_messages_as_istioctl_on_a_cluster(cluster: Cluster, kube: cl
     print("istioctl:", *sorted(expected), sep="\n  ")
     assert ours == expected
     codes = {dict(m)["code"] for m in expected}
-    assert {"IST0101", "IST0102", "IST0103", "IST0110", "IST0111", "IST0112", "IST0118", "IST0123", "IST0127", "IST0145", "IST0161", "IST0162",
-            "IST0173", "IST0174"} <= codes
+    assert {"IST0101", "IST0102", "IST0103", "IST0109", "IST0110", "IST0111", "IST0112", "IST0118", "IST0123",
+            "IST0127", "IST0140", "IST0145", "IST0150", "IST0161", "IST0162", "IST0173", "IST0174"} <= codes
 
     # Only the selected namespace, as istioctl's default.
     shop = await asyncio.to_thread(
