@@ -119,3 +119,44 @@ def test_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert main(["analyze"]) == 64
     assert main(["analyze", str(tmp_path / "missing.yaml")]) == 64
     assert "missing.yaml: no such file or directory" in capsys.readouterr().err
+
+
+HOSTILE = """apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: a, namespace: default}
+spec: {hosts: [], gateways: 5, http: 7}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: b, namespace: default}
+spec: 5
+---
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: c, namespace: default}
+spec: {selector: [x], servers: {port: 1}}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: []
+---
+- just a list
+---
+kind: Sidecar
+metadata: {name: d, namespace: default}
+spec: {workloadSelector: {labels: {app: [1]}}}
+---
+apiVersion: v1
+kind: List
+items: [5, {kind: ServiceEntry, metadata: {name: e, namespace: default}, spec: {hosts: [a.com], ports: "x"}}]
+"""
+
+
+def test_hostile_files_are_errors_not_crashes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "bad.yaml").write_text(HOSTILE)
+    (tmp_path / "broken.yaml").write_text("a: [b\n")
+    (tmp_path / "binary.yaml").write_bytes(b"\xff\xfe\x00")
+    assert main(["analyze", "-A", str(tmp_path)]) in (65, 79)
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err
+    assert "broken.yaml" in out.err and "binary.yaml" in out.err

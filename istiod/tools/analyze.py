@@ -159,7 +159,8 @@ async def read_cluster(kubeconfig: Path) -> list[dict[str, Any]]:
 
 def resources(objects: Iterable[tuple[dict[str, Any], str, dict[str, int]]], default_namespace: str) -> tuple[list[Resource], list[Message], list[str]]:
     """The objects analyzers read (later ones replace earlier ones of the same name), the schema
-    errors of Istio's kinds, and the objects that do not parse (left out, as istioctl does)."""
+    errors of Istio's kinds (those objects left out of the other analyzers), and the objects that
+    do not parse (left out, as istioctl does)."""
     found: dict[tuple[str, str, str], Resource] = {}
     invalid: dict[tuple[str, str, str], Message] = {}
     errors = []
@@ -187,8 +188,12 @@ def resources(objects: Iterable[tuple[dict[str, Any], str, dict[str, int]]], def
                 found.pop(index, None)
                 continue
             except ConversionError as error:
-                # The origin names the object: the message keeps only the field and the problem.
+                # The origin names the object: the message keeps only the field and the problem. Left
+                # out of the other analyzers (Istio's run on it too): past its first error, the fields
+                # were not read, so not known to have their types.
                 invalid[index] = schema_error(resource, str(error).removeprefix(str(key)).lstrip(": "))
+                found.pop(index, None)
+                continue
         found[index] = resource
     return list(found.values()), list(invalid.values()), errors
 
