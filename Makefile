@@ -104,6 +104,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/push.py
 	$(BIN)/python bench/configdir.py
 	$(BIN)/python bench/config.py
+	$(BIN)/python bench/analysis.py
 	$(BIN)/python bench/wds.py
 	$(BIN)/python bench/connmem.py
 	$(BIN)/python bench/connect.py

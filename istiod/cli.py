@@ -90,9 +90,9 @@ def build_parser() -> _Parser:
     analyze = commands.add_parser("analyze", help="validate Istio config and check it across objects, as istioctl analyze")
     analyze.add_argument("files", nargs="*", type=Path, metavar="FILE", help="YAML files or directories")
     analyze.add_argument("--kubeconfig", type=Path, help="analyze this cluster's objects (the files go on top)")
-    analyze.add_argument("--mesh-config", type=Path, help="the mesh config (its rootNamespace)")
-    analyze.add_argument("--domain", default="cluster.local", help="cluster DNS domain (default cluster.local)")
-    analyze.add_argument("-o", "--output", choices=("short", "json"), default="short")
+    analyze.add_argument("-n", "--namespace", default="default", help="report on this namespace (default: default)")
+    analyze.add_argument("-A", "--all-namespaces", action="store_true", help="report on all namespaces")
+    analyze.add_argument("-o", "--output", choices=("log", "json"), default="log")
     manifest = command("manifest", "the Kubernetes manifests of an install (IstioOperator)")
     generate = manifest.add_subparsers(dest="action", required=True, metavar="ACTION").add_parser(
         "generate", allow_abbrev=False, help="render an IstioOperator spec with the Helm charts, to stdout")
@@ -169,19 +169,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    from istiod.model.mesh import MeshConfig
-    from istiod.sources.meshconfig import MeshConfigError, read_mesh_file
     from istiod.tools import analyze
 
     if not args.files and args.kubeconfig is None:
         print("istiod analyze: give FILES or --kubeconfig", file=sys.stderr)
-        return 2
-    try:
-        mesh = read_mesh_file(args.mesh_config, MeshConfig()) if args.mesh_config else MeshConfig()
-    except MeshConfigError as error:
-        print(f"istiod analyze: {error}", file=sys.stderr)
-        return 2
-    return analyze.run(args.files, args.kubeconfig, args.output, mesh, args.domain)
+        return analyze.EXIT_USAGE
+    return analyze.run(args.files, args.kubeconfig, args.output, None if args.all_namespaces else args.namespace)
 
 
 if __name__ == "__main__":

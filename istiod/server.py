@@ -28,6 +28,7 @@ import yaml
 from istiod import logs
 from istiod.debug.access import AccessPolicy
 from istiod.ca.publisher import ELECTION, RootCertPublisher
+from istiod.status import ELECTION as ANALYSIS_ELECTION, AnalysisController
 from istiod.connlimit import MAX_CONNECTIONS, raise_open_file_limit, sized_cap
 from istiod.debug.app import DebugView, create_app
 from istiod.debug.connections import Question, answer
@@ -74,6 +75,7 @@ class Discovery:
         self.source: ConfigDirSource | KubeSource | None = None
         self.publisher: RootCertPublisher | None = None
         self.election: LeaderElection | None = None
+        self.analysis: tuple[LeaderElection, AnalysisController] | None = None
         self.pusher = Pusher(self.store, settings.debounce_after, settings.debounce_max, settings.mesh,
                              settings.eds_debounce)
         self.ads = DiscoveryServer(lambda: self.pusher.snapshot, settings.push_concurrency, settings.xds_send_timeout,
@@ -138,6 +140,10 @@ class Discovery:
             self.publisher = RootCertPublisher(api, self.store, self.namespaces, self.source.informers["Namespace"].synced,
                                                settings.watch_timeout)
             self.election = LeaderElection(api, settings.namespace, ELECTION, settings.pod_name, settings.leader)
+            if settings.analysis:  # the analysis controller's writer, elected on its own lock as istiod's
+                self.analysis = (LeaderElection(api, settings.namespace, ANALYSIS_ELECTION, settings.pod_name,
+                                                settings.leader),
+                                 AnalysisController(api, self.store, self.source.synced, settings.analysis_interval))
         # Before any port opens: a CA that cannot start stops istiod here.
         with _listening("--secure-grpc-addr", settings.secure_grpc_addr):
             self.ports["secure-grpc"] = await self.secure.start(self._api,
@@ -229,6 +235,10 @@ class Discovery:
             election, publisher = self.election, self.publisher
             self._tasks.append(self.supervisor.start("root-cert-publisher", lambda: election.run(publisher.run),
                                                      restart=True))
+        if self.analysis is not None:
+            analysis_election, controller = self.analysis
+            self._tasks.append(self.supervisor.start("analysis-controller",
+                                                     lambda: analysis_election.run(controller.run), restart=True))
 
     async def _answers(self, question: Question) -> list[Any]:
         """The debug views' answers: this process's (15012's connections), then every xDS worker's."""

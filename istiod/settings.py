@@ -61,6 +61,8 @@ class Settings:
     namespace: str = "istio-system"  # istiod's own (POD_NAMESPACE): its Secret, leader lock and serving DNS names
     pod_name: str = ""  # who holds a leader lock
     leader: LeaseTimings = LeaseTimings()
+    analysis: bool = False  # PILOT_ENABLE_ANALYSIS: the leader writes analysis messages to Istio objects' status
+    analysis_interval: float = 10.0  # PILOT_ANALYSIS_INTERVAL: longest a change waits for its analysis
     secure_grpc_addr: Address = Address("", 15012)
     mesh: MeshConfig = MeshConfig()
     ca: CaSettings = CaSettings()
@@ -143,6 +145,13 @@ def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
                         default=env_default("PILOT_ENABLE_EDS_DEBOUNCE", "true", parse_bool),
                         help="hold changes that only move endpoints for --debounce-after; false pushes them"
                              " at once (default true)")
+    parser.add_argument("--enable-analysis", dest="analysis", type=parse_bool,
+                        default=env_default("PILOT_ENABLE_ANALYSIS", "false", parse_bool),
+                        help="with a cluster, the elected replica writes analysis messages to Istio objects'"
+                             " status (default false)")
+    parser.add_argument("--analysis-interval", type=_seconds,
+                        default=env_default("PILOT_ANALYSIS_INTERVAL", "10s", _seconds),
+                        help="longest a change waits for its analysis (default 10s)")
     parser.add_argument("--push-concurrency", type=_positive_int,
                         default=env_default("PILOT_PUSH_THROTTLE", "100", _positive_int),
                         help="connections sending a push at once (default 100)")
@@ -270,6 +279,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         # Outside a pod, two istiods on one host must not share an identity.
         pod_name=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
         leader=leader,
+        analysis=args.analysis,
+        analysis_interval=args.analysis_interval,
         secure_grpc_addr=args.secure_grpc_addr,
         mesh=_mesh(args.mesh_config, defaults),
         mesh_defaults=defaults,

@@ -14,6 +14,11 @@ class ConversionError(ValueError):
     pass
 
 
+class FieldTypeError(ConversionError):
+    """A field of the wrong type: the object does not parse (as Istio's JSON decoding refuses it),
+    as opposed to a parsed object that fails validation."""
+
+
 @dataclass(frozen=True, slots=True, order=True)
 class ObjectKey:
     kind: str
@@ -31,20 +36,20 @@ class _Fields:
         self.key = key
         self.body = body
 
-    def fail(self, message: str) -> ConversionError:
-        return ConversionError(f"{self.key}: {message}")
+    def fail(self, message: str, error: type[ConversionError] = ConversionError) -> ConversionError:
+        return error(f"{self.key}: {message}")
 
     def get(self, path: str, kind: type | tuple[type, ...], default: Any) -> Any:
         value: Any = self.body
         for part in path.split("."):
             if not isinstance(value, Mapping):
-                raise self.fail(f"{path}: expected a map above {part!r}")
+                raise self.fail(f"{path}: expected a map above {part!r}", FieldTypeError)
             value = value.get(part)
             if value is None:
                 return default
         if kind is int and isinstance(value, bool) or not isinstance(value, kind):
             expected = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
-            raise self.fail(f"{path}: expected {expected}, got {type(value).__name__}")
+            raise self.fail(f"{path}: expected {expected}, got {type(value).__name__}", FieldTypeError)
         return value
 
     def ip(self, path: str, value: str, version: int | None = None) -> str:
@@ -61,7 +66,7 @@ class _Fields:
     def str_map(self, path: str) -> tuple[tuple[str, str], ...]:
         value = self.get(path, dict, {})
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-            raise self.fail(f"{path}: keys and values must be strings")
+            raise self.fail(f"{path}: keys and values must be strings", FieldTypeError)
         return tuple(sorted(value.items()))
 
     def items(self, path: str) -> list[_Fields]:
@@ -69,6 +74,6 @@ class _Fields:
         result = []
         for i, item in enumerate(self.get(path, list, [])):
             if not isinstance(item, Mapping):
-                raise self.fail(f"{path}[{i}]: expected a map")
+                raise self.fail(f"{path}[{i}]: expected a map", FieldTypeError)
             result.append(_Fields(f"{self.key} {path}[{i}]", item))
         return result

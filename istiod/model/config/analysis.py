@@ -1,132 +1,912 @@
-"""Cross-object checks over Istio config, as istioctl analyze makes them (its codes and messages).
-Pure: model values in, findings out."""
+"""Istio's config analyzers (istioctl analyze, and istiod's status analysis): their codes, levels and
+message texts, over the objects as written. Pure: resources in, messages out.
+
+Each analyzer names the kinds it reads; as Istio's, one that needs a Kubernetes kind is skipped
+when those are not read (files alone: `istioctl analyze --use-kube=false` reads no Service, Pod or
+Namespace, so it never reports a missing host or a selector that matches no pod)."""
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-from istiod.model.config import ConfigSet
-from istiod.model.config.networking import MESH_GATEWAY, DestinationRule
-from istiod.model.config.scope import most_specific
-from istiod.model.service import Service
-from istiod.model.workload import Workload
+import yaml
 
-ERROR = "Error"
+from istiod.model.protocol import Protocol, port_protocol
+from istiod.model.service import Port
+
+ERROR, WARNING, INFO = "Error", "Warning", "Info"
+_LEVEL_ORDER = {ERROR: 0, WARNING: 1, INFO: 2}
+
+# Code -> (level, template): Istio's pkg/config/analysis/msg/messages.yaml, for the codes produced here.
+MESSAGES: dict[str, tuple[str, str]] = {
+    "IST0101": (ERROR, "Referenced {} not found: {}"),
+    "IST0102": (INFO, "The namespace is not enabled for Istio injection. Run 'kubectl label namespace {} "
+                      "istio-injection=enabled' to enable it, or 'kubectl label namespace {} istio-injection=disabled' "
+                      "to explicitly mark it as not needing injection."),
+    "IST0103": (WARNING, "The pod {} is missing the Istio proxy. This can often be resolved by restarting or "
+                         "redeploying the workload."),
+    "IST0106": (ERROR, "Schema validation error: {}"),
+    "IST0109": (ERROR, "The VirtualServices {} associated with mesh gateway define the same host {} which can lead to "
+                       "undefined behavior. This can be fixed by merging the conflicting VirtualServices into a single "
+                       "resource."),
+    "IST0110": (ERROR, "The Sidecars {} in namespace {} select the same workload pod {}, which can lead to undefined "
+                       "behavior."),
+    "IST0111": (ERROR, "The Sidecars {} in namespace {} have no workload selector, which can lead to undefined "
+                       "behavior."),
+    "IST0112": (ERROR, "This VirtualService routes to a service {} that exposes multiple ports {}. Specifying a port in "
+                       "the destination is required to disambiguate."),
+    "IST0118": (INFO, "Port name {} (port: {}, targetPort: {}) doesn't follow the naming convention of Istio port."),
+    "IST0123": (WARNING, "The namespace has more than one type of injection labels {}, which may lead to undefined "
+                         "behavior. Make sure only one injection label exists."),
+    "IST0127": (WARNING, "No matching workloads for this resource with the following labels: {}"),
+    "IST0128": (WARNING, "DestinationRule {} in namespace {} has TLS mode set to {} but no caCertificates are set to "
+                         "validate server identity for host: {}"),
+    "IST0129": (WARNING, "DestinationRule {} in namespace {} has TLS mode set to {} but no caCertificates are set to "
+                         "validate server identity for host: {} at port {}"),
+    "IST0130": (WARNING, "VirtualService rule {} not used ({})."),
+    "IST0131": (INFO, "VirtualService rule {} match {} is not used (duplicate/overlapping match in rule {})."),
+    "IST0132": (WARNING, "one or more host {} defined in VirtualService {} not found in Gateway {}."),
+    "IST0134": (WARNING, "ServiceEntry addresses are required for this protocol."),
+    "IST0138": (WARNING, "Duplicate certificate in multiple gateways {} may cause 404s if clients re-use HTTP2 "
+                         "connections."),
+    "IST0140": (WARNING, "Subset in virtual service {} has no effect on ingress gateway {} requests"),
+    "IST0145": (ERROR, "Conflict with gateways {} (workload selector {}, port {}, hosts {})."),
+    "IST0148": (INFO, "is enabled for Istio injection, as Istio is installed with enableNamespacesByDefault as true."),
+    "IST0150": (WARNING, "Port name for ExternalName service is invalid. Proxy may prevent tcp named ports and unmatched "
+                         "traffic for ports serving TCP protocol from being forwarded correctly"),
+    "IST0161": (ERROR, "The credential referenced by the Gateway {} in namespace {} is invalid, which can cause the "
+                       "traffic not to work as expected."),
+    "IST0162": (WARNING, "The gateway is listening on a target port (port {}) that is not defined in the Service "
+                         "associated with its workload instances (Pod selector {}). If you need to access the gateway "
+                         "port through the gateway Service, it will not be available."),
+    "IST0177": (WARNING, "Multiple ServiceEntries ({}) define the same host {} and port {} with conflicting protocols "
+                         "({})."),
+    "IST0173": (ERROR, "The Subset {} defined in the DestinationRule does not select any pods. Which may lead to 503 UH "
+                       "(NoHealthyUpstream)."),
+    "IST0174": (WARNING, "The host {} defined in the DestinationRule does not match any services in the mesh."),
+}
+
+# The Kubernetes kinds analyzers read besides Istio's; only a cluster provides them.
+KUBE_KINDS = ("Namespace", "Service", "Pod", "Node", "ConfigMap", "Secret")
+# Namespaces Istio never analyzes (its injector's ignored namespaces).
+IGNORED_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease", "local-path-storage"})
+SUPPRESS_ANNOTATION = "galley.istio.io/analyze-suppress"
+_DOMAIN = "svc.cluster.local"  # Istio's analyzers assume it, whatever the cluster's
+_ISTIO_NAMESPACE = "istio-system"
+_WELL_KNOWN_TCP_PORTS = frozenset({25, 53, 3306})  # SMTP, DNS, MySQL: TCP when the name says nothing
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class Finding:
-    origin: str  # `<Kind> <namespace>/<name>`
+def go_quote(value: str) -> str:
+    """Go's %q for the strings config holds."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def go_list(values: Iterable[Any]) -> str:
+    """Go's %v of a slice."""
+    return "[" + " ".join(str(v) for v in values) + "]"
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    """One object as read (file or cluster): what the analyzers see of it."""
+
+    kind: str
+    namespace: str  # "" for cluster-scoped kinds
+    name: str
+    body: Mapping[str, Any] = field(compare=False)
+    reference: str = field(default="", compare=False)  # `file:line` when read from a file
+    # The line of each scalar field, keyed as Istio's analyzers name them (`{.spec.gateways[0]}`).
+    fields: Mapping[str, int] = field(default_factory=dict, compare=False)
+
+    @property
+    def spec(self) -> Mapping[str, Any]:
+        return self.body.get("spec") or {}
+
+    @property
+    def labels(self) -> Mapping[str, str]:
+        return (self.body.get("metadata") or {}).get("labels") or {}
+
+    @property
+    def annotations(self) -> Mapping[str, str]:
+        return (self.body.get("metadata") or {}).get("annotations") or {}
+
+    @property
+    def full_name(self) -> str:
+        return f"{self.namespace}/{self.name}" if self.namespace else self.name
+
+    @property
+    def origin(self) -> str:
+        return f"{self.kind} {self.full_name}"
+
+    @property
+    def origin_namespace(self) -> str:
+        return self.name if self.kind == "Namespace" else self.namespace
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
     code: str
-    message: str
-    level: str = ERROR
+    resource: Resource
+    parameters: tuple[Any, ...] = ()
+    path: str = ""  # the field at fault: its line replaces the object's in the reference
+
+    @property
+    def reference(self) -> str:
+        reference, line = self.resource.reference, self.resource.fields.get(self.path)
+        head, colon, tail = reference.rpartition(":")
+        return f"{head}:{line}" if line and colon and tail.isdigit() else reference
+
+    @property
+    def level(self) -> str:
+        return MESSAGES[self.code][0]
+
+    @property
+    def text(self) -> str:
+        return MESSAGES[self.code][1].format(*self.parameters)
+
+    @property
+    def origin(self) -> str:
+        return self.resource.origin
 
     def line(self) -> str:
-        return f"{self.level} [{self.code}] ({self.origin}) {self.message}"
+        reference = f" {self.reference}" if self.reference else ""
+        return f"{self.level} [{self.code}] ({self.origin}{reference}) {self.text}"
 
     def json(self) -> dict[str, str]:
-        return {"code": self.code, "level": self.level, "origin": self.origin, "message": self.message}
+        """istioctl analyze -o json's fields."""
+        found = {"code": self.code, "documentationUrl": documentation_url(self.code, "istioctl-analyze"),
+                 "level": self.level,
+                 "message": self.text, "origin": self.origin}
+        if self.reference:
+            found["reference"] = self.reference
+        return found
+
+    def sort_key(self) -> tuple[int, str, str, str]:
+        """Istio's order: level, code, then kind/name/namespace, then the line."""
+        r = self.resource
+        return _LEVEL_ORDER[self.level], self.code, f"{r.kind}/{r.name}/{r.namespace}", self.line()
 
 
-def schema_error(origin: str, error: str) -> Finding:
-    return Finding(origin, "IST0106", f"Schema validation error: {error}")
+# The Istio release whose analyzers these match: its documentation explains the codes.
+DOCS = "https://istio.io/v1.31/docs/reference/config/analysis"
 
 
-def analyze(config: ConfigSet, services: Iterable[Service], workloads: Iterable[Workload],
-            root_namespace: str) -> list[Finding]:
-    """Every finding, sorted. `services` and `workloads` are what the cluster or the files hold."""
-    services = list(services)
-    hosts: dict[str, str] = {s.hostname: s.namespace for s in services}  # host -> the namespace it lives in
-    for entry in config.service_entries:
-        hosts.update((h, entry.meta.namespace) for h in entry.hosts)
-    findings = _virtual_services(config, hosts, root_namespace)
-    findings += _gateway_selectors(config, list(workloads))
-    findings += _conflicting_destination_rules(config.destination_rules)
-    findings += _sidecars_without_selector(config)
-    findings += _mesh_host_conflicts(config)
-    return sorted(set(findings))
+def documentation_url(code: str, ref: str = "") -> str:
+    """Istio's link for a code; `ref` names who links (istioctl analyze's `?ref=istioctl-analyze`)."""
+    return f"{DOCS}/{code.lower()}/" + (f"?ref={ref}" if ref else "")
 
 
-def _known_host(host: str, hosts: Mapping[str, str]) -> str | None:
-    """The namespace of the service a destination host names (wildcard ServiceEntries count)."""
-    match = most_specific(host, hosts)
-    return hosts[match] if match is not None else None
+def schema_error(resource: Resource, error: str) -> Message:
+    return Message("IST0106", resource, (error,))
 
 
-def _virtual_services(config: ConfigSet, hosts: Mapping[str, str], root_namespace: str) -> list[Finding]:
-    findings = []
-    gateways = {f"{g.meta.namespace}/{g.meta.name}" for g in config.gateways}
-    for vs in config.virtual_services:
-        origin = f"VirtualService {vs.meta}"
-        for gateway in vs.gateways:
-            if gateway != MESH_GATEWAY and gateway not in gateways:
-                findings.append(Finding(origin, "IST0101", f'Referenced gateway not found: "{gateway}"'))
-        routes = [r for http in vs.http for r in http.route] + [r for l4 in vs.tcp + vs.tls for r in l4.route]
-        for route in routes:
-            destination = route.destination
-            namespace = _known_host(destination.host, hosts)
-            if namespace is None:
-                findings.append(Finding(origin, "IST0101", f'Referenced host not found: "{destination.host}"'))
+class Objects:
+    """The objects one analysis reads, by kind."""
+
+    def __init__(self, resources: Iterable[Resource], kinds: Iterable[str]) -> None:
+        self.kinds = frozenset(kinds)  # what was read at all: an analyzer needing another kind is skipped
+        self._by_kind: dict[str, list[Resource]] = defaultdict(list)
+        self._by_name: dict[tuple[str, str, str], Resource] = {}
+        self._index: dict[str, Any] = {}  # built on first use
+        for resource in resources:
+            self._by_kind[resource.kind].append(resource)
+            self._by_name[(resource.kind, resource.namespace, resource.name)] = resource
+
+    def __call__(self, kind: str) -> list[Resource]:
+        return self._by_kind.get(kind, [])
+
+    def _selected_ids(self, selector: Mapping[str, str]) -> frozenset[int]:
+        if "pods" not in self._index:
+            by_label: dict[tuple[str, str], list[int]] = defaultdict(list)
+            for i, pod in enumerate(self("Pod")):
+                for label in pod.labels.items():
+                    by_label[label].append(i)
+            self._index["pods"] = {label: frozenset(ids) for label, ids in by_label.items()}
+        if not selector:
+            return frozenset(range(len(self("Pod"))))
+        index: dict[tuple[str, str], frozenset[int]] = self._index["pods"]
+        return frozenset.intersection(*(index.get(label, frozenset()) for label in selector.items()))
+
+    def selected(self, selector: Mapping[str, str]) -> list[Resource]:
+        """The pods whose labels hold every label of `selector` (all pods for an empty one), in order."""
+        pods = self("Pod")
+        return [pods[i] for i in sorted(self._selected_ids(selector))]
+
+    def any_selected(self, selector: Mapping[str, str]) -> bool:
+        return bool(self._selected_ids(selector))
+
+    def get(self, kind: str, namespace: str, name: str) -> Resource | None:
+        return self._by_name.get((kind, namespace, name))
+
+    def exists(self, kind: str, namespace: str, name: str) -> bool:
+        return (kind, namespace, name) in self._by_name
+
+
+Analyzer = Callable[[Objects], Iterator[Message]]
+_ANALYZERS: list[tuple[tuple[str, ...], Analyzer]] = []
+
+
+def _analyzer(*inputs: str) -> Callable[[Analyzer], Analyzer]:
+    def register(function: Analyzer) -> Analyzer:
+        _ANALYZERS.append((inputs, function))
+        return function
+    return register
+
+
+def analyze(objects: Objects) -> list[Message]:
+    """Every analyzer whose kinds were read; messages deduplicated, in Istio's order."""
+    found: dict[str, Message] = {}
+    for inputs, analyzer in _ANALYZERS:
+        if all(kind in objects.kinds for kind in inputs):
+            for message in analyzer(objects):
+                found.setdefault(message.line(), message)
+    return sorted(found.values(), key=Message.sort_key)
+
+
+def selected(messages: Iterable[Message], namespace: str | None) -> list[Message]:
+    """Messages of `namespace` (None: all), minus those the resource's annotation suppresses."""
+    kept = []
+    for message in messages:
+        if namespace is not None and message.resource.origin_namespace not in ("", namespace):
+            continue
+        codes = message.resource.annotations.get(SUPPRESS_ANNOTATION, "")
+        if codes and any(code in ("*", message.code) for code in codes.split(",")):
+            continue
+        kept.append(message)
+    return kept
+
+
+# --- host names, as Istio's analyzers treat them (util/hosts.go, util/service_lookup.go) ---
+
+def _fqdn(namespace: str, host: str) -> str:
+    return host if host.startswith("*") or "." in host else f"{host}.{namespace}.{_DOMAIN}"
+
+
+def _resource_name(namespace: str, host: str) -> tuple[str, str]:
+    """(namespace, name) a host stands for: from `name.ns.svc.cluster.local`, else the host in `namespace`."""
+    if host.endswith("." + _DOMAIN):
+        name, _, ns = host.removesuffix("." + _DOMAIN).rpartition(".")
+        if name and ns:
+            return ns, name
+    return namespace, host
+
+
+_Scoped = tuple[str, str]  # (exportTo scope, fqdn)
+
+
+def _service_entry_hosts(objects: Objects) -> dict[_Scoped, Mapping[str, Any]]:
+    """Every host ServiceEntries and Services declare, by the scope it is exported to, to its
+    ServiceEntry spec (Services as one with their ports)."""
+    hosts: dict[_Scoped, Mapping[str, Any]] = {}
+    for entry in objects("ServiceEntry"):
+        export_to = entry.spec.get("exportTo") or []
+        for host in entry.spec.get("hosts") or []:
+            scopes = ["*"] if not export_to or "*" in export_to else [
+                entry.namespace if e == "." else e for e in export_to]
+            for scope in scopes:
+                hosts[(scope, _fqdn(entry.namespace, host))] = entry.spec
+    for service in objects("Service"):
+        spec = {"hosts": [_fqdn(service.namespace, service.name)],
+                "ports": [{"number": p.get("port"), "name": p.get("name", ""), "protocol": p.get("protocol", "")}
+                          for p in service.spec.get("ports") or []]}
+        annotation = service.annotations.get("networking.istio.io/exportTo", "")
+        scopes = ["*"] if not annotation else [
+            service.namespace if s.strip() == "." else s.strip() for s in annotation.split(",")]
+        for scope in scopes:
+            hosts[(scope, _fqdn(service.namespace, service.name))] = spec
+    return hosts
+
+
+def _destination_host(namespace: str, export_to: Sequence[str], host: str,
+                      hosts: Mapping[_Scoped, Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """util.GetDestinationHost: the ServiceEntry (or Service) a destination host names, as seen
+    from `namespace`."""
+    fqdn = _fqdn(namespace, host)
+    if ("*", fqdn) in hosts:
+        return hosts[("*", fqdn)]
+    for scope in [namespace] if not export_to else [namespace if e == "." else e for e in export_to]:
+        if (scope, fqdn) in hosts:
+            return hosts[(scope, fqdn)]
+    for (scope, entry_host), spec in hosts.items():
+        if entry_host.startswith("*") and scope in ("*", namespace) and \
+                host.removeprefix("*").endswith(entry_host.removeprefix("*")):
+            return spec
+    return None
+
+
+def _host_matches(a: str, b: str) -> bool:
+    """host.Name.Matches: either side may be a wildcard."""
+    if a.startswith("*") and b.startswith("*"):
+        return b[1:].endswith(a[1:]) if len(a) < len(b) else a[1:].endswith(b[1:])
+    if a.startswith("*"):
+        return b.endswith(a[1:])
+    if b.startswith("*"):
+        return a.endswith(b[1:])
+    return a == b
+
+
+_NAME = "{.metadata.name}"
+
+
+def _selector_path(selector: Mapping[str, str]) -> str:
+    """A Gateway selector's first label (in the selector's string order), where Istio points."""
+    return f"{{.spec.selector.{_selector(selector).partition('=')[0]}}}"
+
+
+def _selector(labels: Mapping[str, str]) -> str:
+    """labels.SelectorFromSet(...).String(): sorted `k=v`, comma-joined."""
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def _selects(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+# --- VirtualService ---
+
+@dataclass(frozen=True, slots=True)
+class _Destination:
+    path: str  # its host field, as Istio's analyzers name it
+    destination: Mapping[str, Any]
+
+
+def _route_destinations(spec: Mapping[str, Any]) -> list[_Destination]:
+    return [_Destination(f"{{.spec.{kind}[{i}].route[{j}].destination.host}}", route.get("destination") or {})
+            for kind in ("tcp", "tls", "http") for i, rule in enumerate(spec.get(kind) or [])
+            for j, route in enumerate(rule.get("route") or [])]
+
+
+def _mirror_destinations(spec: Mapping[str, Any]) -> list[_Destination]:
+    found = []
+    for i, rule in enumerate(spec.get("http") or []):
+        if rule.get("mirror"):
+            found.append(_Destination(f"{{.spec.http[{i}].mirror.host}}", rule["mirror"]))
+        found += [_Destination(f"{{.spec.http[{i}].mirrors[{j}].host}}", m.get("destination") or {})
+                  for j, m in enumerate(rule.get("mirrors") or [])]
+    return found
+
+
+@_analyzer("Gateway", "VirtualService")
+def _virtual_service_gateways(objects: Objects) -> Iterator[Message]:
+    """virtualservice.GatewayAnalyzer: IST0101 (gateway), IST0132."""
+    for vs in objects("VirtualService"):
+        for i, gateway in enumerate(vs.spec.get("gateways") or []):
+            if gateway == "mesh":
                 continue
-            if not destination.subset:
+            namespace, _, name = gateway.rpartition("/")
+            namespace = namespace or vs.namespace
+            path = f"{{.spec.gateways[{i}]}}"
+            if not objects.exists("Gateway", namespace, name):
+                yield Message("IST0101", vs, ("gateway", go_quote(gateway)), path)
+            if not _host_in_gateway(objects, namespace, name, vs.spec.get("hosts") or [], vs.namespace):
+                yield Message("IST0132", vs, (go_list(vs.spec.get("hosts") or []), vs.full_name, f"{namespace}/{name}"),
+                              path)
+
+
+def _host_in_gateway(objects: Objects, namespace: str, name: str, vs_hosts: Sequence[str], vs_namespace: str) -> bool:
+    gateway_hosts: list[str] = []
+    gateway = objects.get("Gateway", namespace, name)
+    for server in gateway.spec.get("servers") or [] if gateway is not None else []:
+        gateway_hosts += _server_hosts(server.get("hosts") or [], namespace)
+    names = []
+    for host in gateway_hosts:
+        ns, slash, bare = host.partition("/")
+        if slash and ns not in (vs_namespace, "*"):
+            continue
+        names.append(bare if slash else host)
+    return any(_host_matches(g, h) for g in names for h in vs_hosts)
+
+
+def _server_hosts(hosts: Sequence[str], namespace: str) -> list[str]:
+    """sanitizeServerHostNamespace: `./h` is the gateway's namespace, `*/h` any; `*/*` all hosts."""
+    result = []
+    for host in hosts:
+        ns, slash, bare = host.partition("/")
+        if slash and ns == "." :
+            result.append(f"{namespace}/{bare}")
+        elif slash and ns == "*":
+            if bare == "*":
+                return ["*"]
+            result.append(bare)
+        else:
+            result.append(host)
+    return result
+
+
+@_analyzer("VirtualService")
+def _unreachable_rules(objects: Objects) -> Iterator[Message]:
+    """Istio's VirtualService validation warnings: IST0130, IST0131 (exact duplicates; the
+    overlapping-prefix check is not made)."""
+    for vs in objects("VirtualService"):
+        for kind in ("http", "tcp", "tls"):
+            yield from _unreachable(vs, kind, vs.spec.get(kind) or [])
+
+
+def _unreachable(vs: Resource, kind: str, rules: Sequence[Mapping[str, Any]]) -> Iterator[Message]:
+    def name(rule: Mapping[str, Any], n: int) -> str:
+        return go_quote(rule["name"]) if kind == "http" and rule.get("name") else f"#{n}"
+
+    seen: dict[str, int] = {}
+    empty = -1
+    for n, rule in enumerate(rules):
+        matches = rule.get("match") or []
+        if not matches:
+            if empty >= 0:
+                yield Message("IST0130", vs, (name(rule, n), "only the last rule can have no matches"))
+            empty = n
+            continue
+        duplicates = 0
+        for m, match in enumerate(matches):
+            if empty >= 0:
+                yield Message("IST0130", vs, (name(rule, n), "route without matches defined before"))
                 continue
-            rule = config.destination_rule_for(vs.meta.namespace, {}, destination.host, namespace, root_namespace)
-            if rule is None or rule.subset(destination.subset) is None:
-                findings.append(Finding(origin, "IST0101", "Referenced host+subset in destinationrule not found: "
-                                                           f'"{destination.host}+{destination.subset}"'))
-    return findings
+            text = json.dumps(match, sort_keys=True)
+            if text in seen:
+                match_name = go_quote(match["name"]) if kind == "http" and match.get("name") else f"#{m}"
+                yield Message("IST0131", vs, (name(rule, n), match_name, name(rules[seen[text]], seen[text])))
+                duplicates += 1
+                continue
+            seen[text] = n
+        if duplicates == len(matches):
+            yield Message("IST0130", vs, (name(rule, n), "all matches used by prior rules"))
 
 
-def _gateway_selectors(config: ConfigSet, workloads: list[Workload]) -> list[Finding]:
-    findings = []
-    for gateway in config.gateways:
-        selector = dict(gateway.selector)
-        if not any(all(w.label_map().get(k) == v for k, v in selector.items()) for w in workloads):
-            text = ",".join(f"{k}={v}" for k, v in gateway.selector)
-            findings.append(Finding(f"Gateway {gateway.meta}", "IST0101", f'Referenced selector not found: "{text}"'))
-    return findings
+@_analyzer("VirtualService", "DestinationRule")
+def _virtual_service_subsets(objects: Objects) -> Iterator[Message]:
+    """virtualservice.DestinationRuleAnalyzer: IST0101 (host+subset, mirror+subset)."""
+    subsets = {(_resource_name(dr.namespace, dr.spec.get("host", "")), s.get("name", ""))
+               for dr in objects("DestinationRule") for s in dr.spec.get("subsets") or []}
+    for vs in objects("VirtualService"):
+        for reftype, destinations in (("host+subset in destinationrule", _route_destinations(vs.spec)),
+                                      ("mirror+subset in destinationrule", _mirror_destinations(vs.spec))):
+            for d in destinations:
+                host, subset = d.destination.get("host", ""), d.destination.get("subset", "")
+                if subset and (_resource_name(vs.namespace, host), subset) not in subsets:
+                    yield Message("IST0101", vs, (reftype, go_quote(f"{host}+{subset}")), d.path)
 
 
-def _conflicting_destination_rules(rules: Iterable[DestinationRule]) -> list[Finding]:
-    """Rules of one namespace for the same host, neither narrowed by a workload selector: which one
-    a proxy gets depends on their age."""
-    by_host: dict[tuple[str, str], list[DestinationRule]] = defaultdict(list)
-    for rule in rules:
-        if not rule.workload_selector:
-            by_host[(rule.meta.namespace, rule.host)].append(rule)
-    findings = []
-    for (_, host), same in by_host.items():
+@_analyzer("ServiceEntry", "VirtualService", "Service")
+def _virtual_service_hosts(objects: Objects) -> Iterator[Message]:
+    """virtualservice.DestinationHostAnalyzer: IST0101 (host, mirror host, host:port), IST0112, IST0140."""
+    hosts = _service_entry_hosts(objects)
+    with_subsets = {vs.full_name: [d for d in _route_destinations({"http": vs.spec.get("http")})
+                                   if d.destination.get("subset") and d.destination.get("host") in (vs.spec.get("hosts") or [])]
+                    for vs in objects("VirtualService")}
+    for vs in objects("VirtualService"):
+        if vs.spec.get("gateways"):
+            for i, rule in enumerate(vs.spec.get("http") or []):
+                for j, route in enumerate(rule.get("route") or []):
+                    destination = route.get("destination") or {}
+                    if destination.get("subset"):
+                        continue
+                    # Istio names the field with the rule's name where the others say `http` (so rarely finds it).
+                    path = f"{{.spec.{rule.get('name', '')}[{i}].route[{j}].destination.host}}"
+                    for other, destinations in with_subsets.items():
+                        for _ in (x for x in destinations if x.destination.get("host") == destination.get("host")):
+                            yield Message("IST0140", vs, (other, vs.full_name), path)
+        export_to = vs.spec.get("exportTo") or []
+        for reftype, destinations in (("host", _route_destinations(vs.spec)), ("mirror host", _mirror_destinations(vs.spec))):
+            for d in destinations:
+                host = d.destination.get("host", "")
+                entry = _destination_host(vs.namespace, export_to, host, hosts)
+                if entry is None:
+                    yield Message("IST0101", vs, (reftype, go_quote(host)), d.path)
+                    continue
+                yield from _destination_ports(vs, d, entry)
+
+
+def _destination_ports(vs: Resource, d: _Destination, entry: Mapping[str, Any]) -> Iterator[Message]:
+    destination = d.destination
+    ports = [p.get("number") for p in entry.get("ports") or []]
+    port = (destination.get("port") or {}).get("number")
+    if destination.get("port") is None:
+        if len(ports) > 1:
+            yield Message("IST0112", vs, (go_quote(destination.get("host", "")), go_list(ports)), d.path)
+    elif port not in ports:
+        yield Message("IST0101", vs, ("host:port", go_quote(f"{destination.get('host', '')}:{port or 0}")), d.path)
+
+
+@_analyzer("VirtualService")
+def _mesh_gateway_hosts(objects: Objects) -> Iterator[Message]:
+    """virtualservice.ConflictingMeshGatewayHostsAnalyzer: IST0109."""
+    by_host: dict[_Scoped, list[Resource]] = defaultdict(list)
+    for vs in objects("VirtualService"):
+        gateways = vs.spec.get("gateways") or []
+        if gateways and "mesh" not in gateways:
+            continue
+        export_to = vs.spec.get("exportTo") or []
+        scopes = ["*"] if not export_to or "*" in export_to else \
+            list(dict.fromkeys(vs.namespace if e == "." else e for e in export_to))
+        for scope in scopes:
+            for host in vs.spec.get("hosts") or []:
+                by_host[(scope, _fqdn(vs.namespace, host))].append(vs)
+    reported = set()
+    for (scope, host), same in by_host.items():
+        if scope != "*":
+            same = same + [vs for (s, h), more in by_host.items() if s == "*" and _host_matches(host, h) for vs in more]
         if len(same) > 1:
-            names = ", ".join(str(r.meta) for r in same)
-            for rule in same:
-                findings.append(Finding(f"DestinationRule {rule.meta}", "IST0173",
-                                        f"DestinationRules {names} have the same host {host}."))
-    return findings
+            names = ",".join(sorted(vs.full_name for vs in same))
+            for vs in same:
+                if vs.full_name not in reported:
+                    reported.add(vs.full_name)
+                    yield Message("IST0109", vs, (names, f"{scope}/{host}"), _NAME)
 
 
-def _sidecars_without_selector(config: ConfigSet) -> list[Finding]:
-    by_namespace: dict[str, list[str]] = defaultdict(list)
-    for sidecar in config.sidecars:
-        if not sidecar.workload_selector:
-            by_namespace[sidecar.meta.namespace].append(sidecar.meta.name)
-    return [Finding(f"Sidecar {namespace}/{name}", "IST0111",
-                    f'The Sidecars {names} in namespace "{namespace}" have no workload selector, '
-                    "which can lead to undefined behavior.")
-            for namespace, names in by_namespace.items() if len(names) > 1 for name in names]
+# --- ServiceEntry ---
+
+@_analyzer("ServiceEntry")
+def _service_entry_addresses(objects: Objects) -> Iterator[Message]:
+    """serviceentry.ProtocolAddressesAnalyzer: IST0134 (addresses needed for a TCP port), unless the
+    mesh config's proxyMetadata turns on DNS capture with auto-allocation (read from a cluster's
+    ConfigMap `istio`; without one, Istio's defaults, which do not)."""
+    if _auto_allocates(objects):
+        return
+    for entry in objects("ServiceEntry"):
+        if entry.spec.get("addresses") or (entry.body.get("status") or {}).get("addresses"):
+            continue
+        for i, port in enumerate(entry.spec.get("ports") or []):
+            if port.get("protocol", "").upper() in ("", "TCP"):
+                yield Message("IST0134", entry, (), f"{{.spec.ports[{i}].name}}")
 
 
-def _mesh_host_conflicts(config: ConfigSet) -> list[Finding]:
-    by_host: dict[tuple[str, str], list[str]] = defaultdict(list)
-    for vs in config.virtual_services:
-        if MESH_GATEWAY in vs.gateways:
-            scope = vs.meta.namespace if vs.export_to == (".",) else "*"
-            for host in vs.hosts:
-                by_host[(scope, host)].append(str(vs.meta))
-    return [Finding(f"VirtualService {name}", "IST0109",
-                    f"The VirtualServices {','.join(names)} associated with mesh gateway define the same host {host} "
-                    "which can lead to undefined behavior. This can be fixed by merging the conflicting "
-                    "VirtualServices into a single resource.")
-            for (_, host), names in by_host.items() if len(names) > 1 for name in names]
+def _auto_allocates(objects: Objects) -> bool:
+    default_config = _mesh_config(objects).get("defaultConfig")
+    metadata = (default_config.get("proxyMetadata") if isinstance(default_config, dict) else None) or {}
+    return bool(metadata.get("ISTIO_META_DNS_CAPTURE") == "true" and "true" in (
+        metadata.get("ISTIO_META_DNS_AUTO_ALLOCATE"), metadata.get("PILOT_ENABLE_IP_AUTOALLOCATE")))
 
+
+def _mesh_config(objects: Objects) -> Mapping[str, Any]:
+    """The mesh config of a cluster's ConfigMap `istio` (key `mesh`); {} (Istio's defaults) without one."""
+    for configmap in objects("ConfigMap"):
+        if configmap.name == "istio" and configmap.namespace == _ISTIO_NAMESPACE:
+            try:
+                mesh = yaml.safe_load((configmap.body.get("data") or {}).get("mesh", "")) or {}
+            except yaml.YAMLError:
+                return {}
+            return mesh if isinstance(mesh, dict) else {}
+    return {}
+
+
+@_analyzer("ServiceEntry")
+def _conflicting_service_entry_protocols(objects: Objects) -> Iterator[Message]:
+    """serviceentry.ConflictingServiceEntryProtocolAnalyzer: IST0177."""
+    index: dict[tuple[str, str, int], list[tuple[str, Resource]]] = defaultdict(list)
+    for entry in objects("ServiceEntry"):
+        export_to = entry.spec.get("exportTo") or []
+        scopes = ["*"] if not export_to or "*" in export_to else \
+            list(dict.fromkeys(entry.namespace if e == "." else e for e in export_to))
+        for scope in scopes:
+            for host in entry.spec.get("hosts") or []:
+                for port in entry.spec.get("ports") or []:
+                    index[(scope, host, port.get("number", 0))].append((port.get("protocol", ""), entry))
+    reported = set()
+    for (scope, host, number), entries in index.items():
+        if scope != "*":
+            entries = entries + index.get(("*", host, number), [])
+        protocols = sorted({protocol.upper() for protocol, _ in entries})
+        if len(protocols) < 2:
+            continue
+        names = ", ".join(sorted({entry.full_name for _, entry in entries}))
+        for _, entry in entries:
+            if entry.full_name not in reported:
+                reported.add(entry.full_name)
+                yield Message("IST0177", entry, (names, go_quote(host), number, ", ".join(protocols)), _NAME)
+
+
+# --- DestinationRule ---
+
+@_analyzer("DestinationRule")
+def _ca_certificates(objects: Objects) -> Iterator[Message]:
+    """destinationrule.CaCertificateAnalyzer: IST0128, IST0129."""
+    for dr in objects("DestinationRule"):
+        policy = dr.spec.get("trafficPolicy") or {}
+        selector = dr.spec.get("workloadSelector") is not None
+        if _unverified(policy.get("tls") or {}, selector):
+            yield Message("IST0128", dr, (dr.full_name, dr.namespace, policy["tls"]["mode"], dr.spec.get("host", "")),
+                          "{.spec.trafficPolicy.tls.caCertificates}")
+        for i, settings in enumerate(policy.get("portLevelSettings") or []):
+            if _unverified(settings.get("tls") or {}, selector):
+                port = settings.get("port") or {}
+                # Go's String() of the PortSelector proto.
+                shown = f"number:{port['number']}" if port.get("number") else ""
+                yield Message("IST0129", dr, (dr.full_name, dr.namespace, settings["tls"]["mode"],
+                                              dr.spec.get("host", ""), shown),
+                              f"{{.spec.trafficPolicy.portLevelSettings[{i}].tls.caCertificates}}")
+
+
+def _unverified(tls: Mapping[str, Any], has_selector: bool) -> bool:
+    return tls.get("mode") in ("SIMPLE", "MUTUAL") and not tls.get("caCertificates") and \
+        not (tls.get("credentialName") and has_selector)
+
+
+@_analyzer("DestinationRule", "Pod", "Service", "ServiceEntry", "Node")
+def _subsets_select_pods(objects: Objects) -> Iterator[Message]:
+    """destinationrule.PodNotSelectedAnalyzer: IST0174, IST0173."""
+    hosts = _service_entry_hosts(objects)
+    for dr in objects("DestinationRule"):
+        entry = _destination_host(dr.namespace, dr.spec.get("exportTo") or [], dr.spec.get("host", ""), hosts)
+        if entry is None:
+            yield Message("IST0174", dr, (dr.spec.get("host", ""),))
+            continue
+        base = (entry.get("workloadSelector") or {}).get("labels") or {}
+        for subset in dr.spec.get("subsets") or []:
+            selector = {**base, **(subset.get("labels") or {})}
+            if not objects.any_selected(selector):
+                yield Message("IST0173", dr, (subset.get("name", ""),))
+
+
+# --- Gateway, Sidecar ---
+
+@_analyzer("Gateway", "Pod", "Service")
+def _gateway_ports(objects: Objects) -> Iterator[Message]:
+    """gateway.IngressGatewayPortAnalyzer: IST0101 (selector), IST0162."""
+    for gateway in objects("Gateway"):
+        selector = gateway.spec.get("selector") or {}
+        matched = objects.selected(selector)
+        if not matched:
+            yield Message("IST0101", gateway, ("selector", go_quote(_selector(selector))), _selector_path(selector))
+            continue
+        ports: set[int] = set()
+        for pod in matched:
+            for service in objects("Service"):
+                if service.namespace == pod.namespace and _selects(service.spec.get("selector") or {}, pod.labels):
+                    for p in service.spec.get("ports") or []:
+                        if p.get("protocol", "TCP") == "TCP":
+                            target = p.get("targetPort")
+                            ports.add(p.get("port", 0))
+                            if isinstance(target, int) and target:
+                                ports.add(target)
+        for server in gateway.spec.get("servers") or []:
+            number = (server.get("port") or {}).get("number")
+            if number is not None and number not in ports:
+                yield Message("IST0162", gateway, (number, _selector(selector)), _selector_path(selector))
+
+
+@_analyzer("Gateway")
+def _duplicate_certificates(objects: Objects) -> Iterator[Message]:
+    """gateway.CertificateAnalyzer: IST0138 (gateways not scoped to their namespace, istiod's default)."""
+    for gateway in objects("Gateway"):
+        selector = gateway.spec.get("selector") or {}
+        for other in objects("Gateway"):
+            if other.full_name == gateway.full_name or not _subset(selector, other.spec.get("selector") or {}):
+                continue
+            for server in gateway.spec.get("servers") or []:
+                for theirs in other.spec.get("servers") or []:
+                    if server.get("tls") is not None and theirs.get("tls") is not None and \
+                            _same_certificate(server["tls"], theirs["tls"]):
+                        yield Message("IST0138", gateway, (go_list([gateway.full_name, other.full_name]),), _NAME)
+
+
+def _subset(x: Mapping[str, str], y: Mapping[str, str]) -> bool:
+    """Every label of `x` is in `y` with its value (an empty `x` selects every gateway)."""
+    return all(k in y and y[k] == v for k, v in x.items())
+
+
+def _same_certificate(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    if a.get("credentialName") and b.get("credentialName"):
+        return bool(a["credentialName"] == b["credentialName"])
+    if not a.get("credentialName") and not b.get("credentialName") and a.get("serverCertificate") and \
+            a.get("serverCertificate") == b.get("serverCertificate") and a.get("privateKey") and b.get("privateKey"):
+        return bool(a["privateKey"] == b["privateKey"])
+    return False
+
+
+@_analyzer("Gateway", "Pod")
+def _conflicting_gateways(objects: Objects) -> Iterator[Message]:
+    """gateway.ConflictingGatewayAnalyzer: IST0145, a host bound twice on one selector and port (a
+    gateway's last server on a port stands for it, as in Istio's; its hosts are compared as written)."""
+    bound: dict[tuple[str, int], dict[str, dict[str, str]]] = defaultdict(dict)
+    for gateway in objects("Gateway"):
+        for server in gateway.spec.get("servers") or []:
+            key = (_selector(gateway.spec.get("selector") or {}), (server.get("port") or {}).get("number", 0))
+            bound[key][gateway.full_name] = {h: server.get("bind", "") for h in server.get("hosts") or []}
+    for gateway in objects("Gateway"):
+        selector = gateway.spec.get("selector") or {}
+        text = _selector(selector)
+        same = [key for key in bound if key[0] == text or (key[0] in text or text in key[0]) and any(
+            _selects(selector, p.labels) and _selects(_parse_selector(key[0]), p.labels) for p in objects("Pod"))]
+        for server in gateway.spec.get("servers") or []:
+            port = (server.get("port") or {}).get("number", 0)
+            hosts, bind = server.get("hosts") or [], server.get("bind", "")
+            others = sorted(name for key in same if key[1] == port for name, known in bound[key].items()
+                            if name != gateway.full_name and any(known.get(h, None) == bind for h in hosts))
+            if others:
+                yield Message("IST0145", gateway, (",".join(others), text, port, ",".join(hosts)))
+
+
+def _parse_selector(text: str) -> dict[str, str]:
+    return dict(pair.split("=", 1) for pair in text.split(",") if pair.count("=") == 1)
+
+
+@_analyzer("Gateway", "Pod", "Secret")
+def _gateway_secrets(objects: Objects) -> Iterator[Message]:
+    """gateway.SecretAnalyzer: IST0101 (selector, credentialName), IST0161. A credential is valid
+    when istiod's own reading of the Secret takes it."""
+    from istiod.sources.convert import ConversionError, convert  # the Secret's reading is istiod's
+
+    for gateway in objects("Gateway"):
+        selector = gateway.spec.get("selector") or {}
+        namespace = next((p.namespace for p in objects.selected(selector)), "")
+        if not namespace:
+            yield Message("IST0101", gateway, ("selector", go_quote(_selector(selector))), _selector_path(selector))
+            continue
+        for i, server in enumerate(gateway.spec.get("servers") or []):
+            path = f"{{.spec.servers[{i}].tls.credentialName}}"
+            name = (server.get("tls") or {}).get("credentialName", "")
+            if not name:
+                continue
+            ns, _, bare = name.rpartition("/")
+            secret = next((s for s in objects("Secret") if s.namespace == (ns or namespace) and s.name == bare), None)
+            if secret is None:
+                yield Message("IST0101", gateway, ("credentialName", go_quote(name)), path)
+                continue
+            try:
+                convert(secret.body)
+            except ConversionError:
+                yield Message("IST0161", gateway, (gateway.name, namespace), path)
+
+
+@_analyzer("Sidecar", "Pod", "Namespace")
+def _sidecar_selectors(objects: Objects) -> Iterator[Message]:
+    """sidecar.SelectorAnalyzer: IST0101 (selector), IST0110, IST0111 (ambient pods and namespaces,
+    IST0167, are not reported)."""
+    pods_to_sidecars: dict[tuple[str, str], list[Resource]] = defaultdict(list)
+    without: dict[str, list[Resource]] = defaultdict(list)
+    for sidecar in objects("Sidecar"):
+        selector = (sidecar.spec.get("workloadSelector") or {}).get("labels") or {}
+        if not selector:
+            without[sidecar.namespace].append(sidecar)
+            continue
+        matched = [p for p in objects.selected(selector) if p.namespace == sidecar.namespace]
+        for pod in matched:
+            pods_to_sidecars[(pod.namespace, pod.name)].append(sidecar)
+        if not matched:
+            first = _selector(selector).partition("=")[0]
+            yield Message("IST0101", sidecar, ("selector", go_quote(_selector(selector))),
+                          f"{{.spec.workloadSelector.labels.{first}}}")
+    for (namespace, pod_name), sidecars in pods_to_sidecars.items():
+        if len(sidecars) > 1:
+            names = go_list(sorted(s.name for s in sidecars))
+            for sidecar in sidecars:
+                yield Message("IST0110", sidecar, (names, go_quote(namespace), go_quote(pod_name)), _NAME)
+    for namespace, sidecars in without.items():
+        if len(sidecars) > 1:
+            names = go_list(sorted(s.name for s in sidecars))
+            for sidecar in sidecars:
+                yield Message("IST0111", sidecar, (names, go_quote(namespace)))
+
+
+# --- AuthorizationPolicy ---
+
+@_analyzer("AuthorizationPolicy", "Namespace", "Pod")
+def _authorization_policies(objects: Objects) -> Iterator[Message]:
+    """auth.AuthorizationPoliciesAnalyzer: IST0127 (no pod in the mesh selected), IST0101 (namespace)."""
+    in_mesh: dict[str, list[Mapping[str, str]]] = defaultdict(list)
+    for pod in objects("Pod"):
+        if _pod_in_mesh(objects, pod) or pod.annotations.get("ambient.istio.io/redirection") == "enabled":
+            in_mesh[pod.namespace].append(pod.labels)
+    root = _mesh_config(objects).get("rootNamespace") or _ISTIO_NAMESPACE
+    namespaces = [n.name for n in objects("Namespace")]
+    for policy in objects("AuthorizationPolicy"):
+        selector = policy.spec.get("selector")
+        labels = (selector or {}).get("matchLabels") or {}
+        if policy.namespace == root:
+            if selector is not None and not any(_selects(labels, pod) for pods in in_mesh.values() for pod in pods):
+                yield Message("IST0127", policy, (_selector(labels),))
+        elif selector is None:
+            if not in_mesh[policy.namespace]:
+                yield Message("IST0127", policy, ("",))
+        elif not any(_selects(labels, pod) for pod in in_mesh[policy.namespace]):
+            yield Message("IST0127", policy, (_selector(labels),))
+        for i, rule in enumerate(policy.spec.get("rules") or []):
+            for j, source in enumerate(rule.get("from") or []):
+                source = source.get("source") or {}
+                for pattern, k in _with_index(source.get("namespaces") or []) + _with_index(source.get("notNamespaces") or []):
+                    if not any(_namespace_matches(name, pattern) for name in namespaces):
+                        # Istio points at `namespaces[k]` for a notNamespaces entry too.
+                        yield Message("IST0101", policy, ("namespace", go_quote(pattern)),
+                                      f"{{.spec.rules[{i}].from[{j}].source.namespaces[{k}]}}")
+
+
+def _with_index(values: list[str]) -> list[tuple[str, int]]:
+    return [(v, k) for k, v in enumerate(values)]
+
+
+def _pod_in_mesh(objects: Objects, pod: Resource) -> bool:
+    """util.PodInMesh: a proxy container, else the pod's inject label or annotation, else its namespace's label."""
+    containers = (pod.spec.get("containers") or []) + (pod.spec.get("initContainers") or [])
+    if any(c.get("name") == "istio-proxy" and c.get("image") for c in containers):
+        return True
+    for metadata in (pod.labels, pod.annotations):
+        if "sidecar.istio.io/inject" in metadata:
+            return metadata["sidecar.istio.io/inject"] == "true"
+    namespace = objects.get("Namespace", "", pod.namespace)
+    return namespace is not None and namespace.labels.get("istio-injection") == "enabled"
+
+
+def _namespace_matches(namespace: str, pattern: str) -> bool:
+    if pattern == "*":
+        return True
+    if pattern.startswith("*"):
+        return namespace.endswith(pattern[1:])
+    if pattern.endswith("*"):
+        return namespace.startswith(pattern[:-1])
+    return namespace.lower() == pattern.lower()
+
+
+# --- Kubernetes kinds ---
+
+@_analyzer("Service")
+def _port_names(objects: Objects) -> Iterator[Message]:
+    """service.PortNameAnalyzer: IST0118, IST0150."""
+    for service in objects("Service"):
+        if "istio" in service.labels or service.labels.get("release") == "istio":
+            continue  # Istio's control plane
+        if service.labels.get("gateway.istio.io/managed") in ("istio.io-gateway-controller", "istio.io-mesh-controller",
+                                                               "istio.io-eastwest-controller"):
+            continue
+        external = service.spec.get("type") == "ExternalName"
+        for i, p in enumerate(service.spec.get("ports") or []):
+            port = Port(name=p.get("name", ""), port=p.get("port", 0), protocol=p.get("protocol", "TCP"),
+                        app_protocol=p.get("appProtocol", ""))
+            protocol = port_protocol(port)
+            if protocol is Protocol.UNSUPPORTED and port.port in _WELL_KNOWN_TCP_PORTS:
+                protocol = Protocol.TCP
+            if protocol is Protocol.UNSUPPORTED or port.name == "tcp" and external:
+                if external:
+                    yield Message("IST0150", service)
+                else:
+                    target = p.get("targetPort", 0)
+                    yield Message("IST0118", service, (port.name, port.port, target), f"{{.spec.ports[{i}].port}}")
+
+
+@_analyzer("Namespace", "Pod", "ConfigMap")
+def _injection(objects: Objects) -> Iterator[Message]:
+    """injection.Analyzer: IST0123, IST0148, IST0102, IST0103."""
+    injected = set()
+    for namespace in objects("Namespace"):
+        if namespace.name == _ISTIO_NAMESPACE:
+            continue
+        labels = namespace.labels
+        label = labels.get("istio-injection")
+        found = [f"istio-injection={label}"] if label is not None else []
+        found += [f"{key}={labels[key]}" for key in ("istio.io/rev", "istio.io/dataplane-mode")
+                  if key in labels and (label is None or label == "enabled")]
+        if len(found) > 1:
+            yield Message("IST0123", namespace, (go_list(found),))
+        if labels.get("istio.io/dataplane-mode") == "ambient":
+            continue
+        if not label and "istio.io/rev" not in labels:
+            if _enabled_by_default(objects, labels.get("istio.io/rev", "")):
+                yield Message("IST0148", namespace)
+            else:
+                yield Message("IST0102", namespace, (namespace.name, namespace.name), _NAME)
+            continue
+        if label == "enabled":
+            injected.add(namespace.name)
+    for pod in objects("Pod"):
+        if pod.namespace not in injected:
+            continue
+        inject = pod.labels.get("sidecar.istio.io/inject", pod.annotations.get("sidecar.istio.io/inject", ""))
+        if inject.lower() == "false" or pod.spec.get("hostNetwork"):
+            continue
+        containers = (pod.spec.get("containers") or []) + (pod.spec.get("initContainers") or [])
+        if not any(c.get("name") == "istio-proxy" and c.get("image") for c in containers):
+            yield Message("IST0103", pod, (pod.full_name,))
+
+
+def _enabled_by_default(objects: Objects, revision: str) -> bool:
+    name = "istio-sidecar-injector" if revision in ("", "default") else f"istio-sidecar-injector-{revision}"
+    for configmap in objects("ConfigMap"):
+        if configmap.name == name:
+            try:
+                values = json.loads((configmap.body.get("data") or {}).get("values", ""))
+                return values["sidecarInjectorWebhook"]["enableNamespacesByDefault"] is True
+            except (ValueError, KeyError, TypeError):
+                return False
+    return False
