@@ -37,6 +37,7 @@ from istiod.leader import LeaderElection
 from istiod.listen import listen_tcp
 from istiod.model.mesh import MeshConfig
 from istiod.model.names import join_host_port
+from istiod.revision import injector_configmap, mesh_configmap
 from istiod.secure import SecurePort
 from istiod.settings import Address, Settings
 from istiod.sources.configdir import ConfigDirSource
@@ -46,7 +47,7 @@ from istiod.sources.meshconfig import MeshConfigMapWatcher, MeshFileWatcher
 from istiod.sources.namespaces import NamespaceFilter, parse_selector
 from istiod.sources.store import Store
 from istiod.supervisor import Supervisor
-from istiod.webhooks.cabundle import INJECTOR, CaBundlePatcher, validator_name
+from istiod.webhooks.cabundle import CaBundlePatcher
 from istiod.webhooks.injection import InjectionError, Injector
 from istiod.webhooks.injector_source import InjectorConfigMapWatcher, read_injection_dir
 from istiod.webhooks.serve import WebhookServer
@@ -101,7 +102,7 @@ class Discovery:
         except (ConfigException, OSError, yaml.YAMLError) as error:
             where = "the in-cluster config" if settings.in_cluster else f"kubeconfig {settings.kubeconfig}"
             raise SystemExit(f"istiod: cannot use {where}: {logs.one_line(error)}") from None
-        return KubeSource(self._api, self.store, self.namespaces, settings.watch_timeout)
+        return KubeSource(self._api, self.store, self.namespaces, settings.watch_timeout, settings.revision)
 
     def apply_mesh(self, mesh: MeshConfig) -> None:
         """A changed mesh config, applied without a restart: namespaces are filtered again and every
@@ -136,7 +137,8 @@ class Discovery:
             api = self.source.api
             self.publisher = RootCertPublisher(api, self.store, self.namespaces, self.source.informers["Namespace"].synced,
                                                settings.watch_timeout)
-            self.election = LeaderElection(api, settings.namespace, ELECTION, settings.pod_name, settings.leader)
+            self.election = LeaderElection(api, settings.namespace, ELECTION, settings.pod_name, settings.leader,
+                                           settings.revision)
         # Before any port opens: a CA that cannot start stops istiod here.
         with _listening("--secure-grpc-addr", settings.secure_grpc_addr):
             self.ports["secure-grpc"] = await self.secure.start(self._api,
@@ -150,7 +152,7 @@ class Discovery:
             self._tasks.append(self.supervisor.start("mesh-config", watcher.run, restart=True))
         elif isinstance(self.source, KubeSource):
             configmap = MeshConfigMapWatcher(self.source.api, settings.namespace, settings.mesh_defaults,
-                                             self.apply_mesh, settings.watch_timeout)
+                                             self.apply_mesh, settings.watch_timeout, mesh_configmap(settings.revision))
             self._mesh_synced = configmap.informer.synced
             self._tasks.append(self.supervisor.start("mesh-config", configmap.informer.run, restart=True))
 
@@ -215,9 +217,8 @@ class Discovery:
         ]
         if self._api is not None:
             for name, patcher in (
-                ("webhook-ca-bundle", CaBundlePatcher(self._api, self.secure.ca, "validating",
-                                                      validator_name(settings.namespace))),
-                ("injector-ca-bundle", CaBundlePatcher(self._api, self.secure.ca, "mutating", INJECTOR)),
+                ("webhook-ca-bundle", CaBundlePatcher(self._api, self.secure.ca, "validating", settings.revision)),
+                ("injector-ca-bundle", CaBundlePatcher(self._api, self.secure.ca, "mutating", settings.revision)),
             ):
                 self._tasks.append(self.supervisor.start(name, patcher.run, restart=True))
         if self.election is not None and self.publisher is not None:
@@ -239,7 +240,8 @@ class Discovery:
                 raise SystemExit(f"istiod discovery: --injection-dir: {error}") from None
             return lambda: injector
         if isinstance(self.source, KubeSource):
-            watcher = InjectorConfigMapWatcher(self.source.api, self.settings.namespace, self.settings.watch_timeout)
+            watcher = InjectorConfigMapWatcher(self.source.api, self.settings.namespace, self.settings.watch_timeout,
+                                               injector_configmap(self.settings.revision))
             self._tasks.append(self.supervisor.start("injector-config", watcher.informer.run, restart=True))
             return lambda: watcher.current
         return lambda: None
