@@ -82,6 +82,7 @@ async def test_charts_apply_server_side(cluster: Cluster, kube: client.ApiClient
     await ensure_namespace(kube, ISTIO_NAMESPACE)
     objects = render(CHARTS / "base") + render(CHARTS / "istiod") + render(CHARTS / "istiod", "--set", "caMode=plugged,autoscale.enabled=false")
     objects += render(CHARTS / "istiod", "--set", "ambient=true") + render(CHARTS / "cni") + render(CHARTS / "ztunnel")
+    objects += render(CHARTS / "istiod", "--set", "revision=py,revisionTags={prod,default}")  # a canary beside
     assert len(objects) > 12
     assert dry_run_apply(cluster.apiserver, objects) == []
     try:
