@@ -42,11 +42,18 @@ def revision_configmap(configmap: dict[str, Any], revision: str) -> dict[str, An
     return configmap
 
 
+FOREIGN = "someone-else.example.com"  # a webhook in py's configuration that is not istiod's to patch
+FOREIGN_BUNDLE = "-----BEGIN CERTIFICATE-----\nnot istiod's\n-----END CERTIFICATE-----\n"
+
+
 def py_injector(port: int) -> dict[str, Any]:
     client_config = {"url": f"https://127.0.0.1:{port}/inject"}
+    foreign = {**rev.injection_webhooks("py", {"url": "https://127.0.0.1:1/other",
+                                                "caBundle": base64.b64encode(FOREIGN_BUNDLE.encode()).decode()})[0],
+               "name": FOREIGN, "objectSelector": {"matchLabels": {"never": "matches"}}}
     return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
             "metadata": {"name": rev.injector_name("py"), "labels": {"app": "sidecar-injector", "istio.io/rev": "py"}},
-            "webhooks": rev.injection_webhooks("py", client_config)}
+            "webhooks": [*rev.injection_webhooks("py", client_config), foreign]}
 
 
 def validator(revision: str, port: int) -> dict[str, Any]:
@@ -74,8 +81,8 @@ async def relabel(core: client.CoreV1Api, name: str, labels: dict[str, str]) -> 
 
 
 def bundle_of(config: Any) -> set[str]:
-    """The PEM each webhook trusts (the client returns the bytes base64-encoded)."""
-    return {base64.b64decode(h.client_config.ca_bundle or "").decode() for h in config.webhooks}
+    """The PEM each of istiod's webhooks trusts (the client returns the bytes base64-encoded)."""
+    return {base64.b64decode(h.client_config.ca_bundle or "").decode() for h in config.webhooks if h.name != FOREIGN}
 
 
 def tag_cli(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
@@ -129,6 +136,8 @@ async def test_canary_revision_takes_relabelled_namespaces_and_tags(
         print("caBundle roots:", {k: [x509_subject(p) for p in v] for k, v in found.items()})
         assert found["py injector"] == found["py validator"] == {py_pem}
         assert found["default injector"] == found["default validator"] != {py_pem}
+        foreign = next(h for h in (await read_mwc(rev.injector_name("py"))).webhooks if h.name == FOREIGN)
+        assert base64.b64decode(foreign.client_config.ca_bundle).decode() == FOREIGN_BUNDLE  # not istiod's: untouched
 
         async def injected(namespace: str, name: str, revision: str | None) -> dict[str, Any]:
             """A pod created until `revision` injects it: the API server sees a namespace's new labels
