@@ -183,6 +183,16 @@ async def test_canary_revision_takes_relabelled_namespaces_and_tags(
         assert removed.stdout == "Revision tag prod removed\n"
         created.remove(("Mutating", rev.tag_webhook_name("prod")))
 
+        # `tag set default --revision py`: py becomes the default revision; the old default injector
+        # is kept but matches nothing (as istioctl), so istio-injection=enabled goes to py alone.
+        done = tag_cli(cluster, "set", "default", "--revision", "py")
+        assert done.returncode == 0, done.stderr
+        created.append(("Mutating", rev.tag_webhook_name("default")))
+        old = await read_mwc(rev.injector_name("default"))
+        assert {json.dumps(h.namespace_selector.match_labels) for h in old.webhooks} == {'{"istio.io/deactivated": "never-match"}'}
+        await relabel(core, NS, {"istio-injection": "enabled"})
+        assert await injected(NS, "promoted", "py") == {"revision": "py", "CA_ADDR": "istiod-py.istio-system.svc:15012"}
+
         # Config labelled for a revision is that revision's only.
         await create_istio_object(kube, vs("canary-route", {"istio.io/rev": "py"}))
         await create_istio_object(kube, vs("shared-route", {}))

@@ -158,6 +158,19 @@ def tag_configuration(tag: str, revision_config: Mapping[str, Any], namespace: s
     }
 
 
+NEVER_MATCH = {"matchLabels": {"istio.io/deactivated": "never-match"}}  # istioctl's
+
+
+def deactivated(config: Mapping[str, Any]) -> dict[str, Any]:
+    """istioctl's `tag set default`: the default revision's own injector, kept but matching nothing,
+    so that only the tag `default` takes its namespaces."""
+    result: dict[str, Any] = copy.deepcopy(dict(config))
+    for hook in result.get("webhooks") or []:
+        hook["namespaceSelector"] = copy.deepcopy(NEVER_MATCH)
+        hook["objectSelector"] = copy.deepcopy(NEVER_MATCH)
+    return result
+
+
 def injecting_webhooks(configs: list[Mapping[str, Any]], namespace_labels: Mapping[str, str],
                        pod_labels: Mapping[str, str]) -> list[tuple[str, str]]:
     """(configuration, webhook) pairs whose selectors take a pod: what the API server would call."""

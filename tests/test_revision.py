@@ -102,6 +102,17 @@ def test_a_tag_copies_its_revisions_endpoint_and_labels() -> None:
         rev.tag_configuration("prod", configuration("x", [{"name": "other.example.com"}], {"istio.io/rev": "py"}))
 
 
+def test_tag_default_deactivates_the_default_injector() -> None:
+    configs = routing()
+    configs[0] = rev.deactivated(configs[0])
+    configs.append(rev.tag_configuration("default", configs[1]))
+    assert rev.injecting_webhooks(configs, {"istio-injection": "enabled"}, {}) == [
+        ("istio-revision-tag-default", "namespace.sidecar-injector.istio.io")]
+    assert rev.injecting_webhooks(configs, {"istio.io/rev": "default"}, {}) == [
+        ("istio-revision-tag-default", "rev.namespace.sidecar-injector.istio.io")]
+    assert manifest_injector()["webhooks"][0]["namespaceSelector"] != rev.NEVER_MATCH  # a copy was changed
+
+
 def test_selector_operators() -> None:
     assert rev.selects(None, {}) and rev.selects({"matchLabels": {"a": "1"}}, {"a": "1"})
     assert not rev.selects({"matchLabels": {"a": "1"}}, {})

@@ -17,7 +17,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from istiod.kubeapi import api_client
 from istiod.operator.install import apply
-from istiod.revision import DEFAULT, ISTIO_NAMESPACE, REV_LABEL, TAG_LABEL, tag_configuration
+from istiod.revision import DEFAULT, ISTIO_NAMESPACE, REV_LABEL, TAG_LABEL, deactivated, tag_configuration
 from istiod.sources.kube import describe_error
 
 TAG_CREATED = """Revision tag {tag!r} created, referencing control plane revision {revision!r}. To enable injection using this
@@ -90,9 +90,22 @@ async def set_tag(api: client.ApiClient, admission: client.Admissionregistration
     if generate:
         out.write(yaml.safe_dump(config, sort_keys=False))
         return
+    if tag == DEFAULT:
+        await deactivate_default_injector(api, admission)
     await apply(api, f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{config['metadata']['name']}",
                 config)
     out.write(TAG_CREATED.format(tag=tag, revision=revision))
+
+
+async def deactivate_default_injector(api: client.ApiClient, admission: client.AdmissionregistrationV1Api) -> None:
+    """As istioctl: the default revision's injector (not a tag) matches nothing from now on, so the tag
+    `default` alone takes istio-injection=enabled namespaces; a second such injector is refused."""
+    configs = (await admission.list_mutating_webhook_configuration(label_selector=f"{REV_LABEL}={DEFAULT},!{TAG_LABEL}")).items
+    if len(configs) > 1:
+        raise TagError("failed deactivating existing default revision: expected a single webhook for default revision")
+    for config in configs:  # a replace carries the resourceVersion read: a concurrent change is a conflict
+        await admission.replace_mutating_webhook_configuration(  # the client sends a dict body as it is
+            config.metadata.name, deactivated(api.sanitize_for_serialization(config)))  # type: ignore[arg-type]
 
 
 async def _namespaces(core: client.CoreV1Api, tag: str) -> list[str]:
