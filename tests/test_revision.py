@@ -5,6 +5,8 @@ left out, and the revision in what istiod writes."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -160,3 +162,11 @@ def test_revision_flag_and_environment(tmp_path: Path, monkeypatch: pytest.Monke
     assert settings_from_args(parse(base)).revision == "canary"
     with pytest.raises(SystemExit, match="--revision 'Py_1': not a DNS-1123 label"):
         settings_from_args(parse([*base, "--revision", "Py_1"]))
+
+
+def test_tag_without_a_cluster_is_one_line(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\n")
+    done = subprocess.run([sys.executable, "-m", "istiod", "tag", "list", "--kubeconfig", str(kubeconfig)],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert (done.returncode, done.stderr.count("\n")) == (1, 1) and done.stderr.startswith("Error: "), done.stderr

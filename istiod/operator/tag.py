@@ -13,12 +13,12 @@ from typing import Any, TextIO
 
 import yaml
 from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.config import ConfigException
 
 from istiod.kubeapi import api_client
 from istiod.operator.install import apply
 from istiod.revision import DEFAULT, ISTIO_NAMESPACE, REV_LABEL, TAG_LABEL, deactivated, tag_configuration
-from istiod.sources.kube import describe_error
+from istiod.sources.kube import API_ERRORS, describe_error
 
 TAG_CREATED = """Revision tag {tag!r} created, referencing control plane revision {revision!r}. To enable injection using this
 revision tag, use 'kubectl label namespace <NAMESPACE> istio.io/rev={tag}'
@@ -52,11 +52,11 @@ def add_tag_flags(parser: argparse.ArgumentParser) -> None:
 def run_tag(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     try:
         asyncio.run(_run(args, out))
-    except (TagError, ValueError) as error:
+    except (TagError, ValueError, ConfigException) as error:
         print(f"Error: {error}", file=sys.stderr)
         return 1
-    except ApiException as error:
-        print(f"Error: {describe_error(error)}: {error.reason}", file=sys.stderr)
+    except API_ERRORS as error:  # the API refused, or is unreachable
+        print(f"Error: {describe_error(error)}", file=sys.stderr)
         return 1
     return 0
 
