@@ -19,14 +19,16 @@ def built_reference() -> str | None:
     return next(iter(sorted(glob.glob(os.path.expanduser("~/.cache/real-istiod/*/pilot-discovery")))), None)
 
 
-def start_reference(binary: str, kubeconfig: Path, workdir: Path) -> tuple[subprocess.Popen[bytes], str, str]:
+def start_reference(binary: str, kubeconfig: Path, workdir: Path, revision: str = "default",
+                    http_port: int | None = None) -> tuple[subprocess.Popen[bytes], str, str]:
     """Istio's istiod as shared/reference-istiod/README.md runs it, ambient on, once ready; its
-    plaintext xDS address and its metrics' URL."""
+    plaintext xDS address and its metrics' URL. `http_port`: its debug port (default: a free one)."""
     (workdir / "mesh.yaml").write_text("trustDomain: cluster.local\n"
                                        "defaultConfig: {discoveryAddress: istiod.istio-system.svc:15012}\n")
     (workdir / "meshNetworks.yaml").write_text("networks: {}\n")
-    grpc_port, http_port, monitoring_port = free_port(), free_port(), free_port()
-    env = {**os.environ, "POD_NAMESPACE": "istio-system", "POD_NAME": "istiod-ref-0", "REVISION": "default",
+    grpc_port, monitoring_port = free_port(), free_port()
+    http_port = http_port or free_port()
+    env = {**os.environ, "POD_NAMESPACE": "istio-system", "POD_NAME": "istiod-ref-0", "REVISION": revision,
            "PILOT_CERT_PROVIDER": "istiod", "CLUSTER_ID": "Kubernetes", "INJECT_ENABLED": "false",
            "VALIDATION_WEBHOOK_CONFIG_NAME": "", "JWT_POLICY": "third-party-jwt", "PILOT_ENABLE_ANALYSIS": "false",
            "PILOT_ENABLE_AMBIENT": "true"}

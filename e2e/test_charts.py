@@ -24,7 +24,7 @@ from e2e.test_ca import (LEADER_FLAGS, ensure_account, forget_the_root, holder, 
                          token_for)
 from e2e.test_rbac import token_kubeconfig
 from istiod.ca.pki import load_certs, new_key, uri_sans
-from istiod.webhooks.cabundle import INJECTOR, validator_name
+from istiod.revision import injector_name, validator_name
 from tests.peers import ROOT, Istiod, Process, eventually
 from tests.pki import csr_pem
 from tests.secure_port import CaEndpoint
@@ -33,7 +33,7 @@ from tests.test_charts import CHARTS, HELM, render
 from tests.test_operator import generate
 
 LIVE = "e2e-chart-live"  # a namespace that gets istiod's root ConfigMap
-VALIDATOR = validator_name(ISTIO_NAMESPACE)
+VALIDATOR, INJECTOR = validator_name("default", ISTIO_NAMESPACE), injector_name("default")
 KINDS = {VALIDATOR: "ValidatingWebhookConfiguration", INJECTOR: "MutatingWebhookConfiguration"}
 QUERY = {"fieldManager": "istiod-charts-test", "force": "true", "fieldValidation": "Strict"}
 
@@ -82,6 +82,7 @@ async def test_charts_apply_server_side(cluster: Cluster, kube: client.ApiClient
     await ensure_namespace(kube, ISTIO_NAMESPACE)
     objects = render(CHARTS / "base") + render(CHARTS / "istiod") + render(CHARTS / "istiod", "--set", "caMode=plugged,autoscale.enabled=false")
     objects += render(CHARTS / "istiod", "--set", "ambient=true") + render(CHARTS / "cni") + render(CHARTS / "ztunnel")
+    objects += render(CHARTS / "istiod", "--set", "revision=py,revisionTags={prod,default}")  # a canary beside
     assert len(objects) > 12
     assert dry_run_apply(cluster.apiserver, objects) == []
     try:

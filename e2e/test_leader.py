@@ -153,3 +153,30 @@ async def test_renewals_the_api_refuses_end_leadership_by_the_deadline(
                                "a to stop leading")
             print(f"stopped {took:.2f}s after losing its RBAC")
             assert (await record(kube, "refused"))["holderIdentity"] == "a"  # lost, so nothing to hand back
+
+
+async def test_the_default_revision_takes_the_lock_from_another_revision(kube: client.ApiClient) -> None:
+    """istiod's prioritized election: revisions share the lock; the one `istio-revision-tag-default`
+    names takes it from another revision at once, and a third never steals."""
+    await ensure_namespace(kube, NS)
+    admission = client.AdmissionregistrationV1Api(kube)
+    slow = LeaseTimings(duration=60.0, renew_deadline=1.5, retry_period=0.25)  # a lapse would take a minute
+    canary = Candidate(kube, "revisions", "canary-pod")
+    canary.election = LeaderElection(kube, NS, "revisions", "canary-pod", slow, key="py")
+    async with running(canary):
+        await eventually(lambda: canary.working, 5, "the py revision to lead")
+        assert (await record(kube, "revisions"))["holderKey"] == "py"
+        other = Candidate(kube, "revisions", "other-pod")
+        other.election = LeaderElection(kube, NS, "revisions", "other-pod", slow, key="stable")
+        await admission.create_mutating_webhook_configuration({
+            "metadata": {"name": "istio-revision-tag-default", "labels": {"istio.io/rev": "stable"}}, "webhooks": []})
+        try:
+            async with running(other):
+                await eventually(lambda: other.working and not canary.working, 5, "the default revision to take over")
+                taken = await record(kube, "revisions")
+                print("record after the takeover:", taken)
+                assert (taken["holderKey"], taken["holderIdentity"]) == ("stable", "other-pod")
+                await asyncio.sleep(1.0)  # four retry periods: py does not take it back
+                assert other.working and not canary.working
+        finally:
+            await admission.delete_mutating_webhook_configuration("istio-revision-tag-default")

@@ -15,6 +15,7 @@ from istiod.agent.iptables import add_iptables_flags
 from istiod.agent.settings import add_agent_flags, add_proxy_flags, agent_settings_from_args, proxy_settings_from_args
 from istiod.cni.settings import add_cni_flags, cni_settings_from_args
 from istiod.operator.cli import add_install_flags, add_manifest_flags, run_manifest
+from istiod.operator.tag import add_tag_flags, run_tag
 from istiod.settings import add_discovery_flags, settings_from_args
 
 DEFAULT_ISTIOD_URL = "http://localhost:15014"
@@ -99,6 +100,7 @@ def build_parser() -> _Parser:
     generate.set_defaults(parser=generate)
     add_manifest_flags(generate)
     add_install_flags(command("install", "apply an IstioOperator spec's manifests and wait for istiod"))
+    add_tag_flags(command("tag", "revision tags (istio.io/rev=<tag> namespaces injected by a revision), as istioctl tag"))
     return parser
 
 
@@ -153,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         return _analyze(args)
     if args.command in ("manifest", "install"):
         return run_manifest(args)
+    if args.command == "tag":
+        return run_tag(args)
     from istiod.tools import proxy_config, proxy_status, version
     from istiod.tools.debug_client import DebugClient, ToolError
 

@@ -2,7 +2,10 @@
 election whose annotation `control-plane.alpha.kubernetes.io/leader` holds the leader record (its
 ConfigMapLock; istiod uses a coordination.k8s.io Lease only for per-revision elections), so our
 istiod and Istio's, during a migration between them, contend for one lock and never both write.
-The record is client-go's JSON with istiod's `holderKey` (the revision, "default").
+The record is client-go's JSON with istiod's `holderKey`: the holder's revision. As istiod's
+"prioritized" election, the default revision (the one the MutatingWebhookConfiguration
+`istio-revision-tag-default` is labelled `istio.io/rev` with) takes the lock from another revision's
+holder at once; otherwise revisions share one lock, so one writer runs across them all.
 
 As client-go's elector, which istiod uses: the record names its holder and when it last renewed. A
 replica takes the lock when it is absent, free (released) or its record has not changed for a whole
@@ -28,6 +31,7 @@ from typing import Any
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from istiod.revision import REV_LABEL
 from istiod.sources.kube import API_ERRORS, describe_error
 
 log = logging.getLogger(__name__)
@@ -35,6 +39,7 @@ REQUEST_TIMEOUT = 10.0
 JITTER = 1.2  # client-go's: followers retry at 1-1.2 retry periods, so they do not move in step
 RECORD = "control-plane.alpha.kubernetes.io/leader"  # client-go's annotation for a ConfigMap lock
 KEY = "default"  # istiod's holderKey: its revision; the default revision never steals from itself
+DEFAULT_TAG_WEBHOOK = "istio-revision-tag-default"  # its istio.io/rev label names the default revision
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +70,10 @@ class _Seen:
 
 class LeaderElection:
     def __init__(self, api: client.ApiClient, namespace: str, name: str, identity: str,
-                 timings: LeaseTimings = LeaseTimings()) -> None:
+                 timings: LeaseTimings = LeaseTimings(), key: str = KEY) -> None:
         self.api = client.CoreV1Api(api)
+        self.admission = client.AdmissionregistrationV1Api(api)
+        self.key = key
         self.namespace = namespace
         self.name = name
         self.identity = identity
@@ -147,11 +154,29 @@ class LeaderElection:
                                time.monotonic())
         else:  # unchanged record, but the ConfigMap's resourceVersion may have moved
             self._seen = _Seen(raw, holder, transitions, self._seen.acquired, configmap, self._seen.at)
-        if holder not in ("", self.identity) and time.monotonic() < self._seen.at + self.timings.duration:
+        if (holder not in ("", self.identity) and time.monotonic() < self._seen.at + self.timings.duration
+                and not await self._steals_from(str(record.get("holderKey") or ""))):
             return False  # another's, and renewed within a lease duration as far as we have seen
         if holder == self.identity:
             return await self._write(configmap, self._record(self._seen.acquired, now, transitions))
         return await self._write(configmap, self._record(now, now, transitions + 1))
+
+    async def _steals_from(self, holder_key: str) -> bool:
+        """istiod's prioritized election: the default revision takes the lock from another revision."""
+        if holder_key == self.key:
+            return False
+        try:
+            webhook = await self.admission.read_mutating_webhook_configuration(DEFAULT_TAG_WEBHOOK,
+                                                                               _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as error:
+            if error.status == 404:
+                return False  # no default tag: no revision is preferred
+            raise
+        if (webhook.metadata.labels or {}).get(REV_LABEL) != self.key:
+            return False
+        log.info("leader election: %s (revision %s, the default) takes %s from revision %s", self.identity, self.key,
+                 self.lease, holder_key)
+        return True
 
     async def _write(self, configmap: client.V1ConfigMap | None, record: dict[str, Any]) -> bool:
         """Create the ConfigMap (None) or update the one read; False when another replica wrote first."""
@@ -204,7 +229,7 @@ class LeaderElection:
         """client-go's LeaderElectionRecord as istiod's fork writes it."""
         return {
             "holderIdentity": self.identity,
-            "holderKey": KEY,
+            "holderKey": self.key,
             "leaseDurationSeconds": max(1, round(self.timings.duration)),
             "acquireTime": acquired,
             "renewTime": renewed,

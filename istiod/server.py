@@ -38,6 +38,7 @@ from istiod.leader import LeaderElection
 from istiod.listen import listen_tcp
 from istiod.model.mesh import MeshConfig
 from istiod.model.names import join_host_port
+from istiod.revision import injector_configmap, mesh_configmap
 from istiod.secure import SecurePort
 from istiod.settings import Address, Settings
 from istiod.sources.configdir import ConfigDirSource
@@ -47,7 +48,7 @@ from istiod.sources.meshconfig import MeshConfigMapWatcher, MeshFileWatcher
 from istiod.sources.namespaces import NamespaceFilter, parse_selector
 from istiod.sources.store import Store
 from istiod.supervisor import Supervisor
-from istiod.webhooks.cabundle import INJECTOR, CaBundlePatcher, validator_name
+from istiod.webhooks.cabundle import CaBundlePatcher
 from istiod.webhooks.injection import InjectionError, Injector
 from istiod.webhooks.injector_source import InjectorConfigMapWatcher, read_injection_dir
 from istiod.webhooks.serve import WebhookServer
@@ -104,7 +105,7 @@ class Discovery:
         except (ConfigException, OSError, yaml.YAMLError) as error:
             where = "the in-cluster config" if settings.in_cluster else f"kubeconfig {settings.kubeconfig}"
             raise SystemExit(f"istiod: cannot use {where}: {logs.one_line(error)}") from None
-        return KubeSource(self._api, self.store, self.namespaces, settings.watch_timeout)
+        return KubeSource(self._api, self.store, self.namespaces, settings.watch_timeout, settings.revision)
 
     def apply_mesh(self, mesh: MeshConfig) -> None:
         """A changed mesh config, applied without a restart: namespaces are filtered again and every
@@ -139,10 +140,11 @@ class Discovery:
             api = self.source.api
             self.publisher = RootCertPublisher(api, self.store, self.namespaces, self.source.informers["Namespace"].synced,
                                                settings.watch_timeout)
-            self.election = LeaderElection(api, settings.namespace, ELECTION, settings.pod_name, settings.leader)
+            self.election = LeaderElection(api, settings.namespace, ELECTION, settings.pod_name, settings.leader,
+                                           settings.revision)
             if settings.analysis:  # the analysis controller's writer, elected on its own lock as istiod's
                 self.analysis = (LeaderElection(api, settings.namespace, ANALYSIS_ELECTION, settings.pod_name,
-                                                settings.leader),
+                                                settings.leader, settings.revision),
                                  AnalysisController(api, self.store, self.source.synced, settings.analysis_interval))
         # Before any port opens: a CA that cannot start stops istiod here.
         with _listening("--secure-grpc-addr", settings.secure_grpc_addr):
@@ -157,7 +159,7 @@ class Discovery:
             self._tasks.append(self.supervisor.start("mesh-config", watcher.run, restart=True))
         elif isinstance(self.source, KubeSource):
             configmap = MeshConfigMapWatcher(self.source.api, settings.namespace, settings.mesh_defaults,
-                                             self.apply_mesh, settings.watch_timeout)
+                                             self.apply_mesh, settings.watch_timeout, mesh_configmap(settings.revision))
             self._mesh_synced = configmap.informer.synced
             self._tasks.append(self.supervisor.start("mesh-config", configmap.informer.run, restart=True))
 
@@ -226,9 +228,8 @@ class Discovery:
         ]
         if self._api is not None:
             for name, patcher in (
-                ("webhook-ca-bundle", CaBundlePatcher(self._api, self.secure.ca, "validating",
-                                                      validator_name(settings.namespace))),
-                ("injector-ca-bundle", CaBundlePatcher(self._api, self.secure.ca, "mutating", INJECTOR)),
+                ("webhook-ca-bundle", CaBundlePatcher(self._api, self.secure.ca, "validating", settings.revision)),
+                ("injector-ca-bundle", CaBundlePatcher(self._api, self.secure.ca, "mutating", settings.revision)),
             ):
                 self._tasks.append(self.supervisor.start(name, patcher.run, restart=True))
         if self.election is not None and self.publisher is not None:
@@ -254,7 +255,8 @@ class Discovery:
                 raise SystemExit(f"istiod discovery: --injection-dir: {error}") from None
             return lambda: injector
         if isinstance(self.source, KubeSource):
-            watcher = InjectorConfigMapWatcher(self.source.api, self.settings.namespace, self.settings.watch_timeout)
+            watcher = InjectorConfigMapWatcher(self.source.api, self.settings.namespace, self.settings.watch_timeout,
+                                               injector_configmap(self.settings.revision))
             self._tasks.append(self.supervisor.start("injector-config", watcher.informer.run, restart=True))
             return lambda: watcher.current
         return lambda: None

@@ -16,7 +16,7 @@ from istiod.envvars import env_default, parse_bool
 from istiod.keepalive import Keepalive
 from istiod.leader import LeaseTimings
 from istiod.model.mesh import DEFAULT_TRUST_DOMAIN, MeshConfig, OutboundTrafficPolicy
-from istiod.model.names import DEFAULT_DOMAIN, join_host_port, split_host_port
+from istiod.model.names import DEFAULT_DOMAIN, DNS_1123_LABEL, join_host_port, split_host_port
 from istiod.sources.namespaces import parse_selector
 from istiod.xds.admission import DEFAULT_RATE
 
@@ -84,6 +84,7 @@ class Settings:
     mesh_config: Path | None = None  # watched; in a cluster without it, the ConfigMap `istio` key `mesh`
     mesh_defaults: MeshConfig = MeshConfig()  # the flags' values, under whatever the mesh config sets
     injection_dir: Path | None = None  # `config` and `values`; in a cluster without it, the ConfigMap istio-sidecar-injector
+    revision: str = "default"  # istio.io/rev this control plane serves: its config, webhooks and names (istiod's REVISION)
 
 
 def _positive_int(text: str) -> int:
@@ -214,6 +215,11 @@ def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
                         help="the sidecar injector's files `config` and `values` (the ConfigMap istio-sidecar-injector "
                              "mounted, as istiod's /var/lib/istio/inject), read at start; in a cluster without it, "
                              "that ConfigMap in istiod's namespace, watched")
+    parser.add_argument("--revision", default=env("REVISION", "") or "default",
+                        help="the control plane revision (istio.io/rev) served: config labelled with another "
+                             "revision is ignored, the webhooks labelled istio.io/rev=<revision> are the ones kept "
+                             "current, and names take its suffix (istio-<rev>, istio-sidecar-injector-<rev>) "
+                             "(default $REVISION, else default)")
     add_ca_flags(parser)
 
 
@@ -253,6 +259,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         _check_file(path, flag)
     _check_dir(args.plugged_ca_dir, "--plugged-ca-dir")
     _check_dir(args.injection_dir, "--injection-dir")
+    if not DNS_1123_LABEL.fullmatch(args.revision):
+        raise SystemExit(f"istiod discovery: --revision {args.revision!r}: not a DNS-1123 label")
     if args.ports_file is not None:
         _check_dir(args.ports_file.parent, "--ports-file: the directory")
     if args.config_dir is not None and args.ca_state_dir.exists():  # else created at start; unused with a cluster
@@ -299,6 +307,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         max_connections=args.max_connections,
         http_read_timeout=args.http_read_timeout,
         injection_dir=args.injection_dir,
+        revision=args.revision,
     )
 
 

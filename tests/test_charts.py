@@ -86,7 +86,7 @@ def test_istiod_defaults() -> None:
     assert discovery["securityContext"]["allowPrivilegeEscalation"] is False
     assert {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in discovery["env"] if "valueFrom" in e} == {
         "POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
-    assert env_values(discovery) == {"CA_TRUSTED_NODE_ACCOUNTS": ""}  # no ambient: nobody may impersonate
+    assert env_values(discovery) == {"CA_TRUSTED_NODE_ACCOUNTS": "", "REVISION": "default"}  # no ambient: nobody may impersonate
     assert discovery["resources"] == {"requests": {"cpu": "500m", "memory": "512Mi"}}
     volumes = {v["name"]: v for v in pod["volumes"]}
     [token] = volumes["istio-token"]["projected"]["sources"]

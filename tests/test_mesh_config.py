@@ -90,6 +90,7 @@ def test_configmap_watcher_applies_and_keeps_last_good(caplog: pytest.LogCapture
     seen: list[MeshConfig] = []
     watcher = MeshConfigMapWatcher.__new__(MeshConfigMapWatcher)  # no API client: only the writer side
     watcher.namespace, watcher.base, watcher.on_change, watcher.mesh = "istio-system", MeshConfig(), seen.append, MeshConfig()
+    watcher.name = "istio"
     watcher.replace("ConfigMap", [{"data": {"mesh": "rootNamespace: one"}}])
     watcher.apply({"data": {"mesh": "rootNamespace: Bad_One"}})
     assert [m.root_namespace for m in seen] == ["one"] and watcher.mesh.root_namespace == "one"

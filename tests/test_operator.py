@@ -89,7 +89,7 @@ def test_ambient_profile_adds_cni_and_ztunnel() -> None:
 
 
 @pytest.mark.parametrize(("sets", "message"), [
-    (["revision=canary"], "spec.revision: unknown field"),
+    (["revision=Canary"], "spec.revision: 'Canary' is not a DNS-1123 label"),
     (["components.pilot.k8s.hpaSpec.behavior.scaleDown.stabilizationWindowSeconds=60"],
      "spec.components.pilot.k8s.hpaSpec.behavior: unknown field"),
     (["components.pilot.k8s.serviceAnnotations.a=b"], "spec.components.pilot.k8s.serviceAnnotations: unknown field"),

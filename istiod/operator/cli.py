@@ -19,6 +19,8 @@ def add_manifest_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-f", "--filename", type=Path, help="an IstioOperator YAML file (default: the default profile)")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="PATH=VALUE",
                         help="override a field of the spec, e.g. components.pilot.k8s.replicaCount=3 (repeatable)")
+    parser.add_argument("-r", "--revision", help="install this control plane revision (istio.io/rev) beside the others: "
+                        "the same as --set revision=<revision>")
     parser.add_argument("--charts", type=Path, default=DEFAULT_CHARTS,
                         help=f"the directory holding the base and istiod charts (default {DEFAULT_CHARTS})")
     parser.add_argument("--helm", default=default_helm(),
@@ -37,7 +39,8 @@ def run_manifest(args: argparse.Namespace) -> int:
     command = "install" if args.command == "install" else "manifest generate"
     try:
         operator = yaml.safe_load(args.filename.read_text()) if args.filename else {}
-        spec = to_install(with_sets(operator, args.sets))
+        sets = [*args.sets, *([f"revision={args.revision}"] if args.revision is not None else [])]
+        spec = to_install(with_sets(operator, sets))
         manifests = render(spec, args.charts, args.helm)
         if command == "install":
             objects = [o for o in yaml.safe_load_all(manifests) if o]

@@ -53,18 +53,20 @@ async def install(objects: list[dict[str, Any]], namespace: str, kubeconfig: Pat
             except ApiException as error:
                 raise InstallError(f"{what}: {describe_error(error)}: {_message(error)}") from None
             log.info("applied %s", what)
-        if not any(o["kind"] == "Deployment" for o in objects):
+        deployment_names = [str(o["metadata"]["name"]) for o in objects if o["kind"] == "Deployment"]
+        if not deployment_names:
             return
+        name = deployment_names[0]  # istiod, or a revision's istiod-<rev>
         deployments = await dynamic.resources.get(api_version="apps/v1", kind="Deployment")
         deadline = time.monotonic() + timeout
         while True:
-            deployment = (await dynamic.get(deployments, name="istiod", namespace=namespace)).to_dict()
+            deployment = (await dynamic.get(deployments, name=name, namespace=namespace)).to_dict()
             if rolled_out(deployment):
-                log.info("istiod is ready in %s", namespace)
+                log.info("%s is ready in %s", name, namespace)
                 return
             if time.monotonic() > deadline:
                 status = deployment.get("status") or {}
-                raise InstallError(f"Deployment {namespace}/istiod not ready after {timeout:g}s "
+                raise InstallError(f"Deployment {namespace}/{name} not ready after {timeout:g}s "
                                    f"(ready {status.get('readyReplicas', 0)} of {deployment['spec'].get('replicas', 1)})")
             await asyncio.sleep(1)
 

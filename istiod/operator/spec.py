@@ -12,6 +12,8 @@ from typing import Any
 
 import yaml
 
+from istiod.model.names import DNS_1123_LABEL
+
 API_VERSION = "install.istio.io/v1alpha1"
 DEFAULT_NAMESPACE = "istio-system"
 DEFAULT_HUB, DEFAULT_TAG = "", "0.1.0"  # no hub: the image built from the Dockerfile, `istiod:<tag>`
@@ -85,6 +87,14 @@ def _profile(plan: _Plan, value: Any, path: str) -> None:
         plan.set("ambient", True)
 
 
+def _revision(plan: _Plan, value: Any, path: str) -> None:
+    """istioctl's revision: a DNS-1123 label; "default" is the unsuffixed install, as empty."""
+    revision = _expect(value, str, path)
+    if revision and not DNS_1123_LABEL.fullmatch(revision):
+        raise SpecError(f"{path}: {revision!r} is not a DNS-1123 label")
+    plan.set("revision", "" if revision == "default" else revision)
+
+
 def _accept(plan: _Plan, value: Any, path: str) -> None:
     """metadata of the IstioOperator object itself: it names the spec, it does not change the install."""
 
@@ -128,6 +138,8 @@ TABLE: dict[str, Apply] = {
     "spec.namespace": _string("namespace"),
     "spec.hub": _string("hub"),
     "spec.tag": _string("tag"),
+    "spec.revision": _revision,
+    "spec.values.revisionTags": _value("revisionTags"),
     "spec.meshConfig": _value("meshConfig"),
     "spec.values.global.hub": _string("hub"),
     "spec.values.global.tag": _string("tag"),

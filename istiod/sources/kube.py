@@ -21,7 +21,8 @@ from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from istiod.backoff import Backoff
-from istiod.model.config.kinds import CONFIG_KINDS
+from istiod.model.config.kinds import BY_KIND as CONFIG_BY_KIND, CONFIG_KINDS
+from istiod.revision import labels_in_revision
 from istiod.sources.convert import CLUSTER_SCOPED, ConversionError, ObjectKey, object_key
 from istiod.model.labels import Selector
 from istiod.sources.namespaces import NamespaceFilter
@@ -201,11 +202,14 @@ class Informer:
 
 
 class KubeWriter:
-    """Applies informer objects to the store, through the namespace filter, logging bad ones."""
+    """Applies informer objects to the store, through the namespace filter, logging bad ones. Istio
+    config labelled `istio.io/rev` for another revision is not this control plane's (Istio's
+    LabelsInRevision): it is left out, and one relabelled away is deleted."""
 
-    def __init__(self, store: Store, namespaces: NamespaceFilter) -> None:
+    def __init__(self, store: Store, namespaces: NamespaceFilter, revision: str = "") -> None:
         self.store = store
         self.namespaces = namespaces
+        self.revision = revision
         # Objects in namespaces the filter leaves out, kept so a namespace that starts to match
         # can be filled in without a relist.
         self._excluded: dict[ObjectKey, dict[str, Any]] = {}
@@ -217,6 +221,10 @@ class KubeWriter:
         if key.kind == "Namespace":
             self._write(body)
             self._refilter(key.name)
+        elif key.kind in CONFIG_BY_KIND and not labels_in_revision((body.get("metadata") or {}).get("labels"),
+                                                                   self.revision):
+            self._excluded.pop(key, None)
+            self.store.delete(key)
         elif key.namespace and not self.namespaces.selected(key.namespace):
             self._excluded[key] = body
             self.store.delete(key)
@@ -292,9 +300,10 @@ class KubeWriter:
 class KubeSource:
     """Every informer, started Namespaces first so the namespace filter is known before the rest."""
 
-    def __init__(self, api: client.ApiClient, store: Store, namespaces: NamespaceFilter, watch_timeout: int = 300) -> None:
+    def __init__(self, api: client.ApiClient, store: Store, namespaces: NamespaceFilter, watch_timeout: int = 300,
+                 revision: str = "") -> None:
         self.api = api
-        self.writer = KubeWriter(store, namespaces)
+        self.writer = KubeWriter(store, namespaces, revision)
         self.informers = {
             kind: Informer(kind, call, self.writer, watch_timeout) for kind, call in list_calls(api).items()
         }

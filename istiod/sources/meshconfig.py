@@ -146,19 +146,19 @@ class MeshFileWatcher:
 
 
 class MeshConfigMapWatcher:
-    """Watches the ConfigMap `istio` in istiod's namespace (as an informer's writer): its key
-    `mesh` over the flags' values; deleting it goes back to those."""
+    """Watches the ConfigMap `istio` (a revision's: `istio-<rev>`) in istiod's namespace (as an
+    informer's writer): its key `mesh` over the flags' values; deleting it goes back to those."""
 
     def __init__(self, api: client.ApiClient, namespace: str, base: MeshConfig, on_change: MeshListener,
-                 watch_timeout: int = 300) -> None:
-        self.namespace, self.base, self.on_change = namespace, base, on_change
+                 watch_timeout: int = 300, name: str = CONFIGMAP) -> None:
+        self.namespace, self.base, self.on_change, self.name = namespace, base, on_change, name
         self.mesh = base
         core = client.CoreV1Api(api)
-        call = functools.partial(core.list_namespaced_config_map, namespace, field_selector=f"metadata.name={CONFIGMAP}")
+        call = functools.partial(core.list_namespaced_config_map, namespace, field_selector=f"metadata.name={name}")
         self.informer = Informer("ConfigMap", call, self, watch_timeout)
 
     def apply(self, body: dict[str, Any]) -> object:
-        where = f"ConfigMap {self.namespace}/{CONFIGMAP} key {CONFIGMAP_KEY}"
+        where = f"ConfigMap {self.namespace}/{self.name} key {CONFIGMAP_KEY}"
         text = (body.get("data") or {}).get(CONFIGMAP_KEY, "")
         try:
             mesh = parse_mesh_config(text, self.base, where)

@@ -22,6 +22,7 @@ import yaml
 from fastapi import FastAPI
 
 from istiod.model.quantity import QuantityError, parse_quantity
+from istiod.revision import service_name
 from istiod.sources.fields import _Fields
 from istiod.webhooks.admission import add_review_route, admission_answer, admission_request
 from istiod.webhooks.annotations import annotation_errors
@@ -84,7 +85,8 @@ class Injector:
         return {
             "proxy_image": image if "/" in image else f"{hub}/{image}:{tag}",  # as the chart spells it
             "istio_namespace": namespace,
-            "ca_address": str(_get(self.values, "global", "caAddress") or f"istiod.{namespace}.svc:15012"),
+            "ca_address": str(_get(self.values, "global", "caAddress")
+                              or f"{service_name(str(self.values.get('revision') or ''))}.{namespace}.svc:15012"),
             "cluster_id": str(_get(self.values, "global", "multiCluster", "clusterName") or "Kubernetes"),
         }
 
@@ -191,7 +193,7 @@ def _proxy_resources(injector: Injector, annotations: Mapping[str, str]) -> dict
     return resources
 
 
-def inject(pod: Mapping[str, Any], injector: Injector) -> list[dict[str, Any]]:
+def inject(pod: Mapping[str, Any], injector: Injector, revision: str = "default") -> list[dict[str, Any]]:
     """The JSONPatch that injects the sidecar into `pod`. Each changed field is one `add` of its
     whole new value (an add replaces a member that exists), as small as the API needs."""
     metadata = pod.get("metadata") or {}
@@ -232,7 +234,7 @@ def inject(pod: Mapping[str, Any], injector: Injector) -> list[dict[str, Any]]:
         "initContainers": [c.get("name") for c in inits] or None,
         "containers": [c.get("name") for c in added],
         "volumes": [v.get("name") for v in rendered.get("volumes") or []],
-        "imagePullSecrets": None, "revision": "default",
+        "imagePullSecrets": None, "revision": revision,  # istiod's own, not the tag that selected the pod
     }, separators=(",", ":"))
     labels = {**(metadata.get("labels") or {}), TLS_MODE: "istio"}
     patch: list[dict[str, Any]] = [{"op": "add", "path": "/metadata/labels", "value": labels},
@@ -245,7 +247,7 @@ def inject(pod: Mapping[str, Any], injector: Injector) -> list[dict[str, Any]]:
     return patch
 
 
-def review(body: Any, injector: Injector | None) -> dict[str, Any]:
+def review(body: Any, injector: Injector | None, revision: str = "default") -> dict[str, Any]:
     """An AdmissionReview of a Pod -> the answer, with the patch when the pod gets a sidecar.
     ValueError if malformed; LookupError if there is no injector config (the API server then
     applies the webhook's failurePolicy)."""
@@ -260,7 +262,7 @@ def review(body: Any, injector: Injector | None) -> dict[str, Any]:
         name = (pod.get("metadata") or {}).get("name") or (pod.get("metadata") or {}).get("generateName", "")
         if wants_injection(pod, namespace, injector):
             try:
-                patch = inject(pod, injector)
+                patch = inject(pod, injector, revision)
             except InjectionError as error:
                 log.info("injection refused pod %s/%s: %s", namespace, name, error)
                 response = {"uid": uid, "allowed": False,
@@ -285,5 +287,5 @@ def _check_pod(pod: Mapping[str, Any]) -> None:
             item.get("name", str, "")
 
 
-def add_injection_route(app: FastAPI, current: Callable[[], Injector | None]) -> None:
-    add_review_route(app, (PATH,), lambda body: review(body, current()))
+def add_injection_route(app: FastAPI, current: Callable[[], Injector | None], revision: str = "default") -> None:
+    add_review_route(app, (PATH,), lambda body: review(body, current(), revision))

@@ -24,7 +24,7 @@ class WebhookServer:
         self.cert = ServingCertificate(ca, serving_names(settings.namespace, settings.domain, settings.ca.extra_sans),
                                        settings.ca.ttl.default, alpn=("http/1.1",), server="webhook")
         app = create_webhook_app(settings.domain)
-        add_injection_route(app, injector)
+        add_injection_route(app, injector, settings.revision)
         # The same read timeout and connection cap as 8080 and 15014; asyncio bounds the TLS handshake (60s).
         config = guarded_config(app, settings.http_read_timeout, settings.max_connections)
         config.load()
