@@ -226,7 +226,7 @@ def _own_layout(pod: Mapping[str, Any], injector: Injector, annotations: Mapping
     if app_containers:
         for key in ("kubectl.kubernetes.io/default-container", "kubectl.kubernetes.io/default-logs-container"):
             added[key] = annotations.get(key, app_containers[0].get("name", ""))
-    return istio_layout.Layout(inits, list(rendered.get("containers") or []), False,
+    return istio_layout.Layout(inits, [], list(rendered.get("containers") or []), False,
                                list(rendered.get("volumes") or []), app_containers,
                                list(spec.get("initContainers") or []), {TLS_MODE: "istio"}, added)
 
@@ -248,14 +248,14 @@ def inject(pod: Mapping[str, Any], injector: Injector) -> list[dict[str, Any]]:
         _proxy_resources(injector, annotations)  # the resource annotations' quantities checked, as ours
     else:
         layout = _own_layout(pod, injector, annotations)
-    inits = layout.init_containers
     taken = {c.get("name") for c in spec.get("containers") or []} | {c.get("name") for c in spec.get("initContainers") or []}
+    inits = layout.init_containers + layout.init_containers_last
     clash = sorted(taken & {c.get("name") for c in layout.containers + inits})
     if clash:
         raise InjectionError(f"container {clash[0]} exists already; remove it or set {INJECT}: \"false\"")
     containers = (layout.containers + layout.app_containers if layout.proxy_first
                   else layout.app_containers + layout.containers)
-    init_containers = inits + layout.app_init_containers  # the capture first, as istiod orders it
+    init_containers = layout.init_containers + layout.app_init_containers + layout.init_containers_last
     volumes = list(spec.get("volumes") or []) + layout.volumes
     if injector.layout == "istio":
         annotations.update(layout.annotations)  # Istio's template sets these over the pod's

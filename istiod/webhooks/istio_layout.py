@@ -63,7 +63,8 @@ class LayoutError(ValueError):
 class Layout:
     """What injection adds to or changes in the pod."""
 
-    init_containers: list[dict[str, Any]]  # before the pod's own (istio-init, or the native istio-proxy)
+    init_containers: list[dict[str, Any]]  # before the pod's own (istio-validation; istio-init and istio-proxy when native)
+    init_containers_last: list[dict[str, Any]]  # after the pod's own (istio-init, so they run uncaptured)
     containers: list[dict[str, Any]]  # the regular istio-proxy container, when not native
     proxy_first: bool  # holdApplicationUntilProxyStarts: istio-proxy before the app containers
     volumes: list[dict[str, Any]]
@@ -112,64 +113,76 @@ def proxy_config(values: Mapping[str, Any], annotations: Mapping[str, str]) -> d
 
 def _probe_urls(container: str) -> dict[str, str]:
     """pilot-agent's FormatProberURL."""
-    return {kind: f"/app-health/{container}/{kind}" for kind in ("readyz", "livez", "startupz")}
+    return {**{kind: f"/app-health/{container}/{kind}" for kind in ("readyz", "livez", "startupz")},
+            **{kind: f"/app-lifecycle/{container}/{kind}" for kind in ("prestopz", "poststartz")}}
 
 
 _PROBES = {"readinessProbe": "readyz", "livenessProbe": "livez", "startupProbe": "startupz"}
+_HOOKS = {"preStop": "prestopz", "postStart": "poststartz"}
+# Go's JSON field order of the actions (corev1's struct order), so the env is byte-equal to Istio's.
+_ACTION_FIELDS = {"httpGet": ("path", "port", "host", "scheme", "httpHeaders"), "tcpSocket": ("port", "host"),
+                  "grpc": ("port", "service")}
+
+
+def _handlers(container: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any], tuple[str, ...]]]:
+    """(url kind, probe or lifecycle handler, the actions the agent takes over) of a container."""
+    out: list[tuple[str, Mapping[str, Any], tuple[str, ...]]] = []
+    for field, kind in _PROBES.items():
+        if isinstance(container.get(field), dict):
+            out.append((kind, container[field], ("httpGet", "tcpSocket", "grpc")))
+    lifecycle = container.get("lifecycle")
+    for field, kind in _HOOKS.items():
+        if isinstance(lifecycle, dict) and isinstance(lifecycle.get(field), dict):
+            out.append((kind, lifecycle[field], ("httpGet", "tcpSocket")))
+    return out
 
 
 def app_probers(containers: list[dict[str, Any]], status_port: int) -> str:
-    """ISTIO_KUBE_APP_PROBERS (Istio's DumpAppProbers): each app probe the agent takes over, by its new
-    path; named ports resolved to numbers; "" when there is none."""
+    """ISTIO_KUBE_APP_PROBERS (Istio's DumpAppProbers): each app probe and lifecycle hook the agent takes
+    over, by its new path; named ports resolved to numbers; "" when there is none."""
     out: dict[str, Any] = {}
     for container in containers:
         if container.get("name") == PROXY:
             continue
         named = {p["name"]: p["containerPort"] for p in container.get("ports") or [] if p.get("name")}
         urls = _probe_urls(str(container.get("name", "")))
-        for field, kind in _PROBES.items():
-            probe = container.get(field)
-            if not isinstance(probe, dict):
-                continue
-            action_name = next((a for a in ("httpGet", "tcpSocket", "grpc") if a in probe), None)
+        for kind, handler, actions in _handlers(container):
+            action_name = next((a for a in actions if a in handler), None)
             if action_name is None:
                 continue
-            action = copy.deepcopy(probe[action_name])
-            if action_name != "grpc":
+            action = dict(handler[action_name])
+            if action_name != "grpc":  # a gRPC probe's port is a number already
                 port = action.get("port")
-                if isinstance(port, str) and not port.isdigit():
+                if isinstance(port, str):  # an IntOrString's string: a port name (Istio looks "8080" up too)
                     if port not in named:
-                        continue  # as Istio: a named port the container lacks is left to the kubelet
+                        continue  # left alone, as Istio does
                     action["port"] = named[port]
-                elif int(port) == status_port:
-                    continue  # rewritten already
-                else:
-                    action["port"] = int(port)
-            prober: dict[str, Any] = {action_name: action}
-            if probe.get("timeoutSeconds"):
-                prober["timeoutSeconds"] = probe["timeoutSeconds"]
+                elif not isinstance(port, int) or port == status_port:
+                    continue  # no port (the API server refuses the pod later), or rewritten already
+            prober: dict[str, Any] = {action_name: {k: action[k] for k in _ACTION_FIELDS[action_name] if action.get(k)
+                                                    or k == "port"}}
+            if handler.get("timeoutSeconds"):
+                prober["timeoutSeconds"] = handler["timeoutSeconds"]
             out[urls[kind]] = prober
-    return json.dumps(out, separators=(",", ":")) if out else ""
+    return json.dumps(dict(sorted(out.items())), separators=(",", ":")) if out else ""
 
 
 def rewrite_probes(container: dict[str, Any], status_port: int) -> dict[str, Any]:
-    """Istio's convertProbe: each app probe becomes an HTTP GET of its /app-health path on the agent's
-    status port (HTTPS becomes HTTP: the agent calls the app with the original scheme)."""
+    """Istio's convertProbe: each app probe and lifecycle hook becomes an HTTP GET of its path on the
+    agent's status port (HTTPS becomes HTTP: the agent calls the app with the original scheme)."""
     out = copy.deepcopy(container)
     urls = _probe_urls(str(container.get("name", "")))
-    for field, kind in _PROBES.items():
-        probe = out.get(field)
-        if not isinstance(probe, dict):
-            continue
-        if "httpGet" in probe:
-            action = probe["httpGet"]
+    for kind, handler, actions in _handlers(out):
+        assert isinstance(handler, dict)
+        if "httpGet" in handler:
+            action = handler["httpGet"]
             action["port"], action["path"] = status_port, urls[kind]
             if action.get("scheme") == "HTTPS":
                 action["scheme"] = "HTTP"
-        elif "tcpSocket" in probe or "grpc" in probe:
-            probe.pop("tcpSocket", None)
-            probe.pop("grpc", None)
-            probe["httpGet"] = {"path": urls[kind], "port": status_port}
+        elif any(a in handler for a in actions):
+            for name in actions:
+                handler.pop(name, None)
+            handler["httpGet"] = {"path": urls[kind], "port": status_port}
     return out
 
 
@@ -233,36 +246,43 @@ def render(pod: Mapping[str, Any], values_in: Mapping[str, Any], annotations: Ma
     exclude_outbound_ports = traffic("excludeOutboundPorts", "excludeOutboundPorts")
     agent_log_level = annotations.get("sidecar.istio.io/agentLogLevel", g["logging"]["level"])
 
-    out_annotations: dict[str, str] = {
-        "istio.io/rev": revision,
-        INTERCEPTION_MODE: mode,
-        "traffic.sidecar.istio.io/includeInboundPorts": include_inbound,
-        "traffic.sidecar.istio.io/excludeInboundPorts": exclude_inbound,
-    }
-    if app_names:
-        out_annotations["kubectl.kubernetes.io/default-logs-container"] = app_names[0]
-        out_annotations["kubectl.kubernetes.io/default-container"] = app_names[0]
-    if include_ranges:
-        out_annotations["traffic.sidecar.istio.io/includeOutboundIPRanges"] = include_ranges
-    if exclude_ranges:
-        out_annotations["traffic.sidecar.istio.io/excludeOutboundIPRanges"] = exclude_ranges
-    if include_outbound_ports:
-        out_annotations["traffic.sidecar.istio.io/includeOutboundPorts"] = include_outbound_ports
-    if exclude_outbound_ports:
-        out_annotations["traffic.sidecar.istio.io/excludeOutboundPorts"] = exclude_outbound_ports
-    if cni:  # the Multus network attachment Istio's template names for istio-cni
-        networks = annotations.get("k8s.v1.cni.cncf.io/networks", "")
-        out_annotations["k8s.v1.cni.cncf.io/networks"] = ", ".join(filter(None, [networks, "default/istio-cni"])) \
-            if "istio-cni" not in networks else networks
+    out_annotations: dict[str, str] = {"istio.io/rev": revision}
+    for key in ("kubectl.kubernetes.io/default-logs-container", "kubectl.kubernetes.io/default-container"):
+        if app_names and key not in annotations:
+            out_annotations[key] = app_names[0]
+    if cni:  # what the CNI plugin reads to capture
+        pilot_cni = (values.get("pilot") or {}).get("cni") or {}
+        if pilot_cni.get("provider") == "multus":
+            networks = annotations.get("k8s.v1.cni.cncf.io/networks", "")
+            out_annotations["k8s.v1.cni.cncf.io/networks"] = networks if "istio-cni" in networks \
+                else ", ".join(filter(None, [networks, "default/istio-cni"]))
+        out_annotations[INTERCEPTION_MODE] = mode
+        if include_ranges:
+            out_annotations["traffic.sidecar.istio.io/includeOutboundIPRanges"] = include_ranges
+        if exclude_ranges:
+            out_annotations["traffic.sidecar.istio.io/excludeOutboundIPRanges"] = exclude_ranges
+        out_annotations["traffic.sidecar.istio.io/includeInboundPorts"] = include_inbound
+        out_annotations["traffic.sidecar.istio.io/excludeInboundPorts"] = exclude_inbound
+        if include_outbound_ports:
+            out_annotations["traffic.sidecar.istio.io/includeOutboundPorts"] = include_outbound_ports
+        if exclude_outbound_ports:
+            out_annotations["traffic.sidecar.istio.io/excludeOutboundPorts"] = exclude_outbound_ports
+        for key in ("traffic.sidecar.istio.io/kubevirtInterfaces", "istio.io/reroute-virtual-interfaces",
+                    "traffic.sidecar.istio.io/excludeInterfaces"):
+            if annotations.get(key):
+                out_annotations[key] = annotations[key]
+    out_annotations.update(_prometheus(values, annotations, status_port))
 
     out_labels = {
         "security.istio.io/tlsMode": labels_in.get("security.istio.io/tlsMode", "istio"),
-        "networking.istio.io/tunnel": labels_in.get("networking.istio.io/tunnel", "http"),
         "service.istio.io/canonical-name": labels_in.get("service.istio.io/canonical-name")
         or labels_in.get("app.kubernetes.io/name") or labels_in.get("app") or _workload_name(metadata),
         "service.istio.io/canonical-revision": labels_in.get("service.istio.io/canonical-revision")
         or labels_in.get("app.kubernetes.io/version") or labels_in.get("version") or "latest",
     }
+
+    if str((config.get("proxyMetadata") or {}).get("ISTIO_META_ENABLE_HBONE")) == "true":
+        out_labels["networking.istio.io/tunnel"] = labels_in.get("networking.istio.io/tunnel", "http")
 
     init_containers: list[dict[str, Any]] = []
     resources = _resources(values, annotations)
@@ -286,11 +306,16 @@ def render(pod: Mapping[str, Any], values_in: Mapping[str, Any], annotations: Ma
             args.append("--log_as_json")
         if cni:
             args += ["--run-validation", "--skip-rule-apply"]
+        elif g.get("proxy_init", {}).get("forceApplyIptables"):
+            args.append("--force-apply")
+        if g.get("nativeNftables"):
+            args.append("--native-nftables")
         init = {
             "name": VALIDATION if cni else INIT,
             "image": annotations.get("sidecar.istio.io/proxyImage", _image(values, g["proxy_init"]["image"])),
             "args": args,
-            "env": [{"name": k, "value": str(v)} for k, v in (config.get("proxyMetadata") or {}).items()],
+            **({"env": [{"name": k, "value": str(v)} for k, v in config["proxyMetadata"].items()]}
+               if config.get("proxyMetadata") else {}),
             "resources": copy.deepcopy(resources),
             "securityContext": {
                 "allowPrivilegeEscalation": bool(proxy["privileged"]), "privileged": bool(proxy["privileged"]),
@@ -314,11 +339,14 @@ def render(pod: Mapping[str, Any], values_in: Mapping[str, Any], annotations: Ma
     probers = app_probers(all_app, status) if rewrite and status else ""
     sidecar = _proxy_container(values, config, annotations, pod, app_names, probers, resources, native, hold,
                                tproxy, status_port, mode)
+    last: list[dict[str, Any]] = []
     if native:
         init_containers.append(sidecar)
+    elif init_containers and init_containers[0]["name"] == INIT:
+        last = [init_containers.pop()]
     app_containers = [rewrite_probes(c, status) if probers else copy.deepcopy(c) for c in spec.get("containers") or []]
     app_inits = [rewrite_probes(c, status) if probers else copy.deepcopy(c) for c in spec.get("initContainers") or []]
-    return Layout(init_containers, [] if native else [sidecar], hold, _volumes(values), app_containers,
+    return Layout(init_containers, last, [] if native else [sidecar], hold, _volumes(values), app_containers,
                   app_inits, out_labels, out_annotations)
 
 
@@ -366,7 +394,7 @@ def _proxy_container(values: Mapping[str, Any], config: Mapping[str, Any], annot
         {"name": "ISTIO_META_NODE_NAME", **_field("spec.nodeName")},
         {"name": "ISTIO_META_INTERCEPTION_MODE", "value": mode},
     ]
-    if native:  # the template sets it first, only for native sidecars
+    if str((values["meshConfig"].get("inboundTrafficPolicy") or {}).get("mode", "")).upper() == "LOCALHOST":
         env.insert(0, {"name": "REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION", "value": "true"})
     if g["network"]:
         env.append({"name": "ISTIO_META_NETWORK", "value": g["network"]})
@@ -388,7 +416,9 @@ def _proxy_container(values: Mapping[str, Any], config: Mapping[str, Any], annot
     }
     if native:
         container["restartPolicy"] = "Always"
-    if hold:
+    if proxy.get("lifecycle"):
+        container["lifecycle"] = copy.deepcopy(proxy["lifecycle"])
+    elif hold:
         container["lifecycle"] = {"postStart": {"exec": {"command": ["pilot-agent", "wait"]}}}
     elif native:  # drain when the pod's shutdown starts; SIGTERM comes once the apps are gone
         container["lifecycle"] = {"preStop": {"exec": {"command": [
@@ -399,7 +429,7 @@ def _proxy_container(values: Mapping[str, Any], config: Mapping[str, Any], annot
     if status_port != "0":
         ready = {"httpGet": {"path": "/healthz/ready", "port": 15021}}
         if proxy["startupProbe"]["enabled"]:
-            container["startupProbe"] = {**ready, "initialDelaySeconds": 0, "periodSeconds": 1, "timeoutSeconds": 3,
+            container["startupProbe"] = {**ready, "periodSeconds": 1, "timeoutSeconds": 3,
                                          "failureThreshold": proxy["startupProbe"]["failureThreshold"]}
         container["readinessProbe"] = {
             **copy.deepcopy(ready),
@@ -411,6 +441,8 @@ def _proxy_container(values: Mapping[str, Any], config: Mapping[str, Any], annot
             "failureThreshold": int(annotations.get("readiness.status.sidecar.istio.io/failureThreshold",
                                                     proxy["readinessFailureThreshold"])),
         }
+        # zeros left out, as the API (and Istio's patch) leaves out Go's zero values
+        container["readinessProbe"] = {k: v for k, v in container["readinessProbe"].items() if v != 0}
     container["securityContext"] = {
         "allowPrivilegeEscalation": bool(proxy["privileged"]),
         "capabilities": {**({"add": ["NET_ADMIN"]} if tproxy else {}), "drop": ["ALL"]},
@@ -454,3 +486,17 @@ def _volumes(values: Mapping[str, Any]) -> list[dict[str, Any]]:
                     "configMap": {"name": (values.get("pilot") or {}).get("crlConfigMapName") or "istio-ca-crl",
                                   "optional": True}})
     return volumes
+
+
+def _prometheus(values: Mapping[str, Any], annotations: Mapping[str, str], status_port: str) -> dict[str, str]:
+    """Istio's metrics merge: Prometheus scrapes the agent, which merges the app's metrics in. Only for
+    pods without their own prometheus.io/port or /path (Istio then also tells the agent where the app's
+    are, ISTIO_PROMETHEUS_ANNOTATIONS; not done here: such pods keep their annotations)."""
+    enabled = values["meshConfig"].get("enablePrometheusMerge", True)
+    if annotations.get("prometheus.istio.io/merge-metrics") is not None:
+        enabled = _go_bool(annotations["prometheus.istio.io/merge-metrics"], "prometheus.istio.io/merge-metrics")
+    if not enabled or annotations.get("prometheus.io/scrape", "true") != "true" or status_port == "0":
+        return {}
+    if "prometheus.io/port" in annotations or "prometheus.io/path" in annotations:
+        return {}
+    return {"prometheus.io/port": status_port, "prometheus.io/path": "/stats/prometheus", "prometheus.io/scrape": "true"}
