@@ -13,8 +13,8 @@ import pytest
 from cryptography import x509
 
 from tests.conftest import synced
-from tests.istio_pods import A_ID, HOST, NAMESPACE, XDS_TYPES, Pods, istio_pods, proxy_id
-from tests.peers import wait_until
+from tests.istio_pods import A_ID, HOST, NAMESPACE, XDS_TYPES, Pods, injected, istio_pods, proxy_id
+from tests.peers import istio_binary, wait_until
 from tests.pods import admin, call, requires_root
 
 pytestmark = requires_root
@@ -55,3 +55,26 @@ def test_readiness_probe_is_answered_through_the_agents_status_port(pods: Pods) 
     direct = kubelet.run("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5",
                          "http://10.44.0.3:8080/ready")  # what the kubelet would do unrewritten: STRICT refuses it
     assert direct.stdout != "200", direct
+
+
+def test_istio_init_args_installed_istios_capture(pods: Pods) -> None:
+    rules = pods.a.run("iptables-save").stdout + pods.a.run("iptables-legacy-save").stdout
+    assert "-A ISTIO_REDIRECT -p tcp -j REDIRECT --to-ports 15001" in rules, rules
+    assert "-A ISTIO_IN_REDIRECT -p tcp -j REDIRECT --to-ports 15006" in rules, rules
+    assert "--uid-owner 1337 -j RETURN" in rules, rules
+
+
+def test_hold_application_hook_returns_once_the_proxy_is_ready(pods: Pods) -> None:
+    """The postStart hook the layout gives a held pod, run in b-1 as the kubelet would exec it."""
+    held = json.loads(json.dumps(pods.specs["b-1"]))
+    held["metadata"]["annotations"] = {"proxy.istio.io/config": "holdApplicationUntilProxyStarts: true"}
+    for key in ("initContainers", "volumes"):
+        held["spec"].pop(key)
+    held["spec"]["containers"] = [c for c in held["spec"]["containers"] if c["name"] != "istio-proxy"]
+    held["metadata"]["annotations"].pop("sidecar.istio.io/status", None)
+    proxy = injected(held)["spec"]["containers"][0]
+    assert proxy["name"] == "istio-proxy"  # first: the apps start after its hook returns
+    command = proxy["lifecycle"]["postStart"]["exec"]["command"]
+    assert command == ["pilot-agent", "wait"]
+    done = pods.b.run(istio_binary("pilot-agent"), *command[1:], timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
