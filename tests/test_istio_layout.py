@@ -155,3 +155,14 @@ def test_layout_istio_with_a_template_or_an_unknown_layout_is_refused() -> None:
         parse_injector(CONFIG + "templates: {sidecar: 'containers: []'}\n", "{}", "cm")
     with pytest.raises(InjectionError, match="config.layout: 'envoy' is not one of istiod, istio"):
         parse_injector("layout: envoy\n", "{}", "cm")
+
+
+def test_workload_name_and_owner_follow_the_pods_controller() -> None:
+    owned = pod()
+    owned["metadata"]["labels"]["pod-template-hash"] = "5d4f8b"
+    owned["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-5d4f8b",
+                                             "controller": True, "uid": "u"}]
+    proxy = apply(owned, inject(owned, injector({})))["spec"]["containers"][1]
+    env = {e["name"]: e.get("value") for e in proxy["env"]}
+    assert env["ISTIO_META_WORKLOAD_NAME"] == "web"
+    assert env["ISTIO_META_OWNER"] == "kubernetes://apis/apps/v1/namespaces/app/deployments/web"

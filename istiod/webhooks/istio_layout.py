@@ -19,6 +19,8 @@ from typing import Any
 
 import yaml
 
+from istiod.model.workload import OwnerRef, workload_identity
+
 PROXY = "istio-proxy"
 INIT = "istio-init"
 VALIDATION = "istio-validation"
@@ -276,7 +278,7 @@ def render(pod: Mapping[str, Any], values_in: Mapping[str, Any], annotations: Ma
     out_labels = {
         "security.istio.io/tlsMode": labels_in.get("security.istio.io/tlsMode", "istio"),
         "service.istio.io/canonical-name": labels_in.get("service.istio.io/canonical-name")
-        or labels_in.get("app.kubernetes.io/name") or labels_in.get("app") or _workload_name(metadata),
+        or labels_in.get("app.kubernetes.io/name") or labels_in.get("app") or _workload(metadata)[0],
         "service.istio.io/canonical-revision": labels_in.get("service.istio.io/canonical-revision")
         or labels_in.get("app.kubernetes.io/version") or labels_in.get("version") or "latest",
     }
@@ -350,11 +352,21 @@ def render(pod: Mapping[str, Any], values_in: Mapping[str, Any], annotations: Ma
                   app_inits, out_labels, out_annotations)
 
 
-def _workload_name(metadata: Mapping[str, Any]) -> str:
-    """Istio's deployment name guess from a pod: the generateName without the ReplicaSet's hash."""
-    name = str(metadata.get("generateName") or metadata.get("name") or "")
-    parts = name.rstrip("-").split("-")
-    return "-".join(parts[:-1]) if metadata.get("generateName") and len(parts) > 2 else "-".join(parts)
+# The API group of the workload kinds Istio names a pod's owner by (ISTIO_META_OWNER).
+_OWNER_API = {"Deployment": "apps/v1", "StatefulSet": "apps/v1", "DaemonSet": "apps/v1", "ReplicaSet": "apps/v1",
+              "Job": "batch/v1", "CronJob": "batch/v1", "Pod": "v1"}
+
+
+def _workload(metadata: Mapping[str, Any]) -> tuple[str, str, str]:
+    """(name, kind, apiVersion) of the pod's workload by Istio's rules (ReplicaSet -> Deployment,
+    a CronJob's Job -> CronJob, the workload-name label first)."""
+    labels = {str(k): str(v) for k, v in (metadata.get("labels") or {}).items()}
+    owners = [OwnerRef(str(o.get("kind", "")), str(o.get("name", "")), bool(o.get("controller")))
+              for o in metadata.get("ownerReferences") or [] if isinstance(o, dict)]
+    name, kind = workload_identity(str(metadata.get("name") or metadata.get("generateName") or ""), labels, owners)
+    api = _OWNER_API.get(kind) or next((str(o.get("apiVersion", "")) for o in metadata.get("ownerReferences") or []
+                                         if isinstance(o, dict) and o.get("kind") == kind), "v1")
+    return name, kind, api
 
 
 def _proxy_container(values: Mapping[str, Any], config: Mapping[str, Any], annotations: Mapping[str, str],
@@ -398,9 +410,11 @@ def _proxy_container(values: Mapping[str, Any], config: Mapping[str, Any], annot
         env.insert(0, {"name": "REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION", "value": "true"})
     if g["network"]:
         env.append({"name": "ISTIO_META_NETWORK", "value": g["network"]})
-    workload = (metadata.get("labels") or {}).get("service.istio.io/workload-name") or _workload_name(metadata)
+    workload, kind, api = _workload(metadata)
     if workload:
         env.append({"name": "ISTIO_META_WORKLOAD_NAME", "value": workload})
+        env.append({"name": "ISTIO_META_OWNER", "value": f"kubernetes://apis/{api}/namespaces/"
+                    f"{metadata.get('namespace') or 'default'}/{kind.lower()}s/{workload}"})
     if g["meshID"] or trust_domain:
         env.append({"name": "ISTIO_META_MESH_ID", "value": g["meshID"] or trust_domain})
     if trust_domain:
