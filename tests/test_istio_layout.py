@@ -17,8 +17,7 @@ CONFIG = "policy: enabled\ndefaultTemplates: [sidecar]\nlayout: istio\n"
 # Istio's golden tests run with native sidecars on (EnableNativeSidecars) and trust domain cluster.local.
 GOLDEN_VALUES: dict[str, dict[str, Any]] = {"global": {"nativeSidecar": True}, "meshConfig": {"trustDomain": "cluster.local"}}
 # Env Istio's webhook adds beyond the template from mesh/ProxyConfig features we do not set.
-ISTIO_ONLY_ENV = {"ISTIO_META_OWNER", "TRUST_DOMAIN", "ISTIO_META_MESH_ID", "ISTIO_META_WORKLOAD_NAME",
-                  "OTEL_RESOURCE_ATTRIBUTES", "COMPLIANCE_POLICY", "GODEBUG"}
+ISTIO_ONLY_ENV = {"OTEL_RESOURCE_ATTRIBUTES", "COMPLIANCE_POLICY", "GODEBUG"}
 
 
 def injector(values: dict[str, Any]) -> Any:
