@@ -134,3 +134,56 @@ async def test_webhook_down_follows_failure_policy(kube: client.ApiClient, polic
             assert [c.name for c in pod.spec.containers] == ["echo"]
     finally:
         await admission.delete_mutating_webhook_configuration(config["metadata"]["name"])
+
+
+async def test_api_server_stores_pods_in_istios_layout(
+    cluster: Cluster, kube: client.ApiClient, tmp_path: Path, processes: list[Process]
+) -> None:
+    """The injector config's `layout: istio` (the chart's sidecarLayout istio): the API server takes
+    Istio's own layout, native sidecar included, and the app's probe rewritten to the agent."""
+    core, admission = client.CoreV1Api(kube), client.AdmissionregistrationV1Api(kube)
+    namespace = "e2e-inject-istio-layout"
+    webhooks, configmap = manifests()
+    configmap = copy.deepcopy(configmap)
+    configmap["data"] = {"config": "policy: enabled\ndefaultTemplates: [sidecar]\nlayout: istio\n",
+                         "values": json.dumps({"global": {"proxy": {"image": "docker.io/istio/proxyv2:1.28.0"},
+                                                          "proxy_init": {"image": "docker.io/istio/proxyv2:1.28.0"},
+                                                          "nativeSidecar": True}})}
+    webhooks = by_url(webhooks, free_port())
+    port = int(webhooks["webhooks"][0]["clientConfig"]["url"].split(":")[2].split("/")[0])
+    webhooks["webhooks"] = webhooks["webhooks"][:1]  # istiod fills the caBundle of this name only
+    webhooks["webhooks"][0]["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+    await ensure_namespace(kube, namespace)
+    kubeconfig, _ = await istiod_kubeconfig(cluster, kube, tmp_path / "istiod.kubeconfig")
+    await core.create_namespaced_config_map(ISTIO_NAMESPACE, configmap)
+    await admission.create_mutating_webhook_configuration(webhooks)
+    try:
+        await istiod_patching(tmp_path, kubeconfig, port, processes, functools.partial(
+            admission.read_mutating_webhook_configuration, webhooks["metadata"]["name"]))
+        pod = app_pod("probed")
+        pod["spec"]["containers"][0]["readinessProbe"] = {"httpGet": {"path": "/ready", "port": 8080}}
+
+        async def created() -> client.V1Pod | None:
+            try:
+                return await core.create_namespaced_pod(namespace, pod)
+            except ApiException as error:
+                print("not yet:", json.loads(error.body)["message"])
+                return None
+
+        await eventually(created, 10, "a pod to be admitted by the injector")
+        stored = await core.read_namespaced_pod("probed", namespace)
+        print("stored in Istio's layout:", summary(stored))
+        assert [c.name for c in stored.spec.init_containers] == ["istio-init", "istio-proxy"]
+        init, proxy = stored.spec.init_containers
+        assert init.args[0] == "istio-iptables" and init.image == "docker.io/istio/proxyv2:1.28.0"
+        assert proxy.restart_policy == "Always" and proxy.args[:2] == ["proxy", "sidecar"]
+        assert [c.name for c in stored.spec.containers] == ["echo"]
+        probe = stored.spec.containers[0].readiness_probe.http_get
+        assert (probe.path, probe.port) == ("/app-health/echo/readyz", 15020)
+        env = {e.name: e.value for e in proxy.env}
+        # The webhook sees the pod with the API server's defaults (scheme, timeout), as Istio's does.
+        assert json.loads(env["ISTIO_KUBE_APP_PROBERS"]) == {"/app-health/echo/readyz": {
+            "httpGet": {"path": "/ready", "port": 8080, "scheme": "HTTP"}, "timeoutSeconds": 1}}
+    finally:
+        await admission.delete_mutating_webhook_configuration(webhooks["metadata"]["name"])
+        await core.delete_namespaced_config_map(configmap["metadata"]["name"], ISTIO_NAMESPACE)

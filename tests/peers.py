@@ -225,3 +225,14 @@ def istio_binary(name: str) -> str:
     if not os.access(path, os.X_OK):
         raise RuntimeError(f"{path} is missing; run `make istio-bin` (needs Go on PATH)")
     return str(path)
+
+
+def istio_source(path: str) -> Path:
+    """A file of Istio's source at the version build-istio.sh builds (the Go module cache holds it once
+    the binaries are built), e.g. what Istio's proxy image copies in beside pilot-agent."""
+    done = subprocess.run(["go", "list", "-m", "-f", "{{.Dir}}", "istio.io/istio"], cwd=ROOT / "e2e" / "cluster" / "istio",
+                          capture_output=True, text=True, timeout=60)
+    source = Path(done.stdout.strip()) / path
+    if done.returncode != 0 or not source.is_file():
+        raise RuntimeError(f"Istio's {path} is missing ({done.stderr.strip()}); run `make istio-bin` (needs Go on PATH)")
+    return source

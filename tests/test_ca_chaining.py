@@ -4,25 +4,33 @@ A plugged-in CA whose key identifiers were made the three common ways (Go's trun
 OpenSSL's SHA-1, none): grpcio verifies istiod's serving certificate against the plugged root when it
 asks for workload certificates, then a real Envoy uses two of them for mTLS between its own
 listeners, each side verifying the other's chain. Every leaf's Authority Key Identifier is its
-issuer's Subject Key Identifier, byte for byte.
+issuer's Subject Key Identifier, byte for byte. Then the real thing: roots made by a Go program
+(tests/data/goroot, crypto/x509's own key identifier) and by the openssl command plugged in as
+`cacerts`, and two pods running Istio's pilot-agent and Envoy (tests/istio_pods.py) calling each
+other over mTLS with the certificates istiod signs under them.
 """
 
 from __future__ import annotations
 
 import http.client
 import shutil
+import subprocess
 import tempfile
 from collections.abc import AsyncIterator
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from istiod.ca.pki import key_pem, load_certs, new_key, subject_key_identifier
 from tests.envoy_peer import Envoy
-from tests.peers import free_port, wait_until
-from tests.pki import KEY_ID_STYLES, csr_pem, write_plugged
+from tests.istio_pods import A_ID, HOST, istio_pods
+from tests.peers import ROOT, free_port, wait_until
+from tests.pki import KEY_ID_STYLES, csr_pem, subject_key_id, write_plugged
+from tests.pods import admin, call, requires_root
 from tests.secure_port import OTHER_TOKEN, TOKEN, Secure, start_secure
 from tests.test_ca_service import create
 
@@ -147,3 +155,44 @@ async def test_workload_certificates_chain_in_envoy_whatever_made_the_root(plugg
         if envoy is not None:
             envoy.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def go_root(directory: Path) -> None:
+    """tests/data/goroot: crypto/x509 picks the key identifier (the Go toolchain caches the build)."""
+    done = subprocess.run(["go", "run", ".", str(directory)], cwd=ROOT / "tests" / "data" / "goroot",
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+
+
+def openssl_root(directory: Path) -> None:
+    """`openssl req -x509` with its default extensions (a SHA-1 key identifier), the root signing."""
+    directory.mkdir(parents=True)
+    done = subprocess.run(
+        ["openssl", "req", "-x509", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+         "-keyout", str(directory / "ca-key.pem"), "-out", str(directory / "ca-cert.pem"), "-days", "365",
+         "-subj", "/O=openssl root", "-addext", "basicConstraints=critical,CA:TRUE",
+         "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature"],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    for name in ("cert-chain.pem", "root-cert.pem"):
+        shutil.copyfile(directory / "ca-cert.pem", directory / name)
+
+
+@requires_root
+@pytest.mark.parametrize("maker", ["go", "openssl"])
+def test_pilot_agent_pods_talk_mtls_under_a_root_made_by(maker: str, tmp_path: Path) -> None:
+    cacerts = tmp_path / "cacerts"
+    (go_root if maker == "go" else openssl_root)(cacerts)
+    root = x509.load_pem_x509_certificate((cacerts / "root-cert.pem").read_bytes())
+    key = serialization.load_pem_private_key((cacerts / "ca-key.pem").read_bytes(), None)
+    made = subject_key_identifier(root)
+    expected = subject_key_id(key, maker)  # type: ignore[arg-type]
+    assert made is not None and expected is not None and made.digest == expected.digest, maker
+    with istio_pods(tmp_path / "mesh", "--plugged-ca-dir", str(cacerts)) as pods:
+        reply = call(pods.a, "http-get", f"http://{HOST}:8080/chained")
+        print(f"a-1 -> b-1 under the {maker} root:", reply)
+        assert reply["ok"], reply
+        assert f"URI={A_ID}" in reply["body"]["headers"].get("x-forwarded-client-cert", "")
+        certs = json.loads(admin(pods.b, "/certs"))["certificates"]
+        roots = {int(c["serial_number"], 16) for entry in certs for c in entry.get("ca_cert") or []}
+        assert root.serial_number in roots, certs

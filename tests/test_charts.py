@@ -15,7 +15,7 @@ import yaml
 
 from istiod.model.mesh import MeshConfig
 from istiod.sources.meshconfig import parse_mesh_config
-from istiod.webhooks.injection import parse_injector
+from istiod.webhooks.injection import inject, parse_injector
 from tests.peers import ROOT
 
 HELM = Path(os.environ.get("HELM", ROOT / ".cache" / "helm-bin" / "helm"))
@@ -299,3 +299,25 @@ def test_base_carries_the_crds(tmp_path: Path) -> None:
     (chart / "files" / "crds" / "zz-example.yaml").write_text(yaml.safe_dump(crd))
     rendered = [o for o in render(chart) if o["kind"] == "CustomResourceDefinition"]
     assert rendered == expected + [crd]
+
+
+def test_istio_layout_switch() -> None:
+    """sidecarLayout istio: the injector renders Istio's own layout with Istio's proxy image; other
+    values are refused by name."""
+    named = by_kind(render(CHARTS / "istiod", "--set", "sidecarLayout=istio", "--set", "nativeSidecars=true",
+                           "--set", "istioProxyImage=registry.example/proxyv2:1.28.0", namespace="mesh-a"))
+    configmap = named["ConfigMap", "istio-sidecar-injector"]
+    injector = parse_injector(configmap["data"]["config"], configmap["data"]["values"], "rendered")
+    assert injector.layout == "istio"
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web-1", "namespace": "app"},
+           "spec": {"containers": [{"name": "web", "image": "web:1"}]}}
+    patch = {op["path"]: op["value"] for op in inject(pod, injector)}
+    init, proxy = patch["/spec/initContainers"]
+    assert (init["name"], init["image"]) == ("istio-init", "registry.example/proxyv2:1.28.0")
+    assert (proxy["name"], proxy["restartPolicy"], proxy["args"][:2]) == ("istio-proxy", "Always", ["proxy", "sidecar"])
+    env = {e["name"]: e.get("value") for e in proxy["env"]}
+    assert env["CA_ADDR"] == "istiod.mesh-a.svc:15012"
+    assert json.loads(env["PROXY_CONFIG"]) == {"discoveryAddress": "istiod.mesh-a.svc:15012"}
+    done = helm("template", "istiod", str(CHARTS / "istiod"), "--set", "sidecarLayout=envoy")
+    assert done.returncode != 0
+    assert 'sidecarLayout: "envoy" is neither istiod nor istio' in done.stderr

@@ -6,6 +6,8 @@ the CNI plugin reads), their volumes, the `security.istio.io/tlsMode` label and 
 The template and its values come from the injector ConfigMap (`istio-sidecar-injector`, keys
 `config` and `values`), as istiod's. istiod's template is a Go template; ours is YAML whose string
 leaves may hold `${name}` placeholders (listed in PLACEHOLDERS); a `{{` is refused, never passed on.
+With `layout: istio` in `config` there is no template: the pod gets Istio's own layout (Istio's proxy
+image running `pilot-agent`, see istio_layout), rendered from the same `values`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from istiod.model.quantity import QuantityError, parse_quantity
 from istiod.revision import service_name
 from istiod.sources.fields import _Fields
 from istiod.webhooks.admission import add_review_route, admission_answer, admission_request
+from istiod.webhooks import istio_layout
 from istiod.webhooks.annotations import annotation_errors
 
 log = logging.getLogger(__name__)
@@ -56,7 +59,8 @@ CNI_ANNOTATIONS = ("sidecar.istio.io/interceptionMode", *TRAFFIC_ANNOTATIONS)
 PLACEHOLDERS = ("proxy_image", "ca_address", "cluster_id", "istio_namespace",
                 *(name for name, _ in TRAFFIC_ANNOTATIONS.values()))
 _CONFIG_FIELDS = ("policy", "templates", "defaultTemplates", "injectedAnnotations", "alwaysInjectSelector",
-                  "neverInjectSelector", "template")
+                  "neverInjectSelector", "template", "layout")
+LAYOUTS = ("istiod", "istio")  # our agent's container layout, or Istio's (pilot-agent)
 _TEMPLATE_FIELDS = ("containers", "initContainers", "volumes")
 
 
@@ -72,6 +76,7 @@ class Injector:
     template: Mapping[str, Any]  # containers, initContainers, volumes with placeholders
     values: Mapping[str, Any] = field(default_factory=dict)
     injected_annotations: Mapping[str, str] = field(default_factory=dict)
+    layout: str = "istiod"
 
     @property
     def cni(self) -> bool:
@@ -123,6 +128,15 @@ def parse_injector(config_text: str, values_text: str, where: str) -> Injector:
         raise InjectionError(f"{where}: config.policy: {policy!r} is not enabled or disabled")
     if config.get("defaultTemplates", ["sidecar"]) != ["sidecar"]:
         raise InjectionError(f"{where}: config.defaultTemplates: only [sidecar] is implemented")
+    layout = config.get("layout", "istiod")
+    if layout not in LAYOUTS:
+        raise InjectionError(f"{where}: config.layout: {layout!r} is not one of {', '.join(LAYOUTS)}")
+    annotations = config.get("injectedAnnotations") or {}
+    injected = {str(k): str(v) for k, v in annotations.items()}
+    if layout == "istio":
+        if config.get("templates") or config.get("template"):
+            raise InjectionError(f"{where}: config.templates: layout istio renders Istio's own template; remove it")
+        return Injector(policy == "enabled", {}, values, injected, layout)
     text = (config.get("templates") or {}).get("sidecar", config.get("template"))
     if not isinstance(text, str) or not text.strip():
         raise InjectionError(f"{where}: config.templates.sidecar: missing")
@@ -140,8 +154,7 @@ def parse_injector(config_text: str, values_text: str, where: str) -> Injector:
     unknown_names = sorted(_placeholders(template) - set(PLACEHOLDERS))
     if unknown_names:
         raise InjectionError(f"{where}: config.templates.sidecar: unknown placeholder ${{{unknown_names[0]}}}")
-    annotations = config.get("injectedAnnotations") or {}
-    return Injector(policy == "enabled", template, values, {str(k): str(v) for k, v in annotations.items()})
+    return Injector(policy == "enabled", template, values, injected)
 
 
 def _placeholders(tree: Any) -> set[str]:
@@ -193,6 +206,33 @@ def _proxy_resources(injector: Injector, annotations: Mapping[str, str]) -> dict
     return resources
 
 
+def _own_layout(pod: Mapping[str, Any], injector: Injector, annotations: Mapping[str, str]) -> istio_layout.Layout:
+    """Our template, filled: `istiod agent` as the proxy container."""
+    spec = pod.get("spec") or {}
+    variables = injector.variables()
+    for annotation, (name, default) in TRAFFIC_ANNOTATIONS.items():
+        variables[name] = annotations.get(annotation, default)
+    rendered = _fill(injector.template, variables)
+    resources = _proxy_resources(injector, annotations)
+    for proxy in rendered.get("containers") or []:
+        if proxy.get("name") == PROXY and resources:
+            proxy["resources"] = resources
+    inits = rendered.get("initContainers") or []
+    added: dict[str, str] = {}
+    if injector.cni:  # the CNI plugin captures instead, reading the pod's annotations
+        inits = [c for c in inits if c.get("name") != INIT]
+        added["sidecar.istio.io/interceptionMode"] = annotations.get("sidecar.istio.io/interceptionMode", "REDIRECT")
+        for annotation, (name, _) in TRAFFIC_ANNOTATIONS.items():
+            added[annotation] = variables[name]
+    app_containers = list(spec.get("containers") or [])
+    if app_containers:
+        for key in ("kubectl.kubernetes.io/default-container", "kubectl.kubernetes.io/default-logs-container"):
+            added[key] = annotations.get(key, app_containers[0].get("name", ""))
+    return istio_layout.Layout(inits, [], list(rendered.get("containers") or []), False,
+                               list(rendered.get("volumes") or []), app_containers,
+                               list(spec.get("initContainers") or []), {TLS_MODE: "istio"}, added)
+
+
 def inject(pod: Mapping[str, Any], injector: Injector, revision: str = "default") -> list[dict[str, Any]]:
     """The JSONPatch that injects the sidecar into `pod`. Each changed field is one `add` of its
     whole new value (an add replaces a member that exists), as small as the API needs."""
@@ -202,41 +242,35 @@ def inject(pod: Mapping[str, Any], injector: Injector, revision: str = "default"
     errors = annotation_errors(annotations)
     if errors:
         raise InjectionError("; ".join(errors))
-    variables = injector.variables()
-    for annotation, (name, default) in TRAFFIC_ANNOTATIONS.items():
-        variables[name] = annotations.get(annotation, default)
-    rendered = _fill(injector.template, variables)
-    proxies = [c for c in rendered.get("containers") or [] if c.get("name") == PROXY]
-    resources = _proxy_resources(injector, annotations)
-    for proxy in proxies:
-        if resources:
-            proxy["resources"] = resources
-    inits = rendered.get("initContainers") or []
-    if injector.cni:  # the CNI plugin captures instead, reading the pod's annotations
-        inits = [c for c in inits if c.get("name") != INIT]
-        annotations.setdefault("sidecar.istio.io/interceptionMode", "REDIRECT")
-        for annotation, (name, _) in TRAFFIC_ANNOTATIONS.items():
-            annotations.setdefault(annotation, variables[name])
-    app_containers = list(spec.get("containers") or [])
-    taken = {c.get("name") for c in app_containers} | {c.get("name") for c in spec.get("initContainers") or []}
-    added = list(rendered.get("containers") or [])
-    clash = sorted(taken & {c.get("name") for c in added + inits})
+    if injector.layout == "istio":
+        try:
+            layout = istio_layout.render(pod, injector.values, annotations, revision=revision)
+        except istio_layout.LayoutError as error:
+            raise InjectionError(str(error)) from None
+        _proxy_resources(injector, annotations)  # the resource annotations' quantities checked, as ours
+    else:
+        layout = _own_layout(pod, injector, annotations)
+    taken = {c.get("name") for c in spec.get("containers") or []} | {c.get("name") for c in spec.get("initContainers") or []}
+    inits = layout.init_containers + layout.init_containers_last
+    clash = sorted(taken & {c.get("name") for c in layout.containers + inits})
     if clash:
         raise InjectionError(f"container {clash[0]} exists already; remove it or set {INJECT}: \"false\"")
-    containers = app_containers + added
-    init_containers = inits + list(spec.get("initContainers") or [])  # the capture first, as istiod orders it
-    volumes = list(spec.get("volumes") or []) + list(rendered.get("volumes") or [])
-    if app_containers:
-        for key in ("kubectl.kubernetes.io/default-container", "kubectl.kubernetes.io/default-logs-container"):
-            annotations.setdefault(key, app_containers[0].get("name", ""))
+    containers = (layout.containers + layout.app_containers if layout.proxy_first
+                  else layout.app_containers + layout.containers)
+    init_containers = layout.init_containers + layout.app_init_containers + layout.init_containers_last
+    volumes = list(spec.get("volumes") or []) + layout.volumes
+    if injector.layout == "istio":
+        annotations.update(layout.annotations)  # Istio's template sets these over the pod's
+    else:
+        annotations = {**layout.annotations, **annotations}
     annotations.update(injector.injected_annotations)
     annotations[STATUS] = json.dumps({
         "initContainers": [c.get("name") for c in inits] or None,
-        "containers": [c.get("name") for c in added],
-        "volumes": [v.get("name") for v in rendered.get("volumes") or []],
+        "containers": [c.get("name") for c in layout.containers] or None,
+        "volumes": [v.get("name") for v in layout.volumes],
         "imagePullSecrets": None, "revision": revision,  # istiod's own, not the tag that selected the pod
     }, separators=(",", ":"))
-    labels = {**(metadata.get("labels") or {}), TLS_MODE: "istio"}
+    labels = {**(metadata.get("labels") or {}), **layout.labels}
     patch: list[dict[str, Any]] = [{"op": "add", "path": "/metadata/labels", "value": labels},
              {"op": "add", "path": "/metadata/annotations", "value": annotations},
              {"op": "add", "path": "/spec/containers", "value": containers}]

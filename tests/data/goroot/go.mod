@@ -1,0 +1,3 @@
+module goroot
+
+go 1.25
