@@ -240,6 +240,7 @@ def _filter(f: _Fields, errors: list[tuple[str, str]]) -> RouteFilter:
 def _rule(f: _Fields) -> RouteRule:
     errors: list[tuple[str, str]] = []
     matches = tuple(_match(m, errors) for m in items(f, "matches"))
+    unmatchable = bool(errors)  # only a match's pattern is an error this early
     filters = tuple(_filter(x, errors) for x in items(f, "filters"))
     backends = []
     backend_filters = False
@@ -257,7 +258,7 @@ def _rule(f: _Fields) -> RouteRule:
     timeouts = fields(f, "timeouts")
     return RouteRule(matches, filters, tuple(backends), backend_filters,
                      duration(timeouts, "request") if timeouts else None,
-                     duration(timeouts, "backendRequest") if timeouts else None, tuple(errors))
+                     duration(timeouts, "backendRequest") if timeouts else None, tuple(errors), unmatchable)
 
 
 def http_route(key: ObjectKey, f: _Fields, domain: str) -> KubernetesHTTPRoute:

@@ -139,6 +139,7 @@ class RouteRule:
     # (reason, message) of what makes the rule untranslatable (an RE2 pattern Envoy would refuse, a
     # filter or field not implemented): it answers 500 and the route's status says why.
     errors: tuple[tuple[str, str], ...] = ()
+    unmatchable: bool = False  # a match Envoy would refuse: the rule is left out entirely
 
 
 @dataclass(frozen=True, slots=True)

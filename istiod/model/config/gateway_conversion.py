@@ -369,6 +369,8 @@ def _rules(route: KubernetesHTTPRoute, inputs: _Inputs) -> tuple[list[tuple[_Ord
     for index, rule in enumerate(route.rules):
         destinations, backend_errors = _destinations(route, rule, inputs)
         errors += [*rule.errors, *backend_errors]
+        if rule.unmatchable:
+            continue
         for match_index, match in enumerate(rule.matches or (RouteMatch(StringMatch(MatchKind.PREFIX, "/")),)):
             http = _http_route(route, index, match, rule, destinations)
             result.append((_precedence(match) + (index, match_index), http))

@@ -1,0 +1,121 @@
+"""The Gateway API through a real Envoy 1.40 as the Gateway's proxy (its node labelled
+gateway.networking.k8s.io/gateway-name, as the Gateway's deployment pods are), on istiod's TLS
+xDS port: HTTP by host and path, HTTPS with the certificate of a Secret, a weighted split, header
+modifiers seen by the backend, a redirect seen by curl; bad input (a missing backend, an RE2
+pattern Envoy would refuse, a conflicting listener, a missing Secret) is answered with 500s or
+left out, never NACKed. Config: tests/data/gateway-api-mesh.yaml."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import render
+from tests.peers import ROOT, Istiod, Process, free_port, wait_until
+from tests.test_envoy_gateway import BIND, NAMESPACE, SERVICE_ACCOUNT, TOKEN, Gateway, gateway_envoy
+from tests.test_gateway_gen import server_credential, tls_secret
+
+V1_IP, V2_IP = "127.0.0.41", "127.0.0.42"
+GATEWAY_LABELS = {"gateway.networking.k8s.io/gateway-name": "web", "service.istio.io/canonical-name": "web-istio"}
+
+
+@pytest.fixture
+def mesh(mesh_dir: Path, start_istiod: Callable[..., Istiod], processes: list[Process],
+         monkeypatch: pytest.MonkeyPatch) -> Gateway:
+    app_port, http_port, https_port, other_port = free_port(V1_IP), free_port(BIND), free_port(BIND), free_port(BIND)
+    (mesh_dir / "mesh.yaml").write_text(render("gateway-api-mesh.yaml", app_port=app_port, http_port=http_port,
+                                               https_port=https_port, other_port=other_port, v1_ip=V1_IP, v2_ip=V2_IP))
+    ca, cert, key = server_credential("secure.example.com")
+    (mesh_dir / "secret.yaml").write_text(yaml.safe_dump(tls_secret("web-cert", NAMESPACE, cert, key)))
+    (mesh_dir.parent / "ca.pem").write_bytes(ca)
+    (mesh_dir.parent / "tokens.json").write_text(json.dumps({TOKEN: f"{NAMESPACE}/{SERVICE_ACCOUNT}"}))
+    istiod = start_istiod(mesh_dir, "--ca-static-tokens", str(mesh_dir.parent / "tokens.json"))
+    for name, ip in (("v1", V1_IP), ("v2", V2_IP)):
+        processes.append(Process([sys.executable, str(ROOT / "tests" / "http_echo.py"), ip, str(app_port), name],
+                                 name=f"echo-{name}"))
+    # The gateway's node carries the Gateway's pod labels, not Istio's ingress gateway's.
+    import tests.test_envoy_gateway as envoy_gateway
+    original = envoy_gateway.bootstrap
+
+    def labelled(*args: object, **kwargs: object) -> object:
+        args_list = list(args)
+        args_list[4] = {**args_list[4], "LABELS": GATEWAY_LABELS}  # type: ignore[dict-item]
+        return original(*args_list, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(envoy_gateway, "bootstrap", labelled)
+    return Gateway(mesh_dir, istiod, http_port, https_port)
+
+
+@pytest.fixture
+def gateway(mesh: Gateway) -> Iterator[Gateway]:
+    with gateway_envoy(mesh) as started:
+        yield started
+
+
+def _get(gateway: Gateway, host: str, path: str, *options: str) -> tuple[int, str]:
+    port = gateway.http_port
+    return gateway.curl(f"http://{host}:{port}{path}", "--resolve", f"{host}:{port}:{BIND}", *options)
+
+
+def test_http_routes_by_host_and_path(gateway: Gateway) -> None:
+    status, body = _get(gateway, "web.example.com", "/anything")
+    print("HTTP through the Gateway API gateway:", status, body)
+    assert status == 200 and json.loads(body)["path"] == "/anything"
+    assert _get(gateway, "elsewhere.example.com", "/")[0] == 404  # no route names this host
+    # A rewrite of the matched prefix.
+    status, body = _get(gateway, "web.example.com", "/api/items")
+    assert status == 200 and json.loads(body)["path"] == "/v2/items", body
+    # Regex path and query parameter matches both reach the backend.
+    assert _get(gateway, "web.example.com", "/re/abc")[0] == 200
+
+
+def test_header_modifiers_reach_the_backend_and_the_client(gateway: Gateway) -> None:
+    status, body = _get(gateway, "web.example.com", "/headers", "-H", "x-variant: blue", "-H", "x-drop: me", "-D", "-")
+    print("headers route:", status, body[-400:])
+    headers_text, _, payload = body.partition("\n\n")
+    seen = json.loads(payload)["headers"]
+    assert seen["x-from-gateway"] == "yes" and "x-drop" not in seen
+    assert "x-served-by: gateway-api" in headers_text.lower()
+
+
+def test_redirect_is_seen_by_curl(gateway: Gateway) -> None:
+    status, body = _get(gateway, "web.example.com", "/old/page", "-D", "-")
+    print("redirect:", status, body.splitlines()[:3])
+    assert status == 301 and "location: http://web.example.com:" in body.lower() and "/new" in body.lower()
+
+
+def test_https_listener_serves_the_secret(gateway: Gateway, mesh_dir: Path) -> None:
+    status, body = gateway.https("/secure", mesh_dir.parent / "ca.pem")
+    print("HTTPS through the Gateway API gateway:", status, body)
+    assert status == 200 and json.loads(body)["path"] == "/secure"
+
+
+def test_weighted_split_within_five_sigma(gateway: Gateway) -> None:
+    n, p = 200, 0.8
+    names = Counter(json.loads(_get(gateway, "web.example.com", "/split")[1])["name"] for _ in range(n))
+    sigma = math.sqrt(n * p * (1 - p))
+    print(f"split over {n} requests: {dict(names)} (expected v1 {n * p:.0f} +- {5 * sigma:.1f})")
+    assert set(names) <= {"v1", "v2"}
+    # Service echo selects both Pods, echo-v2 only v2: v1's share is 80% of half.
+    expected_v1 = n * p * 0.5
+    sigma_v1 = math.sqrt(n * 0.4 * 0.6)
+    assert abs(names["v1"] - expected_v1) <= 5 * sigma_v1
+
+
+def test_bad_input_is_answered_not_nacked(gateway: Gateway) -> None:
+    # A missing backend and a regex RE2 refuses: 500 for their rules, the rest of the route works.
+    assert _get(gateway, "broken.example.com", "/missing")[0] == 500
+    assert _get(gateway, "broken.example.com", "/")[0] == 200
+    assert gateway.envoy is not None
+    dump = gateway.envoy.get("/config_dump")[1]
+    assert "kubernetes-gateway://istio-ingress/missing-cert" not in dump
+    stats = gateway.envoy.get("/stats?filter=update_rejected")[1]
+    print("rejections:", stats)
+    assert all(line.endswith(": 0") for line in stats.splitlines() if line), stats
