@@ -68,9 +68,12 @@ async def test_status_as_istio_writes_it(kube: client.ApiClient, start_istiod_ku
                  "to": [{"group": "", "kind": "Service"}]}})
     start_istiod_kube()
 
-    cls = await _wait(lambda: _status(custom, "gatewayclasses", "", "istio"), "the GatewayClass istio's status")
+    async def class_accepted() -> dict[str, Any] | None:  # the CRD's default is Unknown/Pending
+        status = await _status(custom, "gatewayclasses", "", "istio")
+        return status if _conditions(status["conditions"])["Accepted"] == ("True", "Accepted") else None
+
+    cls = await _wait(class_accepted, "the GatewayClass istio created and Accepted")
     print("GatewayClass istio:", cls)
-    assert _conditions(cls["conditions"])["Accepted"] == ("True", "Accepted")
 
     async def gateway_programmed() -> dict[str, Any] | None:
         status = await _status(custom, "gateways", "gw-ingress", "web")
