@@ -74,6 +74,30 @@ def test_http_routes_by_host_and_path(gateway: Gateway) -> None:
     assert status == 200 and json.loads(body)["path"] == "/v2/items", body
     # Regex path and query parameter matches both reach the backend.
     assert _get(gateway, "web.example.com", "/re/abc")[0] == 200
+    # A path prefix matches whole segments: /apix is not under /api (the catch-all rule takes it).
+    status, body = _get(gateway, "web.example.com", "/apix")
+    assert status == 200 and json.loads(body)["path"] == "/apix"
+
+
+def test_mirror_and_destination_rule_apply(gateway: Gateway) -> None:
+    assert gateway.envoy is not None
+    mirror = "cluster.outbound|8080||echo-v2.shop.svc.cluster.local.upstream_rq_total"
+
+    def mirrored() -> int:
+        line = next((x for x in gateway.envoy.get(f"/stats?filter={mirror}")[1].splitlines()  # type: ignore[union-attr]
+                     if x.startswith(mirror + ":")), f"{mirror}: 0")
+        return int(line.rpartition(" ")[2])
+
+    before = mirrored()
+    for _ in range(5):
+        status, body = _get(gateway, "web.example.com", "/mirrored")
+        assert status == 200
+    wait_until(lambda: mirrored() >= before + 5, 5, "5 requests mirrored to echo-v2")
+    clusters = json.loads(gateway.envoy.get("/config_dump?resource=dynamic_active_clusters")[1])["configs"]
+    echo = next(c["cluster"] for c in clusters if c["cluster"]["name"] == "outbound|8080||echo.shop.svc.cluster.local")
+    print("echo's cluster (DestinationRule applied):", echo.get("lb_policy"), echo.get("circuit_breakers"))
+    assert echo["lb_policy"] == "RANDOM"
+    assert echo["circuit_breakers"]["thresholds"][0]["max_connections"] == 77
 
 
 def test_header_modifiers_reach_the_backend_and_the_client(gateway: Gateway) -> None:

@@ -135,8 +135,9 @@ def gateway(key: ObjectKey, f: _Fields, domain: str) -> KubernetesGateway:
     if len(set(names)) != len(names):
         raise spec.fail("listeners: names must be unique")
     addresses = tuple((a.get("type", str, "IPAddress"), _required(a, "value")) for a in items(spec, "addresses"))
-    return KubernetesGateway(meta(key), _required(spec, "gatewayClassName"), listeners, addresses,
-                             spec.get("infrastructure", dict, None) is not None, _generation(f))
+    # spec.infrastructure (labels and annotations for generated resources) has nothing to apply to
+    # until Gateways are deployed automatically; it is read and left alone, as documented.
+    return KubernetesGateway(meta(key), _required(spec, "gatewayClassName"), listeners, addresses, _generation(f))
 
 
 def _parent_refs(spec: _Fields) -> tuple[ParentRef, ...]:
@@ -252,9 +253,6 @@ def _rule(f: _Fields) -> RouteRule:
     for name in _RULE_FIELDS_NOT_IMPLEMENTED:
         if f.body.get(name) is not None and name != "name":
             errors.append(("UnsupportedValue", f"{f.key}.{name}: not implemented by this istiod"))
-    for mirror in (x.mirror for x in filters if x.mirror is not None):
-        errors.append(("InvalidFilter", f"{f.key}: filter RequestMirror (to {mirror.name}) is not implemented "
-                                        "by this istiod"))
     timeouts = fields(f, "timeouts")
     return RouteRule(matches, filters, tuple(backends), backend_filters,
                      duration(timeouts, "request") if timeouts else None,

@@ -81,8 +81,7 @@ class KubernetesGateway:
     meta: Meta
     class_name: str
     listeners: tuple[Listener, ...]
-    addresses: tuple[tuple[str, str], ...] = ()  # (type, value)
-    infrastructure: bool = False  # spec.infrastructure set: not implemented
+    addresses: tuple[tuple[str, str], ...] = ()  # (type, value): not implemented, refused in status
     generation: int = 0
 
 

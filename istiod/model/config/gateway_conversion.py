@@ -145,7 +145,8 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
                 entries.sort(key=lambda entry: entry[0])
                 virtual_services.append(VirtualService(
                     Meta(f"{derived}-{_dns_name(host)}", gateway.meta.namespace), (host,),
-                    (f"{gateway.meta.namespace}/{derived}",), tuple(http for _, http in entries)))
+                    (f"{gateway.meta.namespace}/{derived}",), tuple(http for _, http in entries),
+                    gateway_semantics=True))
         statuses[("KubernetesGateway", *key)] = _gateway_status(gateway, listeners[key], inputs)
     return GatewayApiConfig(tuple(istio_gateways), tuple(virtual_services), statuses, missing_class)
 
@@ -260,11 +261,12 @@ def _gateway_status(gateway: KubernetesGateway, states: list[_ListenerState], in
                             generation)]
     # The Service a deployment of the Gateway answers on: istiod's `<name>-<class>` in its namespace.
     service = inputs.services.get((gateway.meta.namespace, f"{gateway.meta.name}-{gateway.class_name}"))
-    addresses = []
-    if service is not None:
+    if gateway.addresses:
+        conditions.append(condition("Programmed", False, "AddressNotUsable",
+                                    "spec.addresses is not implemented by this istiod (the address is the "
+                                    f"Service {gateway.meta.name}-{gateway.class_name}'s)", generation))
+    elif service is not None:
         ports = ", ".join(f"{service.hostname}:{p.port}" for p in service.ports)
-        if service.cluster_ip:
-            addresses.append({"type": "IPAddress", "value": service.cluster_ip})
         conditions.append(condition("Programmed", True, "Programmed",
                                     f"Resource programmed, assigned to service(s) {ports}", generation))
     else:
@@ -277,8 +279,8 @@ def _gateway_status(gateway: KubernetesGateway, states: list[_ListenerState], in
          "conditions": [condition(t, *s.conditions[t], generation)
                         for t in ("Accepted", "Programmed", "Conflicted", "ResolvedRefs")]}
         for s in states]}
-    if addresses:
-        status["addresses"] = addresses
+    if service is not None and service.cluster_ip:
+        status["addresses"] = [{"type": "IPAddress", "value": service.cluster_ip}]
     return status
 
 
@@ -367,12 +369,12 @@ def _rules(route: KubernetesHTTPRoute, inputs: _Inputs) -> tuple[list[tuple[_Ord
     result: list[tuple[_Order, HTTPRoute]] = []
     errors: list[tuple[str, str]] = []
     for index, rule in enumerate(route.rules):
-        destinations, backend_errors = _destinations(route, rule, inputs)
+        destinations, mirrors, backend_errors = _destinations(route, rule, inputs)
         errors += [*rule.errors, *backend_errors]
         if rule.unmatchable:
             continue
         for match_index, match in enumerate(rule.matches or (RouteMatch(StringMatch(MatchKind.PREFIX, "/")),)):
-            http = _http_route(route, index, match, rule, destinations)
+            http = _http_route(route, index, match, rule, destinations, mirrors)
             result.append((_precedence(match) + (index, match_index), http))
     if not errors:
         return result, None
@@ -387,32 +389,42 @@ def _precedence(match: RouteMatch) -> _Order:
 
 
 def _destinations(route: KubernetesHTTPRoute, rule: RouteRule,
-                  inputs: _Inputs) -> tuple[list[RouteDestination], list[tuple[str, str]]]:
-    """The backends a rule may send to; refused and missing ones are left out and reported."""
-    result, errors = [], []
+                  inputs: _Inputs) -> tuple[list[RouteDestination], list[Destination], list[tuple[str, str]]]:
+    """The backends and mirrors a rule may send to; refused and missing ones are left out and reported."""
+    result, mirrors, errors = [], [], []
     for ref in rule.backend_refs:
-        namespace = ref.namespace or route.meta.namespace
-        if (ref.group, ref.kind) != ("", "Service"):
-            errors.append(("InvalidKind", f"referencing unsupported backendRef: group {ref.group!r} kind {ref.kind!r}"))
-            continue
-        if not inputs.permitted(route.kind, route.meta.namespace, "Service", namespace, ref.name):
-            errors.append(("RefNotPermitted", f"backendRef {ref.name}/{namespace} not accessible to a {route.kind} in "
-                                              f"namespace {route.meta.namespace!r} (missing a ReferenceGrant?)"))
-            continue
-        service = inputs.services.get((namespace, ref.name))
-        if service is None:
-            errors.append(("BackendNotFound", f"backend({ref.name}.{namespace}) not found"))
-            continue
-        if not ref.port:
-            errors.append(("InvalidDestination", "port is required in backendRef"))
-            continue
-        if ref.weight > 0:
-            result.append(RouteDestination(Destination(service.hostname, port=ref.port), ref.weight))
-    return result, errors
+        destination, error = _backend(route, ref, inputs)
+        if error is not None:
+            errors.append(error)
+        elif destination is not None and ref.weight > 0:
+            result.append(RouteDestination(destination, ref.weight))
+    for mirror in (f.mirror for f in rule.filters if f.mirror is not None):
+        destination, error = _backend(route, mirror, inputs)
+        if error is not None:
+            errors.append(error)
+        elif destination is not None:
+            mirrors.append(destination)
+    return result, mirrors, errors
+
+
+def _backend(route: KubernetesHTTPRoute, ref: ObjectRef, inputs: _Inputs) -> tuple[Destination | None,
+                                                                                  tuple[str, str] | None]:
+    namespace = ref.namespace or route.meta.namespace
+    if (ref.group, ref.kind) != ("", "Service"):
+        return None, ("InvalidKind", f"referencing unsupported backendRef: group {ref.group!r} kind {ref.kind!r}")
+    if not inputs.permitted(route.kind, route.meta.namespace, "Service", namespace, ref.name):
+        return None, ("RefNotPermitted", f"backendRef {ref.name}/{namespace} not accessible to a {route.kind} in "
+                                         f"namespace {route.meta.namespace!r} (missing a ReferenceGrant?)")
+    service = inputs.services.get((namespace, ref.name))
+    if service is None:
+        return None, ("BackendNotFound", f"backend({ref.name}.{namespace}) not found")
+    if not ref.port:
+        return None, ("InvalidDestination", "port is required in backendRef")
+    return Destination(service.hostname, port=ref.port), None
 
 
 def _http_route(route: KubernetesHTTPRoute, index: int, match: RouteMatch, rule: RouteRule,
-                destinations: list[RouteDestination]) -> HTTPRoute:
+                destinations: list[RouteDestination], mirrors: list[Destination]) -> HTTPRoute:
     name = f"{route.meta.namespace}.{route.meta.name}.{index}"
     http_match = HTTPMatch(uri=match.path, headers=match.headers, query_params=match.query_params,
                            method=StringMatch(MatchKind.EXACT, match.method) if match.method else None)
@@ -439,7 +451,8 @@ def _http_route(route: KubernetesHTTPRoute, index: int, match: RouteMatch, rule:
         return HTTPRoute(name, (http_match,), direct_response=DirectResponse(500), headers=headers)
     if len(destinations) == 1:
         destinations = [RouteDestination(destinations[0].destination)]
-    return HTTPRoute(name, (http_match,), tuple(destinations), rewrite=rewrite, timeout=timeout, headers=headers)
+    return HTTPRoute(name, (http_match,), tuple(destinations), rewrite=rewrite, timeout=timeout, headers=headers,
+                     mirrors=tuple(mirrors))
 
 
 def _rewrite(hostname: str, path: Any, match: RouteMatch) -> Rewrite:
@@ -450,6 +463,6 @@ def _rewrite(hostname: str, path: Any, match: RouteMatch) -> Rewrite:
     prefix = match.path.value if match.path is not None else "/"
     if path.value == "/" and prefix != "/":
         # `/` in place of `/prefix` must not leave `//rest`: istiod rewrites by regex as well.
-        return Rewrite(authority=hostname, uri_regex=(f"^{re.escape(prefix.rstrip('/'))}/*", "/"))
+        return Rewrite(authority=hostname, uri_regex=(f"^{re.escape(prefix.rstrip('/'))}(/?)(.*)", r"/\2"))
     return Rewrite(uri=path.value, authority=hostname)
 
