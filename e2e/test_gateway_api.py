@@ -2,19 +2,23 @@
 istiod creates the GatewayClass `istio` and writes the status Istio writes (GatewayClass Accepted;
 Gateway Accepted and Programmed with its address and each listener's attachedRoutes and
 conditions; each route parent's Accepted and ResolvedRefs with controllerName
-istio.io/gateway-controller). A ReferenceGrant removed flips ResolvedRefs to RefNotPermitted."""
+istio.io/gateway-controller). A ReferenceGrant removed flips ResolvedRefs to RefNotPermitted.
+istiod runs as its own ServiceAccount under exactly deploy/rbac/istiod.yaml."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from kubernetes_asyncio import client
 
 from e2e.gateway_api_crds import install_gateway_api_crds
+from e2e.harness import Cluster
 from e2e.kube_objects import ensure_namespace
-from tests.peers import Istiod
+from e2e.test_rbac import istiod_kubeconfig
+from tests.peers import Istiod, Process
 
 GROUP, VERSION = "gateway.networking.k8s.io", "v1"
 
@@ -44,8 +48,10 @@ async def _wait(check: Callable[[], Any], what: str, timeout: float = 30) -> Any
     raise AssertionError(f"{what} within {timeout}s; last: {last}")
 
 
-async def test_status_as_istio_writes_it(kube: client.ApiClient, start_istiod_kube: Callable[..., Istiod]) -> None:
+async def test_status_as_istio_writes_it(cluster: Cluster, kube: client.ApiClient, tmp_path: Path,
+                                        processes: list[Process]) -> None:
     await install_gateway_api_crds(kube)
+    kubeconfig, _ = await istiod_kubeconfig(cluster, kube, tmp_path / "istiod.kubeconfig")
     custom, core = client.CustomObjectsApi(kube), client.CoreV1Api(kube)
     await ensure_namespace(kube, "gw-ingress")
     await ensure_namespace(kube, "gw-shop")
@@ -66,7 +72,8 @@ async def test_status_as_istio_writes_it(kube: client.ApiClient, start_istiod_ku
         "apiVersion": f"{GROUP}/v1beta1", "kind": "ReferenceGrant", "metadata": {"name": "from-ingress"},
         "spec": {"from": [{"group": GROUP, "kind": "HTTPRoute", "namespace": "gw-ingress"}],
                  "to": [{"group": "", "kind": "Service"}]}})
-    start_istiod_kube()
+    istiod = Istiod(tmp_path, "--kubeconfig", str(kubeconfig), ready_timeout=60)
+    processes.append(istiod)
 
     async def class_accepted() -> dict[str, Any] | None:  # the CRD's default is Unknown/Pending
         status = await _status(custom, "gatewayclasses", "", "istio")
@@ -108,3 +115,4 @@ async def test_status_as_istio_writes_it(kube: client.ApiClient, start_istiod_ku
 
     flipped = await _wait(refused, "ResolvedRefs False (RefNotPermitted) once the ReferenceGrant is gone")
     print("after the ReferenceGrant is removed:", flipped["parents"][0]["conditions"])
+    assert "Forbidden" not in istiod.text()
