@@ -174,7 +174,7 @@ def test_route_status_names_what_did_not_resolve() -> None:
     assert "backend(nowhere.shop) not found" in broken["ResolvedRefs"][2]
     assert "'/(?=lookahead)' is not a valid RE2 regex" in broken["ResolvedRefs"][2]
     tcp = _route_conditions(converted, "istio-ingress", "raw", kind="TCPRoute")
-    assert tcp["Accepted"] == ("False", "UnsupportedValue", "TCPRoute is not implemented by this istiod (HTTPRoute is)")
+    assert tcp["Accepted"] == ("False", "UnsupportedValue", "TCPRoute is not implemented by this istiod (HTTPRoute and GRPCRoute are)")
 
 
 def test_a_removed_reference_grant_is_refused_and_not_followed() -> None:
@@ -244,3 +244,25 @@ def test_status_keeps_other_controllers_parents_and_unchanged_transition_times()
     assert first["parents"][0] == theirs and len(first["parents"]) == 2
     again = merged_status("HTTPRoute", wanted, first, "2026-02-02T00:00:00Z")
     assert again == first  # nothing changed: the times stay
+
+
+def test_a_grpc_route_routes_methods_as_paths() -> None:
+    route = {"apiVersion": f"{GROUP}/v1", "kind": "GRPCRoute", "metadata": {"name": "rpc", "namespace": "shop"},
+             "spec": {"parentRefs": [{"name": "web", "namespace": "istio-ingress", "sectionName": "http"}],
+                      "hostnames": ["rpc.example.com"], "rules": [
+                          {"matches": [{"method": {"service": "echo.Echo", "method": "Say"}}],
+                           "backendRefs": [{"name": "echo", "port": 8080}]},
+                          {"matches": [{"method": {"service": "echo.Echo"}, "headers": [{"name": "x-v", "value": "2"}]}],
+                           "filters": [{"type": "RequestHeaderModifier", "requestHeaderModifier": {
+                               "set": [{"name": "x-via", "value": "grpcroute"}]}}],
+                           "backendRefs": [{"name": "echo-v2", "port": 8080}]},
+                          {"matches": [{"method": {"type": "RegularExpression", "method": "(?=x)"}}],
+                           "backendRefs": [{"name": "echo", "port": 8080}]}]}}
+    converted = _converted(route)
+    vs = next(v for v in converted.virtual_services if v.hosts == ("rpc.example.com",))
+    assert [(h.match[0].uri.kind.value, h.match[0].uri.value) for h in vs.http if h.match[0].uri] == [
+        ("exact", "/echo.Echo/Say"), ("prefix", "/echo.Echo/")]
+    assert vs.http[1].headers.request.set == (("x-via", "grpcroute"),)
+    resolved = _route_conditions(converted, "shop", "rpc", kind="GRPCRoute")["ResolvedRefs"]
+    assert resolved[:2] == ("False", "UnsupportedValue") and "is not a valid RE2 regex" in resolved[2]
+    assert _listener(converted, "http")["attachedRoutes"] == 3

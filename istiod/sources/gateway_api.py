@@ -3,7 +3,7 @@
 What the API server's schema would refuse (wrong types, unknown enum values, a missing name) is a
 ConversionError naming the field, and the object keeps its last good state. What is valid API but
 not translated here (a filter type, an RE2 pattern Envoy refuses, rule fields such as retry) is
-kept on the rule as an error: that rule answers 500 and the route's status names the field, so the
+kept on the rule as an error: that rule answers 500 (one whose match Envoy would refuse is left out) and the route's status names the field, so the
 rest of the route and the Gateway keep working.
 """
 
@@ -30,7 +30,7 @@ _DURATION_PART = re.compile(r"([0-9]{1,5})(h|m|s|ms)")
 _UNITS = {"h": timedelta(hours=1), "m": timedelta(minutes=1), "s": timedelta(seconds=1), "ms": timedelta(milliseconds=1)}
 _PROTOCOLS = ("HTTP", "HTTPS", "TLS", "TCP", "UDP")
 _REDIRECT_CODES = (301, 302, 303, 307, 308)
-_RULE_FIELDS_NOT_IMPLEMENTED = ("retry", "sessionPersistence", "name")
+_RULE_FIELDS_NOT_IMPLEMENTED = ("retry", "sessionPersistence")
 
 
 def kind_name(kind: str, api_version: object) -> str:
@@ -251,7 +251,7 @@ def _rule(f: _Fields) -> RouteRule:
             backend_filters = True
             errors.append(("InvalidFilter", f"{ref.key}.filters: per-backend filters are not implemented by this istiod"))
     for name in _RULE_FIELDS_NOT_IMPLEMENTED:
-        if f.body.get(name) is not None and name != "name":
+        if f.body.get(name) is not None:
             errors.append(("UnsupportedValue", f"{f.key}.{name}: not implemented by this istiod"))
     timeouts = fields(f, "timeouts")
     return RouteRule(matches, filters, tuple(backends), backend_filters,
@@ -264,6 +264,63 @@ def http_route(key: ObjectKey, f: _Fields, domain: str) -> KubernetesHTTPRoute:
     return KubernetesHTTPRoute(meta(key), _parent_refs(spec), str_list(spec, "hostnames"),
                                tuple(_rule(rule) for rule in items(spec, "rules")),
                                f.get("metadata.creationTimestamp", str, ""), _generation(f))
+
+
+def _grpc_method(f: _Fields, errors: list[tuple[str, str]]) -> StringMatch | None:
+    """A gRPC method match as the path `/<service>/<method>`, as istiod's createGRPCURIMatch."""
+    method = fields(f, "method")
+    if method is None:
+        return None
+    kind = method.get("type", str, "Exact")
+    service, name = method.get("service", str, ""), method.get("method", str, "")
+    if not service and not name:
+        raise method.fail("service or method is required")
+    if kind == "Exact":
+        if not name:
+            return StringMatch(MatchKind.PREFIX, f"/{service}/")
+        if not service:
+            return StringMatch(MatchKind.REGEX, f"/[^/]+/{name}")
+        return StringMatch(MatchKind.EXACT, f"/{service}/{name}")
+    if kind != "RegularExpression":
+        raise method.fail(f"type {kind!r} is not Exact or RegularExpression")
+    pattern = f"/{service or '[^/]+'}/{name or '.+'}"
+    try:
+        compile_regex(pattern)
+    except Exception as error:  # re2.error and its pybind11 relatives
+        detail = error.args[0] if error.args else error
+        detail = detail.decode(errors="replace") if isinstance(detail, bytes) else detail
+        errors.append(("UnsupportedValue", f"{method.key}: {pattern!r} is not a valid RE2 regex: {detail}"))
+    return StringMatch(MatchKind.REGEX, pattern)
+
+
+def _grpc_rule(f: _Fields) -> RouteRule:
+    errors: list[tuple[str, str]] = []
+    matches = tuple(RouteMatch(path=_grpc_method(m, errors), headers=_named_matches(m, "headers", errors))
+                    for m in items(f, "matches"))
+    unmatchable = bool(errors)
+    filters = []
+    for x in items(f, "filters"):
+        kind = _required(x, "type")
+        if kind in ("RequestHeaderModifier", "ResponseHeaderModifier", "RequestMirror"):
+            filters.append(_filter(x, errors))
+        else:
+            errors.append(("InvalidFilter", f"{x.key}: filter type {kind!r} is not implemented by this istiod"))
+    backends = []
+    for ref in items(f, "backendRefs"):
+        backends.append(_object_ref(ref, "", "Service", backend=True))
+        if ref.get("filters", list, []):
+            errors.append(("InvalidFilter", f"{ref.key}.filters: per-backend filters are not implemented by this istiod"))
+    if f.body.get("sessionPersistence") is not None:
+        errors.append(("UnsupportedValue", f"{f.key}.sessionPersistence: not implemented by this istiod"))
+    return RouteRule(matches, tuple(filters), tuple(backends), errors=tuple(errors), unmatchable=unmatchable)
+
+
+def grpc_route(key: ObjectKey, f: _Fields, domain: str) -> KubernetesHTTPRoute:
+    """A GRPCRoute as the HTTP route it is on the wire (gRPC methods are paths), as istiod converts it."""
+    spec = _spec(f)
+    return KubernetesHTTPRoute(meta(key), _parent_refs(spec), str_list(spec, "hostnames"),
+                               tuple(_grpc_rule(rule) for rule in items(spec, "rules")),
+                               f.get("metadata.creationTimestamp", str, ""), _generation(f), kind="GRPCRoute")
 
 
 def untranslated_route(key: ObjectKey, f: _Fields, domain: str) -> UntranslatedRoute:
@@ -283,6 +340,7 @@ CONVERTERS: dict[str, Callable[[ObjectKey, _Fields, str], Any]] = {
     "GatewayClass": gateway_class,
     "KubernetesGateway": gateway,
     "HTTPRoute": http_route,
+    "GRPCRoute": grpc_route,
     "ReferenceGrant": reference_grant,
     **{kind: untranslated_route for kind in UNTRANSLATED_ROUTE_KINDS},
 }

@@ -49,7 +49,7 @@ class ConfigSet:
     gateway_classes: tuple[GatewayClass, ...] = ()
     kubernetes_gateways: tuple[KubernetesGateway, ...] = ()
     http_routes: tuple[KubernetesHTTPRoute, ...] = ()
-    grpc_routes: tuple[UntranslatedRoute, ...] = ()
+    grpc_routes: tuple[KubernetesHTTPRoute, ...] = ()
     tcp_routes: tuple[UntranslatedRoute, ...] = ()
     tls_routes: tuple[UntranslatedRoute, ...] = ()
     reference_grants: tuple[ReferenceGrant, ...] = ()

@@ -127,7 +127,7 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
             statuses[(route.kind, route.meta.namespace, route.meta.name)] = {"parents": parents}
     for other in untranslated:
         parents = [_parent_status(ref, other.generation, ("UnsupportedValue", f"{other.kind} is not implemented by "
-                                                          "this istiod (HTTPRoute is)"), None)
+                                                          "this istiod (HTTPRoute and GRPCRoute are)"), None)
                    for ref in other.parent_refs if _gateway_key(ref, other.meta.namespace) in owned]
         if parents:
             statuses[(other.kind, other.meta.namespace, other.meta.name)] = {"parents": parents}
