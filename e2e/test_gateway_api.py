@@ -16,7 +16,7 @@ from kubernetes_asyncio import client
 
 from e2e.gateway_api_crds import install_gateway_api_crds
 from e2e.harness import Cluster
-from e2e.kube_objects import ensure_namespace
+from e2e.kube_objects import create_running_pod, ensure_namespace, pod_body
 from e2e.test_rbac import istiod_kubeconfig
 from tests.peers import Istiod, Process
 
@@ -75,6 +75,14 @@ async def test_status_as_istio_writes_it(cluster: Cluster, kube: client.ApiClien
     istiod = Istiod(tmp_path, "--kubeconfig", str(kubeconfig), ready_timeout=60)
     processes.append(istiod)
 
+    async def gateway_not_programmed() -> dict[str, Any] | None:  # no deployment yet: no endpoints
+        status = await _status(custom, "gateways", "gw-ingress", "web")
+        return status if _conditions(status["conditions"])["Programmed"] == ("False", "AddressNotAssigned") else None
+
+    print("Gateway web without its pods:", (await _wait(gateway_not_programmed, "Programmed False"))["conditions"])
+    await create_running_pod(kube, "gw-ingress", pod_body("web-1", "web", 80, labels={
+        "gateway.networking.k8s.io/gateway-name": "web"}), "10.244.0.80")
+
     async def class_accepted() -> dict[str, Any] | None:  # the CRD's default is Unknown/Pending
         status = await _status(custom, "gatewayclasses", "", "istio")
         return status if _conditions(status["conditions"])["Accepted"] == ("True", "Accepted") else None
@@ -84,7 +92,8 @@ async def test_status_as_istio_writes_it(cluster: Cluster, kube: client.ApiClien
 
     async def gateway_programmed() -> dict[str, Any] | None:
         status = await _status(custom, "gateways", "gw-ingress", "web")
-        return status if status.get("listeners", [{}])[0].get("attachedRoutes") == 1 else None
+        programmed = _conditions(status["conditions"])["Programmed"] == ("True", "Programmed")
+        return status if programmed and status["listeners"][0]["attachedRoutes"] == 1 else None
 
     gateway = await _wait(gateway_programmed, "the Gateway's status with the route attached")
     print("Gateway web:", gateway)
@@ -96,7 +105,9 @@ async def test_status_as_istio_writes_it(cluster: Cluster, kube: client.ApiClien
     assert _conditions(http["conditions"]) == {"Accepted": ("True", "Accepted"), "Programmed": ("True", "Programmed"),
                                                 "Conflicted": ("False", "NoConflicts"),
                                                 "ResolvedRefs": ("True", "ResolvedRefs")}
-    assert _conditions(clash["conditions"])["Conflicted"] == ("True", "ProtocolConflict")
+    assert _conditions(clash["conditions"]) == {"Accepted": ("False", "ProtocolConflict"),
+                                                 "Programmed": ("False", "ProtocolConflict"),
+                                                 "Conflicted": ("True", "ProtocolConflict")}
 
     route = await _wait(lambda: _status(custom, "httproutes", "gw-ingress", "shop"), "the route's status")
     print("HTTPRoute shop:", route)

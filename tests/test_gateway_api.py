@@ -151,16 +151,30 @@ def test_routes_are_ordered_by_the_specs_precedence() -> None:
 def test_gateway_status_reports_conflicts_and_missing_secrets() -> None:
     converted = _converted()
     gateway = converted.statuses[("KubernetesGateway", "istio-ingress", "web")]
-    assert _conditions(gateway["conditions"])["Accepted"][:2] == ("True", "ListenersNotValid")
-    assert _conditions(gateway["conditions"])["Programmed"][:2] == ("True", "Programmed")
+    assert _conditions(gateway["conditions"])["Accepted"] == (
+        "True", "ListenersNotValid", "One or more of the Gateway's listeners are invalid")
+    assert _conditions(gateway["conditions"])["Programmed"] == (
+        "True", "Programmed", "Resource programmed, assigned to service(s) "
+        "web-istio.istio-ingress.svc.cluster.local:8080, web-istio.istio-ingress.svc.cluster.local:8443")
     assert gateway["addresses"] == [{"type": "IPAddress", "value": "10.96.0.80"}]
     assert _listener(converted, "http")["attachedRoutes"] == 2  # shop and broken (allowed by their namespace's label)
     assert _listener(converted, "https")["attachedRoutes"] == 1
     clash = _conditions(_listener(converted, "clash")["conditions"])
-    assert clash["Conflicted"][:2] == ("True", "ProtocolConflict") and clash["Programmed"][:2] == ("False", "Invalid")
+    assert {k: v[:2] for k, v in clash.items()} == {  # as istiod: no ResolvedRefs on a conflicted listener
+        "Accepted": ("False", "ProtocolConflict"), "Programmed": ("False", "ProtocolConflict"),
+        "Conflicted": ("True", "ProtocolConflict")}
     bad = _conditions(_listener(converted, "bad-cert")["conditions"])
     assert bad["ResolvedRefs"] == ("False", "InvalidCertificateRef",
                                    "invalid certificate reference Secret istio-ingress/missing-cert: not found")
+    assert bad["Programmed"] == ("False", "Invalid", "Bad TLS configuration")
+
+
+def test_a_gateway_without_its_deployment_is_not_programmed() -> None:
+    gateway = _converted(without=("web-1",)).statuses[("KubernetesGateway", "istio-ingress", "web")]
+    assert _conditions(gateway["conditions"])["Programmed"] == (
+        "False", "AddressNotAssigned", "Failed to assign to any requested addresses: "
+        'no instances found for hostname "web-istio.istio-ingress.svc.cluster.local"')
+    assert "addresses" not in gateway
 
 
 def test_route_status_names_what_did_not_resolve() -> None:
@@ -171,7 +185,7 @@ def test_route_status_names_what_did_not_resolve() -> None:
     broken = _route_conditions(converted, "shop", "broken")
     assert broken["Accepted"][:2] == ("True", "Accepted")
     assert broken["ResolvedRefs"][:2] == ("False", "BackendNotFound")
-    assert "backend(nowhere.shop) not found" in broken["ResolvedRefs"][2]
+    assert "backend(nowhere.shop.svc.cluster.local) not found" in broken["ResolvedRefs"][2]
     assert "'/(?=lookahead)' is not a valid RE2 regex" in broken["ResolvedRefs"][2]
     tcp = _route_conditions(converted, "istio-ingress", "raw", kind="TCPRoute")
     assert tcp["Accepted"] == ("False", "UnsupportedValue", "TCPRoute is not implemented by this istiod (HTTPRoute and GRPCRoute are)")

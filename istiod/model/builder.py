@@ -90,7 +90,6 @@ def _whole(objects: ObjectValues[Key], version: str, previous: Snapshot | None, 
     selection = selection.with_services(services)
     credentials = _credentials(objects)
     namespaces = {n.name: n for n in objects.values("Namespace") if isinstance(n, Namespace)}
-    config = _with_gateway_api(config, services, credentials, namespaces)
     endpoints: dict[EndpointKey, tuple[Endpoint, ...]] = {}
     old = previous.endpoints if previous is not None else {}
     for hostname, (_, by_port) in entries.items():
@@ -101,6 +100,7 @@ def _whole(objects: ObjectValues[Key], version: str, previous: Snapshot | None, 
             for port in service.ports:
                 key = (service.hostname, port.port)
                 endpoints[key] = _kept(old.get(key), context.endpoints(service, port))
+    config = _with_gateway_api(config, services, endpoints, credentials, namespaces)
     return Snapshot(
         version=version,
         services=MappingProxyType(services),
@@ -188,8 +188,10 @@ def _next(objects: ObjectValues[Key], version: str, previous: Snapshot, keys: Ma
                     put((service.hostname, port.port), context.endpoints(service, port))
 
     credentials = MappingProxyType(_credentials(objects)) if "Secret" in keys else previous.credentials
-    if keys.keys() & (GATEWAY_API_KINDS | _SERVICE_KINDS | {"Secret"}):
-        config = _with_gateway_api(config, services, credentials, previous.namespaces)
+    # A Gateway's Programmed condition depends on its Service's endpoints (Pods, slices).
+    if keys.keys() & (GATEWAY_API_KINDS | _SERVICE_KINDS | {"Secret"}) or (
+            config.has_gateway_api and keys.keys() & {"Pod", "EndpointSlice"}):
+        config = _with_gateway_api(config, services, endpoints, credentials, previous.namespaces)
 
     volumes = previous.volumes
     if (keys.keys() & {"PersistentVolume", "PersistentVolumeClaim"}
@@ -215,6 +217,7 @@ def _next(objects: ObjectValues[Key], version: str, previous: Snapshot, keys: Ma
 
 
 def _with_gateway_api(config: ConfigSet, services: Mapping[str, Service],
+                      endpoints: Mapping[EndpointKey, tuple[Endpoint, ...]],
                       credentials: Mapping[tuple[str, str], TlsCredential], namespaces: Mapping[str, Namespace]) -> ConfigSet:
     """The Gateway API objects converted to Istio's Gateways and VirtualServices, with their status."""
     if not config.has_gateway_api:
@@ -222,7 +225,7 @@ def _with_gateway_api(config: ConfigSet, services: Mapping[str, Service],
     return config.with_gateway_api(convert_gateway_api(
         config.gateway_classes, config.kubernetes_gateways, (*config.http_routes, *config.grpc_routes),
         (*config.tcp_routes, *config.tls_routes), config.reference_grants, services.values(),
-        credentials, namespaces))
+        endpoints, credentials, namespaces))
 
 
 def _services(objects: ObjectValues[Key], config: ConfigSet,

@@ -30,7 +30,8 @@ from istiod.model.config.networking import (
 )
 from istiod.model.config.scope import host_matches
 from istiod.model.credentials import TlsCredential
-from istiod.model.service import Service
+from istiod.model.names import DEFAULT_DOMAIN, service_hostname
+from istiod.model.service import Endpoint, Service
 
 CONTROLLER = "istio.io/gateway-controller"
 CLASS = "istio"
@@ -39,6 +40,7 @@ GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"
 GATEWAY_CREDENTIAL_PREFIX = "kubernetes-gateway://"  # istiod's SDS name for a certificateRef: <ns>/<name>
 _HTTP_KINDS = ({"group": GROUP, "kind": "HTTPRoute"}, {"group": GROUP, "kind": "GRPCRoute"})
 _OK = "No errors found"
+_TLS_REASONS = frozenset({"InvalidCertificateRef", "RefNotPermitted"})
 
 
 
@@ -64,18 +66,29 @@ class _ListenerState:
     def valid(self) -> bool:
         return self.server is not None
 
-    def fail(self, type_: str, reason: str, message: str, status: bool = False) -> None:
-        self.conditions[type_] = (status, reason, message)
-        if type_ in ("Accepted", "ResolvedRefs") or (type_ == "Conflicted" and status):
+    def fail(self, type_: str, reason: str, message: str) -> None:
+        self.conditions[type_] = (False, reason, message)
+        if type_ == "ResolvedRefs":
+            self.conditions["Programmed"] = (False, "Invalid", "Bad TLS configuration" if reason in _TLS_REASONS
+                                             else message)
+        elif type_ == "Accepted":
             self.conditions["Programmed"] = (False, "Invalid", message)
+
+    def conflict(self, reason: str, message: str) -> None:
+        """As istiod: Accepted and Programmed False with the conflict's reason, Conflicted True, and
+        no ResolvedRefs (a conflicted listener's references are not looked at)."""
+        self.conditions = {"Accepted": (False, reason, message), "Programmed": (False, reason, message),
+                           "Conflicted": (True, reason, message)}
 
 
 @dataclass
 class _Inputs:
     services: Mapping[tuple[str, str], Service]  # Kubernetes Services by (namespace, name)
+    endpoints: Mapping[tuple[str, int], tuple[Endpoint, ...]]  # by (hostname, service port)
     credentials: Mapping[tuple[str, str], TlsCredential]
     namespaces: Mapping[str, Namespace]
     grants: tuple[ReferenceGrant, ...]
+    domain: str
 
     def permitted(self, from_kind: str, from_namespace: str, to_kind: str, to_namespace: str, to_name: str) -> bool:
         """A reference within a namespace, or one a ReferenceGrant in the target's namespace allows."""
@@ -88,6 +101,7 @@ class _Inputs:
 def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGateway],
             routes: Iterable[KubernetesHTTPRoute], untranslated: Iterable[UntranslatedRoute],
             grants: Iterable[ReferenceGrant], services: Iterable[Service],
+            endpoints: Mapping[tuple[str, int], tuple[Endpoint, ...]],
             credentials: Mapping[tuple[str, str], TlsCredential],
             namespaces: Mapping[str, Namespace]) -> GatewayApiConfig:
     classes = list(classes)
@@ -95,8 +109,10 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
     missing_class = not any(c.meta.name == CLASS for c in classes)
     if missing_class:
         ours.add(CLASS)
-    inputs = _Inputs({(s.namespace, s.name): s for s in services if not s.external_host}, credentials, namespaces,
-                     tuple(grants))
+    kubernetes = {(s.namespace, s.name): s for s in services if not s.external_host}
+    # Every Service is `<name>.<namespace>.svc.<domain>` with the store's one domain.
+    domain = next((s.domain for s in kubernetes.values()), DEFAULT_DOMAIN)
+    inputs = _Inputs(kubernetes, endpoints, credentials, namespaces, tuple(grants), domain)
     statuses: dict[StatusKey, dict[str, Any]] = {}
     for c in classes:
         if c.meta.name in ours:
@@ -239,13 +255,12 @@ def _conflicts(states: list[_ListenerState]) -> None:
             continue
         winner = first.setdefault(listener.port, state)
         if winner.listener.protocol != listener.protocol:
-            state.fail("Conflicted", "ProtocolConflict",
-                       f"port {listener.port} is already used by listener {winner.listener.name} with protocol "
-                       f"{winner.listener.protocol}", status=True)
+            state.conflict("ProtocolConflict",
+                           f"port {listener.port} is already used by listener {winner.listener.name} with protocol "
+                           f"{winner.listener.protocol}")
         elif (listener.port, listener.hostname) in hostnames:
-            state.fail("Conflicted", "HostnameConflict",
-                       f"another listener on port {listener.port} has hostname {listener.hostname or '*'}",
-                       status=True)
+            state.conflict("HostnameConflict",
+                           f"another listener on port {listener.port} has hostname {listener.hostname or '*'}")
         else:
             hostnames.add((listener.port, listener.hostname))
             continue
@@ -255,33 +270,54 @@ def _conflicts(states: list[_ListenerState]) -> None:
 def _gateway_status(gateway: KubernetesGateway, states: list[_ListenerState], inputs: _Inputs) -> dict[str, Any]:
     generation = gateway.generation
     valid = sum(1 for s in states if s.valid)
-    conditions = [condition("Accepted", valid > 0, "Accepted" if valid == len(states) else "ListenersNotValid",
-                            "Resource accepted" if valid == len(states) else
-                            ("Some listeners are invalid" if valid else "None of the Gateway's listeners are valid"),
-                            generation)]
-    # The Service a deployment of the Gateway answers on: istiod's `<name>-<class>` in its namespace.
-    service = inputs.services.get((gateway.meta.namespace, f"{gateway.meta.name}-{gateway.class_name}"))
-    if gateway.addresses:
-        conditions.append(condition("Programmed", False, "AddressNotUsable",
-                                    "spec.addresses is not implemented by this istiod (the address is the "
-                                    f"Service {gateway.meta.name}-{gateway.class_name}'s)", generation))
-    elif service is not None:
-        ports = ", ".join(f"{service.hostname}:{p.port}" for p in service.ports)
-        conditions.append(condition("Programmed", True, "Programmed",
-                                    f"Resource programmed, assigned to service(s) {ports}", generation))
-    else:
-        conditions.append(condition("Programmed", False, "AddressNotAssigned",
-                                    f"Failed to assign to any requested addresses: service "
-                                    f"{gateway.meta.namespace}/{gateway.meta.name}-{gateway.class_name} not found",
-                                    generation))
-    status: dict[str, Any] = {"conditions": conditions, "listeners": [
-        {"name": s.listener.name, "supportedKinds": _supported_kinds(s.listener), "attachedRoutes": s.attached,
-         "conditions": [condition(t, *s.conditions[t], generation)
-                        for t in ("Accepted", "Programmed", "Conflicted", "ResolvedRefs")]}
-        for s in states]}
-    if service is not None and service.cluster_ip:
-        status["addresses"] = [{"type": "IPAddress", "value": service.cluster_ip}]
+    accepted = condition("Accepted", True, "Accepted", "Resource accepted", generation)
+    if valid < len(states):
+        accepted = condition("Accepted", valid > 0, "ListenersNotValid",
+                             "One or more of the Gateway's listeners are invalid" if valid
+                             else "None of the Gateway's listeners are valid", generation)
+    programmed, addresses = _programmed(gateway, states, inputs)
+    status: dict[str, Any] = {"conditions": [
+        accepted, programmed, condition("ResolvedRefs", True, "ResolvedRefs", "All references resolved", generation)],
+        "listeners": [{"name": s.listener.name, "supportedKinds": _supported_kinds(s.listener),
+                       "attachedRoutes": s.attached,
+                       "conditions": [condition(t, *s.conditions[t], generation) for t in s.conditions]}
+                      for s in states]}
+    if addresses:
+        status["addresses"] = [{"type": "IPAddress", "value": address} for address in addresses]
     return status
+
+
+def _programmed(gateway: KubernetesGateway, states: list[_ListenerState],
+                inputs: _Inputs) -> tuple[dict[str, Any], list[str]]:
+    """Programmed, as istiod decides it: the Gateway's Service (`<name>-<class>`, which its deployment
+    answers on) has endpoints on the listeners' ports; its cluster IP is then the address."""
+    generation = gateway.generation
+    name = f"{gateway.meta.name}-{gateway.class_name}"
+    hostname = service_hostname(name, gateway.meta.namespace, inputs.domain)
+    if gateway.addresses:
+        return condition("Programmed", False, "AddressNotUsable",
+                         f"spec.addresses is not implemented by this istiod (the address is Service {name}'s)",
+                         generation), []
+    service = inputs.services.get((gateway.meta.namespace, name))
+    internal, warnings = [], []
+    if service is None:
+        warnings.append(f'hostname "{hostname}" not found')
+    else:
+        for port in sorted({s.listener.port for s in states if s.valid}):
+            if inputs.endpoints.get((hostname, port)):
+                internal.append(f"{hostname}:{port}")
+            elif not any(inputs.endpoints.get((hostname, p.port)) for p in service.ports):
+                warnings.append(f'no instances found for hostname "{hostname}"')
+            else:
+                warnings.append(f'port {port} not found for hostname "{hostname}"')
+    if not internal:
+        return condition("Programmed", False, "AddressNotAssigned",
+                         # once each (istiod repeats a warning per listener port)
+                         "Failed to assign to any requested addresses: " + "; ".join(dict.fromkeys(warnings)),
+                         generation), []
+    message = f"Resource programmed, assigned to service(s) {', '.join(internal)}"
+    assert service is not None
+    return condition("Programmed", True, "Programmed", message, generation), [service.cluster_ip] if service.cluster_ip else []
 
 
 def _supported_kinds(listener: Listener) -> list[dict[str, str]]:
@@ -414,10 +450,10 @@ def _backend(route: KubernetesHTTPRoute, ref: ObjectRef, inputs: _Inputs) -> tup
         return None, ("InvalidKind", f"referencing unsupported backendRef: group {ref.group!r} kind {ref.kind!r}")
     if not inputs.permitted(route.kind, route.meta.namespace, "Service", namespace, ref.name):
         return None, ("RefNotPermitted", f"backendRef {ref.name}/{namespace} not accessible to a {route.kind} in "
-                                         f"namespace {route.meta.namespace!r} (missing a ReferenceGrant?)")
+                                         f'namespace "{route.meta.namespace}" (missing a ReferenceGrant?)')
     service = inputs.services.get((namespace, ref.name))
     if service is None:
-        return None, ("BackendNotFound", f"backend({ref.name}.{namespace}) not found")
+        return None, ("BackendNotFound", f"backend({service_hostname(ref.name, namespace, inputs.domain)}) not found")
     if not ref.port:
         return None, ("InvalidDestination", "port is required in backendRef")
     return Destination(service.hostname, port=ref.port), None
