@@ -92,7 +92,7 @@ def test_gateway_api_gateway_and_istio_gateway_are_different_kinds() -> None:
 
 
 @pytest.mark.parametrize(("path", "value", "error"), [
-    ("spec.listeners.0.protocol", "SCTP", "listeners[0]: protocol 'SCTP' is not one of"),
+    ("spec.listeners.0.protocol", "", "listeners[0]: protocol is required"),
     ("spec.listeners.0.port", 0, "listeners[0]: port 0 is not in 1-65535"),
     ("spec.listeners.1.tls.mode", "Resign", "listeners[1].tls: mode 'Resign' is not Terminate or Passthrough"),
     ("spec.gatewayClassName", "", "spec: gatewayClassName is required"),
@@ -225,7 +225,8 @@ def test_a_hostname_no_listener_serves() -> None:
 
 def test_a_gateway_of_another_class_is_left_to_its_controller() -> None:
     other = {"apiVersion": f"{GROUP}/v1", "kind": "Gateway", "metadata": {"name": "theirs", "namespace": "shop"},
-             "spec": {"gatewayClassName": "other", "listeners": [{"name": "a", "port": 80, "protocol": "HTTP"}]}}
+             "spec": {"gatewayClassName": "istio-waypoint", "listeners": [
+                 {"name": "mesh", "port": 15008, "protocol": "HBONE"}]}}
     converted = _converted(other)
     assert ("KubernetesGateway", "shop", "theirs") not in converted.statuses
     assert all(not g.meta.name.startswith("theirs") for g in converted.gateways)
@@ -280,3 +281,13 @@ def test_a_grpc_route_routes_methods_as_paths() -> None:
     resolved = _route_conditions(converted, "shop", "rpc", kind="GRPCRoute")["ResolvedRefs"]
     assert resolved[:2] == ("False", "UnsupportedValue") and "is not a valid RE2 regex" in resolved[2]
     assert _listener(converted, "http")["attachedRoutes"] == 3
+
+
+def test_a_listener_protocol_not_served_is_refused_in_status() -> None:
+    gateway = copy.deepcopy(next(d for d in _documents() if d["kind"] == "Gateway"))
+    gateway["spec"]["listeners"].append({"name": "raw", "port": 9000, "protocol": "TCP"})
+    converted = _converted(gateway)
+    raw = _conditions(_listener(converted, "raw")["conditions"])
+    assert raw["Accepted"] == ("False", "UnsupportedProtocol",
+                               "protocol TCP is not implemented by this istiod (HTTP and HTTPS are)")
+    assert _listener(converted, "raw")["supportedKinds"] == []
