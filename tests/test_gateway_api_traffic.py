@@ -14,24 +14,35 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 import yaml
+from concurrent import futures
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import HealthServicer
 
 from tests.conftest import render
 from tests.peers import ROOT, Istiod, Process, free_port, wait_until
 from tests.test_envoy_gateway import BIND, NAMESPACE, SERVICE_ACCOUNT, TOKEN, Gateway, gateway_envoy
 from tests.test_gateway_gen import server_credential, tls_secret
 
-V1_IP, V2_IP = "127.0.0.41", "127.0.0.42"
+V1_IP, V2_IP, GRPC_IP = "127.0.0.41", "127.0.0.42", "127.0.0.43"
 GATEWAY_LABELS = {"gateway.networking.k8s.io/gateway-name": "web", "service.istio.io/canonical-name": "web-istio"}
 
 
 @pytest.fixture
 def mesh(mesh_dir: Path, start_istiod: Callable[..., Istiod], processes: list[Process],
-         monkeypatch: pytest.MonkeyPatch) -> Gateway:
+         monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Gateway:
     app_port, http_port, https_port, other_port = free_port(V1_IP), free_port(BIND), free_port(BIND), free_port(BIND)
+    grpc_port = free_port(GRPC_IP)
     (mesh_dir / "mesh.yaml").write_text(render("gateway-api-mesh.yaml", app_port=app_port, http_port=http_port,
-                                               https_port=https_port, other_port=other_port, v1_ip=V1_IP, v2_ip=V2_IP))
+                                               https_port=https_port, other_port=other_port, v1_ip=V1_IP, v2_ip=V2_IP,
+                                               grpc_ip=GRPC_IP, grpc_port=grpc_port))
+    health = grpc.server(futures.ThreadPoolExecutor(2), options=[("grpc.so_reuseport", 0)])
+    health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(), health)
+    health.add_insecure_port(f"{GRPC_IP}:{grpc_port}")
+    health.start()
+    request.addfinalizer(lambda: health.stop(None))
     ca, cert, key = server_credential("secure.example.com")
     (mesh_dir / "secret.yaml").write_text(yaml.safe_dump(tls_secret("web-cert", NAMESPACE, cert, key)))
     (mesh_dir.parent / "ca.pem").write_bytes(ca)
@@ -143,3 +154,16 @@ def test_bad_input_is_answered_not_nacked(gateway: Gateway) -> None:
     stats = gateway.envoy.get("/stats?filter=update_rejected")[1]
     print("rejections:", stats)
     assert all(line.endswith(": 0") for line in stats.splitlines() if line), stats
+
+
+def test_grpc_route_sends_a_method_to_its_backend(gateway: Gateway) -> None:
+    options = [("grpc.default_authority", "rpc.example.com"), ("grpc.so_reuseport", 0)]
+    with grpc.insecure_channel(f"{BIND}:{gateway.http_port}", options=options) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
+        print("grpc.health.v1.Health/Check through the GRPCRoute:", reply)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        # Another method of the service matches no rule: Envoy's 404, which gRPC reads as UNIMPLEMENTED.
+        with pytest.raises(grpc.RpcError) as error:
+            list(stub.Watch(health_pb2.HealthCheckRequest(), timeout=5))
+        assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
