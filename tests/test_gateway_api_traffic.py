@@ -167,3 +167,18 @@ def test_grpc_route_sends_a_method_to_its_backend(gateway: Gateway) -> None:
         with pytest.raises(grpc.RpcError) as error:
             list(stub.Watch(health_pb2.HealthCheckRequest(), timeout=5))
         assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_changes_reach_the_envoy_and_a_removed_grant_is_not_followed(gateway: Gateway, mesh_dir: Path) -> None:
+    ca = mesh_dir.parent / "ca.pem"
+    assert gateway.https("/", ca)[0] == 200  # the route in istio-ingress to Service echo in shop
+    documents = list(yaml.safe_load_all((mesh_dir / "mesh.yaml").read_text()))
+    kept = [d for d in documents if d["kind"] != "ReferenceGrant"]
+    kept.append({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+                 "metadata": {"name": "late", "namespace": "shop"},
+                 "spec": {"parentRefs": [{"name": "web", "namespace": "istio-ingress", "sectionName": "http"}],
+                          "hostnames": ["late.example.com"], "rules": [{"backendRefs": [{"name": "echo", "port": 8080}]}]}})
+    (mesh_dir / "mesh.yaml").write_text(yaml.safe_dump_all(kept))
+    wait_until(lambda: gateway.https("/", ca)[0] == 500, 10, "the HTTPS route's backend refused without the grant")
+    wait_until(lambda: _get(gateway, "late.example.com", "/")[0] == 200, 10, "the new route served")
+    print("without the ReferenceGrant:", gateway.https("/", ca))
