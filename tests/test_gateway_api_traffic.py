@@ -23,7 +23,7 @@ from grpc_health.v1.health import HealthServicer
 
 from tests.conftest import render
 from tests.peers import ROOT, Istiod, Process, free_port, wait_until
-from tests.test_envoy_gateway import BIND, NAMESPACE, SERVICE_ACCOUNT, TOKEN, Gateway, gateway_envoy
+from tests.test_envoy_gateway import BIND, NAMESPACE, SERVICE_ACCOUNT, TOKEN, Gateway, agent_gateway, gateway_envoy
 from tests.test_gateway_gen import server_credential, tls_secret
 
 V1_IP, V2_IP, GRPC_IP = "127.0.0.41", "127.0.0.42", "127.0.0.43"
@@ -182,3 +182,13 @@ def test_changes_reach_the_envoy_and_a_removed_grant_is_not_followed(gateway: Ga
     wait_until(lambda: gateway.https("/", ca)[0] == 500, 10, "the HTTPS route's backend refused without the grant")
     wait_until(lambda: _get(gateway, "late.example.com", "/")[0] == 200, 10, "the new route served")
     print("without the ReferenceGrant:", gateway.https("/", ca))
+
+
+def test_the_agent_runs_the_gateway(mesh: Gateway, processes: list[Process]) -> None:
+    """`istiod agent proxy router` with the Gateway's pod label: its Envoy is the Gateway's proxy,
+    sent the certificateRef's Secret over the agent's xDS proxy on istiod's TLS port."""
+    with agent_gateway(mesh, processes, GATEWAY_LABELS):
+        status, body = mesh.https("/via-agent", mesh.mesh_dir.parent / "ca.pem")
+        print("HTTPS through the agent's Gateway API gateway:", status, body)
+        assert status == 200 and json.loads(body)["path"] == "/via-agent"
+        assert _get(mesh, "web.example.com", "/via-agent")[0] == 200
