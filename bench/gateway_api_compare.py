@@ -10,7 +10,9 @@ etcd and kube-apiserver are started (the e2e harness), Istio's CRDs and the Gate
 with HTTPRoutes (a valid one, one to a missing Service, one across namespaces with a
 ReferenceGrant) created. Istio's istiod runs first and its status is recorded and cleared, then
 ours. Prints each object's conditions side by side (type, status, reason; messages where they
-differ) and the listeners' attachedRoutes, and exits 1 if a status or reason differs.
+differ) and the listeners' attachedRoutes, then the route configuration `http.80` each sends the
+Gateway's proxy (a router node labelled with the Gateway's name, on the plaintext port): virtual
+hosts, domains, and each route's match and action. Exits 1 if a status or reason differs.
 Every process started here is stopped at the end, on failure and Ctrl-C too.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import tempfile
 import time
@@ -34,6 +37,9 @@ from e2e.harness import Cluster  # noqa: E402
 from e2e.istio_crds import install_crds  # noqa: E402
 from istiod.kubeapi import api_client  # noqa: E402
 from reference import built_reference, start_reference  # noqa: E402
+from envoy.config.route.v3 import route_pb2  # noqa: E402
+from google.protobuf import json_format  # noqa: E402
+from tests.ads_client import AdsClient  # noqa: E402
 from tests.peers import Istiod, stop_group  # noqa: E402
 from tests.test_gateway_gen import server_credential, tls_secret  # noqa: E402
 
@@ -150,6 +156,44 @@ async def clear(api: client.ApiClient) -> None:
             await custom.patch_namespaced_custom_object_status(GROUP, "v1", namespace, plural, name, body, **merge)
 
 
+ROUTE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+NODE = "router~10.244.0.80~web-1.gw-ingress~gw-ingress.svc.cluster.local"
+
+
+async def gateway_routes(xds_address: str) -> dict[str, Any]:
+    """`http.80` as the Gateway's proxy is sent it: {virtual host: {domains, routes}}."""
+    client = AdsClient(xds_address, NODE, "gw-ingress", istio_version="1.31.0")
+    del client.node.metadata.fields["GENERATOR"]
+    client.node.metadata.update({"LABELS": {"gateway.networking.k8s.io/gateway-name": "web"}, "CLUSTER_ID": "Kubernetes"})
+    try:
+        response = await client.subscribe(ROUTE, ["http.80"])
+    finally:
+        await client.close()
+    result: dict[str, Any] = {}
+    for resource in response.resources:
+        config = route_pb2.RouteConfiguration.FromString(resource.value)
+        for host in config.virtual_hosts:
+            routes = []
+            for route in host.routes:
+                action = json_format.MessageToDict(route.route) if route.HasField("route") else {}
+                routes.append({"match": json_format.MessageToDict(route.match),
+                               "cluster": action.get("cluster") or action.get("weightedClusters"),
+                               "timeout": action.get("timeout"), "retries": (action.get("retryPolicy") or {}).get("numRetries"),
+                               **({"direct": route.direct_response.status} if route.HasField("direct_response") else {})})
+            result[host.name] = {"domains": list(host.domains), "routes": routes}
+    return result
+
+
+def compare_routes(theirs: dict[str, Any], ours: dict[str, Any]) -> None:
+    print("== route configuration http.80")
+    for host in sorted(theirs.keys() | ours.keys()):
+        a, b = theirs.get(host), ours.get(host)
+        if a == b:
+            print(f"   {host}: {json.dumps(a)}")
+            continue
+        print(f"!! {host}:\n     istio={json.dumps(a)}\n     ours= {json.dumps(b)}")
+
+
 def summary(status: dict[str, Any]) -> list[tuple[str, Any]]:
     rows: list[tuple[str, Any]] = []
     for c in status.get("conditions") or []:
@@ -196,14 +240,18 @@ async def main() -> int:
         cluster.start()
         async with await api_client(cluster.kubeconfig) as api:
             await setup(api)
-            reference, _, _ = start_reference(args.reference, cluster.kubeconfig, workdir)
+            reference, reference_xds, _ = start_reference(args.reference, cluster.kubeconfig, workdir)
             theirs = await statuses(api)
+            their_routes = await gateway_routes(reference_xds)
             stop_group(reference, grace=5)
             reference = None
             await clear(api)
             ours = Istiod(workdir, "--kubeconfig", str(cluster.kubeconfig), ready_timeout=60)
             mine = await statuses(api)
-        return 1 if compare(theirs, mine) else 0
+            my_routes = await gateway_routes(ours.xds_address)
+        differences = compare(theirs, mine)
+        compare_routes(their_routes, my_routes)
+        return 1 if differences else 0
     finally:
         if reference is not None:
             stop_group(reference, grace=5)
