@@ -89,7 +89,7 @@ def test_gateway_api_gateway_and_istio_gateway_are_different_kinds() -> None:
     assert store.get(ObjectKey("Gateway", "istio-ingress", "web")) is not None
     snapshot = build_snapshot(store, "v1")
     assert [g.meta.name for g in snapshot.config.gateways] == ["web"]
-    assert len(snapshot.config.all_gateways) == 3  # and the Gateway API listeners' (http, https)
+    assert len(snapshot.config.gateway_api.gateways) == 2  # the Gateway API listeners' (http, https)
 
 
 @pytest.mark.parametrize(("path", "value", "error"), [
@@ -247,9 +247,13 @@ def test_the_gateway_proxy_gets_routes_and_only_referenced_credentials() -> None
                                                         "kubernetes-gateway://shop/anything"], ResourceCache())
     assert [s.name for s in secrets] == ["kubernetes-gateway://istio-ingress/web-cert"]
     assert secret_pb2.Secret.FromString(secrets[0].value).tls_certificate.certificate_chain.inline_bytes == CERT[1]
-    # Another proxy (no Gateway of its own) is sent nothing.
+    # Another proxy (no Gateway of its own) is sent nothing; nor is one with the label in another namespace.
     other = dataclasses.replace(proxy_from_node(NODE, {"LABELS": {"app": "x"}}), verified=True)
     assert ROUTER[types.SECRET](snapshot, other, ["kubernetes-gateway://istio-ingress/web-cert"], ResourceCache()) == []
+    elsewhere = dataclasses.replace(proxy_from_node(NODE.replace("istio-ingress", "shop"), {
+        "LABELS": {"gateway.networking.k8s.io/gateway-name": "web"}}), verified=True)
+    assert elsewhere.namespace == "shop"
+    assert ROUTER[types.ROUTE](snapshot, elsewhere, None, ResourceCache()) == []
 
 
 # --- status writing --------------------------------------------------------------------------------

@@ -82,11 +82,6 @@ class ConfigSet:
         return replace(self, gateway_api=converted, _index={})
 
     @property
-    def all_gateways(self) -> tuple[Gateway, ...]:
-        """Istio's Gateways and those the Gateway API's make, for the gateway flavor."""
-        return self.gateways + self.gateway_api.gateways if self.gateway_api.gateways else self.gateways
-
-    @property
     def all_virtual_services(self) -> tuple[VirtualService, ...]:
         """The VirtualServices and those the Gateway API's routes make (bound to their Gateways only)."""
         derived = self.gateway_api.virtual_services

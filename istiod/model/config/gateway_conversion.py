@@ -156,7 +156,7 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
                 continue
             derived = derived_gateway_name(gateway, state.listener)
             istio_gateways.append(Gateway(Meta(derived, gateway.meta.namespace), (state.server,),
-                                          ((GATEWAY_NAME_LABEL, gateway.meta.name),)))
+                                          _selector(gateway, inputs)))
             for host, entries in sorted(bound.get((key, state.listener.name), {}).items()):
                 entries.sort(key=lambda entry: entry[0])
                 virtual_services.append(VirtualService(
@@ -165,6 +165,17 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
                     gateway_semantics=True))
         statuses[("KubernetesGateway", *key)] = _gateway_status(gateway, listeners[key], inputs)
     return GatewayApiConfig(tuple(istio_gateways), tuple(virtual_services), statuses, missing_class)
+
+
+def _selector(gateway: KubernetesGateway, inputs: _Inputs) -> tuple[tuple[str, str], ...]:
+    """The proxies a Gateway configures: as istiod, the instances of its Service `<name>-<class>`,
+    i.e. the pods of the Gateway's namespace its selector picks (the gateway flavor keeps the
+    Gateway API's Gateways to proxies of their own namespace); without that Service, the Gateway's
+    deployment label."""
+    service = inputs.services.get((gateway.meta.namespace, f"{gateway.meta.name}-{gateway.class_name}"))
+    if service is not None and service.selector:
+        return service.selector
+    return ((GATEWAY_NAME_LABEL, gateway.meta.name),)
 
 
 def _meta_order(value: Any) -> tuple[str, str]:

@@ -22,6 +22,7 @@ from istiod.xds.gen.gateway.servers import CREDENTIAL_PREFIX, gateway_servers
 
 log = logging.getLogger(__name__)
 _refused = logs.Throttled(log, 60.0)
+_unreferenced = logs.Throttled(log, 60.0)  # its own budget: a client can cause it at will
 
 
 def secrets(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
@@ -43,7 +44,7 @@ def secrets(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: Re
                 referenced = {s.credential for s in gateway_servers(snapshot, proxy) if s.tls}
             namespace, _, secret = name.removeprefix(GATEWAY_CREDENTIAL_PREFIX).partition("/")
             if name not in referenced:
-                _refused.warning(logs.event("gateway secret not sent: no listener of the proxy references it",
+                _unreferenced.warning(logs.event("gateway secret not sent: no listener of the proxy references it",
                                             proxy=proxy.id, secret=f"{namespace}/{secret}"))
                 continue
             key = (namespace, secret)

@@ -101,7 +101,13 @@ def gateway_servers(snapshot: Snapshot, proxy: Proxy) -> list[GatewayServer]:
     the kind (HTTP or HTTPS) of its first server; a later server of the other kind is left out."""
     result: list[GatewayServer] = []
     kinds: dict[tuple[str, int], bool] = {}
-    for gateway in scope.gateways_for(snapshot.config.all_gateways, dict(proxy.labels)):
+    labels = dict(proxy.labels)
+    # The Gateway API's Gateways configure proxies of their own namespace only (istiod: the
+    # instances of the Gateway's Service, which lives there).
+    gateways = [*scope.gateways_for(snapshot.config.gateways, labels),
+                *(g for g in scope.gateways_for(snapshot.config.gateway_api.gateways, labels)
+                  if g.meta.namespace == proxy.namespace)]
+    for gateway in gateways:
         for server in gateway.servers:
             served = GatewayServer(gateway, server)
             reason = unsupported(server)
