@@ -127,3 +127,6 @@ async def test_status_as_istio_writes_it(cluster: Cluster, kube: client.ApiClien
     flipped = await _wait(refused, "ResolvedRefs False (RefNotPermitted) once the ReferenceGrant is gone")
     print("after the ReferenceGrant is removed:", flipped["parents"][0]["conditions"])
     assert "Forbidden" not in istiod.text()
+    # Other tests share the cluster (and read every Gateway): leave none behind.
+    await custom.delete_namespaced_custom_object(GROUP, VERSION, "gw-ingress", "httproutes", "shop")
+    await custom.delete_namespaced_custom_object(GROUP, VERSION, "gw-ingress", "gateways", "web")
