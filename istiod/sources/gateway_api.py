@@ -221,9 +221,12 @@ def _filter(f: _Fields, errors: list[tuple[str, str]]) -> RouteFilter:
         code = sub.get("statusCode", int, 302)
         if code not in _REDIRECT_CODES:
             raise sub.fail(f"statusCode {code} is not one of {_REDIRECT_CODES}")
+        path = _path_modifier(fields(sub, "path"))
+        if path is not None and path.type == "ReplacePrefixMatch":
+            errors.append(("InvalidFilter", f"{sub.key}.path: ReplacePrefixMatch in a redirect is not implemented "
+                                            "by this istiod (ReplaceFullPath is)"))
         return RouteFilter(kind, redirect=RequestRedirect(sub.get("scheme", str, ""), sub.get("hostname", str, ""),
-                                                          _path_modifier(fields(sub, "path")), sub.get("port", int, 0),
-                                                          code))
+                                                          path, sub.get("port", int, 0), code))
     if kind == "URLRewrite":
         sub = fields(f, "urlRewrite") or _Fields(f.key, {})
         return RouteFilter(kind, rewrite=URLRewrite(sub.get("hostname", str, ""), _path_modifier(fields(sub, "path"))))
@@ -243,17 +246,15 @@ def _rule(f: _Fields) -> RouteRule:
     unmatchable = bool(errors)  # only a match's pattern is an error this early
     filters = tuple(_filter(x, errors) for x in items(f, "filters"))
     backends = []
-    backend_filters = False
     for ref in items(f, "backendRefs"):
         backends.append(_object_ref(ref, "", "Service", backend=True))
         if ref.get("filters", list, []):
-            backend_filters = True
             errors.append(("InvalidFilter", f"{ref.key}.filters: per-backend filters are not implemented by this istiod"))
     for name in _RULE_FIELDS_NOT_IMPLEMENTED:
         if f.body.get(name) is not None:
             errors.append(("UnsupportedValue", f"{f.key}.{name}: not implemented by this istiod"))
     timeouts = fields(f, "timeouts")
-    return RouteRule(matches, filters, tuple(backends), backend_filters,
+    return RouteRule(matches, filters, tuple(backends),
                      duration(timeouts, "request") if timeouts else None,
                      duration(timeouts, "backendRequest") if timeouts else None, tuple(errors), unmatchable)
 
@@ -348,7 +349,6 @@ CLUSTER_SCOPED = frozenset({"GatewayClass"})
 PLURALS = {"GatewayClass": "gatewayclasses", "KubernetesGateway": "gateways", "HTTPRoute": "httproutes",
            "GRPCRoute": "grpcroutes", "TCPRoute": "tcproutes", "TLSRoute": "tlsroutes",
            "ReferenceGrant": "referencegrants"}
-API_KINDS = {"KubernetesGateway": "Gateway"}  # store kind -> the API's
 
 
 def gateway_api_converter(key: ObjectKey, body: Mapping[str, Any]) -> Callable[[ObjectKey, _Fields, str], Any] | None:

@@ -132,7 +132,6 @@ class RouteRule:
     matches: tuple[RouteMatch, ...] = ()  # empty: prefix `/`
     filters: tuple[RouteFilter, ...] = ()
     backend_refs: tuple[ObjectRef, ...] = ()
-    backend_filters: bool = False  # backendRefs[].filters, not implemented
     request_timeout: Duration | None = None
     backend_timeout: Duration | None = None
     # (reason, message) of what makes the rule untranslatable (an RE2 pattern Envoy would refuse, a
