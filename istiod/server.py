@@ -35,6 +35,7 @@ from istiod.debug.connections import Question, answer
 from istiod.debug.serving import guarded_config
 from istiod.kubeapi import api_client
 from istiod.leader import LeaderElection
+from istiod.status.gateway_api import GatewayStatusWriter
 from istiod.listen import listen_tcp
 from istiod.model.mesh import MeshConfig
 from istiod.model.names import join_host_port
@@ -234,8 +235,13 @@ class Discovery:
                 self._tasks.append(self.supervisor.start(name, patcher.run, restart=True))
         if self.election is not None and self.publisher is not None:
             election, publisher = self.election, self.publisher
-            self._tasks.append(self.supervisor.start("root-cert-publisher", lambda: election.run(publisher.run),
-                                                     restart=True))
+            assert self._api is not None
+            status = GatewayStatusWriter(self._api, self.store, lambda: self.pusher.snapshot.config.gateway_api)
+
+            async def lead() -> None:  # the leader's writers: the root certificate, the Gateway API's status
+                await asyncio.gather(publisher.run(), status.run())
+
+            self._tasks.append(self.supervisor.start("root-cert-publisher", lambda: election.run(lead), restart=True))
         if self.analysis is not None:
             analysis_election, controller = self.analysis
             self._tasks.append(self.supervisor.start("analysis-controller",

@@ -1,4 +1,5 @@
-"""An HTTP app for sidecar tests: answers every GET with the Host and x-forwarded-client-cert it saw."""
+"""An HTTP app for sidecar tests: answers every GET with the Host, x-forwarded-client-cert, path and
+headers it saw, and its own name (the optional third argument)."""
 
 import http.server
 import json
@@ -7,7 +8,9 @@ import sys
 
 class Echo(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
-        body = json.dumps({"host": self.headers.get("host"), "xfcc": self.headers.get("x-forwarded-client-cert")}).encode()
+        body = json.dumps({"host": self.headers.get("host"), "xfcc": self.headers.get("x-forwarded-client-cert"),
+                           "path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()},
+                           "name": sys.argv[3] if len(sys.argv) > 3 else ""}).encode()
         self.send_response(200)
         self.send_header("content-length", str(len(body)))
         self.end_headers()

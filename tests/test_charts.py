@@ -56,6 +56,7 @@ def test_istiod_defaults() -> None:
     objects = by_kind(render(CHARTS / "istiod"))
     assert sorted(objects) == [
         ("ClusterRoleBinding", "istiod-ca"), ("ClusterRoleBinding", "istiod-discovery"),
+        ("ClusterRoleBinding", "istiod-gateway-controller"),
         ("ConfigMap", "istio"), ("ConfigMap", "istio-sidecar-injector"), ("Deployment", "istiod"),
         ("HorizontalPodAutoscaler", "istiod"), ("MutatingWebhookConfiguration", "istio-sidecar-injector"),
         ("PodDisruptionBudget", "istiod"), ("Role", "istiod-ca"), ("RoleBinding", "istiod-ca"),

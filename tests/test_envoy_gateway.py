@@ -218,10 +218,9 @@ def test_secrets_stay_out_of_logs_and_debug_output(gateway: Gateway, mesh_dir: P
     assert "kubernetes://web-cert" in json.dumps(gateway.istiod.get("/debug/adsz")[1])  # asked for over ADS
 
 
-def test_the_agent_runs_a_gateway(mesh: Gateway, processes: list[Process]) -> None:
-    """`istiod agent proxy router`: the agent's Envoy gets its config through the agent's xDS proxy
-    (on istiod's TLS port, with the certificate the agent got for the gateway), so it is sent the
-    Gateway's credential."""
+@contextmanager
+def agent_gateway(mesh: Gateway, processes: list[Process], labels: dict[str, str]) -> Iterator[Process]:
+    """`istiod agent proxy router` with the pod's `labels`, ready; stopped and cleaned up after."""
     workdir = Path(tempfile.mkdtemp(prefix="agent-gw-", dir="/tmp"))
     try:
         (workdir / "token").write_text(TOKEN)
@@ -235,7 +234,7 @@ def test_the_agent_runs_a_gateway(mesh: Gateway, processes: list[Process]) -> No
             "proxy", "router", "--workdir", str(workdir), "--proxy-admin-addr", "unix:admin.sock",
             "--status-addr", f"127.0.0.1:{free_port()}", "--readiness-addr", f"127.0.0.1:{readiness}",
             "--envoy-prometheus-addr", f"127.0.0.1:{free_port()}", "--termination-drain-duration", "1s",
-        ], env={"ISTIO_METAJSON_LABELS": json.dumps({"istio": "ingressgateway"})}, name="agent-gateway")
+        ], env={"ISTIO_METAJSON_LABELS": json.dumps(labels)}, name="agent-gateway")
         processes.append(agent)
         ready = f"http://127.0.0.1:{readiness}/healthz/ready"
         try:
@@ -243,10 +242,18 @@ def test_the_agent_runs_a_gateway(mesh: Gateway, processes: list[Process]) -> No
                        "the agent's gateway ready")
         except AssertionError:
             raise AssertionError(f"agent:\n{agent.log()[-6000:]}") from None
+        yield agent
+        agent.stop()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_the_agent_runs_a_gateway(mesh: Gateway, processes: list[Process]) -> None:
+    """`istiod agent proxy router`: the agent's Envoy gets its config through the agent's xDS proxy
+    (on istiod's TLS port, with the certificate the agent got for the gateway), so it is sent the
+    Gateway's credential."""
+    with agent_gateway(mesh, processes, {"istio": "ingressgateway"}):
         status, body = mesh.https("/via-agent", mesh.mesh_dir.parent / "ca.pem")
         print("HTTPS through the agent's gateway:", status, body)
         assert status == 200 and json.loads(body)["host"] == f"secure.example.com:{mesh.https_port}"
         assert mesh.http("/via-agent")[0] == 200
-        agent.stop()
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)

@@ -16,7 +16,9 @@ from typing import Any, Protocol, TypeVar
 
 from istiod.model.batch import CronJob, Job
 from istiod.model.cluster import Namespace, Node
-from istiod.model.config import ConfigSet
+from istiod.model.config import GATEWAY_API_KINDS, ConfigSet
+from istiod.model.config.gateway_api import GatewayApiConfig
+from istiod.model.config.gateway_conversion import convert as convert_gateway_api
 from istiod.model.credentials import TlsCredential
 from istiod.model.config.common import Labels, selector_matches
 from istiod.model.config.networking import ServiceEntry, ServicePort
@@ -86,6 +88,8 @@ def _whole(objects: ObjectValues[Key], version: str, previous: Snapshot | None, 
     context = _EndpointContext(workloads, nodes, jobs, selection)
     services, entries = _services(objects, config, context.entry_pod_endpoints)
     selection = selection.with_services(services)
+    credentials = _credentials(objects)
+    namespaces = {n.name: n for n in objects.values("Namespace") if isinstance(n, Namespace)}
     endpoints: dict[EndpointKey, tuple[Endpoint, ...]] = {}
     old = previous.endpoints if previous is not None else {}
     for hostname, (_, by_port) in entries.items():
@@ -96,6 +100,7 @@ def _whole(objects: ObjectValues[Key], version: str, previous: Snapshot | None, 
             for port in service.ports:
                 key = (service.hostname, port.port)
                 endpoints[key] = _kept(old.get(key), context.endpoints(service, port))
+    config = _with_gateway_api(config, services, endpoints, credentials, namespaces)
     return Snapshot(
         version=version,
         services=MappingProxyType(services),
@@ -105,11 +110,11 @@ def _whole(objects: ObjectValues[Key], version: str, previous: Snapshot | None, 
         cronjobs=MappingProxyType(_cronjobs(objects)),
         mesh=mesh,
         config=config,
-        credentials=MappingProxyType(_credentials(objects)),
+        credentials=MappingProxyType(credentials),
         volumes=_volume_mounts(objects.values("PersistentVolume"), objects.values("PersistentVolumeClaim"), workloads),
         endpoint_slices=MappingProxyType(endpoint_slices),
         nodes=MappingProxyType(nodes),
-        namespaces=MappingProxyType({n.name: n for n in objects.values("Namespace") if isinstance(n, Namespace)}),
+        namespaces=MappingProxyType(namespaces),
         selection=selection,
     )
 
@@ -182,6 +187,12 @@ def _next(objects: ObjectValues[Key], version: str, previous: Snapshot, keys: Ma
                 for port in service.ports:
                     put((service.hostname, port.port), context.endpoints(service, port))
 
+    credentials = MappingProxyType(_credentials(objects)) if "Secret" in keys else previous.credentials
+    # A Gateway's Programmed condition depends on its Service's endpoints (Pods, slices).
+    if keys.keys() & (GATEWAY_API_KINDS | _SERVICE_KINDS | {"Secret"}) or (
+            config.has_gateway_api and keys.keys() & {"Pod", "EndpointSlice"}):
+        config = _with_gateway_api(config, services, endpoints, credentials, previous.namespaces)
+
     volumes = previous.volumes
     if (keys.keys() & {"PersistentVolume", "PersistentVolumeClaim"}
             or any(w.claims for k in pods for w in (previous.workloads.get(k), workloads.get(k)) if w is not None)):
@@ -195,7 +206,7 @@ def _next(objects: ObjectValues[Key], version: str, previous: Snapshot, keys: Ma
         cronjobs=MappingProxyType(_cronjobs(objects)) if "CronJob" in keys else previous.cronjobs,
         mesh=mesh,
         config=config,
-        credentials=MappingProxyType(_credentials(objects)) if "Secret" in keys else previous.credentials,
+        credentials=credentials,
         volumes=volumes,
         endpoint_slices=endpoint_slices,
         nodes=previous.nodes,
@@ -203,6 +214,18 @@ def _next(objects: ObjectValues[Key], version: str, previous: Snapshot, keys: Ma
         lookups=previous.lookups.updated(previous, services, endpoints, hosts, changed_keys),
         selection=selection,
     )
+
+
+def _with_gateway_api(config: ConfigSet, services: Mapping[str, Service],
+                      endpoints: Mapping[EndpointKey, tuple[Endpoint, ...]],
+                      credentials: Mapping[tuple[str, str], TlsCredential], namespaces: Mapping[str, Namespace]) -> ConfigSet:
+    """The Gateway API objects converted to Istio's Gateways and VirtualServices, with their status."""
+    if not config.has_gateway_api:
+        return config.with_gateway_api(GatewayApiConfig())
+    return config.with_gateway_api(convert_gateway_api(
+        config.gateway_classes, config.kubernetes_gateways, (*config.http_routes, *config.grpc_routes),
+        (*config.tcp_routes, *config.tls_routes), config.reference_grants, services.values(),
+        endpoints, credentials, namespaces))
 
 
 def _services(objects: ObjectValues[Key], config: ConfigSet,

@@ -26,9 +26,11 @@ from istiod.model.service import Locality, Port, Service
 from istiod.model.storage import PersistentVolume, PersistentVolumeClaim
 from istiod.model.workload import LOCALITY_LABEL, MESH_ANNOTATIONS, OwnerRef, Workload, workload_identity
 from istiod.sources.fields import ConversionError, ObjectKey, _Fields
+from istiod.sources.gateway_api import CLUSTER_SCOPED as GATEWAY_API_CLUSTER_SCOPED
+from istiod.sources.gateway_api import gateway_api_converter, kind_name
 from istiod.sources.istio import istio_converter
 
-CLUSTER_SCOPED = frozenset({"Namespace", "Node", "PersistentVolume"})
+CLUSTER_SCOPED = frozenset({"Namespace", "Node", "PersistentVolume"}) | GATEWAY_API_CLUSTER_SCOPED
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 REGION_LABEL = "topology.kubernetes.io/region"
 ZONE_LABEL = "topology.kubernetes.io/zone"
@@ -42,6 +44,7 @@ def object_key(body: Any) -> ObjectKey:
     kind = body.get("kind")
     if not isinstance(kind, str) or not kind:
         raise ConversionError("object has no kind")
+    kind = kind_name(kind, body.get("apiVersion"))
     fields = _Fields(kind, body)
     name = fields.get("metadata.name", str, "")
     if not name:
@@ -70,6 +73,8 @@ def convert(body: Mapping[str, Any], domain: str = DEFAULT_DOMAIN) -> tuple[Obje
     """One raw object -> (its key, its model value)."""
     key = object_key(body)
     converter = CONVERTERS.get(key.kind)
+    if converter is None:
+        converter = gateway_api_converter(key, body)
     if converter is None:
         converter = istio_converter(key, body)
     if converter is None:

@@ -87,7 +87,7 @@ def _rule_hosts(previous: Snapshot, current: Snapshot) -> frozenset[str] | None:
 def _routed_to(snapshot: Snapshot, host: Callable[[str], bool]) -> bool:
     """Whether a VirtualService routes to a `host` (the route configurations of its own hosts depend
     on the destinations' Services and DestinationRules)."""
-    for vs in snapshot.config.virtual_services:
+    for vs in snapshot.config.all_virtual_services:
         routes: list[HTTPRoute | L4Route] = [*vs.http, *vs.tcp, *vs.tls]
         if any(host(d.destination.host) for r in routes for d in r.route):
             return True

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from istiod.model.config import scope
+from istiod.model.config.gateway_api import (
+    GatewayApiConfig, GatewayClass, KubernetesGateway, KubernetesHTTPRoute, ReferenceGrant, UntranslatedRoute,
+)
 from istiod.model.config.networking import (
     MESH_GATEWAY, DestinationRule, Gateway, ServiceEntry, Sidecar, VirtualService, WorkloadEntry,
 )
@@ -43,6 +46,16 @@ class ConfigSet:
     peer_authentications: tuple[PeerAuthentication, ...] = ()
     authorization_policies: tuple[AuthorizationPolicy, ...] = ()
     request_authentications: tuple[RequestAuthentication, ...] = ()
+    gateway_classes: tuple[GatewayClass, ...] = ()
+    kubernetes_gateways: tuple[KubernetesGateway, ...] = ()
+    http_routes: tuple[KubernetesHTTPRoute, ...] = ()
+    grpc_routes: tuple[KubernetesHTTPRoute, ...] = ()
+    tcp_routes: tuple[UntranslatedRoute, ...] = ()
+    tls_routes: tuple[UntranslatedRoute, ...] = ()
+    reference_grants: tuple[ReferenceGrant, ...] = ()
+    # What the Gateway API objects above make (the model builder converts them, with Services and
+    # Secrets): carried over until the builder converts again.
+    gateway_api: GatewayApiConfig = GatewayApiConfig()
     _index: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -56,14 +69,37 @@ class ConfigSet:
             name: getattr(previous, name) if previous is not None and kind not in changed else _sorted(objects.values(kind))
             for kind, name in _FIELDS.items()
         }
-        return cls(**fields)
+        return cls(**fields, gateway_api=previous.gateway_api if previous is not None else GatewayApiConfig())
+
+    @property
+    def has_gateway_api(self) -> bool:
+        return any(getattr(self, name) for kind, name in _FIELDS.items() if kind in GATEWAY_API_KINDS)
+
+    def with_gateway_api(self, converted: GatewayApiConfig) -> ConfigSet:
+        """This set with `converted` in place of its Gateway API conversion (itself when equal)."""
+        if converted == self.gateway_api:
+            return self
+        return replace(self, gateway_api=converted, _index={})
+
+    @property
+    def all_virtual_services(self) -> tuple[VirtualService, ...]:
+        """The VirtualServices and those the Gateway API's routes make (bound to their Gateways only)."""
+        derived = self.gateway_api.virtual_services
+        return self.virtual_services + derived if derived else self.virtual_services
 
     def kinds_changed_from(self, previous: ConfigSet) -> set[str]:
         """The kinds whose objects differ from `previous`'s (unchanged kinds are carried over: identity first)."""
         if previous is self:
             return set()
-        return {kind for kind, name in _FIELDS.items()
-                if (old := getattr(previous, name)) is not (new := getattr(self, name)) and old != new}
+        kinds = {kind for kind, name in _FIELDS.items()
+                 if (old := getattr(previous, name)) is not (new := getattr(self, name)) and old != new}
+        before, after = previous.gateway_api, self.gateway_api
+        if before is not after:  # what the gateway flavor reads of the conversion
+            if before.gateways != after.gateways:
+                kinds.add("Gateway")
+            if before.virtual_services != after.virtual_services:
+                kinds.add("VirtualService")
+        return kinds
 
     def _grouped(self, name: str) -> Mapping[str, list[Any]]:
         if name not in self._index:
@@ -105,4 +141,8 @@ _FIELDS = {
     "Gateway": "gateways", "Sidecar": "sidecars", "WorkloadEntry": "workload_entries",
     "PeerAuthentication": "peer_authentications", "AuthorizationPolicy": "authorization_policies",
     "RequestAuthentication": "request_authentications",
+    "GatewayClass": "gateway_classes", "KubernetesGateway": "kubernetes_gateways", "HTTPRoute": "http_routes",
+    "GRPCRoute": "grpc_routes", "TCPRoute": "tcp_routes", "TLSRoute": "tls_routes", "ReferenceGrant": "reference_grants",
 }
+GATEWAY_API_KINDS = frozenset({"GatewayClass", "KubernetesGateway", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute",
+                               "ReferenceGrant"})

@@ -123,6 +123,7 @@ class HTTPRoute:
     retries: Retries | None = None  # None: istiod's default retry policy
     fault: Fault | None = None
     headers: Headers = Headers()
+    mirrors: tuple[Destination, ...] = ()  # each request also sent, unanswered, to these (Gateway API only, yet)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +153,9 @@ class VirtualService:
     tcp: tuple[L4Route, ...] = ()
     tls: tuple[L4Route, ...] = ()
     export_to: tuple[str, ...] = ()
+    # Made from the Gateway API: path prefixes match whole segments (`/a` is not `/ab`), as istiod's
+    # UseGatewaySemantics.
+    gateway_semantics: bool = False
 
 
 # --- DestinationRule --------------------------------------------------------------------------

@@ -24,7 +24,7 @@ CONVERTERS: dict[str, Callable[[ObjectKey, _Fields, str], Any]] = {
 
 def istio_converter(key: ObjectKey, body: Mapping[str, Any]) -> Callable[[ObjectKey, _Fields, str], Any] | None:
     """The converter of an Istio kind; None for any other kind. An object of another API group
-    with an Istio kind's name (the Gateway API's Gateway) is refused, since that kind is not read."""
+    with an Istio kind's name is refused (the Gateway API's Gateway is read as KubernetesGateway)."""
     kind = BY_KIND.get(key.kind)
     if kind is None:
         return None

@@ -75,7 +75,7 @@ def virtual_service_routes(vs: VirtualService, port: int, services: Mapping[str,
             route = rc.Route()
             route.CopyFrom(template)
             route.name = ".".join(n for n in (http.name, match.name) if n)
-            route.match.CopyFrom(_match(match))
+            route.match.CopyFrom(_match(match, vs.gateway_semantics))
             routes.append(route)
     return routes
 
@@ -132,6 +132,8 @@ def _forward(route: rc.Route, http: HTTPRoute, port: int, services: Mapping[str,
                 pattern=_regex(rewrite.uri_regex[0]), substitution=rewrite.uri_regex[1]))
         elif rewrite is not None and rewrite.uri:
             action.prefix_rewrite = rewrite.uri
+    for mirror in http.mirrors:
+        action.request_mirror_policies.add(cluster=destination_cluster(mirror, port, services)[0])
     _set_timeout(action, http.timeout, proxyless)
     retries = retry_policy(http.retries)
     if retries is not None:
@@ -298,13 +300,15 @@ def _applies(match: HTTPMatch, port: int, namespace: str, labels: Mapping[str, s
             and selector_matches(match.source_labels, labels))
 
 
-def _match(match: HTTPMatch) -> rc.RouteMatch:
+def _match(match: HTTPMatch, gateway_semantics: bool = False) -> rc.RouteMatch:
     result = rc.RouteMatch(case_sensitive=wrappers_pb2.BoolValue(value=False) if match.ignore_uri_case else None)
     uri = match.uri
     if uri is None:
         result.prefix = "/"
     elif uri.kind is MatchKind.EXACT:
         result.path = uri.value
+    elif uri.kind is MatchKind.PREFIX and gateway_semantics and uri.value != "/":
+        result.path_separated_prefix = uri.value.rstrip("/")
     elif uri.kind is MatchKind.PREFIX:
         result.prefix = uri.value
     else:

@@ -1,5 +1,7 @@
 """SDS for gateways, on the ADS stream: `kubernetes://<name>` is the Secret `<name>` of the gateway's
-namespace, as istiod serves credentialName. Only to a proxy whose identity was verified (istiod's
+namespace, as istiod serves credentialName; `kubernetes-gateway://<ns>/<name>` a Gateway API
+listener's certificateRef, sent only to a proxy one of whose listeners names it (the conversion
+checked its ReferenceGrant). Only to a proxy whose identity was verified (istiod's
 secure port): over plaintext xDS anyone may claim any namespace, so nothing is sent, as istiod."""
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ from istiod.model.proxy import Proxy
 from istiod.model.snapshot import Snapshot
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
-from istiod.xds.gen.gateway.servers import CREDENTIAL_PREFIX
+from istiod.model.config.gateway_conversion import GATEWAY_CREDENTIAL_PREFIX
+from istiod.xds.gen.gateway.servers import CREDENTIAL_PREFIX, gateway_servers
 
 log = logging.getLogger(__name__)
 _refused = logs.Throttled(log, 60.0)
+_unreferenced = logs.Throttled(log, 60.0)  # its own budget: a client can cause it at will
 
 
 def secrets(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
@@ -31,13 +35,25 @@ def secrets(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: Re
                                     proxy=proxy.id))
         return []
     result = []
+    referenced: set[str] | None = None
     for name in names:
-        if not name.startswith(CREDENTIAL_PREFIX):
+        if name.startswith(CREDENTIAL_PREFIX):
+            key = (proxy.namespace, name.removeprefix(CREDENTIAL_PREFIX))
+        elif name.startswith(GATEWAY_CREDENTIAL_PREFIX):
+            if referenced is None:
+                referenced = {s.credential for s in gateway_servers(snapshot, proxy) if s.tls}
+            namespace, _, secret = name.removeprefix(GATEWAY_CREDENTIAL_PREFIX).partition("/")
+            if name not in referenced:
+                _unreferenced.warning(logs.event("gateway secret not sent: no listener of the proxy references it",
+                                            proxy=proxy.id, secret=f"{namespace}/{secret}"))
+                continue
+            key = (namespace, secret)
+        else:
             continue
-        credential = snapshot.credentials.get((proxy.namespace, name.removeprefix(CREDENTIAL_PREFIX)))
+        credential = snapshot.credentials.get(key)
         if credential is None or not credential.usable:
             _refused.warning(logs.event("gateway secret not found or without tls.crt/tls.key", proxy=proxy.id,
-                                        secret=f"{proxy.namespace}/{name.removeprefix(CREDENTIAL_PREFIX)}"))
+                                        secret=f"{key[0]}/{key[1]}"))
             continue
         result.append(cache.get(types.SECRET, name, credential, lambda: tls_secret(name, credential),
                                 scope=proxy.namespace))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from istiod import logs
 from istiod.model.config import scope
+from istiod.model.config.gateway_conversion import GATEWAY_CREDENTIAL_PREFIX
 from istiod.model.config.networking import Gateway, Server, ServerTLSMode, VirtualService
 from istiod.model.proxy import Proxy
 from istiod.model.snapshot import Snapshot
@@ -66,8 +67,10 @@ class GatewayServer:
 
     @property
     def credential(self) -> str:
+        """The SDS name: `kubernetes://<name>`, or the Gateway API's `kubernetes-gateway://<ns>/<name>` as is."""
         assert self.server.tls is not None
-        return CREDENTIAL_PREFIX + self.server.tls.credential_name
+        name = self.server.tls.credential_name
+        return name if name.startswith(GATEWAY_CREDENTIAL_PREFIX) else CREDENTIAL_PREFIX + name
 
     @property
     def server_names(self) -> list[str]:
@@ -98,7 +101,13 @@ def gateway_servers(snapshot: Snapshot, proxy: Proxy) -> list[GatewayServer]:
     the kind (HTTP or HTTPS) of its first server; a later server of the other kind is left out."""
     result: list[GatewayServer] = []
     kinds: dict[tuple[str, int], bool] = {}
-    for gateway in scope.gateways_for(snapshot.config.gateways, dict(proxy.labels)):
+    labels = dict(proxy.labels)
+    # The Gateway API's Gateways configure proxies of their own namespace only (istiod: the
+    # instances of the Gateway's Service, which lives there).
+    gateways = [*scope.gateways_for(snapshot.config.gateways, labels),
+                *(g for g in scope.gateways_for(snapshot.config.gateway_api.gateways, labels)
+                  if g.meta.namespace == proxy.namespace)]
+    for gateway in gateways:
         for server in gateway.servers:
             served = GatewayServer(gateway, server)
             reason = unsupported(server)
@@ -125,7 +134,7 @@ def bound_hosts(snapshot: Snapshot, proxy: Proxy, served: GatewayServer) -> Iter
     """(host, VirtualService) for each VirtualService bound to the server's Gateway, visible to the
     proxy's namespace, and each of its hosts one of the server's hosts admits (the more specific
     of the two names, as istiod picks)."""
-    for vs in scope.virtual_services_for(snapshot.config.virtual_services, proxy.namespace, served.ref):
+    for vs in scope.virtual_services_for(snapshot.config.all_virtual_services, proxy.namespace, served.ref):
         for host in vs.hosts:
             for namespace, pattern in served.server.hosts:
                 if not _namespace_admits(namespace, served.gateway.meta.namespace, vs.meta.namespace):

@@ -1,0 +1,132 @@
+"""The Gateway API on a real kube-apiserver with the CRDs of sigs.k8s.io/gateway-api v1.6.0:
+istiod creates the GatewayClass `istio` and writes the status Istio writes (GatewayClass Accepted;
+Gateway Accepted and Programmed with its address and each listener's attachedRoutes and
+conditions; each route parent's Accepted and ResolvedRefs with controllerName
+istio.io/gateway-controller). A ReferenceGrant removed flips ResolvedRefs to RefNotPermitted.
+istiod runs as its own ServiceAccount under exactly deploy/rbac/istiod.yaml."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kubernetes_asyncio import client
+
+from e2e.gateway_api_crds import install_gateway_api_crds
+from e2e.harness import Cluster
+from e2e.kube_objects import create_running_pod, ensure_namespace, pod_body
+from e2e.test_rbac import istiod_kubeconfig
+from tests.peers import Istiod, Process
+
+GROUP, VERSION = "gateway.networking.k8s.io", "v1"
+
+
+async def _status(custom: client.CustomObjectsApi, plural: str, namespace: str, name: str) -> dict[str, Any]:
+    if not namespace:
+        body = await custom.get_cluster_custom_object(GROUP, VERSION, plural, name)
+    else:
+        body = await custom.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
+    return body.get("status") or {}
+
+
+def _conditions(conditions: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in conditions}
+
+
+async def _wait(check: Callable[[], Any], what: str, timeout: float = 30) -> Any:
+    last: Any = None
+    for _ in range(int(timeout * 4)):
+        try:
+            last = await check()
+            if last:
+                return last
+        except (KeyError, IndexError, client.exceptions.ApiException):
+            pass
+        await asyncio.sleep(0.25)
+    raise AssertionError(f"{what} within {timeout}s; last: {last}")
+
+
+async def test_status_as_istio_writes_it(cluster: Cluster, kube: client.ApiClient, tmp_path: Path,
+                                        processes: list[Process]) -> None:
+    await install_gateway_api_crds(kube)
+    kubeconfig, _ = await istiod_kubeconfig(cluster, kube, tmp_path / "istiod.kubeconfig")
+    custom, core = client.CustomObjectsApi(kube), client.CoreV1Api(kube)
+    await ensure_namespace(kube, "gw-ingress")
+    await ensure_namespace(kube, "gw-shop")
+    await core.create_namespaced_service("gw-shop", {"metadata": {"name": "echo"}, "spec": {
+        "selector": {"app": "echo"}, "ports": [{"name": "http", "port": 8080}]}})
+    await core.create_namespaced_service("gw-ingress", {"metadata": {"name": "web-istio"}, "spec": {
+        "selector": {"gateway.networking.k8s.io/gateway-name": "web"}, "ports": [{"name": "http", "port": 80}]}})
+    await custom.create_namespaced_custom_object(GROUP, VERSION, "gw-ingress", "gateways", {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "Gateway", "metadata": {"name": "web"},
+        "spec": {"gatewayClassName": "istio", "listeners": [
+            {"name": "http", "port": 80, "protocol": "HTTP", "allowedRoutes": {"namespaces": {"from": "All"}}},
+            {"name": "clash", "port": 80, "protocol": "HTTPS", "tls": {"certificateRefs": [{"name": "nope"}]}}]}})
+    await custom.create_namespaced_custom_object(GROUP, VERSION, "gw-ingress", "httproutes", {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "HTTPRoute", "metadata": {"name": "shop"},
+        "spec": {"parentRefs": [{"name": "web", "sectionName": "http"}], "hostnames": ["web.example.com"],
+                 "rules": [{"backendRefs": [{"name": "echo", "namespace": "gw-shop", "port": 8080}]}]}})
+    await custom.create_namespaced_custom_object(GROUP, "v1beta1", "gw-shop", "referencegrants", {
+        "apiVersion": f"{GROUP}/v1beta1", "kind": "ReferenceGrant", "metadata": {"name": "from-ingress"},
+        "spec": {"from": [{"group": GROUP, "kind": "HTTPRoute", "namespace": "gw-ingress"}],
+                 "to": [{"group": "", "kind": "Service"}]}})
+    istiod = Istiod(tmp_path, "--kubeconfig", str(kubeconfig), ready_timeout=60)
+    processes.append(istiod)
+
+    async def gateway_not_programmed() -> dict[str, Any] | None:  # no deployment yet: no endpoints
+        status = await _status(custom, "gateways", "gw-ingress", "web")
+        return status if _conditions(status["conditions"])["Programmed"] == ("False", "AddressNotAssigned") else None
+
+    print("Gateway web without its pods:", (await _wait(gateway_not_programmed, "Programmed False"))["conditions"])
+    await create_running_pod(kube, "gw-ingress", pod_body("web-1", "web", 80, labels={
+        "gateway.networking.k8s.io/gateway-name": "web"}), "10.244.0.80")
+
+    async def class_accepted() -> dict[str, Any] | None:  # the CRD's default is Unknown/Pending
+        status = await _status(custom, "gatewayclasses", "", "istio")
+        return status if _conditions(status["conditions"])["Accepted"] == ("True", "Accepted") else None
+
+    cls = await _wait(class_accepted, "the GatewayClass istio created and Accepted")
+    print("GatewayClass istio:", cls)
+
+    async def gateway_programmed() -> dict[str, Any] | None:
+        status = await _status(custom, "gateways", "gw-ingress", "web")
+        programmed = _conditions(status["conditions"])["Programmed"] == ("True", "Programmed")
+        return status if programmed and status["listeners"][0]["attachedRoutes"] == 1 else None
+
+    gateway = await _wait(gateway_programmed, "the Gateway's status with the route attached")
+    print("Gateway web:", gateway)
+    conditions = _conditions(gateway["conditions"])
+    assert conditions["Accepted"] == ("True", "ListenersNotValid") and conditions["Programmed"] == ("True", "Programmed")
+    service = await core.read_namespaced_service("web-istio", "gw-ingress")
+    assert gateway["addresses"] == [{"type": "IPAddress", "value": service.spec.cluster_ip}]
+    http, clash = gateway["listeners"]
+    assert _conditions(http["conditions"]) == {"Accepted": ("True", "Accepted"), "Programmed": ("True", "Programmed"),
+                                                "Conflicted": ("False", "NoConflicts"),
+                                                "ResolvedRefs": ("True", "ResolvedRefs")}
+    assert _conditions(clash["conditions"]) == {"Accepted": ("False", "ProtocolConflict"),
+                                                 "Programmed": ("False", "ProtocolConflict"),
+                                                 "Conflicted": ("True", "ProtocolConflict")}
+
+    route = await _wait(lambda: _status(custom, "httproutes", "gw-ingress", "shop"), "the route's status")
+    print("HTTPRoute shop:", route)
+    parent = route["parents"][0]
+    assert parent["controllerName"] == "istio.io/gateway-controller"
+    assert parent["parentRef"] == {"group": GROUP, "kind": "Gateway", "name": "web", "sectionName": "http"}
+    assert _conditions(parent["conditions"]) == {"Accepted": ("True", "Accepted"),
+                                                 "ResolvedRefs": ("True", "ResolvedRefs")}
+
+    await custom.delete_namespaced_custom_object(GROUP, "v1beta1", "gw-shop", "referencegrants", "from-ingress")
+
+    async def refused() -> dict[str, Any] | None:
+        status = await _status(custom, "httproutes", "gw-ingress", "shop")
+        resolved = _conditions(status["parents"][0]["conditions"])["ResolvedRefs"]
+        return status if resolved == ("False", "RefNotPermitted") else None
+
+    flipped = await _wait(refused, "ResolvedRefs False (RefNotPermitted) once the ReferenceGrant is gone")
+    print("after the ReferenceGrant is removed:", flipped["parents"][0]["conditions"])
+    assert "Forbidden" not in istiod.text()
+    # Other tests share the cluster (and read every Gateway): leave none behind.
+    await custom.delete_namespaced_custom_object(GROUP, VERSION, "gw-ingress", "httproutes", "shop")
+    await custom.delete_namespaced_custom_object(GROUP, VERSION, "gw-ingress", "gateways", "web")

@@ -1,0 +1,185 @@
+"""gateway.networking.k8s.io values: GatewayClass, Gateway (KubernetesGateway, as istiod names it to
+tell it from Istio's Gateway), HTTPRoute and GRPCRoute (one model: gRPC methods are paths),
+ReferenceGrant, and the route kinds read but not yet translated (TCPRoute, TLSRoute). Validated on the way in (istiod/sources/gateway_api.py);
+istiod/model/config/gateway_conversion.py turns them into Istio's Gateway and VirtualService.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from istiod.model.config.common import Duration, Labels, Meta, StringMatch
+from istiod.model.config.networking import Gateway, HeaderOperations, VirtualService
+
+GROUP = "gateway.networking.k8s.io"
+VERSIONS = ("v1", "v1beta1", "v1alpha2")  # every kind is read at v1, which v1.6.0 serves for all
+# The store's kind names: istiod's, so Istio's Gateway keeps "Gateway".
+KIND_NAMES = {"Gateway": "KubernetesGateway"}
+UNTRANSLATED_ROUTE_KINDS = ("TCPRoute", "TLSRoute")
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayClass:
+    meta: Meta  # cluster-scoped: no namespace
+    controller_name: str
+    generation: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectRef:
+    """A reference to another object: a listener's certificateRef, a route's backendRef (with port
+    and weight), a ReferenceGrant's `to` (no namespace)."""
+
+    group: str
+    kind: str
+    name: str
+    namespace: str = ""  # "": the referring object's
+    port: int = 0
+    weight: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ParentRef:
+    name: str
+    namespace: str = ""  # "": the route's
+    group: str = GROUP
+    kind: str = "Gateway"
+    section_name: str = ""
+    port: int = 0
+
+    def as_dict(self) -> dict[str, object]:
+        """As written back in a route's status.parents[].parentRef (defaults spelled out, as Istio)."""
+        ref: dict[str, object] = {"group": self.group, "kind": self.kind, "name": self.name}
+        if self.namespace:
+            ref["namespace"] = self.namespace
+        if self.section_name:
+            ref["sectionName"] = self.section_name
+        if self.port:
+            ref["port"] = self.port
+        return ref
+
+
+@dataclass(frozen=True, slots=True)
+class Listener:
+    name: str
+    port: int
+    protocol: str  # HTTP, HTTPS, TLS, TCP, UDP, or a domain-prefixed custom protocol
+    hostname: str = ""  # "": every host
+    tls_mode: str = ""  # Terminate or Passthrough, with tls set
+    certificate_refs: tuple[ObjectRef, ...] = ()
+    tls_options: tuple[str, ...] = ()  # keys of tls.options, which are not implemented
+    from_namespaces: str = "Same"  # Same, All or Selector
+    namespace_selector: Labels = ()
+    selector_expressions: bool = False  # matchExpressions, which are not implemented
+    kinds: tuple[tuple[str, str], ...] = ()  # (group, kind); empty: those of the protocol
+
+
+@dataclass(frozen=True, slots=True)
+class KubernetesGateway:
+    meta: Meta
+    class_name: str
+    listeners: tuple[Listener, ...]
+    addresses: tuple[tuple[str, str], ...] = ()  # (type, value): not implemented, refused in status
+    generation: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PathModifier:
+    type: str  # ReplaceFullPath or ReplacePrefixMatch
+    value: str
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRedirect:
+    scheme: str = ""
+    hostname: str = ""
+    path: PathModifier | None = None
+    port: int = 0
+    status_code: int = 302
+
+
+@dataclass(frozen=True, slots=True)
+class URLRewrite:
+    hostname: str = ""
+    path: PathModifier | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RouteFilter:
+    """One of a rule's filters: `type` names which of the other fields is set. Types we do not
+    translate keep only their type, so status can name them."""
+
+    type: str
+    request_headers: HeaderOperations | None = None
+    response_headers: HeaderOperations | None = None
+    redirect: RequestRedirect | None = None
+    rewrite: URLRewrite | None = None
+    mirror: ObjectRef | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RouteMatch:
+    path: StringMatch | None = None
+    headers: tuple[tuple[str, StringMatch], ...] = ()
+    query_params: tuple[tuple[str, StringMatch], ...] = ()
+    method: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRule:
+    matches: tuple[RouteMatch, ...] = ()  # empty: prefix `/`
+    filters: tuple[RouteFilter, ...] = ()
+    backend_refs: tuple[ObjectRef, ...] = ()
+    request_timeout: Duration | None = None
+    backend_timeout: Duration | None = None
+    # (reason, message) of what makes the rule untranslatable (an RE2 pattern Envoy would refuse, a
+    # filter or field not implemented): it answers 500 and the route's status says why.
+    errors: tuple[tuple[str, str], ...] = ()
+    unmatchable: bool = False  # a match Envoy would refuse: the rule is left out entirely
+
+
+@dataclass(frozen=True, slots=True)
+class KubernetesHTTPRoute:
+    meta: Meta
+    parent_refs: tuple[ParentRef, ...]
+    hostnames: tuple[str, ...] = ()
+    rules: tuple[RouteRule, ...] = ()
+    created: str = ""  # metadata.creationTimestamp: the older route wins ties, as the spec orders
+    generation: int = 0
+    kind: str = "HTTPRoute"  # or GRPCRoute
+
+
+@dataclass(frozen=True, slots=True)
+class UntranslatedRoute:
+    """A TCPRoute or TLSRoute: stored, and refused in its status naming the kind."""
+
+    meta: Meta
+    kind: str
+    parent_refs: tuple[ParentRef, ...]
+    generation: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReferenceGrant:
+    meta: Meta
+    from_: tuple[tuple[str, str, str], ...]  # (group, kind, namespace)
+    to: tuple[ObjectRef, ...]  # group, kind and optional name
+
+    def permits(self, group: str, kind: str, namespace: str, to_group: str, to_kind: str, to_name: str) -> bool:
+        return ((group, kind, namespace) in self.from_
+                and any(t.group == to_group and t.kind == to_kind and t.name in ("", to_name) for t in self.to))
+
+
+StatusKey = tuple[str, str, str]  # (store kind, namespace, name)
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayApiConfig:
+    """The Istio config the Gateway API objects make, and the status each object should have."""
+
+    gateways: tuple[Gateway, ...] = ()
+    virtual_services: tuple[VirtualService, ...] = ()
+    statuses: Mapping[StatusKey, dict[str, Any]] = field(default_factory=dict)
+    missing_class: bool = False  # no GatewayClass `istio`: istiod creates it

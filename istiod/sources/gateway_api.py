@@ -1,0 +1,358 @@
+"""gateway.networking.k8s.io objects -> typed values (istiod/model/config/gateway_api.py).
+
+What the API server's schema would refuse (wrong types, unknown enum values, a missing name) is a
+ConversionError naming the field, and the object keeps its last good state. What is valid API but
+not translated here (a filter type, an RE2 pattern Envoy refuses, rule fields such as retry) is
+kept on the rule as an error: that rule answers 500 (one whose match Envoy would refuse is left out) and the route's status names the field, so the
+rest of the route and the Gateway keep working.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from typing import Any
+
+from istiod.model.config.common import MatchKind, StringMatch, compile_regex
+from istiod.model.config.gateway_api import (
+    GROUP, KIND_NAMES, UNTRANSLATED_ROUTE_KINDS, VERSIONS, GatewayClass, KubernetesGateway, KubernetesHTTPRoute,
+    Listener, ObjectRef, ParentRef, PathModifier, ReferenceGrant, RequestRedirect, RouteFilter, RouteMatch, RouteRule,
+    UntranslatedRoute, URLRewrite,
+)
+from istiod.model.config.networking import HeaderOperations
+from istiod.sources.fields import ConversionError, ObjectKey, _Fields
+from istiod.sources.istio.common import fields, items, meta, str_list
+
+# The Gateway API's Duration: Go's grammar restricted to h, m, s and ms, at most four parts.
+_DURATION = re.compile(r"^([0-9]{1,5}(h|m|s|ms)){1,4}$")
+_DURATION_PART = re.compile(r"([0-9]{1,5})(h|m|s|ms)")
+_UNITS = {"h": timedelta(hours=1), "m": timedelta(minutes=1), "s": timedelta(seconds=1), "ms": timedelta(milliseconds=1)}
+_REDIRECT_CODES = (301, 302, 303, 307, 308)
+_RULE_FIELDS_NOT_IMPLEMENTED = ("retry", "sessionPersistence")
+
+
+def kind_name(kind: str, api_version: object) -> str:
+    """The store's kind for an object: Istio's KubernetesGateway for this group's Gateway."""
+    if isinstance(api_version, str) and api_version.rpartition("/")[0] == GROUP:
+        return KIND_NAMES.get(kind, kind)
+    return kind
+
+
+def _check_version(key: ObjectKey, body: Mapping[str, Any]) -> None:
+    api_version = body.get("apiVersion")
+    if api_version is None:  # informers' list items may lack it; the informer knows the kind
+        return
+    group, _, version = str(api_version).rpartition("/")
+    if group != GROUP or version not in VERSIONS:
+        raise ConversionError(f"{key}: apiVersion {api_version!r}: {GROUP} serves {', '.join(VERSIONS)}")
+
+
+def _generation(f: _Fields) -> int:
+    return int(f.get("metadata.generation", int, 0))
+
+
+def _spec(f: _Fields) -> _Fields:
+    spec = fields(f, "spec")
+    if spec is None:
+        raise f.fail("spec is required")
+    return spec
+
+
+def _required(f: _Fields, path: str) -> str:
+    value = f.get(path, str, "")
+    if not value:
+        raise f.fail(f"{path} is required")
+    return str(value)
+
+
+def duration(f: _Fields, path: str) -> timedelta | None:
+    text = f.get(path, str, None)
+    if text is None:
+        return None
+    if not _DURATION.match(text):
+        raise f.fail(f"{path}: {text!r} is not a Gateway API duration (e.g. 10s, 1m30s, 500ms)")
+    return sum((int(n) * _UNITS[u] for n, u in _DURATION_PART.findall(text)), timedelta())
+
+
+def gateway_class(key: ObjectKey, f: _Fields, domain: str) -> GatewayClass:
+    spec = _spec(f)
+    return GatewayClass(meta(key), _required(spec, "controllerName"), _generation(f))
+
+
+def _object_ref(f: _Fields, default_group: str, default_kind: str, backend: bool = False) -> ObjectRef:
+    port = f.get("port", int, 0)
+    if port and not 0 < port < 65536:
+        raise f.fail(f"port {port} is not in 1-65535")
+    weight = f.get("weight", int, 1)
+    if not 0 <= weight <= 1000000:
+        raise f.fail(f"weight {weight} is not in 0-1000000")
+    return ObjectRef(f.get("group", str, default_group), f.get("kind", str, default_kind), _required(f, "name"),
+                     f.get("namespace", str, ""), port if backend else 0, weight if backend else 1)
+
+
+def _listener(f: _Fields) -> Listener:
+    # Any protocol the schema allows (HBONE for waypoints, domain-prefixed ones): a class of ours
+    # reports those it does not serve as UnsupportedProtocol.
+    protocol = _required(f, "protocol")
+    port = f.get("port", int, 0)
+    if not 0 < port < 65536:
+        raise f.fail(f"port {port!r} is not in 1-65535")
+    tls = fields(f, "tls")
+    mode = ""
+    certificates: tuple[ObjectRef, ...] = ()
+    options: tuple[str, ...] = ()
+    if tls is not None:
+        mode = tls.get("mode", str, "Terminate")
+        if mode not in ("Terminate", "Passthrough"):
+            raise tls.fail(f"mode {mode!r} is not Terminate or Passthrough")
+        certificates = tuple(_object_ref(ref, "", "Secret") for ref in items(tls, "certificateRefs"))
+        options = tuple(sorted(tls.get("options", dict, {})))
+    allowed = fields(f, "allowedRoutes")
+    from_namespaces, expressions = "Same", False
+    selector: tuple[tuple[str, str], ...] = ()
+    kinds: tuple[tuple[str, str], ...] = ()
+    if allowed is not None:
+        from_namespaces = allowed.get("namespaces.from", str, "Same")
+        if from_namespaces not in ("Same", "All", "Selector"):
+            raise allowed.fail(f"namespaces.from {from_namespaces!r} is not Same, All or Selector")
+        selector = allowed.str_map("namespaces.selector.matchLabels")
+        expressions = bool(allowed.get("namespaces.selector.matchExpressions", list, []))
+        if from_namespaces == "Selector" and allowed.get("namespaces.selector", dict, None) is None:
+            raise allowed.fail("namespaces.selector is required with from: Selector")
+        kinds = tuple((k.get("group", str, GROUP), _required(k, "kind")) for k in items(allowed, "kinds"))
+    return Listener(_required(f, "name"), port, protocol, f.get("hostname", str, ""), mode, certificates, options,
+                    from_namespaces, selector, expressions, kinds)
+
+
+def gateway(key: ObjectKey, f: _Fields, domain: str) -> KubernetesGateway:
+    spec = _spec(f)
+    listeners = tuple(_listener(listener) for listener in items(spec, "listeners"))
+    if not listeners:
+        raise spec.fail("listeners: at least one listener is required")
+    names = [listener.name for listener in listeners]
+    if len(set(names)) != len(names):
+        raise spec.fail("listeners: names must be unique")
+    addresses = tuple((a.get("type", str, "IPAddress"), _required(a, "value")) for a in items(spec, "addresses"))
+    # spec.infrastructure (labels and annotations for generated resources) has nothing to apply to
+    # until Gateways are deployed automatically; it is read and left alone, as documented.
+    return KubernetesGateway(meta(key), _required(spec, "gatewayClassName"), listeners, addresses, _generation(f))
+
+
+def _parent_refs(spec: _Fields) -> tuple[ParentRef, ...]:
+    refs = []
+    for ref in items(spec, "parentRefs"):
+        port = ref.get("port", int, 0)
+        refs.append(ParentRef(_required(ref, "name"), ref.get("namespace", str, ""), ref.get("group", str, GROUP),
+                              ref.get("kind", str, "Gateway"), ref.get("sectionName", str, ""), port))
+    return tuple(refs)
+
+
+def _match_value(f: _Fields, path: str, kinds: Mapping[str, MatchKind], default: str,
+                 errors: list[tuple[str, str]]) -> StringMatch:
+    kind_name_ = f.get("type", str, default)
+    kind = kinds.get(kind_name_)
+    if kind is None:
+        raise f.fail(f"type {kind_name_!r} is not one of {', '.join(kinds)}")
+    value = f.get("value", str, "/" if path == "path" else None)
+    if value is None:
+        raise f.fail("value is required")
+    if kind is MatchKind.REGEX:
+        try:
+            compile_regex(value)
+        except Exception as error:  # re2.error and its pybind11 relatives
+            detail = error.args[0] if error.args else error
+            detail = detail.decode(errors="replace") if isinstance(detail, bytes) else detail
+            errors.append(("UnsupportedValue", f"{f.key}: {value!r} is not a valid RE2 regex: {detail}"))
+    elif path == "path" and not value.startswith("/"):
+        raise f.fail(f"value {value!r} must be an absolute path (start with /)")
+    return StringMatch(kind, value)
+
+
+_PATH_KINDS = {"PathPrefix": MatchKind.PREFIX, "Exact": MatchKind.EXACT, "RegularExpression": MatchKind.REGEX}
+_VALUE_KINDS = {"Exact": MatchKind.EXACT, "RegularExpression": MatchKind.REGEX}
+
+
+def _named_matches(f: _Fields, path: str, errors: list[tuple[str, str]]) -> tuple[tuple[str, StringMatch], ...]:
+    result: dict[str, StringMatch] = {}
+    for item in items(f, path):
+        name = _required(item, "name")
+        # The spec: of two matches with one name, the first counts (header names ignore case).
+        result.setdefault(name.lower() if path == "headers" else name, _match_value(item, "value", _VALUE_KINDS,
+                                                                                    "Exact", errors))
+    return tuple(result.items())
+
+
+def _match(f: _Fields, errors: list[tuple[str, str]]) -> RouteMatch:
+    path = fields(f, "path")
+    return RouteMatch(
+        path=_match_value(path, "path", _PATH_KINDS, "PathPrefix", errors) if path is not None else None,
+        headers=_named_matches(f, "headers", errors),
+        query_params=_named_matches(f, "queryParams", errors),
+        method=f.get("method", str, ""),
+    )
+
+
+def _header_operations(f: _Fields) -> HeaderOperations:
+    def pairs(path: str) -> tuple[tuple[str, str], ...]:
+        return tuple((_required(h, "name"), h.get("value", str, "")) for h in items(f, path))
+    return HeaderOperations(set=pairs("set"), add=pairs("add"), remove=str_list(f, "remove"))
+
+
+def _path_modifier(f: _Fields | None) -> PathModifier | None:
+    if f is None:
+        return None
+    kind = _required(f, "type")
+    if kind == "ReplaceFullPath":
+        return PathModifier(kind, f.get("replaceFullPath", str, "/"))
+    if kind == "ReplacePrefixMatch":
+        return PathModifier(kind, f.get("replacePrefixMatch", str, "/"))
+    raise f.fail(f"type {kind!r} is not ReplaceFullPath or ReplacePrefixMatch")
+
+
+def _filter(f: _Fields, errors: list[tuple[str, str]]) -> RouteFilter:
+    kind = _required(f, "type")
+    if kind == "RequestHeaderModifier":
+        return RouteFilter(kind, request_headers=_header_operations(fields(f, "requestHeaderModifier") or f))
+    if kind == "ResponseHeaderModifier":
+        return RouteFilter(kind, response_headers=_header_operations(fields(f, "responseHeaderModifier") or f))
+    if kind == "RequestRedirect":
+        sub = fields(f, "requestRedirect") or _Fields(f.key, {})
+        code = sub.get("statusCode", int, 302)
+        if code not in _REDIRECT_CODES:
+            raise sub.fail(f"statusCode {code} is not one of {_REDIRECT_CODES}")
+        path = _path_modifier(fields(sub, "path"))
+        if path is not None and path.type == "ReplacePrefixMatch":
+            errors.append(("InvalidFilter", f"{sub.key}.path: ReplacePrefixMatch in a redirect is not implemented "
+                                            "by this istiod (ReplaceFullPath is)"))
+        return RouteFilter(kind, redirect=RequestRedirect(sub.get("scheme", str, ""), sub.get("hostname", str, ""),
+                                                          path, sub.get("port", int, 0), code))
+    if kind == "URLRewrite":
+        sub = fields(f, "urlRewrite") or _Fields(f.key, {})
+        return RouteFilter(kind, rewrite=URLRewrite(sub.get("hostname", str, ""), _path_modifier(fields(sub, "path"))))
+    if kind == "RequestMirror":
+        mirror = fields(f, "requestMirror")
+        mirrored = fields(mirror, "backendRef") if mirror is not None else None
+        if mirrored is None:
+            raise f.fail("requestMirror.backendRef is required with type RequestMirror")
+        return RouteFilter(kind, mirror=_object_ref(mirrored, "", "Service", backend=True))
+    errors.append(("InvalidFilter", f"{f.key}: filter type {kind!r} is not implemented by this istiod"))
+    return RouteFilter(kind)
+
+
+def _rule(f: _Fields) -> RouteRule:
+    errors: list[tuple[str, str]] = []
+    matches = tuple(_match(m, errors) for m in items(f, "matches"))
+    unmatchable = bool(errors)  # only a match's pattern is an error this early
+    filters = tuple(_filter(x, errors) for x in items(f, "filters"))
+    backends = []
+    for ref in items(f, "backendRefs"):
+        backends.append(_object_ref(ref, "", "Service", backend=True))
+        if ref.get("filters", list, []):
+            errors.append(("InvalidFilter", f"{ref.key}.filters: per-backend filters are not implemented by this istiod"))
+    for name in _RULE_FIELDS_NOT_IMPLEMENTED:
+        if f.body.get(name) is not None:
+            errors.append(("UnsupportedValue", f"{f.key}.{name}: not implemented by this istiod"))
+    timeouts = fields(f, "timeouts")
+    return RouteRule(matches, filters, tuple(backends),
+                     duration(timeouts, "request") if timeouts else None,
+                     duration(timeouts, "backendRequest") if timeouts else None, tuple(errors), unmatchable)
+
+
+def http_route(key: ObjectKey, f: _Fields, domain: str) -> KubernetesHTTPRoute:
+    spec = _spec(f)
+    return KubernetesHTTPRoute(meta(key), _parent_refs(spec), str_list(spec, "hostnames"),
+                               tuple(_rule(rule) for rule in items(spec, "rules")),
+                               f.get("metadata.creationTimestamp", str, ""), _generation(f))
+
+
+def _grpc_method(f: _Fields, errors: list[tuple[str, str]]) -> StringMatch | None:
+    """A gRPC method match as the path `/<service>/<method>`, as istiod's createGRPCURIMatch."""
+    method = fields(f, "method")
+    if method is None:
+        return None
+    kind = method.get("type", str, "Exact")
+    service, name = method.get("service", str, ""), method.get("method", str, "")
+    if not service and not name:
+        raise method.fail("service or method is required")
+    if kind == "Exact":
+        if not name:
+            return StringMatch(MatchKind.PREFIX, f"/{service}/")
+        if not service:
+            return StringMatch(MatchKind.REGEX, f"/[^/]+/{name}")
+        return StringMatch(MatchKind.EXACT, f"/{service}/{name}")
+    if kind != "RegularExpression":
+        raise method.fail(f"type {kind!r} is not Exact or RegularExpression")
+    pattern = f"/{service or '[^/]+'}/{name or '.+'}"
+    try:
+        compile_regex(pattern)
+    except Exception as error:  # re2.error and its pybind11 relatives
+        detail = error.args[0] if error.args else error
+        detail = detail.decode(errors="replace") if isinstance(detail, bytes) else detail
+        errors.append(("UnsupportedValue", f"{method.key}: {pattern!r} is not a valid RE2 regex: {detail}"))
+    return StringMatch(MatchKind.REGEX, pattern)
+
+
+def _grpc_rule(f: _Fields) -> RouteRule:
+    errors: list[tuple[str, str]] = []
+    matches = tuple(RouteMatch(path=_grpc_method(m, errors), headers=_named_matches(m, "headers", errors))
+                    for m in items(f, "matches"))
+    unmatchable = bool(errors)
+    filters = []
+    for x in items(f, "filters"):
+        kind = _required(x, "type")
+        if kind in ("RequestHeaderModifier", "ResponseHeaderModifier", "RequestMirror"):
+            filters.append(_filter(x, errors))
+        else:
+            errors.append(("InvalidFilter", f"{x.key}: filter type {kind!r} is not implemented by this istiod"))
+    backends = []
+    for ref in items(f, "backendRefs"):
+        backends.append(_object_ref(ref, "", "Service", backend=True))
+        if ref.get("filters", list, []):
+            errors.append(("InvalidFilter", f"{ref.key}.filters: per-backend filters are not implemented by this istiod"))
+    if f.body.get("sessionPersistence") is not None:
+        errors.append(("UnsupportedValue", f"{f.key}.sessionPersistence: not implemented by this istiod"))
+    return RouteRule(matches, tuple(filters), tuple(backends), errors=tuple(errors), unmatchable=unmatchable)
+
+
+def grpc_route(key: ObjectKey, f: _Fields, domain: str) -> KubernetesHTTPRoute:
+    """A GRPCRoute as the HTTP route it is on the wire (gRPC methods are paths), as istiod converts it."""
+    spec = _spec(f)
+    return KubernetesHTTPRoute(meta(key), _parent_refs(spec), str_list(spec, "hostnames"),
+                               tuple(_grpc_rule(rule) for rule in items(spec, "rules")),
+                               f.get("metadata.creationTimestamp", str, ""), _generation(f), kind="GRPCRoute")
+
+
+def untranslated_route(key: ObjectKey, f: _Fields, domain: str) -> UntranslatedRoute:
+    return UntranslatedRoute(meta(key), key.kind, _parent_refs(_spec(f)), _generation(f))
+
+
+def reference_grant(key: ObjectKey, f: _Fields, domain: str) -> ReferenceGrant:
+    spec = _spec(f)
+    from_ = tuple((x.get("group", str, ""), _required(x, "kind"), _required(x, "namespace"))
+                  for x in items(spec, "from"))
+    to = tuple(ObjectRef(t.get("group", str, ""), _required(t, "kind"), t.get("name", str, ""))
+               for t in items(spec, "to"))
+    return ReferenceGrant(meta(key), from_, to)
+
+
+CONVERTERS: dict[str, Callable[[ObjectKey, _Fields, str], Any]] = {
+    "GatewayClass": gateway_class,
+    "KubernetesGateway": gateway,
+    "HTTPRoute": http_route,
+    "GRPCRoute": grpc_route,
+    "ReferenceGrant": reference_grant,
+    **{kind: untranslated_route for kind in UNTRANSLATED_ROUTE_KINDS},
+}
+CLUSTER_SCOPED = frozenset({"GatewayClass"})
+# Kind -> plural, for informers, RBAC and the status writer.
+PLURALS = {"GatewayClass": "gatewayclasses", "KubernetesGateway": "gateways", "HTTPRoute": "httproutes",
+           "GRPCRoute": "grpcroutes", "TCPRoute": "tcproutes", "TLSRoute": "tlsroutes",
+           "ReferenceGrant": "referencegrants"}
+
+
+def gateway_api_converter(key: ObjectKey, body: Mapping[str, Any]) -> Callable[[ObjectKey, _Fields, str], Any] | None:
+    converter = CONVERTERS.get(key.kind)
+    if converter is not None:
+        _check_version(key, body)
+    return converter

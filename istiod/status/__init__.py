@@ -1,0 +1,1 @@
+"""What istiod writes back to the cluster as status (leader-elected)."""

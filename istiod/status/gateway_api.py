@@ -1,0 +1,133 @@
+"""Writes the Gateway API status the conversion computed (GatewayClass, Gateway, routes), and creates
+the GatewayClass `istio` when it is missing, as istiod does. Leader-elected: only one replica writes.
+
+Each pass compares the snapshot's wanted status with the status the informers last saw and patches
+only what differs; a condition unchanged in status keeps its lastTransitionTime. Of a route's
+parents, only those of our controllerName are ours to replace. A failed write is logged and tried
+again on the next pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from istiod import logs
+from istiod.model.config.gateway_api import GROUP, GatewayApiConfig
+from istiod.model.config.gateway_conversion import CLASS, CLASS_DESCRIPTION, CONTROLLER
+from istiod.sources.convert import ObjectKey
+from istiod.sources.gateway_api import PLURALS
+from istiod.sources.kube import API_ERRORS, describe_error
+from istiod.sources.store import Store
+
+log = logging.getLogger(__name__)
+MERGE_PATCH = "application/merge-patch+json"
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _with_times(wanted: list[dict[str, Any]], current: list[Any], now: str) -> list[dict[str, Any]]:
+    """Conditions with lastTransitionTime: the current one's while its status is unchanged."""
+    before = {c.get("type"): c for c in current if isinstance(c, dict)}
+    result = []
+    for condition in wanted:
+        old = before.get(condition["type"])
+        kept = old.get("lastTransitionTime") if old is not None and old.get("status") == condition["status"] else None
+        result.append({**condition, "lastTransitionTime": kept or now})
+    return result
+
+
+def merged_status(kind: str, wanted: Mapping[str, Any], current: Mapping[str, Any], now: str) -> dict[str, Any]:
+    """The status to write: `wanted` with the current transition times, and for a route the parents
+    of other controllers kept."""
+    if "parents" in wanted:
+        ours = []
+        current_parents = [p for p in current.get("parents") or [] if isinstance(p, dict)]
+        for parent in wanted["parents"]:
+            old = next((p for p in current_parents if p.get("controllerName") == CONTROLLER
+                        and p.get("parentRef") == parent["parentRef"]), {})
+            ours.append({**parent, "conditions": _with_times(parent["conditions"], old.get("conditions") or [], now)})
+        others = [p for p in current_parents if p.get("controllerName") != CONTROLLER]
+        return {**current, "parents": others + ours}
+    status = {**current, **wanted, "conditions": _with_times(wanted["conditions"], current.get("conditions") or [], now)}
+    if "listeners" in wanted:
+        old_listeners = {x.get("name"): x for x in current.get("listeners") or [] if isinstance(x, dict)}
+        status["listeners"] = [{**x, "conditions": _with_times(x["conditions"], (old_listeners.get(x["name"]) or {})
+                                                               .get("conditions") or [], now)}
+                               for x in wanted["listeners"]]
+    return status
+
+
+class GatewayStatusWriter:
+    def __init__(self, api: client.ApiClient, store: Store, config: Callable[[], GatewayApiConfig],
+                 interval: float = 1.0) -> None:
+        self.custom = client.CustomObjectsApi(api)
+        self.store = store
+        self.config = config
+        self.interval = interval
+        self._class_created = False
+
+    async def run(self) -> None:
+        while True:
+            await self.write(self.config())
+            await asyncio.sleep(self.interval)
+
+    async def write(self, converted: GatewayApiConfig) -> None:
+        if converted.missing_class and not self._class_created:
+            await self._create_class()
+        now = _now()
+        for (kind, namespace, name), wanted in converted.statuses.items():
+            stored = self.store.get(ObjectKey(kind, namespace, name))
+            if stored is None:
+                continue
+            current = stored.raw.get("status") or {}
+            status = merged_status(kind, wanted, current, now)
+            if _without_times(status) == _without_times(current):
+                continue
+            try:
+                await self._patch(kind, namespace, name, status)
+                log.info(logs.event("gateway api status written", kind=kind, object=f"{namespace}/{name}"))
+            except API_ERRORS as error:
+                log.warning(logs.event("gateway api status not written", kind=kind, object=f"{namespace}/{name}",
+                                       error=describe_error(error)))
+
+    async def _patch(self, kind: str, namespace: str, name: str, status: dict[str, Any]) -> None:
+        body = {"status": status}
+        merge: dict[str, Any] = {"_content_type": MERGE_PATCH}  # a JSON patch is the client's default
+        if kind == "GatewayClass":
+            await self.custom.patch_cluster_custom_object_status(GROUP, "v1", PLURALS[kind], name, body, **merge)
+        else:
+            await self.custom.patch_namespaced_custom_object_status(GROUP, "v1", namespace, PLURALS[kind], name, body,
+                                                                    **merge)
+
+    async def _create_class(self) -> None:
+        body = {"apiVersion": f"{GROUP}/v1", "kind": "GatewayClass", "metadata": {"name": CLASS},
+                "spec": {"controllerName": CONTROLLER, "description": CLASS_DESCRIPTION}}
+        try:
+            await self.custom.create_cluster_custom_object(GROUP, "v1", "gatewayclasses", body)
+            log.info(logs.event("gatewayclass created", gatewayclass=CLASS, controller=CONTROLLER))
+            self._class_created = True
+        except ApiException as error:
+            if error.status == 409:
+                self._class_created = True
+            else:
+                log.warning(logs.event("gatewayclass not created", gatewayclass=CLASS, error=describe_error(error)))
+        except API_ERRORS as error:
+            log.warning(logs.event("gatewayclass not created", gatewayclass=CLASS, error=describe_error(error)))
+
+
+def _without_times(status: Mapping[str, Any]) -> Any:
+    """A status compared without lastTransitionTime (which only a change of status moves)."""
+    if isinstance(status, Mapping):
+        return {k: _without_times(v) for k, v in status.items() if k != "lastTransitionTime"}
+    if isinstance(status, list):
+        return [_without_times(v) for v in status]
+    return status

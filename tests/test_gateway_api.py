@@ -1,0 +1,311 @@
+"""The Gateway API without a cluster: objects validated on the way in (errors naming the field),
+converted to Istio's Gateways and VirtualServices, the status of each object (Istio's conditions
+and reasons), and credentials sent only where a listener references them. Real traffic:
+tests/test_gateway_api_traffic.py; a real API server: e2e/test_gateway_api.py."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+import pytest
+import yaml
+from envoy.config.route.v3 import route_pb2
+from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
+
+from istiod.model.builder import build_snapshot
+from istiod.model.config.gateway_api import GatewayApiConfig
+from istiod.model.proxy import Proxy, proxy_from_node
+from istiod.model.snapshot import Snapshot
+from istiod.sources.convert import ConversionError, convert
+from istiod.sources.fields import ObjectKey
+from istiod.sources.store import Store
+from istiod.status.gateway_api import merged_status
+from istiod.xds import types
+from istiod.xds.cache import ResourceCache
+from istiod.xds.gen import ROUTER
+from tests.conftest import render
+from tests.test_gateway_gen import server_credential, tls_secret
+
+GROUP = "gateway.networking.k8s.io"
+NODE = "router~10.0.0.9~web-1.istio-ingress~istio-ingress.svc.cluster.local"
+CERT = server_credential("secure.example.com")
+
+
+def _documents() -> list[dict[str, Any]]:
+    text = render("gateway-api-mesh.yaml", http_port=8080, https_port=8443, other_port=9443, app_port=9000,
+                  v1_ip="127.0.0.41", v2_ip="127.0.0.42",
+                  grpc_ip="127.0.0.43", grpc_port=9001)
+    return [*yaml.safe_load_all(text), tls_secret("web-cert", "istio-ingress", *CERT[1:])]
+
+
+def _snapshot(*extra: dict[str, Any], without: tuple[str, ...] = ()) -> Snapshot:
+    store = Store()
+    for document in [*_documents(), *extra]:
+        if document["metadata"]["name"] not in without:
+            store.apply(document)
+    return build_snapshot(store, "v1")
+
+
+def _converted(*extra: dict[str, Any], without: tuple[str, ...] = ()) -> GatewayApiConfig:
+    return _snapshot(*extra, without=without).config.gateway_api
+
+
+def _conditions(conditions: list[dict[str, Any]]) -> dict[str, tuple[str, str, str]]:
+    return {c["type"]: (c["status"], c["reason"], c["message"]) for c in conditions}
+
+
+def _route_conditions(converted: GatewayApiConfig, namespace: str, name: str, kind: str = "HTTPRoute",
+                      parent: int = 0) -> dict[str, tuple[str, str, str]]:
+    return _conditions(converted.statuses[(kind, namespace, name)]["parents"][parent]["conditions"])
+
+
+def _listener(converted: GatewayApiConfig, name: str) -> dict[str, Any]:
+    status = converted.statuses[("KubernetesGateway", "istio-ingress", "web")]
+    return next(x for x in status["listeners"] if x["name"] == name)
+
+
+def _proxy(verified: bool = True) -> Proxy:
+    labels = {"gateway.networking.k8s.io/gateway-name": "web"}
+    return dataclasses.replace(proxy_from_node(NODE, {"LABELS": labels}), verified=verified)
+
+
+def _route(name: str, namespace: str = "shop", **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": f"{GROUP}/v1", "kind": "HTTPRoute", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"parentRefs": [{"name": "web", "namespace": "istio-ingress"}], **spec}}
+
+
+# --- sources ---------------------------------------------------------------------------------------
+
+def test_gateway_api_gateway_and_istio_gateway_are_different_kinds() -> None:
+    store = Store()
+    for document in _documents():
+        store.apply(document)
+    store.apply({"apiVersion": "networking.istio.io/v1", "kind": "Gateway", "metadata": {"name": "web",
+                 "namespace": "istio-ingress"}, "spec": {"selector": {"istio": "ingressgateway"}, "servers": [
+                     {"port": {"number": 80, "name": "http", "protocol": "HTTP"}, "hosts": ["*"]}]}})
+    assert store.get(ObjectKey("KubernetesGateway", "istio-ingress", "web")) is not None
+    assert store.get(ObjectKey("Gateway", "istio-ingress", "web")) is not None
+    snapshot = build_snapshot(store, "v1")
+    assert [g.meta.name for g in snapshot.config.gateways] == ["web"]
+    assert len(snapshot.config.gateway_api.gateways) == 2  # the Gateway API listeners' (http, https)
+
+
+@pytest.mark.parametrize(("path", "value", "error"), [
+    ("spec.listeners.0.protocol", "", "listeners[0]: protocol is required"),
+    ("spec.listeners.0.port", 0, "listeners[0]: port 0 is not in 1-65535"),
+    ("spec.listeners.1.tls.mode", "Resign", "listeners[1].tls: mode 'Resign' is not Terminate or Passthrough"),
+    ("spec.gatewayClassName", "", "spec: gatewayClassName is required"),
+    ("spec.listeners.0.allowedRoutes.namespaces.from", "Some", "namespaces.from 'Some' is not Same, All or Selector"),
+])
+def test_a_gateway_the_api_would_refuse_names_the_field(path: str, value: Any, error: str) -> None:
+    gateway = copy.deepcopy(next(d for d in _documents() if d["kind"] == "Gateway"))
+    target: Any = gateway
+    *parents, last = path.split(".")
+    for part in parents:
+        target = target[int(part)] if part.isdigit() else target.setdefault(part, {})
+    target[last] = value
+    with pytest.raises(ConversionError, match=error.replace("[", r"\[").replace("]", r"\]")):
+        convert(gateway)
+
+
+@pytest.mark.parametrize(("rule", "error"), [
+    ({"matches": [{"path": {"type": "Glob", "value": "/x"}}]}, "path: type 'Glob' is not one of"),
+    ({"matches": [{"path": {"type": "Exact", "value": "x"}}]}, "must be an absolute path"),
+    ({"filters": [{"type": "RequestRedirect", "requestRedirect": {"statusCode": 305}}]}, "statusCode 305"),
+    ({"timeouts": {"request": "1d"}}, "timeouts: request: '1d' is not a Gateway API duration"),
+    ({"backendRefs": [{"port": 80}]}, r"backendRefs\[0\]: name is required"),
+])
+def test_a_route_the_api_would_refuse_names_the_field(rule: dict[str, Any], error: str) -> None:
+    with pytest.raises(ConversionError, match=error):
+        convert(_route("bad", rules=[rule]))
+
+
+def test_a_wrong_api_version_is_refused() -> None:
+    body = _route("old")
+    body["apiVersion"] = f"{GROUP}/v9"
+    with pytest.raises(ConversionError, match="serves v1, v1beta1, v1alpha2"):
+        convert(body)
+
+
+# --- conversion and status -------------------------------------------------------------------------
+
+def test_listeners_become_istio_gateways_selecting_the_gateway_pods() -> None:
+    converted = _converted()
+    assert [(g.meta.name, g.selector, g.servers[0].port.number) for g in converted.gateways] == [
+        ("web-istio-autogenerated-k8s-gateway-http", (("gateway.networking.k8s.io/gateway-name", "web"),), 8080),
+        ("web-istio-autogenerated-k8s-gateway-https", (("gateway.networking.k8s.io/gateway-name", "web"),), 8443)]
+    assert converted.gateways[1].servers[0].tls is not None
+    assert converted.gateways[1].servers[0].tls.credential_name == "kubernetes-gateway://istio-ingress/web-cert"
+    assert converted.missing_class  # istiod creates the GatewayClass `istio`
+
+
+def test_routes_are_ordered_by_the_specs_precedence() -> None:
+    vs = next(v for v in _converted().virtual_services if v.hosts == ("web.example.com",))
+    paths = [(h.match[0].uri.kind.value, h.match[0].uri.value) for h in vs.http if h.match[0].uri is not None]
+    assert paths[0] == ("exact", "/headers")  # exact first, then the longest prefix
+    assert paths[-1] == ("prefix", "/")
+    assert vs.gateway_semantics
+
+
+def test_gateway_status_reports_conflicts_and_missing_secrets() -> None:
+    converted = _converted()
+    gateway = converted.statuses[("KubernetesGateway", "istio-ingress", "web")]
+    assert _conditions(gateway["conditions"])["Accepted"] == (
+        "True", "ListenersNotValid", "One or more of the Gateway's listeners are invalid")
+    assert _conditions(gateway["conditions"])["Programmed"] == (
+        "True", "Programmed", "Resource programmed, assigned to service(s) "
+        "web-istio.istio-ingress.svc.cluster.local:8080, web-istio.istio-ingress.svc.cluster.local:8443")
+    assert gateway["addresses"] == [{"type": "IPAddress", "value": "10.96.0.80"}]
+    # shop, broken and the GRPCRoute health (allowed by their namespace's label)
+    assert _listener(converted, "http")["attachedRoutes"] == 3
+    assert _listener(converted, "https")["attachedRoutes"] == 1
+    clash = _conditions(_listener(converted, "clash")["conditions"])
+    assert {k: v[:2] for k, v in clash.items()} == {  # as istiod: no ResolvedRefs on a conflicted listener
+        "Accepted": ("False", "ProtocolConflict"), "Programmed": ("False", "ProtocolConflict"),
+        "Conflicted": ("True", "ProtocolConflict")}
+    bad = _conditions(_listener(converted, "bad-cert")["conditions"])
+    assert bad["ResolvedRefs"] == ("False", "InvalidCertificateRef",
+                                   "invalid certificate reference Secret istio-ingress/missing-cert: not found")
+    assert bad["Programmed"] == ("False", "Invalid", "Bad TLS configuration")
+
+
+def test_a_gateway_without_its_deployment_is_not_programmed() -> None:
+    gateway = _converted(without=("web-1",)).statuses[("KubernetesGateway", "istio-ingress", "web")]
+    assert _conditions(gateway["conditions"])["Programmed"] == (
+        "False", "AddressNotAssigned", "Failed to assign to any requested addresses: "
+        'no instances found for hostname "web-istio.istio-ingress.svc.cluster.local"')
+    assert "addresses" not in gateway
+
+
+def test_route_status_names_what_did_not_resolve() -> None:
+    converted = _converted()
+    ok = _route_conditions(converted, "shop", "shop")
+    assert ok == {"Accepted": ("True", "Accepted", "Route was valid"),
+                  "ResolvedRefs": ("True", "ResolvedRefs", "All references resolved")}
+    broken = _route_conditions(converted, "shop", "broken")
+    assert broken["Accepted"][:2] == ("True", "Accepted")
+    assert broken["ResolvedRefs"][:2] == ("False", "BackendNotFound")
+    assert "backend(nowhere.shop.svc.cluster.local) not found" in broken["ResolvedRefs"][2]
+    assert "'/(?=lookahead)' is not a valid RE2 regex" in broken["ResolvedRefs"][2]
+    tcp = _route_conditions(converted, "istio-ingress", "raw", kind="TCPRoute")
+    assert tcp["Accepted"] == ("False", "UnsupportedValue", "TCPRoute is not implemented by this istiod (HTTPRoute and GRPCRoute are)")
+
+
+def test_a_removed_reference_grant_is_refused_and_not_followed() -> None:
+    converted = _converted(without=("from-ingress",))
+    resolved = _route_conditions(converted, "istio-ingress", "secure")["ResolvedRefs"]
+    assert resolved[:2] == ("False", "RefNotPermitted")
+    vs = next(v for v in converted.virtual_services if v.hosts == ("secure.example.com",))
+    assert vs.http[0].route == () and vs.http[0].direct_response is not None  # the spec's 500, never the backend
+
+
+@pytest.mark.parametrize(("route", "reason"), [
+    (_route("no-gateway", parentRefs=[{"name": "missing"}]), None),
+    (_route("no-section", parentRefs=[{"name": "web", "namespace": "istio-ingress", "sectionName": "nope"}]),
+     "NoMatchingParent"),
+    (_route("not-allowed", namespace="default", parentRefs=[{"name": "web", "namespace": "istio-ingress",
+                                                             "sectionName": "http"}]), "NotAllowedByListeners"),
+    (_route("mesh", parentRefs=[{"group": "", "kind": "Service", "name": "echo"}]), "UnsupportedValue"),
+])
+def test_a_route_a_listener_refuses_says_why(route: dict[str, Any], reason: str | None) -> None:
+    converted = _converted({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}}, route)
+    key = ("HTTPRoute", route["metadata"]["namespace"], route["metadata"]["name"])
+    if reason is None:  # a Gateway that is not there: no class, so not ours to report
+        assert key not in converted.statuses
+        return
+    assert _conditions(converted.statuses[key]["parents"][0]["conditions"])["Accepted"][:2] == ("False", reason)
+
+
+def test_a_hostname_no_listener_serves() -> None:
+    route = _route("elsewhere", hostnames=["secure.example.org"],
+                   parentRefs=[{"name": "web", "namespace": "istio-ingress", "sectionName": "https"}])
+    accepted = _route_conditions(_converted(route), "shop", "elsewhere")["Accepted"]
+    assert accepted[:2] == ("False", "NoMatchingListenerHostname")
+
+
+def test_a_gateway_of_another_class_is_left_to_its_controller() -> None:
+    other = {"apiVersion": f"{GROUP}/v1", "kind": "Gateway", "metadata": {"name": "theirs", "namespace": "shop"},
+             "spec": {"gatewayClassName": "istio-waypoint", "listeners": [
+                 {"name": "mesh", "port": 15008, "protocol": "HBONE"}]}}
+    converted = _converted(other)
+    assert ("KubernetesGateway", "shop", "theirs") not in converted.statuses
+    assert all(not g.meta.name.startswith("theirs") for g in converted.gateways)
+
+
+# --- xDS -------------------------------------------------------------------------------------------
+
+def test_the_gateway_proxy_gets_routes_and_only_referenced_credentials() -> None:
+    snapshot = _snapshot()
+    routes = {r.name: route_pb2.RouteConfiguration.FromString(r.value)
+              for r in ROUTER[types.ROUTE](snapshot, _proxy(), None, ResourceCache())}
+    assert set(routes) == {"http.8080", "https.8443.default.web-istio-autogenerated-k8s-gateway-https.istio-ingress"}
+    hosts = {h.name for h in routes["http.8080"].virtual_hosts}
+    assert hosts == {"web.example.com:8080", "broken.example.com:8080", "rpc.example.com:8080"}
+    secrets = ROUTER[types.SECRET](snapshot, _proxy(), ["kubernetes-gateway://istio-ingress/web-cert",
+                                                        "kubernetes-gateway://shop/anything"], ResourceCache())
+    assert [s.name for s in secrets] == ["kubernetes-gateway://istio-ingress/web-cert"]
+    assert secret_pb2.Secret.FromString(secrets[0].value).tls_certificate.certificate_chain.inline_bytes == CERT[1]
+    # Another proxy (no Gateway of its own) is sent nothing; nor is one with the label in another namespace.
+    other = dataclasses.replace(proxy_from_node(NODE, {"LABELS": {"app": "x"}}), verified=True)
+    assert ROUTER[types.SECRET](snapshot, other, ["kubernetes-gateway://istio-ingress/web-cert"], ResourceCache()) == []
+    elsewhere = dataclasses.replace(proxy_from_node(NODE.replace("istio-ingress", "shop"), {
+        "LABELS": {"gateway.networking.k8s.io/gateway-name": "web"}}), verified=True)
+    assert elsewhere.namespace == "shop"
+    assert ROUTER[types.ROUTE](snapshot, elsewhere, None, ResourceCache()) == []
+
+
+# --- status writing --------------------------------------------------------------------------------
+
+def test_status_keeps_other_controllers_parents_and_unchanged_transition_times() -> None:
+    wanted = _converted().statuses[("HTTPRoute", "shop", "shop")]
+    theirs = {"parentRef": {"name": "other"}, "controllerName": "example.com/other", "conditions": []}
+    first = merged_status("HTTPRoute", wanted, {"parents": [theirs]}, "2026-01-01T00:00:00Z")
+    assert first["parents"][0] == theirs and len(first["parents"]) == 2
+    again = merged_status("HTTPRoute", wanted, first, "2026-02-02T00:00:00Z")
+    assert again == first  # nothing changed: the times stay
+
+
+def test_a_grpc_route_routes_methods_as_paths() -> None:
+    route = {"apiVersion": f"{GROUP}/v1", "kind": "GRPCRoute", "metadata": {"name": "rpc", "namespace": "shop"},
+             "spec": {"parentRefs": [{"name": "web", "namespace": "istio-ingress", "sectionName": "http"}],
+                      "hostnames": ["rpc2.example.com"], "rules": [
+                          {"matches": [{"method": {"service": "echo.Echo", "method": "Say"}}],
+                           "backendRefs": [{"name": "echo", "port": 8080}]},
+                          {"matches": [{"method": {"service": "echo.Echo"}, "headers": [{"name": "x-v", "value": "2"}]}],
+                           "filters": [{"type": "RequestHeaderModifier", "requestHeaderModifier": {
+                               "set": [{"name": "x-via", "value": "grpcroute"}]}}],
+                           "backendRefs": [{"name": "echo-v2", "port": 8080}]},
+                          {"matches": [{"method": {"type": "RegularExpression", "method": "(?=x)"}}],
+                           "backendRefs": [{"name": "echo", "port": 8080}]}]}}
+    converted = _converted(route)
+    vs = next(v for v in converted.virtual_services if v.hosts == ("rpc2.example.com",))
+    assert [(h.match[0].uri.kind.value, h.match[0].uri.value) for h in vs.http if h.match[0].uri] == [
+        ("exact", "/echo.Echo/Say"), ("prefix", "/echo.Echo/")]
+    assert vs.http[1].headers.request.set == (("x-via", "grpcroute"),)
+    resolved = _route_conditions(converted, "shop", "rpc", kind="GRPCRoute")["ResolvedRefs"]
+    assert resolved[:2] == ("False", "UnsupportedValue") and "is not a valid RE2 regex" in resolved[2]
+    assert _listener(converted, "http")["attachedRoutes"] == 4
+
+
+def test_a_listener_protocol_not_served_is_refused_in_status() -> None:
+    gateway = copy.deepcopy(next(d for d in _documents() if d["kind"] == "Gateway"))
+    gateway["spec"]["listeners"].append({"name": "raw", "port": 9000, "protocol": "TCP"})
+    converted = _converted(gateway)
+    raw = _conditions(_listener(converted, "raw")["conditions"])
+    assert raw["Accepted"] == ("False", "UnsupportedProtocol",
+                               "protocol TCP is not implemented by this istiod (HTTP and HTTPS are)")
+    assert _listener(converted, "raw")["supportedKinds"] == []
+
+
+def test_a_rule_with_a_filter_not_implemented_answers_500_and_says_why() -> None:
+    route = _route("prefix-redirect", hostnames=["moved.example.com"], rules=[
+        {"filters": [{"type": "RequestRedirect", "requestRedirect": {
+            "path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/new"}}}]},
+        {"matches": [{"path": {"value": "/ok"}}], "backendRefs": [{"name": "echo", "port": 8080}]}])
+    converted = _converted(route)
+    resolved = _route_conditions(converted, "shop", "prefix-redirect")["ResolvedRefs"]
+    assert resolved[:2] == ("False", "InvalidFilter") and "ReplacePrefixMatch in a redirect" in resolved[2]
+    vs = next(v for v in converted.virtual_services if v.hosts == ("moved.example.com",))
+    assert [(h.direct_response is not None, h.route != ()) for h in vs.http] == [(False, True), (True, False)]

@@ -1,0 +1,191 @@
+"""The Gateway API through a real Envoy 1.40 as the Gateway's proxy (its node labelled
+gateway.networking.k8s.io/gateway-name, as the Gateway's deployment pods are), on istiod's TLS
+xDS port: HTTP by host and path, HTTPS with the certificate of a Secret, a weighted split, header
+modifiers seen by the backend, a redirect seen by curl; bad input (a missing backend, an RE2
+pattern Envoy would refuse, a conflicting listener, a missing Secret) is answered with 500s or
+left out, never NACKed. Config: tests/data/gateway-api-mesh.yaml."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+from concurrent import futures
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import HealthServicer
+
+from tests.conftest import render
+from tests.peers import ROOT, Istiod, Process, free_port, wait_until
+from tests.test_envoy_gateway import BIND, NAMESPACE, SERVICE_ACCOUNT, TOKEN, Gateway, agent_gateway, gateway_envoy
+from tests.test_gateway_gen import server_credential, tls_secret
+
+V1_IP, V2_IP, GRPC_IP = "127.0.0.41", "127.0.0.42", "127.0.0.43"
+GATEWAY_LABELS = {"gateway.networking.k8s.io/gateway-name": "web", "service.istio.io/canonical-name": "web-istio"}
+
+
+@pytest.fixture
+def mesh(mesh_dir: Path, start_istiod: Callable[..., Istiod], processes: list[Process],
+         monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Gateway:
+    app_port, http_port, https_port, other_port = free_port(V1_IP), free_port(BIND), free_port(BIND), free_port(BIND)
+    grpc_port = free_port(GRPC_IP)
+    (mesh_dir / "mesh.yaml").write_text(render("gateway-api-mesh.yaml", app_port=app_port, http_port=http_port,
+                                               https_port=https_port, other_port=other_port, v1_ip=V1_IP, v2_ip=V2_IP,
+                                               grpc_ip=GRPC_IP, grpc_port=grpc_port))
+    health = grpc.server(futures.ThreadPoolExecutor(2), options=[("grpc.so_reuseport", 0)])
+    health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(), health)
+    health.add_insecure_port(f"{GRPC_IP}:{grpc_port}")
+    health.start()
+    request.addfinalizer(lambda: health.stop(None))
+    ca, cert, key = server_credential("secure.example.com")
+    (mesh_dir / "secret.yaml").write_text(yaml.safe_dump(tls_secret("web-cert", NAMESPACE, cert, key)))
+    (mesh_dir.parent / "ca.pem").write_bytes(ca)
+    (mesh_dir.parent / "tokens.json").write_text(json.dumps({TOKEN: f"{NAMESPACE}/{SERVICE_ACCOUNT}"}))
+    istiod = start_istiod(mesh_dir, "--ca-static-tokens", str(mesh_dir.parent / "tokens.json"))
+    for name, ip in (("v1", V1_IP), ("v2", V2_IP)):
+        processes.append(Process([sys.executable, str(ROOT / "tests" / "http_echo.py"), ip, str(app_port), name],
+                                 name=f"echo-{name}"))
+    # The gateway's node carries the Gateway's pod labels, not Istio's ingress gateway's.
+    import tests.test_envoy_gateway as envoy_gateway
+    original = envoy_gateway.bootstrap
+
+    def labelled(*args: object, **kwargs: object) -> object:
+        args_list = list(args)
+        args_list[4] = {**args_list[4], "LABELS": GATEWAY_LABELS}  # type: ignore[dict-item]
+        return original(*args_list, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(envoy_gateway, "bootstrap", labelled)
+    return Gateway(mesh_dir, istiod, http_port, https_port)
+
+
+@pytest.fixture
+def gateway(mesh: Gateway) -> Iterator[Gateway]:
+    with gateway_envoy(mesh) as started:
+        yield started
+
+
+def _get(gateway: Gateway, host: str, path: str, *options: str) -> tuple[int, str]:
+    port = gateway.http_port
+    return gateway.curl(f"http://{host}:{port}{path}", "--resolve", f"{host}:{port}:{BIND}", *options)
+
+
+def test_http_routes_by_host_and_path(gateway: Gateway) -> None:
+    status, body = _get(gateway, "web.example.com", "/anything")
+    print("HTTP through the Gateway API gateway:", status, body)
+    assert status == 200 and json.loads(body)["path"] == "/anything"
+    assert _get(gateway, "elsewhere.example.com", "/")[0] == 404  # no route names this host
+    # A rewrite of the matched prefix.
+    status, body = _get(gateway, "web.example.com", "/api/items")
+    assert status == 200 and json.loads(body)["path"] == "/v2/items", body
+    # Regex path and query parameter matches both reach the backend.
+    assert _get(gateway, "web.example.com", "/re/abc")[0] == 200
+    # A path prefix matches whole segments: /apix is not under /api (the catch-all rule takes it).
+    status, body = _get(gateway, "web.example.com", "/apix")
+    assert status == 200 and json.loads(body)["path"] == "/apix"
+
+
+def test_mirror_and_destination_rule_apply(gateway: Gateway) -> None:
+    assert gateway.envoy is not None
+    mirror = "cluster.outbound|8080||echo-v2.shop.svc.cluster.local.upstream_rq_total"
+
+    def mirrored() -> int:
+        line = next((x for x in gateway.envoy.get(f"/stats?filter={mirror}")[1].splitlines()  # type: ignore[union-attr]
+                     if x.startswith(mirror + ":")), f"{mirror}: 0")
+        return int(line.rpartition(" ")[2])
+
+    before = mirrored()
+    for _ in range(5):
+        status, body = _get(gateway, "web.example.com", "/mirrored")
+        assert status == 200
+    wait_until(lambda: mirrored() >= before + 5, 5, "5 requests mirrored to echo-v2")
+    clusters = json.loads(gateway.envoy.get("/config_dump?resource=dynamic_active_clusters")[1])["configs"]
+    echo = next(c["cluster"] for c in clusters if c["cluster"]["name"] == "outbound|8080||echo.shop.svc.cluster.local")
+    print("echo's cluster (DestinationRule applied):", echo.get("lb_policy"), echo.get("circuit_breakers"))
+    assert echo["lb_policy"] == "RANDOM"
+    assert echo["circuit_breakers"]["thresholds"][0]["max_connections"] == 77
+
+
+def test_header_modifiers_reach_the_backend_and_the_client(gateway: Gateway) -> None:
+    status, body = _get(gateway, "web.example.com", "/headers", "-H", "x-variant: blue", "-H", "x-drop: me", "-D", "-")
+    print("headers route:", status, body[-400:])
+    headers_text, _, payload = body.partition("\n\n")
+    seen = json.loads(payload)["headers"]
+    assert seen["x-from-gateway"] == "yes" and "x-drop" not in seen
+    assert "x-served-by: gateway-api" in headers_text.lower()
+
+
+def test_redirect_is_seen_by_curl(gateway: Gateway) -> None:
+    status, body = _get(gateway, "web.example.com", "/old/page", "-D", "-")
+    print("redirect:", status, body.splitlines()[:3])
+    assert status == 301 and "location: http://web.example.com:" in body.lower() and "/new" in body.lower()
+
+
+def test_https_listener_serves_the_secret(gateway: Gateway, mesh_dir: Path) -> None:
+    status, body = gateway.https("/secure", mesh_dir.parent / "ca.pem")
+    print("HTTPS through the Gateway API gateway:", status, body)
+    assert status == 200 and json.loads(body)["path"] == "/secure"
+
+
+def test_weighted_split_within_five_sigma(gateway: Gateway) -> None:
+    n, p = 200, 0.8  # echo-v1 weight 80, echo-v2 weight 20
+    names = Counter(json.loads(_get(gateway, "web.example.com", "/split")[1])["name"] for _ in range(n))
+    sigma = math.sqrt(n * p * (1 - p))
+    print(f"split over {n} requests: {dict(names)} (expected v1 {n * p:.0f} +- {5 * sigma:.1f})")
+    assert set(names) <= {"v1", "v2"}
+    assert abs(names["v1"] - n * p) <= 5 * sigma
+
+
+def test_bad_input_is_answered_not_nacked(gateway: Gateway) -> None:
+    # A missing backend and a regex RE2 refuses: 500 for their rules, the rest of the route works.
+    assert _get(gateway, "broken.example.com", "/missing")[0] == 500
+    assert _get(gateway, "broken.example.com", "/")[0] == 200
+    assert gateway.envoy is not None
+    dump = gateway.envoy.get("/config_dump")[1]
+    assert "kubernetes-gateway://istio-ingress/missing-cert" not in dump
+    stats = gateway.envoy.get("/stats?filter=update_rejected")[1]
+    print("rejections:", stats)
+    assert all(line.endswith(": 0") for line in stats.splitlines() if line), stats
+
+
+def test_grpc_route_sends_a_method_to_its_backend(gateway: Gateway) -> None:
+    options = [("grpc.default_authority", "rpc.example.com"), ("grpc.so_reuseport", 0)]
+    with grpc.insecure_channel(f"{BIND}:{gateway.http_port}", options=options) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
+        print("grpc.health.v1.Health/Check through the GRPCRoute:", reply)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        # Another method of the service matches no rule: Envoy's 404, which gRPC reads as UNIMPLEMENTED.
+        with pytest.raises(grpc.RpcError) as error:
+            list(stub.Watch(health_pb2.HealthCheckRequest(), timeout=5))
+        assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_changes_reach_the_envoy_and_a_removed_grant_is_not_followed(gateway: Gateway, mesh_dir: Path) -> None:
+    ca = mesh_dir.parent / "ca.pem"
+    assert gateway.https("/", ca)[0] == 200  # the route in istio-ingress to Service echo in shop
+    documents = list(yaml.safe_load_all((mesh_dir / "mesh.yaml").read_text()))
+    kept = [d for d in documents if d["kind"] != "ReferenceGrant"]
+    kept.append({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+                 "metadata": {"name": "late", "namespace": "shop"},
+                 "spec": {"parentRefs": [{"name": "web", "namespace": "istio-ingress", "sectionName": "http"}],
+                          "hostnames": ["late.example.com"], "rules": [{"backendRefs": [{"name": "echo", "port": 8080}]}]}})
+    (mesh_dir / "mesh.yaml").write_text(yaml.safe_dump_all(kept))
+    wait_until(lambda: gateway.https("/", ca)[0] == 500, 10, "the HTTPS route's backend refused without the grant")
+    wait_until(lambda: _get(gateway, "late.example.com", "/")[0] == 200, 10, "the new route served")
+    print("without the ReferenceGrant:", gateway.https("/", ca))
+
+
+def test_the_agent_runs_the_gateway(mesh: Gateway, processes: list[Process]) -> None:
+    """`istiod agent proxy router` with the Gateway's pod label: its Envoy is the Gateway's proxy,
+    sent the certificateRef's Secret over the agent's xDS proxy on istiod's TLS port."""
+    with agent_gateway(mesh, processes, GATEWAY_LABELS):
+        status, body = mesh.https("/via-agent", mesh.mesh_dir.parent / "ca.pem")
+        print("HTTPS through the agent's Gateway API gateway:", status, body)
+        assert status == 200 and json.loads(body)["path"] == "/via-agent"
+        assert _get(mesh, "web.example.com", "/via-agent")[0] == 200
