@@ -17,7 +17,7 @@ from e2e.harness import Cluster
 from e2e.istio_crds import create_istio_object, install_crds
 from e2e.kube_objects import ISTIO_NAMESPACE, ensure_namespace
 from istiod.leader import LeaderElection, LeaseTimings
-from istiod.status import ELECTION
+from istiod.status.analysis import ELECTION
 from e2e.test_rbac import istiod_kubeconfig
 from tests.peers import Istiod, Process, eventually, istio_binary
 

@@ -28,7 +28,7 @@ import yaml
 from istiod import logs
 from istiod.debug.access import AccessPolicy
 from istiod.ca.publisher import ELECTION, RootCertPublisher
-from istiod.status import ELECTION as ANALYSIS_ELECTION, AnalysisController
+from istiod.status.analysis import ELECTION as ANALYSIS_ELECTION, AnalysisController
 from istiod.connlimit import MAX_CONNECTIONS, raise_open_file_limit, sized_cap
 from istiod.debug.app import DebugView, create_app
 from istiod.debug.connections import Question, answer

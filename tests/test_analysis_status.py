@@ -1,4 +1,4 @@
-"""The status istiod's analysis writes (istiod/status.py): its fields as istiod's status manager
+"""The status istiod's analysis writes (istiod/status/analysis.py): its fields as istiod's status manager
 writes them, and nothing written when nothing changes."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from istiod.model.config.analysis import Message, Resource
-from istiod.status import desired_status
+from istiod.status.analysis import desired_status
 
 BODY: dict[str, Any] = {"kind": "VirtualService", "metadata": {"name": "r", "namespace": "demo", "generation": 4},
                         "spec": {"hosts": ["r"]}}
