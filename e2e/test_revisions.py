@@ -199,7 +199,10 @@ async def test_canary_revision_takes_relabelled_namespaces_and_tags(
 
         def names(istiod: Istiod) -> set[str] | None:
             status, objects = istiod.get("/debug/configz")
-            found = {o["metadata"]["name"] for o in objects if o.get("kind") == "VirtualService"} if status == 200 else set()
+            # This test's namespace only: other tests of the session may leave VirtualServices elsewhere.
+            found = ({o["metadata"]["name"] for o in objects
+                      if o.get("kind") == "VirtualService" and o["metadata"].get("namespace") == NS}
+                     if status == 200 else set())
             return found if "shared-route" in found else None
 
         assert await eventually(lambda: names(py), 10, "py to read its config") == {"canary-route", "shared-route"}
