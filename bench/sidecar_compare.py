@@ -35,7 +35,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
-from google.protobuf import any_pb2, json_format, message, struct_pb2, symbol_database
+from google.protobuf import any_pb2, descriptor_pool, json_format, message, struct_pb2, symbol_database
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(1, str(Path(__file__).parent.parent))
@@ -57,7 +57,7 @@ HCM = "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectio
 
 def _resolve(type_name: str) -> bool:
     """Imports the xds-protos modules of the type's package, so that its Any can be read."""
-    pool = symbol_database.Default().pool
+    pool = descriptor_pool.Default()
     with contextlib.suppress(KeyError):
         pool.FindMessageTypeByName(type_name)
         return True
