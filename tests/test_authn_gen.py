@@ -64,23 +64,23 @@ def test_virtual_inbound_runs_jwt_then_rbac_on_http_and_network_rbac_on_tcp_and_
     listener = virtual_inbound((InboundPort(8080, Protocol.HTTP), InboundPort(9000, Protocol.TCP)),
                                {0: MTLSMode.PERMISSIVE, 8080: MTLSMode.PERMISSIVE, 9000: MTLSMode.STRICT},
                                (policy,), (ra("web", JWTRule("https://issuer.test", jwks=JWKS)),))
-    seen = {}
-    for chain in [*listener.filter_chains, listener.default_filter_chain]:
+    seen: dict[str, set[tuple[str, ...]]] = {}
+    for chain in listener.filter_chains:
         names = [f.name for f in chain.filters]
         if names == ["envoy.filters.network.http_connection_manager"]:
             manager = hcm_pb2.HttpConnectionManager()
             chain.filters[0].typed_config.Unpack(manager)
             names += [f.name for f in manager.http_filters]
-        seen[chain.name] = names
-    http = ["envoy.filters.network.http_connection_manager", JWT_FILTER, "envoy.filters.http.rbac.deny",
-            "envoy.filters.http.router"]
-    tcp = ["envoy.filters.network.rbac", "envoy.filters.network.tcp_proxy"]
+        seen.setdefault(chain.name, set()).add(tuple(names))
+    http = ("envoy.filters.network.http_connection_manager", JWT_FILTER, "envoy.filters.http.rbac.deny",
+            "envoy.filters.http.router")
+    tcp = ("envoy.filters.network.rbac", "envoy.filters.network.tcp_proxy")
     assert seen == {
-        "virtualInbound-blackhole": ["envoy.filters.network.tcp_proxy"],
-        "inbound|8080||-mtls": http, "inbound|8080||-plaintext": http,
-        "inbound|9000||-mtls": tcp,  # STRICT: no plaintext chain
-        "virtualInbound-mtls-passthrough": tcp, "virtualInbound-passthrough": tcp,
+        "virtualInbound-blackhole": {("envoy.filters.network.tcp_proxy",)},
+        "virtualInbound-catchall-http": {http}, "virtualInbound": {tcp},  # the ports no service names
+        "0.0.0.0_8080": {http}, "0.0.0.0_9000": {tcp},
     }
+    assert len([c for c in listener.filter_chains if c.name == "0.0.0.0_9000"]) == 1  # STRICT: no plaintext chain
 
 
 def test_request_authentication_on_a_proxyless_server_is_said_not_enforced(caplog: pytest.LogCaptureFixture) -> None:

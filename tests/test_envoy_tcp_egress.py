@@ -170,7 +170,7 @@ def test_sidecar_egress_listeners_and_outbound_policy(mesh_dir: Path, start_isti
         assert {"10.96.0.11_15432", "127.0.0.1_15433", "0.0.0.0_80"} <= set(listeners)
         assert not {"10.96.0.11_5432", "0.0.0.0_7070"} & set(listeners)
         assert "outbound|7070||rpc.shop.svc.cluster.local" not in clusters
-        assert listeners["virtualOutbound"]["default_filter_chain"]["filters"][0]["typed_config"]["cluster"] == \
+        assert listeners["virtualOutbound"]["filter_chains"][-1]["filters"][0]["typed_config"]["cluster"] == \
             "BlackHoleCluster"
 
         moved = Counter(connect(run, "10.96.0.11:15432", 10))

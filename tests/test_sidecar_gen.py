@@ -94,7 +94,7 @@ def test_outbound_clusters_use_auto_mtls_and_http2_for_grpc() -> None:
         "tlsMode-istio", {"tlsMode": "istio"}, "tlsMode-disabled", {})
     context = tls_pb2.UpstreamTlsContext.FromString(istio.transport_socket.typed_config.value)
     assert context.sni == f"outbound_.80_._.{WEB}"
-    assert list(context.common_tls_context.alpn_protocols) == ["istio-peer-exchange", "istio"]
+    assert list(context.common_tls_context.alpn_protocols) == ["istio"]  # without metadata exchange, as Istio's
     assert [s.name for s in context.common_tls_context.tls_certificate_sds_secret_configs] == ["default"]
     validation = context.common_tls_context.combined_validation_context
     assert validation.validation_context_sds_secret_config.name == "ROOTCA"
@@ -117,27 +117,47 @@ def test_endpoints_carry_tls_mode_only_for_pods_with_a_sidecar() -> None:
     assert not db.HasField("metadata")
 
 
-def _chains(listener: listener_pb2.Listener) -> dict[str, listener_pb2.FilterChain]:
-    return {chain.name: chain for chain in listener.filter_chains}
+def _chains(listener: listener_pb2.Listener, name: str) -> list[listener_pb2.FilterChain]:
+    return [chain for chain in listener.filter_chains if chain.name == name]
+
+
+def _match(chain: listener_pb2.FilterChain) -> tuple[int, str, list[str]]:
+    match = chain.filter_chain_match
+    return match.destination_port.value, match.transport_protocol, list(match.application_protocols)
 
 
 def test_inbound_is_permissive_unless_mtls_is_strict() -> None:
     permissive = _generate(types.LISTENER, _snapshot(), message=listener_pb2.Listener)["virtualInbound"]
     assert isinstance(permissive, listener_pb2.Listener)
-    chains = _chains(permissive)
-    mtls, plaintext = chains["inbound|8080||-mtls"], chains["inbound|8080||-plaintext"]
-    assert (mtls.filter_chain_match.destination_port.value, mtls.filter_chain_match.transport_protocol) == (8080, "tls")
-    assert "istio" in mtls.filter_chain_match.application_protocols
+    mtls, plaintext = _chains(permissive, "0.0.0.0_8080")
+    assert _match(mtls) == (8080, "tls", ["istio", "istio-peer-exchange", "istio-http/1.0", "istio-http/1.1", "istio-h2"])
     context = tls_pb2.DownstreamTlsContext.FromString(mtls.transport_socket.typed_config.value)
     assert context.require_client_certificate.value
-    assert plaintext.filter_chain_match.transport_protocol == "raw_buffer" and not plaintext.HasField("transport_socket")
-    assert permissive.default_filter_chain.filters[0].name == "envoy.filters.network.tcp_proxy"
+    assert list(context.common_tls_context.alpn_protocols) == ["h2", "http/1.1"]
+    assert _match(plaintext) == (8080, "raw_buffer", []) and not plaintext.HasField("transport_socket")
+    # Istio's catch-all chains for ports no service names, in Istio's order.
+    assert [(c.name, _match(c), c.HasField("transport_socket")) for c in permissive.filter_chains
+            if c.name.startswith("virtualInbound") and not c.name.endswith("blackhole")] == [
+        ("virtualInbound-catchall-http", (0, "tls", ["istio-http/1.0", "istio-http/1.1", "istio-h2"]), True),
+        ("virtualInbound-catchall-http", (0, "raw_buffer", ["http/1.1", "h2c"]), False),
+        ("virtualInbound", (0, "tls", ["istio-peer-exchange", "istio"]), True),
+        ("virtualInbound", (0, "raw_buffer", []), False),
+        ("virtualInbound", (0, "tls", []), False),
+    ]
+    assert not permissive.HasField("default_filter_chain")
+    inspector = permissive.listener_filters[-1]
+    assert inspector.name == "envoy.filters.listener.http_inspector"
+    assert [(r.destination_port_range.start, r.destination_port_range.end)
+            for r in inspector.filter_disabled.or_match.rules] == [(8080, 8081), (15006, 15007)]
 
     strict = _generate(types.LISTENER, _snapshot(MeshConfig(mtls=True)), message=listener_pb2.Listener)["virtualInbound"]
     assert isinstance(strict, listener_pb2.Listener)
-    assert not any(name.endswith("-plaintext") for name in _chains(strict))
+    assert all(c.filter_chain_match.transport_protocol == "tls" for c in strict.filter_chains[1:])  # no plaintext
     assert not strict.HasField("default_filter_chain")  # plaintext matches nothing and is closed
-    assert list(_chains(strict)["inbound|8080||-mtls"].filter_chain_match.application_protocols) == []
+    assert [_match(c) for c in _chains(strict, "0.0.0.0_8080")] == [(8080, "tls", [])]
+    assert [_match(c) for c in strict.filter_chains if c.name.startswith("virtualInbound-catchall")] == [
+        (0, "tls", ["istio-http/1.0", "istio-http/1.1", "istio-h2"])]
+    assert all(f.name != "envoy.filters.listener.http_inspector" for f in strict.listener_filters)
 
 
 def test_outbound_listeners_never_bind() -> None:
@@ -153,8 +173,23 @@ def test_outbound_listeners_never_bind() -> None:
     outbound = _generate(types.LISTENER, _snapshot(MeshConfig(outbound_traffic_policy=OutboundTrafficPolicy.REGISTRY_ONLY)),
                          message=listener_pb2.Listener)["virtualOutbound"]
     assert isinstance(outbound, listener_pb2.Listener)
-    unmatched = tcp_proxy_pb2.TcpProxy.FromString(outbound.default_filter_chain.filters[0].typed_config.value)
-    assert unmatched.cluster == "BlackHoleCluster"
+    catch_all = outbound.filter_chains[-1]
+    unmatched = tcp_proxy_pb2.TcpProxy.FromString(catch_all.filters[0].typed_config.value)
+    assert (catch_all.name, unmatched.cluster) == ("virtualOutbound-catchall-tcp", "BlackHoleCluster")
+
+
+def test_outbound_http_ports_take_what_the_http_inspector_recognises_and_pass_the_rest() -> None:
+    for mesh, cluster in ((MeshConfig(), "PassthroughCluster"),
+                          (MeshConfig(outbound_traffic_policy=OutboundTrafficPolicy.REGISTRY_ONLY), "BlackHoleCluster")):
+        listener = _generate(types.LISTENER, _snapshot(mesh), message=listener_pb2.Listener)["0.0.0.0_80"]
+        assert isinstance(listener, listener_pb2.Listener)
+        assert [f.name for f in listener.listener_filters] == ["envoy.filters.listener.http_inspector"]
+        (http,) = listener.filter_chains
+        assert (http.filter_chain_match.transport_protocol, list(http.filter_chain_match.application_protocols)) == (
+            "raw_buffer", ["http/1.1", "h2c"])
+        assert http.filters[0].name == "envoy.filters.network.http_connection_manager"
+        rest = tcp_proxy_pb2.TcpProxy.FromString(listener.default_filter_chain.filters[0].typed_config.value)
+        assert rest.cluster == cluster
 
 
 def test_route_domains_depend_on_the_proxys_namespace_and_stay_unique() -> None:
@@ -163,8 +198,10 @@ def test_route_domains_depend_on_the_proxys_namespace_and_stay_unique() -> None:
     other = _generate(types.ROUTE, snapshot, node="sidecar~127.0.0.40~x-1.other~other.svc.cluster.local",
                       names=["80"], message=route_pb2.RouteConfiguration)["80"]
     assert isinstance(same, route_pb2.RouteConfiguration) and isinstance(other, route_pb2.RouteConfiguration)
-    assert "web" in same.virtual_hosts[0].domains and "web:80" in same.virtual_hosts[0].domains
-    assert "web" not in other.virtual_hosts[0].domains and "web.shop:80" in other.virtual_hosts[0].domains
+    # Istio's: no ports (Envoy ignores the Host header's), the FQDN also absolute.
+    assert list(same.virtual_hosts[0].domains) == [
+        WEB, f"{WEB}.", "web", "web.shop.svc", "web.shop", "10.96.0.10"] and same.ignore_port_in_host_matching
+    assert list(other.virtual_hosts[0].domains) == [WEB, f"{WEB}.", "web.shop.svc", "web.shop", "10.96.0.10"]
     retries = same.virtual_hosts[0].routes[0].route.retry_policy  # istiod's default
     assert (retries.num_retries.value, retries.retry_host_predicate[0].name) == (2, "envoy.retry_host_predicates.previous_hosts")
 

@@ -33,6 +33,7 @@ A_ID = f"spiffe://cluster.local/ns/{NAMESPACE}/sa/a"
 TOKENS = {"a-s3cret": f"{NAMESPACE}/a", "b-s3cret": f"{NAMESPACE}/b"}
 OUTSIDE_IP = "10.44.0.200"
 OUTSIDE_TCP_PORT = 9100  # a port no Service has
+B_UNDECLARED_TCP, B_UNDECLARED_HTTP = 9101, 8081  # ports b-1's app serves that its Service does not name
 PASSTHROUGH = "cluster.PassthroughCluster.upstream_cx_total"
 BLACKHOLE = "cluster.BlackHoleCluster.upstream_cx_none_healthy"
 XDS_TYPES = ("cluster", "listener", "endpoint", "route")
@@ -138,6 +139,10 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarMesh]:
             mesh.start(app(mesh.b, "server", "--address", "10.44.0.3:7070", "--name", "b-1", name="b-grpc",
                            module="istiod.demo")),
             mesh.start(app(mesh.b, "tcp-echo", "--address", "10.44.0.3:9000", "--name", "b-1", name="b-tcp")),
+            mesh.start(app(mesh.b, "tcp-echo", "--address", f"10.44.0.3:{B_UNDECLARED_TCP}", "--name", "b-1",
+                           name="b-tcp-undeclared")),
+            mesh.start(app(mesh.b, "http-server", "--address", f"10.44.0.3:{B_UNDECLARED_HTTP}", "--name", "b-1",
+                           name="b-http-undeclared")),
             mesh.start(app(mesh.outside, "tcp-echo", "--address", f"{OUTSIDE_IP}:{OUTSIDE_TCP_PORT}",
                            "--name", "outside", name="outside-tcp")),
             mesh.outside_http,
@@ -217,6 +222,40 @@ def test_plaintext_client_without_sidecar_reaches_b_permissive(mesh: SidecarMesh
     print("plain got:", reply)
     assert reply["ok"], reply
     assert reply["body"]["name"] == "b-1" and "x-forwarded-client-cert" not in reply["body"]["headers"]
+
+
+def test_undeclared_ports_pass_through_b_inbound_by_protocol(mesh: SidecarMesh) -> None:
+    """virtualInbound's catch-all chains: what the HTTP inspector recognises goes through an HCM,
+    the rest through tcp_proxy, both to InboundPassthroughCluster (the port the client called)."""
+    mesh.use()
+    tcp, http = "tcp.InboundPassthroughCluster.downstream_cx_total", "http.InboundPassthroughCluster.downstream_rq_total"
+
+    def counts() -> dict[str, int]:
+        return {name: stats(mesh.b, name).get(name, 0) for name in (tcp, http)}
+
+    before = counts()
+    for client in (mesh.plain, mesh.a):  # plaintext from outside the mesh, and from a-1 (passthrough is plaintext)
+        reply = call(client, "tcp-call", f"10.44.0.3:{B_UNDECLARED_TCP}", "hello")
+        assert reply == {"ok": True, "reply": "b-1: hello"}, reply
+        reply = call(client, "http-get", f"http://10.44.0.3:{B_UNDECLARED_HTTP}/undeclared")
+        assert reply["ok"] and reply["body"]["name"] == "b-1", reply
+    after = counts()
+    print("b-1's catch-all chains:", before, "->", after)
+    # The HTTP calls took the HCM chain, the TCP ones tcp_proxy.
+    assert (after[http] - before[http], after[tcp] - before[tcp]) == (2, 2)
+
+
+def test_non_http_bytes_on_an_http_port_pass_through_untouched(mesh: SidecarMesh) -> None:
+    """a-1's 0.0.0.0_8080 takes only what the HTTP inspector finds is HTTP; a client speaking
+    something else reaches its original destination by the listener's PassthroughFilterChain."""
+    mesh.use()
+    routed = "http.outbound_0.0.0.0_8080.downstream_rq_total"
+    before = {routed: 0, PASSTHROUGH: 0, **stats(mesh.a, routed), **stats(mesh.a, PASSTHROUGH)}
+    reply = call(mesh.a, "tcp-call", f"{OUTSIDE_IP}:8080", "hello")
+    print("a-1 sent 'hello' to the outside HTTP server's port 8080:", reply)
+    assert "400" in reply.get("reply", ""), reply  # the server itself read the bytes and refused them
+    after = {routed: 0, **stats(mesh.a, routed), **stats(mesh.a, PASSTHROUGH)}
+    assert after[PASSTHROUGH] > before[PASSTHROUGH] and after[routed] == before[routed]
 
 
 def test_proxy_status_and_proxy_config(mesh: SidecarMesh) -> None:

@@ -27,9 +27,16 @@ IDENTITY_CERTIFICATE = "default"
 ROOT_CERTIFICATE = "ROOTCA"
 SDS_CLUSTER = "sds-grpc"
 # What a sidecar offers in its mTLS handshakes, and what marks a connection as mesh mTLS on the
-# inbound side (Istio's ALPNs, so Istio's sidecars and ours recognise each other).
-MESH_ALPN = ("istio-peer-exchange", "istio")
-MESH_ALPN_MATCH = ("istio-peer-exchange", "istio", "istio-http/1.0", "istio-http/1.1", "istio-h2")
+# inbound side (Istio's ALPNs, so Istio's sidecars and ours recognise each other). Istio's offers
+# `istio-peer-exchange` first only with its metadata-exchange filter, which upstream Envoy lacks:
+# without it, `istio` alone, as Istio's istiod sends with PILOT_ENABLE_METADATA_EXCHANGE=false.
+MESH_ALPN = ("istio",)
+MESH_ALPN_MATCH = ("istio", "istio-peer-exchange", "istio-http/1.0", "istio-http/1.1", "istio-h2")
+# Istio's inbound catch-all chains: HTTP the client's sidecar detected, sent over mTLS (their ALPN
+# says so) or plaintext (the HTTP inspector's); and TCP it could not tell, over mTLS.
+MESH_HTTP_ALPN_MATCH = ("istio-http/1.0", "istio-http/1.1", "istio-h2")
+PLAINTEXT_HTTP_ALPN_MATCH = ("http/1.1", "h2c")
+MESH_TCP_ALPN_MATCH = ("istio-peer-exchange", "istio")
 HTTP_ALPN = ("h2", "http/1.1")
 # What pilot-agent serves as `file-root:system` when a DestinationRule names no CA: the bundle of
 # Istio's proxy image (Debian's path).

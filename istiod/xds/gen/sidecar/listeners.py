@@ -3,16 +3,21 @@
 - `virtualOutbound` (15001) takes captured outbound traffic and hands each connection to the listener
   of its original destination (`use_original_dst`); what no listener claims goes to
   PassthroughCluster, or BlackHoleCluster under REGISTRY_ONLY.
-- `0.0.0.0_<port>` per HTTP service port (routes from RDS `<port>`), `<vip>_<port>` per TCP service
+- `0.0.0.0_<port>` per HTTP service port (routes from RDS `<port>`) for what the HTTP inspector
+  finds is HTTP/1.1 or h2c; the rest falls to its PassthroughFilterChain (BlackHole under
+  REGISTRY_ONLY), as Istio's. `<vip>_<port>` per TCP service
   port with a ClusterIP (tcp_proxy to its cluster, or where the VirtualService's `tls` routes
   send it by SNI and its `tcp` routes send the rest); these never bind (`bind_to_port: false`).
 - `0.0.0.0_<port>` for the TCP ports of ServiceEntry hosts without an address: by SNI on TLS ports.
 - A Sidecar resource's egress listeners narrow the hosts and may move a port (istiod's egress
   listeners): `<bind>_<port>` when they name an address, bound by Envoy under captureMode NONE;
   its outboundTrafficPolicy overrides the mesh's.
-- `virtualInbound` (15006): per port the pod serves, filter chains matched on the transport
-  protocol: mesh mTLS (TLS with Istio's ALPN, the workload certificate, a client certificate the
-  mesh root signed) and, unless STRICT, plaintext; anything else passes through to the app.
+- `virtualInbound` (15006): Istio's catch-all chains for ports no service names (HTTP over mesh
+  mTLS or plaintext through an HCM, TCP over mesh mTLS, plaintext or the app's own TLS through
+  tcp_proxy, all to InboundPassthroughCluster), then per port the pod serves, chains matched on
+  the transport protocol: mesh mTLS (TLS with Istio's ALPN, the workload certificate, a client
+  certificate the mesh root signed), the app's own TLS on TCP ports, and plaintext; STRICT keeps
+  only mTLS, DISABLE only plaintext.
   HTTP chains run jwt_authn (RequestAuthentication) then RBAC (AuthorizationPolicy) before the
   router; TCP chains, the pass-through ones included, run the RBAC network filter before tcp_proxy.
 """
@@ -26,10 +31,12 @@ from dataclasses import dataclass
 from envoy.config.core.v3 import address_pb2, base_pb2
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
 from envoy.config.route.v3 import route_components_pb2, route_pb2
+from envoy.extensions.filters.listener.http_inspector.v3 import http_inspector_pb2
 from envoy.extensions.filters.listener.original_dst.v3 import original_dst_pb2
 from envoy.extensions.filters.listener.tls_inspector.v3 import tls_inspector_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
+from envoy.type.v3 import range_pb2
 from google.protobuf import duration_pb2, wrappers_pb2
 
 from istiod.model.config.security import AuthorizationPolicy, MTLSMode, RequestAuthentication
@@ -59,12 +66,15 @@ from istiod.xds.gen.authn import jwt_filter
 from istiod.xds.gen.rbac import authorization_filters, tcp_authorization_filters
 from istiod.xds.gen.security import authorization_policies, inbound_mtls_mode, request_authentications
 from istiod.xds.gen.targets import alike, outbound_traffic_policy, route_inputs
-from istiod.xds.gen.tls import HTTP_ALPN, MESH_ALPN_MATCH, sds_downstream_tls
+from istiod.xds.gen.tls import (
+    HTTP_ALPN, MESH_ALPN_MATCH, MESH_HTTP_ALPN_MATCH, MESH_TCP_ALPN_MATCH, PLAINTEXT_HTTP_ALPN_MATCH, sds_downstream_tls,
+)
 
 VIRTUAL_OUTBOUND = "virtualOutbound"
 VIRTUAL_INBOUND = "virtualInbound"
 ORIGINAL_DST_FILTER = "envoy.filters.listener.original_dst"
 TLS_INSPECTOR_FILTER = "envoy.filters.listener.tls_inspector"
+HTTP_INSPECTOR_FILTER = "envoy.filters.listener.http_inspector"
 ANY_ADDRESS = "0.0.0.0"
 
 log = logging.getLogger(__name__)
@@ -108,8 +118,8 @@ def _outbound(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[Re
         if target.protocol.is_http:
             name = f"{target.bind or ANY_ADDRESS}_{number}"
             if name not in named:
-                result.append(cache.get(types.LISTENER, name, None, lambda: http_outbound_listener(target),
-                                        scope=f"{target.bind_to_port}"))
+                result.append(cache.get(types.LISTENER, name, None, lambda: http_outbound_listener(target, policy),
+                                        scope=f"{target.bind_to_port}:{policy.value}"))
         elif (address := target.bind or target.vip) is not None:
             name = f"{address}_{number}"
             if name not in named:
@@ -135,19 +145,22 @@ def _outbound(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[Re
 
 
 def virtual_outbound(policy: OutboundTrafficPolicy) -> listener_pb2.Listener:
-    unmatched, chain = ((BLACKHOLE, "BlackHoleFilterChain") if policy is OutboundTrafficPolicy.REGISTRY_ONLY
-                        else (PASSTHROUGH, "PassthroughFilterChain"))
+    catch_all = _catch_all(policy)
+    catch_all.name = f"{VIRTUAL_OUTBOUND}-catchall-tcp"
     return listener_pb2.Listener(
         name=VIRTUAL_OUTBOUND,
         address=_address(ANY_ADDRESS, VIRTUAL_OUTBOUND_PORT),
         use_original_dst=wrappers_pb2.BoolValue(value=True),
         traffic_direction=base_pb2.OUTBOUND,
-        filter_chains=[_loop_breaker(VIRTUAL_OUTBOUND, VIRTUAL_OUTBOUND_PORT)],
-        default_filter_chain=listener_components_pb2.FilterChain(
-            name=chain,
-            filters=[tcp_proxy(unmatched, unmatched)],
-        ),
+        filter_chains=[_loop_breaker(VIRTUAL_OUTBOUND, VIRTUAL_OUTBOUND_PORT), catch_all],
     )
+
+
+def _catch_all(policy: OutboundTrafficPolicy) -> listener_components_pb2.FilterChain:
+    """Where outbound traffic no service claims goes: out as it came, or nowhere under REGISTRY_ONLY."""
+    unmatched, chain = ((BLACKHOLE, "BlackHoleFilterChain") if policy is OutboundTrafficPolicy.REGISTRY_ONLY
+                        else (PASSTHROUGH, "PassthroughFilterChain"))
+    return listener_components_pb2.FilterChain(name=chain, filters=[tcp_proxy(unmatched, unmatched)])
 
 
 def _loop_breaker(listener: str, port: int) -> listener_components_pb2.FilterChain:
@@ -160,13 +173,35 @@ def _loop_breaker(listener: str, port: int) -> listener_components_pb2.FilterCha
     )
 
 
-def http_outbound_listener(target: OutboundPort) -> listener_pb2.Listener:
+def http_outbound_listener(target: OutboundPort, policy: OutboundTrafficPolicy) -> listener_pb2.Listener:
+    """The HCM takes what the HTTP inspector recognises as HTTP/1.1 or h2c; another protocol on
+    an HTTP port (a client speaking TLS or its own bytes) leaves as virtualOutbound's would."""
     port = target.number
     name = f"{target.bind or ANY_ADDRESS}_{port}"
     rds = hcm_pb2.Rds(config_source=ads_source(initial_fetch_timeout=duration_pb2.Duration()),
                       route_config_name=str(port))
-    return _outbound_listener(name, target.bind or ANY_ADDRESS, port, network_filter(HCM_FILTER, with_fault_filter(
+    listener = _outbound_listener(name, target.bind or ANY_ADDRESS, port, network_filter(HCM_FILTER, with_fault_filter(
         _sidecar_hcm(f"outbound_{name}", rds=rds))), target.bind_to_port)
+    listener.filter_chains[0].filter_chain_match.MergeFrom(listener_components_pb2.FilterChainMatch(
+        transport_protocol="raw_buffer", application_protocols=PLAINTEXT_HTTP_ALPN_MATCH))
+    listener.listener_filters.append(_http_inspector())
+    listener.continue_on_listener_filters_timeout = True  # a client that speaks first: not HTTP
+    listener.default_filter_chain.CopyFrom(_catch_all(policy))
+    return listener
+
+
+def _http_inspector(skip_ports: Sequence[int] = ()) -> listener_components_pb2.ListenerFilter:
+    """Sets `http/1.1` or `h2c` as the application protocol of what it recognises; not run for
+    `skip_ports`, whose protocol is declared."""
+    inspector = listener_components_pb2.ListenerFilter(
+        name=HTTP_INSPECTOR_FILTER, typed_config=pack(http_inspector_pb2.HttpInspector()))
+    ranges = [listener_components_pb2.ListenerFilterChainMatchPredicate(
+        destination_port_range=range_pb2.Int32Range(start=port, end=port + 1)) for port in skip_ports]
+    if len(ranges) == 1:
+        inspector.filter_disabled.CopyFrom(ranges[0])
+    elif ranges:
+        inspector.filter_disabled.or_match.rules.extend(ranges)
+    return inspector
 
 
 def tcp_outbound_listener(address: str, target: OutboundPort, destinations: L4Destinations,
@@ -228,7 +263,7 @@ def _outbound_listener(name: str, ip: str, port: int, main: listener_components_
         address=_address(ip, port),
         bind_to_port=wrappers_pb2.BoolValue(value=bind_to_port),
         traffic_direction=base_pb2.OUTBOUND,
-        filter_chains=[listener_components_pb2.FilterChain(name=name, filters=[main])],
+        filter_chains=[listener_components_pb2.FilterChain(filters=[main])],  # unnamed, as Istio's
     )
 
 
@@ -245,35 +280,70 @@ def virtual_inbound(ports: tuple[InboundPort, ...], modes: Mapping[int, MTLSMode
             log.info("%s (sidecar %s, TCP and unnamed ports)", problem, VIRTUAL_INBOUND)
     jwt = jwt_filter(request_auth)
     filters = _Filters((jwt, *authz.filters) if jwt is not None else authz.filters, tcp.filters)
-    chains = [_loop_breaker(VIRTUAL_INBOUND, VIRTUAL_INBOUND_PORT)]
+    chains = [_loop_breaker(VIRTUAL_INBOUND, VIRTUAL_INBOUND_PORT), *_passthrough_chains(modes[0], filters)]
     for inbound in ports:
         chains += _inbound_chains(inbound, modes[inbound.port], filters)
-    strict = modes[0] is MTLSMode.STRICT
-    # Ports no service names: mTLS is terminated here, everything else passes through untouched.
-    chains.append(listener_components_pb2.FilterChain(
-        name=f"{VIRTUAL_INBOUND}-mtls-passthrough",
-        filter_chain_match=_transport_match(None, mtls=True, strict=strict),
-        transport_socket=sds_downstream_tls(()),
-        filters=[*tcp.filters, tcp_proxy(INBOUND_PASSTHROUGH, INBOUND_PASSTHROUGH)],
-    ))
+    listener_filters = [
+        listener_components_pb2.ListenerFilter(name=ORIGINAL_DST_FILTER, typed_config=pack(original_dst_pb2.OriginalDst())),
+        listener_components_pb2.ListenerFilter(
+            name=TLS_INSPECTOR_FILTER, typed_config=pack(tls_inspector_pb2.TlsInspector()),
+            filter_disabled=listener_components_pb2.ListenerFilterChainMatchPredicate(
+                destination_port_range=range_pb2.Int32Range(start=VIRTUAL_INBOUND_PORT, end=VIRTUAL_INBOUND_PORT + 1))),
+    ]
+    if any(set(PLAINTEXT_HTTP_ALPN_MATCH) & set(c.filter_chain_match.application_protocols) for c in chains):
+        # Only ports no service declares need telling HTTP from the rest.
+        listener_filters.append(_http_inspector(sorted({p.port for p in ports} | {VIRTUAL_INBOUND_PORT})))
     return listener_pb2.Listener(
         name=VIRTUAL_INBOUND,
         address=_address(ANY_ADDRESS, VIRTUAL_INBOUND_PORT),
         traffic_direction=base_pb2.INBOUND,
-        listener_filters=[
-            listener_components_pb2.ListenerFilter(name=ORIGINAL_DST_FILTER, typed_config=pack(original_dst_pb2.OriginalDst())),
-            listener_components_pb2.ListenerFilter(name=TLS_INSPECTOR_FILTER,
-                                                   typed_config=pack(tls_inspector_pb2.TlsInspector())),
-        ],
-        # A server-first protocol sends nothing for the TLS inspector to read: carry on without it.
+        listener_filters=listener_filters,
+        # A server-first protocol sends nothing for the inspectors to read: carry on without them
+        # (Envoy then calls it raw_buffer).
         continue_on_listener_filters_timeout=True,
+        # What no chain matches (plaintext under STRICT) is closed.
         filter_chains=chains,
-        # Under STRICT a plaintext connection matches no chain and is closed.
-        default_filter_chain=None if strict else listener_components_pb2.FilterChain(
-            name=f"{VIRTUAL_INBOUND}-passthrough",
-            filters=[*tcp.filters, tcp_proxy(INBOUND_PASSTHROUGH, INBOUND_PASSTHROUGH)],
-        ),
     )
+
+
+def _passthrough_chains(mode: MTLSMode, authz: _Filters) -> list[listener_components_pb2.FilterChain]:
+    """Istio's catch-all chains for ports no service names, all to InboundPassthroughCluster:
+    HTTP (mTLS with Istio's HTTP ALPNs, or what the HTTP inspector recognises) through an HCM,
+    the rest through tcp_proxy (mesh mTLS, plaintext, or the app's own TLS untouched)."""
+    http = _Port(0, Protocol.HTTP)
+    tcp = _Port(0, Protocol.TCP)
+
+    def chain(name: str, port: _Port, match: listener_components_pb2.FilterChainMatch,
+              mtls: bool) -> listener_components_pb2.FilterChain:
+        return listener_components_pb2.FilterChain(
+            name=name, filter_chain_match=match,
+            transport_socket=sds_downstream_tls(HTTP_ALPN) if mtls else None,
+            filters=_inbound_filters(port, INBOUND_PASSTHROUGH, mtls=mtls, authz=authz))
+
+    catch_all_http, catch_all_tcp = f"{VIRTUAL_INBOUND}-catchall-http", VIRTUAL_INBOUND
+    mesh_http = chain(catch_all_http, http, _match("tls", MESH_HTTP_ALPN_MATCH), mtls=True)
+    plain_http = chain(catch_all_http, http, _match("raw_buffer", PLAINTEXT_HTTP_ALPN_MATCH), mtls=False)
+    plain_tcp = chain(catch_all_tcp, tcp, _match("raw_buffer"), mtls=False)
+    if mode is MTLSMode.STRICT:
+        return [mesh_http, chain(catch_all_tcp, tcp, _match("tls"), mtls=True)]
+    if mode is MTLSMode.DISABLE:
+        return [plain_http, plain_tcp]
+    return [mesh_http, plain_http, chain(catch_all_tcp, tcp, _match("tls", MESH_TCP_ALPN_MATCH), mtls=True),
+            plain_tcp, chain(catch_all_tcp, tcp, _match("tls"), mtls=False)]
+
+
+@dataclass(frozen=True, slots=True)
+class _Port:
+    """A port the catch-all chains stand for (0: any)."""
+
+    port: int
+    protocol: Protocol
+
+
+def _match(transport: str, alpn: Sequence[str] = (), port: int | None = None) -> listener_components_pb2.FilterChainMatch:
+    return listener_components_pb2.FilterChainMatch(
+        destination_port=None if port is None else wrappers_pb2.UInt32Value(value=port),
+        transport_protocol=transport, application_protocols=alpn)
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,43 +356,30 @@ class _Filters:
 
 
 def _inbound_chains(inbound: InboundPort, mode: MTLSMode, authz: _Filters) -> list[listener_components_pb2.FilterChain]:
-    """STRICT: mTLS only; PERMISSIVE: mesh mTLS (by ALPN) and plaintext; DISABLE: the port as it comes."""
+    """Istio's per port, all named `0.0.0.0_<port>`. STRICT: mTLS only; PERMISSIVE: mesh mTLS (by
+    ALPN), the app's own TLS on TCP ports, and plaintext; DISABLE: plaintext."""
     cluster = inbound_cluster_name(inbound.port)
+    name = f"{ANY_ADDRESS}_{inbound.port}"
+
+    def chain(match: listener_components_pb2.FilterChainMatch, mtls: bool) -> listener_components_pb2.FilterChain:
+        return listener_components_pb2.FilterChain(
+            name=name, filter_chain_match=match, transport_socket=sds_downstream_tls(HTTP_ALPN) if mtls else None,
+            filters=_inbound_filters(inbound, cluster, mtls=mtls, authz=authz))
+
+    plaintext = chain(_match("raw_buffer", port=inbound.port), mtls=False)
     if mode is MTLSMode.DISABLE:
-        return [listener_components_pb2.FilterChain(
-            name=f"{cluster}-plaintext",
-            filter_chain_match=listener_components_pb2.FilterChainMatch(
-                destination_port=wrappers_pb2.UInt32Value(value=inbound.port)),
-            filters=_inbound_filters(inbound, cluster, mtls=False, authz=authz),
-        )]
-    strict = mode is MTLSMode.STRICT
-    chains = [listener_components_pb2.FilterChain(
-        name=f"{cluster}-mtls",
-        filter_chain_match=_transport_match(inbound.port, mtls=True, strict=strict),
-        transport_socket=sds_downstream_tls(HTTP_ALPN if inbound.protocol.is_http else ()),
-        filters=_inbound_filters(inbound, cluster, mtls=True, authz=authz),
-    )]
-    if not strict:
-        chains.append(listener_components_pb2.FilterChain(
-            name=f"{cluster}-plaintext",
-            filter_chain_match=_transport_match(inbound.port, mtls=False, strict=strict),
-            filters=_inbound_filters(inbound, cluster, mtls=False, authz=authz),
-        ))
-    return chains
+        return [plaintext]
+    if mode is MTLSMode.STRICT:
+        return [chain(_match("tls", port=inbound.port), mtls=True)]
+    mesh = chain(_match("tls", MESH_ALPN_MATCH, port=inbound.port), mtls=True)
+    if inbound.protocol.is_http:  # declared HTTP: TLS other than the mesh's is not expected
+        return [mesh, plaintext]
+    return [mesh, chain(_match("tls", port=inbound.port), mtls=False), plaintext]
 
 
-def _transport_match(port: int | None, mtls: bool, strict: bool) -> listener_components_pb2.FilterChainMatch:
-    """PERMISSIVE tells mesh mTLS from the rest by Istio's ALPN values; STRICT takes any TLS."""
-    return listener_components_pb2.FilterChainMatch(
-        destination_port=None if port is None else wrappers_pb2.UInt32Value(value=port),
-        transport_protocol="tls" if mtls else "raw_buffer",
-        application_protocols=list(MESH_ALPN_MATCH) if mtls and not strict else [],
-    )
-
-
-def _inbound_filters(inbound: InboundPort, cluster: str, mtls: bool,
+def _inbound_filters(inbound: InboundPort | _Port, cluster: str, mtls: bool,
                      authz: _Filters) -> list[listener_components_pb2.Filter]:
-    stat_prefix = f"inbound_{ANY_ADDRESS}_{inbound.port}"
+    stat_prefix = cluster if cluster == INBOUND_PASSTHROUGH else f"inbound_{ANY_ADDRESS}_{inbound.port}"
     if not inbound.protocol.is_http:
         return [*authz.tcp, tcp_proxy(cluster, cluster)]
     route = route_pb2.RouteConfiguration(

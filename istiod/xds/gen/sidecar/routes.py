@@ -1,9 +1,9 @@
 """RDS for sidecars: route configuration `<port>` for the listener `0.0.0.0_<port>`.
 
-One virtual host `<host>:<port>` per HTTP service on that port. Envoy matches the Host header
-exactly, port included, so the domains list every name a client may use, with and without the
-port: the FQDN, `name.ns.svc`, `name.ns`, the bare `name` for proxies in the same namespace, and
-the ClusterIP. Its routes are the VirtualService's, translated as for proxyless gRPC
+One virtual host `<host>:<port>` per HTTP service on that port, whose domains list every name a
+client may use, as Istio's: the FQDN and its absolute form (trailing dot), the bare `name` for
+proxies in the same namespace, `name.ns.svc`, `name.ns`, and the ClusterIP. Envoy ignores the Host
+header's port (`ignore_port_in_host_matching`), so the domains carry none. Its routes are the VirtualService's, translated as for proxyless gRPC
 (istiod/xds/gen/routes.py). Any other host goes to PassthroughCluster (`allow_any`), or gets a 502
 (`block_all`) under REGISTRY_ONLY, as istiod does.
 """
@@ -82,16 +82,18 @@ def route_configuration(port: int, targets: list[OutboundPort], snapshot: Snapsh
             name="allow_any", domains=["*"], routes=[default_route("allow_any", PASSTHROUGH, proxyless=False)], include_request_attempt_count=True,
         ))
     return route_pb2.RouteConfiguration(
-        name=str(port), virtual_hosts=hosts, validate_clusters=wrappers_pb2.BoolValue(value=False)
+        name=str(port), virtual_hosts=hosts, validate_clusters=wrappers_pb2.BoolValue(value=False),
+        ignore_port_in_host_matching=True,
     )
 
 
 def _domains(target: OutboundPort, namespace: str) -> list[str]:
-    service, port = target.service, target.number
-    names = list(service.aliases)
-    if service.namespace == namespace:
+    service = target.service
+    fqdn, *short = service.aliases
+    names = [fqdn, f"{fqdn}."]
+    if service.namespace == namespace and not service.external_host:
         names.append(service.name)
-    domains = [domain for name in names for domain in (name, join_host_port(name, port))]
+    names += short
     if (vip := target.vip) is not None:  # a Host header brackets an IPv6 address
-        domains += [f"[{vip}]" if ":" in vip else vip, join_host_port(vip, port)]
-    return domains
+        names.append(f"[{vip}]" if ":" in vip else vip)
+    return names
