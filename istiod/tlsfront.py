@@ -38,8 +38,11 @@ CLOSE_TIMEOUT = 2.0  # how long a closing connection may take to flush to a clie
 
 class TlsFront:
     def __init__(self, host: str, port: int, backend_port: int, context: Callable[[], ssl.SSLContext],
-                 user_timeout: float = 10.0, max_connections: int = MAX_CONNECTIONS) -> None:
+                 user_timeout: float = 10.0, max_connections: int = MAX_CONNECTIONS, reuse_port: bool = False) -> None:
+        """`reuse_port`: join the SO_REUSEPORT group of the port (the xDS workers' fronts), the kernel
+        spreading new connections among its members."""
         self.host, self.port = host, port
+        self.reuse_port = reuse_port
         self.backend_port = backend_port
         self.context = context
         # gRPC core sets TCP_USER_TIMEOUT to the keepalive timeout on 15010's sockets: a peer that stops
@@ -59,7 +62,8 @@ class TlsFront:
         # gRPC core's and Go's listeners let it: with asyncio's default of 100, the rest of a connect
         # storm had their SYNs dropped and retried 1, 3, 7 s later, late for the handshake deadline.
         self._server = await asyncio.get_running_loop().create_server(lambda: _Accepted(self), self.host, self.port,
-                                                                      backlog=self._cap.limit)
+                                                                      backlog=self._cap.limit,
+                                                                      reuse_port=self.reuse_port or None)
         return self._server.sockets[0].getsockname()[1]
 
     def stop_accepting(self) -> None:
