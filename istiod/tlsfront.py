@@ -141,12 +141,11 @@ class TlsFront:
 
     async def _forward(self, transport: asyncio.Transport, client: str, early: bytearray) -> None:
         loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader()
-        protocol = _TlsStreamProtocol(reader)
+        relay = _ClientSide(loop)
         tls: asyncio.Transport | None = None
         try:
             async with asyncio.timeout(HANDSHAKE_TIMEOUT):
-                start = asyncio.ensure_future(loop.start_tls(transport, protocol, self.context(), server_side=True,
+                start = asyncio.ensure_future(loop.start_tls(transport, relay, self.context(), server_side=True,
                                                              ssl_shutdown_timeout=CLOSE_TIMEOUT))
                 # Once start_tls has run to its first wait, its TLS protocol reads the socket. Bytes read
                 # before (uvloop only, see _Accepted) go to that protocol right after its connection_made
@@ -160,54 +159,126 @@ class TlsFront:
                 finally:
                     start.cancel()  # only if this ended before it did
                 assert tls is not None
-                first = await reader.read(1 << 16)
+                relay.secured(tls)
+                first = await relay.first
         except (ssl.SSLError, OSError, TimeoutError) as error:
             _refusals.warning(logs.event("secure port: TLS handshake refused", client=client, reason=_reason(error)))
             if tls is not None:
                 tls.abort()
             return
         assert tls is not None
-        writer = asyncio.StreamWriter(tls, protocol, reader, loop)
         try:
             if first:
-                await self._pipe(transport, tls, reader, writer, first)
+                await self._relay(transport, tls, relay)
         finally:
             tls.close()  # flushes what is left to the client, or gives up after CLOSE_TIMEOUT
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(CLOSE_TIMEOUT):
-                    await writer.wait_closed()
+                    await asyncio.shield(relay.lost)
 
-    async def _pipe(self, transport: asyncio.Transport, tls: asyncio.Transport, reader: asyncio.StreamReader,
-                    writer: asyncio.StreamWriter, first: bytes) -> None:
+    async def _relay(self, transport: asyncio.Transport, tls: asyncio.Transport, relay: _ClientSide) -> None:
+        """The bytes between the client's TLS connection and a new one to the inner server, as they come
+        (protocol callbacks, no task per direction); each side's full write buffer pauses the other's reading."""
         der = tls.get_extra_info("ssl_object").getpeercert(binary_form=True)
         cert = x509.load_der_x509_certificate(der) if der else None
+        loop = asyncio.get_running_loop()
         try:
-            backend_reader, backend_writer = await asyncio.open_connection("127.0.0.1", self.backend_port)
+            backend, _ = await loop.create_connection(lambda: _InnerSide(relay), "127.0.0.1", self.backend_port)
         except OSError as error:
             log.error("secure port: inner gRPC server unreachable: %s", error)
             return
-        peer = f"ipv4:127.0.0.1:{backend_writer.get_extra_info('sockname')[1]}"
+        peer = f"ipv4:127.0.0.1:{backend.get_extra_info('sockname')[1]}"
         self._peers[peer] = cert  # before a byte is forwarded, so every RPC finds it
         self._fronts[peer] = transport
-        backend_writer.write(first)
-        # Either side closing ends both: a pump waiting to write to a client that stopped reading
-        # must not keep the connection when the inner server has dropped it (its keepalive failed).
-        tasks = [asyncio.create_task(_pump(reader, backend_writer)), asyncio.create_task(_pump(backend_reader, writer)),
-                 asyncio.create_task(_closed(backend_writer)), asyncio.create_task(_closed(writer))]
         try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            # Either side closing ends both: a client that stopped reading must not keep the connection
+            # when the inner server has dropped it (its keepalive failed).
+            relay.join(backend)
+            await relay.ended
         finally:
-            for task in tasks:
-                task.cancel()
-            backend_writer.close()
+            backend.close()
             del self._peers[peer]
             del self._fronts[peer]
 
 
-class _TlsStreamProtocol(asyncio.StreamReaderProtocol):
+class _ClientSide(asyncio.Protocol):
+    """The client's side of a relayed connection, as the TLS transport's protocol: what the client
+    sends goes to the inner server (held until it is connected, reading paused meanwhile)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.first: asyncio.Future[bytes] = loop.create_future()  # the client's first bytes (b"": none came)
+        self.ended: asyncio.Future[None] = loop.create_future()  # either side is gone
+        self.lost: asyncio.Future[None] = loop.create_future()  # the client's connection is closed
+        self.tls: asyncio.Transport | None = None
+        self.inner: asyncio.Transport | None = None
+        self._held = bytearray()
+
+    def secured(self, tls: asyncio.Transport) -> None:
+        """The TLS transport (start_tls does not call connection_made) once the handshake is done."""
+        self.tls = tls
+        if self._held:
+            tls.pause_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self.inner is not None:
+            self.inner.write(data)
+            return
+        self._held += data
+        if not self.first.done():
+            self.first.set_result(bytes(data))
+        if self.tls is not None:
+            self.tls.pause_reading()  # until the inner server takes it
+
+    def join(self, inner: asyncio.Transport) -> None:
+        self.inner = inner
+        inner.write(bytes(self._held))
+        self._held.clear()
+        if self.tls is not None and not self.ended.done():
+            self.tls.resume_reading()
+
     def eof_received(self) -> bool:
-        super().eof_received()
         return False  # TLS has no half-close: the connection ends with the client's data
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.first.done():
+            self.first.set_result(b"")
+        for future in (self.ended, self.lost):
+            if not future.done():
+                future.set_result(None)
+
+    def pause_writing(self) -> None:  # the client does not keep up: stop reading the inner server
+        if self.inner is not None:
+            self.inner.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.inner is not None:
+            self.inner.resume_reading()
+
+
+class _InnerSide(asyncio.Protocol):
+    """The inner server's side of a relayed connection: what it sends goes to the client over TLS."""
+
+    def __init__(self, client: _ClientSide) -> None:
+        self.client = client
+
+    def data_received(self, data: bytes) -> None:
+        if self.client.tls is not None:
+            self.client.tls.write(data)
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.client.ended.done():
+            self.client.ended.set_result(None)
+
+    def pause_writing(self) -> None:  # the inner server does not keep up: stop reading the client
+        if self.client.tls is not None:
+            self.client.tls.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.client.tls is not None:
+            self.client.tls.resume_reading()
 
 
 class _Accepted(asyncio.Protocol):
@@ -247,18 +318,6 @@ def _feed(protocol: asyncio.BaseProtocol, data: bytes) -> None:
         buffer[:size] = view[:size]
         buffered.buffer_updated(size)
         view = view[size:]
-
-
-async def _pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-    with contextlib.suppress(OSError, asyncio.IncompleteReadError):
-        while data := await source.read(1 << 16):
-            sink.write(data)
-            await sink.drain()
-
-
-async def _closed(writer: asyncio.StreamWriter) -> None:
-    with contextlib.suppress(Exception):
-        await writer.wait_closed()
 
 
 def _address(peername: object) -> str:
