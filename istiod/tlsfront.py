@@ -15,6 +15,7 @@ import contextlib
 import logging
 import socket
 import ssl
+import threading
 from collections.abc import Callable
 from typing import cast
 
@@ -24,6 +25,7 @@ from cryptography import x509
 from istiod import logs
 from istiod.ca.authenticate import Credentials
 from istiod.connlimit import HANDSHAKE_TIMEOUT, IDLE_TIMEOUT, MAX_CONNECTIONS, ConnectionCap
+from istiod.eventloop import new_loop
 from istiod.model.names import join_host_port
 
 log = logging.getLogger(__name__)
@@ -34,6 +36,10 @@ _refusals = logs.Throttled(log)  # a client can cause these at will
 # is closed after IDLE_TIMEOUT: otherwise HTTP/2 connections that never open a stream, which keepalive
 # keeps alive, fill --max-connections. A gRPC client reconnects when it next calls.
 CLOSE_TIMEOUT = 2.0  # how long a closing connection may take to flush to a client before it is cut
+# What the inner server sends is relayed this much at a time; a client's TLS transport holds at most
+# twice that before the relay stops reading the inner server (see _InnerSide).
+RELAY_CHUNK = 16 * 1024
+_RELAY_BUFFER = memoryview(bytearray(RELAY_CHUNK))
 
 
 class TlsFront:
@@ -56,8 +62,20 @@ class TlsFront:
         self._transports: set[asyncio.Transport] = set()
         self._tasks: set[asyncio.Task[None]] = set()  # the loop keeps only weak references to tasks
         self._server: asyncio.Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
 
     async def start(self) -> int:
+        """Listens on a thread of its own, with an event loop of its own: the relayed bytes, and the HTTP/2
+        flow control and keepalive they carry, then move while the serving loop is busy generating config
+        (a loop busy for a few hundred ms held every window update as long, and streams missed their send
+        deadline). Only the GIL is shared; ssl encrypts and decrypts without it."""
+        self._loop = loop = new_loop()
+        self._thread = threading.Thread(target=loop.run_forever, name="tls-front", daemon=True)
+        self._thread.start()
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._listen(), loop))
+
+    async def _listen(self) -> int:
         # A burst of connections waits in the kernel's accept queue (capped by net.core.somaxconn), as
         # gRPC core's and Go's listeners let it: with asyncio's default of 100, the rest of a connect
         # storm had their SYNs dropped and retried 1, 3, 7 s later, late for the handshake deadline.
@@ -67,11 +85,22 @@ class TlsFront:
         return self._server.sockets[0].getsockname()[1]
 
     def stop_accepting(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        if self._server is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._server.close)
 
     async def stop(self) -> None:
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
         self.stop_accepting()
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._close_all(), loop))
+        loop.call_soon_threadsafe(loop.stop)
+        await asyncio.to_thread(thread.join, 5)
+        if not thread.is_alive():
+            loop.close()
+        self._loop = self._thread = None
+
+    async def _close_all(self) -> None:
         for transport in list(self._transports):
             transport.abort()
         for task in list(self._tasks):
@@ -98,11 +127,11 @@ class TlsFront:
         """The caller's credentials as the inner gRPC server sees it (no certificate unless it came through
         TLS). Every call asks once (the CA's and ADS's): its connection is busy until the call ends."""
         peer = context.peer() or ""
-        transport = self._fronts.get(peer)
-        if transport is not None:
-            self._call_started(transport)
+        transport, loop = self._fronts.get(peer), self._loop
+        if transport is not None and loop is not None:  # the connection's state is the front's thread's
+            loop.call_soon_threadsafe(self._call_started, transport)
             # The stubs type the callback as a class of their own; any callable taking the context does.
-            context.add_done_callback(lambda _: self._call_ended(transport))  # type: ignore[arg-type]
+            context.add_done_callback(lambda _: loop.call_soon_threadsafe(self._call_ended, transport))  # type: ignore[arg-type]
         metadata = {key: value for key, value in (context.invocation_metadata() or ()) if isinstance(value, str)}
         return Credentials(metadata.get("authorization"), self._peers.get(peer))
 
@@ -159,6 +188,7 @@ class TlsFront:
                 finally:
                     start.cancel()  # only if this ended before it did
                 assert tls is not None
+                tls.set_write_buffer_limits(high=2 * RELAY_CHUNK)
                 relay.secured(tls)
                 first = await relay.first
         except (ssl.SSLError, OSError, TimeoutError) as error:
@@ -255,15 +285,21 @@ class _ClientSide(asyncio.Protocol):
             self.inner.resume_reading()
 
 
-class _InnerSide(asyncio.Protocol):
-    """The inner server's side of a relayed connection: what it sends goes to the client over TLS."""
+class _InnerSide(asyncio.BufferedProtocol):
+    """The inner server's side of a relayed connection: what it sends goes to the client over TLS, read
+    RELAY_CHUNK at a time. A TLS transport encrypts each write whole into a memory buffer that keeps its
+    largest size for the connection's life: the event loop's own reads (256 kB) would leave that much
+    behind on every connection."""
 
     def __init__(self, client: _ClientSide) -> None:
         self.client = client
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return _RELAY_BUFFER  # copied out before the next read, so every connection of the loop shares it
+
+    def buffer_updated(self, nbytes: int) -> None:
         if self.client.tls is not None:
-            self.client.tls.write(data)
+            self.client.tls.write(bytes(_RELAY_BUFFER[:nbytes]))
 
     def eof_received(self) -> bool:
         return False
