@@ -38,7 +38,7 @@ _refusals = logs.Throttled(log)  # a client can cause these at will
 CLOSE_TIMEOUT = 2.0  # how long a closing connection may take to flush to a client before it is cut
 # What the inner server sends is relayed this much at a time; a client's TLS transport holds at most
 # twice that before the relay stops reading the inner server (see _InnerSide).
-RELAY_CHUNK = 16 * 1024
+RELAY_CHUNK = 64 * 1024
 _RELAY_BUFFER = memoryview(bytearray(RELAY_CHUNK))
 
 
