@@ -5,6 +5,9 @@ the Secret istio-ca-secret, with callers' tokens checked by TokenReview and the 
 the caller's `publish_root` (the istio-ca-root-cert ConfigMaps); in config-dir mode in the state
 dir, with the static-token stand-in, and the root published as `<state dir>/root-cert.pem` so
 agents on this machine can trust istiod.
+
+The port is served here through a TLS front (tlsfront.py), or with --xds-workers by the workers, each
+through its own (xds/secureworker.py), this process then answering their CSRs and token checks.
 """
 
 from __future__ import annotations

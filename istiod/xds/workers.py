@@ -29,10 +29,8 @@ Counters live in each worker, so a worker that ends takes its counts with it: Pr
 drop as a counter reset, as after a restart of istiod. (prometheus-client's multiprocess mode would
 keep them, but it cannot remove a series, which pilot_xds_*_reject needs.)
 
-Not yet: 15012 stays in the main process. It would follow through its TLS front, which already ends
-TLS in the main process and relays each connection to a loopback gRPC port: each worker would serve
-such a port too (with the caller's certificate passed along as the front does now, and the token
-check in the worker), and the front would hand each new connection to the next worker.
+The secure port (15012) is served by the workers too, with the main process signing CSRs and
+checking tokens for them: see secureworker.py.
 """
 
 from __future__ import annotations
