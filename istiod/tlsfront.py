@@ -15,6 +15,7 @@ import contextlib
 import logging
 import socket
 import ssl
+import sys
 import threading
 from collections.abc import Callable
 from typing import cast
@@ -40,6 +41,12 @@ CLOSE_TIMEOUT = 2.0  # how long a closing connection may take to flush to a clie
 # twice that before the relay stops reading the inner server (see _InnerSide).
 RELAY_CHUNK = 64 * 1024
 _RELAY_BUFFER = memoryview(bytearray(RELAY_CHUNK))
+# How long a thread that wants the GIL waits before the one holding it must let go (Python's default:
+# 5 ms). ssl lets go of the GIL for each record it encrypts or decrypts, and the serving loop's thread,
+# busy generating config, takes it back at once: the front then waited 5 ms per chunk it relayed,
+# about 13 MB/s for all of a process's connections, and a connect storm's writes missed their send
+# deadline. At 0.5 ms the front keeps up, at the cost of more frequent switches while both are busy.
+SWITCH_INTERVAL = 0.0005
 
 
 class TlsFront:
@@ -71,6 +78,7 @@ class TlsFront:
         (a loop busy for a few hundred ms held every window update as long, and streams missed their send
         deadline). Only the GIL is shared; ssl encrypts and decrypts without it."""
         self._loop = loop = new_loop()
+        sys.setswitchinterval(SWITCH_INTERVAL)
         self._thread = threading.Thread(target=loop.run_forever, name="tls-front", daemon=True)
         self._thread.start()
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._listen(), loop))

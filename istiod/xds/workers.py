@@ -54,6 +54,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from istiod import logs
+from istiod.ca.serving import ServingPem
 from istiod.debug import connections
 from istiod.connlimit import HANDSHAKE_TIMEOUT, IDLE_TIMEOUT
 from istiod.debug.connections import Question, Unanswered
@@ -67,8 +68,7 @@ from istiod.keepalive import Keepalive
 from istiod.xds import admission
 from istiod.xds.connection import tag_connections
 from istiod.xds.pusher import PushEvent, Pusher
-from istiod.ca.serving import ServingPem
-from istiod.xds.secureworker import Authenticate, SecureAnswer, SecureServing, SecureStart, Sign
+from istiod.xds.secureworker import Authenticate, Refused, SecureAnswer, SecureServing, SecureStart, Sign
 from istiod.xds.server import DiscoveryServer, add_to_server
 
 if TYPE_CHECKING:  # not imported by a worker: istiod.settings brings in the Kubernetes client (50 MB)
@@ -300,7 +300,11 @@ class WorkerPool:
 
     @staticmethod
     async def _reply(writer: asyncio.StreamWriter, ask: Ask, answer: SecureAnswer) -> None:
-        value = await answer(ask.question)
+        try:
+            value = await answer(ask.question)
+        except Exception:  # the worker's caller must not wait for an answer that never comes
+            log.exception("secure port: a worker's question failed")
+            value = Refused(grpc.StatusCode.INTERNAL.name, "istiod failed to answer")
         if not writer.is_closing():
             writer.write(_frame(Reply(ask.number, value)))
 
