@@ -38,7 +38,7 @@ _refusals = logs.Throttled(log)  # a client can cause these at will
 # keeps alive, fill --max-connections. A gRPC client reconnects when it next calls.
 CLOSE_TIMEOUT = 2.0  # how long a closing connection may take to flush to a client before it is cut
 # What the inner server sends is relayed this much at a time; a client's TLS transport holds at most
-# one such chunk before the relay stops reading the inner server (see _InnerSide).
+# twice that before the relay stops reading the inner server (see _InnerSide).
 RELAY_CHUNK = 64 * 1024
 _RELAY_BUFFER = memoryview(bytearray(RELAY_CHUNK))
 # How long a thread that wants the GIL waits before the one holding it must let go (Python's default:
@@ -196,7 +196,7 @@ class TlsFront:
                 finally:
                     start.cancel()  # only if this ended before it did
                 assert tls is not None
-                tls.set_write_buffer_limits(high=RELAY_CHUNK)
+                tls.set_write_buffer_limits(high=2 * RELAY_CHUNK)
                 relay.secured(tls)
                 first = await relay.first
         except (ssl.SSLError, OSError, TimeoutError) as error:
