@@ -69,6 +69,7 @@ class Server:
         self.proc: subprocess.Popen[bytes] | None = None
         self.metrics_url: str | None = None
         self.secure: loadgen.Secure | None = None
+        self.secure_addr: str | None = None
         if xds_addr:
             self.xds_addr, self.tree = xds_addr, ProcessTree(pid) if pid else None
             return
@@ -98,9 +99,7 @@ class Server:
             raise
         self.xds_addr = f"127.0.0.1:{port['grpc']}"
         self.metrics_url = f"http://127.0.0.1:{port['monitoring']}/metrics"
-        if (workdir / "ca").exists():
-            self.secure = ztunnel_identity(workdir / "ca", workdir / "ca" / "root-cert.pem",
-                                           f"127.0.0.1:{port['secure-grpc']}")
+        self.secure_addr = f"127.0.0.1:{port['secure-grpc']}"
 
     def sent(self) -> tuple[float, float] | None:
         """(resource bytes, responses) istiod says it has sent so far, from its own metrics."""
@@ -160,6 +159,26 @@ def ztunnel_identity(ca: Path, root: Path, secure_addr: str) -> loadgen.Secure:
     (ca / "ztunnel-cert.pem").write_text(cert_pem(cert) + (ca / "ca-cert.pem").read_text())
     (ca / "ztunnel-key.pem").write_bytes(key_pem(key))
     return loadgen.Secure(secure_addr, str(root), str(ca / "ztunnel-cert.pem"), str(ca / "ztunnel-key.pem"))
+
+
+def workload_identities(ca: Path, clients: int, secure_addr: str) -> loadgen.Secure:
+    """For `--tls`: a workload certificate for every client (`bench/client<i>`, the namespace its node
+    metadata names), signed by the CA in `ca` as the CSR of each client's agent would get it. They
+    share one key: the handshake costs istiod the same, and minting stays cheap."""
+    from cryptography import x509
+
+    from istiod.ca.pki import cert_pem, key_pem, load_key, new_key
+
+    issuer = (x509.load_pem_x509_certificate((ca / "ca-cert.pem").read_bytes()),
+              load_key((ca / "ca-key.pem").read_bytes(), "the bench's CA key"))
+    key, chain = new_key(), (ca / "ca-cert.pem").read_text()
+    (ca / "clients").mkdir()
+    for index in range(clients):
+        cert = leaf_cert(key, issuer, uris=(f"spiffe://cluster.local/ns/bench/sa/client{index}",))
+        (ca / "clients" / f"{index}.pem").write_text(cert_pem(cert) + chain)
+    (ca / "clients" / "key.pem").write_bytes(key_pem(key))
+    return loadgen.Secure(secure_addr, str(ca / "root-cert.pem"), str(ca / "clients" / "{index}.pem"),
+                          str(ca / "clients" / "key.pem"), all_clients=True)
 
 
 class PythonGenerator:
@@ -314,10 +333,14 @@ def run(args: argparse.Namespace, workdir: Path, stack: contextlib.ExitStack) ->
     if args.reference_istiod:
         server = reference_server(args.reference_istiod, mesh, workdir, stack)
     else:
-        ca = plugged_ca(workdir) if args.ztunnel else []
+        ca = plugged_ca(workdir) if args.ztunnel or args.tls else []
         server = Server([*mesh.source_args(), *ca, *args.istiod_arg], workdir, args.xds_addr, args.server_pid)
         stack.callback(server.stop)
     specs = client_specs(args)
+    if server.secure_addr is not None and args.tls:
+        server.secure = workload_identities(workdir / "ca", len(specs), server.secure_addr)
+    elif server.secure_addr is not None and args.ztunnel:
+        server.secure = ztunnel_identity(workdir / "ca", workdir / "ca" / "root-cert.pem", server.secure_addr)
     generator_type = GoGenerator if args.generator == "go" else PythonGenerator
     generator = generator_type(server.xds_addr, [specs[w::args.workers] for w in range(args.workers)], server.secure)
     control = generator.control
@@ -391,6 +414,7 @@ def run(args: argparse.Namespace, workdir: Path, stack: contextlib.ExitStack) ->
     configured = [c["configured_at"] - started for c in clients if c["configured_at"]]
     result["storm"]["configured"] = percentiles(configured)
     result["storm"]["not_configured"] = len(clients) - len(configured)
+    result["storm"]["tls_handshake"] = percentiles([s for summary in summaries for s in summary["handshakes"] or ()])
     failed: dict[str, int] = {}
     for c in clients:
         for code, n in c["streams_failed"].items():
@@ -465,6 +489,10 @@ def table(result: dict[str, Any]) -> str:
     ):
         stats = result[key[0]][key[1]]
         rows.append(f"| {name} | {ms(stats['p50'])} | {ms(stats['p90'])} | {ms(stats['p99'])} | {ms(stats['max'])} | {extra} |")
+    handshake = result["storm"].get("tls_handshake") or {}
+    if handshake.get("count"):
+        rows.append(f"| TLS handshake (the generator's) | {ms(handshake['p50'])} | {ms(handshake['p90'])} | "
+                    f"{ms(handshake['p99'])} | {ms(handshake['max'])} | {handshake['count']} handshakes |")
     memory = result.get("memory_final") or {}
     rows.append(f"| mesh written ({result['size']['source']}) | | | | | {result['mesh_create_s']:.1f} s |")
     rows.append(f"| steady state | | | | | server {num(result['steady']['server_cores'], '{:.3f}')} cores |")
@@ -522,6 +550,9 @@ def main() -> None:
     parser.add_argument("--delta", action="store_true", help="Envoy-like clients use delta xDS")
     parser.add_argument("--ztunnel", type=int, default=0,
                         help="ztunnel clients (delta WDS on the secure port), one a node; makes the mesh ambient")
+    parser.add_argument("--tls", action="store_true",
+                        help="every client on the secure port (15012) with a workload certificate of its own from "
+                             "a CA the bench plugs into istiod, as sidecars connect; the TLS handshakes are timed")
     parser.add_argument("--nodes", type=int, help="Nodes the ambient mesh's pods are spread over (default: --ztunnel)")
     parser.add_argument("--generator", choices=("go", "python"),
                         help="the load generator: compiled (go, the default once built by "
@@ -558,8 +589,10 @@ def main() -> None:
                      "--proxyless 0 --envoy 0 (the config dir serves both)")
     if args.reference_istiod and args.source != "kube":
         parser.error("--reference-istiod needs --source kube (Istio's istiod reads a cluster)")
-    if args.ztunnel and args.xds_addr:
-        parser.error("--ztunnel needs the istiod started here (its CA is plugged in by the bench)")
+    if (args.ztunnel or args.tls) and args.xds_addr:
+        parser.error("--ztunnel and --tls need the istiod started here (its CA is plugged in by the bench)")
+    if args.tls and (args.ztunnel or args.reference_istiod):
+        parser.error("--tls is for sidecar and proxyless clients of our istiod (ztunnels use the secure port anyway)")
     if args.workers is None:
         args.workers = 1 if args.generator == "go" else 2
     # SIGTERM unwinds like Ctrl-C, so every process started here is stopped on the way out.

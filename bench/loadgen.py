@@ -141,15 +141,20 @@ class ClientSpec:
     report_held: bool = False  # its summary names what it holds, by type (for comparing with a real peer)
 
 
+CONNECT_TIMEOUT = 20.0  # a TLS connection not ready by then is a failed stream, retried
+
+
 @dataclass
 class Secure:
-    """How ztunnel clients reach istiod's secure port: its address, and PEM files of the root and
-    their certificate (chain) and key."""
+    """How ztunnel clients (every client with `all_clients`) reach istiod's secure port: its address,
+    and PEM files of the root and their certificate (chain; "{index}" stands for the client's index)
+    and key."""
 
     addr: str
     root: str
     cert: str
     key: str
+    all_clients: bool = False
 
 
 @dataclass
@@ -210,6 +215,7 @@ class Worker:
         self.clients = [Client(spec, self._node(spec)) for spec in specs]
         self.traffic: dict[int, list[int]] = defaultdict(lambda: [0, 0])  # tick -> [bytes, responses] received
         self.failure_details: dict[str, str] = {}  # status -> the first failed stream's message
+        self.handshakes: list[float] = []  # seconds each TLS connection took to be ready
 
     @staticmethod
     def _node(spec: ClientSpec) -> base_pb2.Node:
@@ -257,7 +263,7 @@ class Worker:
                                                      version_info=version, response_nonce=nonce)
             client.enqueue(queue, request)
 
-        async with grpc.aio.insecure_channel(self.xds_addr, options=CHANNEL_OPTIONS) as channel:
+        async with await self._connect(client) as channel:
             call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel).StreamAggregatedResources(drain(queue))
             first = [(LDS, set(client.spec.listeners))] if client.spec.kind == "proxyless" else [(CDS, set()), (LDS, set())]
             for type_url, names in first:
@@ -290,7 +296,7 @@ class Worker:
                 resource_names_unsubscribe=sorted(unsubscribe), response_nonce=nonce)
             client.enqueue(queue, request)
 
-        async with self._channel(client) as channel:
+        async with await self._connect(client) as channel:
             call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel).DeltaAggregatedResources(drain(queue))
             wildcard = (ADDRESS, AUTHORIZATION) if client.spec.kind == "ztunnel" else (CDS, LDS)  # ztunnel's order
             for type_url in wildcard:  # wildcard: an empty subscribe list
@@ -314,12 +320,26 @@ class Worker:
 
     # --- shared ---------------------------------------------------------------------------------
 
-    def _channel(self, client: Client) -> grpc.aio.Channel:
-        """ztunnels: the secure port with a workload certificate, as a real ztunnel connects."""
-        if client.spec.kind != "ztunnel" or self.secure is None:  # Istio's own istiod: its plaintext port
+    async def _connect(self, client: Client) -> grpc.aio.Channel:
+        """ztunnels (every client with `secure.all_clients`): the secure port with a workload certificate,
+        as a real proxy connects; the connection is made here, timed, when it is TLS."""
+        secure = self.secure
+        if secure is None or (client.spec.kind != "ztunnel" and not secure.all_clients):  # Istio's own istiod: plaintext
             return grpc.aio.insecure_channel(self.xds_addr, options=CHANNEL_OPTIONS)
-        files = [open(path, "rb").read() for path in (self.secure.root, self.secure.key, self.secure.cert)]
-        return grpc.aio.secure_channel(self.secure.addr, grpc.ssl_channel_credentials(*files), options=CHANNEL_OPTIONS)
+        cert = secure.cert.replace("{index}", str(client.spec.index))
+        files = [open(path, "rb").read() for path in (secure.root, secure.key, cert)]
+        channel = grpc.aio.secure_channel(secure.addr, grpc.ssl_channel_credentials(*files), options=CHANNEL_OPTIONS)
+        # grpcio does not tell the handshake apart: TCP connect and TLS handshake together.
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT):
+                await channel.channel_ready()
+        except TimeoutError:
+            await channel.close()
+            raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                       f"no TLS connection within {CONNECT_TIMEOUT:g}s") from None
+        self.handshakes.append(time.monotonic() - started)
+        return channel
 
     def _follow(self, client: Client, type_url: str, now: float) -> dict[str, set[str]]:
         """The subscriptions that follow from what the client now holds of `type_url`."""
@@ -351,6 +371,7 @@ class Worker:
             "traffic": dict(self.traffic),
             "failure_details": self.failure_details,
             "cpu_s": time.process_time(),  # the generator's own CPU: is it the bottleneck?
+            "handshakes": self.handshakes,
         }
 
 

@@ -5,6 +5,9 @@ the Secret istio-ca-secret, with callers' tokens checked by TokenReview and the 
 the caller's `publish_root` (the istio-ca-root-cert ConfigMaps); in config-dir mode in the state
 dir, with the static-token stand-in, and the root published as `<state dir>/root-cert.pem` so
 agents on this machine can trust istiod.
+
+The port is served here through a TLS front (tlsfront.py), or with --xds-workers by the workers, each
+through its own (xds/secureworker.py), this process then answering their CSRs and token checks.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from kubernetes_asyncio import client
 
 from istiod.atomicfile import write_atomic
 from istiod.ca.authenticate import (
-    Authenticator, ClientCertAuthenticator, StaticTokenAuthenticator, TokenReviewAuthenticator,
+    TOKEN, Authenticator, ClientCertAuthenticator, StaticTokenAuthenticator, TokenReviewAuthenticator,
 )
 from istiod.ca.root import ROOT_CERT_FILE, CaBundle, CertificateAuthority
 from istiod.ca.selfsigned import DirRootStore, RootRotator, RootStore, SecretRootStore, self_signed_bundle
@@ -33,16 +36,20 @@ from istiod.supervisor import Supervisor
 from istiod.tlsfront import TlsFront
 from istiod.xds import admission
 from istiod.xds.authz import XdsAuthorizer
+from istiod.xds.secureworker import answer
 from istiod.xds.server import DiscoveryServer, add_to_server
+from istiod.xds.workers import WorkerPool
 
 log = logging.getLogger(__name__)
 
 
 class SecurePort:
     def __init__(self, settings: Settings, ads: DiscoveryServer, snapshot: Callable[[], Snapshot],
-                 supervisor: Supervisor | None = None) -> None:
-        """`snapshot`: the model in force, for the mesh's trust domain and the node authorizer's pods."""
+                 supervisor: Supervisor | None = None, workers: WorkerPool | None = None) -> None:
+        """`snapshot`: the model in force, for the mesh's trust domain and the node authorizer's pods;
+        `workers`: the xDS workers, which then serve the port (secureworker.py), this process signing."""
         self.settings = settings
+        self.workers = workers
         self.ads = ads
         self.snapshot = snapshot
         self.supervisor = supervisor or Supervisor()
@@ -86,19 +93,14 @@ class SecurePort:
         )
         serving.ssl_context()  # issue it now, so a CA that cannot sign fails at start
 
-        # The same keepalive as 15010: its pings cross the TLS front, so a vanished peer is found as fast.
-        self._inner = grpc.aio.server(options=[*admission.CORE_OPTIONS, *settings.keepalive.server_options()])
-        backend_port = self._inner.add_insecure_port("127.0.0.1:0")
-        self._front = front = TlsFront(settings.secure_grpc_addr.bind_host, settings.secure_grpc_addr.port,
-                                       backend_port, serving.ssl_context, settings.keepalive.timeout,
-                                       settings.max_connections)
         nodes = NodeAuthorizer(ca_settings.trusted_node_accounts, self.snapshot)
-        add_ca_to_server(CertificateService(self.ca, ca_settings.ttl, authenticators, front.credentials, nodes),
-                         self._inner)
-        ads = self.ads.authorized(XdsAuthorizer(authenticators, front.credentials))
-        add_to_server(ads, self._inner)
-        await self._inner.start()
-        port = await front.start()
+        if self.workers is not None:
+            service = CertificateService(self.ca, ca_settings.ttl, authenticators, nodes)
+            tokens = [a for a in authenticators if a.credential == TOKEN]
+            port = self.workers.serve_secure(lambda question: answer(question, service.sign_bytes, tokens),
+                                             tokens[0].name if tokens else None, serving)
+        else:
+            port = await self._serve(authenticators, nodes)
         ca = self.ca
         if ca.plugged_dir is not None:
             self._watch = self.supervisor.start("ca-watch", lambda: ca.watch(ca_settings.reload_interval, self._publish_root),
@@ -109,6 +111,22 @@ class SecurePort:
             self._rotation = self.supervisor.start("root-rotation", self._rotator.run, restart=True)
         log.info("CA root serial %x (%s)", self.ca.bundle.root.serial_number, where)
         return port
+
+    async def _serve(self, authenticators: list[Authenticator], nodes: NodeAuthorizer) -> int:
+        """The port served here: a TLS front relaying to a gRPC server on loopback."""
+        settings, ca_settings, serving = self.settings, self.settings.ca, self.serving
+        assert self.ca is not None and serving is not None
+        # The same keepalive as 15010: its pings cross the TLS front, so a vanished peer is found as fast.
+        self._inner = grpc.aio.server(options=[*admission.CORE_OPTIONS, *settings.keepalive.server_options()])
+        backend_port = self._inner.add_insecure_port("127.0.0.1:0")
+        self._front = front = TlsFront(settings.secure_grpc_addr.bind_host, settings.secure_grpc_addr.port,
+                                       backend_port, serving.ssl_context, settings.keepalive.timeout,
+                                       settings.max_connections)
+        add_ca_to_server(CertificateService(self.ca, ca_settings.ttl, authenticators, nodes, front.credentials),
+                         self._inner)
+        add_to_server(self.ads.authorized(XdsAuthorizer(authenticators, front.credentials)), self._inner)
+        await self._inner.start()
+        return await front.start()
 
     def _write_root_file(self, bundle: CaBundle) -> None:
         write_atomic(self.settings.ca.state_dir / ROOT_CERT_FILE, bundle.roots_pem.encode())
@@ -127,3 +145,4 @@ class SecurePort:
             await self._inner.stop(grace=grace)
         if self._front is not None:
             await self._front.stop()
+

@@ -85,7 +85,7 @@ class Discovery:
         self.pusher.subscribe(self.ads.on_push)
         self.workers = WorkerPool(settings, self.store, self.pusher) if settings.xds_workers > 1 else None
         self.supervisor = Supervisor()
-        self.secure = SecurePort(settings, self.ads, lambda: self.pusher.snapshot, self.supervisor)
+        self.secure = SecurePort(settings, self.ads, lambda: self.pusher.snapshot, self.supervisor, self.workers)
         self.health = health.aio.HealthServicer()
         self.ports: dict[str, int] = {}
         self._grpc: grpc.aio.Server | None = None

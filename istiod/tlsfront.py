@@ -15,6 +15,8 @@ import contextlib
 import logging
 import socket
 import ssl
+import sys
+import threading
 from collections.abc import Callable
 from typing import cast
 
@@ -24,6 +26,7 @@ from cryptography import x509
 from istiod import logs
 from istiod.ca.authenticate import Credentials
 from istiod.connlimit import HANDSHAKE_TIMEOUT, IDLE_TIMEOUT, MAX_CONNECTIONS, ConnectionCap
+from istiod.eventloop import new_loop
 from istiod.model.names import join_host_port
 
 log = logging.getLogger(__name__)
@@ -34,12 +37,25 @@ _refusals = logs.Throttled(log)  # a client can cause these at will
 # is closed after IDLE_TIMEOUT: otherwise HTTP/2 connections that never open a stream, which keepalive
 # keeps alive, fill --max-connections. A gRPC client reconnects when it next calls.
 CLOSE_TIMEOUT = 2.0  # how long a closing connection may take to flush to a client before it is cut
+# What the inner server sends is relayed this much at a time; a client's TLS transport holds at most
+# twice that before the relay stops reading the inner server (see _InnerSide).
+RELAY_CHUNK = 64 * 1024
+_RELAY_BUFFER = memoryview(bytearray(RELAY_CHUNK))
+# How long a thread that wants the GIL waits before the one holding it must let go (Python's default:
+# 5 ms). ssl lets go of the GIL for each record it encrypts or decrypts, and the serving loop's thread,
+# busy generating config, takes it back at once: the front then waited 5 ms per chunk it relayed,
+# about 13 MB/s for all of a process's connections, and a connect storm's writes missed their send
+# deadline. At 0.5 ms the front keeps up, at the cost of more frequent switches while both are busy.
+SWITCH_INTERVAL = 0.0005
 
 
 class TlsFront:
     def __init__(self, host: str, port: int, backend_port: int, context: Callable[[], ssl.SSLContext],
-                 user_timeout: float = 10.0, max_connections: int = MAX_CONNECTIONS) -> None:
+                 user_timeout: float = 10.0, max_connections: int = MAX_CONNECTIONS, reuse_port: bool = False) -> None:
+        """`reuse_port`: join the SO_REUSEPORT group of the port (the xDS workers' fronts), the kernel
+        spreading new connections among its members."""
         self.host, self.port = host, port
+        self.reuse_port = reuse_port
         self.backend_port = backend_port
         self.context = context
         # gRPC core sets TCP_USER_TIMEOUT to the keepalive timeout on 15010's sockets: a peer that stops
@@ -53,21 +69,46 @@ class TlsFront:
         self._transports: set[asyncio.Transport] = set()
         self._tasks: set[asyncio.Task[None]] = set()  # the loop keeps only weak references to tasks
         self._server: asyncio.Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
 
     async def start(self) -> int:
+        """Listens on a thread of its own, with an event loop of its own: the relayed bytes, and the HTTP/2
+        flow control and keepalive they carry, then move while the serving loop is busy generating config
+        (a loop busy for a few hundred ms held every window update as long, and streams missed their send
+        deadline). Only the GIL is shared; ssl encrypts and decrypts without it."""
+        self._loop = loop = new_loop()
+        sys.setswitchinterval(SWITCH_INTERVAL)
+        self._thread = threading.Thread(target=loop.run_forever, name="tls-front", daemon=True)
+        self._thread.start()
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._listen(), loop))
+
+    async def _listen(self) -> int:
         # A burst of connections waits in the kernel's accept queue (capped by net.core.somaxconn), as
         # gRPC core's and Go's listeners let it: with asyncio's default of 100, the rest of a connect
         # storm had their SYNs dropped and retried 1, 3, 7 s later, late for the handshake deadline.
         self._server = await asyncio.get_running_loop().create_server(lambda: _Accepted(self), self.host, self.port,
-                                                                      backlog=self._cap.limit)
+                                                                      backlog=self._cap.limit,
+                                                                      reuse_port=self.reuse_port or None)
         return self._server.sockets[0].getsockname()[1]
 
     def stop_accepting(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        if self._server is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._server.close)
 
     async def stop(self) -> None:
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
         self.stop_accepting()
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._close_all(), loop))
+        loop.call_soon_threadsafe(loop.stop)
+        await asyncio.to_thread(thread.join, 5)
+        if not thread.is_alive():
+            loop.close()
+        self._loop = self._thread = None
+
+    async def _close_all(self) -> None:
         for transport in list(self._transports):
             transport.abort()
         for task in list(self._tasks):
@@ -94,11 +135,11 @@ class TlsFront:
         """The caller's credentials as the inner gRPC server sees it (no certificate unless it came through
         TLS). Every call asks once (the CA's and ADS's): its connection is busy until the call ends."""
         peer = context.peer() or ""
-        transport = self._fronts.get(peer)
-        if transport is not None:
-            self._call_started(transport)
+        transport, loop = self._fronts.get(peer), self._loop
+        if transport is not None and loop is not None:  # the connection's state is the front's thread's
+            loop.call_soon_threadsafe(self._call_started, transport)
             # The stubs type the callback as a class of their own; any callable taking the context does.
-            context.add_done_callback(lambda _: self._call_ended(transport))  # type: ignore[arg-type]
+            context.add_done_callback(lambda _: loop.call_soon_threadsafe(self._call_ended, transport))  # type: ignore[arg-type]
         metadata = {key: value for key, value in (context.invocation_metadata() or ()) if isinstance(value, str)}
         return Credentials(metadata.get("authorization"), self._peers.get(peer))
 
@@ -137,12 +178,11 @@ class TlsFront:
 
     async def _forward(self, transport: asyncio.Transport, client: str, early: bytearray) -> None:
         loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader()
-        protocol = _TlsStreamProtocol(reader)
+        relay = _ClientSide(loop)
         tls: asyncio.Transport | None = None
         try:
             async with asyncio.timeout(HANDSHAKE_TIMEOUT):
-                start = asyncio.ensure_future(loop.start_tls(transport, protocol, self.context(), server_side=True,
+                start = asyncio.ensure_future(loop.start_tls(transport, relay, self.context(), server_side=True,
                                                              ssl_shutdown_timeout=CLOSE_TIMEOUT))
                 # Once start_tls has run to its first wait, its TLS protocol reads the socket. Bytes read
                 # before (uvloop only, see _Accepted) go to that protocol right after its connection_made
@@ -156,54 +196,133 @@ class TlsFront:
                 finally:
                     start.cancel()  # only if this ended before it did
                 assert tls is not None
-                first = await reader.read(1 << 16)
+                tls.set_write_buffer_limits(high=2 * RELAY_CHUNK)
+                relay.secured(tls)
+                first = await relay.first
         except (ssl.SSLError, OSError, TimeoutError) as error:
             _refusals.warning(logs.event("secure port: TLS handshake refused", client=client, reason=_reason(error)))
             if tls is not None:
                 tls.abort()
             return
         assert tls is not None
-        writer = asyncio.StreamWriter(tls, protocol, reader, loop)
         try:
             if first:
-                await self._pipe(transport, tls, reader, writer, first)
+                await self._relay(transport, tls, relay)
         finally:
             tls.close()  # flushes what is left to the client, or gives up after CLOSE_TIMEOUT
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(CLOSE_TIMEOUT):
-                    await writer.wait_closed()
+                    await asyncio.shield(relay.lost)
 
-    async def _pipe(self, transport: asyncio.Transport, tls: asyncio.Transport, reader: asyncio.StreamReader,
-                    writer: asyncio.StreamWriter, first: bytes) -> None:
+    async def _relay(self, transport: asyncio.Transport, tls: asyncio.Transport, relay: _ClientSide) -> None:
+        """The bytes between the client's TLS connection and a new one to the inner server, as they come
+        (protocol callbacks, no task per direction); each side's full write buffer pauses the other's reading."""
         der = tls.get_extra_info("ssl_object").getpeercert(binary_form=True)
         cert = x509.load_der_x509_certificate(der) if der else None
+        loop = asyncio.get_running_loop()
         try:
-            backend_reader, backend_writer = await asyncio.open_connection("127.0.0.1", self.backend_port)
+            backend, _ = await loop.create_connection(lambda: _InnerSide(relay), "127.0.0.1", self.backend_port)
         except OSError as error:
             log.error("secure port: inner gRPC server unreachable: %s", error)
             return
-        peer = f"ipv4:127.0.0.1:{backend_writer.get_extra_info('sockname')[1]}"
+        peer = f"ipv4:127.0.0.1:{backend.get_extra_info('sockname')[1]}"
         self._peers[peer] = cert  # before a byte is forwarded, so every RPC finds it
         self._fronts[peer] = transport
-        backend_writer.write(first)
-        # Either side closing ends both: a pump waiting to write to a client that stopped reading
-        # must not keep the connection when the inner server has dropped it (its keepalive failed).
-        tasks = [asyncio.create_task(_pump(reader, backend_writer)), asyncio.create_task(_pump(backend_reader, writer)),
-                 asyncio.create_task(_closed(backend_writer)), asyncio.create_task(_closed(writer))]
         try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            # Either side closing ends both: a client that stopped reading must not keep the connection
+            # when the inner server has dropped it (its keepalive failed).
+            relay.join(backend)
+            await relay.ended
         finally:
-            for task in tasks:
-                task.cancel()
-            backend_writer.close()
+            backend.close()
             del self._peers[peer]
             del self._fronts[peer]
 
 
-class _TlsStreamProtocol(asyncio.StreamReaderProtocol):
+class _ClientSide(asyncio.Protocol):
+    """The client's side of a relayed connection, as the TLS transport's protocol: what the client
+    sends goes to the inner server (held until it is connected, reading paused meanwhile)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.first: asyncio.Future[bytes] = loop.create_future()  # the client's first bytes (b"": none came)
+        self.ended: asyncio.Future[None] = loop.create_future()  # either side is gone
+        self.lost: asyncio.Future[None] = loop.create_future()  # the client's connection is closed
+        self.tls: asyncio.Transport | None = None
+        self.inner: asyncio.Transport | None = None
+        self._held = bytearray()
+
+    def secured(self, tls: asyncio.Transport) -> None:
+        """The TLS transport (start_tls does not call connection_made) once the handshake is done."""
+        self.tls = tls
+        if self._held:
+            tls.pause_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self.inner is not None:
+            self.inner.write(data)
+            return
+        self._held += data
+        if not self.first.done():
+            self.first.set_result(bytes(data))
+        if self.tls is not None:
+            self.tls.pause_reading()  # until the inner server takes it
+
+    def join(self, inner: asyncio.Transport) -> None:
+        self.inner = inner
+        inner.write(bytes(self._held))
+        self._held.clear()
+        if self.tls is not None and not self.ended.done():
+            self.tls.resume_reading()
+
     def eof_received(self) -> bool:
-        super().eof_received()
         return False  # TLS has no half-close: the connection ends with the client's data
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.first.done():
+            self.first.set_result(b"")
+        for future in (self.ended, self.lost):
+            if not future.done():
+                future.set_result(None)
+
+    def pause_writing(self) -> None:  # the client does not keep up: stop reading the inner server
+        if self.inner is not None:
+            self.inner.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.inner is not None:
+            self.inner.resume_reading()
+
+
+class _InnerSide(asyncio.BufferedProtocol):
+    """The inner server's side of a relayed connection: what it sends goes to the client over TLS, read
+    RELAY_CHUNK at a time. A TLS transport encrypts each write whole into a memory buffer that keeps its
+    largest size for the connection's life: the event loop's own reads (256 kB) would leave that much
+    behind on every connection."""
+
+    def __init__(self, client: _ClientSide) -> None:
+        self.client = client
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return _RELAY_BUFFER  # copied out before the next read, so every connection of the loop shares it
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self.client.tls is not None:
+            self.client.tls.write(bytes(_RELAY_BUFFER[:nbytes]))
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.client.ended.done():
+            self.client.ended.set_result(None)
+
+    def pause_writing(self) -> None:  # the inner server does not keep up: stop reading the client
+        if self.client.tls is not None:
+            self.client.tls.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.client.tls is not None:
+            self.client.tls.resume_reading()
 
 
 class _Accepted(asyncio.Protocol):
@@ -243,18 +362,6 @@ def _feed(protocol: asyncio.BaseProtocol, data: bytes) -> None:
         buffer[:size] = view[:size]
         buffered.buffer_updated(size)
         view = view[size:]
-
-
-async def _pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-    with contextlib.suppress(OSError, asyncio.IncompleteReadError):
-        while data := await source.read(1 << 16):
-            sink.write(data)
-            await sink.drain()
-
-
-async def _closed(writer: asyncio.StreamWriter) -> None:
-    with contextlib.suppress(Exception):
-        await writer.wait_closed()
 
 
 def _address(peername: object) -> str:

@@ -250,6 +250,27 @@ def test_envoy_gets_istiod_config_through_the_agent(mesh: Path, mesh_dir: Path, 
     assert "PRIVATE KEY" not in sidecar.agent.text()
 
 
+def test_envoy_gets_its_config_from_an_xds_worker_over_15012(mesh: Path, mesh_dir: Path,
+                                                            start_istiod: Callable[..., Istiod],
+                                                            start_sidecar: Callable[..., Sidecar]) -> None:
+    """With --xds-workers the secure port is the workers': the agent's first CSR (a token) and Envoy's
+    stream (the agent's xDS proxy dials 15012 with the workload certificate it serves Envoy over SDS)
+    go through a worker process, which Envoy's ACKs reach."""
+    istiod = start_istiod(mesh_dir, "--ca-static-tokens", str(mesh), "--xds-workers", "2")
+    start_sidecar(istiod)
+    wait_until(lambda: synced(istiod, PROXY_ID, ("cluster", "endpoint", "listener")), 20, "istiod to see Envoy's ACKs")
+    _, syncz = istiod.get("/debug/syncz")
+    [connection] = [s["connection_id"] for s in syncz if s["proxy"] == PROXY_ID]
+    worker = int(connection.rsplit("-w", 1)[1].split(".")[0])
+    print(f"Envoy's stream {connection} is served by worker pid {worker} (istiod is {istiod.proc.pid})")
+    assert worker != istiod.proc.pid
+    assert f"-w{worker}." in connection and worker in _children(istiod.proc.pid)
+
+
+def _children(pid: int) -> list[int]:
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
 def test_idle_sockets_on_the_status_ports_leave_the_agent_serving(mesh: Path, mesh_dir: Path,
                                                                   start_istiod: Callable[..., Istiod],
                                                                   start_sidecar: Callable[..., Sidecar]) -> None:

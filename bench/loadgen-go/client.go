@@ -6,20 +6,15 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
-	"fmt"
 	"io"
 	"math"
 	"math/rand/v2"
-	"os"
 	"sync"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -147,9 +142,9 @@ func codeIndex(code int) int {
 // stream runs one stream on a connection of its own, as separate proxies have.
 func (w *Worker) stream(ctx context.Context, c *Client) error {
 	addr, creds := w.addr, insecure.NewCredentials()
-	if c.Kind == "ztunnel" && w.secure != nil { // the secure port with a workload certificate, as a real ztunnel connects
+	if w.secure != nil && (c.Kind == "ztunnel" || w.secure.AllClients) { // the secure port with a workload certificate, as a real proxy connects
 		var err error
-		if addr, creds, err = w.secure.credentials(); err != nil {
+		if addr, creds, err = w.secure.credentials(c.Index, w); err != nil {
 			return err
 		}
 	}
@@ -167,22 +162,6 @@ func (w *Worker) stream(ctx context.Context, c *Client) error {
 		return w.deltaStream(ctx, c, ads)
 	}
 	return w.sotwStream(ctx, c, ads)
-}
-
-func (s *Secure) credentials() (string, credentials.TransportCredentials, error) {
-	root, err := os.ReadFile(s.Root)
-	if err != nil {
-		return "", nil, err
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(root) {
-		return "", nil, fmt.Errorf("no root certificate in %s", s.Root)
-	}
-	pair, err := tls.LoadX509KeyPair(s.Cert, s.Key)
-	if err != nil {
-		return "", nil, err
-	}
-	return s.Addr, credentials.NewTLS(&tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}}), nil
 }
 
 // Send errors are left to Recv, which returns the stream's status.

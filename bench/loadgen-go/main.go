@@ -30,15 +30,7 @@ type config struct {
 	SettleSeconds float64 `json:"settle_seconds"`
 	Ticks         float64 `json:"ticks"`
 	Clients       []Spec  `json:"clients"`
-	Secure        *Secure `json:"secure"` // ztunnel clients: istiod's secure port and their certificate; none: the plaintext port (Istio's istiod's)
-}
-
-// Secure is loadgen.Secure: how ztunnel clients reach istiod's secure port, as real ztunnels do.
-type Secure struct {
-	Addr string `json:"addr"`
-	Root string `json:"root"` // PEM files
-	Cert string `json:"cert"`
-	Key  string `json:"key"`
+	Secure        *Secure `json:"secure"` // ztunnel clients (all with AllClients): istiod's secure port and their certificate; none: the plaintext port (Istio's istiod's)
 }
 
 type Worker struct {
@@ -53,6 +45,7 @@ type Worker struct {
 	seenBy         map[int]int         // mark -> how many clients hold it
 	configuredN    int
 	lastConfigured float64
+	handshakes     []float64 // seconds each TLS handshake took
 
 	out sync.Mutex
 }
@@ -157,7 +150,8 @@ func (w *Worker) summary() map[string]any {
 	var usage syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &usage)
 	cpu := time.Duration(usage.Utime.Nano() + usage.Stime.Nano()).Seconds() // the generator's own CPU
-	return map[string]any{"clients": clients, "traffic": w.traffic, "failure_details": w.failureDetails, "cpu_s": cpu}
+	return map[string]any{"clients": clients, "traffic": w.traffic, "failure_details": w.failureDetails, "cpu_s": cpu,
+		"handshakes": w.handshakes}
 }
 
 func main() {

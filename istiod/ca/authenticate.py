@@ -13,15 +13,18 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cryptography import x509
-from kubernetes_asyncio.client import AuthenticationV1Api, V1TokenReview, V1TokenReviewSpec
 
 from istiod.ca.pki import uri_sans
 from istiod.model.mesh import MeshConfig
 from istiod.model.names import check_account, parse_account, parse_spiffe_identity, spiffe_identity
-from istiod.sources.kube import API_ERRORS, describe_error
+
+# The Kubernetes client (50 MB) only where a TokenReview is made: the xDS workers read certificates
+# with this module and never load it.
+if TYPE_CHECKING:
+    from kubernetes_asyncio.client import AuthenticationV1Api
 
 TOKEN_AUDIENCE = "istio-ca"
 SERVICE_ACCOUNTS_GROUP = "system:serviceaccounts"
@@ -221,6 +224,10 @@ class TokenReviewAuthenticator:
         self.cluster_id = cluster_id
 
     async def authenticate(self, credentials: Credentials) -> Caller:
+        from kubernetes_asyncio.client import V1TokenReview, V1TokenReviewSpec
+
+        from istiod.sources.kube import API_ERRORS, describe_error
+
         review = V1TokenReview(spec=V1TokenReviewSpec(token=bearer_token(credentials), audiences=[TOKEN_AUDIENCE]))
         failed = f"failed to validate the JWT from cluster {self.cluster_id!r}"
         try:

@@ -27,15 +27,25 @@ _STATUS = {
 }
 
 
+class Refusal(Exception):
+    """A request refused, with the gRPC status its caller gets."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
 class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
     def __init__(
         self,
         ca: CertificateAuthority,
         policy: TtlPolicy,
         authenticators: Sequence[Authenticator],
-        credentials_of: Callable[[grpc.aio.ServicerContext], Credentials],
         nodes: NodeAuthorizer,
+        credentials_of: Callable[[grpc.aio.ServicerContext], Credentials] | None = None,
     ) -> None:
+        """`credentials_of`: a gRPC call's credentials, when this serves calls itself (not when it signs
+        for the xDS workers' calls, which come with theirs)."""
         self.ca = ca
         self.policy = policy
         self.authenticators = authenticators
@@ -45,27 +55,54 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
     async def CreateCertificate(
         self, request: ca_pb2.IstioCertificateRequest, context: grpc.aio.ServicerContext
     ) -> ca_pb2.IstioCertificateResponse:
+        assert self.credentials_of is not None
+        try:
+            return await self.sign(request, self.credentials_of(context), context.peer())
+        except Refusal as refusal:
+            await context.abort(refusal.code, refusal.message)
+            raise  # abort raises; for the type checker
+
+    async def create_from_bytes(self, raw: bytes, context: grpc.aio.ServicerContext) -> ca_pb2.IstioCertificateResponse:
+        assert self.credentials_of is not None
+        try:
+            return await self.sign_bytes(raw, self.credentials_of(context), context.peer())
+        except Refusal as refusal:
+            await context.abort(refusal.code, refusal.message)
+            raise
+
+    async def sign_bytes(self, raw: bytes, credentials: Credentials, peer: str) -> ca_pb2.IstioCertificateResponse:
+        """The request parsed here rather than by gRPC, whose failure would log a traceback per message:
+        garbage (before any authentication) is one throttled line and INVALID_ARGUMENT, as on the ADS path."""
+        try:
+            request = ca_pb2.IstioCertificateRequest.FromString(raw)
+        except DecodeError as error:
+            _malformed.warning(logs.event("CA: malformed certificate request", client=peer, error=str(error)))
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"malformed IstioCertificateRequest: {error}") from None
+        return await self.sign(request, credentials, peer)
+
+    async def sign(self, request: ca_pb2.IstioCertificateRequest, credentials: Credentials,
+                   peer: str) -> ca_pb2.IstioCertificateResponse:
+        """The caller (`peer`, for the log) authenticated by `credentials`, its CSR signed; Refusal otherwise."""
         metrics.CSR_COUNT.inc()
         try:
-            caller = await authenticate(self.authenticators, self.credentials_of(context))
+            caller = await authenticate(self.authenticators, credentials)
         except AuthenticationError as error:
             metrics.AUTHENTICATION_FAILURE_COUNT.inc()
             if error.no_identity:
                 metrics.ID_EXTRACTION_ERR_COUNT.inc()
-            log.warning("CA: authentication failed for %s: %s", context.peer(), error.detail)
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"request authenticate failure: {error}")
+            log.warning("CA: authentication failed for %s: %s", peer, error.detail)
+            raise Refusal(grpc.StatusCode.UNAUTHENTICATED, f"request authenticate failure: {error}") from None
         identities = caller.identities
         impersonated = request.metadata.fields.get(IMPERSONATED_IDENTITY)
         if impersonated is not None:
             if impersonated.WhichOneof("kind") != "string_value":
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"metadata {IMPERSONATED_IDENTITY} must be a string")
+                raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"metadata {IMPERSONATED_IDENTITY} must be a string")
             try:
                 identities = (self.nodes.authorize(caller, impersonated.string_value),)
             except ImpersonationDenied as error:
                 metrics.AUTHENTICATION_FAILURE_COUNT.inc()
-                log.warning("CA: impersonation denied for %s (%s): %s", ",".join(caller.identities), context.peer(),
-                            error)
-                await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"impersonation denied: {error}")
+                log.warning("CA: impersonation denied for %s (%s): %s", ",".join(caller.identities), peer, error)
+                raise Refusal(grpc.StatusCode.PERMISSION_DENIED, f"impersonation denied: {error}") from None
         bundle = self.ca.bundle
         try:
             chain = sign_csr(bundle, request.csr, identities, request.validity_duration, self.policy,
@@ -75,21 +112,11 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
                 metrics.CSR_PARSING_ERR_COUNT.inc()
             metrics.CSR_SIGN_ERR_COUNT.labels(error.kind.value).inc()
             log.warning("CA: CSR signing error for %s: %s", ",".join(identities), error)
-            await context.abort(_STATUS[error.kind], f"CSR signing error ({error})")
+            raise Refusal(_STATUS[error.kind], f"CSR signing error ({error})") from None
         metrics.SUCCESS_CERT_ISSUANCE_COUNT.inc()
         on_behalf = f", on behalf of node account {'/'.join(caller.account or ())}" if impersonated is not None else ""
         log.info("CA: issued a certificate for %s (by %s%s)", ",".join(identities), caller.authenticator, on_behalf)
         return ca_pb2.IstioCertificateResponse(cert_chain=chain)
-
-    async def create_from_bytes(self, raw: bytes, context: grpc.aio.ServicerContext) -> ca_pb2.IstioCertificateResponse:
-        """The request parsed here rather than by gRPC, whose failure would log a traceback per message:
-        garbage (before any authentication) is one throttled line and INVALID_ARGUMENT, as on the ADS path."""
-        try:
-            request = ca_pb2.IstioCertificateRequest.FromString(raw)
-        except DecodeError as error:
-            _malformed.warning(logs.event("CA: malformed certificate request", client=context.peer(), error=str(error)))
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed IstioCertificateRequest: {error}")
-        return await self.CreateCertificate(request, context)
 
 
 def add_to_server(service: CertificateService, server: grpc.aio.Server) -> None:

@@ -14,7 +14,8 @@ import ipaddress
 import logging
 import ssl
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -42,6 +43,36 @@ def serving_names(namespace: str, domain: str, extra: Sequence[str] = ()) -> lis
     return names
 
 
+@dataclass(frozen=True, slots=True)
+class ServingPem:
+    """A serving certificate's chain and key, and the roots that client certificates must chain to."""
+
+    chain: str
+    key: bytes
+    roots: str
+
+    def __repr__(self) -> str:  # never print a key
+        return f"ServingPem(chain={len(self.chain)} chars, key=<set>, roots={len(self.roots)} chars)"
+
+
+def server_context(pem: ServingPem, alpn: Sequence[str]) -> ssl.SSLContext:
+    """A server context for `pem`: client certificates optional but verified against its roots when
+    given (as istiod), ALPN `alpn`."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    # ssl loads a key only from a file: a private directory that lives only for this call.
+    with tempfile.TemporaryDirectory(prefix="istiod-tls-") as private:
+        chain_file, key_file = Path(private) / "cert.pem", Path(private) / "key.pem"
+        chain_file.write_text(pem.chain)
+        key_file.touch(mode=0o600)
+        key_file.write_bytes(pem.key)
+        context.load_cert_chain(chain_file, key_file)
+    context.load_verify_locations(cadata=pem.roots)
+    context.verify_mode = ssl.CERT_OPTIONAL  # as istiod: verify a client certificate if given
+    context.set_alpn_protocols(list(alpn))
+    return context
+
+
 class ServingCertificate:
     def __init__(self, ca: CertificateAuthority, names: list[x509.GeneralName], ttl: timedelta,
                  alpn: Sequence[str] = ("h2",), server: str = "xds") -> None:
@@ -56,6 +87,12 @@ class ServingCertificate:
         self._renew_at = datetime.min.replace(tzinfo=timezone.utc)
         self._tried: CaBundle | None = None  # the last bundle the accept path tried to issue from
         self._failures = 0  # renewals failed in a row
+        self.pem: ServingPem | None = None  # what the context is made of, for the processes that serve it too
+        self._installed: list[Callable[[ServingPem], None]] = []
+
+    def subscribe(self, callback: Callable[[ServingPem], None]) -> None:
+        """`callback` is called with each certificate installed from now on."""
+        self._installed.append(callback)
 
     def ssl_context(self) -> ssl.SSLContext:
         """The server context for new connections: our certificate, client certificates optional
@@ -110,29 +147,22 @@ class ServingCertificate:
         state = "expired" if left.total_seconds() <= 0 else "expires"
         return f"istiod's serving certificate {state} at {cert.not_valid_after_utc.isoformat()} and was not renewed"
 
-    def _install(self, context: ssl.SSLContext, cert: x509.Certificate, bundle: CaBundle, now: datetime) -> None:
-        self.cert, self._bundle = cert, bundle
+    def _install(self, context: ssl.SSLContext, cert: x509.Certificate, bundle: CaBundle, now: datetime,
+                 pem: ServingPem) -> None:
+        self.cert, self._bundle, self.pem = cert, bundle, pem
         self._renew_at = now + (cert.not_valid_after_utc - now) / 2
         self._context = context
+        for callback in self._installed:
+            callback(pem)
         metrics.SERVING_CERT_EXPIRY_TIMESTAMP.labels(server=self.server).set(cert.not_valid_after_utc.timestamp())
         if self._failures:
             log.info(logs.event("serving certificate renewed", failed_attempts=self._failures))
         self._failures = 0
 
-    def _issue(self, bundle: CaBundle, now: datetime) -> tuple[ssl.SSLContext, x509.Certificate, CaBundle, datetime]:
+    def _issue(self, bundle: CaBundle, now: datetime
+               ) -> tuple[ssl.SSLContext, x509.Certificate, CaBundle, datetime, ServingPem]:
         key = new_key()
         cert = issue(bundle, key.public_key(), self.names, now, self.ttl)
         chain = cert_pem(cert) + "".join(cert_pem(c) for c in bundle.issuers[:-1])
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        # ssl loads a key only from a file: a private directory that lives only for this call.
-        with tempfile.TemporaryDirectory(prefix="istiod-tls-") as private:
-            chain_file, key_file = Path(private) / "cert.pem", Path(private) / "key.pem"
-            chain_file.write_text(chain)
-            key_file.touch(mode=0o600)
-            key_file.write_bytes(key_pem(key))
-            context.load_cert_chain(chain_file, key_file)
-        context.load_verify_locations(cadata=bundle.roots_pem)
-        context.verify_mode = ssl.CERT_OPTIONAL  # as istiod: verify a client certificate if given
-        context.set_alpn_protocols(self.alpn)
-        return context, cert, bundle, now
+        pem = ServingPem(chain, key_pem(key), bundle.roots_pem)
+        return server_context(pem, self.alpn), cert, bundle, now, pem

@@ -29,10 +29,8 @@ Counters live in each worker, so a worker that ends takes its counts with it: Pr
 drop as a counter reset, as after a restart of istiod. (prometheus-client's multiprocess mode would
 keep them, but it cannot remove a series, which pilot_xds_*_reject needs.)
 
-Not yet: 15012 stays in the main process. It would follow through its TLS front, which already ends
-TLS in the main process and relays each connection to a loopback gRPC port: each worker would serve
-such a port too (with the caller's certificate passed along as the front does now, and the token
-check in the worker), and the front would hand each new connection to the next worker.
+The secure port (15012) is served by the workers too, with the main process signing CSRs and
+checking tokens for them: see secureworker.py.
 """
 
 from __future__ import annotations
@@ -56,6 +54,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from istiod import logs
+from istiod.ca.serving import ServingPem
 from istiod.debug import connections
 from istiod.connlimit import HANDSHAKE_TIMEOUT, IDLE_TIMEOUT
 from istiod.debug.connections import Question, Unanswered
@@ -69,9 +68,11 @@ from istiod.keepalive import Keepalive
 from istiod.xds import admission
 from istiod.xds.connection import tag_connections
 from istiod.xds.pusher import PushEvent, Pusher
+from istiod.xds.secureworker import Authenticate, Refused, SecureAnswer, SecureServing, SecureStart, Sign
 from istiod.xds.server import DiscoveryServer, add_to_server
 
 if TYPE_CHECKING:  # not imported by a worker: istiod.settings brings in the Kubernetes client (50 MB)
+    from istiod.ca.serving import ServingCertificate
     from istiod.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,7 @@ class Start:
     max_connections: int  # the worker's, on the shared port
     log_level: str
     log_format: str
+    secure: SecureStart | None  # the secure port too, unless istiod serves it in the main process
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +124,12 @@ class Query:
     question: Question
 
 
+@dataclass(frozen=True, slots=True)
+class Reply:
+    number: int  # the Ask's
+    value: Any
+
+
 # From a worker to the main process, over its own pipe (stdout is the log's, as stderr).
 @dataclass(frozen=True, slots=True)
 class Listening:
@@ -132,6 +140,14 @@ class Listening:
 class Answer:
     number: int  # the Query's
     value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """A secure-port call's question for the main process (secureworker.py), answered by a Reply."""
+
+    number: int
+    question: Sign | Authenticate
 
 
 def ads_server(ads: DiscoveryServer, health_servicer: health.aio.HealthServicer, keepalive: Keepalive,
@@ -180,6 +196,9 @@ class WorkerPool:
         self._ready = False
         self._socket: socket.socket | None = None
         self.port = 0
+        self._secure_socket: socket.socket | None = None
+        self._secure: tuple[SecureAnswer, str | None, ServingCertificate] | None = None
+        self._asked: set[asyncio.Task[None]] = set()  # the workers' questions being answered
         store.subscribe(self._on_change)
         pusher.subscribe(self._on_push)
 
@@ -188,6 +207,15 @@ class WorkerPool:
         self._socket = reserve_port(address.bind_host, address.port)
         self.port = self._socket.getsockname()[1]
         return self.port
+
+    def serve_secure(self, answer: SecureAnswer, token_authenticator: str | None, serving: ServingCertificate) -> int:
+        """The workers serve the secure port too: reserved here as the xDS port is; `answer` answers
+        their questions (secureworker.py), `token_authenticator` names the one the main process has."""
+        address = self.settings.secure_grpc_addr
+        self._secure_socket = reserve_port(address.bind_host, address.port)
+        self._secure = (answer, token_authenticator, serving)
+        serving.subscribe(self._send_all)  # each renewed certificate, for the connections to come
+        return self._secure_socket.getsockname()[1]
 
     def _on_change(self, change: Change) -> None:
         self._changed[change.key] = None
@@ -252,6 +280,10 @@ class WorkerPool:
                     _, future = self._waiting.get(message.number, (index, None))
                     if future is not None and not future.done():
                         future.set_result(message.value)
+                elif isinstance(message, Ask) and self._secure is not None:
+                    task = asyncio.create_task(self._reply(proc.stdin, message, self._secure[0]))
+                    self._asked.add(task)
+                    task.add_done_callback(self._asked.discard)
                 elif isinstance(message, Listening):
                     self._listening.add(index)
                     log.info(logs.event("xds worker started", worker=index, pid=proc.pid, port=self.port))
@@ -266,13 +298,29 @@ class WorkerPool:
             if proc.returncode is None:
                 proc.kill()
 
+    @staticmethod
+    async def _reply(writer: asyncio.StreamWriter, ask: Ask, answer: SecureAnswer) -> None:
+        try:
+            value = await answer(ask.question)
+        except Exception:  # the worker's caller must not wait for an answer that never comes
+            log.exception("secure port: a worker's question failed")
+            value = Refused(grpc.StatusCode.INTERNAL.name, "istiod failed to answer")
+        if not writer.is_closing():
+            writer.write(_frame(Reply(ask.number, value)))
+
     def _start(self) -> Start:
         settings = self.settings
+        secure = None
+        if self._secure is not None and self._secure_socket is not None:
+            _, token_authenticator, serving = self._secure
+            assert serving.pem is not None
+            secure = SecureStart(settings.secure_grpc_addr.bind_host, self._secure_socket.getsockname()[1],
+                                 token_authenticator, serving.pem)
         # The rate of new streams is istiod's: each worker admits its share of it.
         return Start(settings.grpc_addr.bind_host, self.port, settings.keepalive,
                      settings.push_concurrency, settings.xds_send_timeout,
                      settings.max_requests_per_second / settings.xds_workers, settings.shutdown_duration,
-                     settings.max_connections, *logs.current())
+                     settings.max_connections, *logs.current(), secure)
 
     async def stop(self, grace: float) -> None:
         """Each worker drains its streams for `grace` (as the single process's port does), then ends."""
@@ -284,8 +332,11 @@ class WorkerPool:
             for proc in running:
                 if proc.returncode is None:
                     proc.kill()
-        if self._socket is not None:
-            self._socket.close()
+        for task in list(self._asked):
+            task.cancel()
+        for held in (self._socket, self._secure_socket):
+            if held is not None:
+                held.close()
 
 
 def _frame(message: object) -> bytes:
@@ -336,6 +387,20 @@ class _Worker:
         self.server = ads_server(self.ads, self.health, start.keepalive, reuse_port=True,
                                  max_connections=start.max_connections)
         self.server.add_insecure_port(join_host_port(start.host, start.port))
+        self._numbers = itertools.count(1)
+        self._asked: dict[int, asyncio.Future[Any]] = {}  # Ask number -> its Reply's value
+        self.secure = (SecureServing(start.secure, self.ads, lambda: self.snapshot.mesh, self.ask, start.keepalive,
+                                     start.max_connections) if start.secure is not None else None)
+
+    async def ask(self, question: Sign | Authenticate) -> Any:
+        """The main process's answer (a secure-port call waits for it as for any peer's)."""
+        number = next(self._numbers)
+        future = self._asked[number] = asyncio.get_running_loop().create_future()
+        try:
+            self.out.write(_frame(Ask(number, question)))
+            return await future
+        finally:
+            del self._asked[number]
 
     def apply(self, push: Push) -> None:
         for key, value in push.objects:
@@ -354,6 +419,11 @@ class _Worker:
             elif isinstance(message, Query):
                 answer = connections.answer(message.question, self.ads.connections, self.ads.monitor.last_push)
                 self.out.write(_frame(Answer(message.number, answer)))
+            elif isinstance(message, Reply):
+                if (future := self._asked.get(message.number)) is not None and not future.done():
+                    future.set_result(message.value)
+            elif isinstance(message, ServingPem) and self.secure is not None:
+                self.secure.install(message)
             elif isinstance(message, Ready):
                 self.ads.ready = message.ready
                 await self.health.set("", health_pb2.HealthCheckResponse.SERVING if message.ready
@@ -362,11 +432,14 @@ class _Worker:
                 # its share of the new streams (UNAVAILABLE) while the others could serve them.
                 if message.ready and not listening:
                     await self.server.start()
+                    if self.secure is not None:
+                        await self.secure.start()
                     self.out.write(_frame(Listening()))
                     listening = True
         self.ads.ready = False
         if listening:
-            await self.server.stop(grace=self.start.shutdown_duration)
+            grace = self.start.shutdown_duration
+            await asyncio.gather(self.server.stop(grace=grace), *([self.secure.stop(grace)] if self.secure else []))
 
 
 async def _main() -> int:
