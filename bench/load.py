@@ -18,7 +18,7 @@ from the write to each watching client holding it), and a new Service every clie
 with it, the mesh is written to --config-dir (the one that istiod watches) and --server-pid names
 the process to measure. `--source kube`: etcd and kube-apiserver are started (the e2e harness),
 the Services, their Pods and EndpointSlices created through the API, and istiod started in kube
-mode; a change is a pod's IP (its status, then its EndpointSlice), timed from the first request.
+mode; a change is a pod's IP (its status, then its EndpointSlice), timed from the slice's request.
 The clients run in the compiled generator (bench/loadgen-go, built by its build.sh) once it is built,
 else in Python worker processes (bench/loadgen.py); the same clients either way.
 Every process started here is stopped at the end, on failure, Ctrl-C or SIGTERM too.

@@ -9,7 +9,7 @@ write, or of the API request.
 Through the API a Service has its Pods (created, then their status written as the kubelet
 would) and, outside an ambient mesh, the EndpointSlice the endpointslice controller would write
 for them: a change gives pod 0 the marked IP in its status and then in the slice, as a cluster
-sees a pod restart.
+sees a pod restart, timed from the slice's write.
 
 An ambient mesh (`nodes` > 0) looks like a cluster's for ztunnel: its namespaces are labelled
 `istio.io/dataplane-mode=ambient`, its pods carry istio-cni's `ambient.istio.io/redirection: enabled`
@@ -216,10 +216,14 @@ class KubeMesh:
         name, namespace = service_name(s)
         body = self._slice(s, self.pods, mark)
         async with self.locks[s]:
-            self.written[mark] = time.time()
-            await self._pod_ip(s, 0, loadgen.mark_address(mark))
             if self.nodes:
+                self.written[mark] = time.time()
+                await self._pod_ip(s, 0, loadgen.mark_address(mark))
                 return
+            # The kubelet's write, then the endpointslice controller's: istiod's endpoints (and the
+            # change's time) are the slice's.
+            await self._pod_ip(s, 0, loadgen.mark_address(mark))
+            self.written[mark] = time.time()
             # A merge patch replaces the whole endpoints list, as the controller's update does.
             await _write(client.DiscoveryV1Api(self.api).patch_namespaced_endpoint_slice,
                          body["metadata"]["name"], namespace, {"endpoints": body["endpoints"]},
