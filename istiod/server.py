@@ -35,6 +35,7 @@ from istiod.debug.serving import guarded_config
 from istiod.kubeapi import api_client
 from istiod.leader import LeaderElection
 from istiod.listen import listen_tcp
+from istiod.memory import trim_when_free
 from istiod.model.mesh import MeshConfig
 from istiod.model.names import join_host_port
 from istiod.secure import SecurePort
@@ -212,6 +213,7 @@ class Discovery:
         self._tasks += [
             self.supervisor.start("source", self._read_source, restart=True),
             self.supervisor.start("pusher", self._push, restart=True),
+            self.supervisor.start("malloc-trim", trim_when_free, restart=True),
         ]
         if self._api is not None:
             for name, patcher in (
