@@ -381,6 +381,8 @@ def run(args: argparse.Namespace, workdir: Path, stack: contextlib.ExitStack) ->
     everyone_seen = wait_for("all-seen", args.workers, args.storm_timeout, EVERYONE_MARK)
     cpu1 = server.cpu_seconds()
     everyone_written = mesh.settle()[EVERYONE_MARK]
+    time.sleep(args.rest)
+    result["memory_rest"] = server.memory_mb()  # every client still connected, the pushes over
     generator.finish()
     summaries: list[dict[str, Any]] = []
     while len(summaries) < args.workers:
@@ -471,12 +473,13 @@ def table(result: dict[str, Any]) -> str:
     ):
         stats = result[key[0]][key[1]]
         rows.append(f"| {name} | {ms(stats['p50'])} | {ms(stats['p90'])} | {ms(stats['p99'])} | {ms(stats['max'])} | {extra} |")
-    memory, before = result.get("memory_final") or {}, result.get("memory_before") or {}
+    memory, before, rest = (result.get(k) or {} for k in ("memory_final", "memory_before", "memory_rest"))
     rows.append(f"| mesh written ({result['size']['source']}) | | | | | {result['mesh_create_s']:.1f} s |")
     rows.append(f"| steady state | | | | | server {num(result['steady']['server_cores'], '{:.3f}')} cores |")
     rows.append(f"| load generator | | | | | {num(result['generator_cpu_s'])} s CPU in all |")
     rows.append(f"| memory | | | | | RSS before the storm {num(before.get('rss_mb'), '{:.0f}')} MB, "
-                f"peak {num(memory.get('peak_rss_mb'), '{:.0f}')} MB, final {num(memory.get('rss_mb'), '{:.0f}')} MB |")
+                f"peak {num(memory.get('peak_rss_mb'), '{:.0f}')} MB, at rest after the new Service "
+                f"{num(rest.get('rss_mb'), '{:.0f}')} MB, final {num(memory.get('rss_mb'), '{:.0f}')} MB |")
     return "\n".join(rows)
 
 
@@ -535,6 +538,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, help="load generator processes (default: 1 for go, 2 for python)")
     parser.add_argument("--steady", type=float, default=5, help="seconds of steady state measured")
     parser.add_argument("--grace", type=float, default=10, help="seconds after churn for late deliveries")
+    parser.add_argument("--rest", type=float, default=10,
+                        help="seconds after every client holds the new Service until RSS at rest is read")
     parser.add_argument("--storm-timeout", type=float, default=120,
                         help="seconds the connect storm may take before the run fails")
     parser.add_argument("--source", choices=("config", "kube"), default="config",

@@ -41,7 +41,7 @@ import loadgen  # noqa: E402
 from mesh import ConfigDirMesh, service_name  # noqa: E402
 
 TINY = ["-S", "6", "-P", "1", "-N", "4", "-K", "2", "--envoy", "2", "--rate", "5", "--duration", "1",
-        "--steady", "0.5", "--grace", "2", "--storm-timeout", "30"]
+        "--steady", "0.5", "--grace", "2", "--rest", "0.5", "--storm-timeout", "30"]
 ZTUNNELS = ["-N", "0", "--envoy", "0", "--ztunnel", "3"]
 TYPES = {"listeners": loadgen.LDS, "clusters": loadgen.CDS, "routes": loadgen.RDS, "endpoints": loadgen.EDS}
 
