@@ -17,8 +17,8 @@ from the write to each watching client holding it), and a new Service every clie
 `--source config` (the default): without --xds-addr an istiod is started on a fresh config dir;
 with it, the mesh is written to --config-dir (the one that istiod watches) and --server-pid names
 the process to measure. `--source kube`: etcd and kube-apiserver are started (the e2e harness),
-the Services and their EndpointSlices created through the API, and istiod started in kube mode;
-a change is an EndpointSlice patch, timed from the start of its request.
+the Services, their Pods and EndpointSlices created through the API, and istiod started in kube
+mode; a change is a pod's IP (its status, then its EndpointSlice), timed from the slice's request.
 The clients run in the compiled generator (bench/loadgen-go, built by its build.sh) once it is built,
 else in Python worker processes (bench/loadgen.py); the same clients either way.
 Every process started here is stopped at the end, on failure, Ctrl-C or SIGTERM too.
@@ -359,6 +359,7 @@ def run(args: argparse.Namespace, workdir: Path, stack: contextlib.ExitStack) ->
     generator.start()
     if not wait_for("ready", args.workers, 60):
         raise SystemExit("the load generator's workers did not start")
+    result["memory_before"] = server.memory_mb()  # what it returns to at rest, once the clients are served
     cpu0 = server.cpu_seconds()
     started = time.time()
     generator.go()
@@ -398,9 +399,13 @@ def run(args: argparse.Namespace, workdir: Path, stack: contextlib.ExitStack) ->
     writes = {change: (written[change], name) for change, name in changed.items()}
 
     print("every client's change: a new Service", flush=True)
+    cpu0 = server.cpu_seconds()
     mesh.add(-1, 1, EVERYONE_MARK)
     everyone_seen = wait_for("all-seen", args.workers, args.storm_timeout, EVERYONE_MARK)
+    cpu1 = server.cpu_seconds()
     everyone_written = mesh.settle()[EVERYONE_MARK]
+    time.sleep(args.rest)
+    result["memory_rest"] = server.memory_mb()  # every client still connected, the pushes over
     generator.finish()
     summaries: list[dict[str, Any]] = []
     while len(summaries) < args.workers:
@@ -451,7 +456,9 @@ def run(args: argparse.Namespace, workdir: Path, stack: contextlib.ExitStack) ->
                        "server_bytes_per_change": server_sent[0] / max(1, len(writes)) if server_sent[0] is not None else None,
                        "server_responses": server_sent[1]}
     everyone = [c["seen"][EVERYONE_MARK] - everyone_written for c in clients if EVERYONE_MARK in c["seen"]]
-    result["everyone"] = {"all_seen": everyone_seen, "latency": percentiles(everyone), "never_seen": len(clients) - len(everyone)}
+    result["everyone"] = {"all_seen": everyone_seen, "latency": percentiles(everyone), "never_seen": len(clients) - len(everyone),
+                          # until every client held it
+                          "server_cpu_s": cpu1 - cpu0 if cpu1 is not None and cpu0 is not None else None}
     # Envoy-like clients all ask for everything: under load too, SotW or delta, they must end the same;
     # and so must ztunnels.
     envoy_states = {c["state"] for c in clients if c["kind"] in ("envoy", "delta")}
@@ -480,7 +487,8 @@ def table(result: dict[str, Any]) -> str:
          + (f"; istiod counts {num(result['churn']['server_bytes_per_change'], '{:.0f}')} resource B/change in "
             f"{num(result['churn']['server_responses'], '{:.0f}')} responses"
             if result['churn']['server_bytes_per_change'] is not None else "")),
-        ("new Service every client watches", ("everyone", "latency"), f"never seen {result['everyone']['never_seen']}"
+        ("new Service every client watches", ("everyone", "latency"), f"never seen {result['everyone']['never_seen']}; "
+         f"server CPU {num(result['everyone']['server_cpu_s'])} s"
          + (f"; Envoy-like clients end in {result['envoy_final_states']} distinct state(s) (1: all the same)"
             if result["envoy_final_states"] else "")
          + (f"; ztunnels end in {result['ztunnel_final_states']} distinct state(s)"
@@ -493,12 +501,13 @@ def table(result: dict[str, Any]) -> str:
     if handshake.get("count"):
         rows.append(f"| TLS handshake (the generator's) | {ms(handshake['p50'])} | {ms(handshake['p90'])} | "
                     f"{ms(handshake['p99'])} | {ms(handshake['max'])} | {handshake['count']} handshakes |")
-    memory = result.get("memory_final") or {}
+    memory, before, rest = (result.get(k) or {} for k in ("memory_final", "memory_before", "memory_rest"))
     rows.append(f"| mesh written ({result['size']['source']}) | | | | | {result['mesh_create_s']:.1f} s |")
     rows.append(f"| steady state | | | | | server {num(result['steady']['server_cores'], '{:.3f}')} cores |")
     rows.append(f"| load generator | | | | | {num(result['generator_cpu_s'])} s CPU in all |")
-    rows.append(f"| memory | | | | | peak RSS {num(memory.get('peak_rss_mb'), '{:.0f}')} MB, "
-                f"final {num(memory.get('rss_mb'), '{:.0f}')} MB |")
+    rows.append(f"| memory | | | | | RSS before the storm {num(before.get('rss_mb'), '{:.0f}')} MB, "
+                f"peak {num(memory.get('peak_rss_mb'), '{:.0f}')} MB, at rest after the new Service "
+                f"{num(rest.get('rss_mb'), '{:.0f}')} MB, final {num(memory.get('rss_mb'), '{:.0f}')} MB |")
     return "\n".join(rows)
 
 
@@ -560,6 +569,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, help="load generator processes (default: 1 for go, 2 for python)")
     parser.add_argument("--steady", type=float, default=5, help="seconds of steady state measured")
     parser.add_argument("--grace", type=float, default=10, help="seconds after churn for late deliveries")
+    parser.add_argument("--rest", type=float, default=10,
+                        help="seconds after every client holds the new Service until RSS at rest is read")
     parser.add_argument("--storm-timeout", type=float, default=120,
                         help="seconds the connect storm may take before the run fails")
     parser.add_argument("--source", choices=("config", "kube"), default="config",

@@ -1,9 +1,11 @@
 """The load generator's worker: one process, many simulated xDS clients, each its own gRPC connection.
 
 Proxyless clients subscribe as gRPC does (LDS for named listeners -> RDS -> CDS -> EDS, ACKing each
-response with the names it holds); Envoy-like clients ask for all clusters and listeners (wildcard),
-then EDS for every EDS cluster and RDS for every route name, over SotW or delta. Each client records
-when it was first fully configured and when it first held each marked address (an endpoint change).
+response with the names it holds); Envoy-like clients as Envoy does: all clusters and listeners
+(wildcard), then EDS for every EDS cluster and RDS for every route configuration the listeners name,
+over SotW or delta. Each client records when it was first fully configured (an Envoy-like one: its
+assignments and route configurations too) and when it first held each marked address (an endpoint
+change): an Envoy-like client, once a route it holds also names the cluster, as traffic needs.
 """
 
 from __future__ import annotations
@@ -90,15 +92,14 @@ def derive(type_url: str, value: bytes) -> set[Any]:
     return {name} if (name := eds_name(message)) else set()
 
 
-def hold(client: "Client", type_url: str, value: bytes, previous: tuple[bytes, set[Any]] | None,
+def hold(client: "Client", type_url: str, name: str, value: bytes, previous: tuple[bytes, set[Any]] | None,
          now: float) -> tuple[bytes, set[Any]]:
-    """A resource the client now holds, derived once per content; marks held are recorded as seen."""
+    """A resource the client now holds, derived once per content; marks held are recorded (Client.held_marks)."""
     if previous is not None and previous[0] == value:
         return previous
     derived = derive(type_url, value)
     if type_url in (EDS, ADDRESS):
-        for mark in derived:
-            client.seen.setdefault(mark, now)
+        client.held_marks(name, derived, now)
     return value, derived
 
 
@@ -169,6 +170,42 @@ class Client:
     streams_failed: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # status -> count
     sent_node: bool = False
     answered: set[str] = field(default_factory=set)  # the types answered on this stream
+    # Envoy-like: the clusters its route configurations name, and marks held of clusters none names yet.
+    routed: set[str] = field(default_factory=set)
+    unrouted: dict[int, str] = field(default_factory=dict)  # mark -> its cluster
+
+    @property
+    def envoy_like(self) -> bool:
+        return self.spec.kind in ("envoy", "delta")
+
+    def held_marks(self, cluster: str, marks: set[int], now: float) -> None:
+        """Marks now held in `cluster`'s assignment: seen, or for an Envoy-like client seen once a
+        route configuration it holds names the cluster (a new Service's virtual host comes in the
+        port's route configuration, apart from its cluster and endpoints)."""
+        for mark in marks:
+            if self.envoy_like and cluster not in self.routed:
+                self.unrouted.setdefault(mark, cluster)
+            else:
+                self.seen.setdefault(mark, now)
+
+    def route_to(self, clusters: set[str], now: float) -> None:
+        """The route configurations it holds now name `clusters` (Envoy-like clients)."""
+        self.routed = clusters
+        for mark, cluster in list(self.unrouted.items()):
+            if cluster in clusters:
+                self.seen.setdefault(mark, now)
+                del self.unrouted[mark]
+
+    def configured(self) -> bool:
+        """Everything it asked for on the way to its endpoints held: assignments for all the mesh's
+        clusters (ztunnel: Addresses, and its policies answered) and, for an Envoy-like client, every
+        route configuration its listeners name."""
+        if self.spec.kind == "ztunnel":
+            return len(self.resources[ADDRESS]) >= self.spec.expected_clusters and {ADDRESS, AUTHORIZATION} <= self.answered
+        def held(type_url: str) -> bool:
+            return type_url in self.answered and self.names.get(type_url, set()) <= self.resources[type_url].keys()
+        return (held(EDS) and len(self.resources[EDS]) >= self.spec.expected_clusters
+                and (not self.envoy_like or held(RDS)))
 
     def settled(self) -> bool:
         """Whether every type asked for on this stream was answered, with every name asked for (a client
@@ -229,6 +266,8 @@ class Worker:
         fields: dict[str, Any] = {"NAMESPACE": "bench"}
         if spec.kind == "proxyless":
             fields["GENERATOR"] = "grpc"
+        else:  # a sidecar's pod labels, as istio-agent reports them: its own pod's
+            fields["LABELS"] = {"app": f"client{spec.index}"}
         metadata.update(fields)
         return base_pb2.Node(id=f"sidecar~{ip}~client{spec.index}.bench~bench.svc.cluster.local", metadata=metadata)
 
@@ -250,6 +289,7 @@ class Worker:
             client.versions.clear()
             client.resources.clear()
             client.answered.clear()
+            client.routed, client.unrouted = set(), {}
             client.sent_node = False
             await asyncio.sleep(delay * random.uniform(0.5, 1.5))  # reconnect with jittered backoff
             delay = min(delay * 2, 5.0)
@@ -279,7 +319,7 @@ class Worker:
                     held.clear()
                 for packed in response.resources:
                     name = leading_name(packed.value)
-                    held[name] = hold(client, response.type_url, packed.value, previous.get(name), now)
+                    held[name] = hold(client, response.type_url, name, packed.value, previous.get(name), now)
                 client.versions[response.type_url] = (response.version_info, response.nonce)
                 send(response.type_url)  # the ACK
                 for type_url, names in self._follow(client, response.type_url, now).items():
@@ -311,7 +351,7 @@ class Worker:
                     held.pop(name, None)
                 for resource in response.resources:
                     value = resource.resource.value
-                    held[resource.name] = hold(client, response.type_url, value, held.get(resource.name), now)
+                    held[resource.name] = hold(client, response.type_url, resource.name, value, held.get(resource.name), now)
                 send(response.type_url, nonce=response.nonce)  # the ACK
                 for type_url, names in self._follow(client, response.type_url, now).items():
                     added, removed = client.subscribe(type_url, names)
@@ -346,13 +386,9 @@ class Worker:
         held = client.resources[type_url]
         if type_url in FOLLOWS and (type_url != RDS or client.spec.kind == "proxyless"):
             return {FOLLOWS[type_url]: set().union(*(derived for _, derived in held.values()))}
-        if type_url == EDS:
-            if client.configured_at is None and len(held) >= client.spec.expected_clusters \
-                    and client.names.get(EDS, set()) <= held.keys():
-                client.configured_at = now
-        if client.spec.kind == "ztunnel" and client.configured_at is None \
-                and len(client.resources[ADDRESS]) >= client.spec.expected_clusters \
-                and {ADDRESS, AUTHORIZATION} <= client.answered:
+        if type_url == RDS:  # Envoy-like: it asked for every cluster already
+            client.route_to(set().union(*(derived for _, derived in held.values())), now)
+        if client.configured_at is None and client.configured():
             client.configured_at = now
         return {}
 

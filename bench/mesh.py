@@ -6,10 +6,14 @@ Service every client watches. A change gives pod 0 a marked address (loadgen.mar
 the clients find again in what they hold. Each change's write time is kept: the start of the file
 write, or of the API request.
 
+Through the API a Service has its Pods (created, then their status written as the kubelet
+would) and, outside an ambient mesh, the EndpointSlice the endpointslice controller would write
+for them: a change gives pod 0 the marked IP in its status and then in the slice, as a cluster
+sees a pod restart, timed from the slice's write.
+
 An ambient mesh (`nodes` > 0) looks like a cluster's for ztunnel: its namespaces are labelled
 `istio.io/dataplane-mode=ambient`, its pods carry istio-cni's `ambient.istio.io/redirection: enabled`
-and are spread over `nodes` Nodes; through the API it is Pods (a change: pod 0's status gets the
-marked IP, as the kubelet would write it) rather than EndpointSlices.
+and are spread over `nodes` Nodes; its changes are pods' IPs only (no EndpointSlices).
 """
 
 from __future__ import annotations
@@ -142,8 +146,8 @@ class ConfigDirMesh:
 
 
 class KubeMesh:
-    """Services and one EndpointSlice each (what the endpointslice controller would write, no
-    Pods), or in an ambient mesh their Pods, through the API as the admin user; an asyncio loop in
+    """Services, their Pods and (outside an ambient mesh) one EndpointSlice each, through the API as
+    the admin user; an asyncio loop in
     a thread of its own sends the writes, so a slow API server delays the changes' delivery, not
     the churn's pace."""
 
@@ -188,14 +192,13 @@ class KubeMesh:
         if mark is not None:
             self.written[mark] = time.time()
         await _write(client.CoreV1Api(self.api).create_namespaced_service, namespace, service_body(name, PORT))
-        if not self.nodes:
-            await _write(client.DiscoveryV1Api(self.api).create_namespaced_endpoint_slice, namespace,
-                         self._slice(s, pods, mark))
-            return
         core = client.CoreV1Api(self.api)
         for p, ip in enumerate(pod_ips(s, pods, mark)):  # a Pod is created without status: the kubelet writes it
             await _write(core.create_namespaced_pod, namespace, pod_body(s, p, pods, self.nodes))
             await self._pod_ip(s, p, ip)
+        if not self.nodes:
+            await _write(client.DiscoveryV1Api(self.api).create_namespaced_endpoint_slice, namespace,
+                         self._slice(s, pods, mark))
 
     async def _pod_ip(self, s: int, p: int, ip: str) -> None:
         name, namespace = service_name(s)
@@ -213,10 +216,14 @@ class KubeMesh:
         name, namespace = service_name(s)
         body = self._slice(s, self.pods, mark)
         async with self.locks[s]:
-            self.written[mark] = time.time()
             if self.nodes:
+                self.written[mark] = time.time()
                 await self._pod_ip(s, 0, loadgen.mark_address(mark))
                 return
+            # The kubelet's write, then the endpointslice controller's: istiod's endpoints (and the
+            # change's time) are the slice's.
+            await self._pod_ip(s, 0, loadgen.mark_address(mark))
+            self.written[mark] = time.time()
             # A merge patch replaces the whole endpoints list, as the controller's update does.
             await _write(client.DiscoveryV1Api(self.api).patch_namespaced_endpoint_slice,
                          body["metadata"]["name"], namespace, {"endpoints": body["endpoints"]},

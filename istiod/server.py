@@ -37,6 +37,7 @@ from istiod.kubeapi import api_client
 from istiod.leader import LeaderElection
 from istiod.status.gateway_api import GatewayStatusWriter
 from istiod.listen import listen_tcp
+from istiod.memory import trim_when_free
 from istiod.model.mesh import MeshConfig
 from istiod.model.names import join_host_port
 from istiod.revision import injector_configmap, mesh_configmap
@@ -226,6 +227,7 @@ class Discovery:
         self._tasks += [
             self.supervisor.start("source", self._read_source, restart=True),
             self.supervisor.start("pusher", self._push, restart=True),
+            self.supervisor.start("malloc-trim", trim_when_free, restart=True),
         ]
         if self._api is not None:
             for name, patcher in (

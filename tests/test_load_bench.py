@@ -41,7 +41,7 @@ import loadgen  # noqa: E402
 from mesh import ConfigDirMesh, service_name  # noqa: E402
 
 TINY = ["-S", "6", "-P", "1", "-N", "4", "-K", "2", "--envoy", "2", "--rate", "5", "--duration", "1",
-        "--steady", "0.5", "--grace", "2", "--storm-timeout", "30"]
+        "--steady", "0.5", "--grace", "2", "--rest", "0.5", "--storm-timeout", "30"]
 ZTUNNELS = ["-N", "0", "--envoy", "0", "--ztunnel", "3"]
 TYPES = {"listeners": loadgen.LDS, "clusters": loadgen.CDS, "routes": loadgen.RDS, "endpoints": loadgen.EDS}
 
@@ -153,6 +153,27 @@ def test_sigterm_mid_run_stops_every_process_the_bench_started(tmp_path: Path, g
         wait_until(lambda: not left(), 10, "every process the bench started to be gone")
     except AssertionError:
         raise AssertionError(f"still running: {left()}") from None
+
+
+def test_an_envoy_like_client_holds_a_change_once_a_route_names_its_cluster() -> None:
+    """As Envoy needs a route to a new Service's cluster besides its cluster and endpoints; a proxyless
+    client (whose route came first) holds it with its endpoints. Configured likewise."""
+    cluster = "outbound|7070||svc0.ns0.svc.cluster.local"
+    envoy = loadgen.Client(loadgen.ClientSpec(0, "envoy", [], 1), loadgen.base_pb2.Node())
+    envoy.subscribe(loadgen.EDS, {cluster})
+    envoy.resources[loadgen.EDS][cluster] = (b"", {5})
+    envoy.answered.add(loadgen.EDS)
+    envoy.held_marks(cluster, {5}, 1.0)
+    assert envoy.seen == {} and not envoy.configured()
+    envoy.subscribe(loadgen.RDS, {"7070"})
+    envoy.resources[loadgen.RDS]["7070"] = (b"", {cluster})
+    envoy.answered.add(loadgen.RDS)
+    envoy.route_to({cluster}, 2.0)
+    assert envoy.seen == {5: 2.0} and envoy.configured()
+    proxyless = loadgen.Client(loadgen.ClientSpec(1, "proxyless", ["svc0.ns0.svc.cluster.local:7070"], 1),
+                               loadgen.base_pb2.Node())
+    proxyless.held_marks(cluster, {5}, 1.0)
+    assert proxyless.seen == {5: 1.0}
 
 
 def test_process_tree_measures_a_child_and_its_grandchild() -> None:

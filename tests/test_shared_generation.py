@@ -14,7 +14,7 @@ from istiod.sources.convert import ObjectKey
 from istiod.sources.store import Store
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
-from istiod.xds.gen import PROXYLESS_GRPC
+from istiod.xds.gen import PROXYLESS_GRPC, SIDECAR
 
 DATA = Path(__file__).parent / "data"
 HOST = "reviews.demo.svc.cluster.local"
@@ -87,3 +87,26 @@ def test_proxies_alike_share_until_a_change_then_all_get_the_new() -> None:
     after = [_content(_made(v2, proxy, cache)) for proxy in (one, two)]
     assert after == [fresh, fresh]
     assert after[0][types.ROUTE] != _content(first)[types.ROUTE]  # the rule's consistentHash is gone
+
+
+def test_sidecars_with_pod_labels_of_their_own_share_what_no_selector_tells_apart() -> None:
+    """Every sidecar reports its pod's labels (pod-template-hash and the like): of them only those some
+    config object selects by set proxies apart, so one copy of each route configuration serves them all."""
+    snapshot = build_snapshot(_store(), "v1")
+    cache = ResourceCache()
+    pods = [_sidecar(f"client-{i}", {"app": "client", "pod-template-hash": f"h{i}"}) for i in range(3)]
+    selected = _sidecar("productpage-1", {"app": "productpage", "pod-template-hash": "h9"})  # a sourceLabels match
+    made = {p.id: {t: SIDECAR[t](snapshot, p, None, cache) for t in (types.ROUTE, types.CLUSTER, types.LISTENER)}
+            for p in (*pods, selected)}
+    first = made[pods[0].id]
+    for pod in pods[1:]:
+        for type_url in (types.ROUTE, types.CLUSTER):
+            assert all(a is b for a, b in zip(first[type_url], made[pod.id][type_url], strict=True))
+    # The one a VirtualService's sourceLabels select gets its own, as it would alone.
+    alone = {t: [(r.name, r.value) for r in SIDECAR[t](snapshot, selected, None, ResourceCache())] for t in (types.ROUTE,)}
+    assert [(r.name, r.value) for r in made[selected.id][types.ROUTE]] == alone[types.ROUTE]
+    assert alone[types.ROUTE] != [(r.name, r.value) for r in first[types.ROUTE]]
+
+
+def _sidecar(pod: str, labels: dict[str, str]) -> Proxy:
+    return proxy_from_node(f"sidecar~10.0.9.{len(pod)}~{pod}.demo~demo.svc.cluster.local", {"LABELS": labels})

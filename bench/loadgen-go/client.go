@@ -50,7 +50,12 @@ type Client struct {
 	configuredAt  *float64
 	seen          map[int]float64 // mark -> first time held
 	streamsFailed map[string]int
+	// Envoy-like: the clusters its route configurations name, and marks held of clusters none names yet.
+	routed   set
+	unrouted map[int]string // mark -> its cluster
 }
+
+func (c *Client) envoyLike() bool { return c.Kind == "envoy" || c.Kind == "delta" }
 
 func newClient(spec Spec) *Client {
 	c := &Client{Spec: spec, node: node(spec), seen: map[int]float64{}, streamsFailed: map[string]int{}}
@@ -62,6 +67,7 @@ func newClient(spec Spec) *Client {
 func (c *Client) reset() {
 	c.names, c.requested, c.versions = map[string]set{}, map[string][]string{}, map[string][2]string{}
 	c.resources, c.answered, c.sentNode = map[string]map[string]*held{}, set{}, false
+	c.routed, c.unrouted = set{}, map[int]string{}
 }
 
 func (c *Client) held(typeURL string) map[string]*held {
@@ -200,7 +206,7 @@ func (w *Worker) sotwStream(ctx context.Context, c *Client, ads discoveryv3.Aggr
 			if err != nil {
 				return err
 			}
-			have[name] = w.hold(c, typeURL, packed.GetValue(), previous[name], now)
+			have[name] = w.hold(c, typeURL, name, packed.GetValue(), previous[name], now)
 		}
 		c.versions[typeURL] = [2]string{response.GetVersionInfo(), response.GetNonce()}
 		send(typeURL) // the ACK
@@ -241,7 +247,7 @@ func (w *Worker) deltaStream(ctx context.Context, c *Client, ads discoveryv3.Agg
 			delete(have, name)
 		}
 		for _, resource := range response.GetResources() {
-			have[resource.GetName()] = w.hold(c, typeURL, resource.GetResource().GetValue(), have[resource.GetName()], now)
+			have[resource.GetName()] = w.hold(c, typeURL, resource.GetName(), resource.GetResource().GetValue(), have[resource.GetName()], now)
 		}
 		send(typeURL, nil, nil, response.GetNonce()) // the ACK
 		if next, names, ok := w.follow(c, typeURL, now); ok {
@@ -276,8 +282,8 @@ func receive[R interface {
 	}
 }
 
-// hold: a resource the client now holds, derived once per content; marks held are recorded as seen.
-func (w *Worker) hold(c *Client, typeURL string, value []byte, previous *held, now float64) *held {
+// hold: a resource the client now holds, derived once per content; marks held are recorded (heldMarks).
+func (w *Worker) hold(c *Client, typeURL, name string, value []byte, previous *held, now float64) *held {
 	if previous != nil && bytes.Equal(previous.value, value) {
 		return previous
 	}
@@ -291,40 +297,81 @@ func (w *Worker) hold(c *Client, typeURL string, value []byte, previous *held, n
 	default:
 		return &held{value: value, derived: derive(typeURL, value)}
 	}
-	for _, mark := range found {
-		if _, ok := c.seen[mark]; !ok {
-			c.seen[mark] = now
-			w.saw(mark)
+	w.heldMarks(c, name, found, now)
+	return &held{value: value}
+}
+
+// heldMarks: marks now held in cluster's assignment are seen, or for an Envoy-like client seen once a
+// route configuration it holds names the cluster (loadgen.Client.held_marks).
+func (w *Worker) heldMarks(c *Client, cluster string, marks []int, now float64) {
+	for _, mark := range marks {
+		if _, routed := c.routed[cluster]; c.envoyLike() && !routed {
+			if _, ok := c.unrouted[mark]; !ok {
+				c.unrouted[mark] = cluster
+			}
+			continue
+		}
+		w.see(c, mark, now)
+	}
+}
+
+func (w *Worker) see(c *Client, mark int, now float64) {
+	if _, ok := c.seen[mark]; !ok {
+		c.seen[mark] = now
+		w.saw(mark)
+	}
+}
+
+// routeTo: the route configurations an Envoy-like client holds now name clusters.
+func (w *Worker) routeTo(c *Client, clusters set, now float64) {
+	c.routed = clusters
+	for mark, cluster := range c.unrouted {
+		if _, ok := clusters[cluster]; ok {
+			w.see(c, mark, now)
+			delete(c.unrouted, mark)
 		}
 	}
-	return &held{value: value}
+}
+
+// configured: everything it asked for on the way to its endpoints held (loadgen.Client.configured).
+func (c *Client) configured() bool {
+	if c.Kind == "ztunnel" {
+		_, addresses := c.answered[ADDRESS]
+		_, policies := c.answered[AUTHORIZATION]
+		return addresses && policies && len(c.resources[ADDRESS]) >= c.ExpectedClusters
+	}
+	held := func(typeURL string) bool {
+		if _, ok := c.answered[typeURL]; !ok {
+			return false
+		}
+		for name := range c.names[typeURL] {
+			if _, ok := c.resources[typeURL][name]; !ok {
+				return false
+			}
+		}
+		return true
+	}
+	return held(EDS) && len(c.resources[EDS]) >= c.ExpectedClusters && (!c.envoyLike() || held(RDS))
 }
 
 // follow: the subscription that follows from what the client now holds of typeURL, if any.
 func (w *Worker) follow(c *Client, typeURL string, now float64) (string, set, bool) {
-	have := c.resources[typeURL]
-	if next, ok := follows[typeURL]; ok && (typeURL != RDS || c.Kind == "proxyless") {
+	derived := func() set {
 		names := set{}
-		for _, h := range have {
+		for _, h := range c.resources[typeURL] {
 			for name := range h.derived {
 				names[name] = struct{}{}
 			}
 		}
-		return next, names, true
+		return names
 	}
-	if c.Kind == "ztunnel" && c.configuredAt == nil && len(c.resources[ADDRESS]) >= c.ExpectedClusters {
-		_, policies := c.answered[AUTHORIZATION]
-		if _, addresses := c.answered[ADDRESS]; addresses && policies {
-			c.configuredAt = &now
-			w.configured(now)
-		}
+	if next, ok := follows[typeURL]; ok && (typeURL != RDS || c.Kind == "proxyless") {
+		return next, derived(), true
 	}
-	if typeURL == EDS && c.configuredAt == nil && len(have) >= c.ExpectedClusters {
-		for name := range c.names[EDS] {
-			if _, ok := have[name]; !ok {
-				return "", nil, false
-			}
-		}
+	if typeURL == RDS { // Envoy-like: it asked for every cluster already
+		w.routeTo(c, derived(), now)
+	}
+	if c.configuredAt == nil && c.configured() {
 		c.configuredAt = &now
 		w.configured(now)
 	}

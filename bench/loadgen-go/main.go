@@ -61,6 +61,8 @@ func node(spec Spec) *corev3.Node {
 	fields := map[string]any{"NAMESPACE": "bench"}
 	if spec.Kind == "proxyless" {
 		fields["GENERATOR"] = "grpc"
+	} else { // a sidecar's pod labels, as istio-agent reports them: its own pod's
+		fields["LABELS"] = map[string]any{"app": fmt.Sprintf("client%d", spec.Index)}
 	}
 	metadata, _ := structpb.NewStruct(fields)
 	return &corev3.Node{Id: fmt.Sprintf("sidecar~%s~client%d.bench~bench.svc.cluster.local", ip, spec.Index),

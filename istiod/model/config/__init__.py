@@ -131,6 +131,21 @@ class ConfigSet:
         candidates = list(dict.fromkeys(exact.get(host, []) + wildcard))
         return scope.virtual_service_for_host(candidates, namespace, host, gateway)
 
+    def selector_keys(self) -> frozenset[str]:
+        """Every label key some object selects workloads by (workload selectors, VirtualService
+        source labels): proxies whose labels agree on these are selected alike by all of them."""
+        if "selector_keys" not in self._index:
+            selectors = [
+                *(r.workload_selector for r in self.destination_rules), *(s.workload_selector for s in self.sidecars),
+                *(e.workload_selector for e in self.service_entries), *(g.selector for g in self.gateways),
+                *(m.source_labels for vs in self.virtual_services for route in vs.http for m in route.match),
+                *(m.source_labels for vs in self.virtual_services for route in (*vs.tcp, *vs.tls) for m in route.match),
+                *(p.selector for p in self.peer_authentications), *(p.selector for p in self.authorization_policies),
+                *(p.selector for p in self.request_authentications),
+            ]
+            self._index["selector_keys"] = frozenset(key for selector in selectors for key, _ in selector)
+        return self._index["selector_keys"]  # type: ignore[no-any-return]
+
     def sidecar_for(self, namespace: str, labels: Mapping[str, str], root_namespace: str) -> Sidecar | None:
         return scope.sidecar_for(self._in("sidecars", namespace, root_namespace), namespace, labels, root_namespace)
 

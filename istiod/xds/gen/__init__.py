@@ -35,7 +35,7 @@ def shared_by_name(generate: Generator) -> Generator:
                         cache: ResourceCache) -> list[Resource]:
         if names is None:
             return generate(snapshot, proxy, names, cache)
-        made: dict[str, Resource] = cache.per_snapshot(snapshot, (generate, alike(proxy)), dict)
+        made: dict[str, Resource] = cache.per_snapshot(snapshot, (generate, alike(snapshot, proxy)), dict)
         result, inbound = [], []
         for name in names:
             if name.startswith(INBOUND_LISTENER_PREFIX):

@@ -23,7 +23,7 @@ TRANSPORT_SOCKET_MATCH = "envoy.transport_socket_match"
 
 
 def endpoints(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
-    key = ("eds", alike(proxy), None if names is None else tuple(names))
+    key = ("eds", alike(snapshot, proxy), None if names is None else tuple(names))
     return list(cache.per_snapshot(snapshot, key, lambda: assignments(snapshot, proxy, names, cache)))
 
 

@@ -36,7 +36,7 @@ from istiod.xds.gen.policy import apply_policy, effective_policy, subset_endpoin
 from istiod.xds.gen.rbac import authorization_filters
 from istiod.xds.gen.routes import http_routes
 from istiod.xds.gen.security import authorization_policies, inbound_mtls_mode, request_authentications
-from istiod.xds.gen.targets import hash_lookup, outbound_clusters, outbound_host_ports, route_inputs
+from istiod.xds.gen.targets import alike, hash_lookup, outbound_clusters, outbound_host_ports, route_inputs
 from istiod.xds.gen.tls import destination_identities, downstream_tls, upstream_tls
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ def routes(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: Res
         # VirtualService visibility and DestinationRule lookup depend on the proxy's namespace and labels.
         result.append(cache.get(types.ROUTE, target.name, depends_on,
                                 lambda: _route_configuration(target.name, service, port, vs, snapshot, proxy),
-                                scope=f"{proxy.namespace}/{proxy.labels}"))
+                                scope=str(alike(snapshot, proxy))))
     return result
 
 

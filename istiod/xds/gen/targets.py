@@ -29,11 +29,14 @@ class ClusterTarget:
     subset: Subset | None = None
 
 
-def alike(proxy: Proxy) -> tuple[str, tuple[tuple[str, str], ...]]:
+def alike(snapshot: Snapshot, proxy: Proxy) -> tuple[str, tuple[tuple[str, str], ...]]:
     """All that this module's lookups read of a proxy: proxies alike in it see the same outbound
     config, so generators share what they make under this key (ResourceCache.per_snapshot). A lookup
-    that reads more of a proxy must add it here."""
-    return proxy.namespace, proxy.labels
+    that reads more of a proxy must add it here. Of its labels, only those some config object selects
+    by: every sidecar has labels of its own pod (app, pod-template-hash), and keyed by all of them 500
+    Envoys had 500 copies of every route configuration made, serialized and held."""
+    keys = snapshot.config.selector_keys()
+    return proxy.namespace, tuple(label for label in proxy.labels if label[0] in keys)
 
 
 def sidecar_resource(snapshot: Snapshot, proxy: Proxy) -> Sidecar | None:

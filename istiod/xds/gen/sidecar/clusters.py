@@ -59,7 +59,7 @@ def clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: R
 def outbound_clusters(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[Resource]:
     """An `outbound|<port>|<subset>|<host>` cluster per port and subset of every service the proxy
     sees; gateways have the same ones."""
-    return list(cache.per_snapshot(snapshot, ("outbound clusters", alike(proxy)),
+    return list(cache.per_snapshot(snapshot, ("outbound clusters", alike(snapshot, proxy)),
                                    lambda: _outbound_clusters(snapshot, proxy, cache)))
 
 

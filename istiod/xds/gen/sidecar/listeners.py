@@ -81,7 +81,7 @@ log = logging.getLogger(__name__)
 
 
 def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
-    result = list(cache.per_snapshot(snapshot, ("outbound listeners", alike(proxy)),
+    result = list(cache.per_snapshot(snapshot, ("outbound listeners", alike(snapshot, proxy)),
                                      lambda: _outbound(snapshot, proxy, cache)))
     inbound = inbound_ports(snapshot, proxy)
     # PeerAuthentication per port (port 0: ports no service names), the AuthorizationPolicies
@@ -129,7 +129,7 @@ def _outbound(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[Re
                     lambda: tcp_outbound_listener(address, target, tcp_destinations(
                         vs, target.service, target.port.port, snapshot.services, source, target.vip),
                         tls_destinations(vs, target.port.port, snapshot.services, source, target.vip)),
-                    scope=f"{target.bind_to_port}:{proxy.namespace}/{proxy.labels}"))
+                    scope=f"{target.bind_to_port}:{alike(snapshot, proxy)}"))
         elif target.service.external_host:
             unaddressed.setdefault(number, []).append(target)
             continue

@@ -28,7 +28,7 @@ BLOCKED_STATUS = 502
 
 
 def routes(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
-    key = ("sidecar routes", alike(proxy), None if names is None else tuple(names))
+    key = ("sidecar routes", alike(snapshot, proxy), None if names is None else tuple(names))
     return list(cache.per_snapshot(snapshot, key, lambda: _routes(snapshot, proxy, names, cache)))
 
 
@@ -49,7 +49,7 @@ def _routes(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: Re
         policy = outbound_traffic_policy(snapshot, proxy)
         result.append(cache.get(types.ROUTE, str(port), depends_on,
                                 lambda: route_configuration(port, targets, snapshot, proxy, policy),
-                                scope=f"{proxy.namespace}/{proxy.labels}/{policy.value}"))
+                                scope=f"{alike(snapshot, proxy)}/{policy.value}"))
     return result
 
 

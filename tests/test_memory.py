@@ -1,0 +1,59 @@
+"""Memory a burst freed goes back to the system (istiod.memory), not only back to malloc."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+
+import pytest
+
+from istiod import memory
+
+pytestmark = pytest.mark.skipif(memory.free_bytes() is None, reason="malloc_trim is glibc's")
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+async def test_freed_chunks_are_returned_once_past_the_threshold() -> None:
+    # Small chunks, as freed responses and connections are: malloc keeps them below live ones.
+    burst = [bytearray(2000) for _ in range(40_000)]
+    keep = [bytearray(2000) for _ in range(100)]  # live chunks above them, so freeing alone does not shrink the heap
+    before = _rss()
+    del burst
+    assert _rss() > before - (40 << 20)  # still resident: freed to malloc only
+    trimmer = asyncio.create_task(memory.trim_when_free(interval=0.05, threshold=16 << 20))
+    try:
+        async with asyncio.timeout(10):
+            while _rss() > before - (40 << 20):
+                await asyncio.sleep(0.05)
+    finally:
+        trimmer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await trimmer
+    assert keep
+
+
+async def test_no_trim_while_little_is_free() -> None:
+    trims = 0
+    real = memory.trim
+
+    def counted() -> int:
+        nonlocal trims
+        trims += 1
+        return real()
+
+    memory.trim = counted  # type: ignore[assignment]
+    try:
+        memory.trim()  # what is free now is the baseline
+        trimmer = asyncio.create_task(memory.trim_when_free(interval=0.02, threshold=1 << 30))
+        await asyncio.sleep(0.2)
+        trimmer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await trimmer
+    finally:
+        memory.trim = real  # type: ignore[assignment]
+    assert trims == 1
