@@ -24,8 +24,6 @@ import json
 import os
 import pkgutil
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +37,8 @@ from google.protobuf import any_pb2, descriptor_pool, json_format, message, stru
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(1, str(Path(__file__).parent.parent))
-from load import SERVICE_CIDR, Server  # noqa: E402
-from wds_compare import load_mesh  # noqa: E402
-from e2e.harness import Cluster  # noqa: E402
-from reference import built_reference, start_reference  # noqa: E402
-from tests.peers import stop_group  # noqa: E402
+from wds_compare import side_by_side  # noqa: E402
+from reference import built_reference  # noqa: E402
 
 CLUSTER = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 LISTENER = "type.googleapis.com/envoy.config.listener.v3.Listener"
@@ -246,19 +241,8 @@ def main() -> None:
         parser.error("no Istio pilot-discovery: build it with shared/reference-istiod/build.sh or give --reference")
     # Istio-only filters upstream Envoy NACKs: off, as a working Istio mesh on upstream Envoy has them.
     os.environ.update(PILOT_ENABLE_METADATA_EXCHANGE="false", PILOT_ENABLE_ALPN_FILTER="false")
-    with tempfile.TemporaryDirectory(prefix="sidecar-compare-") as tmp, contextlib.ExitStack() as stack:
-        workdir = Path(tmp)
-        (workdir / "cluster").mkdir()
-        cluster = Cluster(workdir / "cluster", service_cidr=SERVICE_CIDR)
-        stack.callback(cluster.stop)
-        cluster.start()
-        asyncio.run(load_mesh(cluster.kubeconfig, args.mesh))
-        reference, reference_addr, _ = start_reference(binary, cluster.kubeconfig, workdir)
-        stack.callback(stop_group, reference, 10)
-        ours = Server(["--kubeconfig", str(cluster.kubeconfig)], workdir, None, None)
-        stack.callback(ours.stop)
-        time.sleep(2)  # both have listed the cluster (ready), and pushed what they built
-        istio_held, our_held = asyncio.run(held(reference_addr, args.node)), asyncio.run(held(ours.xds_addr, args.node))
+    with side_by_side(binary, args.mesh, "sidecar-compare-") as (reference_addr, our_addr):
+        istio_held, our_held = asyncio.run(held(reference_addr, args.node)), asyncio.run(held(our_addr, args.node))
         if args.dump:
             args.dump.mkdir(parents=True, exist_ok=True)
             for side, resources in (("istio", istio_held), ("ours", our_held)):

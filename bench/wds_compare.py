@@ -22,6 +22,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -142,6 +143,25 @@ def diff(istio: dict[str, dict[str, Any]], ours: dict[str, dict[str, Any]]) -> i
     return differences
 
 
+@contextlib.contextmanager
+def side_by_side(binary: str, mesh: Path, prefix: str) -> Iterator[tuple[str, str]]:
+    """Istio's istiod and ours on one fresh kube-apiserver holding `mesh`: their plaintext xDS
+    addresses, once both have listed the cluster and pushed what they built."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp, contextlib.ExitStack() as stack:
+        workdir = Path(tmp)
+        (workdir / "cluster").mkdir()
+        cluster = Cluster(workdir / "cluster", service_cidr=SERVICE_CIDR)
+        stack.callback(cluster.stop)
+        cluster.start()
+        asyncio.run(load_mesh(cluster.kubeconfig, mesh))
+        reference, reference_addr, _ = start_reference(binary, cluster.kubeconfig, workdir)
+        stack.callback(stop_group, reference, 10)
+        ours = Server(["--kubeconfig", str(cluster.kubeconfig)], workdir, None, None)
+        stack.callback(ours.stop)
+        time.sleep(2)
+        yield reference_addr, ours.xds_addr
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reference", help="Istio's pilot-discovery (default: the one build.sh cached)")
@@ -150,19 +170,8 @@ def main() -> None:
     binary = args.reference or built_reference()
     if not binary:
         parser.error("no Istio pilot-discovery: build it with shared/reference-istiod/build.sh or give --reference")
-    with tempfile.TemporaryDirectory(prefix="wds-compare-") as tmp, contextlib.ExitStack() as stack:
-        workdir = Path(tmp)
-        (workdir / "cluster").mkdir()
-        cluster = Cluster(workdir / "cluster", service_cidr=SERVICE_CIDR)
-        stack.callback(cluster.stop)
-        cluster.start()
-        asyncio.run(load_mesh(cluster.kubeconfig, args.mesh))
-        reference, reference_addr, _ = start_reference(binary, cluster.kubeconfig, workdir)
-        stack.callback(stop_group, reference, 10)
-        ours = Server(["--kubeconfig", str(cluster.kubeconfig)], workdir, None, None)
-        stack.callback(ours.stop)
-        time.sleep(2)  # both have listed the cluster (ready), and pushed what they built
-        istio_held, our_held = asyncio.run(held(reference_addr)), asyncio.run(held(ours.xds_addr))
+    with side_by_side(binary, args.mesh, "wds-compare-") as (reference_addr, our_addr):
+        istio_held, our_held = asyncio.run(held(reference_addr)), asyncio.run(held(our_addr))
         differences = diff(istio_held, our_held)
     sys.exit(1 if differences else 0)
 

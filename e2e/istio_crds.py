@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -15,10 +17,18 @@ from tests.peers import ROOT
 
 async def install_crds(api: client.ApiClient) -> None:
     """Every CRD in crds/, once per cluster, and wait until the API serves them."""
+    await install_crd_files(api, sorted((ROOT / "crds").glob("*.yaml")), "Istio's CRDs")
+
+
+async def install_crd_files(api: client.ApiClient, paths: Iterable[Path], what: str) -> None:
+    """Every CustomResourceDefinition in the files (other kinds skipped), and wait until the API
+    serves them."""
     extensions = client.ApiextensionsV1Api(api)
     names = []
-    for path in sorted((ROOT / "crds").glob("*.yaml")):
+    for path in paths:
         for body in yaml.safe_load_all(path.read_text()):
+            if not body or body.get("kind") != "CustomResourceDefinition":
+                continue
             names.append(body["metadata"]["name"])
             try:
                 await extensions.create_custom_resource_definition(body)
@@ -30,7 +40,7 @@ async def install_crds(api: client.ApiClient) -> None:
         if all(any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or []) for crd in crds):
             return
         await asyncio.sleep(0.05)
-    raise AssertionError("Istio's CRDs were not established within 10s")
+    raise AssertionError(f"{what} were not established within 10s")
 
 
 async def create_istio_object(api: client.ApiClient, body: dict[str, Any]) -> None:
