@@ -72,7 +72,9 @@ async def test_status_as_istio_writes_it(cluster: Cluster, kube: client.ApiClien
         "apiVersion": f"{GROUP}/v1beta1", "kind": "ReferenceGrant", "metadata": {"name": "from-ingress"},
         "spec": {"from": [{"group": GROUP, "kind": "HTTPRoute", "namespace": "gw-ingress"}],
                  "to": [{"group": "", "kind": "Service"}]}})
-    istiod = Istiod(tmp_path, "--kubeconfig", str(kubeconfig), ready_timeout=60)
+    # A short lease: an istiod an earlier test of the session killed may still hold the writers' lock.
+    istiod = Istiod(tmp_path, "--kubeconfig", str(kubeconfig), "--leader-lease-duration", "2s",
+                    "--leader-renew-deadline", "1.5s", "--leader-retry-period", "0.25s", ready_timeout=60)
     processes.append(istiod)
 
     async def gateway_not_programmed() -> dict[str, Any] | None:  # no deployment yet: no endpoints
