@@ -37,7 +37,7 @@ from google.protobuf import any_pb2, descriptor_pool, json_format, message, stru
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(1, str(Path(__file__).parent.parent))
-from wds_compare import side_by_side  # noqa: E402
+from wds_compare import print_fields, side_by_side  # noqa: E402
 from reference import built_reference  # noqa: E402
 
 CLUSTER = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
@@ -204,10 +204,7 @@ def diff(istio: dict[str, dict[str, Any]], ours: dict[str, dict[str, Any]], full
             if type_url == LISTENER and not full:
                 _diff_chains(theirs, mine)
                 continue
-            for key in sorted(theirs.keys() | mine.keys()):
-                if theirs.get(key) != mine.get(key):
-                    print(f"  {key}: Istio {json.dumps(theirs.get(key), sort_keys=True)}\n"
-                          f"  {' ' * len(key)}  ours  {json.dumps(mine.get(key), sort_keys=True)}")
+            print_fields(theirs, mine)
     print(f"{sum(len(v) for v in istio.values())} resources from Istio, {sum(len(v) for v in ours.values())} "
           f"from ours; {differences} differ")
     return differences

@@ -134,13 +134,18 @@ def diff(istio: dict[str, dict[str, Any]], ours: dict[str, dict[str, Any]]) -> i
             if theirs is None or mine is None:
                 print(f"  only {'ours' if theirs is None else 'Istio'}: {json.dumps(theirs or mine, sort_keys=True)}")
                 continue
-            for key in sorted(theirs.keys() | mine.keys()):
-                if theirs.get(key) != mine.get(key):
-                    print(f"  {key}: Istio {json.dumps(theirs.get(key), sort_keys=True)}\n"
-                          f"  {' ' * len(key)}  ours  {json.dumps(mine.get(key), sort_keys=True)}")
+            print_fields(theirs, mine)
     print(f"{sum(len(v) for v in istio.values())} resources from Istio, {sum(len(v) for v in ours.values())} "
           f"from ours; {differences} differ")
     return differences
+
+
+def print_fields(theirs: dict[str, Any], mine: dict[str, Any]) -> None:
+    """The top-level fields where one resource of Istio's and ours differ, side by side."""
+    for key in sorted(theirs.keys() | mine.keys()):
+        if theirs.get(key) != mine.get(key):
+            print(f"  {key}: Istio {json.dumps(theirs.get(key), sort_keys=True)}\n"
+                  f"  {' ' * len(key)}  ours  {json.dumps(mine.get(key), sort_keys=True)}")
 
 
 @contextlib.contextmanager
