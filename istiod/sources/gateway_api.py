@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
-from istiod.model.config.common import MatchKind, StringMatch, compile_regex
+from istiod.model.config.common import MatchKind, StringMatch, regex_problem
 from istiod.model.config.gateway_api import (
     GROUP, KIND_NAMES, UNTRANSLATED_ROUTE_KINDS, VERSIONS, GatewayClass, KubernetesGateway, KubernetesHTTPRoute,
     Listener, ObjectRef, ParentRef, PathModifier, ReferenceGrant, RequestRedirect, RouteFilter, RouteMatch, RouteRule,
@@ -158,12 +158,9 @@ def _match_value(f: _Fields, path: str, kinds: Mapping[str, MatchKind], default:
     if value is None:
         raise f.fail("value is required")
     if kind is MatchKind.REGEX:
-        try:
-            compile_regex(value)
-        except Exception as error:  # re2.error and its pybind11 relatives
-            detail = error.args[0] if error.args else error
-            detail = detail.decode(errors="replace") if isinstance(detail, bytes) else detail
-            errors.append(("UnsupportedValue", f"{f.key}: {value!r} is not a valid RE2 regex: {detail}"))
+        problem = regex_problem(value)
+        if problem:
+            errors.append(("UnsupportedValue", f"{f.key}: {problem}"))
     elif path == "path" and not value.startswith("/"):
         raise f.fail(f"value {value!r} must be an absolute path (start with /)")
     return StringMatch(kind, value)
@@ -284,12 +281,9 @@ def _grpc_method(f: _Fields, errors: list[tuple[str, str]]) -> StringMatch | Non
     if kind != "RegularExpression":
         raise method.fail(f"type {kind!r} is not Exact or RegularExpression")
     pattern = f"/{service or '[^/]+'}/{name or '.+'}"
-    try:
-        compile_regex(pattern)
-    except Exception as error:  # re2.error and its pybind11 relatives
-        detail = error.args[0] if error.args else error
-        detail = detail.decode(errors="replace") if isinstance(detail, bytes) else detail
-        errors.append(("UnsupportedValue", f"{method.key}: {pattern!r} is not a valid RE2 regex: {detail}"))
+    problem = regex_problem(pattern)
+    if problem:
+        errors.append(("UnsupportedValue", f"{method.key}: {problem}"))
     return StringMatch(MatchKind.REGEX, pattern)
 
 

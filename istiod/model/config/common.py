@@ -24,6 +24,20 @@ def compile_regex(pattern: str) -> Any:
     return re2.compile(pattern, _RE2_OPTIONS)
 
 
+def regex_problem(pattern: str) -> str | None:
+    """Why a proxy would refuse `pattern` (not RE2, or a program over RE2_MAX_PROGRAM_SIZE), or None."""
+    try:
+        size = compile_regex(pattern).programsize
+    except Exception as error:  # re2.error and its pybind11 relatives
+        detail = error.args[0] if error.args else error
+        detail = detail.decode(errors="replace") if isinstance(detail, bytes) else detail
+        return f"{pattern!r} is not a valid RE2 regex: {detail}"
+    if size > RE2_MAX_PROGRAM_SIZE:
+        return (f"{pattern!r} compiles to an RE2 program of size {size}, "
+                f"over the proxies' limit of {RE2_MAX_PROGRAM_SIZE} (re2.max_program_size.error_level)")
+    return None
+
+
 class MatchKind(enum.Enum):
     EXACT = "exact"
     PREFIX = "prefix"

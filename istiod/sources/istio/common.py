@@ -14,7 +14,7 @@ from typing import Any
 
 import durationpy
 
-from istiod.model.config.common import RE2_MAX_PROGRAM_SIZE, Labels, MatchKind, Meta, StringMatch, compile_regex
+from istiod.model.config.common import Labels, MatchKind, Meta, StringMatch, regex_problem
 from istiod.sources.fields import ObjectKey, _Fields
 
 _DNS1123_LABEL = re.compile(r"[a-zA-Z0-9]([-a-zA-Z0-9]{0,61}[a-zA-Z0-9])?")
@@ -143,15 +143,9 @@ def str_keyed(f: _Fields, path: str) -> dict[str, Any]:
 
 def regex(f: _Fields, path: str, pattern: str) -> None:
     """An RE2 pattern Envoy compiles: valid, and no larger than the program size our proxies allow."""
-    try:
-        size = compile_regex(pattern).programsize
-    except Exception as error:  # re2.error and its pybind11 relatives
-        detail = error.args[0] if error.args else error
-        detail = detail.decode(errors="replace") if isinstance(detail, bytes) else detail
-        raise f.fail(f"{path}: {pattern!r} is not a valid RE2 regex: {detail}") from None
-    if size > RE2_MAX_PROGRAM_SIZE:
-        raise f.fail(f"{path}: {pattern!r} compiles to an RE2 program of size {size}, "
-                     f"over the proxies' limit of {RE2_MAX_PROGRAM_SIZE} (re2.max_program_size.error_level)")
+    problem = regex_problem(pattern)
+    if problem:
+        raise f.fail(f"{path}: {problem}")
 
 
 def labels(f: _Fields, path: str) -> Labels:
