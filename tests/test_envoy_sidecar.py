@@ -320,16 +320,21 @@ CAPTURE = (
 )
 
 
-@pytest.mark.parametrize("strict", [False, True], ids=["permissive", "strict"])
-def test_traffic_through_the_sidecar_both_ways(mesh_dir: Path, start_istiod: Callable[..., Istiod],
-                                               strict: bool) -> None:
+@pytest.mark.parametrize("mode", ["permissive", "strict", "auto-mtls-off"])
+def test_traffic_through_the_sidecar_both_ways(mesh_dir: Path, start_istiod: Callable[..., Istiod], mode: str,
+                                               tmp_path: Path) -> None:
     """web-1 calls its own service by VIP and name: out through virtualOutbound and the route, mTLS
     to itself (its pod has a sidecar), in through virtualInbound, to the app. A plaintext call
-    straight to the app's port is served under PERMISSIVE and refused under STRICT."""
+    straight to the app's port is served under PERMISSIVE and refused under STRICT. With meshConfig
+    `enableAutoMtls: false` and no DestinationRule, the call by VIP goes in plaintext, as in Istio."""
     if shutil.which("iptables") is None:
         pytest.skip("needs iptables (Debian's package) for the capture rules")
     _mesh(mesh_dir)
-    istiod = start_istiod(mesh_dir, *(["--mtls"] if strict else []))
+    flags = {"strict": ["--mtls"], "permissive": []}.get(mode)
+    if flags is None:
+        (tmp_path / "mesh.yaml").write_text("enableAutoMtls: false\n")
+        flags = ["--mesh-config", str(tmp_path / "mesh.yaml")]
+    istiod = start_istiod(mesh_dir, *flags)
     with sidecar_envoy(istiod.xds_address, "web-1", "shop", "127.0.0.31", service_account="web") as envoy, \
             captured_pod(istiod, envoy) as run:
         def call(url: str, host: str = "") -> subprocess.CompletedProcess[str]:
@@ -340,10 +345,13 @@ def test_traffic_through_the_sidecar_both_ways(mesh_dir: Path, start_istiod: Cal
                            "the app's reply through the sidecar")
         seen = json.loads(reply)
         assert seen["host"] == "10.96.0.10"
-        assert "URI=spiffe://cluster.local/ns/shop/sa/web" in seen["xfcc"]  # mTLS, the caller's identity
+        if mode == "auto-mtls-off":
+            assert seen["xfcc"] is None  # plaintext: no client certificate reached the inbound side
+        else:
+            assert "URI=spiffe://cluster.local/ns/shop/sa/web" in seen["xfcc"]  # mTLS, the caller's identity
         assert json.loads(call("http://10.96.0.10/", host="web.shop:80").stdout)["host"] == "web.shop:80"
         plaintext = call("http://127.0.0.31:8080/")
-        if strict:
+        if mode == "strict":
             assert plaintext.returncode != 0 and not plaintext.stdout
         else:
             assert json.loads(plaintext.stdout)["xfcc"] is None

@@ -109,6 +109,23 @@ def test_outbound_clusters_use_auto_mtls_and_http2_for_grpc() -> None:
     assert inbound.upstream_bind_config.source_address.address == "127.0.0.6"
 
 
+def test_without_auto_mtls_only_a_destination_rule_turns_mtls_on() -> None:
+    """meshConfig `enableAutoMtls: false`, as Istio: plaintext unless a DestinationRule says ISTIO_MUTUAL."""
+    mesh = MeshConfig(enable_auto_mtls=False)
+    web = _generate(types.CLUSTER, _snapshot(mesh))[f"outbound|80||{WEB}"]
+    assert isinstance(web, cluster_pb2.Cluster)
+    assert not web.transport_socket_matches and not web.HasField("transport_socket")
+    store = Store()
+    for document in yaml.safe_load_all((DATA / "sidecar-mesh.yaml").read_text()):
+        store.apply(document)
+    store.apply({"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule",
+                 "metadata": {"name": "web", "namespace": "shop"},
+                 "spec": {"host": "web", "trafficPolicy": {"tls": {"mode": "ISTIO_MUTUAL"}}}})
+    web = _generate(types.CLUSTER, build_snapshot(store, "v2", mesh=mesh))[f"outbound|80||{WEB}"]
+    assert isinstance(web, cluster_pb2.Cluster)
+    assert not web.transport_socket_matches and web.transport_socket.name == "envoy.transport_sockets.tls"
+
+
 def test_endpoints_carry_tls_mode_only_for_pods_with_a_sidecar() -> None:
     snapshot = _generate(types.ENDPOINT, _snapshot(), names=[f"outbound|80||{WEB}", "outbound|5432||db.shop.svc.cluster.local"],
                          message=endpoint_pb2.ClusterLoadAssignment)

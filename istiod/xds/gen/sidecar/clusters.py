@@ -79,16 +79,18 @@ def _outbound_clusters(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -
             result.append(cache.get(
                 types.CLUSTER, name, (target.service, snapshot.mesh, all_endpoints, rule, subset),
                 lambda: outbound_cluster(target, name, endpoints, snapshot.mesh.trust_domain,
-                                         effective_policy(rule, target.port.port, subset)),
+                                         effective_policy(rule, target.port.port, subset),
+                                         snapshot.mesh.enable_auto_mtls),
                 scope=str(rule.meta) if rule is not None else ""))
     return result
 
 
 def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint, ...], trust_domain: str,
-                     policy: TrafficPolicy) -> cluster_pb2.Cluster:
+                     policy: TrafficPolicy, auto_mtls: bool) -> cluster_pb2.Cluster:
     """Auto mTLS, as Istio's: endpoints labelled `tlsMode: istio` (pods with a sidecar) get mTLS,
     the others plaintext; the choice is per endpoint, by the EDS metadata. A DestinationRule's
-    TLS mode overrides it (ISTIO_MUTUAL: always, DISABLE: never), its other settings apply on top."""
+    TLS mode overrides it (ISTIO_MUTUAL: always, DISABLE: never), its other settings apply on top.
+    With meshConfig `enableAutoMtls: false` only such a rule turns mTLS on, as in Istio."""
     host, port = target.service.hostname, target.port.port
     identities = destination_identities(endpoints, trust_domain)
     _, _, subset, _ = parse_cluster_name(name)
@@ -123,6 +125,8 @@ def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint,
         cluster.eds_cluster_config.CopyFrom(cluster_pb2.Cluster.EdsClusterConfig(
             eds_config=ads_source(initial_fetch_timeout=duration_pb2.Duration()), service_name=name))
     tls = policy.tls
+    if tls is None and not auto_mtls:
+        del cluster.transport_socket_matches[:]  # plaintext to every endpoint
     if tls is not None:
         del cluster.transport_socket_matches[:]
         if tls.mode in (TLSMode.SIMPLE, TLSMode.MUTUAL):
