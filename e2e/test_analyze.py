@@ -28,6 +28,11 @@ async def _create(api: client.ApiClient, body: Any) -> None:
     try:
         if body["kind"] in BY_KIND:
             await create_istio_object(api, body)
+            if "status" in body:  # the status subresource: not taken on create
+                group, _, version = body["apiVersion"].partition("/")
+                await client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+                    group, version, namespace, BY_KIND[body["kind"]].plural, body["metadata"]["name"],
+                    {"status": body["status"]}, _content_type="application/merge-patch+json")
         elif body["kind"] == "Namespace":
             await core.create_namespace(body)
         elif body["kind"] == "Service":
@@ -65,7 +70,8 @@ async def test_same_messages_as_istioctl_on_a_cluster(cluster: Cluster, kube: cl
     assert ours == expected
     codes = {dict(m)["code"] for m in expected}
     assert {"IST0101", "IST0102", "IST0103", "IST0109", "IST0110", "IST0111", "IST0112", "IST0118", "IST0123",
-            "IST0127", "IST0140", "IST0145", "IST0150", "IST0161", "IST0162", "IST0173", "IST0174"} <= codes
+            "IST0127", "IST0140", "IST0144", "IST0145", "IST0149", "IST0150", "IST0161", "IST0162", "IST0166", "IST0171",
+            "IST0173", "IST0174"} <= codes
 
     # Only the selected namespace, as istioctl's default.
     shop = await asyncio.to_thread(

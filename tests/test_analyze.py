@@ -42,7 +42,7 @@ def test_same_messages_as_istioctl(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["analyze", "-A", "-o", "json", str(FIXTURE)]) == 0
     assert _messages(capsys.readouterr().out) == expected
     # The fixture exercises every offline analyzer we match.
-    assert {dict(m)["code"] for m in expected} == {"IST0101", "IST0109", "IST0128", "IST0129", "IST0130", "IST0131",
+    assert {dict(m)["code"] for m in expected} == {"IST0002", "IST0101", "IST0109", "IST0128", "IST0129", "IST0130", "IST0131",
                                                "IST0132", "IST0134", "IST0138", "IST0177"}
 
 

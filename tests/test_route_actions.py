@@ -135,6 +135,45 @@ def test_proxyless_routes_leave_out_what_grpc_ignores() -> None:
     assert routes["rewritten"].route.cluster == name
 
 
+CLAIM_ROUTES = """
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: web, namespace: shop}
+spec:
+  hosts: [web]
+  http:
+  - name: admins
+    match: [{headers: {"@request.auth.claims.groups": {exact: admins}, x-a: {prefix: b}}}]
+    route: [{destination: {host: web}}]
+  - name: not-nested
+    match: [{withoutHeaders: {"@request.auth.claims[org][team]": {prefix: ops}}}]
+    route: [{destination: {host: web}}]
+  - name: rest
+    route: [{destination: {host: web}}]
+"""
+
+
+def test_a_header_match_on_a_jwt_claim_matches_the_verified_payload() -> None:
+    """`@request.auth.claims.<name>` (or `[a][b]`) is istiod's claim-based routing: a match on what
+    jwt_authn left in dynamic metadata, a string claim or a list holding the value."""
+    routes = _web_routes(_sidecar(types.ROUTE, CLAIM_ROUTES, route_pb2.RouteConfiguration)["80"])
+    admins = routes["admins"].match
+    assert [h.name for h in admins.headers] == ["x-a"]
+    (claim,) = admins.dynamic_metadata
+    assert (claim.filter, [p.key for p in claim.path], claim.invert) == (
+        "envoy.filters.http.jwt_authn", ["payload", "groups"], False)
+    in_list, string = claim.value.or_match.value_matchers
+    assert in_list.list_match.one_of.string_match.exact == string.string_match.exact == "admins"
+    (nested,) = routes["not-nested"].match.dynamic_metadata
+    assert ([p.key for p in nested.path], nested.invert) == (["payload", "org", "team"], True)
+    assert not routes["not-nested"].match.headers
+    # gRPC verifies no token: those matches are left out for proxyless clients.
+    proxy = proxy_from_node(NODE, {"GENERATOR": "grpc"})
+    resources = PROXYLESS_GRPC[types.ROUTE](_snapshot(CLAIM_ROUTES), proxy, [f"outbound|80||{WEB}"], ResourceCache())
+    assert [r.name for r in route_pb2.RouteConfiguration.FromString(resources[0].value).virtual_hosts[0].routes] == [
+        "rest"]
+
+
 def _rule(tls: str) -> str:
     return f"""
 apiVersion: networking.istio.io/v1

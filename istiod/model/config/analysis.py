@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from istiod.model.config.networking import routing_claim
 from istiod.model.protocol import Protocol, port_protocol
 from istiod.model.service import Port
 
@@ -23,6 +24,7 @@ _LEVEL_ORDER = {ERROR: 0, WARNING: 1, INFO: 2}
 
 # Code -> (level, template): Istio's pkg/config/analysis/msg/messages.yaml, for the codes produced here.
 MESSAGES: dict[str, tuple[str, str]] = {
+    "IST0002": (WARNING, "Deprecated: {}"),
     "IST0101": (ERROR, "Referenced {} not found: {}"),
     "IST0102": (INFO, "The namespace is not enabled for Istio injection. Run 'kubectl label namespace {} "
                       "istio-injection=enabled' to enable it, or 'kubectl label namespace {} istio-injection=disabled' "
@@ -63,6 +65,12 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "IST0162": (WARNING, "The gateway is listening on a target port (port {}) that is not defined in the Service "
                          "associated with its workload instances (Pod selector {}). If you need to access the gateway "
                          "port through the gateway Service, it will not be available."),
+    "IST0144": (WARNING, "User ID (UID) 1337 is reserved for the sidecar proxy."),
+    "IST0149": (ERROR, "The virtual service uses the JWT claim based routing (key: {}) but found no request authentication "
+                       "for the gateway ({}) pod ({}). The request authentication must first be applied for the gateway "
+                       "pods to validate the JWT token and make the claims available for routing."),
+    "IST0166": (WARNING, "Ineffective selector on Kubernetes Gateway {}. Use the TargetRef field instead."),
+    "IST0171": (WARNING, "A condition with a negative status is present: type={}, reason={}, message={}."),
     "IST0177": (WARNING, "Multiple ServiceEntries ({}) define the same host {} and port {} with conflicting protocols "
                          "({})."),
     "IST0173": (ERROR, "The Subset {} defined in the DestinationRule does not select any pods. Which may lead to 503 UH "
@@ -910,3 +918,111 @@ def _enabled_by_default(objects: Objects, revision: str) -> bool:
             except (ValueError, KeyError, TypeError):
                 return False
     return False
+
+
+# --- deprecated fields, negative conditions, policies that cannot apply ---
+
+@_analyzer("VirtualService", "Sidecar")
+def _deprecated_fields(objects: Objects) -> Iterator[Message]:
+    """deprecation.FieldAnalyzer: IST0002 (its CRD check needs the cluster's CRDs, which are not read)."""
+    for vs in objects("VirtualService"):
+        for route in vs.spec.get("http") or []:
+            if ((route.get("fault") or {}).get("delay") or {}).get("percent", 0) > 0:
+                yield Message("IST0002", vs, ("HTTPRoute.fault.delay.percent is deprecated; use "
+                                              "HTTPRoute.fault.delay.percentage",))
+    for sidecar in objects("Sidecar"):
+        if (sidecar.spec.get("outboundTrafficPolicy") or {}).get("egressProxy") is not None:
+            yield Message("IST0002", sidecar, ("OutboundTrafficPolicy.EgressProxy ignored",))
+
+
+# The condition types, per kind, whose False status Istio reports.
+_NEGATIVE_CONDITIONS = {
+    "Service": ("istio.io/WaypointBound",), "ServiceEntry": ("istio.io/WaypointBound",),
+    "WorkloadEntry": ("istio.io/WaypointBound",), "AuthorizationPolicy": ("ZtunnelAccepted", "WaypointAccepted"),
+}
+
+
+@_analyzer("ServiceEntry", "WorkloadEntry", "AuthorizationPolicy")
+def _negative_conditions(objects: Objects) -> Iterator[Message]:
+    """conditions.ConditionAnalyzer: IST0171, for the kinds analysis reads (Services from a cluster).
+    As istioctl, on the status the cluster holds: a file's `status` is not read."""
+    for kind, types in _NEGATIVE_CONDITIONS.items():
+        for resource in objects(kind):
+            if resource.reference:
+                continue
+            for condition in (resource.body.get("status") or {}).get("conditions") or []:
+                kind_type, status, reason = condition.get("type"), condition.get("status"), condition.get("reason", "")
+                if kind_type in types and status == "False" or (
+                        kind == "AuthorizationPolicy" and kind_type == "WaypointAccepted" and reason == "PartiallyInvalid"):
+                    yield Message("IST0171", resource, (kind_type, reason, condition.get("message", "")))
+
+
+_ISTIO_PROXY_CONTAINERS = ("istio-proxy", "istio-operator")
+_PROXY_UID = 1337
+
+
+@_analyzer("Pod")
+def _application_uid(objects: Objects) -> Iterator[Message]:
+    """deployment.ApplicationUIDAnalyzer: IST0144, for Pods (Deployments are not read)."""
+    for pod in objects("Pod"):
+        if "istio" in pod.labels or pod.labels.get("release") == "istio":
+            continue  # Istio's control plane
+        spec = pod.spec
+        uids = [(spec.get("securityContext") or {}).get("runAsUser")] + [
+            (c.get("securityContext") or {}).get("runAsUser") for c in spec.get("containers") or []
+            if c.get("name") not in _ISTIO_PROXY_CONTAINERS]
+        if _PROXY_UID in uids:
+            yield Message("IST0144", pod)
+
+
+def _jwt_claim_key(vs: Resource) -> str:
+    """The first header match that routes by a JWT claim (`@request.auth.claims.a` or `...[a]`), or ""."""
+    for route in vs.spec.get("http") or []:
+        for match in route.get("match") or []:
+            for key in [*(match.get("headers") or {}), *(match.get("withoutHeaders") or {})]:
+                if routing_claim(key) is not None:
+                    return str(key)
+    return ""
+
+
+@_analyzer("VirtualService", "RequestAuthentication", "Gateway", "Pod")
+def _jwt_claim_routes(objects: Objects) -> Iterator[Message]:
+    """virtualservice.JWTClaimRouteAnalyzer: IST0149, a gateway pod routing by a claim nothing verifies."""
+    selectors: dict[str, list[Mapping[str, str]]] = defaultdict(list)
+    for authn in objects("RequestAuthentication"):
+        selectors[authn.namespace].append((authn.spec.get("selector") or {}).get("matchLabels") or {})
+    for vs in objects("VirtualService"):
+        if not (key := _jwt_claim_key(vs)):
+            continue
+        for name in vs.spec.get("gateways") or []:
+            if name == "mesh":
+                continue
+            gateway_namespace, _, gateway_name = name.rpartition("/")
+            gateway_namespace = gateway_namespace or vs.namespace
+            gateway = objects.get("Gateway", gateway_namespace, gateway_name)
+            if gateway is None:
+                continue  # the gateway analyzer reports it
+            for pod in objects.selected(gateway.spec.get("selector") or {}):
+                candidates = selectors[_ISTIO_NAMESPACE] + selectors[pod.namespace]
+                if not any(_selects(selector, pod.labels) for selector in candidates):
+                    yield Message("IST0149", vs, (key, f"{gateway_namespace}/{gateway_name}", pod.name))
+
+
+_GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"
+
+
+@_analyzer("AuthorizationPolicy", "RequestAuthentication", "Pod")
+def _ineffective_selectors(objects: Objects) -> Iterator[Message]:
+    """k8sgateway.SelectorAnalyzer: IST0166, a policy selecting a Kubernetes Gateway's pods by label."""
+    gateway_pods: dict[str, list[Mapping[str, str]]] = defaultdict(list)
+    for pod in objects("Pod"):
+        if _GATEWAY_NAME_LABEL in pod.labels:
+            gateway_pods[pod.namespace].append(pod.labels)
+    for kind in ("AuthorizationPolicy", "RequestAuthentication"):
+        for policy in objects(kind):
+            if policy.spec.get("targetRef") is not None or policy.spec.get("selector") is None:
+                continue
+            selector = policy.spec["selector"].get("matchLabels") or {}
+            for labels in gateway_pods[policy.namespace]:
+                if _selects(selector, labels):
+                    yield Message("IST0166", policy, (labels[_GATEWAY_NAME_LABEL],))

@@ -13,6 +13,19 @@ from dataclasses import dataclass
 from istiod.model.config.common import Duration, Labels, Meta, StringMatch
 
 MESH_GATEWAY = "mesh"
+JWT_CLAIM_HEADER = "@request.auth.claims"  # a header match on this routes by a verified token's claim
+
+
+def routing_claim(header: str) -> tuple[str, ...] | None:
+    """The claim path of a header match name `@request.auth.claims.a.b` or `...[a][b]`, else None."""
+    if not header.lower().startswith(JWT_CLAIM_HEADER):
+        return None
+    name = header[len(JWT_CLAIM_HEADER):]
+    if name.startswith(".") and len(name) > 1:
+        return tuple(name[1:].split("."))
+    if name.startswith("[") and name.endswith("]") and len(name) > 2:
+        return tuple(name[1:-1].split("]["))
+    return None
 
 
 # --- VirtualService ---------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from istiod.model.config.networking import (
     PortTrafficPolicy, Redirect, Resolution, Retries, Rewrite, RouteDestination, Server, ServerTLS, ServerTLSMode,
     ServiceEntry, ServicePort, Sidecar, Subset, TCPSettings, TLSMode, TrafficPolicy, VirtualService, WorkloadEntry,
 )
-from istiod.model.config.networking import TLS_PROTOCOL_VERSIONS
+from istiod.model.config.networking import TLS_PROTOCOL_VERSIONS, routing_claim
 from istiod.sources.fields import ObjectKey, _Fields
 from istiod.sources.istio.common import (
     dns1123_label, duration, enum_field, export_to, fields, items, meta, spec, fqdn_error, integer, ip_or_cidr, is_ip, labels, only, percentage,
@@ -140,7 +140,7 @@ _HEADER_NAME = re.compile(r"[-_A-Za-z0-9]+")  # istiod's rule for header match n
 def _header_matches(m: _Fields, path: str) -> tuple[tuple[str, StringMatch], ...]:
     matches = string_matches(m, path)
     for name, _ in matches:
-        if not _HEADER_NAME.fullmatch(name):
+        if not _HEADER_NAME.fullmatch(name) and routing_claim(name) is None:
             raise m.fail(f"{path}: header name {name!r} is not a valid header name")
     return matches
 

@@ -17,17 +17,18 @@ from envoy.config.route.v3 import route_components_pb2 as rc
 from envoy.extensions.filters.common.fault.v3 import fault_pb2 as common_fault_pb2
 from envoy.extensions.filters.http.fault.v3 import fault_pb2
 from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2
-from envoy.type.matcher.v3 import regex_pb2, string_pb2
+from envoy.type.matcher.v3 import metadata_pb2, regex_pb2, string_pb2, value_pb2
 from envoy.type.v3 import percent_pb2
 from google.protobuf import duration_pb2, wrappers_pb2
 
 from istiod.model.config.common import MatchKind, StringMatch, selector_matches
 from istiod.model.config.networking import (
     MESH_GATEWAY, ConsistentHash, Destination, DirectResponse, Fault, Headers, HTTPMatch, HTTPRoute, L4Match, L4Route,
-    Redirect, Retries, VirtualService,
+    Redirect, Retries, VirtualService, routing_claim,
 )
 from istiod.model.names import outbound_cluster_name
 from istiod.model.service import Service
+from istiod.xds.gen.authn import JWT_FILTER, JWT_PAYLOAD
 from istiod.xds.gen.filters import FAULT_FILTER, pack
 from istiod.xds.gen.policy import duration, hash_policies
 
@@ -71,6 +72,8 @@ def virtual_service_routes(vs: VirtualService, port: int, services: Mapping[str,
     for http in vs.http:
         template = _route(http, port, services, hash_for, proxyless)
         matches = [m for m in http.match if _applies(m, port, *source, gateways)] if http.match else [HTTPMatch()]
+        if proxyless:  # gRPC verifies no JWT: a match on a claim is left out rather than misread
+            matches = [m for m in matches if not any(routing_claim(n) for n, _ in (*m.headers, *m.without_headers))]
         for match in matches:
             route = rc.Route()
             route.CopyFrom(template)
@@ -314,14 +317,29 @@ def _match(match: HTTPMatch, gateway_semantics: bool = False) -> rc.RouteMatch:
     else:
         result.safe_regex.CopyFrom(_regex(uri.value))
     pseudo = [(":method", match.method), (":authority", match.authority), (":scheme", match.scheme)]
-    for name, value in [*pseudo, *match.headers]:
-        if value is not None:
-            result.headers.append(_header(name, value, invert=False))
-    for name, value in match.without_headers:
-        result.headers.append(_header(name, value, invert=True))
+    for name, value, invert in [*((n, v, False) for n, v in (*pseudo, *match.headers)),
+                                *((n, v, True) for n, v in match.without_headers)]:
+        if value is None:
+            continue
+        if (claim := routing_claim(name)) is not None:
+            result.dynamic_metadata.append(_claim_matcher(claim, value, invert))
+        else:
+            result.headers.append(_header(name, value, invert))
     for name, value in match.query_params:
         result.query_parameters.append(rc.QueryParameterMatcher(name=name, string_match=_string(value)))
     return result
+
+
+def _claim_matcher(claim: tuple[str, ...], value: StringMatch, invert: bool) -> metadata_pb2.MetadataMatcher:
+    """A claim of the token jwt_authn verified (its payload in dynamic metadata), as istiod routes by
+    it: a string claim, or a list claim holding the value."""
+    string = _string(value)
+    return metadata_pb2.MetadataMatcher(
+        filter=JWT_FILTER, invert=invert,
+        path=[metadata_pb2.MetadataMatcher.PathSegment(key=k) for k in (JWT_PAYLOAD, *claim)],
+        value=value_pb2.ValueMatcher(or_match=value_pb2.OrMatcher(value_matchers=[
+            value_pb2.ValueMatcher(list_match=value_pb2.ListMatcher(one_of=value_pb2.ValueMatcher(string_match=string))),
+            value_pb2.ValueMatcher(string_match=string)])))
 
 
 def _header(name: str, value: StringMatch, invert: bool) -> rc.HeaderMatcher:
