@@ -59,6 +59,7 @@ from istiod.debug import connections
 from istiod.connlimit import HANDSHAKE_TIMEOUT, IDLE_TIMEOUT
 from istiod.debug.connections import Question, Unanswered
 from istiod.eventloop import run_fast
+from istiod.memory import trim_when_free
 from istiod.model.builder import build_snapshot
 from istiod.model.mesh import MeshConfig
 from istiod.model.names import join_host_port
@@ -458,7 +459,11 @@ async def _main() -> int:
     start = await anext(messages)
     assert isinstance(start, Start)
     logs.setup(start.log_level, start.log_format)
-    await _Worker(start, out).serve(messages)
+    trimmer = asyncio.create_task(trim_when_free())  # a worker's pushes free memory as the main process's do
+    try:
+        await _Worker(start, out).serve(messages)
+    finally:
+        trimmer.cancel()
     return 0
 
 
