@@ -3,25 +3,19 @@ Istio pins), found in the Go module cache and downloaded there when missing; nev
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 
 from kubernetes_asyncio import client
 
-from e2e.istio_crds import install_crd_files
+from e2e.istio_crds import install_crd_files, module_dir
 
 MODULE = "sigs.k8s.io/gateway-api"
 VERSION = "v1.6.0"
 
 
 def crd_dir(channel: str = "standard") -> Path:
-    """`config/crd/<channel>` of the module, downloaded with `go mod download` when not cached."""
-    done = subprocess.run(["go", "mod", "download", "-json", f"{MODULE}@{VERSION}"], capture_output=True, text=True,
-                          timeout=300, cwd="/")
-    if done.returncode != 0:
-        raise RuntimeError(f"go mod download {MODULE}@{VERSION}: {done.stdout[-500:]} {done.stderr[-500:]}")
-    return Path(json.loads(done.stdout)["Dir"]) / "config" / "crd" / channel
+    """`config/crd/<channel>` of the module."""
+    return module_dir(MODULE, VERSION) / "config" / "crd" / channel
 
 
 async def install_gateway_api_crds(api: client.ApiClient, channel: str = "standard") -> None:

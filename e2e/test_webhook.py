@@ -16,7 +16,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from e2e.harness import Cluster
-from e2e.istio_crds import create_istio_object, install_crds
+from e2e.istio_crds import create_istio_object, install_crds, install_upstream_crds
 from e2e.kube_objects import ensure_namespace
 from e2e.test_rbac import istiod_kubeconfig
 from tests.peers import ROOT, Istiod, Process, eventually, free_port
@@ -69,3 +69,51 @@ async def test_api_server_refuses_what_istiod_refuses(
     finally:
         # With failurePolicy Fail and istiod gone, the webhook would refuse every later Istio object.
         await admission.delete_validating_webhook_configuration(config["metadata"]["name"])
+
+
+async def test_kinds_istiod_does_not_implement_are_let_in_with_a_warning_and_logged(
+    cluster: Cluster, kube: client.ApiClient, tmp_path: Path, processes: list[Process]
+) -> None:
+    """A cluster moving from Istio's istiod keeps Istio's CRDs and its EnvoyFilters, Telemetries...:
+    creating one is allowed with the webhook's warning, and istiod logs once that it has no effect."""
+    admission = client.AdmissionregistrationV1Api(kube)
+    custom = client.CustomObjectsApi(kube)
+    await install_crds(kube)
+    await install_upstream_crds(kube, ["EnvoyFilter", "Telemetry"])
+    await ensure_namespace(kube, NS)
+    kubeconfig, _ = await istiod_kubeconfig(cluster, kube, tmp_path / "istiod.kubeconfig")
+    port = free_port()
+    config = yaml.safe_load((ROOT / "deploy" / "webhooks" / "validation.yaml").read_text())
+    config["metadata"]["name"] = "istio-validator-unimplemented"
+    config["webhooks"][0]["clientConfig"] = {"url": f"https://127.0.0.1:{port}/validate", "caBundle": ""}
+    await admission.create_validating_webhook_configuration(config)
+    envoy_filter = {"apiVersion": "networking.istio.io/v1alpha3", "kind": "EnvoyFilter",
+                    "metadata": {"name": "lua", "namespace": NS},
+                    "spec": {"configPatches": [{"applyTo": "HTTP_FILTER", "patch": {"operation": "ADD"}}]}}
+    try:
+        istiod = await istiod_patching(tmp_path, kubeconfig, port, processes, functools.partial(
+            admission.read_validating_webhook_configuration, config["metadata"]["name"]))
+        _, _, headers = await custom.create_namespaced_custom_object_with_http_info(
+            "networking.istio.io", "v1alpha3", NS, "envoyfilters", envoy_filter)
+        warnings = headers.getall("Warning", [])
+        print("kube-apiserver warned:", warnings)
+        assert any("EnvoyFilter is not implemented by this istiod" in w for w in warnings)
+        _, _, headers = await custom.create_namespaced_custom_object_with_http_info(
+            "telemetry.istio.io", "v1", NS, "telemetries",
+            {"apiVersion": "telemetry.istio.io/v1", "kind": "Telemetry", "metadata": {"name": "mesh", "namespace": NS},
+             "spec": {"accessLogging": [{"providers": [{"name": "envoy"}]}]}})
+        assert any("Telemetry is not implemented" in w for w in headers.getall("Warning", []))
+        await eventually(lambda: f"object=EnvoyFilter/{NS}/lua" in istiod.text()
+                         and f"object=Telemetry/{NS}/mesh" in istiod.text(), 15,
+                         "istiod to log the objects it does not implement")
+        assert istiod.text().count(f"object=EnvoyFilter/{NS}/lua") == 1
+    finally:
+        await admission.delete_validating_webhook_configuration(config["metadata"]["name"])
+        # Other tests share this API server; istioctl analyze would read these.
+        for group, version, plural, name in (("networking.istio.io", "v1alpha3", "envoyfilters", "lua"),
+                                             ("telemetry.istio.io", "v1", "telemetries", "mesh")):
+            try:
+                await custom.delete_namespaced_custom_object(group, version, NS, plural, name)
+            except ApiException as error:
+                if error.status != 404:
+                    raise

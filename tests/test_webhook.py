@@ -53,6 +53,12 @@ def test_verdicts() -> None:
     assert review(admission({"kind": "ConfigMap", "metadata": {"name": "x"}}), "cluster.local")["response"]["allowed"]
     with pytest.raises(ValueError, match="uid"):
         review({"request": {}}, "cluster.local")
+    # Istio's kinds this istiod does not implement: let in, with a warning naming the kind.
+    envoy_filter = {"apiVersion": "networking.istio.io/v1alpha3", "kind": "EnvoyFilter", "metadata": {"name": "x"}}
+    assert review(admission(envoy_filter), "cluster.local")["response"] == {"uid": "u-1", "allowed": True, "warnings": [
+        "EnvoyFilter is not implemented by this istiod: the object is kept but has no effect on any proxy"]}
+    other_group = {**envoy_filter, "apiVersion": "example.com/v1"}
+    assert review(admission(other_group), "cluster.local")["response"] == {"uid": "u-1", "allowed": True}
 
 
 def post(istiod: Istiod, body: Any, path: str = "/validate") -> tuple[int, Any]:

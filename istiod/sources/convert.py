@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
 from istiod.model.batch import CronJob, Job
 from istiod.model.cluster import Namespace, Node
+from istiod.model.config.kinds import unimplemented
 from istiod.model.credentials import TlsCredential
 from istiod.model.endpointslice import EndpointSlice, SliceEndpoint
 from istiod.model.names import DEFAULT_DOMAIN
@@ -78,7 +79,8 @@ def convert(body: Mapping[str, Any], domain: str = DEFAULT_DOMAIN) -> tuple[Obje
     if converter is None:
         converter = istio_converter(key, body)
     if converter is None:
-        raise ConversionError(f"{key}: kind {key.kind!r} is not one istiod reads")
+        reason = unimplemented(key.kind, str(body.get("apiVersion", "")))
+        raise ConversionError(f"{key}: {reason or f'kind {key.kind!r} is not one istiod reads'}")
     _check_names(key)
     return key, converter(key, _Fields(key, body), domain)
 

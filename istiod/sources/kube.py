@@ -22,13 +22,14 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from istiod.backoff import Backoff
 from istiod.model.config.gateway_api import GROUP as GATEWAY_API
-from istiod.model.config.kinds import BY_KIND as CONFIG_BY_KIND, CONFIG_KINDS
+from istiod.model.config.kinds import BY_KIND as CONFIG_BY_KIND, CONFIG_KINDS, UNIMPLEMENTED_KINDS
 from istiod.revision import labels_in_revision
 from istiod.sources.convert import CLUSTER_SCOPED, ConversionError, ObjectKey, object_key
 from istiod.sources.gateway_api import PLURALS as GATEWAY_API_PLURALS
 from istiod.model.labels import Selector
 from istiod.sources.namespaces import NamespaceFilter
 from istiod.sources.store import Store
+from istiod.sources.unimplemented import UnimplementedReporter
 
 log = logging.getLogger(__name__)
 ListCall = Callable[..., Awaitable[Any]]
@@ -62,6 +63,13 @@ def istio_list_calls(api: client.ApiClient) -> dict[str, ListCall]:
     """Istio's config kinds, across all namespaces, at their v1 (every version has the same schema)."""
     custom = client.CustomObjectsApi(api)
     return {k.kind: functools.partial(custom.list_cluster_custom_object, k.group, "v1", k.plural) for k in CONFIG_KINDS}
+
+
+def unimplemented_list_calls(api: client.ApiClient) -> dict[str, ListCall]:
+    """Istio's kinds this istiod does not implement, at a version Istio's CRDs serve."""
+    custom = client.CustomObjectsApi(api)
+    return {k.kind: functools.partial(custom.list_cluster_custom_object, k.group, k.storage, k.plural)
+            for k in UNIMPLEMENTED_KINDS}
 
 
 def gateway_api_list_calls(api: client.ApiClient) -> dict[str, ListCall]:
@@ -319,6 +327,10 @@ class KubeSource:
         self.informers.update(
             (kind, Informer(kind, call, self.writer, watch_timeout, optional=True))
             for kind, call in {**istio_list_calls(api), **gateway_api_list_calls(api)}.items())
+        self.unimplemented = UnimplementedReporter()
+        self.informers.update(
+            (kind, Informer(kind, call, self.unimplemented, watch_timeout, optional=True))
+            for kind, call in unimplemented_list_calls(api).items())
         self.synced = asyncio.Event()
 
     async def run(self) -> None:

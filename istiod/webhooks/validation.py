@@ -1,7 +1,7 @@
 """The validating admission webhook (istiod's `validation.istio.io`): an AdmissionReview in, the
 verdict out. Istio's kinds are validated by the same conversion the store uses, so the API server
 refuses exactly what istiod would skip; any other object is allowed (the webhook's rules send
-only Istio's groups)."""
+only Istio's groups), those of Istio's kinds this istiod does not implement with a warning saying so."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from istiod.model.config.kinds import BY_KIND
+from istiod.model.config.kinds import BY_KIND, unimplemented
 from istiod.sources.convert import ConversionError, convert
 from istiod.webhooks.admission import add_review_route, admission_answer, admission_request
 
@@ -36,6 +36,9 @@ def review(body: Any, domain: str) -> dict[str, Any]:
             log.info("webhook refused %s: %s", request.get("operation"), error)
             response = {"uid": uid, "allowed": False,
                         "status": {"code": 400, "reason": "BadRequest", "message": f"configuration is invalid: {error}"}}
+    elif request.get("operation") in ("CREATE", "UPDATE") and isinstance(kind, str) and (
+            warning := unimplemented(kind, str(obj.get("apiVersion", "")))) is not None:
+        response["warnings"] = [warning]
     return admission_answer(body, response)
 
 

@@ -38,3 +38,23 @@ CONFIG_KINDS: tuple[ConfigKind, ...] = (
     ConfigKind("RequestAuthentication", SECURITY, _SECURITY_VERSIONS, "v1beta1", "requestauthentications", ("ra",)),
 )
 BY_KIND: dict[str, ConfigKind] = {k.kind: k for k in CONFIG_KINDS}
+
+# Istio's kinds this istiod does not implement. A cluster moving from Istio's istiod has their CRDs and
+# may have objects: those are read only to say, once per object, that they have no effect here, and
+# the webhook lets them in with a warning saying the same (`storage` is the version they are read at).
+UNIMPLEMENTED_KINDS: tuple[ConfigKind, ...] = (
+    ConfigKind("EnvoyFilter", NETWORKING, ("v1alpha3",), "v1alpha3", "envoyfilters", ()),
+    ConfigKind("WorkloadGroup", NETWORKING, _NETWORKING_VERSIONS, "v1alpha3", "workloadgroups", ("wg",)),
+    ConfigKind("ProxyConfig", NETWORKING, ("v1beta1",), "v1beta1", "proxyconfigs", ()),
+    ConfigKind("Telemetry", "telemetry.istio.io", ("v1alpha1", "v1"), "v1alpha1", "telemetries", ("telemetry",)),
+    ConfigKind("WasmPlugin", "extensions.istio.io", ("v1alpha1",), "v1alpha1", "wasmplugins", ()),
+)
+UNIMPLEMENTED_BY_KIND: dict[str, ConfigKind] = {k.kind: k for k in UNIMPLEMENTED_KINDS}
+
+
+def unimplemented(kind: str, api_version: str) -> str | None:
+    """What to tell of an object of Istio's that this istiod does not implement, else None."""
+    known = UNIMPLEMENTED_BY_KIND.get(kind)
+    if known is None or api_version.partition("/")[0] != known.group:
+        return None
+    return f"{kind} is not implemented by this istiod: the object is kept but has no effect on any proxy"
