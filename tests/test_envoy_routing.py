@@ -42,6 +42,7 @@ class Pod:
     istiod: Istiod
     envoy: Envoy
     run: Callable[..., subprocess.CompletedProcess[str]]
+    config: Path  # the config dir istiod watches
 
     def curl(self, *args: str, host: str = "echo", url: str = f"http://{ECHO_VIP}/") -> str:
         """curl in the pod; the VIP is captured whatever the Host (the route picks by Host)."""
@@ -107,7 +108,7 @@ def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
                 (config / "policy.yaml").write_text(render("envoy-routing-policy.yaml", **certs))
                 wait_until(lambda: _echo_route_names(envoy) == ROUTE_NAMES, 20, "the VirtualService's routes in Envoy")
                 _acked(istiod, envoy)
-                yield Pod(istiod, envoy, run)
+                yield Pod(istiod, envoy, run, config)
             finally:
                 for backend in backends:
                     backend.stop()
@@ -119,6 +120,45 @@ def _echo_route_names(envoy: Envoy) -> list[str]:
     routes = _dynamic(envoy.config_dump(), "routes").get("80", {})
     host = next((h for h in routes.get("virtual_hosts", []) if h["name"] == f"{ECHO}:80"), {})
     return [r.get("name", "") for r in host.get("routes", [])]
+
+
+LEGACY = """apiVersion: v1
+kind: Service
+metadata: {name: legacy, namespace: shop}
+spec:
+  clusterIP: 10.96.0.21
+  selector: {app: legacy}
+  ports: [{name: http, port: 80, targetPort: 8080}]
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: legacy-1, namespace: shop}
+spec: {address: 127.0.0.41, labels: {app: legacy}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: legacy-2, namespace: shop}
+spec: {address: 127.0.0.42, labels: {app: legacy}, weight: 3}
+"""
+
+
+def test_a_service_selecting_workload_entries_balances_by_their_weight(pod: Pod) -> None:
+    """A Kubernetes Service whose selector picks WorkloadEntries (VMs: here the echo servers'
+    addresses) has them as endpoints, as Istio's registry adds them; weight 3 against the default
+    1 gets three requests in four (Envoy's weighted least-request, one request at a time)."""
+    (pod.config / "legacy.yaml").write_text(LEGACY)
+    assert pod.run("ip", "addr", "add", "10.96.0.21/32", "dev", "lo").returncode == 0
+    try:
+        wait_until(lambda: '"name"' in pod.curl(host="legacy", url="http://10.96.0.21/"), 20,
+                   "the Service's WorkloadEntries behind the sidecar")
+        n = 400
+        bodies = pod.curl("-w", "\n", host="legacy", url=f"http://10.96.0.21/w/[1-{n}]").splitlines()
+        seen = Counter(json.loads(body)["name"] for body in bodies)
+        print(f"WorkloadEntries weighted 1 and 3, {n} requests: {dict(seen)}")
+        assert sum(seen.values()) == n and 0.2 * n <= seen["echo-v1"] <= 0.3 * n, seen
+    finally:
+        (pod.config / "legacy.yaml").unlink()
+        pod.run("ip", "addr", "del", "10.96.0.21/32", "dev", "lo")
 
 
 def test_canary_split_90_10(pod: Pod) -> None:

@@ -228,6 +228,29 @@ def test_service_entry_host_is_callable_by_name(resolution: str, address: str, m
     assert all(l["ok"] and l["reply"].startswith("outside ") for l in lines)
 
 
+def test_a_service_selecting_a_workload_entry_reaches_it(versioned_mesh: Path, start_istiod: Callable[..., Istiod],
+                                                        start_demo: Callable[..., Process]) -> None:
+    """Service echo's selector (app: echo) also picks a WorkloadEntry, a VM at its own port named
+    as the Service's targetPort (grpc): gRPC calls reach it beside the Pods, until it is deleted."""
+    ip = "127.0.0.25"
+    port = free_port(ip)
+    start_demo("server", "--address", f"{ip}:{port}", "--name", "vm", name="vm").next_json(15)
+    (versioned_mesh / "we.yaml").write_text(
+        "apiVersion: networking.istio.io/v1\nkind: WorkloadEntry\nmetadata: {name: vm, namespace: echo-ns}\n"
+        f"spec: {{address: {ip}, labels: {{app: echo}}, ports: {{grpc: {port}}}}}\n")
+    istiod = start_istiod(versioned_mesh)
+    seen = outcomes(counted_client(start_demo, istiod, 60), 60)
+    print(f"Pods and a WorkloadEntry behind Service echo: {dict(seen)}")
+    assert set(seen) == {"echo-v1", "echo-v2", "vm"}, seen
+    (versioned_mesh / "we.yaml").unlink()
+    later = counted_client(start_demo, istiod, 1000, name="later")
+
+    def without_vm() -> bool:  # 30 replies in a row, none from the VM
+        return all(not later.next_json(30).get("reply", "").startswith("vm ") for _ in range(30))
+
+    wait_until(without_vm, 20, "the deleted WorkloadEntry to leave the endpoints")
+
+
 def test_a_client_in_the_namespace_dials_name_port(versioned_mesh: Path, start_istiod: Callable[..., Istiod],
                                                    start_demo: Callable[..., Process]) -> None:
     (versioned_mesh / "vs.yaml").write_text(virtual_service("  - route: [{destination: {host: echo, subset: v2}}]\n"))

@@ -80,7 +80,9 @@ def service_entries(draw: st.DrawFn) -> dict[str, Any]:
 @st.composite
 def workload_entries(draw: st.DrawFn) -> dict[str, Any]:
     return {"apiVersion": "networking.istio.io/v1", **_meta("WorkloadEntry", f"w{draw(st.integers(0, 1))}", "n1"),
-            "spec": {"address": draw(st.sampled_from(ADDRESSES)), "labels": draw(labels)}}
+            "spec": {"address": draw(st.sampled_from(ADDRESSES)), "labels": draw(labels),
+                     "weight": draw(st.sampled_from((0, 3))),
+                     "ports": draw(st.sampled_from(({}, {"http": 8082}, {"grpc": 7071})))}}
 
 
 @st.composite

@@ -21,8 +21,8 @@ from istiod.model.config.gateway_api import GatewayApiConfig
 from istiod.model.config.gateway_conversion import convert as convert_gateway_api
 from istiod.model.credentials import TlsCredential
 from istiod.model.config.common import Labels, selector_matches
-from istiod.model.config.networking import ServiceEntry, ServicePort
-from istiod.model.entries import EntryServices, PodEndpoints, service_entry_services
+from istiod.model.config.networking import ServiceEntry, ServicePort, WorkloadEntry
+from istiod.model.entries import EntryServices, PodEndpoints, service_entry_services, workload_entry_endpoint
 from istiod.model.endpointslice import EndpointSlice
 from istiod.model.mesh import MeshConfig
 from istiod.model.service import Endpoint, Locality, Port, Service
@@ -85,7 +85,7 @@ def _whole(objects: ObjectValues[Key], version: str, previous: Snapshot | None, 
     # Endpoints need the Pods and slices indexed, not the Services (ServiceEntries pick Pods too).
     selection = Selection.of({}, workloads, endpoint_slices)
     nodes = _nodes(objects)
-    context = _EndpointContext(workloads, nodes, jobs, selection)
+    context = _EndpointContext(workloads, nodes, jobs, selection, config.workload_entries)
     services, entries = _services(objects, config, context.entry_pod_endpoints)
     selection = selection.with_services(services)
     credentials = _credentials(objects)
@@ -139,7 +139,7 @@ def _next(objects: ObjectValues[Key], version: str, previous: Snapshot, keys: Ma
     services: Mapping[str, Service] = previous.services
     entries: EntryServices = {}
     hosts: set[str] = set()  # hostnames whose Service is new, gone or changed
-    context = _EndpointContext(workloads, previous.nodes, previous.jobs, selection)
+    context = _EndpointContext(workloads, previous.nodes, previous.jobs, selection, config.workload_entries)
     if keys.keys() & _SERVICE_KINDS or _entries_pick(config.service_entries, pods, previous.workloads, workloads):
         fresh, entries = _services(objects, config, context.entry_pod_endpoints)
         for hostname in fresh.keys() | previous.services.keys():
@@ -157,6 +157,9 @@ def _next(objects: ObjectValues[Key], version: str, previous: Snapshot, keys: Ma
     for key in slices:
         dirty.update((s.namespace, s.service) for s in (previous.endpoint_slices.get(key), endpoint_slices.get(key))
                      if s is not None)
+    if "WorkloadEntry" in keys:  # Services may select them: those of their namespaces, with a selector
+        for namespace in {k.namespace for k in keys["WorkloadEntry"]}:
+            dirty.update((namespace, s.name) for s in selection.namespaces.get(namespace, ()) if s.selector)
     for namespace, name in pods:
         old_pod, new_pod = previous.workloads.get((namespace, name)), workloads.get((namespace, name))
         for service in selection.namespaces.get(namespace, ()):
@@ -292,16 +295,38 @@ class _EndpointContext:
         nodes: Mapping[str, Locality],
         jobs: Mapping[tuple[str, str], Job],
         selection: Selection,
+        workload_entries: tuple[WorkloadEntry, ...],
     ) -> None:
         self.workloads = workloads
         self.nodes = nodes
         self.jobs = jobs
         self.selection = selection
+        self.workload_entries = workload_entries
 
     def endpoints(self, service: Service, port: Port) -> list[Endpoint]:
-        """From the Service's EndpointSlices when it has some, else the Pods its selector picks."""
+        """From the Service's EndpointSlices when it has some, else the Pods its selector picks; and
+        the WorkloadEntries its selector picks, as Istio's registry adds them."""
         slices = self.selection.slices.get((service.namespace, service.name))
-        return self.slice_endpoints(service, port, slices) if slices else self.selected_endpoints(service, port)
+        found = self.slice_endpoints(service, port, slices) if slices else self.selected_endpoints(service, port)
+        return found + self.entry_endpoints(service, port)
+
+    def entry_endpoints(self, service: Service, port: Port) -> list[Endpoint]:
+        """The labelled WorkloadEntries of the Service's namespace its selector picks: at the entry's
+        port named as the targetPort (a named targetPort the entry lacks leaves it out), else as the
+        Service's port, else the targetPort's number."""
+        if not service.selector or not self.workload_entries:
+            return []
+        result = []
+        for entry in self.workload_entries:
+            if (entry.meta.namespace != service.namespace or not entry.labels or not entry.address
+                    or not selector_matches(service.selector, dict(entry.labels))):
+                continue
+            ports = dict(entry.ports)
+            number = (ports.get(port.target_port) if isinstance(port.target_port, str)
+                      else ports.get(port.name) or port.target_port or port.port)
+            if number:
+                result.append(workload_entry_endpoint(entry, number, port.port, service.namespace))
+        return result
 
     def serving(self, workload: Workload) -> bool:
         """Pods that finished (their own phase, or their Job's) leave the endpoints entirely."""

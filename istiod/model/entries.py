@@ -16,6 +16,7 @@ from istiod.model.config.common import Labels
 from istiod.model.config.networking import Resolution, ServiceEntry, ServicePort, WorkloadEntry
 from istiod.model.service import Endpoint, Locality, Port, Service
 
+TLS_MODE_LABEL = "security.istio.io/tlsMode"
 EntryServices = dict[str, tuple[Service, dict[int, tuple[Endpoint, ...]]]]
 # The endpoints of the Pods of a namespace that a workloadSelector picks, for one port of the entry.
 PodEndpoints = Callable[[str, Labels, ServicePort], Sequence[Endpoint]]
@@ -52,15 +53,17 @@ def _endpoints(entry: ServiceEntry, host: str, port: ServicePort, members: tuple
                pods: tuple[Endpoint, ...]) -> tuple[Endpoint, ...]:
     if not members and not pods and entry.resolution is not Resolution.STATIC:
         return (Endpoint(host, port.target_port or port.number, port.number, namespace=entry.meta.namespace),)
-    return tuple(
-        Endpoint(
-            address=member.address,
-            port=dict(member.ports).get(port.name) or port.target_port or port.number,
-            service_port=port.number,
-            locality=Locality.parse(member.locality),
-            labels=member.labels,
-            service_account=member.service_account,
-            namespace=entry.meta.namespace,
-        )
-        for member in members
-    ) + pods
+    return tuple(workload_entry_endpoint(member, dict(member.ports).get(port.name) or port.target_port or port.number,
+                                         port.number, entry.meta.namespace)
+                 for member in members) + pods
+
+
+def workload_entry_endpoint(entry: WorkloadEntry, port: int, service_port: int, namespace: str) -> Endpoint:
+    """A WorkloadEntry serving a port: with Istio's TLS mode (its `security.istio.io/tlsMode` label,
+    else `istio` when it names a service account: a mesh workload), its locality and weight."""
+    labels = entry.labels
+    if entry.service_account and TLS_MODE_LABEL not in dict(labels):
+        labels = (*labels, (TLS_MODE_LABEL, "istio"))
+    return Endpoint(address=entry.address, port=port, service_port=service_port,
+                    locality=Locality.parse(entry.locality), labels=labels, service_account=entry.service_account,
+                    namespace=namespace, weight=entry.weight)

@@ -86,3 +86,4 @@ class Endpoint:
     workload_kind: str = ""
     pod: str = ""
     namespace: str = ""
+    weight: int = 0  # a WorkloadEntry's load-balancing weight; 0 is the default, 1

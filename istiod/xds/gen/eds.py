@@ -9,6 +9,7 @@ from envoy.config.core.v3 import address_pb2, base_pb2, health_check_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from google.protobuf import struct_pb2, wrappers_pb2
 
+from istiod.model.entries import TLS_MODE_LABEL
 from istiod.model.proxy import Proxy
 from istiod.model.service import Endpoint
 from istiod.model.snapshot import Snapshot
@@ -17,7 +18,6 @@ from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.gen.policy import subset_endpoints
 from istiod.xds.gen.targets import alike, outbound_clusters
 
-TLS_MODE_LABEL = "security.istio.io/tlsMode"
 # Where a cluster's transport_socket_matches look for an endpoint's tlsMode (auto mTLS).
 TRANSPORT_SOCKET_MATCH = "envoy.transport_socket_match"
 
@@ -54,7 +54,7 @@ def load_assignment(cluster_name: str, endpoint_list: tuple[Endpoint, ...]) -> e
         assignment.endpoints.append(
             endpoint_components_pb2.LocalityLbEndpoints(
                 locality=base_pb2.Locality(region=locality.region, zone=locality.zone, sub_zone=locality.subzone),
-                load_balancing_weight=wrappers_pb2.UInt32Value(value=len(members)),
+                load_balancing_weight=wrappers_pb2.UInt32Value(value=sum(e.weight or 1 for e in members)),
                 lb_endpoints=[_lb_endpoint(e) for e in members],
             )
         )
@@ -84,7 +84,7 @@ def _lb_endpoint(endpoint: Endpoint) -> endpoint_components_pb2.LbEndpoint:
             )
         ),
         health_status=health_check_pb2.HEALTHY,
-        load_balancing_weight=wrappers_pb2.UInt32Value(value=1),
+        load_balancing_weight=wrappers_pb2.UInt32Value(value=endpoint.weight or 1),
     )
 
 
