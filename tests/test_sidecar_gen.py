@@ -126,6 +126,28 @@ def test_without_auto_mtls_only_a_destination_rule_turns_mtls_on() -> None:
     assert not web.transport_socket_matches and web.transport_socket.name == "envoy.transport_sockets.tls"
 
 
+def test_sidecar_inbound_connection_pool_on_the_inbound_clusters() -> None:
+    """A port's ingress listener pool wins over the Sidecar's inboundConnectionPool, as in istiod."""
+    def inbound(spec: dict[str, object]) -> cluster_pb2.Cluster:
+        store = Store()
+        for document in yaml.safe_load_all((DATA / "sidecar-mesh.yaml").read_text()):
+            store.apply(document)
+        store.apply({"apiVersion": "networking.istio.io/v1", "kind": "Sidecar",
+                     "metadata": {"name": "default", "namespace": "shop"}, "spec": spec})
+        cluster = _generate(types.CLUSTER, build_snapshot(store, "v1"))["inbound|8080||"]
+        assert isinstance(cluster, cluster_pb2.Cluster)
+        return cluster
+
+    pool = {"tcp": {"maxConnections": 7, "connectTimeout": "2s"}, "http": {"http2MaxRequests": 9}}
+    threshold = inbound({"inboundConnectionPool": pool}).circuit_breakers.thresholds[0]
+    assert (threshold.max_connections.value, threshold.max_requests.value) == (7, 9)
+    assert inbound({"inboundConnectionPool": pool}).connect_timeout.seconds == 2
+    by_port = inbound({"inboundConnectionPool": pool, "ingress": [
+        {"port": {"number": 8080, "protocol": "HTTP", "name": "http"}, "connectionPool": {"tcp": {"maxConnections": 3}}}]})
+    assert by_port.circuit_breakers.thresholds[0].max_connections.value == 3
+    assert by_port.circuit_breakers.thresholds[0].max_requests.value == 4294967295  # only the port's pool applies
+
+
 def test_endpoints_carry_tls_mode_only_for_pods_with_a_sidecar() -> None:
     snapshot = _generate(types.ENDPOINT, _snapshot(), names=[f"outbound|80||{WEB}", "outbound|5432||db.shop.svc.cluster.local"],
                          message=endpoint_pb2.ClusterLoadAssignment)

@@ -388,6 +388,7 @@ class IngressListener:
     bind: str = ""
     default_endpoint: str = ""
     capture_mode: str = "DEFAULT"
+    connection_pool: ConnectionPool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -405,3 +406,12 @@ class Sidecar:
     ingress: tuple[IngressListener, ...] = ()
     workload_selector: Labels = ()
     outbound_traffic_policy: str = ""  # "" (the mesh's), ALLOW_ANY or REGISTRY_ONLY
+    inbound_connection_pool: ConnectionPool | None = None
+
+    def connection_pool_for(self, port: int) -> ConnectionPool | None:
+        """An inbound port's pool: its ingress listener's, else the Sidecar's (istiod's precedence,
+        over any DestinationRule's)."""
+        for listener in self.ingress:
+            if listener.port.number == port and listener.connection_pool is not None:
+                return listener.connection_pool
+        return self.inbound_connection_pool

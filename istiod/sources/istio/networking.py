@@ -717,16 +717,16 @@ def _capture_mode(f: _Fields, path: str) -> str:
 
 
 def sidecar(key: ObjectKey, f: _Fields, domain: str) -> Sidecar:
-    body = spec(f, ("workloadSelector", "ingress", "egress", "outboundTrafficPolicy"), ("inboundConnectionPool",)).body
+    body = spec(f, ("workloadSelector", "ingress", "egress", "outboundTrafficPolicy", "inboundConnectionPool")).body
     selector = _labels_selector(f)
     if "workloadSelector" in body and not selector:
         raise f.fail("spec.workloadSelector: sidecar: workloadSelector cannot have empty labels")
-    if not any(body.get(k) for k in ("ingress", "egress", "outboundTrafficPolicy")):
+    if not any(body.get(k) for k in ("ingress", "egress", "outboundTrafficPolicy", "inboundConnectionPool")):
         raise f.fail("spec: sidecar: empty configuration provided")
     ingress: list[IngressListener] = []
     for i, item in enumerate(items(f, "spec.ingress")):
         where = f"spec.ingress[{i}]"
-        only(item, ("port", "bind", "defaultEndpoint", "captureMode"), ("tls", "connectionPool"))
+        only(item, ("port", "bind", "defaultEndpoint", "captureMode", "connectionPool"), ("tls",))
         listener_port = _service_port(_required(item, "port"))
         if any(o.port.number == listener_port.number for o in ingress):
             raise f.fail(f"{where}.port: sidecar: ports on IP bound listeners must be unique")
@@ -735,7 +735,7 @@ def sidecar(key: ObjectKey, f: _Fields, domain: str) -> Sidecar:
             raise f.fail(f"{where}.defaultEndpoint: sidecar: defaultEndpoint must be of form "
                          "127.0.0.1:<port>,0.0.0.0:<port>,unix://filepath, or unset")
         ingress.append(IngressListener(listener_port, item.get("bind", str, ""), endpoint,
-                                       _capture_mode(item, "captureMode")))
+                                       _capture_mode(item, "captureMode"), _connection_pool(item, "connectionPool")))
     egress: list[EgressListener] = []
     listeners = items(f, "spec.egress")
     for i, item in enumerate(listeners):
@@ -766,7 +766,8 @@ def sidecar(key: ObjectKey, f: _Fields, domain: str) -> Sidecar:
         mode = policy.get("mode", str, "REGISTRY_ONLY")
         if mode not in ("ALLOW_ANY", "REGISTRY_ONLY"):
             raise f.fail(f"spec.outboundTrafficPolicy.mode: {mode!r} is not one of ALLOW_ANY, REGISTRY_ONLY")
-    return Sidecar(meta(key), tuple(egress), tuple(ingress), selector, mode)
+    return Sidecar(meta(key), tuple(egress), tuple(ingress), selector, mode,
+                   _connection_pool(f, "spec.inboundConnectionPool"))
 
 
 def _default_endpoint_ok(endpoint: str) -> bool:

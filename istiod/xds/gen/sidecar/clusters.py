@@ -12,7 +12,7 @@ from envoy.config.core.v3 import address_pb2, base_pb2, protocol_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2 as http_options_pb2
 from google.protobuf import any_pb2, duration_pb2, struct_pb2, wrappers_pb2
 
-from istiod.model.config.networking import Resolution, TLSMode, TrafficPolicy
+from istiod.model.config.networking import ConnectionPool, Resolution, TLSMode, TrafficPolicy
 from istiod.model.names import inbound_cluster_name, outbound_cluster_name, parse_cluster_name
 from istiod.model.protocol import Protocol
 from istiod.model.proxy import Proxy
@@ -24,7 +24,7 @@ from istiod.xds.gen.eds import dns_load_assignment
 from istiod.xds.gen.filters import ads_source, pack
 from istiod.xds.gen.policy import apply_policy, effective_policy, subset_endpoints, upstream_mtls
 from istiod.xds.gen.sidecar.ports import OutboundPort, inbound_ports, outbound_ports
-from istiod.xds.gen.targets import alike, destination_rule
+from istiod.xds.gen.targets import alike, destination_rule, sidecar_resource
 from istiod.xds.gen.tls import destination_identities, originated_tls, raw_buffer, sds_upstream_tls
 
 BLACKHOLE = "BlackHoleCluster"
@@ -46,9 +46,11 @@ def clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: R
                             (INBOUND_PASSTHROUGH, _inbound_passthrough))
     ]
     result += outbound_clusters(snapshot, proxy, cache)
+    sidecar = sidecar_resource(snapshot, proxy)
     for inbound in inbound_ports(snapshot, proxy):
         name = inbound_cluster_name(inbound.port)
-        result.append(cache.get(types.CLUSTER, name, None, lambda: inbound_cluster(name, inbound.protocol),
+        pool = sidecar.connection_pool_for(inbound.port) if sidecar is not None else None
+        result.append(cache.get(types.CLUSTER, name, pool, lambda: inbound_cluster(name, inbound.protocol, pool),
                                 scope=inbound.protocol.value))
     if names is not None:
         wanted = set(names)
@@ -146,9 +148,13 @@ def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint,
     return cluster
 
 
-def inbound_cluster(name: str, protocol: Protocol) -> cluster_pb2.Cluster:
-    """To the app in the same pod: the connection's original destination, from 127.0.0.6."""
-    return _original_dst(name, _protocol_options(protocol), bind=True)
+def inbound_cluster(name: str, protocol: Protocol, pool: ConnectionPool | None) -> cluster_pb2.Cluster:
+    """To the app in the same pod: the connection's original destination, from 127.0.0.6, within
+    the Sidecar resource's inbound connection pool if it sets one."""
+    cluster = _original_dst(name, _protocol_options(protocol), bind=True)
+    if pool is not None:
+        apply_policy(cluster, TrafficPolicy(connection_pool=pool))
+    return cluster
 
 
 def blackhole() -> cluster_pb2.Cluster:
