@@ -407,6 +407,7 @@ class Sidecar:
     workload_selector: Labels = ()
     outbound_traffic_policy: str = ""  # "" (the mesh's), ALLOW_ANY or REGISTRY_ONLY
     inbound_connection_pool: ConnectionPool | None = None
+    egress_proxy: Destination | None = None  # with ALLOW_ANY: where traffic to unknown destinations goes
 
     def connection_pool_for(self, port: int) -> ConnectionPool | None:
         """An inbound port's pool: its ingress listener's, else the Sidecar's (istiod's precedence,

@@ -760,14 +760,21 @@ def sidecar(key: ObjectKey, f: _Fields, domain: str) -> Sidecar:
         egress.append(EgressListener(tuple(_namespaced_host(f, f"{where}.hosts[{j}]", h, False)
                                            for j, h in enumerate(hosts)),
                                      egress_port, bind, _capture_mode(item, "captureMode")))
-    mode = ""
+    mode, egress_proxy = "", None
     if (policy := fields(f, "spec.outboundTrafficPolicy")) is not None:
-        only(policy, ("mode",), ("egressProxy",))
+        only(policy, ("mode", "egressProxy"))
         mode = policy.get("mode", str, "REGISTRY_ONLY")
         if mode not in ("ALLOW_ANY", "REGISTRY_ONLY"):
             raise f.fail(f"spec.outboundTrafficPolicy.mode: {mode!r} is not one of ALLOW_ANY, REGISTRY_ONLY")
+        if "egressProxy" in policy.body:
+            where = "spec.outboundTrafficPolicy.egressProxy"
+            if mode != "ALLOW_ANY":
+                raise f.fail(f"{where}: sidecar: egress_proxy must be set only with ALLOW_ANY outbound_traffic_policy mode")
+            egress_proxy = _destination(f, where, key.namespace, domain)
+            if not egress_proxy.port:
+                raise f.fail(f"{where}.port: sidecar: egress_proxy port must be non-nil")
     return Sidecar(meta(key), tuple(egress), tuple(ingress), selector, mode,
-                   _connection_pool(f, "spec.inboundConnectionPool"))
+                   _connection_pool(f, "spec.inboundConnectionPool"), egress_proxy)
 
 
 def _default_endpoint_ok(endpoint: str) -> bool:

@@ -13,6 +13,7 @@ from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2 as http
 from google.protobuf import any_pb2, duration_pb2, struct_pb2, wrappers_pb2
 
 from istiod.model.config.networking import ConnectionPool, Resolution, TLSMode, TrafficPolicy
+from istiod.model.mesh import OutboundTrafficPolicy
 from istiod.model.names import inbound_cluster_name, outbound_cluster_name, parse_cluster_name
 from istiod.model.protocol import Protocol
 from istiod.model.proxy import Proxy
@@ -24,7 +25,7 @@ from istiod.xds.gen.eds import dns_load_assignment
 from istiod.xds.gen.filters import ads_source, pack
 from istiod.xds.gen.policy import apply_policy, effective_policy, subset_endpoints, upstream_mtls
 from istiod.xds.gen.sidecar.ports import OutboundPort, inbound_ports, outbound_ports
-from istiod.xds.gen.targets import alike, destination_rule, sidecar_resource
+from istiod.xds.gen.targets import alike, destination_rule, outbound_traffic_policy, sidecar_resource
 from istiod.xds.gen.tls import destination_identities, originated_tls, raw_buffer, sds_upstream_tls
 
 BLACKHOLE = "BlackHoleCluster"
@@ -155,6 +156,16 @@ def inbound_cluster(name: str, protocol: Protocol, pool: ConnectionPool | None) 
     if pool is not None:
         apply_policy(cluster, TrafficPolicy(connection_pool=pool))
     return cluster
+
+
+def unmatched_cluster(snapshot: Snapshot, proxy: Proxy) -> str:
+    """Where the sidecar sends what no service claims (istiod's catch-all): nowhere under
+    REGISTRY_ONLY, else out as it came, or to its Sidecar resource's egressProxy."""
+    if outbound_traffic_policy(snapshot, proxy) is OutboundTrafficPolicy.REGISTRY_ONLY:
+        return BLACKHOLE
+    sidecar = sidecar_resource(snapshot, proxy)
+    egress = sidecar.egress_proxy if sidecar is not None else None
+    return outbound_cluster_name(egress.port, egress.host, egress.subset) if egress is not None else PASSTHROUGH
 
 
 def blackhole() -> cluster_pb2.Cluster:
