@@ -12,7 +12,7 @@ from envoy.config.core.v3 import address_pb2, base_pb2, protocol_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2 as http_options_pb2
 from google.protobuf import any_pb2, duration_pb2, struct_pb2, wrappers_pb2
 
-from istiod.model.config.networking import Resolution, TLSMode, TrafficPolicy
+from istiod.model.config.networking import LocalityLbSetting, Resolution, TLSMode, TrafficPolicy
 from istiod.model.names import inbound_cluster_name, outbound_cluster_name, parse_cluster_name
 from istiod.model.protocol import Protocol
 from istiod.model.proxy import Proxy
@@ -80,13 +80,14 @@ def _outbound_clusters(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -
                 types.CLUSTER, name, (target.service, snapshot.mesh, all_endpoints, rule, subset),
                 lambda: outbound_cluster(target, name, endpoints, snapshot.mesh.trust_domain,
                                          effective_policy(rule, target.port.port, subset),
-                                         snapshot.mesh.enable_auto_mtls),
+                                         snapshot.mesh.enable_auto_mtls, snapshot.mesh.locality_lb_setting),
                 scope=str(rule.meta) if rule is not None else ""))
     return result
 
 
 def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint, ...], trust_domain: str,
-                     policy: TrafficPolicy, auto_mtls: bool) -> cluster_pb2.Cluster:
+                     policy: TrafficPolicy, auto_mtls: bool,
+                     mesh_locality: LocalityLbSetting | None) -> cluster_pb2.Cluster:
     """Auto mTLS, as Istio's: endpoints labelled `tlsMode: istio` (pods with a sidecar) get mTLS,
     the others plaintext; the choice is per endpoint, by the EDS metadata. A DestinationRule's
     TLS mode overrides it (ISTIO_MUTUAL: always, DISABLE: never), its other settings apply on top.
@@ -142,7 +143,7 @@ def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint,
         else:
             cluster.transport_socket.CopyFrom(
                 sds_upstream_tls(identities, sni) if upstream_mtls(tls, True) else raw_buffer())
-    apply_policy(cluster, policy)
+    apply_policy(cluster, policy, mesh_locality)
     return cluster
 
 
