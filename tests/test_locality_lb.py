@@ -1,0 +1,156 @@
+"""Locality load balancing through a real Envoy sidecar: web-1 (r1/zone-a, from its bootstrap) calls
+Service echo, two pods in zone-a and two in zone-b (tests/data/locality-mesh.yaml). With outlier
+detection only zone-a answers until its pods fail and are ejected, then zone-b does; `distribute`
+splits by weight. curl in the pod is the client, as in test_envoy_routing.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import DATA
+from tests.envoy_peer import Envoy, sidecar_envoy
+from tests.peers import Istiod, Process, wait_until
+from tests.test_envoy_sidecar import _acked, captured_pod
+
+ECHO_VIP = "10.96.0.20"
+BACKENDS = {"echo-a1": "127.0.0.51", "echo-a2": "127.0.0.52", "echo-b1": "127.0.0.53", "echo-b2": "127.0.0.54"}
+ZONE_A = {"echo-a1", "echo-a2"}
+FAILOVER = """
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: echo, namespace: shop}
+spec:
+  host: echo.shop.svc.cluster.local
+  trafficPolicy:
+    outlierDetection: {consecutive5xxErrors: 2, interval: 1s, baseEjectionTime: 120s, maxEjectionPercent: 100}
+"""
+DISTRIBUTE = """
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: echo, namespace: shop}
+spec:
+  host: echo.shop.svc.cluster.local
+  trafficPolicy:
+    loadBalancer:
+      localityLbSetting:
+        distribute: [{from: "r1/zone-a/*", to: {"r1/zone-a/*": 70, "r1/zone-b/*": 30}}]
+"""
+
+
+@dataclass
+class Pod:
+    istiod: Istiod
+    envoy: Envoy
+    run: Callable[..., subprocess.CompletedProcess[str]]
+    config: Path
+    failing: Path  # a backend fails while a file of its name is here
+
+    def calls(self, count: int) -> list[tuple[int, str]]:
+        """`count` requests to echo over one curl (keep-alive): (status, backend name) each."""
+        done = self.run("curl", "-s", "--max-time", "30", "-H", "Host: echo", "-w", " %{http_code}\n",
+                        *[f"http://{ECHO_VIP}/"] * count)
+        assert done.returncode == 0, done.stderr
+        return [(int(code), (re.findall(r'"name": "([^"]*)"', body) or [""])[0])
+                for body, code in (line.rsplit(" ", 1) for line in done.stdout.splitlines())]
+
+    def apply(self, rule: str) -> None:
+        (self.config / "rule.yaml").write_text(rule)
+
+
+@pytest.fixture(scope="module")
+def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
+    if shutil.which("iptables") is None:
+        pytest.skip("needs iptables (Debian's package) for the capture rules")
+    workdir = tmp_path_factory.mktemp("locality-lb")
+    config, failing = workdir / "mesh", workdir / "failing"
+    config.mkdir()
+    failing.mkdir()
+    for name in ("sidecar-mesh.yaml", "locality-mesh.yaml"):
+        shutil.copy(DATA / name, config / name)
+    istiod = Istiod(workdir, "--config-dir", str(config), "--poll-interval", "100ms")
+    try:
+        with sidecar_envoy(istiod.xds_address, "web-1", "shop", "127.0.0.31", service_account="web",
+                           locality={"region": "r1", "zone": "zone-a"}) as envoy, \
+                captured_pod(istiod, envoy) as run:
+            assert run("ip", "addr", "add", f"{ECHO_VIP}/32", "dev", "lo").returncode == 0  # a route to the VIP
+            backends = [Process(envoy.netns(sys.executable, "tests/http_echo.py", address, "8080", name,
+                                            str(failing / name)), name=name)
+                        for name, address in BACKENDS.items()]
+            try:
+                for address in BACKENDS.values():
+                    wait_until(lambda: run("curl", "-s", f"http://{address}:8080/").returncode == 0, 10,
+                               f"the backend on {address}")
+                _acked(istiod, envoy)
+                yield Pod(istiod, envoy, run, config, failing)
+            finally:
+                for backend in backends:
+                    backend.stop()
+    finally:
+        istiod.stop()
+
+
+def _priorities(envoy: Envoy) -> dict[str, int]:
+    """Backend address -> EDS priority, as Envoy holds them."""
+    result = {}
+    for config in json.loads(envoy.get("/config_dump?include_eds")[1])["configs"]:
+        for entry in config.get("dynamic_endpoint_configs", []):
+            assignment = entry["endpoint_config"]
+            if "echo.shop" not in assignment["cluster_name"]:
+                continue
+            for group in assignment.get("endpoints", []):
+                for lb in group.get("lb_endpoints", []):
+                    result[lb["endpoint"]["address"]["socket_address"]["address"]] = group.get("priority", 0)
+    return result
+
+
+def test_own_zone_first_then_failover_when_it_fails(pod: Pod) -> None:
+    pod.apply(FAILOVER)
+    expected = {BACKENDS["echo-a1"]: 0, BACKENDS["echo-a2"]: 0, BACKENDS["echo-b1"]: 1, BACKENDS["echo-b2"]: 1}
+    wait_until(lambda: _priorities(pod.envoy) == expected, 20, f"zone-a at priority 0 in Envoy: {_priorities(pod.envoy)}")
+    answered = pod.calls(40)
+    assert {code for code, _ in answered} == {200}
+    assert {name for _, name in answered} == ZONE_A  # both of zone-a, never zone-b
+
+    for name in ZONE_A:
+        (pod.failing / name).touch()
+    try:
+        # Each zone-a pod fails twice (consecutive5xxErrors: 2) before it is ejected; then zone-b answers.
+        wait_until(lambda: all(code == 200 and name not in ZONE_A for code, name in pod.calls(10)), 20,
+                   "traffic to fail over to zone-b")
+        answered = pod.calls(40)
+        assert {code for code, _ in answered} == {200}
+        assert {name for _, name in answered} == {"echo-b1", "echo-b2"}
+        stats = dict(line.partition(": ")[::2] for line in pod.envoy.get("/stats")[1].splitlines())
+        ejected = [int(v) for n, v in stats.items()
+                   if "echo.shop" in n and n.endswith("outlier_detection.ejections_enforced_consecutive_5xx")]
+        assert ejected == [2], ejected  # both zone-a pods, by outlier detection
+    finally:
+        for name in ZONE_A:
+            (pod.failing / name).unlink()
+
+
+def test_distribute_splits_by_weight(pod: Pod) -> None:
+    pod.apply(DISTRIBUTE)
+    wait_until(lambda: set(_priorities(pod.envoy).values()) == {0}
+               and "echo-b1" in {name for _, name in pod.calls(20)} | {name for _, name in pod.calls(20)}, 20,
+               "the distribute rule in Envoy")
+    answered = pod.calls(400)
+    assert {code for code, _ in answered} == {200}
+    zones = Counter("a" if name in ZONE_A else "b" for _, name in answered)
+    share = zones["a"] / len(answered)
+    # 70% to zone-a: within 5 standard deviations of a binomial draw (0.70 +- 0.115 for 400 calls).
+    bound = 5 * math.sqrt(0.7 * 0.3 / len(answered))
+    print(f"distribute 70/30: zone-a answered {zones['a']} of {len(answered)} ({share:.3f})")
+    assert abs(share - 0.7) < bound, zones
