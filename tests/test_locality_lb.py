@@ -1,7 +1,8 @@
 """Locality load balancing through a real Envoy sidecar: web-1 (r1/zone-a, from its bootstrap) calls
 Service echo, two pods in zone-a and two in zone-b (tests/data/locality-mesh.yaml). With outlier
 detection only zone-a answers until its pods fail and are ejected, then zone-b does; `distribute`
-splits by weight. curl in the pod is the client, as in test_envoy_routing.py.
+splits by weight. curl in the pod is the client, as in test_envoy_routing.py. And a proxyless gRPC
+client (grpcio) takes the same priorities.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DATA
+from tests.conftest import DATA, render
 from tests.envoy_peer import Envoy, sidecar_envoy
-from tests.peers import Istiod, Process, wait_until
+from tests.peers import Istiod, Process, free_port, wait_until
 from tests.test_envoy_sidecar import _acked, captured_pod
+from tests.test_proxyless_grpc import SERVICE_PORT
 
 ECHO_VIP = "10.96.0.20"
 BACKENDS = {"echo-a1": "127.0.0.51", "echo-a2": "127.0.0.52", "echo-b1": "127.0.0.53", "echo-b2": "127.0.0.54"}
@@ -154,3 +156,44 @@ def test_distribute_splits_by_weight(pod: Pod) -> None:
     bound = 5 * math.sqrt(0.7 * 0.3 / len(answered))
     print(f"distribute 70/30: zone-a answered {zones['a']} of {len(answered)} ({share:.3f})")
     assert abs(share - 0.7) < bound, zones
+
+
+PROXYLESS_RULE = """apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: echo, namespace: echo-ns}
+spec:
+  host: echo
+  trafficPolicy: {outlierDetection: {consecutive5xxErrors: 2}}
+"""
+
+
+def test_proxyless_grpc_client_takes_priorities(mesh_dir: Path, start_istiod: Callable[..., Istiod],
+                                                start_demo: Callable[..., Process]) -> None:
+    """gRPC's xDS client balances by EDS priority: zone-a only, then zone-b once zone-a's server is gone
+    (gRPC leaves a priority whose endpoints all fail to connect; its outlier detection knows no
+    consecutive errors, so a server answering errors does not move it)."""
+    (mesh_dir / "ns.yaml").write_text(render("namespace.yaml", namespace="echo-ns"))
+    (mesh_dir / "svc.yaml").write_text(render("service.yaml", name="echo", namespace="echo-ns", port=SERVICE_PORT))
+    servers = {}
+    for pod, ip, zone in (("echo-a", "127.0.0.21", "zone-a"), ("echo-b", "127.0.0.22", "zone-b")):
+        port = free_port(ip)
+        servers[pod] = start_demo("server", "--address", f"{ip}:{port}", "--name", pod, name=pod)
+        servers[pod].next_json(15)
+        text = render("pod.yaml", pod=pod, app="echo", namespace="echo-ns", ip=ip, port=port)
+        (mesh_dir / f"{pod}.yaml").write_text(text.replace("labels: {app: echo,", f"labels: {{app: echo, istio-locality: r1.{zone},"))
+    # The client's own pod (the demo client's node ID names `demo-client`): istiod takes its locality from it.
+    client_pod = render("pod.yaml", pod="demo-client", app="client", namespace="echo-ns", ip="127.0.0.1", port=1)
+    (mesh_dir / "client.yaml").write_text(client_pod.replace("labels: {app: client,", "labels: {app: client, istio-locality: r1.zone-a,"))
+    (mesh_dir / "dr.yaml").write_text(PROXYLESS_RULE)
+    istiod = start_istiod(mesh_dir)
+    client = start_demo("client", f"xds:///echo.echo-ns.svc.cluster.local:{SERVICE_PORT}", "--xds", istiod.xds_address,
+                        "--count", "0", "--interval", "0.02", "--timeout", "2", "--namespace", "echo-ns", name="client")
+    wait_until(lambda: any(line.get("ok") for line in client.drain()), 20, "the client's first reply")
+    seen = Counter(line["reply"].split()[0] if line["ok"] else line["code"] for line in (client.next_json(10) for _ in range(50)))
+    assert seen == {"echo-a": 50}, seen
+
+    servers["echo-a"].stop()
+    wait_until(lambda: any(line.get("ok") and line["reply"].startswith("echo-b") for line in client.drain()), 20,
+               "the client to fail over to zone-b")
+    seen = Counter(line["reply"].split()[0] if line["ok"] else line["code"] for line in (client.next_json(10) for _ in range(30)))
+    assert seen == {"echo-b": 30}, seen
