@@ -3,20 +3,30 @@ priorities and weights relative to the proxy and the cluster's locality weighted
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from envoy.config.cluster.v3 import cluster_pb2
 
 from istiod.model.config.networking import (
     LoadBalancerSettings, LocalityDistribute, LocalityFailover, LocalityLbSetting, OutlierDetection, TrafficPolicy,
 )
+from istiod.model.builder import build_snapshot
 from istiod.model.mesh import MeshConfig
+from istiod.model.proxy import Proxy, proxy_from_node
 from istiod.model.service import Endpoint, Locality
+from istiod.model.snapshot import Snapshot
 from istiod.sources.convert import ConversionError, convert
 from istiod.sources.meshconfig import MeshConfigError, parse_mesh_config
-from istiod.xds.gen import locality
+from istiod.sources.store import Store
+from istiod.xds import types
+from istiod.xds.cache import ResourceCache
+from istiod.xds.gen import SIDECAR, eds, locality
 from istiod.xds.gen.eds import load_assignment
+
+DATA = Path(__file__).parent / "data"
 
 
 def _rule(setting: dict[str, Any], outlier: bool = True) -> dict[str, Any]:
@@ -158,3 +168,51 @@ def test_locality_matches_wildcards() -> None:
     assert locality.locality_matches(Locality("r1", "z1", "s1"), "r1")
     assert locality.locality_matches(Locality("r1", "z1", "s1"), "*")
     assert not locality.locality_matches(Locality("r1", "z1", "s1"), "r1/z2/*")
+
+
+def _snapshot(rules: bool = True) -> Snapshot:
+    store = Store()
+    for document in yaml.safe_load_all((DATA / "locality-compare-mesh.yaml").read_text()):
+        if rules or document["kind"] != "DestinationRule":
+            store.apply(document)
+    return build_snapshot(store, "v1")
+
+
+def _sidecar(pod: str, ip: str, labels: dict[str, str] | None = None, where: Locality = Locality()) -> Proxy:
+    return proxy_from_node(f"sidecar~{ip}~{pod}.demo~demo.svc.cluster.local", {"LABELS": labels or {}}, where)
+
+
+def test_proxy_locality_registry_first_then_labels_then_bootstrap() -> None:
+    snapshot = _snapshot()
+    # client-1's pod runs on node-a: its Node's labels win over the bootstrap's.
+    assert locality.proxy_locality(snapshot, _sidecar("client-1", "10.244.0.30", where=Locality("r9"))) == Locality("r1", "zone-a")
+    labelled = {"topology.kubernetes.io/region": "r2", "topology.kubernetes.io/zone": "zone-c"}
+    assert locality.proxy_locality(snapshot, _sidecar("vm-1", "10.0.0.9", labelled, Locality("r9"))) == Locality("r2", "zone-c")
+    assert locality.proxy_locality(snapshot, _sidecar("vm-1", "10.0.0.9", {"istio-locality": "r3.z.s"})) == Locality("r3", "z", "s")
+    assert locality.proxy_locality(snapshot, _sidecar("vm-1", "10.0.0.9", where=Locality("r9", "z9"))) == Locality("r9", "z9")
+
+
+def _eds(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> dict[str, bytes]:
+    return {r.name: r.value for r in SIDECAR[types.ENDPOINT](snapshot, proxy, None, cache)}
+
+
+def test_eds_is_made_per_locality_only_where_a_setting_applies() -> None:
+    zone_a = _sidecar("vm-a", "10.0.0.8", where=Locality("r1", "zone-a"))
+    zone_a_too = _sidecar("vm-a2", "10.0.0.7", where=Locality("r1", "zone-a"))
+    zone_c = _sidecar("vm-c", "10.0.0.9", where=Locality("r2", "zone-c"))
+    spread = "outbound|80||spread.demo.svc.cluster.local"
+
+    snapshot, cache = _snapshot(), ResourceCache()
+    a, c = _eds(snapshot, zone_a, cache), _eds(snapshot, zone_c, cache)
+    assert a[spread] != c[spread]  # distribute from r1/zone-a applies to zone-a's proxy only
+    # Proxies of one locality share what was made, serialized once.
+    first, second = SIDECAR[types.ENDPOINT](snapshot, zone_a, None, cache), SIDECAR[types.ENDPOINT](snapshot, zone_a_too, None, cache)
+    assert [r.value for r in first] == [r.value for r in second]
+    assert all(x is y for x, y in zip(first, second))
+
+    # Without any rule (outlier detection nowhere, the mesh's default enabled: true) EDS does not
+    # depend on the locality: one key, one list for every zone.
+    plain, cache = _snapshot(rules=False), ResourceCache()
+    assert eds.alike_for_eds(plain, zone_a, cache) == eds.alike_for_eds(plain, zone_c, cache)
+    assert all(x is y for x, y in zip(SIDECAR[types.ENDPOINT](plain, zone_a, None, cache),
+                                      SIDECAR[types.ENDPOINT](plain, zone_c, None, cache)))
