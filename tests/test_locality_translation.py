@@ -61,6 +61,13 @@ def test_a_bad_setting_is_refused_naming_the_field(setting: dict[str, Any], erro
     assert "localityLbSetting" in str(raised.value)
 
 
+def test_overlap_is_order_dependent_as_in_istio() -> None:
+    """istioctl validate accepts `r1/*` after `r1/z` (and refuses `r1/z` after `r1/*`)."""
+    convert(_rule({"distribute": [{"from": "r1/z", "to": {"r1": 100}}, {"from": "r1/*", "to": {"r1": 100}}]}))
+    with pytest.raises(ConversionError, match="overlap"):
+        convert(_rule({"distribute": [{"from": "r1/*", "to": {"r1": 100}}, {"from": "r1/z", "to": {"r1": 100}}]}))
+
+
 def test_zone_aware_lb_stays_refused() -> None:
     body = _rule({})
     body["spec"]["trafficPolicy"]["loadBalancer"] = {"zoneAwareLbSetting": {}}
