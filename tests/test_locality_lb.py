@@ -158,20 +158,25 @@ def test_distribute_splits_by_weight(pod: Pod) -> None:
     assert abs(share - 0.7) < bound, zones
 
 
-PROXYLESS_RULE = """apiVersion: networking.istio.io/v1
+PROXYLESS_FAILOVER = """apiVersion: networking.istio.io/v1
 kind: DestinationRule
 metadata: {name: echo, namespace: echo-ns}
 spec:
   host: echo
   trafficPolicy: {outlierDetection: {consecutive5xxErrors: 2}}
 """
+PROXYLESS_DISTRIBUTE = """apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: echo, namespace: echo-ns}
+spec:
+  host: echo
+  trafficPolicy: {loadBalancer: {localityLbSetting: {distribute: [{from: "r1/zone-a/*", to: {"r1/zone-a/*": 80, "r1/zone-b/*": 20}}]}}}
+"""
 
 
-def test_proxyless_grpc_client_takes_priorities(mesh_dir: Path, start_istiod: Callable[..., Istiod],
-                                                start_demo: Callable[..., Process]) -> None:
-    """gRPC's xDS client balances by EDS priority: zone-a only, then zone-b once zone-a's server is gone
-    (gRPC leaves a priority whose endpoints all fail to connect; its outlier detection knows no
-    consecutive errors, so a server answering errors does not move it)."""
+def _proxyless_mesh(mesh_dir: Path, start_demo: Callable[..., Process], rule: str) -> dict[str, Process]:
+    """Service echo in echo-ns with a server in r1/zone-a and one in r1/zone-b (their pods'
+    istio-locality label), the client's own pod in r1/zone-a, and `rule`: the servers by pod name."""
     (mesh_dir / "ns.yaml").write_text(render("namespace.yaml", namespace="echo-ns"))
     (mesh_dir / "svc.yaml").write_text(render("service.yaml", name="echo", namespace="echo-ns", port=SERVICE_PORT))
     servers = {}
@@ -184,16 +189,43 @@ def test_proxyless_grpc_client_takes_priorities(mesh_dir: Path, start_istiod: Ca
     # The client's own pod (the demo client's node ID names `demo-client`): istiod takes its locality from it.
     client_pod = render("pod.yaml", pod="demo-client", app="client", namespace="echo-ns", ip="127.0.0.1", port=1)
     (mesh_dir / "client.yaml").write_text(client_pod.replace("labels: {app: client,", "labels: {app: client, istio-locality: r1.zone-a,"))
-    (mesh_dir / "dr.yaml").write_text(PROXYLESS_RULE)
+    (mesh_dir / "dr.yaml").write_text(rule)
+    return servers
+
+
+def _replies(client: Process, count: int) -> Counter[str]:
+    return Counter(line["reply"].split()[0] if line["ok"] else line["code"]
+                   for line in (client.next_json(10) for _ in range(count)))
+
+
+def test_proxyless_grpc_client_takes_priorities(mesh_dir: Path, start_istiod: Callable[..., Istiod],
+                                                start_demo: Callable[..., Process]) -> None:
+    """gRPC's xDS client balances by EDS priority: zone-a only, then zone-b once zone-a's server is gone
+    (gRPC leaves a priority whose endpoints all fail to connect; its outlier detection knows no
+    consecutive errors, so a server answering errors does not move it)."""
+    servers = _proxyless_mesh(mesh_dir, start_demo, PROXYLESS_FAILOVER)
     istiod = start_istiod(mesh_dir)
     client = start_demo("client", f"xds:///echo.echo-ns.svc.cluster.local:{SERVICE_PORT}", "--xds", istiod.xds_address,
                         "--count", "0", "--interval", "0.02", "--timeout", "2", "--namespace", "echo-ns", name="client")
     wait_until(lambda: any(line.get("ok") for line in client.drain()), 20, "the client's first reply")
-    seen = Counter(line["reply"].split()[0] if line["ok"] else line["code"] for line in (client.next_json(10) for _ in range(50)))
-    assert seen == {"echo-a": 50}, seen
+    assert _replies(client, 50) == {"echo-a": 50}
 
     servers["echo-a"].stop()
     wait_until(lambda: any(line.get("ok") and line["reply"].startswith("echo-b") for line in client.drain()), 20,
                "the client to fail over to zone-b")
-    seen = Counter(line["reply"].split()[0] if line["ok"] else line["code"] for line in (client.next_json(10) for _ in range(30)))
-    assert seen == {"echo-b": 30}, seen
+    assert _replies(client, 30) == {"echo-b": 30}
+
+
+def test_proxyless_grpc_client_takes_locality_weights(mesh_dir: Path, start_istiod: Callable[..., Istiod],
+                                                      start_demo: Callable[..., Process]) -> None:
+    """distribute's weights are gRPC's locality weights (and it takes the cluster's locality weighted LB config)."""
+    _proxyless_mesh(mesh_dir, start_demo, PROXYLESS_DISTRIBUTE)
+    istiod = start_istiod(mesh_dir)
+    n = 1000
+    client = start_demo("client", f"xds:///echo.echo-ns.svc.cluster.local:{SERVICE_PORT}", "--xds", istiod.xds_address,
+                        "--count", str(n), "--interval", "0", "--timeout", "5", "--namespace", "echo-ns", name="client")
+    seen = _replies(client, n)
+    share = seen["echo-a"] / n
+    bound = 5 * math.sqrt(0.8 * 0.2 / n)  # 5 standard deviations of a binomial draw: 0.80 +- 0.063
+    print(f"proxyless distribute 80/20 over {n} calls: {dict(seen)}; zone-a share {share:.3f}")
+    assert set(seen) == {"echo-a", "echo-b"} and abs(share - 0.8) < bound, seen
