@@ -51,7 +51,7 @@ def assignments(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache
             where = locality.proxy_locality(snapshot, proxy)
             near = where, locality.topology_labels(proxy.labels, where)
             priority = [near[1].get(key.partition("=")[0], "") for key in lb.setting.failover_priority]
-            scope = f"{target.rule.meta if target.rule else ''}|{scope}|{where}|{priority}"
+            scope = f"{target.rule.meta if target.rule else ''}|{scope}|{where!r}|{priority}"  # repr: every part
         result.append(cache.get(types.ENDPOINT, target.name, (endpoint_list, target.subset, target.rule, snapshot.mesh),
                                 lambda: load_assignment(target.name, subset_endpoints(endpoint_list, target.subset),
                                                         lb, near),
