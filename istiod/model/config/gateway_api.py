@@ -183,3 +183,5 @@ class GatewayApiConfig:
     virtual_services: tuple[VirtualService, ...] = ()
     statuses: Mapping[StatusKey, dict[str, Any]] = field(default_factory=dict)
     missing_class: bool = False  # no GatewayClass `istio`: istiod creates it
+    # GAMMA: routes on a Service parent, bound to `mesh` for that Service's host.
+    mesh_virtual_services: tuple[VirtualService, ...] = ()

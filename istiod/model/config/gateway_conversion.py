@@ -5,6 +5,11 @@ HTTPRoutes attached to it become VirtualServices bound to that Gateway, one per 
 their rules ordered by the spec's precedence. The gateway flavor's listeners, routes, clusters and
 DestinationRules then apply unchanged: one translator, two front ends.
 
+A route whose parentRef is a Service (GAMMA) is mesh routing: its rules become a VirtualService
+bound to `mesh` for that Service's host, one per (route namespace, host), ordered as a Gateway's,
+with a port match when the parentRef names a port. Sidecars and proxyless gRPC read it through the
+same lookup as a VirtualService (ConfigSet.virtual_service_for_host decides precedence).
+
 Pure: Gateway API values, Services, Secrets and Namespaces in; Istio values and the status of every
 object out (istiod/status/gateway_api.py writes it). A reference the API refuses (a backend or
 Secret in another namespace without a ReferenceGrant) is reported and never followed.
@@ -15,7 +20,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from istiod.model.cluster import Namespace
@@ -25,7 +30,7 @@ from istiod.model.config.gateway_api import (
     RouteMatch, RouteRule, UntranslatedRoute,
 )
 from istiod.model.config.networking import (
-    Destination, DirectResponse, Gateway, Headers, HeaderOperations, HTTPMatch, HTTPRoute, Redirect, Rewrite,
+    MESH_GATEWAY, Destination, DirectResponse, Gateway, Headers, HeaderOperations, HTTPMatch, HTTPRoute, Redirect, Rewrite,
     RouteDestination, Server, ServerTLS, ServerTLSMode, ServicePort, VirtualService,
 )
 from istiod.model.config.scope import host_matches
@@ -125,10 +130,20 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
     # Every (route rule match) attached to a listener, by listener and host.
     bound: dict[tuple[tuple[str, str], str], dict[str, list[tuple[tuple[Any, ...], HTTPRoute]]]] = defaultdict(
         lambda: defaultdict(list))
+    # GAMMA: every (route rule match) on a Service parent, by (route namespace, Service host).
+    mesh: dict[tuple[str, str], list[tuple[tuple[Any, ...], HTTPRoute]]] = defaultdict(list)
     for route in sorted(routes, key=_meta_order):
         parents = []
         http_routes, route_error = _rules(route, inputs)
         for ref in route.parent_refs:
+            if _is_service(ref):
+                host, denied = _mesh_parent(route.meta.namespace, ref, inputs)
+                if host:
+                    mesh[(route.meta.namespace, host)].extend(
+                        ((*order, route.created, route.meta.namespace, route.meta.name), _on_port(http, ref.port))
+                        for order, http in http_routes)
+                parents.append(_parent_status(ref, route.generation, denied, route_error))
+                continue
             attached, denied = _attach(route.meta.namespace, route.hostnames, ref, owned, listeners, inputs, route.kind)
             if denied is None and not attached:
                 continue  # a parent that is not ours: its controller reports it
@@ -144,7 +159,7 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
     for other in untranslated:
         parents = [_parent_status(ref, other.generation, ("UnsupportedValue", f"{other.kind} is not implemented by "
                                                           "this istiod (HTTPRoute and GRPCRoute are)"), None)
-                   for ref in other.parent_refs if _gateway_key(ref, other.meta.namespace) in owned]
+                   for ref in other.parent_refs if _is_service(ref) or _gateway_key(ref, other.meta.namespace) in owned]
         if parents:
             statuses[(other.kind, other.meta.namespace, other.meta.name)] = {"parents": parents}
 
@@ -164,7 +179,14 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
                     (f"{gateway.meta.namespace}/{derived}",), tuple(http for _, http in entries),
                     gateway_semantics=True))
         statuses[("KubernetesGateway", *key)] = _gateway_status(gateway, listeners[key], inputs)
-    return GatewayApiConfig(tuple(istio_gateways), tuple(virtual_services), statuses, missing_class)
+    mesh_services = []
+    for (namespace, host), entries in sorted(mesh.items()):
+        entries.sort(key=lambda entry: entry[0])
+        # istiod's name for the merged VirtualService of one (namespace, host): its key, `/` as `~`.
+        mesh_services.append(VirtualService(Meta(f"{namespace}~{host}", namespace), (host,), (MESH_GATEWAY,),
+                                            tuple(http for _, http in entries), gateway_semantics=True))
+    return GatewayApiConfig(tuple(istio_gateways), tuple(virtual_services), statuses, missing_class,
+                            tuple(mesh_services))
 
 
 def _selector(gateway: KubernetesGateway, inputs: _Inputs) -> tuple[tuple[str, str], ...]:
@@ -341,6 +363,32 @@ def _supported_kinds(listener: Listener) -> list[dict[str, str]]:
 
 # --- routes --------------------------------------------------------------------------------------
 
+def _is_service(ref: ParentRef) -> bool:
+    return (ref.group, ref.kind) in (("", "Service"), ("core", "Service"))
+
+
+def _mesh_parent(namespace: str, ref: ParentRef, inputs: _Inputs) -> tuple[str, tuple[str, str] | None]:
+    """The host of a Service parent, or why the route cannot attach to it. A route needs no
+    ReferenceGrant to a Service of another namespace: there it is a consumer route (scope:
+    ConfigSet.virtual_service_for_host)."""
+    service_namespace = ref.namespace or namespace
+    service = inputs.services.get((service_namespace, ref.name))
+    if service is None:
+        return "", ("NoMatchingParent", f'parent service: "{ref.name}" not found')
+    if ref.port and service.port(ref.port) is None:
+        return "", ("NoMatchingParent", f"parent service {service_namespace}/{ref.name} has no port {ref.port}")
+    if ref.section_name:
+        return "", ("UnsupportedValue", "sectionName on a Service parentRef is not implemented by this istiod (port is)")
+    return service.hostname, None
+
+
+def _on_port(http: HTTPRoute, port: int) -> HTTPRoute:
+    """istiod's augmentPortMatch: a parentRef's port restricts every match of the rule to it."""
+    if not port:
+        return http
+    return replace(http, match=tuple(replace(m, port=port) for m in http.match) or (HTTPMatch(port=port),))
+
+
 def _attach(namespace: str, hostnames: tuple[str, ...], ref: ParentRef,
             owned: Mapping[tuple[str, str], KubernetesGateway], listeners: Mapping[tuple[str, str], list[_ListenerState]],
             inputs: _Inputs, kind: str) -> tuple[list[tuple[_ListenerState, list[str]]], tuple[str, str] | None]:
@@ -348,7 +396,7 @@ def _attach(namespace: str, hostnames: tuple[str, ...], ref: ParentRef,
     none (reason, message). ([], None): the parent is not ours."""
     if (ref.group, ref.kind) != (GROUP, "Gateway"):
         return [], ("UnsupportedValue", f"parentRef kind {ref.kind} is not implemented by this istiod "
-                                        "(mesh routing with a Service parent comes later); Gateway is")
+                                        "(Gateway and Service are)")
     key = _gateway_key(ref, namespace)
     gateway = owned.get(key)
     if gateway is None:
