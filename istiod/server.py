@@ -36,6 +36,7 @@ from istiod.debug.serving import guarded_config
 from istiod.kubeapi import api_client
 from istiod.leader import LeaderElection
 from istiod.status.gateway_api import GatewayStatusWriter
+from istiod.status.gateway_deployment import GatewayDeployer
 from istiod.listen import listen_tcp
 from istiod.memory import trim_when_free
 from istiod.model.mesh import MeshConfig
@@ -92,6 +93,7 @@ class Discovery:
         self._grpc: grpc.aio.Server | None = None
         self._http: list[uvicorn.Server] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self._injector_view: Callable[[], Injector | None] | None = None
         self._api: client.ApiClient | None = None
         self._mesh_synced = asyncio.Event()  # set now unless the mesh config comes from the cluster
         self._mesh_synced.set()
@@ -239,9 +241,13 @@ class Discovery:
             election, publisher = self.election, self.publisher
             assert self._api is not None
             status = GatewayStatusWriter(self._api, self.store, lambda: self.pusher.snapshot.config.gateway_api)
+            injector = self._injector()
+            # The Gateways' proxies as the injector's values name them (image, CA address, cluster),
+            # as istiod renders its gateway template with them.
+            deployer = GatewayDeployer(self._api, self.store, lambda: (injector() or Injector(False, {})).variables())
 
-            async def lead() -> None:  # the leader's writers: the root certificate, the Gateway API's status
-                await asyncio.gather(publisher.run(), status.run())
+            async def lead() -> None:  # the leader's writers: the root certificate, the Gateway API's status and deployments
+                await asyncio.gather(publisher.run(), status.run(), deployer.run())
 
             self._tasks.append(self.supervisor.start("root-cert-publisher", lambda: election.run(lead), restart=True))
         if self.analysis is not None:
@@ -255,7 +261,13 @@ class Discovery:
         return [own, *(await self.workers.ask(question) if self.workers is not None else [])]
 
     def _injector(self) -> Callable[[], Injector | None]:
-        """What /inject uses: the --injection-dir files, or the watched ConfigMap in a cluster."""
+        """What /inject and the Gateways' deployments use: one view, made once."""
+        if self._injector_view is None:
+            self._injector_view = self._read_injector()
+        return self._injector_view
+
+    def _read_injector(self) -> Callable[[], Injector | None]:
+        """The --injection-dir files, or the watched ConfigMap in a cluster."""
         if self.settings.injection_dir is not None:
             try:
                 injector = read_injection_dir(self.settings.injection_dir)
