@@ -107,9 +107,9 @@ async def test_the_leader_deploys_a_gateway_and_removes_it(cluster: Cluster, kub
     assert addresses == [{"type": "IPAddress", "value": service.spec.cluster_ip}], addresses
 
     # A listener's port edited: the Service follows.
+    merge: dict[str, Any] = {"_content_type": "application/merge-patch+json"}  # the client's default is a JSON patch
     await custom.patch_namespaced_custom_object(GROUP, VERSION, NS, "gateways", "edge", {
-        "spec": {"listeners": [{"name": "http", "port": 8080, "protocol": "HTTP"}]}},
-        _content_type="application/merge-patch+json")
+        "spec": {"listeners": [{"name": "http", "port": 8080, "protocol": "HTTP"}]}}, **merge)
 
     async def moved() -> bool:
         service = await client.CoreV1Api(kube).read_namespaced_service(NAME, NS)
