@@ -9,6 +9,7 @@ from typing import Any
 from istiod.model.config.common import Meta
 from istiod.model.config.gateway_api import KubernetesGateway, Listener
 from istiod.model.config.gateway_deployment import deployed, infrastructure_of, objects
+from tests.test_gateway_api import _converted, _documents
 
 VARIABLES = {"proxy_image": "example.com/istiod-proxy:1", "ca_address": "istiod.istio-system.svc:15012",
              "cluster_id": "Kubernetes"}
@@ -53,3 +54,11 @@ def test_only_class_istio_without_addresses_is_deployed() -> None:
     assert not deployed(KubernetesGateway(Meta("w", "n"), "istio", (), addresses=(("Hostname", "x.n.svc"),)))
     assert infrastructure_of({"metadata": {}}).service_type == "LoadBalancer"
     assert infrastructure_of({"metadata": {}, "spec": {"infrastructure": {"labels": {"a": 1}}}}).labels == ()
+
+
+def test_a_parameters_ref_is_refused_in_status() -> None:
+    web = next(d for d in _documents() if d["kind"] == "Gateway")
+    web["spec"]["infrastructure"] = {"parametersRef": {"group": "", "kind": "ConfigMap", "name": "params"}}
+    status = _converted(web).statuses[("KubernetesGateway", "istio-ingress", "web")]
+    accepted = next(c for c in status["conditions"] if c["type"] == "Accepted")
+    assert (accepted["status"], accepted["reason"]) == ("False", "InvalidParameters")

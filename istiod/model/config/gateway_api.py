@@ -83,6 +83,7 @@ class KubernetesGateway:
     listeners: tuple[Listener, ...]
     addresses: tuple[tuple[str, str], ...] = ()  # (type, value): not implemented, refused in status
     generation: int = 0
+    parameters_ref: bool = False  # spec.infrastructure.parametersRef: not implemented, refused in status
 
 
 @dataclass(frozen=True, slots=True)

@@ -308,6 +308,9 @@ def _gateway_status(gateway: KubernetesGateway, states: list[_ListenerState], in
         accepted = condition("Accepted", valid > 0, "ListenersNotValid",
                              "One or more of the Gateway's listeners are invalid" if valid
                              else "None of the Gateway's listeners are valid", generation)
+    if gateway.parameters_ref:  # istiod's reason for parameters it cannot use
+        accepted = condition("Accepted", False, "InvalidParameters",
+                             "spec.infrastructure.parametersRef is not implemented by this istiod", generation)
     programmed, addresses = _programmed(gateway, states, inputs)
     status: dict[str, Any] = {"conditions": [
         accepted, programmed, condition("ResolvedRefs", True, "ResolvedRefs", "All references resolved", generation)],
