@@ -26,13 +26,6 @@ def _namespace(name: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
 
 
-def _grant_from(namespace: str) -> dict[str, Any]:
-    return {"apiVersion": f"{GROUP}/v1beta1", "kind": "ReferenceGrant", "metadata": {"name": f"from-{namespace}",
-                                                                                      "namespace": "shop"},
-            "spec": {"from": [{"group": GROUP, "kind": "HTTPRoute", "namespace": namespace}],
-                     "to": [{"group": "", "kind": "Service"}]}}
-
-
 def _hosts(snapshot: Snapshot, namespace: str) -> list[tuple[str, int]] | None:
     vs = snapshot.config.virtual_service_for_host(namespace, ECHO)
     if vs is None:
@@ -60,12 +53,12 @@ def test_a_route_on_a_service_is_a_mesh_virtual_service_for_its_host() -> None:
 def test_a_consumer_route_applies_to_its_namespace_only_and_before_the_producers() -> None:
     consumer = _mesh_route("mine", "client", {"group": "", "kind": "Service", "name": "echo", "namespace": "shop"},
                            backends=(("echo-v2", 1),))
-    snapshot = _snapshot(_namespace("client"), _grant_from("client"), _mesh_route("split", "shop"), consumer)
+    snapshot = _snapshot(_namespace("client"), _mesh_route("split", "shop"), consumer)
     assert _hosts(snapshot, "client") == [("echo-v2", 0)]
     assert _hosts(snapshot, "shop") == [("echo-v1", 80), ("echo-v2", 20)]
     assert _hosts(snapshot, "third") == [("echo-v1", 80), ("echo-v2", 20)]
     # Without the producer's route, another namespace's clients see no route at all.
-    alone = _snapshot(_namespace("client"), _grant_from("client"), consumer)
+    alone = _snapshot(_namespace("client"), consumer)
     assert _hosts(alone, "third") is None and _hosts(alone, "client") == [("echo-v2", 0)]
 
 
@@ -118,13 +111,23 @@ def test_a_service_parent_that_cannot_attach_says_why_and_routes_nothing() -> No
     assert snapshot.config.gateway_api.mesh_virtual_services == ()
     for name, (_, accepted) in cases.items():
         assert _route_conditions(snapshot.config.gateway_api, "shop", name)["Accepted"] == accepted
-    # A backend the route may not reach: the rule answers 500 and ResolvedRefs says why.
-    denied = _snapshot(_namespace("client"), _mesh_route("mine", "client", {"group": "", "kind": "Service",
-                                                                            "name": "echo", "namespace": "shop"}))
-    conditions = _route_conditions(denied.config.gateway_api, "client", "mine")
-    assert conditions["Accepted"][0] == "True" and conditions["ResolvedRefs"][1] == "RefNotPermitted"
-    vs = denied.config.virtual_service_for_host("client", ECHO)
+    # A backend that is not there: the rule answers 500 and ResolvedRefs says why.
+    missing = _snapshot(_mesh_route("gone", "shop", backends=(("nope", 1),)))
+    conditions = _route_conditions(missing.config.gateway_api, "shop", "gone")
+    assert conditions["Accepted"][0] == "True" and conditions["ResolvedRefs"][1] == "BackendNotFound"
+    vs = missing.config.virtual_service_for_host("shop", ECHO)
     assert vs is not None and vs.http[0].direct_response is not None and vs.http[0].direct_response.status == 500
+
+
+def test_mesh_backends_need_no_reference_grant_but_a_gateways_do() -> None:
+    """As istiod (enforceRefGrant only for Gateway parents): one route on both parents."""
+    route = _mesh_route("both", "client", {"group": "", "kind": "Service", "name": "echo", "namespace": "shop"},
+                        {"name": "web", "namespace": "istio-ingress", "sectionName": "http"}, backends=(("echo-v2", 1),))
+    snapshot = _snapshot(_namespace("client"), route)
+    assert _route_conditions(snapshot.config.gateway_api, "client", "both", parent=0)["ResolvedRefs"][0] == "True"
+    assert _route_conditions(snapshot.config.gateway_api, "client", "both", parent=1)["ResolvedRefs"][1] == \
+        "RefNotPermitted"
+    assert _hosts(snapshot, "client") == [("echo-v2", 0)]
 
 
 def test_a_tcp_route_on_a_service_is_refused_naming_the_kind() -> None:

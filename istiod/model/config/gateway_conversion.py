@@ -135,14 +135,17 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
     for route in sorted(routes, key=_meta_order):
         parents = []
         http_routes, route_error = _rules(route, inputs)
+        # Mesh routing needs no ReferenceGrant to a backend (istiod: enforceRefGrant only for Gateways).
+        mesh_routes, mesh_error = (_rules(route, inputs, grants=False) if any(map(_is_service, route.parent_refs))
+                                   else ([], None))
         for ref in route.parent_refs:
             if _is_service(ref):
                 host, denied = _mesh_parent(route.meta.namespace, ref, inputs)
                 if host:
                     mesh[(route.meta.namespace, host)].extend(
                         ((*order, route.created, route.meta.namespace, route.meta.name), _on_port(http, ref.port))
-                        for order, http in http_routes)
-                parents.append(_parent_status(ref, route.generation, denied, route_error))
+                        for order, http in mesh_routes)
+                parents.append(_parent_status(ref, route.generation, denied, mesh_error))
                 continue
             attached, denied = _attach(route.meta.namespace, route.hostnames, ref, owned, listeners, inputs, route.kind)
             if denied is None and not attached:
@@ -461,13 +464,14 @@ def _parent_status(ref: ParentRef, generation: int, denied: tuple[str, str] | No
 _Order = tuple[Any, ...]
 
 
-def _rules(route: KubernetesHTTPRoute, inputs: _Inputs) -> tuple[list[tuple[_Order, HTTPRoute]], tuple[str, str] | None]:
+def _rules(route: KubernetesHTTPRoute, inputs: _Inputs,
+           grants: bool = True) -> tuple[list[tuple[_Order, HTTPRoute]], tuple[str, str] | None]:
     """A route's rules as Istio HTTP routes, one per match with its precedence key, and the first
     (reason, message) that keeps a reference from resolving (joined as Istio joins them)."""
     result: list[tuple[_Order, HTTPRoute]] = []
     errors: list[tuple[str, str]] = []
     for index, rule in enumerate(route.rules):
-        destinations, mirrors, backend_errors = _destinations(route, rule, inputs)
+        destinations, mirrors, backend_errors = _destinations(route, rule, inputs, grants)
         errors += [*rule.errors, *backend_errors]
         if rule.unmatchable:
             continue
@@ -486,18 +490,18 @@ def _precedence(match: RouteMatch) -> _Order:
             -len(match.query_params))
 
 
-def _destinations(route: KubernetesHTTPRoute, rule: RouteRule,
-                  inputs: _Inputs) -> tuple[list[RouteDestination], list[Destination], list[tuple[str, str]]]:
+def _destinations(route: KubernetesHTTPRoute, rule: RouteRule, inputs: _Inputs,
+                  grants: bool) -> tuple[list[RouteDestination], list[Destination], list[tuple[str, str]]]:
     """The backends and mirrors a rule may send to; refused and missing ones are left out and reported."""
     result, mirrors, errors = [], [], []
     for ref in rule.backend_refs:
-        destination, error = _backend(route, ref, inputs)
+        destination, error = _backend(route, ref, inputs, grants)
         if error is not None:
             errors.append(error)
         elif destination is not None and ref.weight > 0:
             result.append(RouteDestination(destination, ref.weight))
     for mirror in (f.mirror for f in rule.filters if f.mirror is not None):
-        destination, error = _backend(route, mirror, inputs)
+        destination, error = _backend(route, mirror, inputs, grants)
         if error is not None:
             errors.append(error)
         elif destination is not None:
@@ -505,12 +509,12 @@ def _destinations(route: KubernetesHTTPRoute, rule: RouteRule,
     return result, mirrors, errors
 
 
-def _backend(route: KubernetesHTTPRoute, ref: ObjectRef, inputs: _Inputs) -> tuple[Destination | None,
-                                                                                  tuple[str, str] | None]:
+def _backend(route: KubernetesHTTPRoute, ref: ObjectRef, inputs: _Inputs,
+             grants: bool) -> tuple[Destination | None, tuple[str, str] | None]:
     namespace = ref.namespace or route.meta.namespace
     if (ref.group, ref.kind) != ("", "Service"):
         return None, ("InvalidKind", f"referencing unsupported backendRef: group {ref.group!r} kind {ref.kind!r}")
-    if not inputs.permitted(route.kind, route.meta.namespace, "Service", namespace, ref.name):
+    if grants and not inputs.permitted(route.kind, route.meta.namespace, "Service", namespace, ref.name):
         return None, ("RefNotPermitted", f"backendRef {ref.name}/{namespace} not accessible to a {route.kind} in "
                                          f'namespace "{route.meta.namespace}" (missing a ReferenceGrant?)')
     service = inputs.services.get((namespace, ref.name))
