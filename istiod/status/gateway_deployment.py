@@ -3,17 +3,19 @@ ServiceAccount, Deployment and Service (istiod/model/config/gateway_deployment.p
 applied with istiod's field manager, and deleted once the Gateway is gone. Leader-elected: only one
 replica writes.
 
+A pass that finds the Gateways changed (and one every RESYNC seconds, which also puts back an
+object deleted by hand) lists the objects labelled with our Gateway class and applies what differs.
 Deletion does not rely on the garbage collector (an API server without kube-controller-manager has
-none): each pass lists the objects labelled with a Gateway class of ours, and deletes those whose
-owner Gateway (by uid) the API server no longer has, asked once more before each delete. Objects
-without a Gateway owner reference are never touched. A failed call is logged and tried again on
-the next pass.
+none): of those objects, the pass deletes the ones whose owner Gateway (by uid) the API server no
+longer has, asked once more before each delete. Objects without a Gateway owner reference are never
+touched. A failed call is logged and tried again on the next pass.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -30,6 +32,7 @@ from istiod.sources.store import Store
 log = logging.getLogger(__name__)
 APPLY_PATCH = "application/apply-patch+yaml"
 _Key = tuple[str, str, str]  # (kind, namespace, name)
+RESYNC = 30.0  # seconds: the cluster's objects are listed when a Gateway changes, and at least this often
 
 
 class GatewayDeployer:
@@ -41,6 +44,8 @@ class GatewayDeployer:
         self.variables = variables
         self.interval = interval
         self._applied: dict[_Key, dict[str, Any]] = {}  # what this replica last applied, to write only changes
+        self._wanted: dict[_Key, dict[str, Any]] | None = None
+        self._listed = 0.0  # when the cluster's objects were last listed
 
     async def run(self) -> None:
         while True:
@@ -56,11 +61,15 @@ class GatewayDeployer:
             if deployed(gateway) and infrastructure.uid:
                 for body in objects(gateway, infrastructure, variables):
                     wanted[(body["kind"], gateway.meta.namespace, body["metadata"]["name"])] = body
+        now = time.monotonic()
+        if wanted == self._wanted and now - self._listed < RESYNC:
+            return  # nothing changed here; what changed in the cluster is found at the next resync
         try:
             existing = await self._existing()
         except API_ERRORS as error:
             log.warning(logs.event("gateway deployments not listed", error=describe_error(error)))
             return
+        self._wanted, self._listed = wanted, now
         for key, body in wanted.items():
             if key in existing and self._applied.get(key) == body:
                 continue
@@ -71,6 +80,7 @@ class GatewayDeployer:
             except API_ERRORS as error:
                 log.warning(logs.event("gateway deployment not applied", kind=key[0], object=f"{key[1]}/{key[2]}",
                                        error=describe_error(error)))
+                self._wanted = None  # tried again on the next pass
         for key, owner in existing.items():
             if key not in wanted:
                 await self._delete_if_orphaned(key, owner)
