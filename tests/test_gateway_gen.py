@@ -93,7 +93,8 @@ def test_a_listener_per_server_port_that_binds() -> None:
     hcm = _hcm(http.filter_chains[0])
     assert hcm.rds.route_config_name == "http.8080" and hcm.rds.config_source.HasField("ads")
     assert hcm.use_remote_address.value  # the gateway is the edge: the peer is the client
-    assert [f.name for f in hcm.http_filters] == ["envoy.filters.http.fault", "envoy.filters.http.router"]
+    assert [f.name for f in hcm.http_filters] == ["envoy.filters.http.fault", "envoy.filters.http.cors",
+                                                  "envoy.filters.http.router"]
 
 
 def test_https_terminates_simple_tls_with_the_credential_over_sds() -> None:

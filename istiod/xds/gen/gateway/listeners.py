@@ -92,7 +92,7 @@ def server_tls(served: GatewayServer) -> tls_pb2.DownstreamTlsContext:
 
 def _hcm(listener: str, route_name: str) -> listener_components_pb2.Filter:
     """istiod's gateway HCM: the client's address is the peer's (a gateway is the edge), paths
-    normalised, websockets pass, VirtualService faults act."""
+    normalised, websockets pass, VirtualService faults and CORS policies act."""
     rds = hcm_pb2.Rds(config_source=ads_source(initial_fetch_timeout=duration_pb2.Duration()),
                       route_config_name=route_name)
     return network_filter(HCM_FILTER, with_fault_filter(http_connection_manager(
@@ -101,4 +101,4 @@ def _hcm(listener: str, route_name: str) -> listener_components_pb2.Filter:
         use_remote_address=wrappers_pb2.BoolValue(value=True),
         normalize_path=wrappers_pb2.BoolValue(value=True),
         upgrade_configs=[hcm_pb2.HttpConnectionManager.UpgradeConfig(upgrade_type="websocket")],
-    )))
+    ), cors=True))

@@ -181,7 +181,7 @@ def http_outbound_listener(target: OutboundPort, policy: OutboundTrafficPolicy) 
     rds = hcm_pb2.Rds(config_source=ads_source(initial_fetch_timeout=duration_pb2.Duration()),
                       route_config_name=str(port))
     listener = _outbound_listener(name, target.bind or ANY_ADDRESS, port, network_filter(HCM_FILTER, with_fault_filter(
-        _sidecar_hcm(f"outbound_{name}", rds=rds))), target.bind_to_port)
+        _sidecar_hcm(f"outbound_{name}", rds=rds), cors=True)), target.bind_to_port)
     listener.filter_chains[0].filter_chain_match.MergeFrom(listener_components_pb2.FilterChainMatch(
         transport_protocol="raw_buffer", application_protocols=PLAINTEXT_HTTP_ALPN_MATCH))
     listener.listener_filters.append(_http_inspector())
