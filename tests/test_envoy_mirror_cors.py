@@ -1,6 +1,7 @@
-"""VirtualService mirrors and CORS policies through a real Envoy sidecar: the pod of
+"""VirtualService mirrors, CORS policies and delegation through a real Envoy sidecar: the pod of
 tests/test_envoy_routing.py (web-1 calling the echo versions inside its network namespace), with a
-Service `shadowed` (echo-v1 alone) whose routes mirror to echo-v2 and carry a CORS policy."""
+Service `shadowed` (echo-v1 alone) whose routes mirror to echo-v2, carry a CORS policy, or
+delegate to a VirtualService of another namespace."""
 
 from __future__ import annotations
 
@@ -46,8 +47,8 @@ spec:
 """
 
 
-def _setup(pod: Pod) -> None:
-    (pod.config / "shadowed.yaml").write_text(SHADOWED)
+def _setup(pod: Pod, config: str = SHADOWED) -> None:
+    (pod.config / "shadowed.yaml").write_text(config)
     assert pod.run("ip", "addr", "add", f"{VIP}/32", "dev", "lo").returncode == 0
     wait_until(lambda: '"name"' in pod.curl(host="shadowed", url=f"http://{VIP}/cors/ready"), 20,
                "the shadowed Service's routes in the sidecar")
@@ -115,5 +116,44 @@ def test_cors_preflight_is_answered_by_the_sidecar_for_allowed_origins_only(pod:
         assert headers["access-control-expose-headers"] == "x-exposed"
         blocked = pod.curl("-i", "-H", "Origin: https://evil.example", host="shadowed", url=f"http://{VIP}/cors/get")
         assert "access-control-allow-origin" not in _headers(blocked) and '"echo-v1"' in blocked
+    finally:
+        _teardown(pod)
+
+
+DELEGATED = """apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: shadowed, namespace: shop}
+spec:
+  hosts: [shadowed]
+  http:
+  - name: team
+    match: [{uri: {prefix: /team}}]
+    delegate: {name: team-routes, namespace: team}
+  - route: [{destination: {host: shadowed}}]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: team-routes, namespace: team}
+spec:
+  http:
+  - name: v2
+    match: [{uri: {prefix: /team/v2}}]
+    route: [{destination: {host: echo.shop.svc.cluster.local, subset: v2}}]
+"""
+
+
+def test_a_delegated_route_reaches_its_backend_and_follows_the_delegate(pod: Pod) -> None:  # noqa: F811
+    """The root VirtualService `shadowed` hands /team to the delegate in namespace team: its route
+    to echo-v2 is what the sidecar follows; a change of the delegate alone moves the traffic."""
+    _setup(pod, SHADOWED.split("---")[0] + "---\n" + DELEGATED)
+    try:
+        wait_until(lambda: pod.get("/team/v2/x", host="shadowed")["name"] == "echo-v2", 20,
+                   "the delegate's route in the sidecar")
+        assert pod.get("/team/other", host="shadowed")["name"] == "echo-v1"  # no delegate route: the root's next
+        config = pod.config / "shadowed.yaml"
+        config.write_text(config.read_text().replace("subset: v2", "subset: v1"))
+        wait_until(lambda: pod.get("/team/v2/y", host="shadowed")["name"] == "echo-v1", 20,
+                   "the changed delegate's route in the sidecar")
+        print("/team/v2 through the delegate: echo-v2, then echo-v1 after the delegate alone changed")
     finally:
         _teardown(pod)

@@ -89,7 +89,8 @@ def _routed_to(snapshot: Snapshot, host: Callable[[str], bool]) -> bool:
     on the destinations' Services and DestinationRules)."""
     for vs in snapshot.config.all_virtual_services:
         routes: list[HTTPRoute | L4Route] = [*vs.http, *vs.tcp, *vs.tls]
-        if any(host(d.destination.host) for r in routes for d in r.route):
+        if any(host(d.destination.host) for r in routes for d in r.route) or any(
+                host(m.destination.host) for r in vs.http for m in r.mirrors):
             return True
     return False
 

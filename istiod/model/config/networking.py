@@ -160,6 +160,9 @@ class HTTPRoute:
     headers: Headers = Headers()
     mirrors: tuple[Mirror, ...] = ()  # each request also sent, unanswered, to these
     cors_policy: CorsPolicy | None = None
+    # (namespace, name) of the VirtualService whose routes stand here (a root's route); merged away
+    # when the config set is collected (istiod/model/config/delegate.py).
+    delegate: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +186,7 @@ class L4Route:
 @dataclass(frozen=True, slots=True)
 class VirtualService:
     meta: Meta
-    hosts: tuple[str, ...]
+    hosts: tuple[str, ...]  # none: a delegate, whose http routes stand in a root's delegating route
     gateways: tuple[str, ...] = (MESH_GATEWAY,)  # `mesh`, or `<namespace>/<name>`
     http: tuple[HTTPRoute, ...] = ()
     tcp: tuple[L4Route, ...] = ()

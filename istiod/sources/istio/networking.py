@@ -354,10 +354,31 @@ def _cors_policy(r: _Fields, path: str) -> CorsPolicy | None:
                       max_age, sub.get("allowCredentials", bool, None), unmatched)
 
 
-def _http_route(r: _Fields, namespace: str, domain: str) -> HTTPRoute:
+def _delegate(r: _Fields, namespace: str, in_delegate: bool) -> tuple[str, str] | None:
+    """A root's `delegate: {name, namespace}` (its own namespace by default), as istiod validates it."""
+    sub = fields(r, "delegate")
+    if sub is None:
+        return None
+    if in_delegate:
+        raise r.fail("delegate HTTP route cannot contain delegate")
+    only(sub, ("name", "namespace"))
+    name, delegate_namespace = sub.get("name", str, ""), sub.get("namespace", str, "") or namespace
+    if not name:
+        raise r.fail("delegate.name is required")
+    for field_name, value in (("name", name), ("namespace", delegate_namespace)):
+        if not dns1123_label(value):
+            raise r.fail(f"delegate.{field_name}: {value!r} is not a valid name")
+    if "route" in r.body or "redirect" in r.body:
+        raise r.fail(f"root HTTP route {r.get('name', str, '')} must not specify "
+                     f"{'route' if 'route' in r.body else 'redirect'}")
+    return delegate_namespace, name
+
+
+def _http_route(r: _Fields, namespace: str, domain: str, in_delegate: bool) -> HTTPRoute:
     only(r, ("name", "match", "route", "redirect", "directResponse", "rewrite", "timeout", "retries", "fault",
-             "headers", "mirror", "mirrors", "mirrorPercentage", "mirrorPercent", "mirror_percent", "corsPolicy"),
-         ("delegate",))
+             "headers", "mirror", "mirrors", "mirrorPercentage", "mirrorPercent", "mirror_percent", "corsPolicy",
+             "delegate"))
+    delegate = _delegate(r, namespace, in_delegate)
     route = _route_destinations(r, "route", namespace, domain)
     redirect, direct = _redirect(r, "redirect"), _direct_response(r, "directResponse")
     rewrite, headers = _rewrite(r, "rewrite"), _headers(r, "headers")
@@ -368,7 +389,7 @@ def _http_route(r: _Fields, namespace: str, domain: str) -> HTTPRoute:
         for other, present in conflicts.items():
             if present:
                 raise r.fail(f"HTTP route cannot contain both {other} and {action}")
-    if not (route or redirect or direct):
+    if not (route or redirect or direct or delegate):
         raise r.fail("HTTP route, redirect or direct_response is required")
     authorities = [v for k, v in headers.request.set + headers.request.add if k.lower() in (":authority", "host")]
     if len(authorities) + bool(rewrite and rewrite.authority) > 1:
@@ -386,6 +407,7 @@ def _http_route(r: _Fields, namespace: str, domain: str) -> HTTPRoute:
         headers=headers,
         mirrors=_mirrors(r, namespace, domain),
         cors_policy=_cors_policy(r, "corsPolicy"),
+        delegate=delegate,
     )
 
 
@@ -415,10 +437,14 @@ def _l4_route(r: _Fields, namespace: str, domain: str, tls: bool, hosts: tuple[s
 
 
 def virtual_service(key: ObjectKey, f: _Fields, domain: str) -> VirtualService:
-    spec(f, ("hosts", "gateways", "http", "tcp", "tls", "exportTo"), ("delegate",))
+    spec(f, ("hosts", "gateways", "http", "tcp", "tls", "exportTo"))
     hosts = str_list(f, "spec.hosts")
-    if not hosts:
-        raise f.fail("spec.hosts: virtual service must have at least one host")
+    delegate = not hosts  # its http routes stand in roots' delegating routes
+    if delegate:
+        for name in ("gateways", "tls", "tcp"):
+            if f.get(f"spec.{name}", list, []):
+                raise f.fail(f"spec.{name}: delegate virtual service must have no "
+                             f"{'gateways specified' if name == 'gateways' else name + ' route specified'}")
     gateways = _gateway_refs(f, "spec.gateways", key.namespace) or (MESH_GATEWAY,)
     for i, host in enumerate(hosts):
         if host == "*" and MESH_GATEWAY in gateways:
@@ -432,7 +458,7 @@ def virtual_service(key: ObjectKey, f: _Fields, domain: str) -> VirtualService:
         meta=meta(key),
         hosts=resolved,
         gateways=gateways,
-        http=tuple(_http_route(r, key.namespace, domain) for r in items(f, "spec.http")),
+        http=tuple(_http_route(r, key.namespace, domain, delegate) for r in items(f, "spec.http")),
         tcp=tuple(_l4_route(r, key.namespace, domain, False, resolved) for r in items(f, "spec.tcp")),
         tls=tuple(_l4_route(r, key.namespace, domain, True, resolved) for r in items(f, "spec.tls")),
         export_to=export_to(f),
