@@ -11,6 +11,9 @@ import yaml
 from envoy.config.route.v3 import route_pb2
 
 from istiod.model.builder import build_snapshot
+from istiod.model.config.common import MatchKind, StringMatch
+from istiod.model.config.delegate import _conflict
+from istiod.model.config.networking import HTTPMatch
 from istiod.model.proxy import proxy_from_node
 from istiod.sources.store import Store
 from istiod.xds import types
@@ -104,3 +107,19 @@ def test_a_delegate_change_alone_changes_the_roots_routes() -> None:
     assert "api-v2.two" in _routes(before)
     assert _routes(after)["api-v2.two"].match.prefix == "/api/v3"
     assert after.config.virtual_services != before.config.virtual_services
+
+
+def test_conflicts_as_istiods_has_conflict() -> None:
+    def uri(kind: MatchKind, value: str) -> HTTPMatch:
+        return HTTPMatch(uri=StringMatch(kind, value))
+
+    exact, prefix, regex = MatchKind.EXACT, MatchKind.PREFIX, MatchKind.REGEX
+    assert not _conflict(uri(prefix, "/a"), uri(prefix, "/a/b")) and _conflict(uri(prefix, "/a/b"), uri(prefix, "/a"))
+    assert not _conflict(uri(prefix, "/a"), uri(exact, "/a/x")) and _conflict(uri(exact, "/a"), uri(prefix, "/a"))
+    assert _conflict(uri(regex, "/a.*"), uri(prefix, "/a")) and _conflict(uri(prefix, "/a"), uri(regex, "/a.*"))
+    assert not _conflict(HTTPMatch(), uri(regex, "/a.*"))
+    assert _conflict(HTTPMatch(port=80), HTTPMatch(port=81)) and not _conflict(HTTPMatch(port=80), HTTPMatch())
+    assert _conflict(HTTPMatch(gateways=("a/gw",)), HTTPMatch(gateways=("b/gw",)))
+    assert _conflict(HTTPMatch(source_labels=(("app", "a"),)), HTTPMatch(source_labels=(("app", "b"),)))
+    assert _conflict(HTTPMatch(source_namespace="a"), HTTPMatch())  # the root's namespace must be kept
+    assert _conflict(HTTPMatch(ignore_uri_case=True), HTTPMatch())
