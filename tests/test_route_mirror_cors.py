@@ -22,6 +22,7 @@ from istiod.xds.cache import ResourceCache
 from istiod.xds.gen import PROXYLESS_GRPC, SIDECAR
 from istiod.xds.gen.filters import CORS_FILTER, FAULT_FILTER, ROUTER_FILTER
 from istiod.xds.gen.routes import PREVIOUS_HOSTS
+from tests.test_gateway_gen import _generate, _snapshot as gateway_snapshot
 
 DATA = Path(__file__).parent / "data"
 WEB = "web.shop.svc.cluster.local"
@@ -147,3 +148,39 @@ def test_proxyless_routes_keep_backoff_and_leave_out_mirrors_and_cors() -> None:
     manager = hcm_pb2.HttpConnectionManager()
     listener_pb2.Listener.FromString(listener.value).api_listener.api_listener.Unpack(manager)
     assert [f.name for f in manager.http_filters] == [FAULT_FILTER, ROUTER_FILTER]
+
+
+GATEWAY_ROUTES = """
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: web, namespace: shop}
+spec:
+  hosts: [web.example.com]
+  gateways: [istio-ingress/public]
+  http:
+  - name: edge
+    match: [{uri: {prefix: /app}}]
+    corsPolicy: {allowOrigins: [{exact: "https://a.example"}], allowMethods: [GET]}
+    delegate: {name: app}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: app, namespace: shop}
+spec:
+  http:
+  - name: mirrored
+    match: [{uri: {prefix: /app/v1}}]
+    mirrors: [{destination: {host: web}, percentage: {value: 50}}]
+    route: [{destination: {host: web}}]
+"""
+
+
+def test_a_gateway_gets_mirrors_cors_and_delegated_routes() -> None:
+    routes = _generate(types.ROUTE, gateway_snapshot(*yaml.safe_load_all(GATEWAY_ROUTES)), route_pb2.RouteConfiguration)
+    (host,) = routes["http.8080"].virtual_hosts
+    (route,) = host.routes
+    assert route.name == "edge-mirrored" and route.match.prefix == "/app/v1"
+    assert _mirrors(route) == [(f"outbound|80||{WEB}", 500000, MILLION)]
+    policy = cors_pb2.CorsPolicy()
+    route.typed_per_filter_config[CORS_FILTER].Unpack(policy)  # the root route's, as the delegate has none
+    assert [m.exact for m in policy.allow_origin_string_match] == ["https://a.example"]
