@@ -344,8 +344,8 @@ def _cors_policy(r: _Fields, path: str) -> CorsPolicy | None:
         for header in str_list(sub, name):
             if header != "*" and not _HEADER_NAME.fullmatch(header):
                 raise r.fail(f"{path}.{name}: header name {header!r} is not a valid header name")
-    max_age = duration(sub, "maxAge", check=False)
-    if max_age is not None and (max_age < timedelta(milliseconds=1) or max_age % timedelta(seconds=1)):
+    max_age = duration(sub, "maxAge")
+    if max_age is not None and max_age % timedelta(seconds=1):
         raise r.fail(f"{path}.maxAge: max_age duration is accurate only to seconds precision")
     unmatched = sub.get("unmatchedPreflights", str, "FORWARD")
     if unmatched not in _UNMATCHED_PREFLIGHTS:
