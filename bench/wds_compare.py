@@ -61,6 +61,8 @@ async def create(api: client.ApiClient, body: dict[str, Any]) -> None:
         await core.create_node(body)
     elif kind == "Service":
         await core.create_namespaced_service(namespace, body)
+    elif kind == "EndpointSlice":  # Istio's istiod reads endpoints from these, not from Pods
+        await client.DiscoveryV1Api(api).create_namespaced_endpoint_slice(namespace, body)
     elif kind == "Pod":
         # The test mesh abbreviates what the API server requires and the translation does not read.
         for owner in meta.get("ownerReferences", []):

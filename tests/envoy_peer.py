@@ -75,15 +75,18 @@ def _pipe_cluster(name: str, *paths: Path, window: int | None = None) -> dict[st
 
 def bootstrap(node: str, xds_socket: Path, sds_socket: Path, admin_socket: Path,
               metadata: dict[str, Any] | None = None, delta: bool = False,
-              more_xds_sockets: tuple[Path, ...] = (), xds_window: int | None = None) -> dict[str, Any]:
+              more_xds_sockets: tuple[Path, ...] = (), xds_window: int | None = None,
+              locality: dict[str, str] | None = None) -> dict[str, Any]:
     """A static bootstrap like pilot-agent's: ADS over `xds-grpc`, certificates over `sds-grpc`, the
-    agent's runtime values (so a test Envoy accepts what istiod's validation does);
+    agent's runtime values (so a test Envoy accepts what istiod's validation does); `locality`: the
+    node's (region, zone, sub_zone), as pilot-agent writes it;
     `delta`: incremental xDS (DeltaAggregatedResources) instead of state of the world;
     `more_xds_sockets`: more endpoints of `xds-grpc` (istiod replicas); `xds_window`: see _pipe_cluster."""
     namespace = node.split("~")[2].partition(".")[2]
     return {
         "node": {"id": node, "cluster": f"{node.split('~')[2]}",
-                 "metadata": {"NAMESPACE": namespace, "ISTIO_VERSION": "1.28.0", **(metadata or {})}},
+                 "metadata": {"NAMESPACE": namespace, "ISTIO_VERSION": "1.28.0", **(metadata or {})},
+                 "locality": locality or {}},
         "layered_runtime": layered_runtime(),
         "admin": {"address": {"pipe": {"path": str(admin_socket)}}},
         "dynamic_resources": {
@@ -100,7 +103,8 @@ def bootstrap(node: str, xds_socket: Path, sds_socket: Path, admin_socket: Path,
 @contextmanager
 def sidecar_envoy(xds_address: str, pod: str, namespace: str, ip: str = "127.0.0.1",
                   service_account: str = "default", metadata: dict[str, Any] | None = None,
-                  delta: bool = False, more_xds: tuple[str, ...] = (), xds_window: int | None = None) -> Iterator[Envoy]:
+                  delta: bool = False, more_xds: tuple[str, ...] = (), xds_window: int | None = None,
+                  locality: dict[str, str] | None = None) -> Iterator[Envoy]:
     """An Envoy sidecar for pod `pod.namespace` at `ip`, on istiod's plaintext xDS, with its
     certificates; `more_xds`: other istiod replicas, more endpoints of its xDS cluster; `xds_window`:
     see _pipe_cluster. Everything it needed is removed on the way out, even on failure."""
@@ -113,7 +117,8 @@ def sidecar_envoy(xds_address: str, pod: str, namespace: str, ip: str = "127.0.0
         stoppable.extend(Relay(path, address) for path, address in zip(more_sockets, more_xds))
         stoppable.append(SdsServer(sockets / "sds", f"spiffe://cluster.local/ns/{namespace}/sa/{service_account}"))
         config = bootstrap(node_id(pod, namespace, ip), sockets / "xds", sockets / "sds", sockets / "admin",
-                           {"SERVICE_ACCOUNT": service_account, **(metadata or {})}, delta, more_sockets, xds_window)
+                           {"SERVICE_ACCOUNT": service_account, **(metadata or {})}, delta, more_sockets, xds_window,
+                           locality)
         envoy = Envoy(config, sockets, name=f"envoy-{pod}{'-delta' if delta else ''}")
         envoy.xds_relay = envoy_relay
         stoppable.append(envoy)

@@ -1,9 +1,11 @@
-"""The Sidecar resource's inbound settings on a real Envoy sidecar: its `inboundConnectionPool`
-caps the connections the sidecar opens to the app (the pod of tests/test_envoy_authn.py, whose app
-also serves a TCP echo on 9000, captured to virtualInbound)."""
+"""The Sidecar resource on a real Envoy sidecar: its `inboundConnectionPool` caps the connections
+the sidecar opens to the app (the pod of tests/test_envoy_authn.py, whose app also serves a TCP echo
+on 9000, captured to virtualInbound), and its `outboundTrafficPolicy.egressProxy` takes what no
+service claims."""
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -57,3 +59,50 @@ def test_inbound_connection_pool_caps_the_connections_to_the_app(mesh_dir: Path,
         finally:
             holder.stop()
         wait_until(lambda: tcp() == "b'ping\\n'", 10, "the echo once the first connection is gone")
+
+
+EGRESS = """apiVersion: v1
+kind: Service
+metadata: {name: egress, namespace: shop}
+spec:
+  clusterIP: 10.96.0.50
+  selector: {app: egress}
+  ports: [{name: tcp-proxy, port: 3128}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: egress-1, namespace: shop, labels: {app: egress}}
+spec: {containers: [{name: proxy, ports: [{containerPort: 3128}]}]}
+status: {phase: Running, podIP: 127.0.0.45, conditions: [{type: Ready, status: "True"}]}
+---
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: default, namespace: shop}
+spec:
+  outboundTrafficPolicy:
+    mode: ALLOW_ANY
+    egressProxy: {host: egress.shop.svc.cluster.local, port: {number: 3128}}
+"""
+
+
+def test_egress_proxy_takes_traffic_to_unknown_destinations(mesh_dir: Path,
+                                                            start_istiod: Callable[..., Istiod]) -> None:
+    """ALLOW_ANY with an egressProxy: an HTTP request for an unknown host (the allow_any route) and a
+    connection to an address no service has (virtualOutbound's catch-all) both reach the egress
+    proxy (here an echo naming itself) instead of their own destination; known services still work."""
+    _skip_without_iptables()
+    _mesh(mesh_dir)
+    (mesh_dir / "egress.yaml").write_text(EGRESS)
+    istiod = start_istiod(mesh_dir)
+    echo = (Path(__file__).parent / "http_echo.py").read_text()
+    with _pod(istiod, (echo, "127.0.0.45", "3128", "egress-proxy")) as (envoy, run):
+        assert run("ip", "addr", "add", "10.96.0.99/32", "dev", "lo").returncode == 0  # an address no service has
+
+        def name(url: str, host: str = "") -> str:
+            done = run("curl", "-s", "--max-time", "5", *(["-H", f"Host: {host}"] if host else []), url)
+            return json.loads(done.stdout)["name"] if done.stdout.startswith("{") else done.stdout
+
+        wait_until(lambda: name("http://10.96.0.99/", "unknown.example") == "egress-proxy", 15,
+                   "an unknown host's request at the egress proxy")
+        assert name("http://10.96.0.99:9999/") == "egress-proxy"  # TCP: virtualOutbound's catch-all
+        assert json.loads(run("curl", "-s", "--max-time", "5", "http://10.96.0.10/").stdout)["host"] == "10.96.0.10"

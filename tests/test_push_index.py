@@ -84,6 +84,10 @@ CONFIGS: dict[tuple[str, str], tuple[dict[str, Any], ...]] = {
          "subsets": [{"name": "v2", "labels": {"version": "v2"}}]},
         # Every host of the namespace, by a wildcard.
         {"host": f"*.{NS}.svc.cluster.local", "subsets": [{"name": "v1", "labels": {"version": "v1"}}]},
+        # Locality LB: a's endpoints by the pods' version label, made per proxy locality and label.
+        {"host": A_HOST, "trafficPolicy": {"outlierDetection": {"consecutive5xxErrors": 1},
+                                           "loadBalancer": {"localityLbSetting": {"failoverPriority": ["version"]}}},
+         "subsets": [{"name": "v1", "labels": {"version": "v1"}}]},
         # Not a's: only a's routes (through the VirtualService, to b) take its hashing.
         {"host": B_HOST, "trafficPolicy": {"loadBalancer": {"consistentHash": {"httpHeaderName": "x-user"}}}}),
     ("networking.istio.io/v1", "Sidecar"): (

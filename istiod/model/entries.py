@@ -65,5 +65,6 @@ def workload_entry_endpoint(entry: WorkloadEntry, port: int, service_port: int, 
     if entry.service_account and TLS_MODE_LABEL not in dict(labels):
         labels = (*labels, (TLS_MODE_LABEL, "istio"))
     return Endpoint(address=entry.address, port=port, service_port=service_port,
-                    locality=Locality.parse(entry.locality), labels=labels, service_account=entry.service_account,
-                    namespace=namespace, weight=entry.weight)
+                    # Its `locality` is `region/zone/subzone` (the label's form uses dots).
+                    locality=Locality.parse(entry.locality.replace("/", ".")), labels=labels,
+                    service_account=entry.service_account, namespace=namespace, weight=entry.weight)

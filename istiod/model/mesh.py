@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from istiod.model.config.networking import LocalityLbSetting
 from istiod.model.labels import Selector
 from istiod.model.names import DEFAULT_DOMAIN
 
@@ -38,3 +39,6 @@ class MeshConfig:
     default_config: ProxyConfig = ProxyConfig()
     discovery_selectors: tuple[Selector, ...] = ()  # none: every namespace
     trust_domain_aliases: tuple[str, ...] = ()  # other trust domains whose identities istiod accepts as its own
+    # The default of every DestinationRule's; Istio's mesh default is `enabled: true`, which takes
+    # effect where a rule sets outlierDetection (failover by locality). None: locality LB off.
+    locality_lb_setting: LocalityLbSetting | None = LocalityLbSetting(enabled=True)

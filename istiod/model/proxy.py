@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from istiod.model.names import DEFAULT_DOMAIN
+from istiod.model.service import Locality
 
 NODE_TYPES = ("sidecar", "router", "waypoint", "ztunnel")
 
@@ -32,6 +33,7 @@ class Proxy:
     # The caller proved it is this proxy's namespace and service account (istiod's secure port);
     # only such a proxy is sent its namespace's Secrets, as istiod's VerifiedIdentity.
     verified: bool = False
+    locality: Locality = Locality()  # the node's (bootstrap's) locality; the registry's wins (xds/gen/locality.py)
 
     @property
     def ip(self) -> str:
@@ -66,7 +68,7 @@ def parse_node_id(node_id: str) -> tuple[str, str, str, str, str]:
     return node_type, ip, pod, namespace, domain
 
 
-def proxy_from_node(node_id: str, metadata: dict[str, Any]) -> Proxy:
+def proxy_from_node(node_id: str, metadata: dict[str, Any], locality: Locality = Locality()) -> Proxy:
     """Build a Proxy from the node ID and its metadata (a plain dict of the node's Struct)."""
     node_type, ip, pod, id_namespace, domain = parse_node_id(node_id)
     namespace = str(metadata.get("NAMESPACE") or id_namespace)
@@ -87,4 +89,5 @@ def proxy_from_node(node_id: str, metadata: dict[str, Any]) -> Proxy:
         workload_name=str(metadata.get("WORKLOAD_NAME", "")),
         cluster_id=str(metadata.get("CLUSTER_ID", "")),
         istio_version=str(metadata.get("ISTIO_VERSION", "")),
+        locality=locality,
     )

@@ -18,17 +18,19 @@ from typing import Any
 import yaml
 from kubernetes_asyncio import client
 
+from istiod.model.config.networking import LocalityLbSetting
 from istiod.model.labels import EXPRESSION_OPERATORS, Requirement, Selector
 from istiod.model.mesh import MeshConfig, OutboundTrafficPolicy, ProxyConfig
 from istiod.sources.fields import ConversionError, _Fields
 from istiod.sources.istio.common import check_label, dns1123_label, fields, items, only, str_list
+from istiod.sources.istio.networking import locality_lb_setting
 from istiod.sources.kube import Informer
 
 log = logging.getLogger(__name__)
 CONFIGMAP = "istio"
 CONFIGMAP_KEY = "mesh"
 _FIELDS = ("trustDomain", "trustDomainAliases", "rootNamespace", "outboundTrafficPolicy", "enableAutoMtls", "defaultConfig",
-           "discoverySelectors")
+           "discoverySelectors", "localityLbSetting")
 _PROXY_FIELDS = ("discoveryAddress", "proxyMetadata", "holdApplicationUntilProxyStarts")
 
 
@@ -83,7 +85,16 @@ def _parse(f: _Fields, base: MeshConfig) -> MeshConfig:
         enable_auto_mtls=f.get("enableAutoMtls", bool, base.enable_auto_mtls),
         default_config=proxy,
         discovery_selectors=selectors,
+        # Set, it replaces Istio's default `enabled: true`; `enabled: false` turns locality LB off.
+        locality_lb_setting=_locality_lb_setting(f, base),
     )
+
+
+def _locality_lb_setting(f: _Fields, base: MeshConfig) -> LocalityLbSetting | None:
+    if "localityLbSetting" not in f.body:
+        return base.locality_lb_setting
+    setting = locality_lb_setting(f, "localityLbSetting")
+    return None if setting is None or setting.enabled is False else setting
 
 
 def _label_selector(s: _Fields) -> Selector:

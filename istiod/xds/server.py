@@ -17,6 +17,7 @@ from google.protobuf.message import DecodeError
 
 from istiod import logs
 from istiod.model.proxy import NodeIdError, Proxy, proxy_from_node
+from istiod.model.service import Locality
 from istiod.model.snapshot import Snapshot
 from istiod.xds import debugtypes, delta, types, wire
 from istiod.xds.admission import RateLimited, RequestLimiter
@@ -215,7 +216,9 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         if not first.node.id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first request must carry node.id")
         try:
-            proxy = proxy_from_node(first.node.id, json_format.MessageToDict(first.node.metadata))
+            where = first.node.locality
+            proxy = proxy_from_node(first.node.id, json_format.MessageToDict(first.node.metadata),
+                                    Locality(where.region, where.zone, where.sub_zone))
         except NodeIdError as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         if not generators_for(proxy):

@@ -218,9 +218,33 @@ class ConsistentHash:
 
 
 @dataclass(frozen=True, slots=True)
+class LocalityFailover:
+    from_region: str
+    to_region: str
+
+
+@dataclass(frozen=True, slots=True)
+class LocalityDistribute:
+    """Traffic from proxies in `from_locality` goes to the `to` localities by weight (they sum to 100);
+    localities are `region/zone/subzone`, a trailing `*` matching any."""
+
+    from_locality: str
+    to: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LocalityLbSetting:
+    distribute: tuple[LocalityDistribute, ...] = ()
+    failover: tuple[LocalityFailover, ...] = ()
+    failover_priority: tuple[str, ...] = ()  # label names, or `name=value` overriding the proxy's value
+    enabled: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class LoadBalancerSettings:
     simple: LoadBalancer | None = None
     consistent_hash: ConsistentHash | None = None
+    locality_lb_setting: LocalityLbSetting | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -433,6 +457,7 @@ class Sidecar:
     workload_selector: Labels = ()
     outbound_traffic_policy: str = ""  # "" (the mesh's), ALLOW_ANY or REGISTRY_ONLY
     inbound_connection_pool: ConnectionPool | None = None
+    egress_proxy: Destination | None = None  # with ALLOW_ANY: where traffic to unknown destinations goes
 
     def connection_pool_for(self, port: int) -> ConnectionPool | None:
         """An inbound port's pool: its ingress listener's, else the Sidecar's (istiod's precedence,

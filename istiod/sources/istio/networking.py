@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 import re
 from datetime import timedelta
 
@@ -12,7 +13,8 @@ from istiod.model.config.scope import host_matches
 from istiod.model.config.networking import (
     MESH_GATEWAY, ClientTLS, ConnectionPool, ConsistentHash, CorsPolicy, Destination, DestinationRule, DirectResponse,
     EgressListener, Fault, FaultAbort, FaultDelay, Gateway, HeaderOperations, Headers, HTTPMatch, HTTPRoute,
-    HTTPSettings, IngressListener, L4Match, L4Route, LoadBalancer, LoadBalancerSettings, Location, Mirror, OutlierDetection,
+    HTTPSettings, IngressListener, L4Match, L4Route, LoadBalancer, LoadBalancerSettings, LocalityDistribute, LocalityFailover,
+    LocalityLbSetting, Location, Mirror, OutlierDetection,
     PortTrafficPolicy, Redirect, Resolution, Retries, Rewrite, RouteDestination, Server, ServerTLS, ServerTLSMode,
     ServiceEntry, ServicePort, Sidecar, Subset, TCPSettings, TLSMode, TrafficPolicy, VirtualService, WorkloadEntry,
 )
@@ -23,6 +25,8 @@ from istiod.sources.istio.common import (
     port, protocol, raise_if, regex, resolve_host, str_keyed, str_list, string_match, string_match_list, string_matches, wildcard_domain_error,
     workload_selector,
 )
+
+log = logging.getLogger(__name__)
 
 # Envoy's retry_on conditions and gRPC codes istiod accepts in retries.retryOn (plus HTTP status numbers).
 RETRY_ON = frozenset({
@@ -471,7 +475,7 @@ def _load_balancer(f: _Fields, path: str) -> LoadBalancerSettings | None:
     sub = fields(f, path)
     if sub is None:
         return None
-    only(sub, ("simple", "consistentHash"), ("localityLbSetting", "warmupDurationSecs", "warmup"))
+    only(sub, ("simple", "consistentHash", "localityLbSetting"), ("zoneAwareLbSetting", "warmupDurationSecs", "warmup"))
     simple = enum_field(sub, "simple", LoadBalancer, "UNSPECIFIED") if "simple" in sub.body else None
     consistent = None
     if (c := fields(sub, "consistentHash")) is not None:
@@ -490,7 +494,83 @@ def _load_balancer(f: _Fields, path: str) -> LoadBalancerSettings | None:
                                     c.get("httpQueryParameterName", str, ""), integer(c, "minimumRingSize", 0) or 0)
     if simple is not None and consistent is not None:
         raise f.fail(f"{path}: only one of simple or consistentHash")
-    return LoadBalancerSettings(simple, consistent)  # type: ignore[arg-type]
+    return LoadBalancerSettings(simple, consistent, locality_lb_setting(sub, "localityLbSetting"))  # type: ignore[arg-type]
+
+
+_TOPOLOGY_LABELS = ("topology.kubernetes.io/region", "topology.kubernetes.io/zone", "topology.istio.io/subzone")
+
+
+def locality_lb_setting(f: _Fields, path: str) -> LocalityLbSetting | None:
+    """A DestinationRule's or the mesh config's localityLbSetting, with Istio's validation
+    (ValidateLocalityLbSetting): errors name the field."""
+    sub = fields(f, path)
+    if sub is None:
+        return None
+    only(sub, ("distribute", "failover", "failoverPriority", "enabled"))
+    distribute = []
+    for d in items(sub, "distribute"):
+        only(d, ("from", "to"))
+        to = str_keyed(d, "to")
+        for name, weight in to.items():
+            if not isinstance(weight, int) or isinstance(weight, bool) or not 1 <= weight <= 100:
+                raise d.fail(f"to[{name!r}]: locality weight must be in range [1, 100]")
+        if (total := sum(to.values())) != 100:
+            raise d.fail(f"to: total locality weight {total} != 100")
+        raise_if(d, _localities_error(list(to)), "to")
+        distribute.append(LocalityDistribute(d.get("from", str, ""), tuple(to.items())))
+    raise_if(sub, _localities_error([d.from_locality for d in distribute]), "distribute")
+    failover = []
+    for o in items(sub, "failover"):
+        only(o, ("from", "to"))
+        source, target = o.get("from", str, ""), o.get("to", str, "")
+        if source == target:
+            raise o.fail("locality lb failover settings must specify different regions")
+        if "/" in source or "/" in target:
+            raise o.fail("locality lb failover only specify region")
+        if "*" in source or "*" in target:
+            raise o.fail("locality lb failover region should not contain '*' wildcard")
+        failover.append(LocalityFailover(source, target))
+    if distribute and failover:
+        raise sub.fail("can not simultaneously specify 'distribute' and 'failover'")
+    priority = str_list(sub, "failoverPriority")
+    if failover and (topology := next((p for p in priority if p in _TOPOLOGY_LABELS), None)):
+        raise sub.fail(f"failoverPriority: can not simultaneously set 'failover' and topology label '{topology}'")
+    return LocalityLbSetting(tuple(distribute), tuple(failover), priority, sub.get("enabled", bool, None))
+
+
+def _localities_error(localities: list[str]) -> str | None:
+    """Istio's validateLocalities: `region[/zone[/subzone]]`, a `*` only last, none overlapping one
+    before it (in Istio's order-dependent way: `r/*` after `r/z` passes, `r/z` after `r/*` does not)."""
+    seen: dict[str, dict[str, dict[str, bool]]] = {}  # region -> zone -> subzone, "*" for all
+    for locality in localities:
+        stars = locality.count("*")
+        if stars > 1 or (stars and not locality.endswith("*")):
+            return f"locality {locality} wildcard '*' number can not exceed 1 and must be in the end"
+        parts = locality.split("/", 2)
+        if not all(parts):
+            return f"locality {locality} must not contain empty region/zone/subzone info"
+        overlap = f"locality {locality} overlap with previous specified ones"
+        if "*" in seen:
+            return overlap
+        zones = seen.get(parts[0])
+        if len(parts) == 1:
+            if zones is not None:
+                return overlap
+            seen[parts[0]] = {"*": {"*": True}}
+        elif zones is None:
+            seen[parts[0]] = {parts[1]: {parts[2] if len(parts) == 3 else "*": True}}
+        elif "*" in zones:
+            return overlap
+        elif len(parts) == 2:
+            if parts[1] in zones:
+                return overlap
+            zones[parts[1]] = {"*": True}
+        else:
+            subzones = zones.setdefault(parts[1], {})
+            if subzones.get("*") or subzones.get(parts[2]):
+                return overlap
+            subzones[parts[2]] = True
+    return None
 
 
 def _connection_pool(f: _Fields, path: str) -> ConnectionPool | None:
@@ -580,8 +660,12 @@ def _traffic_policy(f: _Fields, path: str) -> TrafficPolicy | None:
 
 def _policy_parts(f: _Fields) -> tuple[LoadBalancerSettings | None, ConnectionPool | None,
                                        OutlierDetection | None, ClientTLS | None]:
-    return (_load_balancer(f, "loadBalancer"), _connection_pool(f, "connectionPool"),
-            _outlier_detection(f, "outlierDetection"), _client_tls(f, "tls"))
+    lb, outlier = _load_balancer(f, "loadBalancer"), _outlier_detection(f, "outlierDetection")
+    locality = lb.locality_lb_setting if lb is not None else None
+    if locality is not None and (locality.failover or locality.failover_priority) and outlier is None:
+        # A warning in Istio's validation too: without it the failover never happens.
+        log.warning("%s.loadBalancer.localityLbSetting: outlier detection policy must be provided for failover", f.key)
+    return lb, _connection_pool(f, "connectionPool"), outlier, _client_tls(f, "tls")
 
 
 def destination_rule(key: ObjectKey, f: _Fields, domain: str) -> DestinationRule:
@@ -845,14 +929,21 @@ def sidecar(key: ObjectKey, f: _Fields, domain: str) -> Sidecar:
         egress.append(EgressListener(tuple(_namespaced_host(f, f"{where}.hosts[{j}]", h, False)
                                            for j, h in enumerate(hosts)),
                                      egress_port, bind, _capture_mode(item, "captureMode")))
-    mode = ""
+    mode, egress_proxy = "", None
     if (policy := fields(f, "spec.outboundTrafficPolicy")) is not None:
-        only(policy, ("mode",), ("egressProxy",))
+        only(policy, ("mode", "egressProxy"))
         mode = policy.get("mode", str, "REGISTRY_ONLY")
         if mode not in ("ALLOW_ANY", "REGISTRY_ONLY"):
             raise f.fail(f"spec.outboundTrafficPolicy.mode: {mode!r} is not one of ALLOW_ANY, REGISTRY_ONLY")
+        if "egressProxy" in policy.body:
+            where = "spec.outboundTrafficPolicy.egressProxy"
+            if mode != "ALLOW_ANY":
+                raise f.fail(f"{where}: sidecar: egress_proxy must be set only with ALLOW_ANY outbound_traffic_policy mode")
+            egress_proxy = _destination(f, where, key.namespace, domain)
+            if not egress_proxy.port:
+                raise f.fail(f"{where}.port: sidecar: egress_proxy port must be non-nil")
     return Sidecar(meta(key), tuple(egress), tuple(ingress), selector, mode,
-                   _connection_pool(f, "spec.inboundConnectionPool"))
+                   _connection_pool(f, "spec.inboundConnectionPool"), egress_proxy)
 
 
 def _default_endpoint_ok(endpoint: str) -> bool:

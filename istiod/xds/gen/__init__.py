@@ -24,18 +24,20 @@ from istiod.xds.gen.ztunnel import GENERATORS as ZTUNNEL
 Generator = Callable[[Snapshot, Proxy, list[str] | None, ResourceCache], list[Resource]]
 
 
-def shared_by_name(generate: Generator) -> Generator:
+def shared_by_name(generate: Generator,
+                   alike_by: Callable[[Snapshot, Proxy, ResourceCache], object] = lambda s, p, _: alike(s, p)) -> Generator:
     """`generate` with what it makes of each name made once per snapshot for every proxy of the same
     namespace and labels. For proxyless clients, which name what they watch, an outbound resource
     depends on nothing else of the proxy (the Services exported to its namespace and the bare names
     there, its Sidecar, DestinationRule and VirtualService, its routes' source): in a connect storm, or
     a push that wakes thousands of clients watching a few names each, most are asked for again and
-    again. Inbound listeners (the proxy's addresses and policies) and wildcards are made as before."""
+    again. Inbound listeners (the proxy's addresses and policies) and wildcards are made as before.
+    `alike_by` names what else of the proxy a type reads (EDS: its locality, where locality LB applies)."""
     def generate_shared(snapshot: Snapshot, proxy: Proxy, names: list[str] | None,
                         cache: ResourceCache) -> list[Resource]:
         if names is None:
             return generate(snapshot, proxy, names, cache)
-        made: dict[str, Resource] = cache.per_snapshot(snapshot, (generate, alike(snapshot, proxy)), dict)
+        made: dict[str, Resource] = cache.per_snapshot(snapshot, (generate, alike_by(snapshot, proxy, cache)), dict)
         result, inbound = [], []
         for name in names:
             if name.startswith(INBOUND_LISTENER_PREFIX):
@@ -59,7 +61,7 @@ PROXYLESS_GRPC: dict[str, Generator] = {
     types.LISTENER: shared_by_name(grpc.listeners),
     types.ROUTE: shared_by_name(grpc.routes),
     types.CLUSTER: shared_by_name(grpc.clusters),
-    types.ENDPOINT: shared_by_name(eds.assignments),
+    types.ENDPOINT: shared_by_name(eds.assignments, eds.alike_for_eds),
 }
 SIDECAR: dict[str, Generator] = {
     types.CLUSTER: clusters.clusters,

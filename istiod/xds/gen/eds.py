@@ -11,11 +11,13 @@ from google.protobuf import struct_pb2, wrappers_pb2
 
 from istiod.model.entries import TLS_MODE_LABEL
 from istiod.model.proxy import Proxy
-from istiod.model.service import Endpoint
+from istiod.model.service import Endpoint, Locality
 from istiod.model.snapshot import Snapshot
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
-from istiod.xds.gen.policy import subset_endpoints
+from istiod.xds.gen import locality
+from istiod.xds.gen.locality import LocalityLb
+from istiod.xds.gen.policy import effective_policy, subset_endpoints
 from istiod.xds.gen.targets import alike, outbound_clusters
 
 # Where a cluster's transport_socket_matches look for an endpoint's tlsMode (auto mTLS).
@@ -23,8 +25,14 @@ TRANSPORT_SOCKET_MATCH = "envoy.transport_socket_match"
 
 
 def endpoints(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
-    key = ("eds", alike(snapshot, proxy), None if names is None else tuple(names))
+    key = ("eds", alike_for_eds(snapshot, proxy, cache), None if names is None else tuple(names))
     return list(cache.per_snapshot(snapshot, key, lambda: assignments(snapshot, proxy, names, cache)))
+
+
+def alike_for_eds(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> tuple[object, ...]:
+    """`alike`, and where locality LB applies in this snapshot, what of the proxy it reads."""
+    keys = cache.per_snapshot(snapshot, ("failover priority labels",), lambda: locality.priority_label_keys(snapshot))
+    return (alike(snapshot, proxy), *locality.view(snapshot, proxy, keys))
 
 
 def assignments(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
@@ -36,28 +44,43 @@ def assignments(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache
         endpoint_list = snapshot.endpoints_for(target.service.hostname, target.port)
         # A subset's endpoints depend on which rule defines it for this proxy.
         scope = str(target.rule.meta) if target.subset is not None and target.rule is not None else ""
-        result.append(cache.get(types.ENDPOINT, target.name, (endpoint_list, target.subset),
-                                lambda: load_assignment(target.name, subset_endpoints(endpoint_list, target.subset)),
+        lb = locality.locality_lb(snapshot.mesh.locality_lb_setting,
+                                  effective_policy(target.rule, target.port, target.subset))
+        near: tuple[Locality, dict[str, str]] | None = None
+        if lb is not None:  # then it is made for the proxy's locality (and failoverPriority labels)
+            where = locality.proxy_locality(snapshot, proxy)
+            near = where, locality.topology_labels(proxy.labels, where)
+            priority = [near[1].get(key.partition("=")[0], "") for key in lb.setting.failover_priority]
+            scope = f"{target.rule.meta if target.rule else ''}|{scope}|{where!r}|{priority}"  # repr: every part
+        result.append(cache.get(types.ENDPOINT, target.name, (endpoint_list, target.subset, target.rule, snapshot.mesh),
+                                lambda: load_assignment(target.name, subset_endpoints(endpoint_list, target.subset),
+                                                        lb, near),
                                 scope=scope))
     return result
 
 
-def load_assignment(cluster_name: str, endpoint_list: tuple[Endpoint, ...]) -> endpoint_pb2.ClusterLoadAssignment:
+def load_assignment(cluster_name: str, endpoint_list: tuple[Endpoint, ...], lb: LocalityLb | None = None,
+                    near: tuple[Locality, dict[str, str]] | None = None) -> endpoint_pb2.ClusterLoadAssignment:
     """gRPC drops a locality without a locality or with weight 0, so every group gets both. Envoy
     and gRPC take IP addresses only (one bad address would reject the whole assignment). Unready
-    endpoints are left out, as istiod does by default (PILOT_SEND_UNHEALTHY_ENDPOINTS off)."""
+    endpoints are left out, as istiod does by default (PILOT_SEND_UNHEALTHY_ENDPOINTS off). With
+    locality LB, priorities or weights relative to the proxy (`near`: its locality and labels)."""
     assignment = endpoint_pb2.ClusterLoadAssignment(cluster_name=cluster_name)
     usable = [e for e in endpoint_list if e.healthy and is_ip(e.address)]
     by_locality = sorted(usable, key=lambda e: (str(e.locality), e.address, e.port))
-    for locality, group in groupby(by_locality, key=lambda e: e.locality):
+    groups = []
+    for where, group in groupby(by_locality, key=lambda e: e.locality):
         members = list(group)
+        groups.append(members)
         assignment.endpoints.append(
             endpoint_components_pb2.LocalityLbEndpoints(
-                locality=base_pb2.Locality(region=locality.region, zone=locality.zone, sub_zone=locality.subzone),
+                locality=base_pb2.Locality(region=where.region, zone=where.zone, sub_zone=where.subzone),
                 load_balancing_weight=wrappers_pb2.UInt32Value(value=sum(e.weight or 1 for e in members)),
                 lb_endpoints=[_lb_endpoint(e) for e in members],
             )
         )
+    if lb is not None and near is not None:
+        locality.apply(assignment, groups, lb, *near)
     return assignment
 
 

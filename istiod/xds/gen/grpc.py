@@ -18,7 +18,7 @@ from envoy.config.route.v3 import route_components_pb2, route_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 
 from istiod.model.config.security import AuthorizationPolicy, MTLSMode, RequestAuthentication
-from istiod.model.config.networking import TrafficPolicy, VirtualService
+from istiod.model.config.networking import LocalityLbSetting, TrafficPolicy, VirtualService
 from istiod.model.names import (
     INBOUND_LISTENER_PREFIX,
     inbound_cluster_name,
@@ -93,7 +93,8 @@ def clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: R
                       target.rule, target.subset)
         result.append(cache.get(types.CLUSTER, target.name, depends_on, lambda: _cluster(
             target.name, service, endpoints, policy,
-            destination_identities(endpoints, snapshot.mesh.trust_domain) if mtls else None),
+            destination_identities(endpoints, snapshot.mesh.trust_domain) if mtls else None,
+            snapshot.mesh.locality_lb_setting),
             # A sidecar's cluster of the same name and inputs differs: the flavor is part of the key.
             scope=f"proxyless {target.rule.meta if target.rule else ''}"))
     return result
@@ -128,7 +129,7 @@ def _route_configuration(name: str, service: Service, port: int, vs: VirtualServ
 
 
 def _cluster(name: str, service: Service, endpoints: tuple[Endpoint, ...], policy: TrafficPolicy,
-             identities: tuple[str, ...] | None) -> cluster_pb2.Cluster:
+             identities: tuple[str, ...] | None, mesh_locality: LocalityLbSetting | None) -> cluster_pb2.Cluster:
     """An EDS cluster, or for a DNS-resolved ServiceEntry host a LOGICAL_DNS one (the only DNS
     type gRPC knows: it NACKs STRICT_DNS); with `identities` (mTLS on) it talks TLS and checks the
     peer is one of them."""
@@ -144,7 +145,7 @@ def _cluster(name: str, service: Service, endpoints: tuple[Endpoint, ...], polic
         cluster.type = cluster_pb2.Cluster.EDS
         cluster.eds_cluster_config.eds_config.CopyFrom(ads_source())
         cluster.eds_cluster_config.service_name = name
-    apply_policy(cluster, policy)
+    apply_policy(cluster, policy, mesh_locality)
     return cluster
 
 

@@ -21,10 +21,11 @@ from google.protobuf.message import Message
 
 from istiod.model.config.common import Duration, selector_matches
 from istiod.model.config.networking import (
-    ClientTLS, ConnectionPool, ConsistentHash, DestinationRule, LoadBalancer, OutlierDetection, Subset, TLSMode,
-    TrafficPolicy,
+    ClientTLS, ConnectionPool, ConsistentHash, DestinationRule, LoadBalancer, LocalityLbSetting, OutlierDetection,
+    Subset, TLSMode, TrafficPolicy,
 )
 from istiod.model.service import Endpoint
+from istiod.xds.gen import locality
 from istiod.xds.gen.filters import pack
 
 _LB_POLICIES = {
@@ -67,8 +68,9 @@ def upstream_mtls(tls: ClientTLS | None, mesh_mtls: bool) -> bool:
     return tls.mode is TLSMode.ISTIO_MUTUAL
 
 
-def apply_policy(cluster: cluster_pb2.Cluster, policy: TrafficPolicy) -> None:
-    """Load balancing, circuit breakers and outlier detection onto a cluster being built."""
+def apply_policy(cluster: cluster_pb2.Cluster, policy: TrafficPolicy, mesh_locality: LocalityLbSetting | None) -> None:
+    """Load balancing (with the mesh's locality LB setting as the default), circuit breakers and
+    outlier detection onto a cluster being built."""
     lb = policy.load_balancer
     if lb is not None and lb.consistent_hash is not None:
         cluster.lb_policy = cluster_pb2.Cluster.RING_HASH
@@ -88,6 +90,7 @@ def apply_policy(cluster: cluster_pb2.Cluster, policy: TrafficPolicy) -> None:
         _apply_connection_pool(cluster, policy.connection_pool)
     if policy.outlier_detection is not None:
         _apply_outlier_detection(cluster, policy.outlier_detection)
+    locality.apply_to_cluster(cluster, mesh_locality, policy)
 
 
 def _typed_policy(name: str, config: Message) -> cluster_pb2.LoadBalancingPolicy.Policy:

@@ -12,7 +12,8 @@ from envoy.config.core.v3 import address_pb2, base_pb2, protocol_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2 as http_options_pb2
 from google.protobuf import any_pb2, duration_pb2, struct_pb2, wrappers_pb2
 
-from istiod.model.config.networking import ConnectionPool, Resolution, TLSMode, TrafficPolicy
+from istiod.model.config.networking import ConnectionPool, LocalityLbSetting, Resolution, TLSMode, TrafficPolicy
+from istiod.model.mesh import OutboundTrafficPolicy
 from istiod.model.names import inbound_cluster_name, outbound_cluster_name, parse_cluster_name
 from istiod.model.protocol import Protocol
 from istiod.model.proxy import Proxy
@@ -24,7 +25,7 @@ from istiod.xds.gen.eds import dns_load_assignment
 from istiod.xds.gen.filters import ads_source, pack
 from istiod.xds.gen.policy import apply_policy, effective_policy, subset_endpoints, upstream_mtls
 from istiod.xds.gen.sidecar.ports import OutboundPort, inbound_ports, outbound_ports
-from istiod.xds.gen.targets import alike, destination_rule, sidecar_resource
+from istiod.xds.gen.targets import alike, destination_rule, outbound_traffic_policy, sidecar_resource
 from istiod.xds.gen.tls import destination_identities, originated_tls, raw_buffer, sds_upstream_tls
 
 BLACKHOLE = "BlackHoleCluster"
@@ -82,13 +83,14 @@ def _outbound_clusters(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -
                 types.CLUSTER, name, (target.service, snapshot.mesh, all_endpoints, rule, subset),
                 lambda: outbound_cluster(target, name, endpoints, snapshot.mesh.trust_domain,
                                          effective_policy(rule, target.port.port, subset),
-                                         snapshot.mesh.enable_auto_mtls),
+                                         snapshot.mesh.enable_auto_mtls, snapshot.mesh.locality_lb_setting),
                 scope=str(rule.meta) if rule is not None else ""))
     return result
 
 
 def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint, ...], trust_domain: str,
-                     policy: TrafficPolicy, auto_mtls: bool) -> cluster_pb2.Cluster:
+                     policy: TrafficPolicy, auto_mtls: bool,
+                     mesh_locality: LocalityLbSetting | None) -> cluster_pb2.Cluster:
     """Auto mTLS, as Istio's: endpoints labelled `tlsMode: istio` (pods with a sidecar) get mTLS,
     the others plaintext; the choice is per endpoint, by the EDS metadata. A DestinationRule's
     TLS mode overrides it (ISTIO_MUTUAL: always, DISABLE: never), its other settings apply on top.
@@ -144,7 +146,7 @@ def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint,
         else:
             cluster.transport_socket.CopyFrom(
                 sds_upstream_tls(identities, sni) if upstream_mtls(tls, True) else raw_buffer())
-    apply_policy(cluster, policy)
+    apply_policy(cluster, policy, mesh_locality)
     return cluster
 
 
@@ -153,8 +155,18 @@ def inbound_cluster(name: str, protocol: Protocol, pool: ConnectionPool | None) 
     the Sidecar resource's inbound connection pool if it sets one."""
     cluster = _original_dst(name, _protocol_options(protocol), bind=True)
     if pool is not None:
-        apply_policy(cluster, TrafficPolicy(connection_pool=pool))
+        apply_policy(cluster, TrafficPolicy(connection_pool=pool), None)
     return cluster
+
+
+def unmatched_cluster(snapshot: Snapshot, proxy: Proxy) -> str:
+    """Where the sidecar sends what no service claims (istiod's catch-all): nowhere under
+    REGISTRY_ONLY, else out as it came, or to its Sidecar resource's egressProxy."""
+    if outbound_traffic_policy(snapshot, proxy) is OutboundTrafficPolicy.REGISTRY_ONLY:
+        return BLACKHOLE
+    sidecar = sidecar_resource(snapshot, proxy)
+    egress = sidecar.egress_proxy if sidecar is not None else None
+    return outbound_cluster_name(egress.port, egress.host, egress.subset) if egress is not None else PASSTHROUGH
 
 
 def blackhole() -> cluster_pb2.Cluster:

@@ -40,7 +40,6 @@ from envoy.type.v3 import range_pb2
 from google.protobuf import duration_pb2, wrappers_pb2
 
 from istiod.model.config.security import AuthorizationPolicy, MTLSMode, RequestAuthentication
-from istiod.model.mesh import OutboundTrafficPolicy
 from istiod.model.names import inbound_cluster_name
 from istiod.model.protocol import Protocol
 from istiod.model.proxy import Proxy
@@ -52,7 +51,7 @@ from istiod.xds.gen.filters import (
     with_fault_filter,
 )
 from istiod.xds.gen.routes import L4Destinations, tcp_destinations, tls_destinations
-from istiod.xds.gen.sidecar.clusters import BLACKHOLE, INBOUND_PASSTHROUGH, PASSTHROUGH
+from istiod.xds.gen.sidecar.clusters import BLACKHOLE, INBOUND_PASSTHROUGH, unmatched_cluster
 from istiod.xds.gen.sidecar.ports import (
     PROXY_PORTS,
     VIRTUAL_INBOUND_PORT,
@@ -65,7 +64,7 @@ from istiod.xds.gen.sidecar.ports import (
 from istiod.xds.gen.authn import jwt_filter
 from istiod.xds.gen.rbac import authorization_filters, tcp_authorization_filters
 from istiod.xds.gen.security import authorization_policies, inbound_mtls_mode, request_authentications
-from istiod.xds.gen.targets import alike, outbound_traffic_policy, route_inputs
+from istiod.xds.gen.targets import alike, route_inputs
 from istiod.xds.gen.tls import (
     HTTP_ALPN, MESH_ALPN_MATCH, MESH_HTTP_ALPN_MATCH, MESH_TCP_ALPN_MATCH, PLAINTEXT_HTTP_ALPN_MATCH, sds_downstream_tls,
 )
@@ -104,8 +103,8 @@ def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
 
 def _outbound(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[Resource]:
     """virtualOutbound and a listener per outbound address and port."""
-    policy = outbound_traffic_policy(snapshot, proxy)
-    result = [cache.get(types.LISTENER, VIRTUAL_OUTBOUND, None, lambda: virtual_outbound(policy), scope=policy.value)]
+    unmatched = unmatched_cluster(snapshot, proxy)
+    result = [cache.get(types.LISTENER, VIRTUAL_OUTBOUND, None, lambda: virtual_outbound(unmatched), scope=unmatched)]
     # One listener per address: Envoy refuses two of one name (two Services claiming one ClusterIP
     # and port); the first by hostname keeps it.
     named: set[str] = set()
@@ -118,8 +117,8 @@ def _outbound(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[Re
         if target.protocol.is_http:
             name = f"{target.bind or ANY_ADDRESS}_{number}"
             if name not in named:
-                result.append(cache.get(types.LISTENER, name, None, lambda: http_outbound_listener(target, policy),
-                                        scope=f"{target.bind_to_port}:{policy.value}"))
+                result.append(cache.get(types.LISTENER, name, None, lambda: http_outbound_listener(target, unmatched),
+                                        scope=f"{target.bind_to_port}:{unmatched}"))
         elif (address := target.bind or target.vip) is not None:
             name = f"{address}_{number}"
             if name not in named:
@@ -140,12 +139,12 @@ def _outbound(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[Re
         name = f"{ANY_ADDRESS}_{number}"
         if name not in named:  # else an HTTP port's listener has the address
             result.append(cache.get(types.LISTENER, name, tuple(t.service for t in targets),
-                                    lambda: unaddressed_listener(number, targets, policy), scope=policy.value))
+                                    lambda: unaddressed_listener(number, targets, unmatched), scope=unmatched))
     return result
 
 
-def virtual_outbound(policy: OutboundTrafficPolicy) -> listener_pb2.Listener:
-    catch_all = _catch_all(policy)
+def virtual_outbound(unmatched: str) -> listener_pb2.Listener:
+    catch_all = _catch_all(unmatched)
     catch_all.name = f"{VIRTUAL_OUTBOUND}-catchall-tcp"
     return listener_pb2.Listener(
         name=VIRTUAL_OUTBOUND,
@@ -156,10 +155,9 @@ def virtual_outbound(policy: OutboundTrafficPolicy) -> listener_pb2.Listener:
     )
 
 
-def _catch_all(policy: OutboundTrafficPolicy) -> listener_components_pb2.FilterChain:
-    """Where outbound traffic no service claims goes: out as it came, or nowhere under REGISTRY_ONLY."""
-    unmatched, chain = ((BLACKHOLE, "BlackHoleFilterChain") if policy is OutboundTrafficPolicy.REGISTRY_ONLY
-                        else (PASSTHROUGH, "PassthroughFilterChain"))
+def _catch_all(unmatched: str) -> listener_components_pb2.FilterChain:
+    """Outbound traffic no service claims, to `unmatched` (unmatched_cluster)."""
+    chain = "BlackHoleFilterChain" if unmatched == BLACKHOLE else "PassthroughFilterChain"
     return listener_components_pb2.FilterChain(name=chain, filters=[tcp_proxy(unmatched, unmatched)])
 
 
@@ -173,7 +171,7 @@ def _loop_breaker(listener: str, port: int) -> listener_components_pb2.FilterCha
     )
 
 
-def http_outbound_listener(target: OutboundPort, policy: OutboundTrafficPolicy) -> listener_pb2.Listener:
+def http_outbound_listener(target: OutboundPort, unmatched: str) -> listener_pb2.Listener:
     """The HCM takes what the HTTP inspector recognises as HTTP/1.1 or h2c; another protocol on
     an HTTP port (a client speaking TLS or its own bytes) leaves as virtualOutbound's would."""
     port = target.number
@@ -186,7 +184,7 @@ def http_outbound_listener(target: OutboundPort, policy: OutboundTrafficPolicy) 
         transport_protocol="raw_buffer", application_protocols=PLAINTEXT_HTTP_ALPN_MATCH))
     listener.listener_filters.append(_http_inspector())
     listener.continue_on_listener_filters_timeout = True  # a client that speaks first: not HTTP
-    listener.default_filter_chain.CopyFrom(_catch_all(policy))
+    listener.default_filter_chain.CopyFrom(_catch_all(unmatched))
     return listener
 
 
@@ -215,7 +213,7 @@ def tcp_outbound_listener(address: str, target: OutboundPort, destinations: L4De
 
 
 def unaddressed_listener(port: int, targets: Sequence[OutboundPort],
-                         policy: OutboundTrafficPolicy) -> listener_pb2.Listener:
+                         unmatched: str) -> listener_pb2.Listener:
     """istiod's wildcard listener for ServiceEntry hosts without an address: a connection to any
     IP on the port is theirs, by SNI on TLS ports (the client resolved the host itself), else the
     first host's; what no host claims goes where virtualOutbound sends the unknown."""
@@ -223,7 +221,6 @@ def unaddressed_listener(port: int, targets: Sequence[OutboundPort],
     tls = [t for t in targets if t.protocol in (Protocol.TLS, Protocol.HTTPS)]
     if not tls:
         return _outbound_listener(name, ANY_ADDRESS, port, tcp_proxy(targets[0].cluster, targets[0].cluster))
-    unmatched = BLACKHOLE if policy is OutboundTrafficPolicy.REGISTRY_ONLY else PASSTHROUGH
     by_host = {t.service.hostname: t.cluster for t in reversed(tls)}  # the first target per host wins
     return _by_sni(_outbound_listener(name, ANY_ADDRESS, port, tcp_proxy(unmatched, unmatched)),
                    [((host,), tcp_proxy(cluster, cluster)) for host, cluster in sorted(by_host.items())])

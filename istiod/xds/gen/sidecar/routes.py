@@ -13,16 +13,15 @@ from __future__ import annotations
 from envoy.config.route.v3 import route_components_pb2, route_pb2
 from google.protobuf import wrappers_pb2
 
-from istiod.model.mesh import OutboundTrafficPolicy
 from istiod.model.names import join_host_port
 from istiod.model.proxy import Proxy
 from istiod.model.snapshot import Snapshot
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.gen.routes import default_route, http_routes
-from istiod.xds.gen.sidecar.clusters import PASSTHROUGH
+from istiod.xds.gen.sidecar.clusters import BLACKHOLE, unmatched_cluster
 from istiod.xds.gen.sidecar.ports import OutboundPort, outbound_ports
-from istiod.xds.gen.targets import alike, hash_lookup, outbound_traffic_policy, route_inputs
+from istiod.xds.gen.targets import alike, hash_lookup, route_inputs
 
 BLOCKED_STATUS = 502
 
@@ -46,15 +45,15 @@ def _routes(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: Re
         # A Sidecar resource changes which services are on the port, and the catch-all.
         depends_on = (snapshot.mesh, *(t.service for t in targets),
                       *(d for t in targets for d in route_inputs(snapshot, proxy, t.service)[1]))
-        policy = outbound_traffic_policy(snapshot, proxy)
+        unmatched = unmatched_cluster(snapshot, proxy)
         result.append(cache.get(types.ROUTE, str(port), depends_on,
-                                lambda: route_configuration(port, targets, snapshot, proxy, policy),
-                                scope=f"{alike(snapshot, proxy)}/{policy.value}"))
+                                lambda: route_configuration(port, targets, snapshot, proxy, unmatched),
+                                scope=f"{alike(snapshot, proxy)}/{unmatched}"))
     return result
 
 
 def route_configuration(port: int, targets: list[OutboundPort], snapshot: Snapshot, proxy: Proxy,
-                        policy: OutboundTrafficPolicy) -> route_pb2.RouteConfiguration:
+                        unmatched: str) -> route_pb2.RouteConfiguration:
     hosts = []
     taken: set[str] = set()
     hash_for = hash_lookup(snapshot, proxy)
@@ -71,7 +70,7 @@ def route_configuration(port: int, targets: list[OutboundPort], snapshot: Snapsh
                                source=(proxy.namespace, dict(proxy.labels))),
             include_request_attempt_count=True,
         ))
-    if policy is OutboundTrafficPolicy.REGISTRY_ONLY:
+    if unmatched == BLACKHOLE:
         hosts.append(route_components_pb2.VirtualHost(name="block_all", domains=["*"], routes=[
             route_components_pb2.Route(
                 name="block_all", match=route_components_pb2.RouteMatch(prefix="/"),
@@ -79,7 +78,7 @@ def route_configuration(port: int, targets: list[OutboundPort], snapshot: Snapsh
             )]))
     else:
         hosts.append(route_components_pb2.VirtualHost(
-            name="allow_any", domains=["*"], routes=[default_route("allow_any", PASSTHROUGH, proxyless=False)], include_request_attempt_count=True,
+            name="allow_any", domains=["*"], routes=[default_route("allow_any", unmatched, proxyless=False)], include_request_attempt_count=True,
         ))
     return route_pb2.RouteConfiguration(
         name=str(port), virtual_hosts=hosts, validate_clusters=wrappers_pb2.BoolValue(value=False),
