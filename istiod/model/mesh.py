@@ -27,6 +27,26 @@ class ProxyConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ExtAuthzProvider:
+    """extensionProviders[]: envoyExtAuthzHttp or envoyExtAuthzGrpc, the external authorizer
+    AuthorizationPolicies with action CUSTOM name."""
+
+    name: str
+    grpc: bool  # envoyExtAuthzGrpc (else HTTP)
+    service: str  # `host` or `namespace/host`
+    port: int
+    timeout: float | None = None  # seconds; None: Istio's 600 s
+    fail_open: bool = False
+    status_on_error: int | None = None
+    path_prefix: str = ""
+    include_request_headers_in_check: tuple[str, ...] = ()
+    include_additional_headers_in_check: tuple[tuple[str, str], ...] = ()
+    headers_to_upstream_on_allow: tuple[str, ...] = ()
+    headers_to_downstream_on_deny: tuple[str, ...] = ()
+    headers_to_downstream_on_allow: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class MeshConfig:
     trust_domain: str = DEFAULT_TRUST_DOMAIN
     # Mesh-wide mTLS between proxyless gRPC workloads (STRICT); PeerAuthentication and
@@ -38,3 +58,4 @@ class MeshConfig:
     default_config: ProxyConfig = ProxyConfig()
     discovery_selectors: tuple[Selector, ...] = ()  # none: every namespace
     trust_domain_aliases: tuple[str, ...] = ()  # other trust domains whose identities istiod accepts as its own
+    extension_providers: tuple[ExtAuthzProvider, ...] = ()  # the external authorizers (others are ignored)

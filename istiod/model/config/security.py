@@ -42,6 +42,8 @@ class Source:
     not_ip_blocks: tuple[str, ...] = ()
     remote_ip_blocks: tuple[str, ...] = ()
     not_remote_ip_blocks: tuple[str, ...] = ()
+    service_accounts: tuple[str, ...] = ()  # `sa` (the policy's namespace) or `ns/sa`
+    not_service_accounts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

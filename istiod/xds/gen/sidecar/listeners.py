@@ -63,7 +63,8 @@ from istiod.xds.gen.sidecar.ports import (
     outbound_ports,
 )
 from istiod.xds.gen.authn import jwt_filter
-from istiod.xds.gen.rbac import authorization_filters, tcp_authorization_filters
+from istiod.xds.gen.extauthz import ResolvedProvider, resolve_providers
+from istiod.xds.gen.rbac import authorization_filters, custom_providers, tcp_authorization_filters
 from istiod.xds.gen.security import authorization_policies, inbound_mtls_mode, request_authentications
 from istiod.xds.gen.targets import alike, outbound_traffic_policy, route_inputs
 from istiod.xds.gen.tls import (
@@ -89,13 +90,15 @@ def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
     modes = {port: inbound_mtls_mode(snapshot, proxy, port) for port in (0, *(p.port for p in inbound))}
     policies = authorization_policies(snapshot, proxy)
     jwt = request_authentications(snapshot, proxy)
+    providers = resolve_providers(snapshot, custom_providers(policies))
     # Proxies whose pods serve the same ports under the same policies share one copy: the scope
     # says what it holds.
     scope = ",".join(f"{p.port}/{p.protocol.value}" for p in inbound) + ":" + ",".join(
         f"{port}={mode.value}" for port, mode in modes.items()) + ":" + ",".join(
-        str(p.meta) for p in policies) + ":" + ",".join(str(r.meta) for r in jwt)
+        str(p.meta) for p in policies) + ":" + ",".join(str(r.meta) for r in jwt) + ":" + ",".join(
+        f"{name}={resolved}" for name, resolved in providers.items())
     result.append(cache.get(types.LISTENER, VIRTUAL_INBOUND, (*policies, *jwt), scope=scope,
-                            build=lambda: virtual_inbound(inbound, modes, policies, jwt)))
+                            build=lambda: virtual_inbound(inbound, modes, policies, jwt, providers)))
     if names is not None:
         wanted = set(names)
         result = [r for r in result if r.name in wanted]
@@ -269,12 +272,14 @@ def _outbound_listener(name: str, ip: str, port: int, main: listener_components_
 
 def virtual_inbound(ports: tuple[InboundPort, ...], modes: Mapping[int, MTLSMode],
                     policies: tuple[AuthorizationPolicy, ...] = (),
-                    request_auth: tuple[RequestAuthentication, ...] = ()) -> listener_pb2.Listener:
-    """`modes`: the mTLS mode of each inbound port, and of the rest under port 0."""
-    authz = authorization_filters(policies, request_auth=True)
+                    request_auth: tuple[RequestAuthentication, ...] = (),
+                    providers: Mapping[str, ResolvedProvider] | None = None) -> listener_pb2.Listener:
+    """`modes`: the mTLS mode of each inbound port, and of the rest under port 0; `providers`:
+    the extension providers CUSTOM policies name."""
+    authz = authorization_filters(policies, request_auth=True, providers=providers)
     for problem in authz.problems:
         log.warning("%s (sidecar %s, HTTP ports)", problem, VIRTUAL_INBOUND)
-    tcp = tcp_authorization_filters(policies)
+    tcp = tcp_authorization_filters(policies, providers)
     for problem in tcp.problems:
         if problem not in authz.problems:  # istiod's semantics for HTTP fields on TCP: said, not warned
             log.info("%s (sidecar %s, TCP and unnamed ports)", problem, VIRTUAL_INBOUND)
