@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import base64
 import binascii
 import json
 import re
+import urllib.parse
 
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
+from istiod.durations import parse_duration
 from istiod.model.config.security import (
     Action, AuthorizationPolicy, Condition, JWTHeader, JWTRule, MTLSMode, Operation, PeerAuthentication,
     RequestAuthentication, Rule, Source,
@@ -204,21 +207,39 @@ def authorization_policy(key: ObjectKey, f: _Fields, domain: str) -> Authorizati
 
 
 def _jwt_rule(r: _Fields) -> JWTRule:
-    # istiod fetches a jwksUri (or the issuer's OpenID discovery document) itself and inlines the
-    # keys; this istiod does no such fetching: the keys must be given inline.
-    only(r, ("issuer", "audiences", "jwks", "fromHeaders", "fromParams", "fromCookies",
-             "outputPayloadToHeader", "forwardOriginalToken", "outputClaimToHeaders"), ("timeout", "jwksUri"))
+    # istiod fetches a jwksUri itself and inlines the keys (istiod/jwks.py); finding the keys
+    # through the issuer's OpenID discovery document is not implemented.
+    only(r, ("issuer", "audiences", "jwks", "jwksUri", "timeout", "fromHeaders", "fromParams", "fromCookies",
+             "outputPayloadToHeader", "forwardOriginalToken", "outputClaimToHeaders"))
     issuer = r.get("issuer", str, "")
     if not issuer:
         raise r.fail("issuer must be set")
     audiences = str_list(r, "audiences")
     if any(not a for a in audiences):
         raise r.fail("audiences: audience must be non-empty string")
-    jwks = r.get("jwks", str, "")
-    if not jwks:
-        raise r.fail("jwks must be set (fetching keys from the issuer is not supported by this istiod)")
-    if (error := _jwks_error(jwks)) is not None:
+    jwks, jwks_uri = r.get("jwks", str, ""), r.get("jwksUri", str, "")
+    if not jwks and not jwks_uri:
+        raise r.fail("jwks or jwksUri must be set (OpenID discovery from the issuer is not supported by this istiod)")
+    if jwks and (error := jwks_error(jwks)) is not None:
         raise r.fail(f"jwks: jwks parse error: {error}")
+    if jwks_uri:
+        uri = urllib.parse.urlsplit(jwks_uri)
+        if uri.scheme not in ("http", "https"):
+            raise r.fail(f"jwksUri: URI scheme {uri.scheme!r} is not supported")
+        if not uri.hostname:
+            raise r.fail(f"jwksUri: {jwks_uri!r} has no host")
+        try:
+            uri.port
+        except ValueError:
+            raise r.fail(f"jwksUri: {jwks_uri!r} has an invalid port") from None
+    timeout = 5.0
+    if "timeout" in r.body:
+        try:
+            timeout = parse_duration(r.get("timeout", str, ""))
+        except argparse.ArgumentTypeError as error:
+            raise r.fail(f"timeout: {error}") from None
+        if timeout <= 0:
+            raise r.fail("timeout: must be positive")
     headers = []
     for h in items(r, "fromHeaders"):
         only(h, ("name", "prefix"))
@@ -236,13 +257,14 @@ def _jwt_rule(r: _Fields) -> JWTRule:
             raise c.fail("outputClaimToHeaders header and claim value must be non-empty string")
         claims.append((header, claim))
     return JWTRule(issuer, audiences, jwks, tuple(headers), params, cookies,
-                   r.get("outputPayloadToHeader", str, ""), r.get("forwardOriginalToken", bool, False), tuple(claims))
+                   r.get("outputPayloadToHeader", str, ""), r.get("forwardOriginalToken", bool, False), tuple(claims),
+                   jwks_uri, timeout)
 
 
 _EC_CURVES: dict[str, ec.EllipticCurve] = {"P-256": ec.SECP256R1(), "P-384": ec.SECP384R1(), "P-521": ec.SECP521R1()}
 
 
-def _jwks_error(jwks: str) -> str | None:
+def jwks_error(jwks: str) -> str | None:
     """Why Envoy would refuse this JSON Web Key Set (a NACK of the whole listener), if it would:
     it needs at least one key, and we ask that every key be a public key its JWT library reads."""
     try:

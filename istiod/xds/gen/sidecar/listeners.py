@@ -91,14 +91,17 @@ def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
     policies = authorization_policies(snapshot, proxy)
     jwt = request_authentications(snapshot, proxy)
     providers = resolve_providers(snapshot, custom_providers(policies))
+    # The keys istiod fetched for these RequestAuthentications' jwksUris (refreshed: part of the scope).
+    fetched = {r.jwks_uri: snapshot.jwks[r.jwks_uri] for p in jwt for r in p.jwt_rules if r.jwks_uri in snapshot.jwks}
     # Proxies whose pods serve the same ports under the same policies share one copy: the scope
     # says what it holds.
     scope = ",".join(f"{p.port}/{p.protocol.value}" for p in inbound) + ":" + ",".join(
         f"{port}={mode.value}" for port, mode in modes.items()) + ":" + ",".join(
         str(p.meta) for p in policies) + ":" + ",".join(str(r.meta) for r in jwt) + ":" + ",".join(
-        f"{name}={resolved}" for name, resolved in providers.items())
+        f"{name}={resolved}" for name, resolved in providers.items()) + ":" + ",".join(
+        f"{uri}#{hash(keys)}" for uri, keys in sorted(fetched.items()))
     result.append(cache.get(types.LISTENER, VIRTUAL_INBOUND, (*policies, *jwt), scope=scope,
-                            build=lambda: virtual_inbound(inbound, modes, policies, jwt, providers)))
+                            build=lambda: virtual_inbound(inbound, modes, policies, jwt, providers, fetched)))
     if names is not None:
         wanted = set(names)
         result = [r for r in result if r.name in wanted]
@@ -273,9 +276,10 @@ def _outbound_listener(name: str, ip: str, port: int, main: listener_components_
 def virtual_inbound(ports: tuple[InboundPort, ...], modes: Mapping[int, MTLSMode],
                     policies: tuple[AuthorizationPolicy, ...] = (),
                     request_auth: tuple[RequestAuthentication, ...] = (),
-                    providers: Mapping[str, ResolvedProvider] | None = None) -> listener_pb2.Listener:
+                    providers: Mapping[str, ResolvedProvider] | None = None,
+                    fetched_jwks: Mapping[str, str] | None = None) -> listener_pb2.Listener:
     """`modes`: the mTLS mode of each inbound port, and of the rest under port 0; `providers`:
-    the extension providers CUSTOM policies name."""
+    the extension providers CUSTOM policies name; `fetched_jwks`: keys istiod fetched, by jwksUri."""
     authz = authorization_filters(policies, request_auth=True, providers=providers)
     for problem in authz.problems:
         log.warning("%s (sidecar %s, HTTP ports)", problem, VIRTUAL_INBOUND)
@@ -283,7 +287,7 @@ def virtual_inbound(ports: tuple[InboundPort, ...], modes: Mapping[int, MTLSMode
     for problem in tcp.problems:
         if problem not in authz.problems:  # istiod's semantics for HTTP fields on TCP: said, not warned
             log.info("%s (sidecar %s, TCP and unnamed ports)", problem, VIRTUAL_INBOUND)
-    jwt = jwt_filter(request_auth)
+    jwt = jwt_filter(request_auth, fetched_jwks)
     filters = _Filters((jwt, *authz.filters) if jwt is not None else authz.filters, tcp.filters)
     chains = [_loop_breaker(VIRTUAL_INBOUND, VIRTUAL_INBOUND_PORT), *_passthrough_chains(modes[0], filters)]
     for inbound in ports:
