@@ -62,10 +62,9 @@ from istiod.xds.gen.sidecar.ports import (
     inbound_ports,
     outbound_ports,
 )
-from istiod.xds.gen.authn import jwt_filter
-from istiod.xds.gen.extauthz import ResolvedProvider, resolve_providers
-from istiod.xds.gen.rbac import authorization_filters, custom_providers, tcp_authorization_filters
-from istiod.xds.gen.security import authorization_policies, inbound_mtls_mode, request_authentications
+from istiod.xds.gen.extauthz import ResolvedProvider
+from istiod.xds.gen.rbac import authorization_filters, tcp_authorization_filters
+from istiod.xds.gen.security import WorkloadPolicy, inbound_mtls_mode, workload_policy
 from istiod.xds.gen.targets import alike, outbound_traffic_policy, route_inputs
 from istiod.xds.gen.tls import (
     HTTP_ALPN, MESH_ALPN_MATCH, MESH_HTTP_ALPN_MATCH, MESH_TCP_ALPN_MATCH, PLAINTEXT_HTTP_ALPN_MATCH, sds_downstream_tls,
@@ -88,20 +87,14 @@ def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
     # PeerAuthentication per port (port 0: ports no service names), the AuthorizationPolicies
     # (translated as for proxyless servers) and RequestAuthentications selecting the workload.
     modes = {port: inbound_mtls_mode(snapshot, proxy, port) for port in (0, *(p.port for p in inbound))}
-    policies = authorization_policies(snapshot, proxy)
-    jwt = request_authentications(snapshot, proxy)
-    providers = resolve_providers(snapshot, custom_providers(policies))
-    # The keys istiod fetched for these RequestAuthentications' jwksUris (refreshed: part of the scope).
-    fetched = {r.jwks_uri: snapshot.jwks[r.jwks_uri] for p in jwt for r in p.jwt_rules if r.jwks_uri in snapshot.jwks}
+    policy = workload_policy(snapshot, proxy)
     # Proxies whose pods serve the same ports under the same policies share one copy: the scope
     # says what it holds.
     scope = ",".join(f"{p.port}/{p.protocol.value}" for p in inbound) + ":" + ",".join(
-        f"{port}={mode.value}" for port, mode in modes.items()) + ":" + ",".join(
-        str(p.meta) for p in policies) + ":" + ",".join(str(r.meta) for r in jwt) + ":" + ",".join(
-        f"{name}={resolved}" for name, resolved in providers.items()) + ":" + ",".join(
-        f"{uri}#{hash(keys)}" for uri, keys in sorted(fetched.items()))
-    result.append(cache.get(types.LISTENER, VIRTUAL_INBOUND, (*policies, *jwt), scope=scope,
-                            build=lambda: virtual_inbound(inbound, modes, policies, jwt, providers, fetched)))
+        f"{port}={mode.value}" for port, mode in modes.items()) + ":" + policy.scope
+    result.append(cache.get(types.LISTENER, VIRTUAL_INBOUND, (*policy.authorization, *policy.request_auth), scope=scope,
+                            build=lambda: virtual_inbound(inbound, modes, policy.authorization, policy.request_auth,
+                                                          policy.providers, policy.fetched_jwks)))
     if names is not None:
         wanted = set(names)
         result = [r for r in result if r.name in wanted]
@@ -280,15 +273,14 @@ def virtual_inbound(ports: tuple[InboundPort, ...], modes: Mapping[int, MTLSMode
                     fetched_jwks: Mapping[str, str] | None = None) -> listener_pb2.Listener:
     """`modes`: the mTLS mode of each inbound port, and of the rest under port 0; `providers`:
     the extension providers CUSTOM policies name; `fetched_jwks`: keys istiod fetched, by jwksUri."""
-    authz = authorization_filters(policies, request_auth=True, providers=providers)
-    for problem in authz.problems:
-        log.warning("%s (sidecar %s, HTTP ports)", problem, VIRTUAL_INBOUND)
+    policy = WorkloadPolicy(policies, request_auth, providers or {}, fetched_jwks or {})
+    http = policy.http_filters(f"sidecar {VIRTUAL_INBOUND}, HTTP ports")
+    said = authorization_filters(policies, request_auth=True, providers=providers).problems
     tcp = tcp_authorization_filters(policies, providers)
     for problem in tcp.problems:
-        if problem not in authz.problems:  # istiod's semantics for HTTP fields on TCP: said, not warned
+        if problem not in said:  # istiod's semantics for HTTP fields on TCP: said, not warned
             log.info("%s (sidecar %s, TCP and unnamed ports)", problem, VIRTUAL_INBOUND)
-    jwt = jwt_filter(request_auth, fetched_jwks)
-    filters = _Filters((jwt, *authz.filters) if jwt is not None else authz.filters, tcp.filters)
+    filters = _Filters(http, tcp.filters)
     chains = [_loop_breaker(VIRTUAL_INBOUND, VIRTUAL_INBOUND_PORT), *_passthrough_chains(modes[0], filters)]
     for inbound in ports:
         chains += _inbound_chains(inbound, modes[inbound.port], filters)
