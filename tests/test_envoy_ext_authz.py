@@ -99,7 +99,9 @@ def test_envoy_ext_authz_templates_and_hosts(tmp_path: Path, mesh_dir: Path,
             # Hosts: the :authority header, case-insensitively.
             assert call("/", "Host: www.Denied.Example") == "403 RBAC: access denied"
             # CUSTOM: the authorizer decides /ext/*, and only those (the shadow RBAC gates it).
-            allowed = call("/ext/x", "x-ext-authz: allow")
+            # (Until the authorizer listens, ext_authz answers 403: statusOnError's default.)
+            allowed = wait_until(lambda: (r := call("/ext/x", "x-ext-authz: allow")).startswith("200") and r, 10,
+                                 "the authorizer's allow")
             # headersToUpstreamOnAllow: the authorizer's header reaches the app.
             assert allowed.startswith("200") and '"x-ext-authz-check-result": "allowed"' in allowed, allowed
             assert call("/ext/x", "x-ext-authz: deny") == "403 denied by ext_authz"
