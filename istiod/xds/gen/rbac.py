@@ -1,18 +1,18 @@
 """AuthorizationPolicy -> the RBAC HTTP filter (envoy.extensions.filters.http.rbac.v3) and, for
-Envoy's TCP filter chains, the RBAC network filter, as istiod translates it, for every flavor's
-inbound listeners. Pure.
+Envoy's TCP filter chains, the RBAC network filter, as istiod's authz builder translates it, for
+every flavor's inbound listeners (and gateways). Pure.
 
-DENY policies make one RBAC filter (action DENY, named `envoy.filters.http.rbac.deny`), ALLOW
-policies another (`...rbac.allow`), in that order before the router; policies are named `ns[<ns>]-policy[<name>]-rule[<i>]` as istiod names
-them. Only matchers that both Envoy and gRPC's xDS server (gRFC A41) evaluate are produced, except
-requestPrincipals and `request.auth.*`, which only Envoy's HTTP chains check (`request_auth`: the
-JWT payload jwt_authn leaves in dynamic metadata, matched as istiod matches it). A field that
-cannot be checked (requestPrincipals and JWT claims without jwt_authn; hosts; path templates;
-connection.sni; source.serviceAccount; experimental keys; and on TCP every HTTP-only field: methods,
-paths, hosts, requestPrincipals, request.headers, request.auth.*) fails closed, as istiod's builder
-does: an ALLOW rule using it is dropped (allows less), a DENY rule keeps its other conditions
-(denies more). AUDIT has no effect on a decision and is left out; CUSTOM (an external authorizer)
-is not implemented, so its rules deny. Each such case is reported.
+In istiod's order: CUSTOM (a shadow RBAC marking requests for the provider's ext_authz filter, see
+extauthz.py), AUDIT (action LOG), DENY, ALLOW; one filter per action, named
+`envoy.filters.http.rbac.<custom|log|deny|allow>` (gRPC refuses two HTTP filters of one name);
+policies named `ns[<ns>]-policy[<name>]-rule[<i>]` as istiod names them. `proxyless`: gRPC's RBAC
+(gRFC A41) lacks path templates, SNI and dynamic metadata (experimental.envoy.filters.*), LOG and
+ext_authz; `request_auth`: a jwt_authn filter runs before (Envoy), so requestPrincipals and
+`request.auth.*` can be checked on the JWT payload it leaves in dynamic metadata. A field that
+cannot be checked (those, and on TCP every HTTP-only field: methods, paths, hosts,
+requestPrincipals, request.headers, request.auth.*) fails closed, as istiod's builder does: an
+ALLOW rule using it is dropped (allows less), a DENY (AUDIT, CUSTOM) rule keeps its other
+conditions (matches more). Each such case is reported.
 """
 
 from __future__ import annotations
