@@ -166,6 +166,17 @@ def test_audit_logs_and_custom_runs_ext_authz_after_a_shadow_rbac_as_istio() -> 
     assert result.problems == ()
     # An HTTP provider has no TCP filter (as istiod); AUDIT logs connections.
     assert [f.name for f in tcp_authorization_filters([audit, custom], providers).filters] == [NETWORK_RBAC_FILTER]
+    # A gRPC provider: the filter calls it over gRPC, and TCP chains get the network filters too.
+    grpc_snapshot = Snapshot("1", services={authz_service.hostname: authz_service},
+                             mesh=MeshConfig(extension_providers=(_provider("ext", grpc=True),)))
+    grpc_providers = resolve_providers(grpc_snapshot, ["ext"])
+    config = ext_authz_pb2.ExtAuthz()
+    assert authorization_filters([custom], providers=grpc_providers).filters[1].typed_config.Unpack(config)
+    assert MessageToDict(config)["grpcService"] == {
+        "envoyGrpc": {"clusterName": "outbound|8000||authz.demo.svc.cluster.local",
+                      "authority": "authz.demo.svc.cluster.local"}, "timeout": "0.500s"}
+    assert [f.name for f in tcp_authorization_filters([custom], grpc_providers).filters] == [
+        NETWORK_RBAC_FILTER, "envoy.filters.network.ext_authz"]
     # A provider whose service is not in the registry, or that mesh config does not name, denies.
     for name, error in (("lost", "could not find service gone.demo.svc in Istio service registry"),
                         ("nobody", "available providers are ['ext', 'lost'] but found 'nobody'")):

@@ -154,6 +154,8 @@ def _condition(c: _Fields, action: Action) -> Condition:
     values, not_values = _values(c, "values"), _values(c, "notValues")
     if not values and not not_values:
         raise c.fail(f"at least one of `values` or `notValues` must be set for key {key}")
+    if key == "source.trustDomain":
+        raise c.fail(f"key: {key} is not supported by this istiod")
     if key not in _ATTRIBUTES and not key.startswith(_ATTRIBUTE_PREFIXES):
         raise c.fail(f"key: unknown attribute: {key}")
     if key.startswith(_ATTRIBUTE_PREFIXES) and not re.fullmatch(r"[^\[]+\[.+\]", key):

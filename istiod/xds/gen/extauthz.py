@@ -44,8 +44,8 @@ class ResolvedProvider:
 
 
 def resolve_providers(snapshot: Snapshot, names: Sequence[str]) -> dict[str, ResolvedProvider]:
-    """The named providers as istiod's LookupCluster finds them: `[namespace/]host` must be a
-    service in the registry."""
+    """The named providers as istiod's LookupCluster finds them: `[namespace/]host` must be the
+    hostname of a service in the registry."""
     known = {p.name: p for p in snapshot.mesh.extension_providers}
     result = {}
     for name in names:
@@ -54,7 +54,7 @@ def resolve_providers(snapshot: Snapshot, names: Sequence[str]) -> dict[str, Res
             result[name] = ResolvedProvider(None, error=f"available providers are {sorted(known)} but found {name!r}")
             continue
         namespace, _, host = provider.service.rpartition("/")
-        service = snapshot.service_for_host(host)
+        service = snapshot.services.get(host)  # the exact hostname, as istiod's service index
         if service is None or (namespace and service.namespace != namespace):
             result[name] = ResolvedProvider(
                 provider, error=f"could not find service {provider.service} in Istio service registry")
