@@ -21,14 +21,14 @@ metadata: {name: authz, namespace: shop}
 spec:
   clusterIP: 10.96.0.20
   selector: {app: authz}
-  ports: [{name: http, port: 8000}]
+  ports: [{name: http, port: 8000}, {name: grpc, port: 8001}]
 ---
 apiVersion: v1
 kind: Pod
 metadata: {name: authz-1, namespace: shop, labels: {app: authz}}
 spec:
   serviceAccountName: authz
-  containers: [{name: authz, ports: [{containerPort: 8000}]}]
+  containers: [{name: authz, ports: [{containerPort: 8000}, {containerPort: 8001}]}]
 status: {phase: Running, podIP: 127.0.0.34, conditions: [{type: Ready, status: "True"}]}
 """
 MESH = """extensionProviders:
@@ -39,6 +39,10 @@ MESH = """extensionProviders:
     timeout: 5s
     includeRequestHeadersInCheck: [x-ext-authz]
     headersToUpstreamOnAllow: [x-ext-authz-check-result]
+"""
+GRPC_MESH = """extensionProviders:
+- name: ext
+  envoyExtAuthzGrpc: {service: shop/authz.shop.svc.cluster.local, port: 8001, timeout: 5s}
 """
 
 
@@ -83,6 +87,8 @@ def test_envoy_ext_authz_templates_and_hosts(tmp_path: Path, mesh_dir: Path,
         # The authorizer runs in the pod's namespace too, where Envoy reaches 127.0.0.34 (outbound
         # cluster of the provider's service; plaintext: the pod has no sidecar).
         authz = Process(envoy.netns(sys.executable, "tests/ext_authz_http.py", "127.0.0.34", "8000"), name="ext-authz")
+        grpc_authz = Process(envoy.netns(sys.executable, "tests/ext_authz_grpc.py", "127.0.0.34", "8001"),
+                             name="grpc-ext-authz")
         try:
             def call(path: str, *headers: str) -> str:
                 """`<status> <body>` as curl saw it, straight to the app's port (a new connection each)."""
@@ -106,10 +112,18 @@ def test_envoy_ext_authz_templates_and_hosts(tmp_path: Path, mesh_dir: Path,
             assert allowed.startswith("200") and '"x-ext-authz-check-result": "allowed"' in allowed, allowed
             assert call("/ext/x", "x-ext-authz: deny") == "403 denied by ext_authz"
             assert call("/a/x/b", "x-ext-authz: deny").startswith("200")
+            # The same provider as envoyExtAuthzGrpc (mesh config applied without a restart).
+            (tmp_path / "mesh-config.yaml").write_text(GRPC_MESH)
+            wait_until(lambda: call("/ext/x", "x-ext-authz: deny") == "403 denied by grpc ext_authz", 10,
+                       "the gRPC authorizer's deny")
+            allowed = call("/ext/x", "x-ext-authz: allow")
+            assert allowed.startswith("200") and '"x-ext-authz-check-result": "allowed-grpc"' in allowed, allowed
+            assert call("/a/x/b", "x-ext-authz: deny").startswith("200")
             # An unknown provider denies what the CUSTOM rules match, as istiod.
             (mesh_dir / "ap.yaml").write_text(policies("nobody"))
             wait_until(lambda: call("/ext/x", "x-ext-authz: allow") == "403 RBAC: access denied", 10,
                        "the unknown provider's rules deny")
             assert call("/a/x/b").startswith("200")
         finally:
+            grpc_authz.stop()
             authz.stop()
