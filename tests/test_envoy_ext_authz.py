@@ -4,6 +4,7 @@ curl in the sidecar's network namespace, plaintext to the app's port through the
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from collections.abc import Callable
@@ -70,6 +71,14 @@ metadata: {{name: paths, namespace: shop}}
 spec:
   selector: {{matchLabels: {{app: web}}}}
   rules: [{{to: [{{operation: {{paths: ["/a/{{*}}/b", "/ext/*", /]}}}}]}}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {{name: audit, namespace: shop}}
+spec:
+  selector: {{matchLabels: {{app: web}}}}
+  action: AUDIT
+  rules: [{{to: [{{operation: {{paths: ["/a/{{**}}"]}}}}]}}]
 """
 
 
@@ -102,6 +111,9 @@ def test_envoy_ext_authz_templates_and_hosts(tmp_path: Path, mesh_dir: Path,
             # Path templates: {*} is one segment.
             assert call("/a/x/b").startswith("200")
             assert call("/a/x/y/b") == "403 RBAC: access denied"
+            # AUDIT (an RBAC filter with action LOG, which Envoy took) marks /a/** for the access log and
+            # denies nothing: /a/x/b above passed it.
+            assert '"action": "LOG"' in json.dumps(envoy.config_dump())
             # Hosts: the :authority header, case-insensitively.
             assert call("/", "Host: www.Denied.Example") == "403 RBAC: access denied"
             # CUSTOM: the authorizer decides /ext/*, and only those (the shadow RBAC gates it).
