@@ -1,6 +1,8 @@
-"""istiod's JWKS resolver: fetches the `jwksUri` of RequestAuthentications' JWT rules, keeps the
-keys and refreshes them, so that generators serve them inline (Envoy never fetches itself, as with
-istiod's default PILOT_JWT_ENABLE_REMOTE_JWKS=false). I/O at the edge; translation stays pure.
+"""istiod's JWKS resolver: fetches the keys of RequestAuthentications' JWT rules that have none
+inline (their `jwksUri`, else the `jwks_uri` of the issuer's OpenID discovery document,
+`<issuer>/.well-known/openid-configuration`), keeps them and refreshes them, so that generators
+serve them inline (Envoy never fetches itself, as with istiod's default
+PILOT_JWT_ENABLE_REMOTE_JWKS=false). I/O at the edge; translation stays pure.
 
 As istiod's JwksResolver: a new URI is fetched once at once; if that fails it is retried in the
 background (7 more tries, 1 s apart). Every URI is refreshed each PILOT_JWT_PUB_KEY_REFRESH_INTERVAL
@@ -14,6 +16,7 @@ pilot_jwks_resolver_network_fetch_{success,fail}_total. HTTPS trusts the system 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import ssl
 import urllib.error
@@ -25,6 +28,7 @@ from prometheus_client import Counter
 
 from istiod.model.snapshot import Snapshot
 from istiod.sources.istio.security import jwks_error
+from istiod.xds.gen.authn import OPENID_DISCOVERY, jwks_source
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +46,14 @@ FETCH_FAIL = Counter("pilot_jwks_resolver_network_fetch_fail", "Total number of 
 
 
 def jwks_uris(snapshot: Snapshot) -> dict[str, float]:
-    """The URIs istiod must fetch (rules without inline keys), with the longest timeout asked."""
+    """The URIs istiod must fetch (rules without inline keys: their jwksUri, else the issuer's
+    OpenID discovery document), with the longest timeout asked."""
     uris: dict[str, float] = {}
     for policy in snapshot.config.request_authentications:
         for rule in policy.jwt_rules:
-            if rule.jwks_uri and not rule.jwks:
-                uris[rule.jwks_uri] = max(rule.timeout, uris.get(rule.jwks_uri, 0.0))
+            if not rule.jwks:
+                uri = jwks_source(rule)
+                uris[uri] = max(rule.timeout, uris.get(uri, 0.0))
     return uris
 
 
@@ -63,7 +69,22 @@ def _context() -> ssl.SSLContext:
 
 
 def fetch(uri: str, timeout: float, context: ssl.SSLContext | None = None) -> str:
-    """One GET of a JWKS (blocking: run it in a thread); FetchError says why it failed."""
+    """A JWKS (blocking: run it in a thread), through the OpenID discovery document when `uri` is
+    one; FetchError says why it failed."""
+    if uri.endswith(OPENID_DISCOVERY):
+        try:
+            uri = json.loads(_get(uri, timeout, context))["jwks_uri"]
+        except (ValueError, KeyError, TypeError):
+            raise FetchError("the OpenID discovery document has no jwks_uri") from None
+        if not isinstance(uri, str) or not uri.startswith(("https://", "http://")):
+            raise FetchError(f"the OpenID discovery document's jwks_uri {uri!r} is not an http(s) URL")
+    text = _get(uri, timeout, context)
+    if (problem := jwks_error(text)) is not None:
+        raise FetchError(f"not a JSON Web Key Set Envoy accepts: {problem}")
+    return text
+
+
+def _get(uri: str, timeout: float, context: ssl.SSLContext | None) -> str:
     try:
         with urllib.request.urlopen(uri, timeout=timeout, context=context) as response:  # noqa: S310 (http/https only)
             body = response.read(_MAX_BODY + 1)
@@ -74,10 +95,7 @@ def fetch(uri: str, timeout: float, context: ssl.SSLContext | None = None) -> st
         raise FetchError(str(reason)) from None
     if len(body) > _MAX_BODY:
         raise FetchError(f"larger than {_MAX_BODY} bytes")
-    text = body.decode("utf-8", errors="replace")
-    if (problem := jwks_error(text)) is not None:
-        raise FetchError(f"not a JSON Web Key Set Envoy accepts: {problem}")
-    return text
+    return body.decode("utf-8", errors="replace")
 
 
 KeysListener = Callable[[Mapping[str, str]], None]

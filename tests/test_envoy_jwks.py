@@ -6,6 +6,7 @@ line and pilot_jwks_resolver_network_fetch_fail_total."""
 from __future__ import annotations
 
 import http.server
+import json
 import re
 import ssl
 import threading
@@ -22,8 +23,8 @@ from tests.test_envoy_sidecar import _mesh
 
 @contextmanager
 def jwks_server(tmp_path: Path, keys: dict[str, str]) -> Iterator[tuple[int, Path]]:
-    """An HTTPS server on 127.0.0.1 answering GET /jwks with keys["jwks"]; yields its port and the
-    root that signed its certificate."""
+    """An HTTPS server on 127.0.0.1 answering GET /jwks with keys["jwks"], and its OpenID discovery
+    document naming /jwks; yields its port and the root that signed its certificate."""
     root_key, leaf_key = new_key(), new_key()
     root = ca_cert("jwks test root", root_key)
     (tmp_path / "jwks-root.pem").write_text(cert_pem(root))
@@ -32,8 +33,11 @@ def jwks_server(tmp_path: Path, keys: dict[str, str]) -> Iterator[tuple[int, Pat
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            body = keys["jwks"].encode() if self.path == "/jwks" else b"not found"
-            self.send_response(200 if self.path == "/jwks" else 404)
+            issuer = f"https://127.0.0.1:{server.server_address[1]}"
+            documents = {"/jwks": keys["jwks"], "/.well-known/openid-configuration": json.dumps(
+                {"issuer": issuer, "jwks_uri": f"{issuer}/jwks"})}
+            body = documents.get(self.path, "not found").encode()
+            self.send_response(200 if self.path in documents else 404)
             self.send_header("content-type", "application/json")
             self.send_header("content-length", str(len(body)))
             self.end_headers()
@@ -57,7 +61,11 @@ def jwks_server(tmp_path: Path, keys: dict[str, str]) -> Iterator[tuple[int, Pat
 
 
 def request_authentication(*rules: tuple[str, str]) -> str:
-    jwt_rules = "".join(f"  - {{issuer: \"{issuer}\", jwksUri: \"{uri}\", timeout: 2s}}\n" for issuer, uri in rules)
+    """JWT rules (issuer, jwksUri); no jwksUri: the issuer's OpenID discovery document names it."""
+    jwt_rules = ""
+    for issuer, uri in rules:
+        source = f'jwksUri: "{uri}", ' if uri else ""
+        jwt_rules += f'  - {{issuer: "{issuer}", {source}timeout: 2s}}\n'
     return ("apiVersion: security.istio.io/v1\nkind: RequestAuthentication\nmetadata: {name: web, namespace: shop}\n"
             f"spec:\n  selector: {{matchLabels: {{app: web}}}}\n  jwtRules:\n{jwt_rules}")
 
@@ -87,9 +95,16 @@ def test_jwks_uri_fetched_rotated_and_unreachable(tmp_path: Path, mesh_dir: Path
             wait_until(lambda: call(second.token()).startswith("200"), 15, "a token of the rotated key accepted")
             assert call(first.token()).startswith("401 Jwks doesn't have key to match kid")
 
+            # An issuer without jwksUri: its OpenID discovery document names the keys.
+            discovered = f"https://127.0.0.1:{port}"
+            (mesh_dir / "ra.yaml").write_text(request_authentication((ISSUER, uri), (discovered, "")))
+            wait_until(lambda: call(second.token(iss=discovered)).startswith("200"), 15,
+                       "a token of the issuer found through OpenID discovery accepted")
+
             # An unreachable URI (nothing listens on port 1): its issuer's tokens all fail.
             down = "https://down.test"
-            (mesh_dir / "ra.yaml").write_text(request_authentication((ISSUER, uri), (down, "https://127.0.0.1:1/jwks")))
+            (mesh_dir / "ra.yaml").write_text(request_authentication((ISSUER, uri), (discovered, ""),
+                                                                     (down, "https://127.0.0.1:1/jwks")))
             wait_until(lambda: "failed to fetch JWKS from https://127.0.0.1:1/jwks" in istiod.text(), 15,
                        "istiod's log of the failed fetch")
             # (Envoy tries every key without a kid: the fail-closed key says "verification fails".)

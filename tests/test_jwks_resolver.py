@@ -4,7 +4,9 @@ keeping the last good keys on failure, eviction of URIs nobody names, and the fe
 from __future__ import annotations
 
 import asyncio
+import http.server
 import logging
+import threading
 from collections.abc import Mapping
 
 import pytest
@@ -70,3 +72,30 @@ def test_fetch_refuses_what_envoy_would_not_take() -> None:
         fetch("no_such_scheme://x", 1.0)
     with pytest.raises(FetchError):
         fetch("http://127.0.0.1:1/jwks", 1.0)
+
+
+def test_openid_discovery_without_jwks_uri_is_a_failed_fetch() -> None:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b'{"issuer": "x"}' if self.path.endswith("/openid-configuration") else b"{}"
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        with pytest.raises(FetchError, match="OpenID discovery document has no jwks_uri"):
+            fetch(f"{base}/.well-known/openid-configuration", 2.0)
+        with pytest.raises(FetchError, match="not a JSON Web Key Set Envoy accepts"):
+            fetch(f"{base}/jwks", 2.0)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

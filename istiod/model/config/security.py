@@ -93,7 +93,7 @@ class JWTHeader:
 class JWTRule:
     issuer: str
     audiences: tuple[str, ...] = ()
-    jwks: str = ""  # inline JSON Web Key Set; wins over jwks_uri
+    jwks: str = ""  # inline JSON Web Key Set; wins over jwks_uri (and the issuer's OpenID discovery)
     from_headers: tuple[JWTHeader, ...] = ()
     from_params: tuple[str, ...] = ()
     from_cookies: tuple[str, ...] = ()

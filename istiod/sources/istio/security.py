@@ -209,8 +209,8 @@ def authorization_policy(key: ObjectKey, f: _Fields, domain: str) -> Authorizati
 
 
 def _jwt_rule(r: _Fields) -> JWTRule:
-    # istiod fetches a jwksUri itself and inlines the keys (istiod/jwks.py); finding the keys
-    # through the issuer's OpenID discovery document is not implemented.
+    # istiod fetches the keys itself (a jwksUri, else through the issuer's OpenID discovery
+    # document) and inlines them (istiod/jwks.py).
     only(r, ("issuer", "audiences", "jwks", "jwksUri", "timeout", "fromHeaders", "fromParams", "fromCookies",
              "outputPayloadToHeader", "forwardOriginalToken", "outputClaimToHeaders"))
     issuer = r.get("issuer", str, "")
@@ -220,8 +220,6 @@ def _jwt_rule(r: _Fields) -> JWTRule:
     if any(not a for a in audiences):
         raise r.fail("audiences: audience must be non-empty string")
     jwks, jwks_uri = r.get("jwks", str, ""), r.get("jwksUri", str, "")
-    if not jwks and not jwks_uri:
-        raise r.fail("jwks or jwksUri must be set (OpenID discovery from the issuer is not supported by this istiod)")
     if jwks and (error := jwks_error(jwks)) is not None:
         raise r.fail(f"jwks: jwks parse error: {error}")
     if jwks_uri:

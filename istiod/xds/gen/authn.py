@@ -38,9 +38,18 @@ PUBLIC_ONLY_JWKS = json.dumps({"keys": [{"kty": "RSA", "e": "AQAB", "n": (
     "wdEkpRQxPGBWFFS3wQ")}]})
 
 
+OPENID_DISCOVERY = "/.well-known/openid-configuration"
+
+
+def jwks_source(rule: JWTRule) -> str:
+    """Where istiod fetches a rule's keys: its jwksUri, else the issuer's OpenID discovery document
+    (whose `jwks_uri` names them)."""
+    return rule.jwks_uri or rule.issuer + OPENID_DISCOVERY
+
+
 def jwks_for(rule: JWTRule, fetched: Mapping[str, str]) -> str:
-    """The keys Envoy checks tokens with: inline, else what istiod fetched from jwksUri, else none."""
-    return rule.jwks or fetched.get(rule.jwks_uri) or PUBLIC_ONLY_JWKS
+    """The keys Envoy checks tokens with: inline, else what istiod fetched, else none."""
+    return rule.jwks or fetched.get(jwks_source(rule)) or PUBLIC_ONLY_JWKS
 
 
 def jwt_filter(policies: Iterable[RequestAuthentication],

@@ -13,7 +13,7 @@ from istiod.model.config import scope
 from istiod.model.config.security import AuthorizationPolicy, MTLSMode, RequestAuthentication
 from istiod.model.proxy import Proxy
 from istiod.model.snapshot import Snapshot
-from istiod.xds.gen.authn import jwt_filter
+from istiod.xds.gen.authn import jwks_source, jwt_filter
 from istiod.xds.gen.extauthz import ResolvedProvider, resolve_providers
 from istiod.xds.gen.rbac import authorization_filters, custom_providers
 
@@ -76,6 +76,6 @@ class WorkloadPolicy:
 def workload_policy(snapshot: Snapshot, proxy: Proxy) -> WorkloadPolicy:
     policies = authorization_policies(snapshot, proxy)
     request_auth = request_authentications(snapshot, proxy)
-    fetched = {r.jwks_uri: snapshot.jwks[r.jwks_uri]
-               for p in request_auth for r in p.jwt_rules if r.jwks_uri in snapshot.jwks}
+    fetched = {jwks_source(r): snapshot.jwks[jwks_source(r)]
+               for p in request_auth for r in p.jwt_rules if not r.jwks and jwks_source(r) in snapshot.jwks}
     return WorkloadPolicy(policies, request_auth, resolve_providers(snapshot, custom_providers(policies)), fetched)
