@@ -52,10 +52,12 @@ def jwks_for(rule: JWTRule, fetched: Mapping[str, str]) -> str:
     return rule.jwks or fetched.get(jwks_source(rule)) or PUBLIC_ONLY_JWKS
 
 
-def jwt_filter(policies: Iterable[RequestAuthentication],
-               fetched: Mapping[str, str] | None = None) -> hcm_pb2.HttpFilter | None:
+def jwt_filter(policies: Iterable[RequestAuthentication], fetched: Mapping[str, str] | None = None,
+               clear_route_cache: bool = False) -> hcm_pb2.HttpFilter | None:
     """The JWT filter for the RequestAuthentications that apply to a workload, or None;
-    `fetched`: the JSON Web Key Sets istiod fetched, by jwksUri."""
+    `fetched`: the JSON Web Key Sets istiod fetched, by jwksUri. `clear_route_cache` (istiod's, on
+    every proxy but sidecars): the route is picked again once the token is verified, so a
+    VirtualService can route by its claims."""
     rules = sorted((rule for policy in policies for rule in policy.jwt_rules), key=lambda r: r.issuer)
     if not rules:
         return None
@@ -65,7 +67,7 @@ def jwt_filter(policies: Iterable[RequestAuthentication],
     any_: list[jwt_pb2.JwtRequirement] = []  # per provider: its token is valid
     for i, rule in enumerate(rules):
         name = f"origins-{i}"
-        providers[name] = _provider(rule, jwks_for(rule, fetched or {}))
+        providers[name] = _provider(rule, jwks_for(rule, fetched or {}), clear_route_cache)
         each.append(Requirement(requires_any=jwt_pb2.JwtRequirementOrList(requirements=[
             Requirement(provider_name=name), Requirement(allow_missing=empty_pb2.Empty())])))
         any_.append(Requirement(provider_name=name))
@@ -81,8 +83,9 @@ def jwt_filter(policies: Iterable[RequestAuthentication],
     return hcm_pb2.HttpFilter(name=JWT_FILTER, typed_config=pack(config))
 
 
-def _provider(rule: JWTRule, jwks: str) -> jwt_pb2.JwtProvider:
+def _provider(rule: JWTRule, jwks: str, clear_route_cache: bool) -> jwt_pb2.JwtProvider:
     return jwt_pb2.JwtProvider(
+        clear_route_cache=clear_route_cache,
         issuer=rule.issuer,
         audiences=rule.audiences,
         forward=rule.forward_original_token,

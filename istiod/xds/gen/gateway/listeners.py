@@ -45,7 +45,7 @@ def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
             gateways = tuple(dict.fromkeys(s.gateway for s in group))
             result.append(cache.get(
                 types.LISTENER, name, (*gateways, *policy.authorization, *policy.request_auth),
-                lambda: gateway_listener(name, group, policy.http_filters(f"gateway listener {name}")),
+                lambda: gateway_listener(name, group, policy.http_filters(f"gateway listener {name}", clear_route_cache=True)),
                 scope=",".join(str(g.meta) for g in gateways) + ":" + policy.scope))
     return result
 
