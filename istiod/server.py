@@ -12,7 +12,7 @@ import json
 import logging
 import signal
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
@@ -47,6 +47,7 @@ from istiod.settings import Address, Settings
 from istiod.sources.configdir import ConfigDirSource
 from istiod.sources.monitoring import record_change
 from istiod.sources.kube import KubeSource
+from istiod.jwks import JwksResolver
 from istiod.sources.meshconfig import MeshConfigMapWatcher, MeshFileWatcher
 from istiod.sources.namespaces import NamespaceFilter, parse_selector
 from istiod.sources.store import Store
@@ -85,6 +86,8 @@ class Discovery:
         self.ads = DiscoveryServer(lambda: self.pusher.snapshot, settings.push_concurrency, settings.xds_send_timeout,
                                    settings.max_requests_per_second)
         self.pusher.subscribe(self.ads.on_push)
+        self.jwks = JwksResolver(self.apply_jwks, settings.jwks_refresh_interval)
+        self.pusher.subscribe(lambda event: self.jwks.want(event.snapshot))
         self.workers = WorkerPool(settings, self.store, self.pusher) if settings.xds_workers > 1 else None
         self.supervisor = Supervisor()
         self.secure = SecurePort(settings, self.ads, lambda: self.pusher.snapshot, self.supervisor, self.workers)
@@ -123,12 +126,21 @@ class Discovery:
         if self.ads.ready:
             self.pusher.publish(full=True)
 
+    def apply_jwks(self, keys: Mapping[str, str]) -> None:
+        """Keys fetched from a jwksUri changed: every proxy gets a full push (as istiod); before
+        the sources synced, the first push takes them."""
+        self.pusher.jwks = keys
+        if self.ads.ready:
+            self.pusher.publish(full=True)
+
     async def start(self) -> None:
         """The CA first (a CA that cannot start stops istiod before any port opens), then the mesh
         config, the xDS, HTTP and webhook ports, and the tasks that feed and publish."""
         self.source = await self._make_source()
         await self._start_ca()
         self._watch_mesh_config()
+        self.jwks.want(self.pusher.snapshot)
+        self._tasks.append(self.supervisor.start("jwks-resolver", self.jwks.run, restart=True))
         await self._serve_xds()
         self._serve_http()
         self._serve_webhooks()

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ class Pod:
     envoy: Envoy
     run: Callable[..., subprocess.CompletedProcess[str]]
     config: Path  # the config dir istiod watches
+    backends: dict[str, Process] = field(default_factory=dict)  # by name; each logs the requests it got
 
     def curl(self, *args: str, host: str = "echo", url: str = f"http://{ECHO_VIP}/") -> str:
         """curl in the pod; the VIP is captured whatever the Host (the route picks by Host)."""
@@ -108,7 +109,7 @@ def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
                 (config / "policy.yaml").write_text(render("envoy-routing-policy.yaml", **certs))
                 wait_until(lambda: _echo_route_names(envoy) == ROUTE_NAMES, 20, "the VirtualService's routes in Envoy")
                 _acked(istiod, envoy)
-                yield Pod(istiod, envoy, run, config)
+                yield Pod(istiod, envoy, run, config, {b.name: b for b in backends})
             finally:
                 for backend in backends:
                     backend.stop()

@@ -435,7 +435,8 @@ def test_envoy_acks_virtual_service_and_destination_rule(mesh_dir: Path, start_i
         assert [c["weight"] for c in split["route"]["weighted_clusters"]["clusters"]] == [90, 10]
         listener = _dynamic(dump, "listeners")["0.0.0.0_80"]
         manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
-        assert [f["name"] for f in manager["http_filters"]] == ["envoy.filters.http.fault", "envoy.filters.http.router"]
+        assert [f["name"] for f in manager["http_filters"]] == [
+            "envoy.filters.http.fault", "envoy.filters.http.cors", "envoy.filters.http.router"]
         print(f"Envoy ACKed routes {[r.get('name') for r in web['routes']]} and clusters "
               f"{sorted(n for n in clusters if '|80|' in n)}")
 

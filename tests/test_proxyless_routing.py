@@ -188,6 +188,8 @@ def test_cluster_policy_is_accepted(lb: str, versioned_mesh: Path, start_istiod:
 @pytest.mark.parametrize(("retries", "expect_failures"), [
     ("", False),  # istiod's default policy retries UNAVAILABLE twice
     ("    retries: {attempts: 3, retryOn: unavailable, perTryTimeout: 2s}\n", False),
+    # gRPC's retry policy takes the back-off (and ignores the host predicate).
+    ("    retries: {attempts: 3, retryOn: unavailable, backoff: 10ms, retryIgnorePreviousHosts: false}\n", False),
     ("    retries: {attempts: 3, retryOn: resource-exhausted}\n", True),  # not the code the server fails with
     ("    retries: {attempts: 0}\n", True),
 ])
@@ -264,12 +266,15 @@ def test_a_client_in_the_namespace_dials_name_port(versioned_mesh: Path, start_i
 def test_route_actions_grpc_lacks(versioned_mesh: Path, start_istiod: Callable[..., Istiod],
                                   start_demo: Callable[..., Process]) -> None:
     """gRPC takes the route configuration with a redirect in it (no NACK) and fails only the calls
-    that route matches; header operations and rewrites are not sent to it at all."""
+    that route matches; header operations, rewrites, mirrors and CORS policies are not sent to it
+    at all (gRPC has no CORS filter: its config would be a NACK)."""
     (versioned_mesh / "vs.yaml").write_text(virtual_service(
         "  - match: [{headers: {x-go: {exact: away}}}]\n"
         "    redirect: {uri: /elsewhere}\n"
         "  - headers: {request: {set: {x-added: 'yes'}}}\n"
         "    rewrite: {uri: /demo.Echo/Other}\n"
+        "    mirror: {host: echo, subset: v2}\n"
+        "    corsPolicy: {allowOrigins: [{exact: 'https://a.example'}]}\n"
         "    route: [{destination: {host: echo, subset: v1}}]\n"))
     istiod = start_istiod(versioned_mesh)
     redirected = calls(counted_client(start_demo, istiod, 5, "--header", "x-go=away", name="redirected"), 5)

@@ -65,6 +65,8 @@ def changes(previous: Snapshot | None, current: Snapshot) -> Changes | None:
     kinds = current.config.kinds_changed_from(previous.config)
     if _differ(previous.credentials, current.credentials):
         kinds.add("Secret")
+    if _differ(previous.jwks, current.jwks):  # keys fetched for a jwksUri: what reads RequestAuthentications
+        kinds.add("RequestAuthentication")
     return Changes(_endpoint_changes(previous, current), frozenset(kinds), frozenset(hosts), frozenset(spellings),
                    _rule_hosts(previous, current) if "DestinationRule" in kinds else frozenset())
 
@@ -89,7 +91,8 @@ def _routed_to(snapshot: Snapshot, host: Callable[[str], bool]) -> bool:
     on the destinations' Services and DestinationRules)."""
     for vs in snapshot.config.all_virtual_services:
         routes: list[HTTPRoute | L4Route] = [*vs.http, *vs.tcp, *vs.tls]
-        if any(host(d.destination.host) for r in routes for d in r.route):
+        if any(host(d.destination.host) for r in routes for d in r.route) or any(
+                host(m.destination.host) for r in vs.http for m in r.mirrors):
             return True
     return False
 

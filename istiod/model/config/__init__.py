@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from istiod.model.config import scope
+from istiod.model.config.delegate import merge_delegates
 from istiod.model.config.gateway_api import (
     GatewayApiConfig, GatewayClass, KubernetesGateway, KubernetesHTTPRoute, ReferenceGrant, UntranslatedRoute,
 )
@@ -69,6 +70,8 @@ class ConfigSet:
             name: getattr(previous, name) if previous is not None and kind not in changed else _sorted(objects.values(kind))
             for kind, name in _FIELDS.items()
         }
+        if previous is None or "VirtualService" in changed:  # roots take their delegates' routes
+            fields["virtual_services"] = merge_delegates(fields["virtual_services"])
         return cls(**fields, gateway_api=previous.gateway_api if previous is not None else GatewayApiConfig())
 
     @property

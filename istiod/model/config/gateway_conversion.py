@@ -30,7 +30,8 @@ from istiod.model.config.gateway_api import (
     RouteMatch, RouteRule, UntranslatedRoute,
 )
 from istiod.model.config.networking import (
-    MESH_GATEWAY, Destination, DirectResponse, Gateway, Headers, HeaderOperations, HTTPMatch, HTTPRoute, Redirect, Rewrite,
+    MESH_GATEWAY, Destination, DirectResponse, Gateway, Headers, HeaderOperations, HTTPMatch, HTTPRoute, Mirror, Redirect,
+    Rewrite,
     RouteDestination, Server, ServerTLS, ServerTLSMode, ServicePort, VirtualService,
 )
 from istiod.model.config.scope import host_matches
@@ -554,7 +555,7 @@ def _http_route(route: KubernetesHTTPRoute, index: int, match: RouteMatch, rule:
     if len(destinations) == 1:
         destinations = [RouteDestination(destinations[0].destination)]
     return HTTPRoute(name, (http_match,), tuple(destinations), rewrite=rewrite, timeout=timeout, headers=headers,
-                     mirrors=tuple(mirrors))
+                     mirrors=tuple(Mirror(m) for m in mirrors))
 
 
 def _rewrite(hostname: str, path: Any, match: RouteMatch) -> Rewrite:

@@ -72,6 +72,7 @@ class HTTPMatch:
     gateways: tuple[str, ...] = ()
     source_namespace: str = ""
     ignore_uri_case: bool = False
+    stat_prefix: str = ""  # the route's own stats under this prefix
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +100,8 @@ class Retries:
     per_try_timeout: Duration | None = None
     retry_on: tuple[str, ...] = ()  # Envoy retry_on names, gRPC code names, HTTP status numbers
     retry_remote_localities: bool | None = None
+    backoff: Duration | None = None  # base interval between retries (Envoy's default: 25ms)
+    retry_ignore_previous_hosts: bool | None = None  # None: istiod's default (true)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +128,25 @@ class DirectResponse:
 
 
 @dataclass(frozen=True, slots=True)
+class Mirror:
+    destination: Destination
+    # Of requests, 0-100. An int is a count per hundred, a float per million, as istiod spells
+    # the deprecated integer `mirrorPercent` (and the default 100) and `percentage` in Envoy's config.
+    percentage: float | int = 100
+
+
+@dataclass(frozen=True, slots=True)
+class CorsPolicy:
+    allow_origins: tuple[StringMatch, ...] = ()
+    allow_methods: tuple[str, ...] = ()
+    allow_headers: tuple[str, ...] = ()
+    expose_headers: tuple[str, ...] = ()
+    max_age: Duration | None = None
+    allow_credentials: bool | None = None
+    unmatched_preflights: str = "FORWARD"  # FORWARD (to the upstream) or IGNORE (answered by Envoy)
+
+
+@dataclass(frozen=True, slots=True)
 class HTTPRoute:
     name: str = ""
     match: tuple[HTTPMatch, ...] = ()  # empty: every request
@@ -136,7 +158,11 @@ class HTTPRoute:
     retries: Retries | None = None  # None: istiod's default retry policy
     fault: Fault | None = None
     headers: Headers = Headers()
-    mirrors: tuple[Destination, ...] = ()  # each request also sent, unanswered, to these (Gateway API only, yet)
+    mirrors: tuple[Mirror, ...] = ()  # each request also sent, unanswered, to these
+    cors_policy: CorsPolicy | None = None
+    # (namespace, name) of the VirtualService whose routes stand here (a root's route); merged away
+    # when the config set is collected (istiod/model/config/delegate.py).
+    delegate: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +186,7 @@ class L4Route:
 @dataclass(frozen=True, slots=True)
 class VirtualService:
     meta: Meta
-    hosts: tuple[str, ...]
+    hosts: tuple[str, ...]  # none: a delegate, whose http routes stand in a root's delegating route
     gateways: tuple[str, ...] = (MESH_GATEWAY,)  # `mesh`, or `<namespace>/<name>`
     http: tuple[HTTPRoute, ...] = ()
     tcp: tuple[L4Route, ...] = ()

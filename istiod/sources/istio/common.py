@@ -123,6 +123,11 @@ def _string_match(sub: _Fields) -> StringMatch:
     return StringMatch(MatchKind(name), value)
 
 
+def string_match_list(f: _Fields, path: str) -> tuple[StringMatch, ...]:
+    """A list of StringMatch (CORS allowOrigins)."""
+    return tuple(_string_match(item) for item in items(f, path))
+
+
 def string_matches(f: _Fields, path: str) -> tuple[tuple[str, StringMatch], ...]:
     """A map of name -> StringMatch (header and query-parameter matches; names may hold dots)."""
     result = []

@@ -6,14 +6,15 @@ import base64
 import binascii
 import logging
 import re
+from datetime import timedelta
 
-from istiod.model.config.common import Labels, Meta, StringMatch
+from istiod.model.config.common import Labels, MatchKind, Meta, StringMatch
 from istiod.model.config.scope import host_matches
 from istiod.model.config.networking import (
-    MESH_GATEWAY, ClientTLS, ConnectionPool, ConsistentHash, Destination, DestinationRule, DirectResponse,
+    MESH_GATEWAY, ClientTLS, ConnectionPool, ConsistentHash, CorsPolicy, Destination, DestinationRule, DirectResponse,
     EgressListener, Fault, FaultAbort, FaultDelay, Gateway, HeaderOperations, Headers, HTTPMatch, HTTPRoute,
     HTTPSettings, IngressListener, L4Match, L4Route, LoadBalancer, LoadBalancerSettings, LocalityDistribute, LocalityFailover,
-    LocalityLbSetting, Location, OutlierDetection,
+    LocalityLbSetting, Location, Mirror, OutlierDetection,
     PortTrafficPolicy, Redirect, Resolution, Retries, Rewrite, RouteDestination, Server, ServerTLS, ServerTLSMode,
     ServiceEntry, ServicePort, Sidecar, Subset, TCPSettings, TLSMode, TrafficPolicy, VirtualService, WorkloadEntry,
 )
@@ -21,7 +22,7 @@ from istiod.model.config.networking import TLS_PROTOCOL_VERSIONS, routing_claim
 from istiod.sources.fields import ObjectKey, _Fields
 from istiod.sources.istio.common import (
     dns1123_label, duration, enum_field, export_to, fields, items, meta, spec, fqdn_error, integer, ip_or_cidr, is_ip, labels, only, percentage,
-    port, protocol, raise_if, regex, resolve_host, str_keyed, str_list, string_match, string_matches, wildcard_domain_error,
+    port, protocol, raise_if, regex, resolve_host, str_keyed, str_list, string_match, string_match_list, string_matches, wildcard_domain_error,
     workload_selector,
 )
 
@@ -151,7 +152,7 @@ def _header_matches(m: _Fields, path: str) -> tuple[tuple[str, StringMatch], ...
 
 def _http_match(m: _Fields, namespace: str, domain: str) -> HTTPMatch:
     only(m, ("name", "uri", "scheme", "method", "authority", "headers", "withoutHeaders", "queryParams", "port",
-             "sourceLabels", "gateways", "sourceNamespace", "ignoreUriCase"), ("statPrefix",))
+             "sourceLabels", "gateways", "sourceNamespace", "ignoreUriCase", "statPrefix"))
     return HTTPMatch(
         name=m.get("name", str, ""),
         uri=string_match(m, "uri"),
@@ -166,6 +167,7 @@ def _http_match(m: _Fields, namespace: str, domain: str) -> HTTPMatch:
         gateways=_gateway_refs(m, "gateways", namespace),
         source_namespace=_source_namespace(m),
         ignore_uri_case=m.get("ignoreUriCase", bool, False),
+        stat_prefix=m.get("statPrefix", str, ""),
     )
 
 
@@ -176,13 +178,17 @@ def _fault(f: _Fields, path: str) -> Fault | None:
     only(sub, ("delay", "abort"))
     delay = abort = None
     if (d := fields(sub, "delay")) is not None:
-        only(d, ("fixedDelay", "percentage", "percent"), ("exponentialDelay",))
+        only(d, ("fixedDelay", "percentage", "percent", "exponentialDelay"))
+        if "exponentialDelay" in d.body:  # istiod's validation refuses it so
+            raise f.fail(f"{path}.delay.exponentialDelay: exponentialDelay not supported yet")
         fixed = duration(d, "fixedDelay")
         if fixed is None:
             raise f.fail(f"{path}.delay.fixedDelay is required")
         delay = FaultDelay(fixed, _percent(d))
     if (a := fields(sub, "abort")) is not None:
-        only(a, ("httpStatus", "grpcStatus", "percentage"), ("http2Error",))
+        only(a, ("httpStatus", "grpcStatus", "percentage", "http2Error"))
+        if "http2Error" in a.body:  # istiod's validation refuses it so
+            raise f.fail(f"{path}.abort.http2Error: HTTP/2 abort fault injection not supported yet")
         status = integer(a, "httpStatus", 0) or 0
         grpc_status = a.get("grpcStatus", str, "")
         if bool(status) == bool(grpc_status):
@@ -209,7 +215,7 @@ def _retries(f: _Fields, path: str) -> Retries | None:
     sub = fields(f, path)
     if sub is None:
         return None
-    only(sub, ("attempts", "perTryTimeout", "retryOn", "retryRemoteLocalities"), ("retryIgnorePreviousHosts", "backoff"))
+    only(sub, ("attempts", "perTryTimeout", "retryOn", "retryRemoteLocalities", "retryIgnorePreviousHosts", "backoff"))
     attempts = sub.get("attempts", int, 0)
     if attempts < 0:
         raise f.fail(f"{path}.attempts: attempts cannot be negative")
@@ -221,7 +227,8 @@ def _retries(f: _Fields, path: str) -> Retries | None:
     for policy in retry_on:
         if policy not in RETRY_ON and not (policy.isdigit() and 100 <= int(policy) <= 599):
             raise f.fail(f"{path}.retryOn: {policy!r} is not a valid retryOn policy")
-    return Retries(attempts, per_try, retry_on, remote)
+    return Retries(attempts, per_try, retry_on, remote, duration(sub, "backoff"),
+                   sub.get("retryIgnorePreviousHosts", bool, None))
 
 
 def _rewrite(f: _Fields, path: str) -> Rewrite | None:
@@ -298,13 +305,84 @@ def _direct_response(f: _Fields, path: str) -> DirectResponse | None:
     return DirectResponse(status, body)
 
 
-_HTTP_UNSUPPORTED = ("delegate", "mirror", "mirrors", "mirrorPercent", "mirrorPercentage", "mirror_percent",
-                     "corsPolicy")
+def _mirrors(r: _Fields, namespace: str, domain: str) -> tuple[Mirror, ...]:
+    """`mirror` with `mirrorPercentage` (or the deprecated integer `mirrorPercent`), or `mirrors`."""
+    if "mirror" in r.body and "mirrors" in r.body:
+        raise r.fail("HTTP route cannot contain both mirror and mirrors")
+    result = []
+    for i, item in enumerate(items(r, "mirrors")):
+        only(item, ("destination", "percentage"))
+        value = percentage(item, "percentage")
+        result.append(Mirror(_destination(item, "destination", namespace, domain), 100 if value is None else value))
+    if "mirror" in r.body:
+        value = percentage(r, "mirrorPercentage")
+        # The deprecated integer, by its JSON or its CRD name.
+        legacy = integer(r, "mirrorPercent", 0, 100) if "mirrorPercent" in r.body else integer(r, "mirror_percent", 0, 100)
+        share: float | int = value if value is not None else legacy if legacy is not None else 100
+        result.append(Mirror(_destination(r, "mirror", namespace, domain), share))
+    return tuple(result)
 
 
-def _http_route(r: _Fields, namespace: str, domain: str) -> HTTPRoute:
+_CORS_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "CONNECT", "OPTIONS", "TRACE", "*"})
+_UNMATCHED_PREFLIGHTS = ("FORWARD", "IGNORE")
+
+
+def _cors_policy(r: _Fields, path: str) -> CorsPolicy | None:
+    """As istiod's validateCORSPolicy; the deprecated `allowOrigin` list is exact origins."""
+    sub = fields(r, path)
+    if sub is None:
+        return None
+    only(sub, ("allowOrigins", "allowOrigin", "allowMethods", "allowHeaders", "exposeHeaders", "maxAge",
+               "allowCredentials", "unmatchedPreflights"))
+    origins = string_match_list(sub, "allowOrigins")
+    for i, origin in enumerate(origins):
+        if not origin.value:
+            raise r.fail(f"{path}.allowOrigins[{i}]: '' is not a valid match type for CORS allow origins")
+    if "allowOrigins" not in sub.body:
+        origins = tuple(StringMatch(MatchKind.EXACT, o) for o in str_list(sub, "allowOrigin"))
+    methods = str_list(sub, "allowMethods")
+    for method in methods:
+        if method not in _CORS_METHODS:
+            raise r.fail(f"{path}.allowMethods: {method!r} is not a supported HTTP method")
+    for name in ("allowHeaders", "exposeHeaders"):
+        for header in str_list(sub, name):
+            if header != "*" and not _HEADER_NAME.fullmatch(header):
+                raise r.fail(f"{path}.{name}: header name {header!r} is not a valid header name")
+    max_age = duration(sub, "maxAge")
+    if max_age is not None and max_age % timedelta(seconds=1):
+        raise r.fail(f"{path}.maxAge: max_age duration is accurate only to seconds precision")
+    unmatched = sub.get("unmatchedPreflights", str, "FORWARD")
+    if unmatched not in _UNMATCHED_PREFLIGHTS:
+        raise r.fail(f"{path}.unmatchedPreflights: {unmatched!r} is not one of {', '.join(_UNMATCHED_PREFLIGHTS)}")
+    return CorsPolicy(origins, methods, str_list(sub, "allowHeaders"), str_list(sub, "exposeHeaders"),
+                      max_age, sub.get("allowCredentials", bool, None), unmatched)
+
+
+def _delegate(r: _Fields, namespace: str, in_delegate: bool) -> tuple[str, str] | None:
+    """A root's `delegate: {name, namespace}` (its own namespace by default), as istiod validates it."""
+    sub = fields(r, "delegate")
+    if sub is None:
+        return None
+    if in_delegate:
+        raise r.fail("delegate HTTP route cannot contain delegate")
+    only(sub, ("name", "namespace"))
+    name, delegate_namespace = sub.get("name", str, ""), sub.get("namespace", str, "") or namespace
+    if not name:
+        raise r.fail("delegate.name is required")
+    for field_name, value in (("name", name), ("namespace", delegate_namespace)):
+        if not dns1123_label(value):
+            raise r.fail(f"delegate.{field_name}: {value!r} is not a valid name")
+    if "route" in r.body or "redirect" in r.body:
+        raise r.fail(f"root HTTP route {r.get('name', str, '')} must not specify "
+                     f"{'route' if 'route' in r.body else 'redirect'}")
+    return delegate_namespace, name
+
+
+def _http_route(r: _Fields, namespace: str, domain: str, in_delegate: bool) -> HTTPRoute:
     only(r, ("name", "match", "route", "redirect", "directResponse", "rewrite", "timeout", "retries", "fault",
-             "headers"), _HTTP_UNSUPPORTED)
+             "headers", "mirror", "mirrors", "mirrorPercentage", "mirrorPercent", "mirror_percent", "corsPolicy",
+             "delegate"))
+    delegate = _delegate(r, namespace, in_delegate)
     route = _route_destinations(r, "route", namespace, domain)
     redirect, direct = _redirect(r, "redirect"), _direct_response(r, "directResponse")
     rewrite, headers = _rewrite(r, "rewrite"), _headers(r, "headers")
@@ -315,7 +393,7 @@ def _http_route(r: _Fields, namespace: str, domain: str) -> HTTPRoute:
         for other, present in conflicts.items():
             if present:
                 raise r.fail(f"HTTP route cannot contain both {other} and {action}")
-    if not (route or redirect or direct):
+    if not (route or redirect or direct or delegate):
         raise r.fail("HTTP route, redirect or direct_response is required")
     authorities = [v for k, v in headers.request.set + headers.request.add if k.lower() in (":authority", "host")]
     if len(authorities) + bool(rewrite and rewrite.authority) > 1:
@@ -331,6 +409,9 @@ def _http_route(r: _Fields, namespace: str, domain: str) -> HTTPRoute:
         retries=_retries(r, "retries"),
         fault=_fault(r, "fault"),
         headers=headers,
+        mirrors=_mirrors(r, namespace, domain),
+        cors_policy=_cors_policy(r, "corsPolicy"),
+        delegate=delegate,
     )
 
 
@@ -360,10 +441,14 @@ def _l4_route(r: _Fields, namespace: str, domain: str, tls: bool, hosts: tuple[s
 
 
 def virtual_service(key: ObjectKey, f: _Fields, domain: str) -> VirtualService:
-    spec(f, ("hosts", "gateways", "http", "tcp", "tls", "exportTo"), ("delegate",))
+    spec(f, ("hosts", "gateways", "http", "tcp", "tls", "exportTo"))
     hosts = str_list(f, "spec.hosts")
-    if not hosts:
-        raise f.fail("spec.hosts: virtual service must have at least one host")
+    delegate = not hosts  # its http routes stand in roots' delegating routes
+    if delegate:
+        for name in ("gateways", "tls", "tcp"):
+            if f.get(f"spec.{name}", list, []):
+                raise f.fail(f"spec.{name}: delegate virtual service must have no "
+                             f"{'gateways specified' if name == 'gateways' else name + ' route specified'}")
     gateways = _gateway_refs(f, "spec.gateways", key.namespace) or (MESH_GATEWAY,)
     for i, host in enumerate(hosts):
         if host == "*" and MESH_GATEWAY in gateways:
@@ -377,7 +462,7 @@ def virtual_service(key: ObjectKey, f: _Fields, domain: str) -> VirtualService:
         meta=meta(key),
         hosts=resolved,
         gateways=gateways,
-        http=tuple(_http_route(r, key.namespace, domain) for r in items(f, "spec.http")),
+        http=tuple(_http_route(r, key.namespace, domain, delegate) for r in items(f, "spec.http")),
         tcp=tuple(_l4_route(r, key.namespace, domain, False, resolved) for r in items(f, "spec.tcp")),
         tls=tuple(_l4_route(r, key.namespace, domain, True, resolved) for r in items(f, "spec.tls")),
         export_to=export_to(f),

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from envoy.config.core.v3 import config_source_pb2
 from envoy.config.listener.v3 import listener_components_pb2
+from envoy.extensions.filters.http.cors.v3 import cors_pb2
 from envoy.extensions.filters.http.fault.v3 import fault_pb2
 from envoy.extensions.filters.http.router.v3 import router_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
@@ -16,6 +17,7 @@ from google.protobuf.message import Message
 
 ROUTER_FILTER = "envoy.filters.http.router"
 FAULT_FILTER = "envoy.filters.http.fault"
+CORS_FILTER = "envoy.filters.http.cors"
 HCM_FILTER = "envoy.filters.network.http_connection_manager"
 TCP_PROXY_FILTER = "envoy.filters.network.tcp_proxy"
 
@@ -42,11 +44,15 @@ def http_connection_manager(http_filters: Sequence[hcm_pb2.HttpFilter] = (), /,
     )
 
 
-def with_fault_filter(manager: hcm_pb2.HttpConnectionManager) -> hcm_pb2.HttpConnectionManager:
-    """The fault filter just before the router, as istiod places it: VirtualService faults ride on
-    routes (typed_per_filter_config) and act only where the filter is in the chain."""
-    manager.http_filters.insert(len(manager.http_filters) - 1, hcm_pb2.HttpFilter(
-        name=FAULT_FILTER, typed_config=pack(fault_pb2.HTTPFault())))
+def with_fault_filter(manager: hcm_pb2.HttpConnectionManager, cors: bool = False) -> hcm_pb2.HttpConnectionManager:
+    """The fault filter (and for Envoy the CORS filter) just before the router, as istiod places
+    them: VirtualService faults and CORS policies ride on routes (typed_per_filter_config) and act
+    only where the filter is in the chain. gRPC has no CORS filter."""
+    added = [hcm_pb2.HttpFilter(name=FAULT_FILTER, typed_config=pack(fault_pb2.HTTPFault()))]
+    if cors:
+        added.append(hcm_pb2.HttpFilter(name=CORS_FILTER, typed_config=pack(cors_pb2.Cors())))
+    for http_filter in added:  # each in turn just before the router
+        manager.http_filters.insert(len(manager.http_filters) - 1, http_filter)
     return manager
 
 

@@ -15,24 +15,27 @@ from collections.abc import Callable, Collection, Mapping
 from envoy.config.core.v3 import base_pb2
 from envoy.config.route.v3 import route_components_pb2 as rc
 from envoy.extensions.filters.common.fault.v3 import fault_pb2 as common_fault_pb2
+from envoy.extensions.filters.http.cors.v3 import cors_pb2
 from envoy.extensions.filters.http.fault.v3 import fault_pb2
 from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2
+from envoy.extensions.retry.priority.previous_priorities.v3 import previous_priorities_config_pb2
 from envoy.type.matcher.v3 import metadata_pb2, regex_pb2, string_pb2, value_pb2
 from envoy.type.v3 import percent_pb2
 from google.protobuf import duration_pb2, wrappers_pb2
 
 from istiod.model.config.common import MatchKind, StringMatch, selector_matches
 from istiod.model.config.networking import (
-    MESH_GATEWAY, ConsistentHash, Destination, DirectResponse, Fault, Headers, HTTPMatch, HTTPRoute, L4Match, L4Route,
-    Redirect, Retries, VirtualService, routing_claim,
+    MESH_GATEWAY, ConsistentHash, CorsPolicy, Destination, DirectResponse, Fault, Headers, HTTPMatch, HTTPRoute, L4Match, L4Route,
+    Mirror, Redirect, Retries, VirtualService, routing_claim,
 )
 from istiod.model.names import outbound_cluster_name
 from istiod.model.service import Service
 from istiod.xds.gen.authn import JWT_FILTER, JWT_PAYLOAD
-from istiod.xds.gen.filters import FAULT_FILTER, pack
+from istiod.xds.gen.filters import CORS_FILTER, FAULT_FILTER, pack
 from istiod.xds.gen.policy import duration, hash_policies
 
 PREVIOUS_HOSTS = "envoy.retry_host_predicates.previous_hosts"
+PREVIOUS_PRIORITIES = "envoy.retry_priorities.previous_priorities"
 DEFAULT_RETRY_ON = "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes"
 # gRPC status codes by the names Istio's API uses (grpcStatus, retryOn).
 GRPC_CODES = {
@@ -78,6 +81,7 @@ def virtual_service_routes(vs: VirtualService, port: int, services: Mapping[str,
             route = rc.Route()
             route.CopyFrom(template)
             route.name = ".".join(n for n in (http.name, match.name) if n)
+            route.stat_prefix = match.stat_prefix
             route.match.CopyFrom(_match(match, vs.gateway_semantics))
             routes.append(route)
     return routes
@@ -86,7 +90,8 @@ def virtual_service_routes(vs: VirtualService, port: int, services: Mapping[str,
 def _route(http: HTTPRoute, port: int, services: Mapping[str, Service], hash_for: HashLookup,
            proxyless: bool) -> rc.Route:
     """Everything of one http route but its name and match, as istiod's translateRoute. gRPC
-    ignores header operations and rewrites (istiod sends them anyway): proxyless routes leave them out."""
+    ignores header operations, rewrites and mirrors, and NACKs the CORS filter's config (istiod sends
+    them anyway): proxyless routes leave them out."""
     route = rc.Route()
     if not proxyless:
         _add_header_operations(route, http.headers)
@@ -98,6 +103,8 @@ def _route(http: HTTPRoute, port: int, services: Mapping[str, Service], hash_for
         _forward(route, http, port, services, hash_for, proxyless)
     if http.fault is not None:
         route.typed_per_filter_config[FAULT_FILTER].CopyFrom(pack(_fault(http.fault)))
+    if http.cors_policy is not None and not proxyless:
+        route.typed_per_filter_config[CORS_FILTER].CopyFrom(pack(_cors(http.cors_policy)))
     return route
 
 
@@ -135,10 +142,12 @@ def _forward(route: rc.Route, http: HTTPRoute, port: int, services: Mapping[str,
                 pattern=_regex(rewrite.uri_regex[0]), substitution=rewrite.uri_regex[1]))
         elif rewrite is not None and rewrite.uri:
             action.prefix_rewrite = rewrite.uri
-    for mirror in http.mirrors:
-        action.request_mirror_policies.add(cluster=destination_cluster(mirror, port, services)[0])
+    if not proxyless:
+        action.request_mirror_policies.extend(
+            _mirror(m, port, services) for m in http.mirrors if m.percentage > 0)  # 0%: none, as istiod
     _set_timeout(action, http.timeout, proxyless)
-    retries = retry_policy(http.retries)
+    # A hashed destination keeps its retries on the same endpoint (istiod's consistent-hash policy).
+    retries = retry_policy(http.retries, hashed=bool(action.hash_policy))
     if retries is not None:
         action.retry_policy.CopyFrom(retries)
 
@@ -260,27 +269,30 @@ def _set_timeout(action: rc.RouteAction, timeout: object, proxyless: bool) -> No
         action.max_stream_duration.grpc_timeout_header_max.CopyFrom(value)
 
 
-def default_retries() -> rc.RetryPolicy:
-    """istiod's default: twice, on another endpoint, when a connection fails or is refused (an
-    endpoint that just went away) or the upstream answers 503 or UNAVAILABLE/CANCELLED."""
-    return rc.RetryPolicy(
-        retry_on=DEFAULT_RETRY_ON,
-        num_retries=wrappers_pb2.UInt32Value(value=2),
-        retry_host_predicate=[rc.RetryPolicy.RetryHostPredicate(
-            name=PREVIOUS_HOSTS, typed_config=pack(previous_hosts_pb2.PreviousHostsPredicate()))],
-        host_selection_retry_max_attempts=5,
-        retriable_status_codes=[503],
-    )
+def default_retries(hashed: bool = False) -> rc.RetryPolicy:
+    """istiod's default: twice, on another endpoint (the same one for a `hashed` destination), when
+    a connection fails or is refused (an endpoint that just went away) or gRPC says
+    UNAVAILABLE/CANCELLED. No status code is retriable unless retryOn names it (Istio dropped 503)."""
+    policy = rc.RetryPolicy(retry_on=DEFAULT_RETRY_ON, num_retries=wrappers_pb2.UInt32Value(value=2),
+                            host_selection_retry_max_attempts=5)
+    if not hashed:
+        _retry_elsewhere(policy)
+    return policy
 
 
-def retry_policy(retries: Retries | None) -> rc.RetryPolicy | None:
+def _retry_elsewhere(policy: rc.RetryPolicy) -> None:
+    policy.retry_host_predicate.add(name=PREVIOUS_HOSTS, typed_config=pack(previous_hosts_pb2.PreviousHostsPredicate()))
+
+
+def retry_policy(retries: Retries | None, hashed: bool = False) -> rc.RetryPolicy | None:
     """istiod's retry.ConvertPolicy: none set means the default, `attempts: 0` no retries; retryOn
-    entries that are HTTP status numbers become retriable status codes."""
+    entries that are HTTP status numbers become retriable status codes; retryRemoteLocalities moves
+    a retry to the next priority."""
     if retries is None:
-        return default_retries()
+        return default_retries(hashed)
     if retries.attempts <= 0:
         return None
-    policy = default_retries()
+    policy = default_retries(hashed)
     policy.num_retries.value = retries.attempts
     if retries.retry_on:
         codes = [int(v) for v in retries.retry_on if v.isdigit()]
@@ -292,6 +304,16 @@ def retry_policy(retries: Retries | None) -> rc.RetryPolicy | None:
         policy.retriable_status_codes.extend(codes)
     if retries.per_try_timeout is not None:
         policy.per_try_timeout.CopyFrom(duration(retries.per_try_timeout))
+    if retries.retry_ignore_previous_hosts is not None:
+        del policy.retry_host_predicate[:]
+        if retries.retry_ignore_previous_hosts:
+            _retry_elsewhere(policy)
+    if retries.retry_remote_localities:
+        policy.retry_priority.name = PREVIOUS_PRIORITIES
+        policy.retry_priority.typed_config.CopyFrom(pack(
+            previous_priorities_config_pb2.PreviousPrioritiesConfig(update_frequency=2)))
+    if retries.backoff is not None:
+        policy.retry_back_off.base_interval.CopyFrom(duration(retries.backoff))
     return policy
 
 
@@ -371,6 +393,32 @@ def _fault(fault: Fault) -> fault_pb2.HTTPFault:
             abort.http_status = fault.abort.http_status
         result.abort.CopyFrom(abort)
     return result
+
+
+def _mirror(mirror: Mirror, port: int, services: Mapping[str, Service]) -> rc.RouteAction.RequestMirrorPolicy:
+    """istiod's TranslateRequestMirrorPolicy: the shadow keeps the Host (no `-shadow` suffix, istiod's
+    DISABLE_SHADOW_HOST_SUFFIX default) and is never trace-sampled."""
+    share = (_percent(mirror.percentage) if isinstance(mirror.percentage, float) else percent_pb2.FractionalPercent(
+        numerator=mirror.percentage, denominator=percent_pb2.FractionalPercent.HUNDRED))
+    return rc.RouteAction.RequestMirrorPolicy(
+        cluster=destination_cluster(mirror.destination, port, services)[0],
+        runtime_fraction=base_pb2.RuntimeFractionalPercent(default_value=share),
+        trace_sampled=wrappers_pb2.BoolValue(value=False), disable_shadow_host_suffix_append=True)
+
+
+def _cors(policy: CorsPolicy) -> cors_pb2.CorsPolicy:
+    """istiod's TranslateCORSPolicy. Unmatched preflights go on to the upstream unless IGNORE."""
+    return cors_pb2.CorsPolicy(
+        allow_origin_string_match=[_string(o) for o in policy.allow_origins],
+        allow_methods=",".join(policy.allow_methods), allow_headers=",".join(policy.allow_headers),
+        expose_headers=",".join(policy.expose_headers),
+        max_age=str(int(policy.max_age.total_seconds())) if policy.max_age is not None else "",
+        allow_credentials=None if policy.allow_credentials is None else wrappers_pb2.BoolValue(
+            value=policy.allow_credentials),
+        filter_enabled=base_pb2.RuntimeFractionalPercent(default_value=percent_pb2.FractionalPercent(
+            numerator=100, denominator=percent_pb2.FractionalPercent.HUNDRED)),
+        forward_not_matching_preflights=wrappers_pb2.BoolValue(value=policy.unmatched_preflights != "IGNORE"),
+    )
 
 
 def _percent(value: float) -> percent_pb2.FractionalPercent:

@@ -91,7 +91,8 @@ def route_inputs(snapshot: Snapshot, proxy: Proxy, service: Service) -> tuple[Vi
     their identity while unchanged, so an unrelated change rebuilds nothing."""
     vs = snapshot.config.virtual_service_for_host(proxy.namespace, service.hostname)
     routes: list[HTTPRoute | L4Route] = [*vs.http, *vs.tcp, *vs.tls] if vs is not None else []
-    hosts = dict.fromkeys([service.hostname, *(d.destination.host for r in routes for d in r.route)])
+    mirrors = [m.destination.host for r in vs.http for m in r.mirrors] if vs is not None else []
+    hosts = dict.fromkeys([service.hostname, *(d.destination.host for r in routes for d in r.route), *mirrors])
     depends_on: list[object] = [vs]
     for host in hosts:
         destination = snapshot.services.get(host)

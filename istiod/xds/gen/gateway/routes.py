@@ -40,7 +40,8 @@ def _inputs(snapshot: Snapshot, proxy: Proxy, servers: tuple[GatewayServer, ...]
     found: list[object] = list(dict.fromkeys(s.gateway for s in servers))
     for vs in dict.fromkeys(vs for s in servers for _, vs in bound_hosts(snapshot, proxy, s)):
         found.append(vs)
-        for host in dict.fromkeys(d.destination.host for http in vs.http for d in http.route):
+        for host in dict.fromkeys([*(d.destination.host for http in vs.http for d in http.route),
+                                   *(m.destination.host for http in vs.http for m in http.mirrors)]):
             service = snapshot.services.get(host)
             found += [service, destination_rule(snapshot, proxy, service) if service is not None else None]
     return tuple(found)
