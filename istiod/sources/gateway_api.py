@@ -77,7 +77,7 @@ def duration(f: _Fields, path: str) -> timedelta | None:
 
 def gateway_class(key: ObjectKey, f: _Fields, domain: str) -> GatewayClass:
     spec = _spec(f)
-    return GatewayClass(meta(key), _required(spec, "controllerName"), _generation(f))
+    return GatewayClass(meta(key), _required(spec, "controllerName"), _generation(f), f.str_map("metadata.labels"))
 
 
 def _object_ref(f: _Fields, default_group: str, default_kind: str, backend: bool = False) -> ObjectRef:
@@ -136,7 +136,8 @@ def gateway(key: ObjectKey, f: _Fields, domain: str) -> KubernetesGateway:
     addresses = tuple((a.get("type", str, "IPAddress"), _required(a, "value")) for a in items(spec, "addresses"))
     # spec.infrastructure (labels and annotations for generated resources) has nothing to apply to
     # until Gateways are deployed automatically; it is read and left alone, as documented.
-    return KubernetesGateway(meta(key), _required(spec, "gatewayClassName"), listeners, addresses, _generation(f))
+    return KubernetesGateway(meta(key), _required(spec, "gatewayClassName"), listeners, addresses, _generation(f),
+                             f.str_map("metadata.labels"))
 
 
 def _parent_refs(spec: _Fields) -> tuple[ParentRef, ...]:

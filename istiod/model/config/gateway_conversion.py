@@ -5,6 +5,10 @@ HTTPRoutes attached to it become VirtualServices bound to that Gateway, one per 
 their rules ordered by the spec's precedence. The gateway flavor's listeners, routes, clusters and
 DestinationRules then apply unchanged: one translator, two front ends.
 
+Gateways of the mesh controller's class (`istio-waypoint`) are waypoints: one HBONE listener on
+15008, no Istio Gateway made of them; once their Service (named as the Gateway) has endpoints, their
+status address is its hostname, and the ambient index (WDS) points services and workloads at it.
+
 Pure: Gateway API values, Services, Secrets and Namespaces in; Istio values and the status of every
 object out (istiod/status/gateway_api.py writes it). A reference the API refuses (a backend or
 Secret in another namespace without a ReferenceGrant) is reported and never followed.
@@ -21,7 +25,7 @@ from typing import Any
 from istiod.model.cluster import Namespace
 from istiod.model.config.common import MatchKind, Meta, StringMatch, selector_matches
 from istiod.model.config.gateway_api import (
-    GROUP, GatewayApiConfig, StatusKey, GatewayClass, KubernetesGateway, KubernetesHTTPRoute, Listener, ObjectRef, ParentRef, ReferenceGrant,
+    GROUP, GatewayApiConfig, StatusKey, GatewayClass, Waypoint, KubernetesGateway, KubernetesHTTPRoute, Listener, ObjectRef, ParentRef, ReferenceGrant,
     RouteMatch, RouteRule, UntranslatedRoute,
 )
 from istiod.model.config.networking import (
@@ -35,6 +39,9 @@ from istiod.model.service import Endpoint, Service
 
 CONTROLLER = "istio.io/gateway-controller"
 CLASS = "istio"
+MESH_CONTROLLER = "istio.io/mesh-controller"  # waypoints'; the class istiod gives it is `istio-waypoint`
+WAYPOINT_FOR_LABEL = "istio.io/waypoint-for"
+HBONE_PORT = 15008
 CLASS_DESCRIPTION = "The default Istio GatewayClass"
 GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"
 GATEWAY_CREDENTIAL_PREFIX = "kubernetes-gateway://"  # istiod's SDS name for a certificateRef: <ns>/<name>
@@ -61,10 +68,11 @@ class _ListenerState:
     conditions: dict[str, tuple[bool, str, str]]  # type -> (status, reason, message)
     attached: int = 0
     server: Server | None = None
+    mesh: bool = False  # a waypoint's HBONE listener: valid without a server of its own
 
     @property
     def valid(self) -> bool:
-        return self.server is not None
+        return self.server is not None or (self.mesh and self.conditions["Accepted"][0])
 
     def fail(self, type_: str, reason: str, message: str) -> None:
         self.conditions[type_] = (False, reason, message)
@@ -105,7 +113,8 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
             credentials: Mapping[tuple[str, str], TlsCredential],
             namespaces: Mapping[str, Namespace]) -> GatewayApiConfig:
     classes = list(classes)
-    ours = {c.meta.name for c in classes if c.controller_name == CONTROLLER}
+    ours = {c.meta.name for c in classes if c.controller_name in (CONTROLLER, MESH_CONTROLLER)}
+    mesh_classes = {c.meta.name: dict(c.labels) for c in classes if c.controller_name == MESH_CONTROLLER}
     missing_class = not any(c.meta.name == CLASS for c in classes)
     if missing_class:
         ours.add(CLASS)
@@ -119,7 +128,17 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
             statuses[("GatewayClass", "", c.meta.name)] = {"conditions": [
                 condition("Accepted", True, "Accepted", "Handled by Istio controller", c.generation)]}
 
-    owned = {(g.meta.namespace, g.meta.name): g for g in sorted(gateways, key=_meta_order) if g.class_name in ours}
+    gateways = sorted(gateways, key=_meta_order)
+    # Waypoints take no routes here (HTTPRoutes with Service parents configure them, not Gateway parents).
+    waypoint_gateways = {(g.meta.namespace, g.meta.name): g for g in gateways if g.class_name in mesh_classes}
+    waypoints: dict[tuple[str, str], Waypoint] = {}
+    for key, gateway in waypoint_gateways.items():
+        states = _listeners(gateway, inputs, mesh=True)
+        status = statuses[("KubernetesGateway", *key)] = _gateway_status(gateway, states, inputs, mesh=True)
+        waypoint = _waypoint(gateway, status, mesh_classes[gateway.class_name])
+        if waypoint is not None:
+            waypoints[key] = waypoint
+    owned = {(g.meta.namespace, g.meta.name): g for g in gateways if g.class_name in ours and g.class_name not in mesh_classes}
     listeners = {key: _listeners(g, inputs) for key, g in owned.items()}
 
     # Every (route rule match) attached to a listener, by listener and host.
@@ -164,7 +183,21 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
                     (f"{gateway.meta.namespace}/{derived}",), tuple(http for _, http in entries),
                     gateway_semantics=True))
         statuses[("KubernetesGateway", *key)] = _gateway_status(gateway, listeners[key], inputs)
-    return GatewayApiConfig(tuple(istio_gateways), tuple(virtual_services), statuses, missing_class)
+    return GatewayApiConfig(tuple(istio_gateways), tuple(virtual_services), statuses, missing_class, waypoints)
+
+
+def _waypoint(gateway: KubernetesGateway, status: Mapping[str, Any], class_labels: Mapping[str, str]) -> Waypoint | None:
+    """As istiod's ambient index: a waypoint once it has a status address (a Hostname here); its
+    traffic type from the Gateway's label, else its class's, else `service`; the namespaces its
+    HBONE listener on 15008 admits (its own without one)."""
+    hostname = next((a["value"] for a in status.get("addresses", ()) if a["type"] == "Hostname"), "")
+    if not hostname:
+        return None
+    traffic = dict(gateway.labels).get(WAYPOINT_FOR_LABEL) or class_labels.get(WAYPOINT_FOR_LABEL) or "service"
+    listener = next((l for l in gateway.listeners if l.protocol == "HBONE" and l.port == HBONE_PORT), None)
+    if listener is None:
+        return Waypoint(gateway.meta, hostname, traffic)
+    return Waypoint(gateway.meta, hostname, traffic, listener.from_namespaces, listener.namespace_selector)
 
 
 def _selector(gateway: KubernetesGateway, inputs: _Inputs) -> tuple[tuple[str, str], ...]:
@@ -192,12 +225,17 @@ def _gateway_key(ref: ParentRef, namespace: str) -> tuple[str, str]:
 
 # --- listeners -----------------------------------------------------------------------------------
 
-def _listeners(gateway: KubernetesGateway, inputs: _Inputs) -> list[_ListenerState]:
+def _listeners(gateway: KubernetesGateway, inputs: _Inputs, mesh: bool = False) -> list[_ListenerState]:
     states = []
     for listener in gateway.listeners:
         state = _ListenerState(listener, {
             "Accepted": (True, "Accepted", _OK), "Programmed": (True, "Programmed", _OK),
-            "Conflicted": (False, "NoConflicts", _OK), "ResolvedRefs": (True, "ResolvedRefs", _OK)})
+            "Conflicted": (False, "NoConflicts", _OK), "ResolvedRefs": (True, "ResolvedRefs", _OK)}, mesh=mesh)
+        if mesh:
+            if (listener.protocol, listener.port) != ("HBONE", HBONE_PORT):
+                state.fail("Accepted", "UnsupportedProtocol", 'Expected a single listener on port 15008 with protocol "HBONE"')
+            states.append(state)
+            continue
         tls = _listener_checks(gateway, listener, state, inputs)
         if state.conditions["Accepted"][0] and state.conditions["ResolvedRefs"][0]:
             protocol = "HTTPS" if listener.protocol == "HTTPS" else "HTTP"
@@ -278,7 +316,8 @@ def _conflicts(states: list[_ListenerState]) -> None:
         state.server = None
 
 
-def _gateway_status(gateway: KubernetesGateway, states: list[_ListenerState], inputs: _Inputs) -> dict[str, Any]:
+def _gateway_status(gateway: KubernetesGateway, states: list[_ListenerState], inputs: _Inputs,
+                    mesh: bool = False) -> dict[str, Any]:
     generation = gateway.generation
     valid = sum(1 for s in states if s.valid)
     accepted = condition("Accepted", True, "Accepted", "Resource accepted", generation)
@@ -286,7 +325,7 @@ def _gateway_status(gateway: KubernetesGateway, states: list[_ListenerState], in
         accepted = condition("Accepted", valid > 0, "ListenersNotValid",
                              "One or more of the Gateway's listeners are invalid" if valid
                              else "None of the Gateway's listeners are valid", generation)
-    programmed, addresses = _programmed(gateway, states, inputs)
+    programmed, addresses = _programmed(gateway, states, inputs, mesh)
     status: dict[str, Any] = {"conditions": [
         accepted, programmed, condition("ResolvedRefs", True, "ResolvedRefs", "All references resolved", generation)],
         "listeners": [{"name": s.listener.name, "supportedKinds": _supported_kinds(s.listener),
@@ -294,16 +333,18 @@ def _gateway_status(gateway: KubernetesGateway, states: list[_ListenerState], in
                        "conditions": [condition(t, *s.conditions[t], generation) for t in s.conditions]}
                       for s in states]}
     if addresses:
-        status["addresses"] = [{"type": "IPAddress", "value": address} for address in addresses]
+        # A waypoint's class reports hostnames (what ztunnel is pointed at), the `istio` class IPs.
+        status["addresses"] = [{"type": "Hostname" if mesh else "IPAddress", "value": address} for address in addresses]
     return status
 
 
 def _programmed(gateway: KubernetesGateway, states: list[_ListenerState],
-                inputs: _Inputs) -> tuple[dict[str, Any], list[str]]:
+                inputs: _Inputs, mesh: bool = False) -> tuple[dict[str, Any], list[str]]:
     """Programmed, as istiod decides it: the Gateway's Service (`<name>-<class>`, which its deployment
-    answers on) has endpoints on the listeners' ports; its cluster IP is then the address."""
+    answers on; a waypoint's is `<name>`) has endpoints on the listeners' ports; its cluster IP (a
+    waypoint's: its hostname) is then the address."""
     generation = gateway.generation
-    name = f"{gateway.meta.name}-{gateway.class_name}"
+    name = gateway.meta.name if mesh else f"{gateway.meta.name}-{gateway.class_name}"
     hostname = service_hostname(name, gateway.meta.namespace, inputs.domain)
     if gateway.addresses:
         return condition("Programmed", False, "AddressNotUsable",
@@ -328,6 +369,8 @@ def _programmed(gateway: KubernetesGateway, states: list[_ListenerState],
                          generation), []
     message = f"Resource programmed, assigned to service(s) {', '.join(internal)}"
     assert service is not None
+    if mesh:
+        return condition("Programmed", True, "Programmed", message, generation), [hostname]
     return condition("Programmed", True, "Programmed", message, generation), [service.cluster_ip] if service.cluster_ip else []
 
 
