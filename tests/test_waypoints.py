@@ -58,7 +58,9 @@ def test_the_waypoint_class_is_accepted_and_its_gateway_programmed_with_its_host
     assert conditions["Accepted"][:2] == ("True", "Accepted")
     assert conditions["Programmed"] == ("True", "Programmed", "Resource programmed, assigned to service(s) "
                                         "waypoint.ambient.svc.cluster.local:15008")
-    assert gateway["addresses"] == [{"type": "Hostname", "value": "waypoint.ambient.svc.cluster.local"}]
+    # Both, as istiod's waypoint class reports them; ztunnel is pointed at the hostname.
+    assert gateway["addresses"] == [{"type": "IPAddress", "value": "10.96.1.2"},
+                                    {"type": "Hostname", "value": "waypoint.ambient.svc.cluster.local"}]
     [listener] = gateway["listeners"]
     assert listener["name"] == "mesh" and listener["supportedKinds"] == [] and listener["attachedRoutes"] == 0
     assert all(c["status"] == ("False" if c["type"] == "Conflicted" else "True") for c in listener["conditions"])

@@ -204,5 +204,5 @@ class GatewayApiConfig:
     gateways: tuple[Gateway, ...] = ()
     virtual_services: tuple[VirtualService, ...] = ()
     statuses: Mapping[StatusKey, dict[str, Any]] = field(default_factory=dict)
-    missing_class: bool = False  # no GatewayClass `istio`: istiod creates it
+    missing_classes: tuple[str, ...] = ()  # builtin GatewayClasses (`istio`, `istio-waypoint`) istiod creates
     waypoints: Mapping[tuple[str, str], Waypoint] = field(default_factory=dict)  # by (namespace, name)

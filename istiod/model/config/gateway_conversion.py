@@ -16,6 +16,7 @@ Secret in another namespace without a ReferenceGrant) is reported and never foll
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -39,10 +40,13 @@ from istiod.model.service import Endpoint, Service
 
 CONTROLLER = "istio.io/gateway-controller"
 CLASS = "istio"
-MESH_CONTROLLER = "istio.io/mesh-controller"  # waypoints'; the class istiod gives it is `istio-waypoint`
+MESH_CONTROLLER = "istio.io/mesh-controller"  # waypoints'
+WAYPOINT_CLASS = "istio-waypoint"
+# The classes istiod creates when missing (ambient is always on here), with their controller and description.
+BUILTIN_CLASSES = {CLASS: (CONTROLLER, "The default Istio GatewayClass"),
+                   WAYPOINT_CLASS: (MESH_CONTROLLER, "The default Istio waypoint GatewayClass")}
 WAYPOINT_FOR_LABEL = "istio.io/waypoint-for"
 HBONE_PORT = 15008
-CLASS_DESCRIPTION = "The default Istio GatewayClass"
 GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"
 GATEWAY_CREDENTIAL_PREFIX = "kubernetes-gateway://"  # istiod's SDS name for a certificateRef: <ns>/<name>
 _HTTP_KINDS = ({"group": GROUP, "kind": "HTTPRoute"}, {"group": GROUP, "kind": "GRPCRoute"})
@@ -115,9 +119,11 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
     classes = list(classes)
     ours = {c.meta.name for c in classes if c.controller_name in (CONTROLLER, MESH_CONTROLLER)}
     mesh_classes = {c.meta.name: dict(c.labels) for c in classes if c.controller_name == MESH_CONTROLLER}
-    missing_class = not any(c.meta.name == CLASS for c in classes)
-    if missing_class:
-        ours.add(CLASS)
+    # A builtin class not there yet is ours already: its Gateways are handled while it is created.
+    missing_classes = tuple(name for name in BUILTIN_CLASSES if not any(c.meta.name == name for c in classes))
+    ours.update(missing_classes)
+    if WAYPOINT_CLASS in missing_classes:
+        mesh_classes[WAYPOINT_CLASS] = {}
     kubernetes = {(s.namespace, s.name): s for s in services if not s.external_host}
     # Every Service is `<name>.<namespace>.svc.<domain>` with the store's one domain.
     domain = next((s.domain for s in kubernetes.values()), DEFAULT_DOMAIN)
@@ -183,7 +189,7 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
                     (f"{gateway.meta.namespace}/{derived}",), tuple(http for _, http in entries),
                     gateway_semantics=True))
         statuses[("KubernetesGateway", *key)] = _gateway_status(gateway, listeners[key], inputs)
-    return GatewayApiConfig(tuple(istio_gateways), tuple(virtual_services), statuses, missing_class, waypoints)
+    return GatewayApiConfig(tuple(istio_gateways), tuple(virtual_services), statuses, missing_classes, waypoints)
 
 
 def _waypoint(gateway: KubernetesGateway, status: Mapping[str, Any], class_labels: Mapping[str, str]) -> Waypoint | None:
@@ -333,8 +339,8 @@ def _gateway_status(gateway: KubernetesGateway, states: list[_ListenerState], in
                        "conditions": [condition(t, *s.conditions[t], generation) for t in s.conditions]}
                       for s in states]}
     if addresses:
-        # A waypoint's class reports hostnames (what ztunnel is pointed at), the `istio` class IPs.
-        status["addresses"] = [{"type": "Hostname" if mesh else "IPAddress", "value": address} for address in addresses]
+        status["addresses"] = [{"type": "IPAddress" if _is_ip(address) else "Hostname", "value": address}
+                               for address in addresses]
     return status
 
 
@@ -369,9 +375,18 @@ def _programmed(gateway: KubernetesGateway, states: list[_ListenerState],
                          generation), []
     message = f"Resource programmed, assigned to service(s) {', '.join(internal)}"
     assert service is not None
-    if mesh:
-        return condition("Programmed", True, "Programmed", message, generation), [hostname]
+    if mesh:  # a waypoint's class reports both, as istiod's: ztunnel is pointed at the hostname
+        return condition("Programmed", True, "Programmed", message, generation), [
+            *([service.cluster_ip] if service.cluster_ip else []), hostname]
     return condition("Programmed", True, "Programmed", message, generation), [service.cluster_ip] if service.cluster_ip else []
+
+
+def _is_ip(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _supported_kinds(listener: Listener) -> list[dict[str, str]]:
