@@ -114,6 +114,7 @@ def test_the_object_label_wins_and_none_opts_out() -> None:
 def test_a_waypoint_without_endpoints_is_not_programmed_and_not_used() -> None:
     store = _store()
     store.delete(ObjectKey("Pod", "ambient", "waypoint-1"))
+    store.delete(ObjectKey("EndpointSlice", "ambient", "waypoint-abcde"))
     snapshot = build_snapshot(store, "v1")
     gateway = snapshot.config.gateway_api.statuses[("KubernetesGateway", "ambient", "waypoint")]
     programmed = next(c for c in gateway["conditions"] if c["type"] == "Programmed")
