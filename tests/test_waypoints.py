@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import grpc
 from google.protobuf import json_format
 
 from istiod.gen.istio.workload import workload_pb2 as wpb
@@ -14,8 +15,9 @@ from istiod.model.proxy import proxy_from_node
 from istiod.sources.convert import ObjectKey
 from istiod.sources.store import Store
 from istiod.xds.cache import ResourceCache
+from istiod.xds import types
 from istiod.xds.gen.ztunnel import addresses
-from tests.test_ztunnel_gen import NODE, _store
+from tests.test_ztunnel_gen import NODE, _serve, _store, _Stream
 
 ECHO = "ambient/echo.ambient.svc.cluster.local"
 ECHO_POD = "Kubernetes//Pod/ambient/echo-1"
@@ -153,3 +155,26 @@ def test_another_namespace_uses_a_waypoint_its_listener_admits() -> None:
     _edit(store, "Namespace", "", "legacy", _set({"istio.io/use-waypoint": "waypoint",
                                                   "istio.io/use-waypoint-namespace": "ambient"}))
     assert _found(store)["legacy/web.legacy.svc.cluster.local"]["service"]["waypoint"] == WAYPOINT
+
+
+async def test_a_waypoint_gateway_changed_pushes_ztunnel_the_services_that_use_it() -> None:
+    store = _store()
+    gateway = store.get(ObjectKey("KubernetesGateway", "ambient", "waypoint")).raw  # type: ignore[union-attr]
+    store.delete(ObjectKey("KubernetesGateway", "ambient", "waypoint"))
+    server, pusher, address = await _serve(store)
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            stream = _Stream(channel)
+            stream.send(types.ADDRESS)
+            first = await stream.receive()
+            echo = next(r for r in first.resources if r.name == ECHO)
+            assert not wpb.Address.FromString(echo.resource.value).service.HasField("waypoint")
+            store.apply(gateway)  # nothing else changes: the waypoint alone
+            pusher.publish()
+            pushed = await stream.receive()
+            assert [r.name for r in pushed.resources] == [ECHO]
+            assert json_format.MessageToDict(wpb.Address.FromString(pushed.resources[0].resource.value)
+                                             )["service"]["waypoint"] == WAYPOINT
+            stream.requests.put_nowait(None)
+    finally:
+        await server.stop(None)
