@@ -72,11 +72,11 @@ class _ListenerState:
     conditions: dict[str, tuple[bool, str, str]]  # type -> (status, reason, message)
     attached: int = 0
     server: Server | None = None
-    mesh: bool = False  # a waypoint's HBONE listener: valid without a server of its own
+    mesh: bool = False  # a waypoint's listener: valid without a server of its own
 
     @property
     def valid(self) -> bool:
-        return self.server is not None or (self.mesh and self.conditions["Accepted"][0])
+        return self.server is not None or self.mesh
 
     def fail(self, type_: str, reason: str, message: str) -> None:
         self.conditions[type_] = (False, reason, message)
@@ -238,8 +238,10 @@ def _listeners(gateway: KubernetesGateway, inputs: _Inputs, mesh: bool = False) 
             "Accepted": (True, "Accepted", _OK), "Programmed": (True, "Programmed", _OK),
             "Conflicted": (False, "NoConflicts", _OK), "ResolvedRefs": (True, "ResolvedRefs", _OK)}, mesh=mesh)
         if mesh:
+            # Only said, as istiod does: the listener stays Programmed and the Gateway Accepted.
             if (listener.protocol, listener.port) != ("HBONE", HBONE_PORT):
-                state.fail("Accepted", "UnsupportedProtocol", 'Expected a single listener on port 15008 with protocol "HBONE"')
+                state.conditions["Accepted"] = (False, "UnsupportedProtocol",
+                                                'Expected a single listener on port 15008 with protocol "HBONE"')
             states.append(state)
             continue
         tls = _listener_checks(gateway, listener, state, inputs)
