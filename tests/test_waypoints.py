@@ -84,6 +84,19 @@ def test_a_waypoint_listener_other_than_hbone_on_15008_is_not_accepted() -> None
     assert next(c for c in gateway["conditions"] if c["type"] == "Accepted")["reason"] == "Accepted"
 
 
+def test_a_route_with_a_waypoint_gateway_parent_is_refused_by_the_mesh_controller() -> None:
+    store = _store()
+    store.apply({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+                 "metadata": {"name": "via-waypoint", "namespace": "ambient"},
+                 "spec": {"parentRefs": [{"name": "waypoint"}], "rules": [{"backendRefs": [{"name": "echo", "port": 80}]}]}})
+    statuses = build_snapshot(store, "v1").config.gateway_api.statuses
+    [parent] = statuses[("HTTPRoute", "ambient", "via-waypoint")]["parents"]
+    assert parent["controllerName"] == "istio.io/mesh-controller"
+    accepted = next(c for c in parent["conditions"] if c["type"] == "Accepted")
+    assert (accepted["status"], accepted["reason"]) == ("False", "UnsupportedValue")
+    assert "waypoint" in accepted["message"]
+
+
 def test_a_service_of_the_namespace_gets_its_waypoint_and_workloads_only_when_it_takes_them() -> None:
     found = _found(_store())
     assert found[ECHO]["service"]["waypoint"] == WAYPOINT

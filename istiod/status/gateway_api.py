@@ -20,7 +20,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from istiod import logs
 from istiod.model.config.gateway_api import GROUP, GatewayApiConfig
-from istiod.model.config.gateway_conversion import BUILTIN_CLASSES, CONTROLLER
+from istiod.model.config.gateway_conversion import BUILTIN_CLASSES, CONTROLLER, MESH_CONTROLLER
 from istiod.sources.convert import ObjectKey
 from istiod.sources.gateway_api import PLURALS
 from istiod.sources.kube import API_ERRORS, describe_error
@@ -44,6 +44,8 @@ def _with_times(wanted: list[dict[str, Any]], current: list[Any], now: str) -> l
         result.append({**condition, "lastTransitionTime": kept or now})
     return result
 
+CONTROLLERS = (CONTROLLER, MESH_CONTROLLER)  # the parents of routes that are ours to write
+
 
 def merged_status(kind: str, wanted: Mapping[str, Any], current: Mapping[str, Any], now: str) -> dict[str, Any]:
     """The status to write: `wanted` with the current transition times, and for a route the parents
@@ -52,10 +54,10 @@ def merged_status(kind: str, wanted: Mapping[str, Any], current: Mapping[str, An
         ours = []
         current_parents = [p for p in current.get("parents") or [] if isinstance(p, dict)]
         for parent in wanted["parents"]:
-            old = next((p for p in current_parents if p.get("controllerName") == CONTROLLER
+            old = next((p for p in current_parents if p.get("controllerName") in CONTROLLERS
                         and p.get("parentRef") == parent["parentRef"]), {})
             ours.append({**parent, "conditions": _with_times(parent["conditions"], old.get("conditions") or [], now)})
-        others = [p for p in current_parents if p.get("controllerName") != CONTROLLER]
+        others = [p for p in current_parents if p.get("controllerName") not in CONTROLLERS]
         return {**current, "parents": others + ours}
     status = {**current, **wanted, "conditions": _with_times(wanted["conditions"], current.get("conditions") or [], now)}
     if "listeners" in wanted:

@@ -154,6 +154,11 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
         parents = []
         http_routes, route_error = _rules(route, inputs)
         for ref in route.parent_refs:
+            if ref.kind == "Gateway" and ref.group == GROUP and _gateway_key(ref, route.meta.namespace) in waypoint_gateways:
+                parents.append(_parent_status(ref, route.generation, (
+                    "UnsupportedValue", "routes of waypoint Gateways are not implemented by this istiod (the waypoint "
+                    "proxy is not served yet)"), None, MESH_CONTROLLER))
+                continue
             attached, denied = _attach(route.meta.namespace, route.hostnames, ref, owned, listeners, inputs, route.kind)
             if denied is None and not attached:
                 continue  # a parent that is not ours: its controller reports it
@@ -457,14 +462,14 @@ def _hosts(listener_hostname: str, route_hostnames: tuple[str, ...]) -> list[str
 
 
 def _parent_status(ref: ParentRef, generation: int, denied: tuple[str, str] | None,
-                   route_error: tuple[str, str] | None) -> dict[str, Any]:
+                   route_error: tuple[str, str] | None, controller: str = CONTROLLER) -> dict[str, Any]:
     accepted = condition("Accepted", True, "Accepted", "Route was valid", generation)
     if denied is not None:
         accepted = condition("Accepted", False, *denied, generation)
     resolved = condition("ResolvedRefs", True, "ResolvedRefs", "All references resolved", generation)
     if route_error is not None:
         resolved = condition("ResolvedRefs", False, *route_error, generation)
-    return {"parentRef": ref.as_dict(), "controllerName": CONTROLLER, "conditions": [accepted, resolved]}
+    return {"parentRef": ref.as_dict(), "controllerName": controller, "conditions": [accepted, resolved]}
 
 
 _Order = tuple[Any, ...]
