@@ -193,3 +193,13 @@ async def test_a_waypoint_gateway_changed_pushes_ztunnel_the_services_that_use_i
             stream.requests.put_nowait(None)
     finally:
         await server.stop(None)
+
+
+def test_a_pod_label_names_its_own_workload_waypoint() -> None:
+    store = _store()
+    _edit(store, "KubernetesGateway", "ambient", "waypoint", _waypoint_for("workload"))
+    _edit(store, "Namespace", "", "ambient", _set({"istio.io/use-waypoint": ""}))
+    _edit(store, "Pod", "ambient", "echo-1", _set({"istio.io/use-waypoint": "waypoint"}))
+    found = _found(store)
+    assert found[ECHO_POD]["workload"]["waypoint"] == WAYPOINT
+    assert "waypoint" not in found["Kubernetes//Pod/ambient/echo-2"]["workload"]  # no label, nor its namespace
