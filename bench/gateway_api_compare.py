@@ -8,8 +8,8 @@ etcd and kube-apiserver are started (the e2e harness), Istio's CRDs and the Gate
 (sigs.k8s.io/gateway-api v1.6.0, from the Go module cache) installed, and one Gateway of class
 `istio` (an HTTP listener, an HTTPS one with a Secret, one conflicting, one with a missing Secret)
 with HTTPRoutes (a valid one, one to a missing Service, one across namespaces with a
-ReferenceGrant) created, and a waypoint (class `istio-waypoint`, its HBONE listener and a refused
-HTTP one). Istio's istiod runs first and its status is recorded and cleared, then
+ReferenceGrant; GAMMA routes on a Service: a producer's, a consumer's, one on a missing Service) created, and a
+waypoint (class `istio-waypoint`, its HBONE listener and a refused HTTP one). Istio's istiod runs first and its status is recorded and cleared, then
 ours. Prints each object's conditions side by side (type, status, reason; messages where they
 differ) and the listeners' attachedRoutes, then the route configuration `http.80` each sends the
 Gateway's proxy (a router node labelled with the Gateway's name, on the plaintext port): virtual
@@ -98,6 +98,20 @@ spec:
   - {{name: mesh, port: 15008, protocol: HBONE}}
   - {{name: http, port: 80, protocol: HTTP}}
 ---
+apiVersion: {GROUP}/v1
+kind: HTTPRoute
+metadata: {{name: mesh, namespace: gw-shop}}
+spec:
+  parentRefs: [{{group: "", kind: Service, name: echo, port: 8080}}]
+  rules: [{{backendRefs: [{{name: echo, port: 8080}}]}}]
+---
+apiVersion: {GROUP}/v1
+kind: HTTPRoute
+metadata: {{name: consumer, namespace: gw-other}}
+spec:
+  parentRefs: [{{group: "", kind: Service, name: echo, namespace: gw-shop}}, {{group: "", kind: Service, name: nope}}]
+  rules: [{{backendRefs: [{{name: echo, namespace: gw-shop, port: 8080}}]}}]
+---
 apiVersion: {GROUP}/v1beta1
 kind: ReferenceGrant
 metadata: {{name: from-ingress, namespace: gw-shop}}
@@ -109,7 +123,8 @@ PLURALS = {"Gateway": "gateways", "HTTPRoute": "httproutes", "ReferenceGrant": "
 WATCHED = [("gatewayclasses", "", "istio"), ("gatewayclasses", "", "istio-waypoint"),
            ("gateways", "gw-shop", "waypoint"), ("gateways", "gw-ingress", "web"), ("httproutes", "gw-shop", "shop"),
            ("httproutes", "gw-shop", "broken"), ("httproutes", "gw-ingress", "secure"),
-           ("httproutes", "gw-other", "refused")]
+           ("httproutes", "gw-other", "refused"), ("httproutes", "gw-shop", "mesh"),
+           ("httproutes", "gw-other", "consumer")]
 
 
 async def setup(api: client.ApiClient) -> None:

@@ -39,6 +39,8 @@ async def _create(api: client.ApiClient, body: Any) -> None:
             await core.create_namespaced_service(namespace, body)
         elif body["kind"] == "Secret":
             await core.create_namespaced_secret(namespace, body)
+        elif body["kind"] == "Deployment":
+            await client.AppsV1Api(api).create_namespaced_deployment(namespace, body)
         else:
             await core.create_namespaced_pod(namespace, body)
     except ApiException as error:
@@ -70,7 +72,7 @@ async def test_same_messages_as_istioctl_on_a_cluster(cluster: Cluster, kube: cl
     assert ours == expected
     codes = {dict(m)["code"] for m in expected}
     assert {"IST0101", "IST0102", "IST0103", "IST0109", "IST0110", "IST0111", "IST0112", "IST0118", "IST0123",
-            "IST0127", "IST0140", "IST0144", "IST0145", "IST0149", "IST0150", "IST0161", "IST0162", "IST0166", "IST0171",
+            "IST0116", "IST0127", "IST0137", "IST0140", "IST0144", "IST0145", "IST0149", "IST0150", "IST0161", "IST0162", "IST0166", "IST0171",
             "IST0173", "IST0174"} <= codes
 
     # Only the selected namespace, as istioctl's default.

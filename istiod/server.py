@@ -12,7 +12,7 @@ import json
 import logging
 import signal
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
@@ -36,6 +36,7 @@ from istiod.debug.serving import guarded_config
 from istiod.kubeapi import api_client
 from istiod.leader import LeaderElection
 from istiod.status.gateway_api import GatewayStatusWriter
+from istiod.status.gateway_deployment import GatewayDeployer
 from istiod.listen import listen_tcp
 from istiod.memory import trim_when_free
 from istiod.model.mesh import MeshConfig
@@ -46,6 +47,7 @@ from istiod.settings import Address, Settings
 from istiod.sources.configdir import ConfigDirSource
 from istiod.sources.monitoring import record_change
 from istiod.sources.kube import KubeSource
+from istiod.jwks import JwksResolver
 from istiod.sources.meshconfig import MeshConfigMapWatcher, MeshFileWatcher
 from istiod.sources.namespaces import NamespaceFilter, parse_selector
 from istiod.sources.store import Store
@@ -84,6 +86,8 @@ class Discovery:
         self.ads = DiscoveryServer(lambda: self.pusher.snapshot, settings.push_concurrency, settings.xds_send_timeout,
                                    settings.max_requests_per_second)
         self.pusher.subscribe(self.ads.on_push)
+        self.jwks = JwksResolver(self.apply_jwks, settings.jwks_refresh_interval)
+        self.pusher.subscribe(lambda event: self.jwks.want(event.snapshot))
         self.workers = WorkerPool(settings, self.store, self.pusher) if settings.xds_workers > 1 else None
         self.supervisor = Supervisor()
         self.secure = SecurePort(settings, self.ads, lambda: self.pusher.snapshot, self.supervisor, self.workers)
@@ -92,6 +96,7 @@ class Discovery:
         self._grpc: grpc.aio.Server | None = None
         self._http: list[uvicorn.Server] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self._injector_view: Callable[[], Injector | None] | None = None
         self._api: client.ApiClient | None = None
         self._mesh_synced = asyncio.Event()  # set now unless the mesh config comes from the cluster
         self._mesh_synced.set()
@@ -121,12 +126,21 @@ class Discovery:
         if self.ads.ready:
             self.pusher.publish(full=True)
 
+    def apply_jwks(self, keys: Mapping[str, str]) -> None:
+        """Keys fetched from a jwksUri changed: every proxy gets a full push (as istiod); before
+        the sources synced, the first push takes them."""
+        self.pusher.jwks = keys
+        if self.ads.ready:
+            self.pusher.publish(full=True)
+
     async def start(self) -> None:
         """The CA first (a CA that cannot start stops istiod before any port opens), then the mesh
         config, the xDS, HTTP and webhook ports, and the tasks that feed and publish."""
         self.source = await self._make_source()
         await self._start_ca()
         self._watch_mesh_config()
+        self.jwks.want(self.pusher.snapshot)
+        self._tasks.append(self.supervisor.start("jwks-resolver", self.jwks.run, restart=True))
         await self._serve_xds()
         self._serve_http()
         self._serve_webhooks()
@@ -239,9 +253,13 @@ class Discovery:
             election, publisher = self.election, self.publisher
             assert self._api is not None
             status = GatewayStatusWriter(self._api, self.store, lambda: self.pusher.snapshot.config.gateway_api)
+            injector = self._injector()
+            # The Gateways' proxies as the injector's values name them (image, CA address, cluster),
+            # as istiod renders its gateway template with them.
+            deployer = GatewayDeployer(self._api, self.store, lambda: (injector() or Injector(False, {})).variables())
 
-            async def lead() -> None:  # the leader's writers: the root certificate, the Gateway API's status
-                await asyncio.gather(publisher.run(), status.run())
+            async def lead() -> None:  # the leader's writers: the root certificate, the Gateway API's status and deployments
+                await asyncio.gather(publisher.run(), status.run(), deployer.run())
 
             self._tasks.append(self.supervisor.start("root-cert-publisher", lambda: election.run(lead), restart=True))
         if self.analysis is not None:
@@ -255,7 +273,13 @@ class Discovery:
         return [own, *(await self.workers.ask(question) if self.workers is not None else [])]
 
     def _injector(self) -> Callable[[], Injector | None]:
-        """What /inject uses: the --injection-dir files, or the watched ConfigMap in a cluster."""
+        """What /inject and the Gateways' deployments use: one view, made once."""
+        if self._injector_view is None:
+            self._injector_view = self._read_injector()
+        return self._injector_view
+
+    def _read_injector(self) -> Callable[[], Injector | None]:
+        """The --injection-dir files, or the watched ConfigMap in a cluster."""
         if self.settings.injection_dir is not None:
             try:
                 injector = read_injection_dir(self.settings.injection_dir)

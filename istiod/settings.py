@@ -63,6 +63,7 @@ class Settings:
     leader: LeaseTimings = LeaseTimings()
     analysis: bool = False  # PILOT_ENABLE_ANALYSIS: the leader writes analysis messages to Istio objects' status
     analysis_interval: float = 10.0  # PILOT_ANALYSIS_INTERVAL: longest a change waits for its analysis
+    jwks_refresh_interval: float = 20 * 60.0  # PILOT_JWT_PUB_KEY_REFRESH_INTERVAL: how often jwksUris are fetched again
     secure_grpc_addr: Address = Address("", 15012)
     mesh: MeshConfig = MeshConfig()
     ca: CaSettings = CaSettings()
@@ -289,6 +290,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         leader=leader,
         analysis=args.analysis,
         analysis_interval=args.analysis_interval,
+        jwks_refresh_interval=env_default("PILOT_JWT_PUB_KEY_REFRESH_INTERVAL", "20m", _seconds),
         secure_grpc_addr=args.secure_grpc_addr,
         mesh=_mesh(args.mesh_config, defaults),
         mesh_defaults=defaults,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -89,10 +90,11 @@ def csr_claiming_other_key(signer: PrivateKey, claimed: PrivateKey) -> str:
 
 
 def leaf_cert(key: PrivateKey, issuer: tuple[x509.Certificate, PrivateKey], uris: tuple[str, ...] = (),
-              dns: tuple[str, ...] = (), days: int = 1) -> x509.Certificate:
-    """A workload (SPIFFE `uris`) or server (`dns`) certificate signed by `issuer`."""
+              dns: tuple[str, ...] = (), days: int = 1, ips: tuple[str, ...] = ()) -> x509.Certificate:
+    """A workload (SPIFFE `uris`) or server (`dns`, `ips`) certificate signed by `issuer`."""
     names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(u) for u in uris]
     names += [x509.DNSName(d) for d in dns]
+    names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
     return (
         x509.CertificateBuilder().subject_name(x509.Name([])).issuer_name(issuer[0].subject)
         .public_key(key.public_key()).serial_number(x509.random_serial_number())

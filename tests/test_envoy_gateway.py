@@ -26,6 +26,7 @@ from tests.conftest import render, synced
 from tests.envoy_peer import HTTP2, Envoy, SdsServer, bootstrap
 from tests.peers import ROOT, Istiod, Process, free_port, wait_until
 from tests.pki import leaf_cert
+from tests.test_envoy_authn import ISSUER, Signer
 from tests.test_gateway_gen import server_credential, tls_secret
 
 BIND, APP_IP = "127.0.0.70", "127.0.0.71"
@@ -257,3 +258,39 @@ def test_the_agent_runs_a_gateway(mesh: Gateway, processes: list[Process]) -> No
         print("HTTPS through the agent's gateway:", status, body)
         assert status == 200 and json.loads(body)["host"] == f"secure.example.com:{mesh.https_port}"
         assert mesh.http("/via-agent")[0] == 200
+
+
+def test_routing_by_a_jwt_claim_at_the_gateway(gateway: Gateway) -> None:
+    """A RequestAuthentication on the gateway verifies the token; a VirtualService header match on
+    `@request.auth.claims.groups` routes by its claim (a string or one of a list), as istiod routes."""
+    signer = Signer()
+    port = free_port(BIND)
+    objects = [
+        {"apiVersion": "security.istio.io/v1", "kind": "RequestAuthentication",
+         "metadata": {"name": "gateway", "namespace": NAMESPACE},
+         "spec": {"selector": {"matchLabels": {"istio": "ingressgateway"}},
+                  "jwtRules": [{"issuer": ISSUER, "jwks": signer.jwks()}]}},
+        {"apiVersion": "networking.istio.io/v1", "kind": "Gateway", "metadata": {"name": "claims", "namespace": NAMESPACE},
+         "spec": {"selector": {"istio": "ingressgateway"}, "servers": [
+             {"port": {"number": port, "name": "http", "protocol": "HTTP"}, "bind": BIND,
+              "hosts": ["shop/claims.example.com"]}]}},
+        {"apiVersion": "networking.istio.io/v1", "kind": "VirtualService", "metadata": {"name": "claims", "namespace": "shop"},
+         "spec": {"hosts": ["claims.example.com"], "gateways": [f"{NAMESPACE}/claims"], "http": [
+             {"name": "admins", "match": [{"headers": {"@request.auth.claims.groups": {"exact": "admins"}}}],
+              "directResponse": {"status": 200, "body": {"string": "admins"}}},
+             {"name": "others", "route": [{"destination": {"host": "web"}}]}]}},
+    ]
+    (gateway.mesh_dir / "claims.yaml").write_text(yaml.safe_dump_all(objects))
+    url = f"http://claims.example.com:{port}/"
+    resolve = ("--resolve", f"claims.example.com:{port}:{BIND}")
+
+    def call(token: str | None) -> tuple[int, str]:
+        return gateway.curl(url, *resolve, *(["-H", f"Authorization: Bearer {token}"] if token else []))
+
+    admin = signer.token(groups=["users", "admins"])
+    wait_until(lambda: call(admin) == (200, "admins"), 15, "the claim's route on the gateway")
+    assert call(signer.token(groups="admins")) == (200, "admins")  # a string claim
+    for token in (signer.token(groups=["users"]), None):
+        status, body = call(token)
+        assert status == 200 and json.loads(body)["host"].startswith("claims.example.com"), (status, body)
+    assert call(Signer().token(groups=["admins"]))[0] == 401  # signed by a key the JWKS lacks

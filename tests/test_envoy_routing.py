@@ -176,6 +176,50 @@ def test_canary_split_90_10(pod: Pod) -> None:
     assert sum(seen.values()) == n and set(seen) == {"echo-v1", "echo-v2"} and 1700 <= v1 <= 1900, seen
 
 
+GAMMA = """apiVersion: v1
+kind: Service
+metadata: {name: echo-v1, namespace: shop}
+spec:
+  clusterIP: 10.96.0.22
+  selector: {app: echo, version: v1}
+  ports: [{name: http, port: 80, targetPort: 8080}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: echo-v2, namespace: shop}
+spec:
+  clusterIP: 10.96.0.23
+  selector: {app: echo, version: v2}
+  ports: [{name: http, port: 80, targetPort: 8080}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: split, namespace: shop}
+spec:
+  parentRefs: [{group: "", kind: Service, name: echo, port: 80}]
+  rules:
+  - backendRefs: [{name: echo-v1, port: 80, weight: 70}, {name: echo-v2, port: 80, weight: 30}]
+"""
+
+
+def test_a_weighted_http_route_on_the_service_splits_the_sidecars_calls(pod: Pod) -> None:
+    """GAMMA: an HTTPRoute whose parent is Service echo takes the host's routes from the
+    VirtualService (a public one) while it exists; they come back when it is deleted."""
+    (pod.config / "gamma.yaml").write_text(GAMMA)
+    try:
+        wait_until(lambda: _echo_route_names(pod.envoy) == ["shop.split.0"], 20, "the HTTPRoute's route in Envoy")
+        n, p = 1000, 0.7
+        bodies = pod.curl("-w", "\n", url=f"http://{ECHO_VIP}/gamma/[1-{n}]").splitlines()
+        seen = Counter(json.loads(body)["name"] for body in bodies)
+        sd = math.sqrt(n * p * (1 - p))
+        print(f"HTTPRoute 70/30 on Service echo, {n} requests through Envoy: {dict(seen)}; "
+              f"v1 {(seen['echo-v1'] - p * n) / sd:+.2f} sd")
+        assert sum(seen.values()) == n and abs(seen["echo-v1"] - p * n) <= 5 * sd, seen
+    finally:
+        (pod.config / "gamma.yaml").unlink()
+        wait_until(lambda: _echo_route_names(pod.envoy) == ROUTE_NAMES, 20, "the VirtualService's routes again")
+
+
 def test_header_route_to_a_subset(pod: Pod) -> None:
     """x-canary: yes goes to subset v2 only; the subset's endpoints are those labelled version: v2."""
     canary = Counter(pod.get(f"/h/{i}", "-H", "x-canary: yes")["name"] for i in range(30))

@@ -207,7 +207,8 @@ def test_a_removed_reference_grant_is_refused_and_not_followed() -> None:
      "NoMatchingParent"),
     (_route("not-allowed", namespace="default", parentRefs=[{"name": "web", "namespace": "istio-ingress",
                                                              "sectionName": "http"}]), "NotAllowedByListeners"),
-    (_route("mesh", parentRefs=[{"group": "", "kind": "Service", "name": "echo"}]), "UnsupportedValue"),
+    (_route("entry", parentRefs=[{"group": "networking.istio.io", "kind": "ServiceEntry", "name": "echo"}]),
+     "UnsupportedValue"),
 ])
 def test_a_route_a_listener_refuses_says_why(route: dict[str, Any], reason: str | None) -> None:
     converted = _converted({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}}, route)

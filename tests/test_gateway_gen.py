@@ -97,6 +97,27 @@ def test_a_listener_per_server_port_that_binds() -> None:
                                                   "envoy.filters.http.router"]
 
 
+def test_policies_selecting_the_gateway_run_on_its_http_chains() -> None:
+    """RequestAuthentication and AuthorizationPolicy (here CUSTOM, whose provider the mesh config
+    lacks: its rules deny) selecting the gateway's labels, before the fault filter, as istiod."""
+    selector = {"matchLabels": INGRESS_LABELS}
+    policies = (
+        {"apiVersion": "security.istio.io/v1", "kind": "RequestAuthentication",
+         "metadata": {"name": "jwt", "namespace": "istio-ingress"},
+         "spec": {"selector": selector, "jwtRules": [{"issuer": "https://issuer.test", "jwksUri": "https://x/jwks"}]}},
+        {"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+         "metadata": {"name": "ext", "namespace": "istio-ingress"},
+         "spec": {"selector": selector, "action": "CUSTOM", "provider": {"name": "ext"},
+                  "rules": [{"to": [{"operation": {"hosts": ["private.example.com"]}}]}]}},
+    )
+    listeners = _generate(types.LISTENER, _snapshot(*policies), listener_pb2.Listener)
+    for listener in listeners.values():
+        for chain in listener.filter_chains:
+            assert [f.name for f in _hcm(chain).http_filters] == [
+                "envoy.filters.http.jwt_authn", "envoy.filters.http.rbac.deny", "envoy.filters.http.fault",
+                "envoy.filters.http.cors", "envoy.filters.http.router"]
+
+
 def test_https_terminates_simple_tls_with_the_credential_over_sds() -> None:
     https = _generate(types.LISTENER, _snapshot(), listener_pb2.Listener)["127.0.0.60_8443"]
     assert [f.name for f in https.listener_filters] == ["envoy.filters.listener.tls_inspector"]

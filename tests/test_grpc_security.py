@@ -100,6 +100,26 @@ def test_authorization_policy_on_a_proxyless_server(
     lines = caller.drain()
     assert lines and all(l.get("code") == "PERMISSION_DENIED" for l in lines), lines
 
+    # What gRPC's RBAC filter checks: service accounts and hosts (the :authority header).
+    since = apply(file, policy("allow-client", """  rules:
+  - from: [{source: {serviceAccounts: [client]}}]
+    to: [{operation: {hosts: ["*"]}}]
+"""))
+    next_code(caller, "OK", since, 5.0)
+    since = apply(file, policy("allow-client", """  rules:
+  - from: [{source: {serviceAccounts: [echo-ns/client]}}]
+    to: [{operation: {hosts: [nope.example]}}]
+"""))
+    next_code(caller, "PERMISSION_DENIED", since, 5.0)
+    # What it lacks (path templates) fails closed, as istiod: the ALLOW rule is left out, and said.
+    since = apply(file, policy("allow-client", """  rules:
+  - from: [{source: {notServiceAccounts: [other]}}]
+""") + "---\n" + policy("allow-template", """  rules:
+  - to: [{operation: {paths: ["/demo.Echo/{*}"]}}]
+"""))
+    next_code(caller, "OK", since, 5.0)
+    wait_until(lambda: "is not supported by proxyless gRPC" in istiod.text(), 5, "istiod's note of the template")
+
 
 def test_peer_authentication_strict_and_disable(
     mesh: dict[str, Workload], mesh_dir: Path, tmp_path: Path, start_istiod: Callable[..., Istiod],  # noqa: F811

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from istiod.model.labels import Requirement, Selector
-from istiod.model.mesh import MeshConfig, OutboundTrafficPolicy
+from istiod.model.mesh import ExtAuthzProvider, MeshConfig, OutboundTrafficPolicy
 from istiod.sources.kube import KubeWriter
 from istiod.sources.meshconfig import MeshConfigError, MeshConfigMapWatcher, parse_mesh_config
 from istiod.sources.namespaces import NamespaceFilter
@@ -36,6 +36,23 @@ discoverySelectors:
 - matchExpressions:
   - {key: team, operator: In, values: [a, b]}
   - {key: legacy, operator: DoesNotExist}
+extensionProviders:
+- name: ext-http
+  envoyExtAuthzHttp:
+    service: authz/authz.authz.svc.cluster.local
+    port: 8000
+    timeout: 250ms
+    failOpen: true
+    statusOnError: "503"
+    pathPrefix: /check
+    includeRequestHeadersInCheck: [x-ext-authz, "x-user-*"]
+    includeAdditionalHeadersInCheck: {x-from: mesh}
+    headersToUpstreamOnAllow: [x-auth-result]
+    headersToDownstreamOnDeny: [x-reason]
+- name: ext-grpc
+  envoyExtAuthzGrpc: {service: authz.authz.svc.cluster.local, port: 9000}
+- name: tracer
+  zipkin: {service: zipkin.istio-system.svc.cluster.local, port: 9411}
 """
 
 
@@ -52,8 +69,14 @@ def test_fields_istiod_reads(caplog: pytest.LogCaptureFixture) -> None:
         Selector((Requirement("istio-discovery", "=", ("enabled",)),)),
         Selector((Requirement("team", "in", ("a", "b")), Requirement("legacy", "!"))),
     )
+    assert mesh.extension_providers == (
+        ExtAuthzProvider("ext-http", False, "authz/authz.authz.svc.cluster.local", 8000, 0.25, True, 503, "/check",
+                         ("x-ext-authz", "x-user-*"), (("x-from", "mesh"),), ("x-auth-result",), ("x-reason",)),
+        ExtAuthzProvider("ext-grpc", True, "authz.authz.svc.cluster.local", 9000),
+    )
     # What is not implemented is said, once, by name.
-    assert "not implemented, ignored: accessLogFile, defaultConfig.tracing" in caplog.text
+    assert ("not implemented, ignored: accessLogFile, defaultConfig.tracing, extensionProviders[2].zipkin (tracer)"
+            in caplog.text)
     assert parse_mesh_config("", MeshConfig(trust_domain="flag.td"), "x").trust_domain == "flag.td"
 
 
@@ -66,6 +89,21 @@ def test_fields_istiod_reads(caplog: pytest.LogCaptureFixture) -> None:
     ("enableAutoMtls: maybe", "enableAutoMtls: expected bool"),
     ("trustDomainAliases: [old.example, 7]", "trustDomainAliases[1]: expected str, got int"),
     ("[a, b]", "expected a map"),
+    ("extensionProviders: [{name: a, envoyExtAuthzHttp: {service: x.svc, port: 0}}]",
+     "extensionProviders[0].envoyExtAuthzHttp: port: port number 0 must be in the range 1..65535"),
+    ("extensionProviders: [{name: a, envoyExtAuthzGrpc: {service: x.svc, port: 1}}, {name: a, envoyExtAuthzGrpc: "
+     "{service: x.svc, port: 1}}]", "extensionProviders[1].name: extension provider name must be unique"),
+    ("extensionProviders: [{name: a, envoyExtAuthzHttp: {service: x.svc, port: 1, pathPrefix: check}}]",
+     "pathPrefix: pathPrefix should begin with `/` but found 'check'"),
+    ("extensionProviders: [{name: a, envoyExtAuthzHttp: {service: x.svc, port: 1, statusOnError: '999'}}]",
+     "statusOnError: invalid statusOnError value 999"),
+    ("extensionProviders: [{name: a, envoyExtAuthzHttp: {service: x.svc, port: 1, timeout: 5}}]", "timeout: "),
+    ("extensionProviders: [{name: a, envoyExtAuthzHttp: {service: x.svc, port: 1, headersToUpstreamOnAllow: ['*']}}]",
+     "headersToUpstreamOnAllow: a single wildcard"),
+    ("extensionProviders: [{name: a, envoyExtAuthzGrpc: {service: x.svc, port: 1, pathPrefix: /x}}]",
+     "unknown field 'pathPrefix'"),
+    ("extensionProviders: [{name: a, envoyExtAuthzHttp: {service: x.svc, port: 1, includeRequestBodyInCheck: {}}}]",
+     "includeRequestBodyInCheck is not supported by this istiod"),
 ])
 def test_bad_mesh_config_names_the_field(text: str, error: str) -> None:
     with pytest.raises(MeshConfigError) as raised:

@@ -284,3 +284,39 @@ def test_route_actions_grpc_lacks(versioned_mesh: Path, start_istiod: Callable[.
     print(f"redirect route: {Counter(l.get('code') for l in redirected)}, e.g. {redirected[-1].get('error')!r}; "
           f"other calls: {dict(plain)}; route NACKs: {nacks}")
     assert all(l["code"] == "UNAVAILABLE" for l in redirected) and plain == {"echo-v1": 5} and not nacks
+
+
+def _version_service(version: str) -> str:
+    return (f"apiVersion: v1\nkind: Service\nmetadata: {{name: echo-{version}, namespace: echo-ns}}\n"
+            f"spec:\n  selector: {{app: echo, version: {version}}}\n"
+            f"  ports: [{{name: grpc, port: {SERVICE_PORT}, targetPort: grpc}}]\n")
+
+
+GRPC_ROUTE = f"""apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {{name: echo-split, namespace: echo-ns}}
+spec:
+  parentRefs: [{{group: "", kind: Service, name: echo, port: {SERVICE_PORT}}}]
+  rules:
+  - backendRefs:
+    - {{name: echo-v1, port: {SERVICE_PORT}, weight: 70}}
+    - {{name: echo-v2, port: {SERVICE_PORT}, weight: 30}}
+"""
+
+
+def test_a_weighted_grpc_route_on_the_service_splits_the_calls(versioned_mesh: Path,
+                                                               start_istiod: Callable[..., Istiod],
+                                                               start_demo: Callable[..., Process]) -> None:
+    """GAMMA: a GRPCRoute whose parent is Service echo (port 7070) is the route of calls to echo,
+    translated as a VirtualService's; echo-v1 and echo-v2 are Services of their own."""
+    for version in ("v1", "v2"):
+        (versioned_mesh / f"svc-{version}.yaml").write_text(_version_service(version))
+    (versioned_mesh / "grpcroute.yaml").write_text(GRPC_ROUTE)
+    istiod = start_istiod(versioned_mesh)
+    n, p = 1000, 0.7
+    client = start_demo("client", TARGET, "--xds", istiod.xds_address, "--count", str(n), "--interval", "0",
+                        "--timeout", "5", "--namespace", "echo-ns", name="client")
+    seen = outcomes(client, n)
+    sd = math.sqrt(n * p * (1 - p))
+    print(f"GRPCRoute 70/30 over {n} proxyless calls: {dict(seen)}; v1 {(seen['echo-v1'] - p * n) / sd:+.2f} sd")
+    assert set(seen) == {"echo-v1", "echo-v2"} and abs(seen["echo-v1"] - p * n) <= 5 * sd, seen

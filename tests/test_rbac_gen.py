@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from envoy.extensions.filters.http.ext_authz.v3 import ext_authz_pb2
 from envoy.extensions.filters.http.rbac.v3 import rbac_pb2 as http_rbac_pb2
 from envoy.extensions.filters.network.rbac.v3 import rbac_pb2 as network_rbac_pb2
 from google.protobuf.json_format import MessageToDict
@@ -11,10 +12,14 @@ from istiod.model.config.common import Meta
 from istiod.model.config.security import (
     Action, AuthorizationPolicy, Condition, MTLSMode, Operation, PeerAuthentication, Rule, Source,
 )
-from istiod.model.mesh import MeshConfig
+from istiod.model.mesh import ExtAuthzProvider, MeshConfig
+from istiod.model.service import Port, Service
 from istiod.model.proxy import Proxy
 from istiod.model.snapshot import Snapshot
-from istiod.xds.gen.rbac import NETWORK_RBAC_FILTER, RBAC_FILTER, authorization_filters, tcp_authorization_filters
+from istiod.xds.gen.extauthz import resolve_providers
+from istiod.xds.gen.rbac import (
+    NETWORK_RBAC_FILTER, RBAC_FILTER, authorization_filters, custom_providers, tcp_authorization_filters,
+)
 from istiod.xds.gen.security import authorization_policies, inbound_mtls_mode
 
 
@@ -68,20 +73,120 @@ def test_no_policy_no_filter_and_an_empty_allow_denies_everything() -> None:
 
 def test_unsupported_fields_fail_closed_and_are_reported() -> None:
     jwt = Rule(sources=(Source(request_principals=("issuer/subject",)),))
-    hosts = Rule(operations=(Operation(hosts=("example.com",), paths=("/a",)),))
-    result = authorization_filters([ap("jwt", Action.ALLOW, jwt), ap("hosts", Action.DENY, hosts),
-                                    ap("audit", Action.AUDIT, Rule())])
+    template = Rule(operations=(Operation(paths=("/a/{*}/b", "/a"),),))
+    sni = Rule(when=(Condition("connection.sni", ("x.example.com",)),))
+    result = authorization_filters([ap("jwt", Action.ALLOW, jwt), ap("tpl", Action.DENY, template),
+                                    ap("sni", Action.ALLOW, sni), ap("audit", Action.AUDIT, Rule())],
+                                   proxyless=True)
     (deny_rules, allow_rules) = (MessageToDict(_unpack(f)) for f in result.filters)
-    assert allow_rules == {}  # the ALLOW rule needing a JWT is left out: nothing is allowed
-    # The DENY rule keeps what can be checked (the path) and denies it whatever the host.
-    assert deny_rules["policies"]["ns[demo]-policy[hosts]-rule[0]"]["permissions"] == [
+    assert allow_rules == {}  # the ALLOW rules gRPC cannot check are left out: nothing is allowed
+    # The DENY rule keeps what gRPC can check (the plain path) and denies it.
+    assert deny_rules["policies"]["ns[demo]-policy[tpl]-rule[0]"]["permissions"] == [
         {"urlPath": {"path": {"exact": "/a"}}}]
     assert result.problems == (
+        "AuthorizationPolicy demo/audit: AUDIT is not supported by proxyless gRPC; the policy has no effect",
+        "AuthorizationPolicy demo/tpl rules[0]: to.operation.paths with a template ({*} or {**}) is not supported by "
+        "proxyless gRPC; ignored, so the rule denies more",
         "AuthorizationPolicy demo/jwt rules[0]: from.source.requestPrincipals (RequestAuthentication) is not "
         "supported; the rule is left out, allowing less",
-        "AuthorizationPolicy demo/hosts rules[0]: to.operation.hosts is not supported; ignored, so the rule denies more",
-        "AuthorizationPolicy demo/audit: AUDIT is not implemented; the policy has no effect",
+        "AuthorizationPolicy demo/sni rules[0]: when.key connection.sni is not supported by proxyless gRPC; the rule "
+        "is left out, allowing less",
     )
+
+
+def _config(f):  # type: ignore[no-untyped-def]
+    config = http_rbac_pb2.RBAC()
+    assert f.typed_config.Unpack(config)
+    return MessageToDict(config)
+
+
+def test_envoy_matchers_hosts_templates_sni_metadata_and_service_accounts() -> None:
+    rule = Rule(
+        sources=(Source(service_accounts=("web", "other/api")),),
+        operations=(Operation(hosts=("*.example.com", "A.test"), not_hosts=("*",), paths=("/a/{*}/b/{**}",)),),
+        when=(Condition("connection.sni", ("sni.example.com",)),
+              Condition("experimental.envoy.filters.network.mysql_proxy[db.table]", ("[update]", "x*")),
+              Condition("source.serviceAccount", not_values=("ns2/sa",))))
+    (allow,) = authorization_filters([ap("all", Action.ALLOW, rule)], request_auth=True).filters
+    policy = _config(allow)["rules"]["policies"]["ns[demo]-policy[all]-rule[0]"]
+    sa = "spiffe://.+/ns/{}/(.+/|)sa/{}(/.+)?"
+    assert policy["principals"] == [{"andIds": {"ids": [
+        {"orIds": {"ids": [{"authenticated": {"principalName": {"safeRegex": {"regex": sa.format("demo", "web")}}}},
+                           {"authenticated": {"principalName": {"safeRegex": {"regex": sa.format("other", "api")}}}}]}},
+        {"notId": {"authenticated": {"principalName": {"safeRegex": {"regex": sa.format("ns2", "sa")}}}}},
+    ]}}]
+    assert policy["permissions"] == [{"andRules": {"rules": [{"andRules": {"rules": [
+        {"uriTemplate": {"name": "uri-template", "typedConfig": {
+            "@type": "type.googleapis.com/envoy.extensions.path.match.uri_template.v3.UriTemplateMatchConfig",
+            "pathTemplate": "/a/*/b/**"}}},
+        {"orRules": {"rules": [
+            {"header": {"name": ":authority", "stringMatch": {"suffix": ".example.com", "ignoreCase": True}}},
+            {"header": {"name": ":authority", "stringMatch": {"exact": "A.test", "ignoreCase": True}}}]}},
+        {"notRule": {"header": {"name": ":authority", "presentMatch": True}}}]}},
+        {"requestedServerName": {"exact": "sni.example.com"}},
+        {"metadata": {"filter": "envoy.filters.network.mysql_proxy", "path": [{"key": "db.table"}],
+                      "value": {"orMatch": {"valueMatchers": [
+                          {"listMatch": {"oneOf": {"stringMatch": {"exact": "update"}}}},
+                          {"stringMatch": {"prefix": "x"}}]}}}},
+    ]}}]
+
+
+def _provider(name: str, service: str = "authz.demo.svc.cluster.local", grpc: bool = False) -> ExtAuthzProvider:
+    return ExtAuthzProvider(name, grpc, service, 8000, timeout=0.5, headers_to_upstream_on_allow=("x-ext-*",))
+
+
+def test_audit_logs_and_custom_runs_ext_authz_after_a_shadow_rbac_as_istio() -> None:
+    authz_service = Service("authz", "demo", "cluster.local", (Port("http", 8000, "HTTP"),))
+    snapshot = Snapshot("1", services={authz_service.hostname: authz_service},
+                        mesh=MeshConfig(extension_providers=(_provider("ext"), _provider("lost", "gone.demo.svc"))))
+    custom = AuthorizationPolicy(Meta("ext", "demo"), action=Action.CUSTOM, provider="ext",
+                                 rules=(Rule(operations=(Operation(paths=("/private/*",)),)),))
+    audit = ap("audit", Action.AUDIT, Rule(operations=(Operation(methods=("DELETE",)),)))
+    providers = resolve_providers(snapshot, custom_providers([custom]))
+    result = authorization_filters([audit, custom], providers=providers)
+    assert [f.name for f in result.filters] == [f"{RBAC_FILTER}.custom", "envoy.filters.http.ext_authz",
+                                                f"{RBAC_FILTER}.log"]
+    shadow, ext, log = result.filters
+    assert _config(shadow) == {"shadowRulesStatPrefix": "istio_ext_authz_", "shadowRules": {"action": "DENY", "policies": {
+        "istio-ext-authz-ext-ns[demo]-policy[ext]-rule[0]": {
+            "permissions": [{"urlPath": {"path": {"prefix": "/private/"}}}], "principals": [{"any": True}]}}}}
+    config = ext_authz_pb2.ExtAuthz()
+    assert ext.typed_config.Unpack(config)
+    assert MessageToDict(config) == {
+        "httpService": {"serverUri": {"uri": "http://authz.demo.svc.cluster.local",
+                                      "cluster": "outbound|8000||authz.demo.svc.cluster.local", "timeout": "0.500s"},
+                        "authorizationResponse": {"allowedUpstreamHeaders": {"patterns": [
+                            {"prefix": "x-ext-", "ignoreCase": True}]}}},
+        "transportApiVersion": "V3",
+        "filterEnabledMetadata": {"filter": "envoy.filters.http.rbac",
+                                  "path": [{"key": "istio_ext_authz_shadow_effective_policy_id"}],
+                                  "value": {"stringMatch": {"prefix": "istio-ext-authz-ext"}}},
+    }
+    assert _config(log)["rules"]["action"] == "LOG"
+    assert result.problems == ()
+    # An HTTP provider has no TCP filter (as istiod); AUDIT logs connections.
+    assert [f.name for f in tcp_authorization_filters([audit, custom], providers).filters] == [NETWORK_RBAC_FILTER]
+    # A gRPC provider: the filter calls it over gRPC, and TCP chains get the network filters too.
+    grpc_snapshot = Snapshot("1", services={authz_service.hostname: authz_service},
+                             mesh=MeshConfig(extension_providers=(_provider("ext", grpc=True),)))
+    grpc_providers = resolve_providers(grpc_snapshot, ["ext"])
+    config = ext_authz_pb2.ExtAuthz()
+    assert authorization_filters([custom], providers=grpc_providers).filters[1].typed_config.Unpack(config)
+    assert MessageToDict(config)["grpcService"] == {
+        "envoyGrpc": {"clusterName": "outbound|8000||authz.demo.svc.cluster.local",
+                      "authority": "authz.demo.svc.cluster.local"}, "timeout": "0.500s"}
+    assert [f.name for f in tcp_authorization_filters([custom], grpc_providers).filters] == [
+        NETWORK_RBAC_FILTER, "envoy.filters.network.ext_authz"]
+    # A provider whose service is not in the registry, or that mesh config does not name, denies.
+    for name, error in (("lost", "could not find service gone.demo.svc in Istio service registry"),
+                        ("nobody", "available providers are ['ext', 'lost'] but found 'nobody'")):
+        bad = AuthorizationPolicy(Meta("bad", "demo"), action=Action.CUSTOM, provider=name, rules=(Rule(),))
+        result = authorization_filters([bad], providers=resolve_providers(snapshot, [name]))
+        (deny,) = result.filters
+        assert _config(deny)["rules"] == {"action": "DENY", "policies": {
+            f"istio-ext-authz-{name}-ns[demo]-policy[bad]-rule[0]-deny-due-to-bad-CUSTOM-action": {
+                "permissions": [{"any": True}], "principals": [{"any": True}]}}}
+        assert result.problems == (f"CUSTOM provider {name!r} of AuthorizationPolicy demo/bad: {error}; its rules deny",)
 
 
 def _unpack(f):  # type: ignore[no-untyped-def]

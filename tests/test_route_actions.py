@@ -15,11 +15,13 @@ from envoy.extensions.transport_sockets.tls.v3 import common_pb2, tls_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 
 from istiod.model.builder import build_snapshot
+from istiod.model.config.networking import Retries
 from istiod.model.proxy import proxy_from_node
 from istiod.sources.store import Store
 from istiod.xds import types
 from istiod.xds.cache import ResourceCache
 from istiod.xds.gen import PROXYLESS_GRPC, SIDECAR
+from istiod.xds.gen.routes import retry_policy
 
 DATA = Path(__file__).parent / "data"
 WEB = "web.shop.svc.cluster.local"
@@ -239,3 +241,16 @@ def test_tls_origination_to_a_tcp_port_has_no_http_options() -> None:
     cluster = _sidecar(types.CLUSTER, rule, cluster_pb2.Cluster)["outbound|5432||db.shop.svc.cluster.local"]
     assert _upstream(cluster).sni == "db.example"
     assert not cluster.typed_extension_protocol_options
+
+
+def test_retries_as_istio_converts_them() -> None:
+    """No status code is retriable by default (current Istio); a consistent-hashed destination
+    retries on the same endpoint; retryRemoteLocalities moves a retry to the next priority."""
+    default = retry_policy(None)
+    assert default is not None and not default.retriable_status_codes
+    assert [p.name for p in default.retry_host_predicate] == ["envoy.retry_host_predicates.previous_hosts"]
+    hashed = retry_policy(None, hashed=True)
+    assert hashed is not None and not hashed.retry_host_predicate
+    remote = retry_policy(Retries(3, retry_remote_localities=True, retry_ignore_previous_hosts=True), hashed=True)
+    assert remote is not None and remote.retry_priority.name == "envoy.retry_priorities.previous_priorities"
+    assert [p.name for p in remote.retry_host_predicate] == ["envoy.retry_host_predicates.previous_hosts"]

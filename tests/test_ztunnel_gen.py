@@ -191,6 +191,13 @@ def test_l7_parts_drop_an_allow_rule_and_are_left_out_of_a_deny_rule() -> None:
     assert _dict(policies.authorization(_policy(Action.DENY, when), ROOT))["rules"] == [{"clauses": [{"matches": [{}]}]}]
 
 
+def test_service_accounts_as_istiod_sends_them() -> None:
+    rule = Rule(sources=(Source(service_accounts=("web", "other/api"), not_service_accounts=("ns/old",)),))
+    assert _dict(policies.authorization(_policy(Action.ALLOW, rule), ROOT))["rules"] == [{"clauses": [{"matches": [{
+        "serviceAccounts": [{"namespace": "ns", "serviceAccount": "web"}, {"namespace": "other", "serviceAccount": "api"}],
+        "notServiceAccounts": [{"namespace": "ns", "serviceAccount": "old"}]}]}]}]
+
+
 def test_l4_conditions_and_string_forms() -> None:
     rule = Rule(sources=(Source(principals=("*", "*/sa/x", "a*", "exact"), ip_blocks=("10.0.0.0/8", "10.1.1.1")),),
                 when=(Condition("destination.port", ("80",), ("81",)), Condition("source.ip", ("bad-ip", "::1"))))

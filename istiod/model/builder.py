@@ -64,19 +64,22 @@ def build_snapshot(
     previous: Snapshot | None = None,
     changed: Iterable[Key] | None = None,
     mesh: MeshConfig = MeshConfig(),
+    jwks: Mapping[str, str] = MappingProxyType({}),
 ) -> Snapshot:
-    """Build the next snapshot; `changed` (None = unknown) makes it proportional to the change."""
+    """Build the next snapshot; `changed` (None = unknown) makes it proportional to the change;
+    `jwks`: the keys istiod fetched, by jwksUri."""
     if previous is not None and changed is not None:
         keys: dict[str, list[Key]] = defaultdict(list)
         for key in dict.fromkeys(changed):  # a key changed twice is patched once
             keys[key.kind].append(key)
         nodes = _nodes(objects) if "Node" in keys else previous.nodes
         if not keys.keys() & _GLOBAL_KINDS and nodes == previous.nodes:
-            return _next(objects, version, previous, keys, mesh)
-    return _whole(objects, version, previous, mesh)
+            return _next(objects, version, previous, keys, mesh, jwks)
+    return _whole(objects, version, previous, mesh, jwks)
 
 
-def _whole(objects: ObjectValues[Key], version: str, previous: Snapshot | None, mesh: MeshConfig) -> Snapshot:
+def _whole(objects: ObjectValues[Key], version: str, previous: Snapshot | None, mesh: MeshConfig,
+           jwks: Mapping[str, str]) -> Snapshot:
     config = ConfigSet.collect(objects)
     workloads: dict[tuple[str, str], Workload] = {(w.namespace, w.name): w for w in objects.values("Pod")}
     jobs: dict[tuple[str, str], Job] = {(j.namespace, j.name): j for j in objects.values("Job")}
@@ -109,6 +112,7 @@ def _whole(objects: ObjectValues[Key], version: str, previous: Snapshot | None, 
         jobs=MappingProxyType(jobs),
         cronjobs=MappingProxyType(_cronjobs(objects)),
         mesh=mesh,
+        jwks=jwks,
         config=config,
         credentials=MappingProxyType(credentials),
         volumes=_volume_mounts(objects.values("PersistentVolume"), objects.values("PersistentVolumeClaim"), workloads),
@@ -120,7 +124,7 @@ def _whole(objects: ObjectValues[Key], version: str, previous: Snapshot | None, 
 
 
 def _next(objects: ObjectValues[Key], version: str, previous: Snapshot, keys: Mapping[str, list[Key]],
-          mesh: MeshConfig) -> Snapshot:
+          mesh: MeshConfig, jwks: Mapping[str, str]) -> Snapshot:
     assert previous.selection is not None and previous.lookups is not None  # set by Snapshot.__post_init__
     selection = previous.selection
     config = ConfigSet.collect(objects, previous.config, keys.keys())
@@ -208,6 +212,7 @@ def _next(objects: ObjectValues[Key], version: str, previous: Snapshot, keys: Ma
         jobs=previous.jobs,
         cronjobs=MappingProxyType(_cronjobs(objects)) if "CronJob" in keys else previous.cronjobs,
         mesh=mesh,
+        jwks=jwks,
         config=config,
         credentials=credentials,
         volumes=volumes,

@@ -28,6 +28,26 @@ class ProxyConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ExtAuthzProvider:
+    """extensionProviders[]: envoyExtAuthzHttp or envoyExtAuthzGrpc, the external authorizer
+    AuthorizationPolicies with action CUSTOM name."""
+
+    name: str
+    grpc: bool  # envoyExtAuthzGrpc (else HTTP)
+    service: str  # `host` or `namespace/host`
+    port: int
+    timeout: float | None = None  # seconds; None: Istio's 600 s
+    fail_open: bool = False
+    status_on_error: int | None = None
+    path_prefix: str = ""
+    include_request_headers_in_check: tuple[str, ...] = ()
+    include_additional_headers_in_check: tuple[tuple[str, str], ...] = ()
+    headers_to_upstream_on_allow: tuple[str, ...] = ()
+    headers_to_downstream_on_deny: tuple[str, ...] = ()
+    headers_to_downstream_on_allow: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class MeshConfig:
     trust_domain: str = DEFAULT_TRUST_DOMAIN
     # Mesh-wide mTLS between proxyless gRPC workloads (STRICT); PeerAuthentication and
@@ -42,3 +62,4 @@ class MeshConfig:
     # The default of every DestinationRule's; Istio's mesh default is `enabled: true`, which takes
     # effect where a rule sets outlierDetection (failover by locality). None: locality LB off.
     locality_lb_setting: LocalityLbSetting | None = LocalityLbSetting(enabled=True)
+    extension_providers: tuple[ExtAuthzProvider, ...] = ()  # the external authorizers (others are ignored)

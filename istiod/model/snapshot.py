@@ -210,6 +210,7 @@ class Snapshot:
     cronjobs: Mapping[tuple[str, str], CronJob] = field(default_factory=dict)
     volumes: tuple[VolumeMount, ...] = ()
     mesh: MeshConfig = MeshConfig()
+    jwks: Mapping[str, str] = field(default_factory=dict)  # JSON Web Key Sets istiod fetched, by jwksUri
     config: ConfigSet = ConfigSet()  # Istio's config objects (VirtualService, DestinationRule, ...)
     credentials: Mapping[tuple[str, str], TlsCredential] = field(default_factory=dict)  # Secrets by (namespace, name)
     endpoint_slices: Mapping[tuple[str, str], EndpointSlice] = field(default_factory=dict)  # (namespace, name)

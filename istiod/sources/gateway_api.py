@@ -134,10 +134,11 @@ def gateway(key: ObjectKey, f: _Fields, domain: str) -> KubernetesGateway:
     if len(set(names)) != len(names):
         raise spec.fail("listeners: names must be unique")
     addresses = tuple((a.get("type", str, "IPAddress"), _required(a, "value")) for a in items(spec, "addresses"))
-    # spec.infrastructure (labels and annotations for generated resources) has nothing to apply to
-    # until Gateways are deployed automatically; it is read and left alone, as documented.
+    # spec.infrastructure's labels and annotations go on the deployment (read from the stored
+    # object by istiod/status/gateway_deployment.py); its parametersRef is refused in status.
+    parameters = spec.get("infrastructure.parametersRef", dict, None) is not None
     return KubernetesGateway(meta(key), _required(spec, "gatewayClassName"), listeners, addresses, _generation(f),
-                             f.str_map("metadata.labels"))
+                             parameters_ref=parameters, labels=f.str_map("metadata.labels"))
 
 
 def _parent_refs(spec: _Fields) -> tuple[ParentRef, ...]:

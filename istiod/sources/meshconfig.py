@@ -7,6 +7,7 @@ an Istio installation's ConfigMap carries many, and must still be read.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
 import functools
@@ -20,7 +21,8 @@ from kubernetes_asyncio import client
 
 from istiod.model.config.networking import LocalityLbSetting
 from istiod.model.labels import EXPRESSION_OPERATORS, Requirement, Selector
-from istiod.model.mesh import MeshConfig, OutboundTrafficPolicy, ProxyConfig
+from istiod.durations import parse_duration
+from istiod.model.mesh import ExtAuthzProvider, MeshConfig, OutboundTrafficPolicy, ProxyConfig
 from istiod.sources.fields import ConversionError, _Fields
 from istiod.sources.istio.common import check_label, dns1123_label, fields, items, only, str_list
 from istiod.sources.istio.networking import locality_lb_setting
@@ -30,7 +32,7 @@ log = logging.getLogger(__name__)
 CONFIGMAP = "istio"
 CONFIGMAP_KEY = "mesh"
 _FIELDS = ("trustDomain", "trustDomainAliases", "rootNamespace", "outboundTrafficPolicy", "enableAutoMtls", "defaultConfig",
-           "discoverySelectors", "localityLbSetting")
+           "discoverySelectors", "localityLbSetting", "extensionProviders")
 _PROXY_FIELDS = ("discoveryAddress", "proxyMetadata", "holdApplicationUntilProxyStarts")
 
 
@@ -60,6 +62,10 @@ def _parse(f: _Fields, base: MeshConfig) -> MeshConfig:
         ignored += [f"defaultConfig.{k}" for k in sorted(set(d.body) - set(_PROXY_FIELDS))]
         proxy = ProxyConfig(d.get("discoveryAddress", str, proxy.discovery_address), d.str_map("proxyMetadata"),
                             d.get("holdApplicationUntilProxyStarts", bool, proxy.hold_application_until_proxy_starts))
+    providers = base.extension_providers
+    if "extensionProviders" in f.body:
+        providers, unimplemented = _extension_providers(f)
+        ignored += unimplemented
     if ignored:
         log.warning("%s: mesh config fields not implemented, ignored: %s", f.key, ", ".join(ignored))
     root = f.get("rootNamespace", str, base.root_namespace)
@@ -87,6 +93,7 @@ def _parse(f: _Fields, base: MeshConfig) -> MeshConfig:
         discovery_selectors=selectors,
         # Set, it replaces Istio's default `enabled: true`; `enabled: false` turns locality LB off.
         locality_lb_setting=_locality_lb_setting(f, base),
+        extension_providers=providers,
     )
 
 
@@ -95,6 +102,78 @@ def _locality_lb_setting(f: _Fields, base: MeshConfig) -> LocalityLbSetting | No
         return base.locality_lb_setting
     setting = locality_lb_setting(f, "localityLbSetting")
     return None if setting is None or setting.enabled is False else setting
+
+
+_EXT_AUTHZ = {"envoyExtAuthzHttp": False, "envoyExtAuthzGrpc": True}
+_EXT_AUTHZ_COMMON = ("service", "port", "timeout", "failOpen", "statusOnError")
+_EXT_AUTHZ_HTTP = ("pathPrefix", "includeRequestHeadersInCheck", "includeHeadersInCheck",
+                   "includeAdditionalHeadersInCheck", "headersToUpstreamOnAllow", "headersToDownstreamOnDeny",
+                   "headersToDownstreamOnAllow")
+
+
+def _extension_providers(f: _Fields) -> tuple[tuple[ExtAuthzProvider, ...], list[str]]:
+    """The external authorizers, validated as istiod validates them; other kinds (tracing,
+    access logging) are named as ignored."""
+    providers: list[ExtAuthzProvider] = []
+    ignored: list[str] = []
+    names: set[str] = set()
+    for i, p in enumerate(items(f, "extensionProviders")):
+        where = f"extensionProviders[{i}]"
+        name = p.get("name", str, "")
+        if not name:
+            raise f.fail(f"{where}.name: extension provider name must not be empty")
+        if name in names:
+            raise f.fail(f"{where}.name: extension provider name must be unique, found duplicate: {name}")
+        names.add(name)
+        kinds = [k for k in p.body if k != "name"]
+        if len(kinds) != 1:
+            raise f.fail(f"{where}: exactly one provider kind must be set, found {kinds or 'none'}")
+        kind = kinds[0]
+        if kind not in _EXT_AUTHZ:
+            ignored.append(f"{where}.{kind} ({name})")
+            continue
+        c = fields(p, kind)
+        if c is None:
+            raise f.fail(f"{where}.{kind}: expected a map")
+        grpc = _EXT_AUTHZ[kind]
+        only(c, _EXT_AUTHZ_COMMON + (() if grpc else _EXT_AUTHZ_HTTP),
+             ("includeRequestBodyInCheck", "clearRouteCache", "headersToUpstreamOnDeny"))
+        providers.append(_ext_authz(c, f"{where}.{kind}", name, grpc))
+    return tuple(providers), ignored
+
+
+def _ext_authz(c: _Fields, where: str, name: str, grpc: bool) -> ExtAuthzProvider:
+    service = c.get("service", str, "")
+    host = service.rpartition("/")[2]
+    if not service or not host or service.count("/") > 1:
+        raise c.fail(f"service: {service!r} must be `host` or `namespace/host`")
+    port = c.get("port", int, 0)
+    if not 0 < port < 65536:
+        raise c.fail(f"port: port number {port} must be in the range 1..65535")
+    timeout = None
+    if "timeout" in c.body:
+        try:
+            timeout = parse_duration(c.get("timeout", str, ""))
+        except argparse.ArgumentTypeError as error:
+            raise c.fail(f"timeout: {error}") from None
+    status = c.get("statusOnError", str, "")
+    if status and not (status.isdigit() and 100 <= int(status) <= 599):
+        raise c.fail(f"statusOnError: invalid statusOnError value {status}")
+    prefix = c.get("pathPrefix", str, "")
+    if prefix and not prefix.startswith("/"):
+        raise c.fail(f"pathPrefix: pathPrefix should begin with `/` but found {prefix!r}")
+    headers = {}
+    for field in ("includeRequestHeadersInCheck", "includeHeadersInCheck", "headersToUpstreamOnAllow",
+                  "headersToDownstreamOnDeny", "headersToDownstreamOnAllow"):
+        headers[field] = str_list(c, field)
+        if "*" in headers[field]:
+            raise c.fail(f"{field}: a single wildcard (\"*\") is not supported, change it to either prefix or "
+                         "suffix match")
+    return ExtAuthzProvider(
+        name, grpc, service, port, timeout, c.get("failOpen", bool, False), int(status) if status else None, prefix,
+        headers["includeRequestHeadersInCheck"] or headers["includeHeadersInCheck"],
+        c.str_map("includeAdditionalHeadersInCheck"), headers["headersToUpstreamOnAllow"],
+        headers["headersToDownstreamOnDeny"], headers["headersToDownstreamOnAllow"])
 
 
 def _label_selector(s: _Fields) -> Selector:

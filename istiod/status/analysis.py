@@ -41,7 +41,7 @@ REQUEST_TIMEOUT = 10.0
 _LEVELS = {ERROR: "ERROR", WARNING: "WARNING", INFO: "INFO"}
 # What the store holds besides Istio's kinds (ConfigMaps are not: the injection analyzer, which
 # reports on Namespaces and Pods only, does not run).
-_KINDS = frozenset(BY_KIND) | (frozenset(KUBE_KINDS) - {"ConfigMap"})
+_KINDS = frozenset(BY_KIND) | (frozenset(KUBE_KINDS) - {"ConfigMap", "Deployment"})
 
 
 def validation_message(message: Message) -> dict[str, Any]:

@@ -145,6 +145,7 @@ async def read_cluster(kubeconfig: Path) -> list[dict[str, Any]]:
     collect = Collect()
     async with await api_client(kubeconfig) as api:
         calls = {k: c for k, c in list_calls(api).items() if k in KUBE_KINDS} | istio_list_calls(api)
+        calls["Deployment"] = client.AppsV1Api(api).list_deployment_for_all_namespaces  # read for analysis only
         # Istio's ConfigMaps only: the injector's (whether namespaces are injected by default).
         calls["ConfigMap"] = lambda **kw: client.CoreV1Api(api).list_namespaced_config_map(ISTIO_NAMESPACE, **kw)
         for kind, call in calls.items():

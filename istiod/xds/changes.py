@@ -65,6 +65,8 @@ def changes(previous: Snapshot | None, current: Snapshot) -> Changes | None:
     kinds = current.config.kinds_changed_from(previous.config)
     if _differ(previous.credentials, current.credentials):
         kinds.add("Secret")
+    if _differ(previous.jwks, current.jwks):  # keys fetched for a jwksUri: what reads RequestAuthentications
+        kinds.add("RequestAuthentication")
     return Changes(_endpoint_changes(previous, current), frozenset(kinds), frozenset(hosts), frozenset(spellings),
                    _rule_hosts(previous, current) if "DestinationRule" in kinds else frozenset())
 

@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -58,6 +58,7 @@ class Pusher:
     ) -> None:
         self.store = store
         self.mesh = mesh
+        self.jwks: Mapping[str, str] = {}  # set by the JWKS resolver
         self.debounce_after = debounce_after
         self.debounce_max = debounce_max
         self.eds_debounce = eds_debounce
@@ -113,7 +114,8 @@ class Pusher:
         self._wake.clear()
         started = time.perf_counter()
         self._count += 1
-        self.snapshot = build_snapshot(self.store, _version(self._count), self.snapshot, None if full else changed, self.mesh)
+        self.snapshot = build_snapshot(self.store, _version(self._count), self.snapshot, None if full else changed, self.mesh,
+                                      self.jwks)
         configs = tuple(sorted(f"{k.kind}/{k.namespace}/{k.name}" for k in changed if k.kind in BY_KIND))
         event = PushEvent(self.snapshot, reason, debounced, time.perf_counter() - started, full, configs)
         shown = ",".join(configs[:_CONFIGS_LOGGED]) + (f",+{len(configs) - _CONFIGS_LOGGED} more"

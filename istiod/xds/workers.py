@@ -95,6 +95,7 @@ class Push:
     debounce_seconds: float
     build_seconds: float
     published_at: float  # wall clock: the worker counts the time to reach it into its proxies' convergence
+    jwks: tuple[tuple[str, str], ...] = ()  # the keys the main process fetched, by jwksUri
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +229,7 @@ class WorkerPool:
     def _push(self, keys: tuple[ObjectKey, ...], event: PushEvent) -> Push:
         objects = tuple((key, stored.value if (stored := self.store.get(key)) is not None else None) for key in keys)
         return Push(event.snapshot.version, objects, event.full, self.pusher.mesh, event.reason, event.configs,
-                    event.debounce_seconds, event.build_seconds, time.time())
+                    event.debounce_seconds, event.build_seconds, time.time(), tuple(self.pusher.jwks.items()))
 
     def not_ready(self) -> str | None:
         """istiod is not ready before every worker listens (each does once it holds the synced snapshot):
@@ -407,7 +408,7 @@ class _Worker:
         for key, value in push.objects:
             self.objects.put(key, value)
         keys = None if push.full else [key for key, _ in push.objects]
-        self.snapshot = build_snapshot(self.objects, push.version, self.snapshot, keys, push.mesh)
+        self.snapshot = build_snapshot(self.objects, push.version, self.snapshot, keys, push.mesh, dict(push.jwks))
         self.ads.on_push(PushEvent(self.snapshot, push.reason, debounce_seconds=push.debounce_seconds,
                                    build_seconds=push.build_seconds + time.time() - push.published_at,
                                    full=push.full, configs=push.configs))

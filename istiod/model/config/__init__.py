@@ -86,8 +86,9 @@ class ConfigSet:
 
     @property
     def all_virtual_services(self) -> tuple[VirtualService, ...]:
-        """The VirtualServices and those the Gateway API's routes make (bound to their Gateways only)."""
-        derived = self.gateway_api.virtual_services
+        """The VirtualServices and those the Gateway API's routes make (bound to their Gateways, or
+        to `mesh` for a Service parent)."""
+        derived = self.gateway_api.virtual_services + self.gateway_api.mesh_virtual_services
         return self.virtual_services + derived if derived else self.virtual_services
 
     def kinds_changed_from(self, previous: ConfigSet) -> set[str]:
@@ -100,7 +101,8 @@ class ConfigSet:
         if before is not after:  # what the gateway flavor reads of the conversion
             if before.gateways != after.gateways:
                 kinds.add("Gateway")
-            if before.virtual_services != after.virtual_services:
+            if (before.virtual_services != after.virtual_services
+                    or before.mesh_virtual_services != after.mesh_virtual_services):
                 kinds.add("VirtualService")
         return kinds
 
@@ -123,6 +125,20 @@ class ConfigSet:
         return scope.destination_rule_for(rules, proxy_namespace, proxy_labels, host, service_namespace, root_namespace)
 
     def virtual_service_for_host(self, namespace: str, host: str, gateway: str = MESH_GATEWAY) -> VirtualService | None:
+        """The VirtualService for a host; for `mesh`, as istiod orders them (SelectVirtualServices):
+        one exported to the proxy's namespace by name (exportTo `.` or the namespace) first, then a
+        route on the Service (GAMMA), then the others."""
+        found = self._virtual_service_for_host(namespace, host, gateway)
+        if gateway != MESH_GATEWAY or not self.gateway_api.mesh_virtual_services:
+            return found
+        if found is not None and found.export_to and "*" not in found.export_to:
+            return found
+        if "mesh_routes" not in self._index:
+            self._index["mesh_routes"] = {(vs.meta.namespace, vs.hosts[0]): vs
+                                          for vs in self.gateway_api.mesh_virtual_services}
+        return scope.mesh_route_for_host(self._index["mesh_routes"], namespace, host) or found
+
+    def _virtual_service_for_host(self, namespace: str, host: str, gateway: str) -> VirtualService | None:
         if "vs_hosts" not in self._index:
             exact: dict[str, list[VirtualService]] = defaultdict(list)
             wildcard: list[VirtualService] = []

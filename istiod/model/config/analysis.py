@@ -41,6 +41,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
                        "behavior."),
     "IST0112": (ERROR, "This VirtualService routes to a service {} that exposes multiple ports {}. Specifying a port in "
                        "the destination is required to disambiguate."),
+    "IST0116": (WARNING, "This deployment {} is associated with multiple services using port {} but different protocols: "
+                         "{}"),
     "IST0118": (INFO, "Port name {} (port: {}, targetPort: {}) doesn't follow the naming convention of Istio port."),
     "IST0123": (WARNING, "The namespace has more than one type of injection labels {}, which may lead to undefined "
                          "behavior. Make sure only one injection label exists."),
@@ -65,6 +67,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "IST0162": (WARNING, "The gateway is listening on a target port (port {}) that is not defined in the Service "
                          "associated with its workload instances (Pod selector {}). If you need to access the gateway "
                          "port through the gateway Service, it will not be available."),
+    "IST0137": (WARNING, "This deployment {} is associated with multiple services {} using targetPort {} but different "
+                         "ports: {}."),
     "IST0144": (WARNING, "User ID (UID) 1337 is reserved for the sidecar proxy."),
     "IST0149": (ERROR, "The virtual service uses the JWT claim based routing (key: {}) but found no request authentication "
                        "for the gateway ({}) pod ({}). The request authentication must first be applied for the gateway "
@@ -79,7 +83,7 @@ MESSAGES: dict[str, tuple[str, str]] = {
 }
 
 # The Kubernetes kinds analyzers read besides Istio's; only a cluster provides them.
-KUBE_KINDS = ("Namespace", "Service", "Pod", "Node", "ConfigMap", "Secret")
+KUBE_KINDS = ("Namespace", "Service", "Pod", "Node", "ConfigMap", "Secret", "Deployment")
 # Namespaces Istio never analyzes (its injector's ignored namespaces).
 IGNORED_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease", "local-path-storage"})
 SUPPRESS_ANNOTATION = "galley.istio.io/analyze-suppress"
@@ -826,14 +830,20 @@ def _with_index(values: list[str]) -> list[tuple[str, int]]:
 
 
 def _pod_in_mesh(objects: Objects, pod: Resource) -> bool:
-    """util.PodInMesh: a proxy container, else the pod's inject label or annotation, else its namespace's label."""
+    """util.PodInMesh."""
     containers = (pod.spec.get("containers") or []) + (pod.spec.get("initContainers") or [])
+    return _in_mesh(objects, pod.namespace, pod.labels, pod.annotations, containers)
+
+
+def _in_mesh(objects: Objects, namespace_name: str, labels: Mapping[str, str], annotations: Mapping[str, str],
+             containers: Sequence[Mapping[str, Any]]) -> bool:
+    """util.inMesh: a proxy container, else the inject label or annotation, else the namespace's label."""
     if any(c.get("name") == "istio-proxy" and c.get("image") for c in containers):
         return True
-    for metadata in (pod.labels, pod.annotations):
+    for metadata in (labels, annotations):
         if "sidecar.istio.io/inject" in metadata:
             return metadata["sidecar.istio.io/inject"] == "true"
-    namespace = objects.get("Namespace", "", pod.namespace)
+    namespace = objects.get("Namespace", "", namespace_name)
     return namespace is not None and namespace.labels.get("istio-injection") == "enabled"
 
 
@@ -961,18 +971,67 @@ _ISTIO_PROXY_CONTAINERS = ("istio-proxy", "istio-operator")
 _PROXY_UID = 1337
 
 
+def _runs_as_proxy(spec: Mapping[str, Any]) -> bool:
+    """A pod spec whose app runs as the proxy's UID (its own security context or a container's)."""
+    uids = [(spec.get("securityContext") or {}).get("runAsUser")] + [
+        (c.get("securityContext") or {}).get("runAsUser") for c in spec.get("containers") or []
+        if c.get("name") not in _ISTIO_PROXY_CONTAINERS]
+    return _PROXY_UID in uids
+
+
+def _control_plane(resource: Resource) -> bool:
+    return "istio" in resource.labels or resource.labels.get("release") == "istio"
+
+
 @_analyzer("Pod")
 def _application_uid(objects: Objects) -> Iterator[Message]:
-    """deployment.ApplicationUIDAnalyzer: IST0144, for Pods (Deployments are not read)."""
+    """deployment.ApplicationUIDAnalyzer: IST0144, for Pods (and Deployments, below)."""
     for pod in objects("Pod"):
-        if "istio" in pod.labels or pod.labels.get("release") == "istio":
-            continue  # Istio's control plane
-        spec = pod.spec
-        uids = [(spec.get("securityContext") or {}).get("runAsUser")] + [
-            (c.get("securityContext") or {}).get("runAsUser") for c in spec.get("containers") or []
-            if c.get("name") not in _ISTIO_PROXY_CONTAINERS]
-        if _PROXY_UID in uids:
+        if not _control_plane(pod) and _runs_as_proxy(pod.spec):
             yield Message("IST0144", pod)
+
+
+@_analyzer("Deployment")
+def _application_uid_of_deployments(objects: Objects) -> Iterator[Message]:
+    for deployment in objects("Deployment"):
+        if not _control_plane(deployment) and _runs_as_proxy(_template(deployment).get("spec") or {}):
+            yield Message("IST0144", deployment)
+
+
+def _template(deployment: Resource) -> Mapping[str, Any]:
+    return deployment.spec.get("template") or {}
+
+
+@_analyzer("Deployment", "Service", "Namespace")
+def _deployment_services(objects: Objects) -> Iterator[Message]:
+    """deployment.MultiServiceAnalyzer: IST0116 (a port two Services of a Deployment's pods give
+    different protocols), IST0137 (a targetPort they reach from different ports); waypoints left out."""
+    for deployment in objects("Deployment"):
+        template = _template(deployment)
+        metadata, spec = template.get("metadata") or {}, template.get("spec") or {}
+        labels = metadata.get("labels") or {}
+        if (deployment.labels.get("gateway.istio.io/managed") == "istio.io-mesh-controller"
+                or not _in_mesh(objects, deployment.namespace, labels, metadata.get("annotations") or {},
+                                spec.get("containers") or [])):
+            continue
+        services = [s for s in objects("Service") if s.namespace == deployment.namespace
+                    and s.spec.get("selector") and _selects(s.spec["selector"], labels)]
+        protocols: dict[int, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+        targets: dict[str, dict[int, str]] = defaultdict(dict)
+        for service in services:
+            for port in service.spec.get("ports") or []:
+                number = port.get("port", 0)
+                protocols[number][port.get("protocol") or "TCP"].append(service.full_name)
+                target = str(port.get("targetPort") or "") or "0"
+                targets[str(number) if target == "0" else target][number] = service.full_name
+        for number, by_protocol in protocols.items():
+            if len(by_protocol) > 1:
+                names = sorted(n for group in by_protocol.values() for n in group)
+                yield Message("IST0116", deployment, (deployment.name, number, go_list(names)), _NAME)
+        for target, by_port in targets.items():
+            if len(by_port) > 1:
+                yield Message("IST0137", deployment, (deployment.name, go_list(sorted(by_port.values())),
+                                                      go_quote(target), go_list(sorted(by_port))), _NAME)
 
 
 def _jwt_claim_key(vs: Resource) -> str:

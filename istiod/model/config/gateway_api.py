@@ -84,6 +84,7 @@ class KubernetesGateway:
     listeners: tuple[Listener, ...]
     addresses: tuple[tuple[str, str], ...] = ()  # (type, value): not implemented, refused in status
     generation: int = 0
+    parameters_ref: bool = False  # spec.infrastructure.parametersRef: not implemented, refused in status
     labels: Labels = ()  # istio.io/waypoint-for on a waypoint
 
 
@@ -205,4 +206,6 @@ class GatewayApiConfig:
     virtual_services: tuple[VirtualService, ...] = ()
     statuses: Mapping[StatusKey, dict[str, Any]] = field(default_factory=dict)
     missing_classes: tuple[str, ...] = ()  # builtin GatewayClasses (`istio`, `istio-waypoint`) istiod creates
+    # GAMMA: routes on a Service parent, bound to `mesh` for that Service's host.
+    mesh_virtual_services: tuple[VirtualService, ...] = ()
     waypoints: Mapping[tuple[str, str], Waypoint] = field(default_factory=dict)  # by (namespace, name)

@@ -9,6 +9,11 @@ Gateways of the mesh controller's class (`istio-waypoint`) are waypoints: one HB
 15008, no Istio Gateway made of them; once their Service (named as the Gateway) has endpoints, their
 status address is its hostname, and the ambient index (WDS) points services and workloads at it.
 
+A route whose parentRef is a Service (GAMMA) is mesh routing: its rules become a VirtualService
+bound to `mesh` for that Service's host, one per (route namespace, host), ordered as a Gateway's,
+with a port match when the parentRef names a port. Sidecars and proxyless gRPC read it through the
+same lookup as a VirtualService (ConfigSet.virtual_service_for_host decides precedence).
+
 Pure: Gateway API values, Services, Secrets and Namespaces in; Istio values and the status of every
 object out (istiod/status/gateway_api.py writes it). A reference the API refuses (a backend or
 Secret in another namespace without a ReferenceGrant) is reported and never followed.
@@ -20,7 +25,7 @@ import ipaddress
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from istiod.model.cluster import Namespace
@@ -30,7 +35,8 @@ from istiod.model.config.gateway_api import (
     RouteMatch, RouteRule, UntranslatedRoute,
 )
 from istiod.model.config.networking import (
-    Destination, DirectResponse, Gateway, Headers, HeaderOperations, HTTPMatch, HTTPRoute, Mirror, Redirect, Rewrite,
+    MESH_GATEWAY, Destination, DirectResponse, Gateway, Headers, HeaderOperations, HTTPMatch, HTTPRoute, Mirror, Redirect,
+    Rewrite,
     RouteDestination, Server, ServerTLS, ServerTLSMode, ServicePort, VirtualService,
 )
 from istiod.model.config.scope import host_matches
@@ -150,14 +156,27 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
     # Every (route rule match) attached to a listener, by listener and host.
     bound: dict[tuple[tuple[str, str], str], dict[str, list[tuple[tuple[Any, ...], HTTPRoute]]]] = defaultdict(
         lambda: defaultdict(list))
+    # GAMMA: every (route rule match) on a Service parent, by (route namespace, Service host).
+    mesh: dict[tuple[str, str], list[tuple[tuple[Any, ...], HTTPRoute]]] = defaultdict(list)
     for route in sorted(routes, key=_meta_order):
         parents = []
         http_routes, route_error = _rules(route, inputs)
+        # Mesh routing needs no ReferenceGrant to a backend (istiod: enforceRefGrant only for Gateways).
+        mesh_routes, mesh_error = (_rules(route, inputs, grants=False) if any(map(_is_service, route.parent_refs))
+                                   else ([], None))
         for ref in route.parent_refs:
             if ref.kind == "Gateway" and ref.group == GROUP and _gateway_key(ref, route.meta.namespace) in waypoint_gateways:
                 parents.append(_parent_status(ref, route.generation, (
                     "UnsupportedValue", "routes of waypoint Gateways are not implemented by this istiod (the waypoint "
                     "proxy is not served yet)"), None, MESH_CONTROLLER))
+                continue
+            if _is_service(ref):
+                host, denied = _mesh_parent(route.meta.namespace, ref, inputs)
+                if host:
+                    mesh[(route.meta.namespace, host)].extend(
+                        ((*order, route.created, route.meta.namespace, route.meta.name), _on_port(http, ref.port))
+                        for order, http in mesh_routes)
+                parents.append(_parent_status(ref, route.generation, denied, mesh_error))
                 continue
             attached, denied = _attach(route.meta.namespace, route.hostnames, ref, owned, listeners, inputs, route.kind)
             if denied is None and not attached:
@@ -174,7 +193,7 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
     for other in untranslated:
         parents = [_parent_status(ref, other.generation, ("UnsupportedValue", f"{other.kind} is not implemented by "
                                                           "this istiod (HTTPRoute and GRPCRoute are)"), None)
-                   for ref in other.parent_refs if _gateway_key(ref, other.meta.namespace) in owned]
+                   for ref in other.parent_refs if _is_service(ref) or _gateway_key(ref, other.meta.namespace) in owned]
         if parents:
             statuses[(other.kind, other.meta.namespace, other.meta.name)] = {"parents": parents}
 
@@ -194,7 +213,14 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
                     (f"{gateway.meta.namespace}/{derived}",), tuple(http for _, http in entries),
                     gateway_semantics=True))
         statuses[("KubernetesGateway", *key)] = _gateway_status(gateway, listeners[key], inputs)
-    return GatewayApiConfig(tuple(istio_gateways), tuple(virtual_services), statuses, missing_classes, waypoints)
+    mesh_services = []
+    for (namespace, host), entries in sorted(mesh.items()):
+        entries.sort(key=lambda entry: entry[0])
+        # istiod's name for the merged VirtualService of one (namespace, host): its key, `/` as `~`.
+        mesh_services.append(VirtualService(Meta(f"{namespace}~{host}", namespace), (host,), (MESH_GATEWAY,),
+                                            tuple(http for _, http in entries), gateway_semantics=True))
+    return GatewayApiConfig(tuple(istio_gateways), tuple(virtual_services), statuses, missing_classes,
+                            tuple(mesh_services), waypoints)
 
 
 def _waypoint(gateway: KubernetesGateway, status: Mapping[str, Any], class_labels: Mapping[str, str]) -> Waypoint | None:
@@ -338,6 +364,9 @@ def _gateway_status(gateway: KubernetesGateway, states: list[_ListenerState], in
         accepted = condition("Accepted", valid > 0, "ListenersNotValid",
                              "One or more of the Gateway's listeners are invalid" if valid
                              else "None of the Gateway's listeners are valid", generation)
+    if gateway.parameters_ref:  # istiod's reason for parameters it cannot use
+        accepted = condition("Accepted", False, "InvalidParameters",
+                             "spec.infrastructure.parametersRef is not implemented by this istiod", generation)
     programmed, addresses = _programmed(gateway, states, inputs, mesh)
     status: dict[str, Any] = {"conditions": [
         accepted, programmed, condition("ResolvedRefs", True, "ResolvedRefs", "All references resolved", generation)],
@@ -406,6 +435,32 @@ def _supported_kinds(listener: Listener) -> list[dict[str, str]]:
 
 # --- routes --------------------------------------------------------------------------------------
 
+def _is_service(ref: ParentRef) -> bool:
+    return (ref.group, ref.kind) in (("", "Service"), ("core", "Service"))
+
+
+def _mesh_parent(namespace: str, ref: ParentRef, inputs: _Inputs) -> tuple[str, tuple[str, str] | None]:
+    """The host of a Service parent, or why the route cannot attach to it. A route needs no
+    ReferenceGrant to a Service of another namespace: there it is a consumer route (scope:
+    ConfigSet.virtual_service_for_host)."""
+    service_namespace = ref.namespace or namespace
+    service = inputs.services.get((service_namespace, ref.name))
+    if service is None:
+        return "", ("NoMatchingParent", f'parent service: "{ref.name}" not found')
+    if ref.port and service.port(ref.port) is None:
+        return "", ("NoMatchingParent", f"parent service {service_namespace}/{ref.name} has no port {ref.port}")
+    if ref.section_name:
+        return "", ("UnsupportedValue", "sectionName on a Service parentRef is not implemented by this istiod (port is)")
+    return service.hostname, None
+
+
+def _on_port(http: HTTPRoute, port: int) -> HTTPRoute:
+    """istiod's augmentPortMatch: a parentRef's port restricts every match of the rule to it."""
+    if not port:
+        return http
+    return replace(http, match=tuple(replace(m, port=port) for m in http.match) or (HTTPMatch(port=port),))
+
+
 def _attach(namespace: str, hostnames: tuple[str, ...], ref: ParentRef,
             owned: Mapping[tuple[str, str], KubernetesGateway], listeners: Mapping[tuple[str, str], list[_ListenerState]],
             inputs: _Inputs, kind: str) -> tuple[list[tuple[_ListenerState, list[str]]], tuple[str, str] | None]:
@@ -413,7 +468,7 @@ def _attach(namespace: str, hostnames: tuple[str, ...], ref: ParentRef,
     none (reason, message). ([], None): the parent is not ours."""
     if (ref.group, ref.kind) != (GROUP, "Gateway"):
         return [], ("UnsupportedValue", f"parentRef kind {ref.kind} is not implemented by this istiod "
-                                        "(mesh routing with a Service parent comes later); Gateway is")
+                                        "(Gateway and Service are)")
     key = _gateway_key(ref, namespace)
     gateway = owned.get(key)
     if gateway is None:
@@ -475,13 +530,14 @@ def _parent_status(ref: ParentRef, generation: int, denied: tuple[str, str] | No
 _Order = tuple[Any, ...]
 
 
-def _rules(route: KubernetesHTTPRoute, inputs: _Inputs) -> tuple[list[tuple[_Order, HTTPRoute]], tuple[str, str] | None]:
+def _rules(route: KubernetesHTTPRoute, inputs: _Inputs,
+           grants: bool = True) -> tuple[list[tuple[_Order, HTTPRoute]], tuple[str, str] | None]:
     """A route's rules as Istio HTTP routes, one per match with its precedence key, and the first
     (reason, message) that keeps a reference from resolving (joined as Istio joins them)."""
     result: list[tuple[_Order, HTTPRoute]] = []
     errors: list[tuple[str, str]] = []
     for index, rule in enumerate(route.rules):
-        destinations, mirrors, backend_errors = _destinations(route, rule, inputs)
+        destinations, mirrors, backend_errors = _destinations(route, rule, inputs, grants)
         errors += [*rule.errors, *backend_errors]
         if rule.unmatchable:
             continue
@@ -500,18 +556,18 @@ def _precedence(match: RouteMatch) -> _Order:
             -len(match.query_params))
 
 
-def _destinations(route: KubernetesHTTPRoute, rule: RouteRule,
-                  inputs: _Inputs) -> tuple[list[RouteDestination], list[Destination], list[tuple[str, str]]]:
+def _destinations(route: KubernetesHTTPRoute, rule: RouteRule, inputs: _Inputs,
+                  grants: bool) -> tuple[list[RouteDestination], list[Destination], list[tuple[str, str]]]:
     """The backends and mirrors a rule may send to; refused and missing ones are left out and reported."""
     result, mirrors, errors = [], [], []
     for ref in rule.backend_refs:
-        destination, error = _backend(route, ref, inputs)
+        destination, error = _backend(route, ref, inputs, grants)
         if error is not None:
             errors.append(error)
         elif destination is not None and ref.weight > 0:
             result.append(RouteDestination(destination, ref.weight))
     for mirror in (f.mirror for f in rule.filters if f.mirror is not None):
-        destination, error = _backend(route, mirror, inputs)
+        destination, error = _backend(route, mirror, inputs, grants)
         if error is not None:
             errors.append(error)
         elif destination is not None:
@@ -519,12 +575,12 @@ def _destinations(route: KubernetesHTTPRoute, rule: RouteRule,
     return result, mirrors, errors
 
 
-def _backend(route: KubernetesHTTPRoute, ref: ObjectRef, inputs: _Inputs) -> tuple[Destination | None,
-                                                                                  tuple[str, str] | None]:
+def _backend(route: KubernetesHTTPRoute, ref: ObjectRef, inputs: _Inputs,
+             grants: bool) -> tuple[Destination | None, tuple[str, str] | None]:
     namespace = ref.namespace or route.meta.namespace
     if (ref.group, ref.kind) != ("", "Service"):
         return None, ("InvalidKind", f"referencing unsupported backendRef: group {ref.group!r} kind {ref.kind!r}")
-    if not inputs.permitted(route.kind, route.meta.namespace, "Service", namespace, ref.name):
+    if grants and not inputs.permitted(route.kind, route.meta.namespace, "Service", namespace, ref.name):
         return None, ("RefNotPermitted", f"backendRef {ref.name}/{namespace} not accessible to a {route.kind} in "
                                          f'namespace "{route.meta.namespace}" (missing a ReferenceGrant?)')
     service = inputs.services.get((namespace, ref.name))

@@ -82,6 +82,17 @@ def virtual_service_for_host(services: Iterable[VirtualService], namespace: str,
     return next((vs for vs in candidates if best in vs.hosts), None) if best else None
 
 
+def mesh_route_for_host(routes: Mapping[tuple[str, str], VirtualService], namespace: str,
+                        host: str) -> VirtualService | None:
+    """GAMMA's precedence for the routes on a Service parent (by route namespace and Service host):
+    a route of the proxy's own namespace (a consumer route; for the Service's own namespace, the
+    producer's), else a route of the Service's namespace (the producer's). A consumer route applies
+    to no other namespace, and a route on a Service takes precedence over a VirtualService for its
+    host (the caller asks here first)."""
+    service_namespace = host.split(".")[1] if "." in host else ""
+    return routes.get((namespace, host)) or routes.get((service_namespace, host))
+
+
 def destination_rule_for(rules: Iterable[DestinationRule], proxy_namespace: str, proxy_labels: Mapping[str, str],
                          host: str, service_namespace: str, root_namespace: str) -> DestinationRule | None:
     """istiod's lookup order: the proxy's namespace (its rules need no export; a rule with a

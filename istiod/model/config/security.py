@@ -42,6 +42,8 @@ class Source:
     not_ip_blocks: tuple[str, ...] = ()
     remote_ip_blocks: tuple[str, ...] = ()
     not_remote_ip_blocks: tuple[str, ...] = ()
+    service_accounts: tuple[str, ...] = ()  # `sa` (the policy's namespace) or `ns/sa`
+    not_service_accounts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,13 +93,15 @@ class JWTHeader:
 class JWTRule:
     issuer: str
     audiences: tuple[str, ...] = ()
-    jwks: str = ""  # inline JSON Web Key Set (jwksUri is refused: istiod would fetch it)
+    jwks: str = ""  # inline JSON Web Key Set; wins over jwks_uri (and the issuer's OpenID discovery)
     from_headers: tuple[JWTHeader, ...] = ()
     from_params: tuple[str, ...] = ()
     from_cookies: tuple[str, ...] = ()
     output_payload_to_header: str = ""
     forward_original_token: bool = False
     output_claim_to_headers: tuple[tuple[str, str], ...] = ()  # (header, claim)
+    jwks_uri: str = ""  # istiod fetches it (istiod/jwks.py) and serves the keys inline
+    timeout: float = 5.0  # seconds, for fetching jwks_uri (istiod's default)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import base64
 import binascii
 import json
+import re
+import urllib.parse
 
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
+from istiod.durations import parse_duration
 from istiod.model.config.security import (
     Action, AuthorizationPolicy, Condition, JWTHeader, JWTRule, MTLSMode, Operation, PeerAuthentication,
     RequestAuthentication, Rule, Source,
@@ -43,7 +47,13 @@ def peer_authentication(key: ObjectKey, f: _Fields, domain: str) -> PeerAuthenti
 
 
 _SOURCE_FIELDS = ("principals", "notPrincipals", "requestPrincipals", "notRequestPrincipals", "namespaces",
-                  "notNamespaces", "ipBlocks", "notIpBlocks", "remoteIpBlocks", "notRemoteIpBlocks")
+                  "notNamespaces", "ipBlocks", "notIpBlocks", "remoteIpBlocks", "notRemoteIpBlocks", "serviceAccounts",
+                  "notServiceAccounts")
+# Source fields and `when` keys istiod refuses with action CUSTOM (an external authorizer sees no identities).
+_CUSTOM_REFUSED = ("namespaces", "notNamespaces", "serviceAccounts", "notServiceAccounts", "principals",
+                   "notPrincipals", "requestPrincipals", "notRequestPrincipals")
+_CUSTOM_REFUSED_KEYS = ("source.namespace", "source.serviceAccount", "source.principal")
+_PATH_LITERAL = re.compile(r"^[a-zA-Z0-9-._~%!$&'()+,;:@=]+$")  # RFC 3986 pchar, as istiod checks templates
 _OPERATION_FIELDS = ("hosts", "notHosts", "ports", "notPorts", "methods", "notMethods", "paths", "notPaths")
 # Attributes a `when` condition may name (istiod's ValidateAttribute), by prefix for the bracketed ones.
 _ATTRIBUTES = ("source.ip", "remote.ip", "source.namespace", "source.principal", "request.auth.principal",
@@ -71,15 +81,52 @@ def _source(f: _Fields, path: str, action: Action) -> Source:
     sub = fields(f, path)
     if sub is None:
         raise f.fail(f"{path} must not be nil")
-    only(sub, _SOURCE_FIELDS, ("serviceAccounts", "notServiceAccounts"))
+    only(sub, _SOURCE_FIELDS, ("trustDomains", "notTrustDomains"))
     if not any(sub.body.get(k) for k in _SOURCE_FIELDS):
         raise f.fail(f"{path} must not be empty")
     for name in ("ipBlocks", "notIpBlocks", "remoteIpBlocks", "notRemoteIpBlocks"):
         for value in _values(sub, name):
             ip_or_cidr(f, f"{path}.{name}", value)
-    if action is Action.CUSTOM and (sub.body.get("requestPrincipals") or sub.body.get("notRequestPrincipals")):
-        raise f.fail(f"{path}.requestPrincipals is not supported for CUSTOM action")
+    if (any(sub.body.get(k) for k in ("principals", "notPrincipals", "namespaces", "notNamespaces"))
+            and any(sub.body.get(k) for k in ("serviceAccounts", "notServiceAccounts"))):
+        raise f.fail(f"{path}: cannot set serviceAccounts with namespaces or principals")
+    for name in ("serviceAccounts", "notServiceAccounts"):
+        _service_accounts(sub, name, _values(sub, name))
+    if action is Action.CUSTOM:
+        for name in _CUSTOM_REFUSED:
+            if sub.body.get(name):
+                raise f.fail(f"{path}.{name} is currently not supported with CUSTOM action")
     return Source(*(_values(sub, name) for name in _SOURCE_FIELDS))
+
+
+def _service_accounts(f: _Fields, path: str, values: tuple[str, ...]) -> None:
+    """istiod's CheckServiceAccount: `sa` or `ns/sa`, no wildcard."""
+    for value in values:
+        if "*" in value:
+            raise f.fail(f"{path}: {value!r}: wildcard not allowed")
+        ns, found, sa = value.partition("/")
+        if value.count("/") > 1 or not ns or (found and not sa):
+            raise f.fail(f"{path}: expected format 'serviceAccount' or 'namespace/serviceAccount', found {value!r}")
+        if len(value) > 320:
+            raise f.fail(f"{path}: value cannot exceed 320 characters, found {value!r}")
+
+
+def _path_template(f: _Fields, path: str, value: str) -> None:
+    """istiod's CheckValidPathTemplate: `{*}` and `{**}` are whole segments, `{**}` only last."""
+    template = "{*}" in value or "{**}" in value
+    any_found = False
+    for glob in value.strip("/").split("/"):
+        if glob in ("{*}", "{**}"):
+            if any_found:
+                raise f.fail(f"{path}: invalid or unsupported path {value}: {{**}} is not the last operator")
+            any_found = glob == "{**}"
+            continue
+        if "{" in glob or "}" in glob:
+            raise f.fail(f"{path}: invalid or unsupported path {value}: contains '{{' or '}}' beyond a supported "
+                         "path template")
+        if template and not _PATH_LITERAL.match(glob):
+            raise f.fail(f"{path}: invalid or unsupported path {value}: contains segment {glob!r} with invalid "
+                         "string literal")
 
 
 def _operation(f: _Fields, path: str) -> Operation:
@@ -91,6 +138,7 @@ def _operation(f: _Fields, path: str) -> Operation:
         raise f.fail(f"{path} must not be empty")
     for name in ("paths", "notPaths"):
         for value in _values(sub, name):
+            _path_template(f, f"{path}.{name}", value)
             if "*" in value.strip("*") and "{" not in value:
                 raise f.fail(f"{path}.{name}: {value!r}: '*' is allowed only as a prefix or a suffix")
     return Operation(_values(sub, "hosts"), _values(sub, "notHosts"), _ports(sub, "ports"), _ports(sub, "notPorts"),
@@ -98,7 +146,7 @@ def _operation(f: _Fields, path: str) -> Operation:
                      _values(sub, "notPaths"))
 
 
-def _condition(c: _Fields) -> Condition:
+def _condition(c: _Fields, action: Action) -> Condition:
     only(c, ("key", "values", "notValues"))
     key = c.get("key", str, "")
     if not key:
@@ -106,10 +154,16 @@ def _condition(c: _Fields) -> Condition:
     values, not_values = _values(c, "values"), _values(c, "notValues")
     if not values and not not_values:
         raise c.fail(f"at least one of `values` or `notValues` must be set for key {key}")
+    if key == "source.trustDomain":
+        raise c.fail(f"key: {key} is not supported by this istiod")
     if key not in _ATTRIBUTES and not key.startswith(_ATTRIBUTE_PREFIXES):
         raise c.fail(f"key: unknown attribute: {key}")
-    if key.startswith(_ATTRIBUTE_PREFIXES[:2]) and not key.endswith("]"):
-        raise c.fail(f"key: invalid attribute {key}: missing ']'")
+    if key.startswith(_ATTRIBUTE_PREFIXES) and not re.fullmatch(r"[^\[]+\[.+\]", key):
+        raise c.fail(f"key: bad key ({key}): should have format a[b]")
+    if action is Action.CUSTOM and (key in _CUSTOM_REFUSED_KEYS or key.startswith("request.auth.")):
+        raise c.fail(f"key: {key} is currently not supported with CUSTOM action")
+    if key == "source.serviceAccount":
+        _service_accounts(c, "values", values + not_values)
     for value in values + not_values:
         if key in ("source.ip", "remote.ip", "destination.ip"):
             ip_or_cidr(c, "values", value)
@@ -150,26 +204,42 @@ def authorization_policy(key: ObjectKey, f: _Fields, domain: str) -> Authorizati
             only(item, ("operation",))
         sources = tuple(_source(item, "source", action) for item in items(r, "from"))
         operations = tuple(_operation(item, "operation") for item in items(r, "to"))
-        rules.append(Rule(sources, operations, tuple(_condition(c) for c in items(r, "when"))))
+        rules.append(Rule(sources, operations, tuple(_condition(c, action) for c in items(r, "when"))))
     return AuthorizationPolicy(meta(key), workload_selector(f), action, tuple(rules), provider)
 
 
 def _jwt_rule(r: _Fields) -> JWTRule:
-    # istiod fetches a jwksUri (or the issuer's OpenID discovery document) itself and inlines the
-    # keys; this istiod does no such fetching: the keys must be given inline.
-    only(r, ("issuer", "audiences", "jwks", "fromHeaders", "fromParams", "fromCookies",
-             "outputPayloadToHeader", "forwardOriginalToken", "outputClaimToHeaders"), ("timeout", "jwksUri"))
+    # istiod fetches the keys itself (a jwksUri, else through the issuer's OpenID discovery
+    # document) and inlines them (istiod/jwks.py).
+    only(r, ("issuer", "audiences", "jwks", "jwksUri", "timeout", "fromHeaders", "fromParams", "fromCookies",
+             "outputPayloadToHeader", "forwardOriginalToken", "outputClaimToHeaders"))
     issuer = r.get("issuer", str, "")
     if not issuer:
         raise r.fail("issuer must be set")
     audiences = str_list(r, "audiences")
     if any(not a for a in audiences):
         raise r.fail("audiences: audience must be non-empty string")
-    jwks = r.get("jwks", str, "")
-    if not jwks:
-        raise r.fail("jwks must be set (fetching keys from the issuer is not supported by this istiod)")
-    if (error := _jwks_error(jwks)) is not None:
+    jwks, jwks_uri = r.get("jwks", str, ""), r.get("jwksUri", str, "")
+    if jwks and (error := jwks_error(jwks)) is not None:
         raise r.fail(f"jwks: jwks parse error: {error}")
+    if jwks_uri:
+        uri = urllib.parse.urlsplit(jwks_uri)
+        if uri.scheme not in ("http", "https"):
+            raise r.fail(f"jwksUri: URI scheme {uri.scheme!r} is not supported")
+        if not uri.hostname:
+            raise r.fail(f"jwksUri: {jwks_uri!r} has no host")
+        try:
+            uri.port
+        except ValueError:
+            raise r.fail(f"jwksUri: {jwks_uri!r} has an invalid port") from None
+    timeout = 5.0
+    if "timeout" in r.body:
+        try:
+            timeout = parse_duration(r.get("timeout", str, ""))
+        except argparse.ArgumentTypeError as error:
+            raise r.fail(f"timeout: {error}") from None
+        if timeout <= 0:
+            raise r.fail("timeout: must be positive")
     headers = []
     for h in items(r, "fromHeaders"):
         only(h, ("name", "prefix"))
@@ -187,13 +257,14 @@ def _jwt_rule(r: _Fields) -> JWTRule:
             raise c.fail("outputClaimToHeaders header and claim value must be non-empty string")
         claims.append((header, claim))
     return JWTRule(issuer, audiences, jwks, tuple(headers), params, cookies,
-                   r.get("outputPayloadToHeader", str, ""), r.get("forwardOriginalToken", bool, False), tuple(claims))
+                   r.get("outputPayloadToHeader", str, ""), r.get("forwardOriginalToken", bool, False), tuple(claims),
+                   jwks_uri, timeout)
 
 
 _EC_CURVES: dict[str, ec.EllipticCurve] = {"P-256": ec.SECP256R1(), "P-384": ec.SECP384R1(), "P-521": ec.SECP521R1()}
 
 
-def _jwks_error(jwks: str) -> str | None:
+def jwks_error(jwks: str) -> str | None:
     """Why Envoy would refuse this JSON Web Key Set (a NACK of the whole listener), if it would:
     it needs at least one key, and we ask that every key be a public key its JWT library reads."""
     try:

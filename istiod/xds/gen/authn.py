@@ -12,7 +12,8 @@ generator leaves it out too).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+from collections.abc import Iterable, Mapping
 
 from envoy.config.core.v3 import base_pb2
 from envoy.config.route.v3 import route_components_pb2
@@ -28,8 +29,35 @@ JWT_PAYLOAD = "payload"  # the dynamic metadata key of the verified payload, ist
 _SPACE_DELIMITED_CLAIMS = ("permission", "scope")  # istiod's defaults: matched word by word
 
 
-def jwt_filter(policies: Iterable[RequestAuthentication]) -> hcm_pb2.HttpFilter | None:
-    """The JWT filter for the RequestAuthentications that apply to a workload, or None."""
+# What a jwksUri istiod could not fetch serves, as istiod: an RSA public key whose private key was
+# generated and thrown away at once, so no token verifies (fail closed).
+PUBLIC_ONLY_JWKS = json.dumps({"keys": [{"kty": "RSA", "e": "AQAB", "n": (
+    "rxBkCEEP-8gPvrfrHhEowp6z7M1-IzDqAJqP75J71uSiS4YmrTB8OAtMfUdYZEo0NTFNRaChmVLCG4mscVl302yOz9AZpKSqy_hi3B9y2ibx"
+    "iMtxzprGzqQfuj2FuvCCCsa4lYJL5l0FrN23rr8INbtxH8B7iJy0tVnC-UZxWU9ZndZdDVhwlrSesv5PtYq0PnL01q8quWVSLiqbtG2vip1p"
+    "VwZyS02R6aRd8rQlTS8NgiA_OIh-ava0jsgxyOj9YicHY25CsG8pED0NMclbGaKapFnMlkOykk41WIyvBGJeIJ8EyWEv1NqnF85YsrcpyQq3"
+    "wdEkpRQxPGBWFFS3wQ")}]})
+
+
+OPENID_DISCOVERY = "/.well-known/openid-configuration"
+
+
+def jwks_source(rule: JWTRule) -> str:
+    """Where istiod fetches a rule's keys: its jwksUri, else the issuer's OpenID discovery document
+    (whose `jwks_uri` names them)."""
+    return rule.jwks_uri or rule.issuer + OPENID_DISCOVERY
+
+
+def jwks_for(rule: JWTRule, fetched: Mapping[str, str]) -> str:
+    """The keys Envoy checks tokens with: inline, else what istiod fetched, else none."""
+    return rule.jwks or fetched.get(jwks_source(rule)) or PUBLIC_ONLY_JWKS
+
+
+def jwt_filter(policies: Iterable[RequestAuthentication], fetched: Mapping[str, str] | None = None,
+               clear_route_cache: bool = False) -> hcm_pb2.HttpFilter | None:
+    """The JWT filter for the RequestAuthentications that apply to a workload, or None;
+    `fetched`: the JSON Web Key Sets istiod fetched, by jwksUri. `clear_route_cache` (istiod's, on
+    every proxy but sidecars): the route is picked again once the token is verified, so a
+    VirtualService can route by its claims."""
     rules = sorted((rule for policy in policies for rule in policy.jwt_rules), key=lambda r: r.issuer)
     if not rules:
         return None
@@ -39,7 +67,7 @@ def jwt_filter(policies: Iterable[RequestAuthentication]) -> hcm_pb2.HttpFilter 
     any_: list[jwt_pb2.JwtRequirement] = []  # per provider: its token is valid
     for i, rule in enumerate(rules):
         name = f"origins-{i}"
-        providers[name] = _provider(rule)
+        providers[name] = _provider(rule, jwks_for(rule, fetched or {}), clear_route_cache)
         each.append(Requirement(requires_any=jwt_pb2.JwtRequirementOrList(requirements=[
             Requirement(provider_name=name), Requirement(allow_missing=empty_pb2.Empty())])))
         any_.append(Requirement(provider_name=name))
@@ -55,8 +83,9 @@ def jwt_filter(policies: Iterable[RequestAuthentication]) -> hcm_pb2.HttpFilter 
     return hcm_pb2.HttpFilter(name=JWT_FILTER, typed_config=pack(config))
 
 
-def _provider(rule: JWTRule) -> jwt_pb2.JwtProvider:
+def _provider(rule: JWTRule, jwks: str, clear_route_cache: bool) -> jwt_pb2.JwtProvider:
     return jwt_pb2.JwtProvider(
+        clear_route_cache=clear_route_cache,
         issuer=rule.issuer,
         audiences=rule.audiences,
         forward=rule.forward_original_token,
@@ -69,5 +98,5 @@ def _provider(rule: JWTRule) -> jwt_pb2.JwtProvider:
         from_headers=[jwt_pb2.JwtHeader(name=h.name, value_prefix=h.prefix) for h in rule.from_headers],
         from_params=rule.from_params,
         from_cookies=rule.from_cookies,
-        local_jwks=base_pb2.DataSource(inline_string=rule.jwks),
+        local_jwks=base_pb2.DataSource(inline_string=jwks),
     )

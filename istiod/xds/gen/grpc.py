@@ -165,7 +165,7 @@ def _inbound_listener(name: str, ip: str, port: int, mode: MTLSMode, policies: t
                       jwt: tuple[RequestAuthentication, ...] = ()) -> listener_pb2.Listener:
     """A listener for an xDS-enabled gRPC server: every request is served locally, after the RBAC
     filters of the AuthorizationPolicies that select the workload."""
-    authz = authorization_filters(policies)
+    authz = authorization_filters(policies, proxyless=True)
     for problem in authz.problems:
         log.warning("%s (proxyless inbound listener %s)", problem, name)
     for policy in jwt:  # as istiod's gRPC generator: gRPC has no JWT filter

@@ -18,6 +18,7 @@ from envoy.extensions.filters.common.fault.v3 import fault_pb2 as common_fault_p
 from envoy.extensions.filters.http.cors.v3 import cors_pb2
 from envoy.extensions.filters.http.fault.v3 import fault_pb2
 from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2
+from envoy.extensions.retry.priority.previous_priorities.v3 import previous_priorities_config_pb2
 from envoy.type.matcher.v3 import metadata_pb2, regex_pb2, string_pb2, value_pb2
 from envoy.type.v3 import percent_pb2
 from google.protobuf import duration_pb2, wrappers_pb2
@@ -34,6 +35,7 @@ from istiod.xds.gen.filters import CORS_FILTER, FAULT_FILTER, pack
 from istiod.xds.gen.policy import duration, hash_policies
 
 PREVIOUS_HOSTS = "envoy.retry_host_predicates.previous_hosts"
+PREVIOUS_PRIORITIES = "envoy.retry_priorities.previous_priorities"
 DEFAULT_RETRY_ON = "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes"
 # gRPC status codes by the names Istio's API uses (grpcStatus, retryOn).
 GRPC_CODES = {
@@ -144,7 +146,8 @@ def _forward(route: rc.Route, http: HTTPRoute, port: int, services: Mapping[str,
         action.request_mirror_policies.extend(
             _mirror(m, port, services) for m in http.mirrors if m.percentage > 0)  # 0%: none, as istiod
     _set_timeout(action, http.timeout, proxyless)
-    retries = retry_policy(http.retries)
+    # A hashed destination keeps its retries on the same endpoint (istiod's consistent-hash policy).
+    retries = retry_policy(http.retries, hashed=bool(action.hash_policy))
     if retries is not None:
         action.retry_policy.CopyFrom(retries)
 
@@ -266,27 +269,30 @@ def _set_timeout(action: rc.RouteAction, timeout: object, proxyless: bool) -> No
         action.max_stream_duration.grpc_timeout_header_max.CopyFrom(value)
 
 
-def default_retries() -> rc.RetryPolicy:
-    """istiod's default: twice, on another endpoint, when a connection fails or is refused (an
-    endpoint that just went away) or the upstream answers 503 or UNAVAILABLE/CANCELLED."""
-    return rc.RetryPolicy(
-        retry_on=DEFAULT_RETRY_ON,
-        num_retries=wrappers_pb2.UInt32Value(value=2),
-        retry_host_predicate=[rc.RetryPolicy.RetryHostPredicate(
-            name=PREVIOUS_HOSTS, typed_config=pack(previous_hosts_pb2.PreviousHostsPredicate()))],
-        host_selection_retry_max_attempts=5,
-        retriable_status_codes=[503],
-    )
+def default_retries(hashed: bool = False) -> rc.RetryPolicy:
+    """istiod's default: twice, on another endpoint (the same one for a `hashed` destination), when
+    a connection fails or is refused (an endpoint that just went away) or gRPC says
+    UNAVAILABLE/CANCELLED. No status code is retriable unless retryOn names it (Istio dropped 503)."""
+    policy = rc.RetryPolicy(retry_on=DEFAULT_RETRY_ON, num_retries=wrappers_pb2.UInt32Value(value=2),
+                            host_selection_retry_max_attempts=5)
+    if not hashed:
+        _retry_elsewhere(policy)
+    return policy
 
 
-def retry_policy(retries: Retries | None) -> rc.RetryPolicy | None:
+def _retry_elsewhere(policy: rc.RetryPolicy) -> None:
+    policy.retry_host_predicate.add(name=PREVIOUS_HOSTS, typed_config=pack(previous_hosts_pb2.PreviousHostsPredicate()))
+
+
+def retry_policy(retries: Retries | None, hashed: bool = False) -> rc.RetryPolicy | None:
     """istiod's retry.ConvertPolicy: none set means the default, `attempts: 0` no retries; retryOn
-    entries that are HTTP status numbers become retriable status codes."""
+    entries that are HTTP status numbers become retriable status codes; retryRemoteLocalities moves
+    a retry to the next priority."""
     if retries is None:
-        return default_retries()
+        return default_retries(hashed)
     if retries.attempts <= 0:
         return None
-    policy = default_retries()
+    policy = default_retries(hashed)
     policy.num_retries.value = retries.attempts
     if retries.retry_on:
         codes = [int(v) for v in retries.retry_on if v.isdigit()]
@@ -298,8 +304,14 @@ def retry_policy(retries: Retries | None) -> rc.RetryPolicy | None:
         policy.retriable_status_codes.extend(codes)
     if retries.per_try_timeout is not None:
         policy.per_try_timeout.CopyFrom(duration(retries.per_try_timeout))
-    if retries.retry_ignore_previous_hosts is False:
+    if retries.retry_ignore_previous_hosts is not None:
         del policy.retry_host_predicate[:]
+        if retries.retry_ignore_previous_hosts:
+            _retry_elsewhere(policy)
+    if retries.retry_remote_localities:
+        policy.retry_priority.name = PREVIOUS_PRIORITIES
+        policy.retry_priority.typed_config.CopyFrom(pack(
+            previous_priorities_config_pb2.PreviousPrioritiesConfig(update_frequency=2)))
     if retries.backoff is not None:
         policy.retry_back_off.base_interval.CopyFrom(duration(retries.backoff))
     return policy

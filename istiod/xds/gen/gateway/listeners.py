@@ -23,6 +23,7 @@ from istiod.xds.gen.filters import (
     HCM_FILTER, ads_source, http_connection_manager, network_filter, pack, with_fault_filter,
 )
 from istiod.xds.gen.gateway.servers import GatewayServer, servers_by
+from istiod.xds.gen.security import workload_policy
 from istiod.xds.gen.tls import HTTP_ALPN, TLS_TRANSPORT_SOCKET
 
 TLS_INSPECTOR_FILTER = "envoy.filters.listener.tls_inspector"
@@ -36,15 +37,22 @@ TLS_VERSIONS = {
 
 def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
     result = []
+    # The AuthorizationPolicies and RequestAuthentications selecting the gateway's pod, on every
+    # HTTP chain, as istiod's gateway builder adds them.
+    policy = workload_policy(snapshot, proxy)
     for name, group in servers_by(snapshot, proxy, lambda s: s.listener_name):
         if names is None or name in names:
             gateways = tuple(dict.fromkeys(s.gateway for s in group))
-            result.append(cache.get(types.LISTENER, name, gateways, lambda: gateway_listener(name, group),
-                                    scope=",".join(str(g.meta) for g in gateways)))
+            result.append(cache.get(
+                types.LISTENER, name, (*gateways, *policy.authorization, *policy.request_auth),
+                lambda: gateway_listener(name, group, policy.http_filters(f"gateway listener {name}", clear_route_cache=True)),
+                scope=",".join(str(g.meta) for g in gateways) + ":" + policy.scope))
     return result
 
 
-def gateway_listener(name: str, servers: tuple[GatewayServer, ...]) -> listener_pb2.Listener:
+def gateway_listener(name: str, servers: tuple[GatewayServer, ...],
+                     http_filters: tuple[hcm_pb2.HttpFilter, ...] = ()) -> listener_pb2.Listener:
+    """`http_filters`: what runs before the fault filter and router (JWT, authorization)."""
     first = servers[0]
     listener = listener_pb2.Listener(
         name=name,
@@ -53,7 +61,8 @@ def gateway_listener(name: str, servers: tuple[GatewayServer, ...]) -> listener_
         traffic_direction=base_pb2.OUTBOUND,
     )
     if not first.tls:
-        listener.filter_chains.append(listener_components_pb2.FilterChain(filters=[_hcm(name, first.route_name)]))
+        listener.filter_chains.append(listener_components_pb2.FilterChain(
+            filters=[_hcm(name, first.route_name, http_filters)]))
         return listener
     listener.listener_filters.append(listener_components_pb2.ListenerFilter(
         name=TLS_INSPECTOR_FILTER, typed_config=pack(tls_inspector_pb2.TlsInspector())))
@@ -63,7 +72,7 @@ def gateway_listener(name: str, servers: tuple[GatewayServer, ...]) -> listener_
             filter_chain_match=listener_components_pb2.FilterChainMatch(server_names=served.server_names),
             transport_socket=base_pb2.TransportSocket(name=TLS_TRANSPORT_SOCKET,
                                                       typed_config=pack(server_tls(served))),
-            filters=[_hcm(name, served.route_name)],
+            filters=[_hcm(name, served.route_name, http_filters)],
         ))
     return listener
 
@@ -90,12 +99,13 @@ def server_tls(served: GatewayServer) -> tls_pb2.DownstreamTlsContext:
     )
 
 
-def _hcm(listener: str, route_name: str) -> listener_components_pb2.Filter:
+def _hcm(listener: str, route_name: str, http_filters: tuple[hcm_pb2.HttpFilter, ...]) -> listener_components_pb2.Filter:
     """istiod's gateway HCM: the client's address is the peer's (a gateway is the edge), paths
     normalised, websockets pass, VirtualService faults and CORS policies act."""
     rds = hcm_pb2.Rds(config_source=ads_source(initial_fetch_timeout=duration_pb2.Duration()),
                       route_config_name=route_name)
     return network_filter(HCM_FILTER, with_fault_filter(http_connection_manager(
+        http_filters,
         stat_prefix=f"outbound_{listener}",
         rds=rds,
         use_remote_address=wrappers_pb2.BoolValue(value=True),

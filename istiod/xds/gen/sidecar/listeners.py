@@ -61,9 +61,9 @@ from istiod.xds.gen.sidecar.ports import (
     inbound_ports,
     outbound_ports,
 )
-from istiod.xds.gen.authn import jwt_filter
+from istiod.xds.gen.extauthz import ResolvedProvider
 from istiod.xds.gen.rbac import authorization_filters, tcp_authorization_filters
-from istiod.xds.gen.security import authorization_policies, inbound_mtls_mode, request_authentications
+from istiod.xds.gen.security import WorkloadPolicy, inbound_mtls_mode, workload_policy
 from istiod.xds.gen.targets import alike, route_inputs
 from istiod.xds.gen.tls import (
     HTTP_ALPN, MESH_ALPN_MATCH, MESH_HTTP_ALPN_MATCH, MESH_TCP_ALPN_MATCH, PLAINTEXT_HTTP_ALPN_MATCH, sds_downstream_tls,
@@ -86,15 +86,14 @@ def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
     # PeerAuthentication per port (port 0: ports no service names), the AuthorizationPolicies
     # (translated as for proxyless servers) and RequestAuthentications selecting the workload.
     modes = {port: inbound_mtls_mode(snapshot, proxy, port) for port in (0, *(p.port for p in inbound))}
-    policies = authorization_policies(snapshot, proxy)
-    jwt = request_authentications(snapshot, proxy)
+    policy = workload_policy(snapshot, proxy)
     # Proxies whose pods serve the same ports under the same policies share one copy: the scope
     # says what it holds.
     scope = ",".join(f"{p.port}/{p.protocol.value}" for p in inbound) + ":" + ",".join(
-        f"{port}={mode.value}" for port, mode in modes.items()) + ":" + ",".join(
-        str(p.meta) for p in policies) + ":" + ",".join(str(r.meta) for r in jwt)
-    result.append(cache.get(types.LISTENER, VIRTUAL_INBOUND, (*policies, *jwt), scope=scope,
-                            build=lambda: virtual_inbound(inbound, modes, policies, jwt)))
+        f"{port}={mode.value}" for port, mode in modes.items()) + ":" + policy.scope
+    result.append(cache.get(types.LISTENER, VIRTUAL_INBOUND, (*policy.authorization, *policy.request_auth), scope=scope,
+                            build=lambda: virtual_inbound(inbound, modes, policy.authorization, policy.request_auth,
+                                                          policy.providers, policy.fetched_jwks)))
     if names is not None:
         wanted = set(names)
         result = [r for r in result if r.name in wanted]
@@ -266,17 +265,19 @@ def _outbound_listener(name: str, ip: str, port: int, main: listener_components_
 
 def virtual_inbound(ports: tuple[InboundPort, ...], modes: Mapping[int, MTLSMode],
                     policies: tuple[AuthorizationPolicy, ...] = (),
-                    request_auth: tuple[RequestAuthentication, ...] = ()) -> listener_pb2.Listener:
-    """`modes`: the mTLS mode of each inbound port, and of the rest under port 0."""
-    authz = authorization_filters(policies, request_auth=True)
-    for problem in authz.problems:
-        log.warning("%s (sidecar %s, HTTP ports)", problem, VIRTUAL_INBOUND)
-    tcp = tcp_authorization_filters(policies)
+                    request_auth: tuple[RequestAuthentication, ...] = (),
+                    providers: Mapping[str, ResolvedProvider] | None = None,
+                    fetched_jwks: Mapping[str, str] | None = None) -> listener_pb2.Listener:
+    """`modes`: the mTLS mode of each inbound port, and of the rest under port 0; `providers`:
+    the extension providers CUSTOM policies name; `fetched_jwks`: keys istiod fetched, by jwksUri."""
+    policy = WorkloadPolicy(policies, request_auth, providers or {}, fetched_jwks or {})
+    http = policy.http_filters(f"sidecar {VIRTUAL_INBOUND}, HTTP ports")
+    said = authorization_filters(policies, request_auth=True, providers=providers).problems
+    tcp = tcp_authorization_filters(policies, providers)
     for problem in tcp.problems:
-        if problem not in authz.problems:  # istiod's semantics for HTTP fields on TCP: said, not warned
+        if problem not in said:  # istiod's semantics for HTTP fields on TCP: said, not warned
             log.info("%s (sidecar %s, TCP and unnamed ports)", problem, VIRTUAL_INBOUND)
-    jwt = jwt_filter(request_auth)
-    filters = _Filters((jwt, *authz.filters) if jwt is not None else authz.filters, tcp.filters)
+    filters = _Filters(http, tcp.filters)
     chains = [_loop_breaker(VIRTUAL_INBOUND, VIRTUAL_INBOUND_PORT), *_passthrough_chains(modes[0], filters)]
     for inbound in ports:
         chains += _inbound_chains(inbound, modes[inbound.port], filters)

@@ -40,13 +40,13 @@ def authorization(policy: AuthorizationPolicy, root_namespace: str) -> pb.Author
         scope = pb.GLOBAL if policy.meta.namespace == root_namespace else pb.NAMESPACE
     result = pb.Authorization(name=policy.meta.name, namespace=policy.meta.namespace, scope=scope, action=action)
     for rule in policy.rules:
-        clauses = _clauses(action, rule)
+        clauses = _clauses(action, rule, policy.meta.namespace)
         if clauses is not None:
             result.rules.add().clauses.extend(clauses)
     return result
 
 
-def _clauses(action: int, rule: Rule) -> list[pb.Clause] | None:
+def _clauses(action: int, rule: Rule, namespace: str) -> list[pb.Clause] | None:
     """A rule's clauses (all must hold; a clause holds when any of its matches does), or None when an
     ALLOW rule names something only L7 can check (it can never match at L4)."""
     allow = action == pb.ALLOW
@@ -60,7 +60,7 @@ def _clauses(action: int, rule: Rule) -> list[pb.Clause] | None:
         if allow and any((source.remote_ip_blocks, source.not_remote_ip_blocks, source.request_principals,
                           source.not_request_principals)):
             return None
-        sources.append(_source_match(source))
+        sources.append(_source_match(source, namespace))
     clauses = [pb.Clause(matches=m) for m in (to, sources) if m]
     for condition in rule.when:
         if condition.key not in _WHEN_FIELDS:
@@ -71,8 +71,11 @@ def _clauses(action: int, rule: Rule) -> list[pb.Clause] | None:
     return clauses
 
 
-def _source_match(source: Source) -> pb.Match:
+def _source_match(source: Source, namespace: str) -> pb.Match:
+    """`namespace`: the policy's, where a service account named without one lives."""
     return pb.Match(
+        service_accounts=_service_accounts(source.service_accounts, namespace),
+        not_service_accounts=_service_accounts(source.not_service_accounts, namespace),
         source_ips=_addresses(source.ip_blocks), not_source_ips=_addresses(source.not_ip_blocks),
         namespaces=_strings(source.namespaces), not_namespaces=_strings(source.not_namespaces),
         principals=_strings(source.principals), not_principals=_strings(source.not_principals),
@@ -87,6 +90,15 @@ def _when_match(condition: Condition) -> pb.Match:
         getattr(match, positive).extend(convert(condition.values))
         getattr(match, negative).extend(convert(condition.not_values))
     return match
+
+
+def _service_accounts(values: Iterable[str], namespace: str) -> list[pb.ServiceAccountMatch]:
+    result = []
+    for value in values:
+        ns, found, sa = value.partition("/")
+        result.append(pb.ServiceAccountMatch(namespace=ns, serviceAccount=sa) if found
+                      else pb.ServiceAccountMatch(namespace=namespace, serviceAccount=value))
+    return result
 
 
 def _strings(values: Iterable[str]) -> list[pb.StringMatch]:

@@ -1,0 +1,127 @@
+"""Automated deployment on a real kube-apiserver with the Gateway API's CRDs: for a Gateway of class
+`istio`, the leader creates Istio's ServiceAccount, Deployment and Service `<gateway>-istio` (labels,
+owner references, ports from the listeners), follows a listener's port, addresses the Gateway with
+the Service, and removes them when the Gateway is deleted (this API server has no garbage
+collector: istiod deletes them itself). While another replica holds the lock, istiod writes nothing.
+istiod runs as its own ServiceAccount under exactly deploy/rbac/istiod.yaml."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+from typing import Any
+
+from kubernetes_asyncio import client
+
+from e2e.gateway_api_crds import install_gateway_api_crds
+from e2e.harness import Cluster
+from e2e.kube_objects import ISTIO_NAMESPACE, create_running_pod, ensure_namespace, pod_body
+from e2e.test_analysis_status import FAST
+from e2e.test_rbac import istiod_kubeconfig
+from istiod.ca.publisher import ELECTION
+from istiod.leader import LeaderElection, LeaseTimings
+from tests.peers import Istiod, Process, eventually
+
+GROUP, VERSION = "gateway.networking.k8s.io", "v1"
+NS, NAME = "gw-deploy", "edge-istio"
+GATEWAY_NAME = "gateway.networking.k8s.io/gateway-name"
+
+
+async def _objects(kube: client.ApiClient) -> dict[str, Any]:
+    """The Gateway's ServiceAccount, Deployment and Service that exist, by kind."""
+    core, apps = client.CoreV1Api(kube), client.AppsV1Api(kube)
+    found: dict[str, Any] = {}
+    for kind, read in (("ServiceAccount", core.read_namespaced_service_account),
+                       ("Deployment", apps.read_namespaced_deployment), ("Service", core.read_namespaced_service)):
+        with contextlib.suppress(client.ApiException):
+            found[kind] = await read(NAME, NS)
+    return found
+
+
+async def test_the_leader_deploys_a_gateway_and_removes_it(cluster: Cluster, kube: client.ApiClient, tmp_path: Path,
+                                                            processes: list[Process]) -> None:
+    await install_gateway_api_crds(kube)
+    await ensure_namespace(kube, NS)
+    custom = client.CustomObjectsApi(kube)
+    gateway = await custom.create_namespaced_custom_object(GROUP, VERSION, NS, "gateways", {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "Gateway", "metadata": {"name": "edge"},
+        "spec": {"gatewayClassName": "istio",
+                 "infrastructure": {"labels": {"team": "edge"}, "annotations": {"owner": "edge-team"}},
+                 "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]}})
+    uid = gateway["metadata"]["uid"]
+
+    # Another replica holds the writers' lock: istiod must write nothing while it does.
+    other = LeaderElection(kube, ISTIO_NAMESPACE, ELECTION, "other-replica",
+                           LeaseTimings(duration=2.0, renew_deadline=1.5, retry_period=0.25))
+    held = asyncio.Event()
+
+    async def hold() -> None:
+        held.set()
+        await asyncio.Future()
+
+    holder = asyncio.create_task(other.run(hold))
+    try:
+        await asyncio.wait_for(held.wait(), 10)
+        kubeconfig, _ = await istiod_kubeconfig(cluster, kube, tmp_path / "istiod.kubeconfig")
+        istiod = await asyncio.to_thread(Istiod, tmp_path, "--kubeconfig", str(kubeconfig), *FAST, ready_timeout=60)
+        processes.append(istiod)
+        await asyncio.sleep(5)  # several passes and lease renewals
+        assert await _objects(kube) == {}, "a replica that does not lead wrote"
+    finally:
+        holder.cancel()  # hands the lock back
+        with contextlib.suppress(asyncio.CancelledError):
+            await holder
+
+    async def all_three() -> dict[str, Any] | None:
+        found = await _objects(kube)
+        return found if len(found) == 3 else None
+
+    try:
+        found = await eventually(all_three, 30, "the Gateway's ServiceAccount, Deployment and Service", interval=0.25)
+    except AssertionError:
+        print(istiod.text())
+        raise
+    for kind, obj in found.items():
+        labels = obj.metadata.labels
+        assert labels[GATEWAY_NAME] == "edge" and labels["gateway.networking.k8s.io/gateway-class-name"] == "istio"
+        assert labels["team"] == "edge" and obj.metadata.annotations == {"owner": "edge-team"}, kind
+        [owner] = obj.metadata.owner_references
+        assert (owner.api_version, owner.kind, owner.name, owner.uid) == (f"{GROUP}/v1", "Gateway", "edge", uid)
+    deployment, service = found["Deployment"], found["Service"]
+    assert deployment.metadata.labels["gateway.istio.io/managed"] == "istio.io-gateway-controller"
+    pod = deployment.spec.template
+    assert pod.metadata.labels[GATEWAY_NAME] == "edge" and pod.spec.service_account_name == NAME
+    assert pod.spec.containers[0].args[3:5] == ["proxy", "router"]
+    assert [(p.name, p.port) for p in service.spec.ports] == [("status-port", 15021), ("http", 80)]
+    print("deployed:", {k: v.metadata.name for k, v in found.items()}, "ports", [p.port for p in service.spec.ports])
+
+    # The deployment's pod answering: the Gateway is Programmed with the Service's address.
+    await create_running_pod(kube, NS, pod_body("edge-1", "edge", 80, labels={GATEWAY_NAME: "edge"}), "10.244.0.90")
+
+    async def addressed() -> list[Any] | None:
+        body = await custom.get_namespaced_custom_object(GROUP, VERSION, NS, "gateways", "edge")
+        return (body.get("status") or {}).get("addresses")
+
+    addresses = await eventually(addressed, 30, "the Gateway's addresses", interval=0.25)
+    assert addresses == [{"type": "IPAddress", "value": service.spec.cluster_ip}], addresses
+
+    # A listener's port edited: the Service follows.
+    merge: dict[str, Any] = {"_content_type": "application/merge-patch+json"}  # the client's default is a JSON patch
+    await custom.patch_namespaced_custom_object(GROUP, VERSION, NS, "gateways", "edge", {
+        "spec": {"listeners": [{"name": "http", "port": 8080, "protocol": "HTTP"}]}}, **merge)
+
+    async def moved() -> bool:
+        service = await client.CoreV1Api(kube).read_namespaced_service(NAME, NS)
+        return [(p.name, p.port) for p in service.spec.ports] == [("status-port", 15021), ("http", 8080)]
+
+    await eventually(moved, 30, "the Service on the listener's new port", interval=0.25)
+    print("listener port 80 -> 8080: the Service follows")
+
+    # The Gateway deleted: istiod removes what it made (no garbage collector here).
+    await custom.delete_namespaced_custom_object(GROUP, VERSION, NS, "gateways", "edge")
+
+    async def gone() -> bool:
+        return await _objects(kube) == {}
+
+    await eventually(gone, 30, "the Gateway's objects removed", interval=0.25)

@@ -1,0 +1,151 @@
+"""Automated deployment: the ServiceAccount, Deployment and Service istiod's gateway deployment
+controller makes for a Gateway of class `istio` (pilot/pkg/config/kube/gatewaycommon/
+deploymentcontroller.go and its template kube-gateway.yaml), with Istio's names, labels and owner
+references, the listeners' ports, spec.infrastructure's labels and annotations, and our proxy image
+running our agent as a router (`istiod agent proxy router`).
+
+Pure: a Gateway in, Kubernetes objects out (istiod/status/gateway_deployment.py applies them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from istiod.model.config.gateway_api import GROUP, KubernetesGateway
+from istiod.model.config.gateway_conversion import CLASS, GATEWAY_NAME_LABEL
+
+CLASS_NAME_LABEL = "gateway.networking.k8s.io/gateway-class-name"
+MANAGED_LABEL = "gateway.istio.io/managed"
+MANAGED = "istio.io-gateway-controller"
+STATUS_PORT = 15021
+# istiod leaves these annotations of spec.infrastructure (and the Gateway) off the objects it makes.
+_OMITTED_ANNOTATIONS = frozenset({"kubectl.kubernetes.io/last-applied-configuration", "gateway.istio.io/name-override",
+                                  "gateway.istio.io/service-account", "gateway.istio.io/controller-version"})
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayInfrastructure:
+    """What of a Gateway the API server holds beyond its model: its uid (the owner references'),
+    spec.infrastructure's labels and annotations, and the Service type annotation."""
+
+    uid: str
+    labels: tuple[tuple[str, str], ...] = ()
+    annotations: tuple[tuple[str, str], ...] = ()
+    service_type: str = "LoadBalancer"  # networking.istio.io/service-type, as istiod's default
+
+
+def deployed(gateway: KubernetesGateway) -> bool:
+    """Whether istiod deploys the Gateway: class `istio` and no spec.addresses (with addresses the
+    Gateway is someone else's deployment, which this istiod does not implement: refused in status)."""
+    return gateway.class_name == CLASS and not gateway.addresses
+
+
+def deployment_name(gateway: KubernetesGateway) -> str:
+    return f"{gateway.meta.name}-{gateway.class_name}"
+
+
+def service_ports(gateway: KubernetesGateway) -> list[dict[str, Any]]:
+    """istiod's extractServicePorts: status-port, then one port per listener port (the first
+    listener's name, `.` as `-`, at most 63 characters, made unique with the port number)."""
+    ports: list[dict[str, Any]] = [{"name": "status-port", "port": STATUS_PORT, "protocol": "TCP", "appProtocol": "tcp"}]
+    used, numbers = {"status-port"}, set()
+    for listener in gateway.listeners:
+        if listener.port in numbers:
+            continue
+        numbers.add(listener.port)
+        name = listener.name.replace(".", "-")[:63]
+        candidate, suffix = name, f"-{listener.port}"
+        while candidate in used:
+            candidate = name[:63 - len(suffix)] + suffix
+            suffix += "x"
+        used.add(candidate)
+        ports.append({"name": candidate, "port": listener.port, "protocol": "TCP",
+                      "appProtocol": listener.protocol.lower()})
+    return ports
+
+
+def objects(gateway: KubernetesGateway, infrastructure: GatewayInfrastructure,
+            variables: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The ServiceAccount, Deployment and Service (in that order, as istiod applies them).
+    `variables`: the injector's (proxy_image, ca_address, cluster_id)."""
+    name, namespace = deployment_name(gateway), gateway.meta.namespace
+    labels = {**dict(infrastructure.labels), GATEWAY_NAME_LABEL: gateway.meta.name,
+              CLASS_NAME_LABEL: gateway.class_name}
+    annotations = {k: v for k, v in infrastructure.annotations if k not in _OMITTED_ANNOTATIONS}
+    owner = [{"apiVersion": f"{GROUP}/v1", "kind": "Gateway", "name": gateway.meta.name, "uid": infrastructure.uid}]
+
+    def metadata(extra: Mapping[str, str] = {}) -> dict[str, Any]:
+        return {"name": name, "namespace": namespace, "labels": {**labels, **extra}, "annotations": annotations,
+                "ownerReferences": owner}
+
+    managed = {MANAGED_LABEL: MANAGED}
+    pod_labels = {"sidecar.istio.io/inject": "false", "service.istio.io/canonical-name": name,
+                  "service.istio.io/canonical-revision": "latest", **labels, **managed}
+    field = lambda path: {"valueFrom": {"fieldRef": {"fieldPath": path}}}  # noqa: E731
+    container = {
+        "name": "istio-proxy",
+        "image": variables["proxy_image"],
+        "command": ["istiod"],
+        "args": ["agent", "--output-dir", "/var/lib/istio/data", "proxy", "router", "--workdir", "/"],
+        "env": [{"name": "CA_ADDR", "value": variables["ca_address"]},
+                {"name": "ISTIO_META_CLUSTER_ID", "value": variables["cluster_id"]},
+                {"name": "POD_NAME", **field("metadata.name")}, {"name": "POD_NAMESPACE", **field("metadata.namespace")},
+                {"name": "INSTANCE_IP", **field("status.podIP")},
+                {"name": "SERVICE_ACCOUNT", **field("spec.serviceAccountName")},
+                {"name": "ISTIO_META_WORKLOAD_NAME", "value": name},
+                {"name": "ISTIO_META_OWNER",
+                 "value": f"kubernetes://apis/apps/v1/namespaces/{namespace}/deployments/{name}"}],
+        "ports": [{"containerPort": 15020, "name": "metrics", "protocol": "TCP"},
+                  {"containerPort": STATUS_PORT, "name": "status-port", "protocol": "TCP"},
+                  {"containerPort": 15090, "name": "http-envoy-prom", "protocol": "TCP"}],
+        "readinessProbe": {"httpGet": {"path": "/healthz/ready", "port": STATUS_PORT}, "periodSeconds": 15,
+                           "failureThreshold": 4, "timeoutSeconds": 1},
+        "securityContext": {"allowPrivilegeEscalation": False, "privileged": False, "capabilities": {"drop": ["ALL"]},
+                            "readOnlyRootFilesystem": True, "runAsUser": 1337, "runAsGroup": 1337,
+                            "runAsNonRoot": True},
+        "volumeMounts": [{"name": "workload-socket", "mountPath": "/var/run/secrets/workload-spiffe-uds"},
+                         {"name": "istio-envoy", "mountPath": "/etc/istio/proxy"},
+                         {"name": "istio-data", "mountPath": "/var/lib/istio/data"},
+                         {"name": "istio-token", "mountPath": "/var/run/secrets/tokens"},
+                         {"name": "istiod-ca-cert", "mountPath": "/var/run/secrets/istio"}],
+    }
+    volumes = [
+        {"name": "workload-socket", "emptyDir": {}}, {"name": "istio-envoy", "emptyDir": {"medium": "Memory"}},
+        {"name": "istio-data", "emptyDir": {}},
+        {"name": "istio-token", "projected": {"sources": [{"serviceAccountToken": {
+            "audience": "istio-ca", "expirationSeconds": 43200, "path": "istio-token"}}]}},
+        {"name": "istiod-ca-cert", "configMap": {"name": "istio-ca-root-cert"}},
+    ]
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata()},
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata(managed), "spec": {
+            "selector": {"matchLabels": {GATEWAY_NAME_LABEL: gateway.meta.name}},
+            "template": {
+                "metadata": {"labels": pod_labels, "annotations": {
+                    **annotations, "istio.io/rev": "default", "prometheus.io/path": "/stats/prometheus",
+                    "prometheus.io/port": "15020", "prometheus.io/scrape": "true"}},
+                "spec": {"serviceAccountName": name, "containers": [container], "volumes": volumes,
+                         # Listeners on ports below 1024 without root, as istiod's template.
+                         "securityContext": {"sysctls": [{"name": "net.ipv4.ip_unprivileged_port_start",
+                                                          "value": "0"}]}}}}},
+        {"apiVersion": "v1", "kind": "Service", "metadata": metadata(), "spec": {
+            "ipFamilyPolicy": "PreferDualStack", "ports": service_ports(gateway),
+            "selector": {GATEWAY_NAME_LABEL: gateway.meta.name}, "type": infrastructure.service_type}},
+    ]
+
+
+def infrastructure_of(raw: Mapping[str, Any]) -> GatewayInfrastructure:
+    """A stored Gateway's uid, spec.infrastructure and service type (strings only; others skipped)."""
+    metadata = raw.get("metadata") or {}
+    infrastructure = (raw.get("spec") or {}).get("infrastructure") or {}
+
+    def strings(value: Any) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted((k, v) for k, v in value.items() if isinstance(k, str) and isinstance(v, str))
+                     ) if isinstance(value, Mapping) else ()
+
+    service_type = (metadata.get("annotations") or {}).get("networking.istio.io/service-type")
+    return GatewayInfrastructure(str(metadata.get("uid") or ""), strings(infrastructure.get("labels")),
+                                 strings(infrastructure.get("annotations")),
+                                 service_type if isinstance(service_type, str) and service_type else "LoadBalancer")

@@ -1,0 +1,141 @@
+"""Keeps each Gateway of class `istio` deployed, as istiod's gateway deployment controller: its
+ServiceAccount, Deployment and Service (istiod/model/config/gateway_deployment.py) server-side
+applied with istiod's field manager, and deleted once the Gateway is gone. Leader-elected: only one
+replica writes.
+
+A pass that finds the Gateways changed (and one every RESYNC seconds, which also puts back an
+object deleted by hand) lists the objects labelled with our Gateway class and applies what differs.
+Deletion does not rely on the garbage collector (an API server without kube-controller-manager has
+none): of those objects, the pass deletes the ones whose owner Gateway (by uid) the API server no
+longer has, asked once more before each delete. Objects without a Gateway owner reference are never
+touched. A failed call is logged and tried again on the next pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from istiod import logs
+from istiod.model.config.gateway_api import GROUP, KubernetesGateway
+from istiod.model.config.gateway_conversion import CLASS, CONTROLLER
+from istiod.model.config.gateway_deployment import CLASS_NAME_LABEL, deployed, infrastructure_of, objects
+from istiod.sources.kube import API_ERRORS, describe_error
+from istiod.sources.store import Store
+
+log = logging.getLogger(__name__)
+APPLY_PATCH = "application/apply-patch+yaml"
+_Key = tuple[str, str, str]  # (kind, namespace, name)
+RESYNC = 30.0  # seconds: the cluster's objects are listed when a Gateway changes, and at least this often
+
+
+class GatewayDeployer:
+    def __init__(self, api: client.ApiClient, store: Store, variables: Callable[[], Mapping[str, str]],
+                 interval: float = 2.0) -> None:
+        self.core, self.apps = client.CoreV1Api(api), client.AppsV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.store = store
+        self.variables = variables
+        self.interval = interval
+        self._applied: dict[_Key, dict[str, Any]] = {}  # what this replica last applied, to write only changes
+        self._wanted: dict[_Key, dict[str, Any]] | None = None
+        self._listed = 0.0  # when the cluster's objects were last listed
+
+    async def run(self) -> None:
+        while True:
+            await self.reconcile()
+            await asyncio.sleep(self.interval)
+
+    async def reconcile(self) -> None:
+        variables = self.variables()
+        wanted: dict[_Key, dict[str, Any]] = {}
+        for stored in self.store.objects("KubernetesGateway"):
+            gateway: KubernetesGateway = stored.value
+            infrastructure = infrastructure_of(stored.raw)
+            if deployed(gateway) and infrastructure.uid:
+                for body in objects(gateway, infrastructure, variables):
+                    wanted[(body["kind"], gateway.meta.namespace, body["metadata"]["name"])] = body
+        now = time.monotonic()
+        if wanted == self._wanted and now - self._listed < RESYNC:
+            return  # nothing changed here; what changed in the cluster is found at the next resync
+        try:
+            existing = await self._existing()
+        except API_ERRORS as error:
+            log.warning(logs.event("gateway deployments not listed", error=describe_error(error)))
+            return
+        self._wanted, self._listed = wanted, now
+        for key, body in wanted.items():
+            if key in existing and self._applied.get(key) == body:
+                continue
+            try:
+                await self._apply(key, body)
+                self._applied[key] = body
+                log.info(logs.event("gateway deployment applied", kind=key[0], object=f"{key[1]}/{key[2]}"))
+            except API_ERRORS as error:
+                log.warning(logs.event("gateway deployment not applied", kind=key[0], object=f"{key[1]}/{key[2]}",
+                                       error=describe_error(error)))
+                self._wanted = None  # tried again on the next pass
+        for key, owner in existing.items():
+            if key not in wanted:
+                await self._delete_if_orphaned(key, owner)
+
+    async def _existing(self) -> dict[_Key, tuple[str, str]]:
+        """The objects of our class's Gateways, with their owner Gateway's (name, uid)."""
+        selector = f"{CLASS_NAME_LABEL}={CLASS}"
+        found: dict[_Key, tuple[str, str]] = {}
+        for kind, listing in (("ServiceAccount", self.core.list_service_account_for_all_namespaces),
+                              ("Deployment", self.apps.list_deployment_for_all_namespaces),
+                              ("Service", self.core.list_service_for_all_namespaces)):
+            result = await listing(label_selector=selector)
+            for item in result.items:
+                owner = next((o for o in item.metadata.owner_references or []
+                              if o.kind == "Gateway" and o.api_version.startswith(f"{GROUP}/")), None)
+                if owner is not None:
+                    found[(kind, item.metadata.namespace, item.metadata.name)] = (owner.name, owner.uid)
+        return found
+
+    async def _apply(self, key: _Key, body: dict[str, Any]) -> None:
+        kind, namespace, name = key
+        options: dict[str, Any] = {"field_manager": CONTROLLER, "force": True, "_content_type": APPLY_PATCH}
+        if kind == "ServiceAccount":
+            await self.core.patch_namespaced_service_account(name, namespace, body, **options)
+        elif kind == "Deployment":
+            await self.apps.patch_namespaced_deployment(name, namespace, body, **options)
+        else:
+            await self.core.patch_namespaced_service(name, namespace, body, **options)
+
+    async def _delete_if_orphaned(self, key: _Key, owner: tuple[str, str]) -> None:
+        """Deletes an object whose owner Gateway the API server does not have (its informer may lag)."""
+        kind, namespace, name = key
+        try:
+            gateway = await self.custom.get_namespaced_custom_object(GROUP, "v1", namespace, "gateways", owner[0])
+            if (gateway.get("metadata") or {}).get("uid") == owner[1]:
+                return  # there, just not ours to deploy any more (another class, addresses): kept, as istiod
+        except ApiException as error:
+            if error.status != 404:
+                log.warning(logs.event("gateway not read", gateway=f"{namespace}/{owner[0]}", error=describe_error(error)))
+                return
+        except API_ERRORS as error:
+            log.warning(logs.event("gateway not read", gateway=f"{namespace}/{owner[0]}", error=describe_error(error)))
+            return
+        delete = {"ServiceAccount": self.core.delete_namespaced_service_account,
+                  "Deployment": self.apps.delete_namespaced_deployment,
+                  "Service": self.core.delete_namespaced_service}[kind]
+        try:
+            await delete(name, namespace)
+            log.info(logs.event("gateway deployment deleted", kind=kind, object=f"{namespace}/{name}",
+                                gateway=owner[0]))
+        except ApiException as error:
+            if error.status != 404:
+                log.warning(logs.event("gateway deployment not deleted", kind=kind, object=f"{namespace}/{name}",
+                                       error=describe_error(error)))
+        except API_ERRORS as error:
+            log.warning(logs.event("gateway deployment not deleted", kind=kind, object=f"{namespace}/{name}",
+                                   error=describe_error(error)))
+        self._applied.pop(key, None)

@@ -1,0 +1,64 @@
+"""Automated deployment without a cluster: the objects istiod makes for a Gateway of class `istio`
+(names, labels, owner references, ports, spec.infrastructure). On a real API server, applied and
+deleted by the leader only: e2e/test_gateway_deployment.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from istiod.model.config.common import Meta
+from istiod.model.config.gateway_api import KubernetesGateway, Listener
+from istiod.model.config.gateway_deployment import deployed, infrastructure_of, objects
+from tests.test_gateway_api import _converted, _documents
+
+VARIABLES = {"proxy_image": "example.com/istiod-proxy:1", "ca_address": "istiod.istio-system.svc:15012",
+             "cluster_id": "Kubernetes"}
+GATEWAY = KubernetesGateway(Meta("web", "ingress"), "istio", (
+    Listener("http", 80, "HTTP"), Listener("https.secure", 443, "HTTPS"), Listener("again", 80, "HTTP"),
+    Listener("status-port", 8080, "HTTP")))
+RAW: dict[str, Any] = {"metadata": {"name": "web", "namespace": "ingress", "uid": "1234",
+                                    "annotations": {"networking.istio.io/service-type": "ClusterIP"}},
+                       "spec": {"infrastructure": {"labels": {"team": "a"},
+                                                   "annotations": {"note": "x", "gateway.istio.io/name-override": "n"}}}}
+
+
+def test_a_gateway_gets_istios_service_account_deployment_and_service() -> None:
+    service_account, deployment, service = objects(GATEWAY, infrastructure_of(RAW), VARIABLES)
+    for body in (service_account, deployment, service):
+        meta = body["metadata"]
+        assert (meta["name"], meta["namespace"]) == ("web-istio", "ingress")
+        assert meta["ownerReferences"] == [{"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+                                            "name": "web", "uid": "1234"}]
+        assert meta["labels"]["gateway.networking.k8s.io/gateway-name"] == "web"
+        assert meta["labels"]["gateway.networking.k8s.io/gateway-class-name"] == "istio"
+        assert meta["labels"]["team"] == "a" and meta["annotations"] == {"note": "x"}
+    assert deployment["metadata"]["labels"]["gateway.istio.io/managed"] == "istio.io-gateway-controller"
+    pod = deployment["spec"]["template"]
+    assert pod["metadata"]["labels"]["gateway.networking.k8s.io/gateway-name"] == "web"
+    assert pod["metadata"]["labels"]["sidecar.istio.io/inject"] == "false"
+    assert pod["spec"]["serviceAccountName"] == "web-istio"
+    [proxy] = pod["spec"]["containers"]
+    assert proxy["image"] == "example.com/istiod-proxy:1" and proxy["args"][3:5] == ["proxy", "router"]
+    assert {"name": "CA_ADDR", "value": "istiod.istio-system.svc:15012"} in proxy["env"]
+    assert service["spec"]["type"] == "ClusterIP"
+    assert service["spec"]["selector"] == {"gateway.networking.k8s.io/gateway-name": "web"}
+    # istiod's extractServicePorts: status-port first, one per port, names made unique.
+    assert [(p["name"], p["port"], p["appProtocol"]) for p in service["spec"]["ports"]] == [
+        ("status-port", 15021, "tcp"), ("http", 80, "http"), ("https-secure", 443, "https"),
+        ("status-port-8080", 8080, "http")]
+
+
+def test_only_class_istio_without_addresses_is_deployed() -> None:
+    assert deployed(GATEWAY)
+    assert not deployed(KubernetesGateway(Meta("w", "n"), "other", ()))
+    assert not deployed(KubernetesGateway(Meta("w", "n"), "istio", (), addresses=(("Hostname", "x.n.svc"),)))
+    assert infrastructure_of({"metadata": {}}).service_type == "LoadBalancer"
+    assert infrastructure_of({"metadata": {}, "spec": {"infrastructure": {"labels": {"a": 1}}}}).labels == ()
+
+
+def test_a_parameters_ref_is_refused_in_status() -> None:
+    web = next(d for d in _documents() if d["kind"] == "Gateway")
+    web["spec"]["infrastructure"] = {"parametersRef": {"group": "", "kind": "ConfigMap", "name": "params"}}
+    status = _converted(web).statuses[("KubernetesGateway", "istio-ingress", "web")]
+    accepted = next(c for c in status["conditions"] if c["type"] == "Accepted")
+    assert (accepted["status"], accepted["reason"]) == ("False", "InvalidParameters")
