@@ -8,7 +8,8 @@ etcd and kube-apiserver are started (the e2e harness), Istio's CRDs and the Gate
 (sigs.k8s.io/gateway-api v1.6.0, from the Go module cache) installed, and one Gateway of class
 `istio` (an HTTP listener, an HTTPS one with a Secret, one conflicting, one with a missing Secret)
 with HTTPRoutes (a valid one, one to a missing Service, one across namespaces with a
-ReferenceGrant; GAMMA routes on a Service: a producer's, a consumer's, one on a missing Service) created. Istio's istiod runs first and its status is recorded and cleared, then
+ReferenceGrant; GAMMA routes on a Service: a producer's, a consumer's, one on a missing Service) created, and a
+waypoint (class `istio-waypoint`, its HBONE listener and a refused HTTP one). Istio's istiod runs first and its status is recorded and cleared, then
 ours. Prints each object's conditions side by side (type, status, reason; messages where they
 differ) and the listeners' attachedRoutes, then the route configuration `http.80` each sends the
 Gateway's proxy (a router node labelled with the Gateway's name, on the plaintext port): virtual
@@ -89,6 +90,15 @@ spec:
   rules: [{{backendRefs: [{{name: echo, namespace: gw-shop, port: 8080}}]}}]
 ---
 apiVersion: {GROUP}/v1
+kind: Gateway
+metadata: {{name: waypoint, namespace: gw-shop}}
+spec:
+  gatewayClassName: istio-waypoint
+  listeners:
+  - {{name: mesh, port: 15008, protocol: HBONE}}
+  - {{name: http, port: 80, protocol: HTTP}}
+---
+apiVersion: {GROUP}/v1
 kind: HTTPRoute
 metadata: {{name: mesh, namespace: gw-shop}}
 spec:
@@ -110,7 +120,8 @@ spec:
   to: [{{group: "", kind: Service}}]
 """
 PLURALS = {"Gateway": "gateways", "HTTPRoute": "httproutes", "ReferenceGrant": "referencegrants"}
-WATCHED = [("gatewayclasses", "", "istio"), ("gateways", "gw-ingress", "web"), ("httproutes", "gw-shop", "shop"),
+WATCHED = [("gatewayclasses", "", "istio"), ("gatewayclasses", "", "istio-waypoint"),
+           ("gateways", "gw-shop", "waypoint"), ("gateways", "gw-ingress", "web"), ("httproutes", "gw-shop", "shop"),
            ("httproutes", "gw-shop", "broken"), ("httproutes", "gw-ingress", "secure"),
            ("httproutes", "gw-other", "refused"), ("httproutes", "gw-shop", "mesh"),
            ("httproutes", "gw-other", "consumer")]
@@ -126,6 +137,8 @@ async def setup(api: client.ApiClient) -> None:
         "selector": {"app": "echo"}, "ports": [{"name": "http", "port": 8080}]}})
     await core.create_namespaced_service("gw-ingress", {"metadata": {"name": "web-istio"}, "spec": {
         "selector": {"gateway.networking.k8s.io/gateway-name": "web"}, "ports": [{"name": "http", "port": 80}]}})
+    await core.create_namespaced_service("gw-shop", {"metadata": {"name": "waypoint"}, "spec": {
+        "selector": {"gateway.networking.k8s.io/gateway-name": "waypoint"}, "ports": [{"name": "mesh", "port": 15008}]}})
     _, cert, key = server_credential("secure.example.com")
     await core.create_namespaced_secret("gw-ingress", tls_secret("web-cert", "gw-ingress", cert, key))
     for body in yaml.safe_load_all(OBJECTS):

@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(1, str(Path(__file__).parent.parent))
 from load import SERVICE_CIDR, Server  # noqa: E402
 from e2e.harness import Cluster  # noqa: E402
+from e2e.gateway_api_crds import install_gateway_api_crds  # noqa: E402
 from e2e.istio_crds import create_istio_object, install_crds  # noqa: E402
 from istiod.gen.istio.security import authorization_pb2  # noqa: E402
 from istiod.gen.istio.workload import workload_pb2  # noqa: E402
@@ -48,6 +49,8 @@ AUTHORIZATION = "type.googleapis.com/istio.security.Authorization"
 MESSAGES: dict[str, Any] = {ADDRESS: workload_pb2.Address, AUTHORIZATION: authorization_pb2.Authorization}
 NODE = "ztunnel~10.244.0.1~ztunnel-x.istio-system~istio-system.svc.cluster.local"
 OWNER_GROUPS = {"Job": "batch/v1", "CronJob": "batch/v1"}
+GATEWAY_GROUP = "gateway.networking.k8s.io"
+GATEWAY_PLURALS = {"GatewayClass": "gatewayclasses", "Gateway": "gateways"}
 QUIET = 3.0  # seconds without a response: the client holds all there is
 
 
@@ -74,6 +77,12 @@ async def create(api: client.ApiClient, body: dict[str, Any]) -> None:
         await core.create_namespaced_pod(namespace, body)
         if status:
             await core.patch_namespaced_pod_status(meta["name"], namespace, {"status": status})
+    elif body["apiVersion"].startswith(f"{GATEWAY_GROUP}/"):
+        custom, plural = client.CustomObjectsApi(api), GATEWAY_PLURALS[kind]
+        if namespace:
+            await custom.create_namespaced_custom_object(GATEWAY_GROUP, "v1", namespace, plural, body)
+        else:
+            await custom.create_cluster_custom_object(GATEWAY_GROUP, "v1", plural, body)
     else:
         await create_istio_object(api, body)
 
@@ -82,6 +91,7 @@ async def load_mesh(kubeconfig: Path, mesh: Path) -> None:
     api = await api_client(kubeconfig)
     try:
         await install_crds(api)
+        await install_gateway_api_crds(api)
         for body in yaml.safe_load_all(mesh.read_text()):
             await create(api, body)
     finally:
@@ -142,6 +152,12 @@ def diff(istio: dict[str, dict[str, Any]], ours: dict[str, dict[str, Any]]) -> i
     return differences
 
 
+def waypoints(addresses: dict[str, Any]) -> dict[str, Any]:
+    """Each address that has a waypoint: its name -> the waypoint (so agreement shows too)."""
+    return {name: (value.get("service") or value.get("workload") or {}).get("waypoint")
+            for name, value in addresses.items() if (value.get("service") or value.get("workload") or {}).get("waypoint")}
+
+
 def print_fields(theirs: dict[str, Any], mine: dict[str, Any]) -> None:
     """The top-level fields where one resource of Istio's and ours differ, side by side."""
     for key in sorted(theirs.keys() | mine.keys()):
@@ -180,6 +196,8 @@ def main() -> None:
     with side_by_side(binary, args.mesh, "wds-compare-") as (reference_addr, our_addr):
         istio_held, our_held = asyncio.run(held(reference_addr)), asyncio.run(held(our_addr))
         differences = diff(istio_held, our_held)
+        for side, held_by in (("Istio", istio_held), ("ours", our_held)):
+            print(f"waypoints ({side}):", json.dumps(waypoints(held_by[ADDRESS]), sort_keys=True))
     sys.exit(1 if differences else 0)
 
 

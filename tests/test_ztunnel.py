@@ -29,7 +29,7 @@ ADDRESS_RESPONSE = re.compile(r'received response\s+type_url="type.googleapis.co
                               r'size=(\d+) removes=(\d+)')
 WORKLOADS = {
     "Kubernetes//Pod/ambient/echo-1", "Kubernetes//Pod/ambient/echo-2", "Kubernetes//Pod/ambient/batch-1",
-    "Kubernetes//Pod/legacy/web-1", "Kubernetes//Pod/legacy/web-sidecar",
+    "Kubernetes//Pod/legacy/web-1", "Kubernetes//Pod/legacy/web-sidecar", "Kubernetes//Pod/ambient/waypoint-1",
     "Kubernetes/networking.istio.io/WorkloadEntry/legacy/vm-1",
     "Kubernetes/networking.istio.io/ServiceEntry/legacy/external-db/192.0.2.7",
 }  # not echo-3: it has no IP yet

@@ -351,7 +351,7 @@ async def test_a_ztunnel_gets_everything_then_only_what_each_change_changed() ->
             stream.send(types.ADDRESS)
             stream.send(types.AUTHORIZATION)
             first = {r.type_url: r for r in [await stream.receive(), await stream.receive()]}
-            assert len(first[types.ADDRESS].resources) == 11 and len(first[types.AUTHORIZATION].resources) == 3
+            assert len(first[types.ADDRESS].resources) == 12 and len(first[types.AUTHORIZATION].resources) == 3
             scaled = copy.deepcopy(store.get(ObjectKey("Pod", "ambient", "echo-1")).raw)  # type: ignore[union-attr]
             scaled["metadata"]["name"], scaled["status"]["podIP"] = "echo-4", "10.244.0.14"
             store.apply(scaled)

@@ -77,7 +77,7 @@ def duration(f: _Fields, path: str) -> timedelta | None:
 
 def gateway_class(key: ObjectKey, f: _Fields, domain: str) -> GatewayClass:
     spec = _spec(f)
-    return GatewayClass(meta(key), _required(spec, "controllerName"), _generation(f))
+    return GatewayClass(meta(key), _required(spec, "controllerName"), _generation(f), f.str_map("metadata.labels"))
 
 
 def _object_ref(f: _Fields, default_group: str, default_kind: str, backend: bool = False) -> ObjectRef:
@@ -138,7 +138,7 @@ def gateway(key: ObjectKey, f: _Fields, domain: str) -> KubernetesGateway:
     # object by istiod/status/gateway_deployment.py); its parametersRef is refused in status.
     parameters = spec.get("infrastructure.parametersRef", dict, None) is not None
     return KubernetesGateway(meta(key), _required(spec, "gatewayClassName"), listeners, addresses, _generation(f),
-                             parameters_ref=parameters)
+                             parameters_ref=parameters, labels=f.str_map("metadata.labels"))
 
 
 def _parent_refs(spec: _Fields) -> tuple[ParentRef, ...]:

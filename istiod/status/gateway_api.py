@@ -20,7 +20,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from istiod import logs
 from istiod.model.config.gateway_api import GROUP, GatewayApiConfig
-from istiod.model.config.gateway_conversion import CLASS, CLASS_DESCRIPTION, CONTROLLER
+from istiod.model.config.gateway_conversion import BUILTIN_CLASSES, CONTROLLER, MESH_CONTROLLER
 from istiod.sources.convert import ObjectKey
 from istiod.sources.gateway_api import PLURALS
 from istiod.sources.kube import API_ERRORS, describe_error
@@ -44,6 +44,8 @@ def _with_times(wanted: list[dict[str, Any]], current: list[Any], now: str) -> l
         result.append({**condition, "lastTransitionTime": kept or now})
     return result
 
+CONTROLLERS = (CONTROLLER, MESH_CONTROLLER)  # the parents of routes that are ours to write
+
 
 def merged_status(kind: str, wanted: Mapping[str, Any], current: Mapping[str, Any], now: str) -> dict[str, Any]:
     """The status to write: `wanted` with the current transition times, and for a route the parents
@@ -52,10 +54,10 @@ def merged_status(kind: str, wanted: Mapping[str, Any], current: Mapping[str, An
         ours = []
         current_parents = [p for p in current.get("parents") or [] if isinstance(p, dict)]
         for parent in wanted["parents"]:
-            old = next((p for p in current_parents if p.get("controllerName") == CONTROLLER
+            old = next((p for p in current_parents if p.get("controllerName") in CONTROLLERS
                         and p.get("parentRef") == parent["parentRef"]), {})
             ours.append({**parent, "conditions": _with_times(parent["conditions"], old.get("conditions") or [], now)})
-        others = [p for p in current_parents if p.get("controllerName") != CONTROLLER]
+        others = [p for p in current_parents if p.get("controllerName") not in CONTROLLERS]
         return {**current, "parents": others + ours}
     status = {**current, **wanted, "conditions": _with_times(wanted["conditions"], current.get("conditions") or [], now)}
     if "listeners" in wanted:
@@ -73,7 +75,7 @@ class GatewayStatusWriter:
         self.store = store
         self.config = config
         self.interval = interval
-        self._class_created = False
+        self._classes_created: set[str] = set()
 
     async def run(self) -> None:
         while True:
@@ -81,8 +83,9 @@ class GatewayStatusWriter:
             await asyncio.sleep(self.interval)
 
     async def write(self, converted: GatewayApiConfig) -> None:
-        if converted.missing_class and not self._class_created:
-            await self._create_class()
+        for name in converted.missing_classes:
+            if name not in self._classes_created:
+                await self._create_class(name)
         now = _now()
         for (kind, namespace, name), wanted in converted.statuses.items():
             stored = self.store.get(ObjectKey(kind, namespace, name))
@@ -108,20 +111,21 @@ class GatewayStatusWriter:
             await self.custom.patch_namespaced_custom_object_status(GROUP, "v1", namespace, PLURALS[kind], name, body,
                                                                     **merge)
 
-    async def _create_class(self) -> None:
-        body = {"apiVersion": f"{GROUP}/v1", "kind": "GatewayClass", "metadata": {"name": CLASS},
-                "spec": {"controllerName": CONTROLLER, "description": CLASS_DESCRIPTION}}
+    async def _create_class(self, name: str) -> None:
+        controller, description = BUILTIN_CLASSES[name]
+        body = {"apiVersion": f"{GROUP}/v1", "kind": "GatewayClass", "metadata": {"name": name},
+                "spec": {"controllerName": controller, "description": description}}
         try:
             await self.custom.create_cluster_custom_object(GROUP, "v1", "gatewayclasses", body)
-            log.info(logs.event("gatewayclass created", gatewayclass=CLASS, controller=CONTROLLER))
-            self._class_created = True
+            log.info(logs.event("gatewayclass created", gatewayclass=name, controller=controller))
+            self._classes_created.add(name)
         except ApiException as error:
             if error.status == 409:
-                self._class_created = True
+                self._classes_created.add(name)
             else:
-                log.warning(logs.event("gatewayclass not created", gatewayclass=CLASS, error=describe_error(error)))
+                log.warning(logs.event("gatewayclass not created", gatewayclass=name, error=describe_error(error)))
         except API_ERRORS as error:
-            log.warning(logs.event("gatewayclass not created", gatewayclass=CLASS, error=describe_error(error)))
+            log.warning(logs.event("gatewayclass not created", gatewayclass=name, error=describe_error(error)))
 
 
 def _without_times(status: Mapping[str, Any]) -> Any:

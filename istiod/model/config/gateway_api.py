@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from istiod.model.config.common import Duration, Labels, Meta, StringMatch
+from istiod.model.config.common import Duration, Labels, Meta, StringMatch, selector_matches
 from istiod.model.config.networking import Gateway, HeaderOperations, VirtualService
 
 GROUP = "gateway.networking.k8s.io"
@@ -25,6 +25,7 @@ class GatewayClass:
     meta: Meta  # cluster-scoped: no namespace
     controller_name: str
     generation: int = 0
+    labels: Labels = ()  # istio.io/waypoint-for: the default of its waypoints
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +85,7 @@ class KubernetesGateway:
     addresses: tuple[tuple[str, str], ...] = ()  # (type, value): not implemented, refused in status
     generation: int = 0
     parameters_ref: bool = False  # spec.infrastructure.parametersRef: not implemented, refused in status
+    labels: Labels = ()  # istio.io/waypoint-for on a waypoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +175,26 @@ class ReferenceGrant:
                 and any(t.group == to_group and t.kind == to_kind and t.name in ("", to_name) for t in self.to))
 
 
+@dataclass(frozen=True, slots=True)
+class Waypoint:
+    """A programmed waypoint Gateway (class of the mesh controller), as ztunnel is told of it: its
+    status address (its Service's hostname), the traffic it takes (`istio.io/waypoint-for`:
+    service, workload, all or none) and the namespaces its HBONE listener admits."""
+
+    meta: Meta
+    hostname: str
+    traffic: str = "service"
+    from_namespaces: str = "Same"
+    namespace_selector: Labels = ()
+
+    def admits(self, namespace: str, namespace_labels: Mapping[str, str]) -> bool:
+        if self.from_namespaces == "All":
+            return True
+        if self.from_namespaces == "Selector":
+            return selector_matches(self.namespace_selector, namespace_labels)
+        return namespace == self.meta.namespace
+
+
 StatusKey = tuple[str, str, str]  # (store kind, namespace, name)
 
 
@@ -183,6 +205,7 @@ class GatewayApiConfig:
     gateways: tuple[Gateway, ...] = ()
     virtual_services: tuple[VirtualService, ...] = ()
     statuses: Mapping[StatusKey, dict[str, Any]] = field(default_factory=dict)
-    missing_class: bool = False  # no GatewayClass `istio`: istiod creates it
+    missing_classes: tuple[str, ...] = ()  # builtin GatewayClasses (`istio`, `istio-waypoint`) istiod creates
     # GAMMA: routes on a Service parent, bound to `mesh` for that Service's host.
     mesh_virtual_services: tuple[VirtualService, ...] = ()
+    waypoints: Mapping[tuple[str, str], Waypoint] = field(default_factory=dict)  # by (namespace, name)

@@ -5,6 +5,10 @@ HTTPRoutes attached to it become VirtualServices bound to that Gateway, one per 
 their rules ordered by the spec's precedence. The gateway flavor's listeners, routes, clusters and
 DestinationRules then apply unchanged: one translator, two front ends.
 
+Gateways of the mesh controller's class (`istio-waypoint`) are waypoints: one HBONE listener on
+15008, no Istio Gateway made of them; once their Service (named as the Gateway) has endpoints, their
+status address is its hostname, and the ambient index (WDS) points services and workloads at it.
+
 A route whose parentRef is a Service (GAMMA) is mesh routing: its rules become a VirtualService
 bound to `mesh` for that Service's host, one per (route namespace, host), ordered as a Gateway's,
 with a port match when the parentRef names a port. Sidecars and proxyless gRPC read it through the
@@ -17,6 +21,7 @@ Secret in another namespace without a ReferenceGrant) is reported and never foll
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -26,7 +31,7 @@ from typing import Any
 from istiod.model.cluster import Namespace
 from istiod.model.config.common import MatchKind, Meta, StringMatch, selector_matches
 from istiod.model.config.gateway_api import (
-    GROUP, GatewayApiConfig, StatusKey, GatewayClass, KubernetesGateway, KubernetesHTTPRoute, Listener, ObjectRef, ParentRef, ReferenceGrant,
+    GROUP, GatewayApiConfig, StatusKey, GatewayClass, Waypoint, KubernetesGateway, KubernetesHTTPRoute, Listener, ObjectRef, ParentRef, ReferenceGrant,
     RouteMatch, RouteRule, UntranslatedRoute,
 )
 from istiod.model.config.networking import (
@@ -41,7 +46,13 @@ from istiod.model.service import Endpoint, Service
 
 CONTROLLER = "istio.io/gateway-controller"
 CLASS = "istio"
-CLASS_DESCRIPTION = "The default Istio GatewayClass"
+MESH_CONTROLLER = "istio.io/mesh-controller"  # waypoints'
+WAYPOINT_CLASS = "istio-waypoint"
+# The classes istiod creates when missing (ambient is always on here), with their controller and description.
+BUILTIN_CLASSES = {CLASS: (CONTROLLER, "The default Istio GatewayClass"),
+                   WAYPOINT_CLASS: (MESH_CONTROLLER, "The default Istio waypoint GatewayClass")}
+WAYPOINT_FOR_LABEL = "istio.io/waypoint-for"
+HBONE_PORT = 15008
 GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"
 GATEWAY_CREDENTIAL_PREFIX = "kubernetes-gateway://"  # istiod's SDS name for a certificateRef: <ns>/<name>
 _HTTP_KINDS = ({"group": GROUP, "kind": "HTTPRoute"}, {"group": GROUP, "kind": "GRPCRoute"})
@@ -67,10 +78,11 @@ class _ListenerState:
     conditions: dict[str, tuple[bool, str, str]]  # type -> (status, reason, message)
     attached: int = 0
     server: Server | None = None
+    mesh: bool = False  # a waypoint's listener: valid without a server of its own
 
     @property
     def valid(self) -> bool:
-        return self.server is not None
+        return self.server is not None or self.mesh
 
     def fail(self, type_: str, reason: str, message: str) -> None:
         self.conditions[type_] = (False, reason, message)
@@ -111,10 +123,13 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
             credentials: Mapping[tuple[str, str], TlsCredential],
             namespaces: Mapping[str, Namespace]) -> GatewayApiConfig:
     classes = list(classes)
-    ours = {c.meta.name for c in classes if c.controller_name == CONTROLLER}
-    missing_class = not any(c.meta.name == CLASS for c in classes)
-    if missing_class:
-        ours.add(CLASS)
+    ours = {c.meta.name for c in classes if c.controller_name in (CONTROLLER, MESH_CONTROLLER)}
+    mesh_classes = {c.meta.name: dict(c.labels) for c in classes if c.controller_name == MESH_CONTROLLER}
+    # A builtin class not there yet is ours already: its Gateways are handled while it is created.
+    missing_classes = tuple(name for name in BUILTIN_CLASSES if not any(c.meta.name == name for c in classes))
+    ours.update(missing_classes)
+    if WAYPOINT_CLASS in missing_classes:
+        mesh_classes[WAYPOINT_CLASS] = {}
     kubernetes = {(s.namespace, s.name): s for s in services if not s.external_host}
     # Every Service is `<name>.<namespace>.svc.<domain>` with the store's one domain.
     domain = next((s.domain for s in kubernetes.values()), DEFAULT_DOMAIN)
@@ -125,7 +140,17 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
             statuses[("GatewayClass", "", c.meta.name)] = {"conditions": [
                 condition("Accepted", True, "Accepted", "Handled by Istio controller", c.generation)]}
 
-    owned = {(g.meta.namespace, g.meta.name): g for g in sorted(gateways, key=_meta_order) if g.class_name in ours}
+    gateways = sorted(gateways, key=_meta_order)
+    # Waypoints take no routes here (HTTPRoutes with Service parents configure them, not Gateway parents).
+    waypoint_gateways = {(g.meta.namespace, g.meta.name): g for g in gateways if g.class_name in mesh_classes}
+    waypoints: dict[tuple[str, str], Waypoint] = {}
+    for key, gateway in waypoint_gateways.items():
+        states = _listeners(gateway, inputs, mesh=True)
+        status = statuses[("KubernetesGateway", *key)] = _gateway_status(gateway, states, inputs, mesh=True)
+        waypoint = _waypoint(gateway, status, mesh_classes[gateway.class_name])
+        if waypoint is not None:
+            waypoints[key] = waypoint
+    owned = {(g.meta.namespace, g.meta.name): g for g in gateways if g.class_name in ours and g.class_name not in mesh_classes}
     listeners = {key: _listeners(g, inputs) for key, g in owned.items()}
 
     # Every (route rule match) attached to a listener, by listener and host.
@@ -140,6 +165,11 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
         mesh_routes, mesh_error = (_rules(route, inputs, grants=False) if any(map(_is_service, route.parent_refs))
                                    else ([], None))
         for ref in route.parent_refs:
+            if ref.kind == "Gateway" and ref.group == GROUP and _gateway_key(ref, route.meta.namespace) in waypoint_gateways:
+                parents.append(_parent_status(ref, route.generation, (
+                    "UnsupportedValue", "routes of waypoint Gateways are not implemented by this istiod (the waypoint "
+                    "proxy is not served yet)"), None, MESH_CONTROLLER))
+                continue
             if _is_service(ref):
                 host, denied = _mesh_parent(route.meta.namespace, ref, inputs)
                 if host:
@@ -189,8 +219,22 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
         # istiod's name for the merged VirtualService of one (namespace, host): its key, `/` as `~`.
         mesh_services.append(VirtualService(Meta(f"{namespace}~{host}", namespace), (host,), (MESH_GATEWAY,),
                                             tuple(http for _, http in entries), gateway_semantics=True))
-    return GatewayApiConfig(tuple(istio_gateways), tuple(virtual_services), statuses, missing_class,
-                            tuple(mesh_services))
+    return GatewayApiConfig(tuple(istio_gateways), tuple(virtual_services), statuses, missing_classes,
+                            tuple(mesh_services), waypoints)
+
+
+def _waypoint(gateway: KubernetesGateway, status: Mapping[str, Any], class_labels: Mapping[str, str]) -> Waypoint | None:
+    """As istiod's ambient index: a waypoint once it has a status address (a Hostname here); its
+    traffic type from the Gateway's label, else its class's, else `service`; the namespaces its
+    HBONE listener on 15008 admits (its own without one)."""
+    hostname = next((a["value"] for a in status.get("addresses", ()) if a["type"] == "Hostname"), "")
+    if not hostname:
+        return None
+    traffic = dict(gateway.labels).get(WAYPOINT_FOR_LABEL) or class_labels.get(WAYPOINT_FOR_LABEL) or "service"
+    listener = next((l for l in gateway.listeners if l.protocol == "HBONE" and l.port == HBONE_PORT), None)
+    if listener is None:
+        return Waypoint(gateway.meta, hostname, traffic)
+    return Waypoint(gateway.meta, hostname, traffic, listener.from_namespaces, listener.namespace_selector)
 
 
 def _selector(gateway: KubernetesGateway, inputs: _Inputs) -> tuple[tuple[str, str], ...]:
@@ -218,12 +262,19 @@ def _gateway_key(ref: ParentRef, namespace: str) -> tuple[str, str]:
 
 # --- listeners -----------------------------------------------------------------------------------
 
-def _listeners(gateway: KubernetesGateway, inputs: _Inputs) -> list[_ListenerState]:
+def _listeners(gateway: KubernetesGateway, inputs: _Inputs, mesh: bool = False) -> list[_ListenerState]:
     states = []
     for listener in gateway.listeners:
         state = _ListenerState(listener, {
             "Accepted": (True, "Accepted", _OK), "Programmed": (True, "Programmed", _OK),
-            "Conflicted": (False, "NoConflicts", _OK), "ResolvedRefs": (True, "ResolvedRefs", _OK)})
+            "Conflicted": (False, "NoConflicts", _OK), "ResolvedRefs": (True, "ResolvedRefs", _OK)}, mesh=mesh)
+        if mesh:
+            # Only said, as istiod does: the listener stays Programmed and the Gateway Accepted.
+            if (listener.protocol, listener.port) != ("HBONE", HBONE_PORT):
+                state.conditions["Accepted"] = (False, "UnsupportedProtocol",
+                                                'Expected a single listener on port 15008 with protocol "HBONE"')
+            states.append(state)
+            continue
         tls = _listener_checks(gateway, listener, state, inputs)
         if state.conditions["Accepted"][0] and state.conditions["ResolvedRefs"][0]:
             protocol = "HTTPS" if listener.protocol == "HTTPS" else "HTTP"
@@ -304,7 +355,8 @@ def _conflicts(states: list[_ListenerState]) -> None:
         state.server = None
 
 
-def _gateway_status(gateway: KubernetesGateway, states: list[_ListenerState], inputs: _Inputs) -> dict[str, Any]:
+def _gateway_status(gateway: KubernetesGateway, states: list[_ListenerState], inputs: _Inputs,
+                    mesh: bool = False) -> dict[str, Any]:
     generation = gateway.generation
     valid = sum(1 for s in states if s.valid)
     accepted = condition("Accepted", True, "Accepted", "Resource accepted", generation)
@@ -315,7 +367,7 @@ def _gateway_status(gateway: KubernetesGateway, states: list[_ListenerState], in
     if gateway.parameters_ref:  # istiod's reason for parameters it cannot use
         accepted = condition("Accepted", False, "InvalidParameters",
                              "spec.infrastructure.parametersRef is not implemented by this istiod", generation)
-    programmed, addresses = _programmed(gateway, states, inputs)
+    programmed, addresses = _programmed(gateway, states, inputs, mesh)
     status: dict[str, Any] = {"conditions": [
         accepted, programmed, condition("ResolvedRefs", True, "ResolvedRefs", "All references resolved", generation)],
         "listeners": [{"name": s.listener.name, "supportedKinds": _supported_kinds(s.listener),
@@ -323,16 +375,18 @@ def _gateway_status(gateway: KubernetesGateway, states: list[_ListenerState], in
                        "conditions": [condition(t, *s.conditions[t], generation) for t in s.conditions]}
                       for s in states]}
     if addresses:
-        status["addresses"] = [{"type": "IPAddress", "value": address} for address in addresses]
+        status["addresses"] = [{"type": "IPAddress" if _is_ip(address) else "Hostname", "value": address}
+                               for address in addresses]
     return status
 
 
 def _programmed(gateway: KubernetesGateway, states: list[_ListenerState],
-                inputs: _Inputs) -> tuple[dict[str, Any], list[str]]:
+                inputs: _Inputs, mesh: bool = False) -> tuple[dict[str, Any], list[str]]:
     """Programmed, as istiod decides it: the Gateway's Service (`<name>-<class>`, which its deployment
-    answers on) has endpoints on the listeners' ports; its cluster IP is then the address."""
+    answers on; a waypoint's is `<name>`) has endpoints on the listeners' ports; its cluster IP (a
+    waypoint's: its hostname) is then the address."""
     generation = gateway.generation
-    name = f"{gateway.meta.name}-{gateway.class_name}"
+    name = gateway.meta.name if mesh else f"{gateway.meta.name}-{gateway.class_name}"
     hostname = service_hostname(name, gateway.meta.namespace, inputs.domain)
     if gateway.addresses:
         return condition("Programmed", False, "AddressNotUsable",
@@ -357,7 +411,18 @@ def _programmed(gateway: KubernetesGateway, states: list[_ListenerState],
                          generation), []
     message = f"Resource programmed, assigned to service(s) {', '.join(internal)}"
     assert service is not None
+    if mesh:  # a waypoint's class reports both, as istiod's: ztunnel is pointed at the hostname
+        return condition("Programmed", True, "Programmed", message, generation), [
+            *([service.cluster_ip] if service.cluster_ip else []), hostname]
     return condition("Programmed", True, "Programmed", message, generation), [service.cluster_ip] if service.cluster_ip else []
+
+
+def _is_ip(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _supported_kinds(listener: Listener) -> list[dict[str, str]]:
@@ -452,14 +517,14 @@ def _hosts(listener_hostname: str, route_hostnames: tuple[str, ...]) -> list[str
 
 
 def _parent_status(ref: ParentRef, generation: int, denied: tuple[str, str] | None,
-                   route_error: tuple[str, str] | None) -> dict[str, Any]:
+                   route_error: tuple[str, str] | None, controller: str = CONTROLLER) -> dict[str, Any]:
     accepted = condition("Accepted", True, "Accepted", "Route was valid", generation)
     if denied is not None:
         accepted = condition("Accepted", False, *denied, generation)
     resolved = condition("ResolvedRefs", True, "ResolvedRefs", "All references resolved", generation)
     if route_error is not None:
         resolved = condition("ResolvedRefs", False, *route_error, generation)
-    return {"parentRef": ref.as_dict(), "controllerName": CONTROLLER, "conditions": [accepted, resolved]}
+    return {"parentRef": ref.as_dict(), "controllerName": controller, "conditions": [accepted, resolved]}
 
 
 _Order = tuple[Any, ...]

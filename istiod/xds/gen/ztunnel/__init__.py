@@ -96,8 +96,8 @@ _previous: weakref.WeakKeyDictionary[ResourceCache, AddressTable] = weakref.Weak
 
 
 def _local(snapshot: Snapshot, namespace: str) -> tuple[object, ...]:
-    """What a pod or Service reads of its namespace: the Namespace (its waypoint) and its Services
-    (they select pods; a waypoint's is one; the same tuple while they are the same), so a Service
+    """What a pod or Service reads of its namespace: the Namespace (its waypoint's name) and its
+    Services (they select pods; the same tuple while they are the same), so a Service
     changed elsewhere rebuilds none."""
     assert snapshot.selection is not None
     return snapshot.namespaces.get(namespace), snapshot.selection.namespaces.get(namespace)
@@ -107,7 +107,7 @@ def address_table(snapshot: Snapshot, cache: ResourceCache) -> AddressTable:
     config = snapshot.config
     # What pods and Services may read besides their own object and namespace; entries read the rest.
     common = (snapshot.nodes, snapshot.mesh, config.service_entries, config.authorization_policies,
-              config.peer_authentications)
+              config.peer_authentications, config.gateway_api.waypoints)
     shared = (snapshot.services, snapshot.namespaces, *common)
     inputs = (*shared, config.workload_entries)
     previous = _previous.get(cache)
@@ -118,7 +118,7 @@ def address_table(snapshot: Snapshot, cache: ResourceCache) -> AddressTable:
     for service in snapshot.services.values():
         if not service.external_host:
             table.put(wds.service_name(service.namespace, service.hostname),
-                      (service, *_local(snapshot, service.namespace), snapshot.mesh),
+                      (service, *_local(snapshot, service.namespace), snapshot.mesh, config.gateway_api.waypoints),
                       partial(wds.kube_service, snapshot, service), _ips([service.cluster_ip]))
     taken = {s.hostname for s in snapshot.services.values() if not s.external_host}
     for entry in config.service_entries:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from istiod.gen.istio.workload import workload_pb2 as pb
 from istiod.model.config.common import selector_matches
+from istiod.model.config.gateway_api import Waypoint
 from istiod.model.config.networking import Resolution, ServiceEntry, WorkloadEntry
 from istiod.model.mesh import DEFAULT_TRUST_DOMAIN, MeshConfig
 from istiod.model.names import DEFAULT_CLUSTER_ID
@@ -26,7 +27,6 @@ from istiod.xds.gen.ztunnel.policies import workload_policies
 
 USE_WAYPOINT_LABEL = "istio.io/use-waypoint"
 USE_WAYPOINT_NAMESPACE_LABEL = "istio.io/use-waypoint-namespace"
-WAYPOINT_FOR_LABEL = "istio.io/waypoint-for"
 TUNNEL_LABEL = "networking.istio.io/tunnel"  # `http`: the workload terminates HBONE itself
 GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"  # on a waypoint's own pods
 MANAGED_LABEL = "gateway.istio.io/managed"
@@ -77,47 +77,31 @@ def _locality(locality: Locality) -> pb.Locality | None:
     return pb.Locality(region=locality.region, zone=locality.zone, subzone=locality.subzone)
 
 
-@dataclass(frozen=True, slots=True)
-class Waypoint:
-    """A waypoint's Service (the one istiod deploys with a waypoint Gateway, named after it) and what
-    traffic it is for (`istio.io/waypoint-for` on it: service, workload, all or none)."""
-
-    service: Service
-
-    @property
-    def traffic(self) -> str:
-        return dict(self.service.labels).get(WAYPOINT_FOR_LABEL, "service")
-
-    def address(self) -> pb.GatewayAddress:
-        """By hostname, as istiod prefers the Gateway's Hostname status address (the Service's)."""
-        return pb.GatewayAddress(hostname=pb.NamespacedHostname(namespace=self.service.namespace,
-                                                               hostname=self.service.hostname),
-                                 hbone_mtls_port=HBONE_PORT)
+def _gateway_address(waypoint: Waypoint) -> pb.GatewayAddress:
+    """By hostname: the waypoint Gateway's status address (its Service's), as istiod prefers it."""
+    return pb.GatewayAddress(hostname=pb.NamespacedHostname(namespace=waypoint.meta.namespace,
+                                                           hostname=waypoint.hostname),
+                             hbone_mtls_port=HBONE_PORT)
 
 
-def waypoint_for(snapshot: Snapshot, namespace: str, labels: Mapping[str, str], traffic: str) -> Waypoint | None:
-    """The waypoint that `istio.io/use-waypoint` names, on the object or else on its namespace
-    (`none` on the object opts out), if it exists, admits the namespace and takes this kind of
-    traffic. A waypoint admits its own namespace only (a waypoint Gateway's HBONE listener without
-    allowedRoutes); its own Service and pods have none."""
-    if labels.get(MANAGED_LABEL) == MESH_CONTROLLER or _waypoint_named(snapshot, namespace,
-                                                                       labels.get(GATEWAY_NAME_LABEL, "")):
+def waypoint_for(snapshot: Snapshot, namespace: str, labels: Mapping[str, str], traffic: str) -> pb.GatewayAddress | None:
+    """As istiod's ambient index: the waypoint Gateway that `istio.io/use-waypoint` (with
+    `istio.io/use-waypoint-namespace`) names on the object, or else on its namespace (`none` on the
+    object opts out), if it is programmed, its HBONE listener's allowedRoutes admit the object's
+    namespace and it takes this kind of traffic (`service` or `workload`; `all` takes both). A
+    waypoint's own Service and pods have none."""
+    waypoints = snapshot.config.gateway_api.waypoints
+    if labels.get(MANAGED_LABEL) == MESH_CONTROLLER or (namespace, labels.get(GATEWAY_NAME_LABEL, "")) in waypoints:
         return None
-    source = labels if USE_WAYPOINT_LABEL in labels else dict(_namespace_labels(snapshot, namespace))
+    namespace_labels = dict(_namespace_labels(snapshot, namespace))
+    source = labels if USE_WAYPOINT_LABEL in labels else namespace_labels
     name = source.get(USE_WAYPOINT_LABEL, "")
-    if not name or name == "none" or (source.get(USE_WAYPOINT_NAMESPACE_LABEL) or namespace) != namespace:
+    if not name or name == "none":
         return None
-    service = _waypoint_named(snapshot, namespace, name)
-    if service is None:
+    waypoint = waypoints.get((source.get(USE_WAYPOINT_NAMESPACE_LABEL) or namespace, name))
+    if waypoint is None or not waypoint.admits(namespace, namespace_labels) or waypoint.traffic not in (traffic, "all"):
         return None
-    waypoint = Waypoint(service)
-    return waypoint if waypoint.traffic in (traffic, "all") else None
-
-
-def _waypoint_named(snapshot: Snapshot, namespace: str, name: str) -> Service | None:
-    assert snapshot.selection is not None
-    return next((s for s in snapshot.selection.namespaces.get(namespace, ())
-                 if name and s.name == name and dict(s.labels).get(MANAGED_LABEL) == MESH_CONTROLLER), None)
+    return _gateway_address(waypoint)
 
 
 def _namespace_labels(snapshot: Snapshot, namespace: str) -> tuple[tuple[str, str], ...]:
@@ -142,7 +126,7 @@ def kube_service(snapshot: Snapshot, service: Service) -> pb.Address:
     )
     waypoint = waypoint_for(snapshot, service.namespace, dict(service.labels), "service")
     if waypoint is not None:
-        result.waypoint.CopyFrom(waypoint.address())
+        result.waypoint.CopyFrom(waypoint)
     return pb.Address(service=result)
 
 
@@ -179,7 +163,7 @@ def entry_services(snapshot: Snapshot, entry: ServiceEntry, canonical: frozenset
                              addresses=addresses, ports=ports, subject_alt_names=entry.subject_alt_names,
                              canonical=host in canonical)
         if waypoint is not None:
-            service.waypoint.CopyFrom(waypoint.address())
+            service.waypoint.CopyFrom(waypoint)
         result.append((service_name(entry.meta.namespace, host), pb.Address(service=service)))
     return result
 
@@ -246,7 +230,7 @@ def _finish(snapshot: Snapshot, workload: pb.Workload, namespace: str, labels: M
             locality: Locality) -> None:
     waypoint = waypoint_for(snapshot, namespace, labels, "workload")
     if waypoint is not None:
-        workload.waypoint.CopyFrom(waypoint.address())
+        workload.waypoint.CopyFrom(waypoint)
     where = _locality(locality)
     if where is not None:
         workload.locality.CopyFrom(where)

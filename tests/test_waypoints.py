@@ -1,0 +1,205 @@
+"""Waypoints: the `istio-waypoint` class and its Gateways' status, and the waypoint ztunnel is told
+of in WDS (Service.waypoint, Workload.waypoint), as istiod's ambient index picks it."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+
+from istiod.gen.istio.workload import workload_pb2 as wpb
+from istiod.model.builder import build_snapshot
+from istiod.model.proxy import proxy_from_node
+from istiod.sources.convert import ObjectKey
+from istiod.sources.store import Store
+from istiod.xds.cache import ResourceCache
+from istiod.xds import types
+from istiod.xds.gen.ztunnel import addresses
+from tests.test_ztunnel_gen import NODE, _serve, _store, _Stream
+
+ECHO = "ambient/echo.ambient.svc.cluster.local"
+ECHO_POD = "Kubernetes//Pod/ambient/echo-1"
+WAYPOINT = {"hostname": {"namespace": "ambient", "hostname": "waypoint.ambient.svc.cluster.local"},
+            "hboneMtlsPort": 15008}
+
+
+def _found(store: Store) -> dict[str, dict[str, Any]]:
+    snapshot = build_snapshot(store, "v1")
+    return {r.name: json_format.MessageToDict(wpb.Address.FromString(r.value))
+            for r in addresses(snapshot, proxy_from_node(NODE, {}), None, ResourceCache())}
+
+
+def _edit(store: Store, kind: str, namespace: str, name: str, change: Any) -> None:
+    raw = copy.deepcopy(store.get(ObjectKey(kind, namespace, name)).raw)  # type: ignore[union-attr]
+    change(raw)
+    store.apply(raw)
+
+
+def _set(labels: dict[str, str]) -> Any:
+    def change(raw: dict[str, Any]) -> None:
+        current = raw["metadata"].setdefault("labels", {})
+        current.update(labels)
+        for key in [k for k, v in current.items() if v == ""]:
+            del current[key]
+    return change
+
+
+def _waypoint_for(value: str) -> Any:
+    return _set({"istio.io/waypoint-for": value})
+
+
+def test_the_waypoint_class_is_accepted_and_its_gateway_programmed_with_its_hostname() -> None:
+    snapshot = build_snapshot(_store(), "v1")
+    statuses = snapshot.config.gateway_api.statuses
+    [accepted] = statuses[("GatewayClass", "", "istio-waypoint")]["conditions"]
+    assert (accepted["type"], accepted["status"], accepted["reason"]) == ("Accepted", "True", "Accepted")
+    gateway = statuses[("KubernetesGateway", "ambient", "waypoint")]
+    conditions = {c["type"]: (c["status"], c["reason"], c["message"]) for c in gateway["conditions"]}
+    assert conditions["Accepted"][:2] == ("True", "Accepted")
+    assert conditions["Programmed"] == ("True", "Programmed", "Resource programmed, assigned to service(s) "
+                                        "waypoint.ambient.svc.cluster.local:15008")
+    # Both, as istiod's waypoint class reports them; ztunnel is pointed at the hostname.
+    assert gateway["addresses"] == [{"type": "IPAddress", "value": "10.96.1.2"},
+                                    {"type": "Hostname", "value": "waypoint.ambient.svc.cluster.local"}]
+    [listener] = gateway["listeners"]
+    assert listener["name"] == "mesh" and listener["supportedKinds"] == [] and listener["attachedRoutes"] == 0
+    assert all(c["status"] == ("False" if c["type"] == "Conflicted" else "True") for c in listener["conditions"])
+    # A waypoint makes no Istio Gateway (its proxy is no gateway flavor).
+    assert not any(g.meta.name.startswith("waypoint") for g in snapshot.config.gateway_api.gateways)
+
+
+def test_a_waypoint_listener_other_than_hbone_on_15008_is_not_accepted() -> None:
+    store = _store()
+    _edit(store, "KubernetesGateway", "ambient", "waypoint",
+          lambda raw: raw["spec"]["listeners"].append({"name": "http", "port": 80, "protocol": "HTTP"}))
+    gateway = build_snapshot(store, "v1").config.gateway_api.statuses[("KubernetesGateway", "ambient", "waypoint")]
+    http = next(entry for entry in gateway["listeners"] if entry["name"] == "http")
+    accepted = next(c for c in http["conditions"] if c["type"] == "Accepted")
+    assert (accepted["status"], accepted["reason"], accepted["message"]) == (
+        "False", "UnsupportedProtocol", 'Expected a single listener on port 15008 with protocol "HBONE"')
+    # Only said, as istiod does: the listener stays Programmed and the Gateway Accepted.
+    assert next(c for c in http["conditions"] if c["type"] == "Programmed")["status"] == "True"
+    assert next(c for c in gateway["conditions"] if c["type"] == "Accepted")["reason"] == "Accepted"
+
+
+def test_a_route_with_a_waypoint_gateway_parent_is_refused_by_the_mesh_controller() -> None:
+    store = _store()
+    store.apply({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+                 "metadata": {"name": "via-waypoint", "namespace": "ambient"},
+                 "spec": {"parentRefs": [{"name": "waypoint"}], "rules": [{"backendRefs": [{"name": "echo", "port": 80}]}]}})
+    statuses = build_snapshot(store, "v1").config.gateway_api.statuses
+    [parent] = statuses[("HTTPRoute", "ambient", "via-waypoint")]["parents"]
+    assert parent["controllerName"] == "istio.io/mesh-controller"
+    accepted = next(c for c in parent["conditions"] if c["type"] == "Accepted")
+    assert (accepted["status"], accepted["reason"]) == ("False", "UnsupportedValue")
+    assert "waypoint" in accepted["message"]
+
+
+def test_a_service_of_the_namespace_gets_its_waypoint_and_workloads_only_when_it_takes_them() -> None:
+    found = _found(_store())
+    assert found[ECHO]["service"]["waypoint"] == WAYPOINT
+    assert "waypoint" not in found[ECHO_POD]["workload"]  # a `service` waypoint
+    assert "waypoint" not in found["Kubernetes//Pod/ambient/waypoint-1"]["workload"]  # never its own
+    for traffic, service, workload in (("workload", False, True), ("all", True, True), ("none", False, False)):
+        store = _store()
+        _edit(store, "KubernetesGateway", "ambient", "waypoint", _waypoint_for(traffic))
+        found = _found(store)
+        assert ("waypoint" in found[ECHO]["service"], "waypoint" in found[ECHO_POD]["workload"]) == (service, workload)
+    # No label on the Gateway: its class's, else `service`.
+    store = _store()
+    _edit(store, "KubernetesGateway", "ambient", "waypoint", _waypoint_for(""))
+    _edit(store, "GatewayClass", "", "istio-waypoint", _waypoint_for("workload"))
+    found = _found(store)
+    assert "waypoint" not in found[ECHO]["service"] and found[ECHO_POD]["workload"]["waypoint"] == WAYPOINT
+
+
+def test_the_object_label_wins_and_none_opts_out() -> None:
+    store = _store()
+    _edit(store, "Service", "ambient", "echo", _set({"istio.io/use-waypoint": "none"}))
+    assert "waypoint" not in _found(store)[ECHO]["service"]
+    store = _store()
+    _edit(store, "Namespace", "", "ambient", _set({"istio.io/use-waypoint": ""}))
+    assert "waypoint" not in _found(store)[ECHO]["service"]
+    _edit(store, "Service", "ambient", "echo", _set({"istio.io/use-waypoint": "waypoint"}))
+    assert _found(store)[ECHO]["service"]["waypoint"] == WAYPOINT
+    _edit(store, "Service", "ambient", "echo", _set({"istio.io/use-waypoint": "missing"}))
+    assert "waypoint" not in _found(store)[ECHO]["service"]
+
+
+def test_a_waypoint_without_endpoints_is_not_programmed_and_not_used() -> None:
+    store = _store()
+    store.delete(ObjectKey("Pod", "ambient", "waypoint-1"))
+    store.delete(ObjectKey("EndpointSlice", "ambient", "waypoint-abcde"))
+    snapshot = build_snapshot(store, "v1")
+    gateway = snapshot.config.gateway_api.statuses[("KubernetesGateway", "ambient", "waypoint")]
+    programmed = next(c for c in gateway["conditions"] if c["type"] == "Programmed")
+    assert (programmed["status"], programmed["reason"]) == ("False", "AddressNotAssigned")
+    assert "addresses" not in gateway
+    assert "waypoint" not in _found(store)[ECHO]["service"]
+
+
+def test_another_namespace_uses_a_waypoint_its_listener_admits() -> None:
+    def legacy_uses_it(store: Store) -> None:
+        _edit(store, "Service", "legacy", "web", _set({"istio.io/use-waypoint": "waypoint",
+                                                       "istio.io/use-waypoint-namespace": "ambient"}))
+
+    store = _store()
+    legacy_uses_it(store)
+    assert "waypoint" not in _found(store)["legacy/web.legacy.svc.cluster.local"]["service"]  # allowedRoutes: Same
+
+    def allow(namespaces: dict[str, Any]) -> Any:
+        return lambda raw: raw["spec"]["listeners"][0].update(allowedRoutes={"namespaces": namespaces})
+
+    store = _store()
+    legacy_uses_it(store)
+    _edit(store, "KubernetesGateway", "ambient", "waypoint", allow({"from": "All"}))
+    assert _found(store)["legacy/web.legacy.svc.cluster.local"]["service"]["waypoint"] == WAYPOINT
+
+    store = _store()
+    legacy_uses_it(store)
+    _edit(store, "KubernetesGateway", "ambient", "waypoint",
+          allow({"from": "Selector", "selector": {"matchLabels": {"waypoints": "shared"}}}))
+    assert "waypoint" not in _found(store)["legacy/web.legacy.svc.cluster.local"]["service"]
+    _edit(store, "Namespace", "", "legacy", _set({"waypoints": "shared"}))
+    assert _found(store)["legacy/web.legacy.svc.cluster.local"]["service"]["waypoint"] == WAYPOINT
+    # The namespace's own labels name it too.
+    store = _store()
+    _edit(store, "KubernetesGateway", "ambient", "waypoint", allow({"from": "All"}))
+    _edit(store, "Namespace", "", "legacy", _set({"istio.io/use-waypoint": "waypoint",
+                                                  "istio.io/use-waypoint-namespace": "ambient"}))
+    assert _found(store)["legacy/web.legacy.svc.cluster.local"]["service"]["waypoint"] == WAYPOINT
+
+
+async def test_a_waypoint_gateway_changed_pushes_ztunnel_the_services_that_use_it() -> None:
+    store = _store()
+    gateway = store.get(ObjectKey("KubernetesGateway", "ambient", "waypoint")).raw  # type: ignore[union-attr]
+    store.delete(ObjectKey("KubernetesGateway", "ambient", "waypoint"))
+    server, pusher, address = await _serve(store)
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            stream = _Stream(channel)
+            stream.send(types.ADDRESS)
+            first = await stream.receive()
+            echo = next(r for r in first.resources if r.name == ECHO)
+            assert not wpb.Address.FromString(echo.resource.value).service.HasField("waypoint")
+            store.apply(gateway)  # nothing else changes: the waypoint alone
+            pusher.publish()
+            pushed = await stream.receive()
+            assert [r.name for r in pushed.resources] == [ECHO]
+            assert json_format.MessageToDict(wpb.Address.FromString(pushed.resources[0].resource.value)
+                                             )["service"]["waypoint"] == WAYPOINT
+            stream.requests.put_nowait(None)
+    finally:
+        await server.stop(None)
+
+
+def test_a_pod_label_names_its_own_workload_waypoint() -> None:
+    store = _store()
+    _edit(store, "KubernetesGateway", "ambient", "waypoint", _waypoint_for("workload"))
+    _edit(store, "Namespace", "", "ambient", _set({"istio.io/use-waypoint": ""}))
+    _edit(store, "Pod", "ambient", "echo-1", _set({"istio.io/use-waypoint": "waypoint"}))
+    found = _found(store)
+    assert found[ECHO_POD]["workload"]["waypoint"] == WAYPOINT
+    assert "waypoint" not in found["Kubernetes//Pod/ambient/echo-2"]["workload"]  # no label, nor its namespace
