@@ -1,5 +1,6 @@
 """An HTTP external authorizer for ext_authz tests: allows a request whose `x-ext-authz` header is
-`allow` (200, with `x-ext-authz-check-result: allowed` for the upstream), denies the rest (403)."""
+`allow`, or whose body (when the proxy sends it) is `let me in` (200, with `x-ext-authz-check-result:
+allowed` for the upstream), denies the rest (403)."""
 
 import http.server
 import sys
@@ -7,7 +8,8 @@ import sys
 
 class Check(http.server.BaseHTTPRequestHandler):
     def _check(self) -> None:
-        allowed = self.headers.get("x-ext-authz") == "allow"
+        sent = self.rfile.read(int(self.headers.get("content-length") or 0))
+        allowed = self.headers.get("x-ext-authz") == "allow" or sent == b"let me in"
         body = b"" if allowed else b"denied by ext_authz"
         self.send_response(200 if allowed else 403)
         self.send_header("x-ext-authz-check-result", "allowed" if allowed else "denied")

@@ -40,6 +40,7 @@ MESH = """extensionProviders:
     timeout: 5s
     includeRequestHeadersInCheck: [x-ext-authz]
     headersToUpstreamOnAllow: [x-ext-authz-check-result]
+    includeRequestBodyInCheck: {maxRequestBytes: 1024, allowPartialMessage: true}
 """
 GRPC_MESH = """extensionProviders:
 - name: ext
@@ -99,9 +100,10 @@ def test_envoy_ext_authz_templates_and_hosts(tmp_path: Path, mesh_dir: Path,
         grpc_authz = Process(envoy.netns(sys.executable, "tests/ext_authz_grpc.py", "127.0.0.34", "8001"),
                              name="grpc-ext-authz")
         try:
-            def call(path: str, *headers: str) -> str:
-                """`<status> <body>` as curl saw it, straight to the app's port (a new connection each)."""
-                args = [a for h in headers for a in ("-H", h)]
+            def call(path: str, *headers: str, data: str | None = None) -> str:
+                """`<status> <body>` as curl saw it, straight to the app's port (a new connection each);
+                a POST of `data` if given."""
+                args = [a for h in headers for a in ("-H", h)] + (["-d", data] if data is not None else [])
                 done = run("curl", "-s", "--max-time", "5", *args, "-w", " %{http_code}", f"http://127.0.0.31:8080{path}")
                 body, _, status = done.stdout.rpartition(" ")
                 print(f"curl {path} {headers}: {status} {body[:80]}")
@@ -123,6 +125,10 @@ def test_envoy_ext_authz_templates_and_hosts(tmp_path: Path, mesh_dir: Path,
             # headersToUpstreamOnAllow: the authorizer's header reaches the app.
             assert allowed.startswith("200") and '"x-ext-authz-check-result": "allowed"' in allowed, allowed
             assert call("/ext/x", "x-ext-authz: deny") == "403 denied by ext_authz"
+            # includeRequestBodyInCheck: the authorizer decides by the body Envoy buffered and sent it
+            # (allowed, the POST reaches the app, which answers only GET: 501).
+            assert call("/ext/x", data="let me in").startswith("501")
+            assert call("/ext/x", data="nope") == "403 denied by ext_authz"
             assert call("/a/x/b", "x-ext-authz: deny").startswith("200")
             # The same provider as envoyExtAuthzGrpc (mesh config applied without a restart).
             (tmp_path / "mesh-config.yaml").write_text(GRPC_MESH)

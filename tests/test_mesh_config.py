@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from istiod.model.labels import Requirement, Selector
-from istiod.model.mesh import ExtAuthzProvider, MeshConfig, OutboundTrafficPolicy
+from istiod.model.mesh import ExtAuthzProvider, MeshConfig, OutboundTrafficPolicy, RequestBody
 from istiod.sources.kube import KubeWriter
 from istiod.sources.meshconfig import MeshConfigError, MeshConfigMapWatcher, parse_mesh_config
 from istiod.sources.namespaces import NamespaceFilter
@@ -50,7 +50,8 @@ extensionProviders:
     headersToUpstreamOnAllow: [x-auth-result]
     headersToDownstreamOnDeny: [x-reason]
 - name: ext-grpc
-  envoyExtAuthzGrpc: {service: authz.authz.svc.cluster.local, port: 9000}
+  envoyExtAuthzGrpc: {service: authz.authz.svc.cluster.local, port: 9000, clearRouteCache: true,
+                      includeRequestBodyInCheck: {maxRequestBytes: 4096, packAsBytes: true}}
 - name: tracer
   zipkin: {service: zipkin.istio-system.svc.cluster.local, port: 9411}
 """
@@ -72,7 +73,8 @@ def test_fields_istiod_reads(caplog: pytest.LogCaptureFixture) -> None:
     assert mesh.extension_providers == (
         ExtAuthzProvider("ext-http", False, "authz/authz.authz.svc.cluster.local", 8000, 0.25, True, 503, "/check",
                          ("x-ext-authz", "x-user-*"), (("x-from", "mesh"),), ("x-auth-result",), ("x-reason",)),
-        ExtAuthzProvider("ext-grpc", True, "authz.authz.svc.cluster.local", 9000),
+        ExtAuthzProvider("ext-grpc", True, "authz.authz.svc.cluster.local", 9000,
+                         request_body=RequestBody(4096, pack_as_bytes=True), clear_route_cache=True),
     )
     # What is not implemented is said, once, by name.
     assert ("not implemented, ignored: accessLogFile, defaultConfig.tracing, extensionProviders[2].zipkin (tracer)"
@@ -102,8 +104,10 @@ def test_fields_istiod_reads(caplog: pytest.LogCaptureFixture) -> None:
      "headersToUpstreamOnAllow: a single wildcard"),
     ("extensionProviders: [{name: a, envoyExtAuthzGrpc: {service: x.svc, port: 1, pathPrefix: /x}}]",
      "unknown field 'pathPrefix'"),
-    ("extensionProviders: [{name: a, envoyExtAuthzHttp: {service: x.svc, port: 1, includeRequestBodyInCheck: {}}}]",
-     "includeRequestBodyInCheck is not supported by this istiod"),
+    ("extensionProviders: [{name: a, envoyExtAuthzHttp: {service: x.svc, port: 1, includeRequestBodyInCheck: "
+     "{maxRequestBytes: -1}}}]", "includeRequestBodyInCheck: maxRequestBytes: -1 is not a uint32"),
+    ("extensionProviders: [{name: a, envoyExtAuthzGrpc: {service: x.svc, port: 1, includeRequestBodyInCheck: "
+     "{size: 1}}}]", "unknown field 'size'"),
 ])
 def test_bad_mesh_config_names_the_field(text: str, error: str) -> None:
     with pytest.raises(MeshConfigError) as raised:

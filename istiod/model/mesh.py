@@ -45,6 +45,17 @@ class ExtAuthzProvider:
     headers_to_upstream_on_allow: tuple[str, ...] = ()
     headers_to_downstream_on_deny: tuple[str, ...] = ()
     headers_to_downstream_on_allow: tuple[str, ...] = ()
+    request_body: RequestBody | None = None  # includeRequestBodyInCheck
+    clear_route_cache: bool = False  # the route is picked again after the authorizer's header changes
+
+
+@dataclass(frozen=True, slots=True)
+class RequestBody:
+    """includeRequestBodyInCheck: the request body the authorizer is sent (Envoy buffers it)."""
+
+    max_request_bytes: int = 0
+    allow_partial_message: bool = False
+    pack_as_bytes: bool = False
 
 
 @dataclass(frozen=True, slots=True)

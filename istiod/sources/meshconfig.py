@@ -22,7 +22,7 @@ from kubernetes_asyncio import client
 from istiod.model.config.networking import LocalityLbSetting
 from istiod.model.labels import EXPRESSION_OPERATORS, Requirement, Selector
 from istiod.durations import parse_duration
-from istiod.model.mesh import ExtAuthzProvider, MeshConfig, OutboundTrafficPolicy, ProxyConfig
+from istiod.model.mesh import ExtAuthzProvider, MeshConfig, OutboundTrafficPolicy, ProxyConfig, RequestBody
 from istiod.sources.fields import ConversionError, _Fields
 from istiod.sources.istio.common import check_label, dns1123_label, fields, items, only, str_list
 from istiod.sources.istio.networking import locality_lb_setting
@@ -105,7 +105,8 @@ def _locality_lb_setting(f: _Fields, base: MeshConfig) -> LocalityLbSetting | No
 
 
 _EXT_AUTHZ = {"envoyExtAuthzHttp": False, "envoyExtAuthzGrpc": True}
-_EXT_AUTHZ_COMMON = ("service", "port", "timeout", "failOpen", "statusOnError")
+_EXT_AUTHZ_COMMON = ("service", "port", "timeout", "failOpen", "statusOnError", "includeRequestBodyInCheck",
+                     "clearRouteCache")
 _EXT_AUTHZ_HTTP = ("pathPrefix", "includeRequestHeadersInCheck", "includeHeadersInCheck",
                    "includeAdditionalHeadersInCheck", "headersToUpstreamOnAllow", "headersToDownstreamOnDeny",
                    "headersToDownstreamOnAllow")
@@ -136,8 +137,7 @@ def _extension_providers(f: _Fields) -> tuple[tuple[ExtAuthzProvider, ...], list
         if c is None:
             raise f.fail(f"{where}.{kind}: expected a map")
         grpc = _EXT_AUTHZ[kind]
-        only(c, _EXT_AUTHZ_COMMON + (() if grpc else _EXT_AUTHZ_HTTP),
-             ("includeRequestBodyInCheck", "clearRouteCache", "headersToUpstreamOnDeny"))
+        only(c, _EXT_AUTHZ_COMMON + (() if grpc else _EXT_AUTHZ_HTTP))
         providers.append(_ext_authz(c, f"{where}.{kind}", name, grpc))
     return tuple(providers), ignored
 
@@ -173,7 +173,19 @@ def _ext_authz(c: _Fields, where: str, name: str, grpc: bool) -> ExtAuthzProvide
         name, grpc, service, port, timeout, c.get("failOpen", bool, False), int(status) if status else None, prefix,
         headers["includeRequestHeadersInCheck"] or headers["includeHeadersInCheck"],
         c.str_map("includeAdditionalHeadersInCheck"), headers["headersToUpstreamOnAllow"],
-        headers["headersToDownstreamOnDeny"], headers["headersToDownstreamOnAllow"])
+        headers["headersToDownstreamOnDeny"], headers["headersToDownstreamOnAllow"], _request_body(c),
+        c.get("clearRouteCache", bool, False))
+
+
+def _request_body(c: _Fields) -> RequestBody | None:
+    body = fields(c, "includeRequestBodyInCheck")
+    if body is None:
+        return None
+    only(body, ("maxRequestBytes", "allowPartialMessage", "packAsBytes"))
+    size = body.get("maxRequestBytes", int, 0)
+    if not 0 <= size < 1 << 32:
+        raise body.fail(f"maxRequestBytes: {size} is not a uint32")
+    return RequestBody(size, body.get("allowPartialMessage", bool, False), body.get("packAsBytes", bool, False))
 
 
 def _label_selector(s: _Fields) -> Selector:

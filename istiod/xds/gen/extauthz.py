@@ -101,7 +101,11 @@ def http_ext_authz(resolved: ResolvedProvider, rbac_filter: str) -> http_ext_aut
     assert p is not None
     config = http_ext_authz_pb2.ExtAuthz(
         failure_mode_allow=p.fail_open, transport_api_version=config_source_pb2.V3,
-        filter_enabled_metadata=filter_enabled(rbac_filter, p.name))
+        filter_enabled_metadata=filter_enabled(rbac_filter, p.name), clear_route_cache=p.clear_route_cache)
+    if p.request_body is not None:
+        config.with_request_body.CopyFrom(http_ext_authz_pb2.BufferSettings(
+            max_request_bytes=p.request_body.max_request_bytes,
+            allow_partial_message=p.request_body.allow_partial_message, pack_as_bytes=p.request_body.pack_as_bytes))
     if p.status_on_error is not None:
         config.status_on_error.CopyFrom(http_status_pb2.HttpStatus(code=p.status_on_error))  # type: ignore[arg-type]
     if p.grpc:
