@@ -121,6 +121,35 @@ def test_authorization_policy_on_a_proxyless_server(
     wait_until(lambda: "is not supported by proxyless gRPC" in istiod.text(), 5, "istiod's note of the template")
 
 
+def test_policies_follow_the_mesh_trust_domain(
+    mesh: dict[str, Workload], mesh_dir: Path, tmp_path: Path, start_istiod: Callable[..., Istiod],  # noqa: F811
+    start_demo: Callable[..., Process], start_agent: Callable[..., Process],
+) -> None:
+    """A mesh whose trust domain is example.org (identities spiffe://example.org/...): a policy naming
+    `cluster.local/...` means the mesh's own domain, as Istio renames it; `trustDomains` match the
+    peer identity's domain."""
+    server, client = mesh["server"], mesh["client"]
+    istiod = start_istiod(mesh_dir, "--mtls", "--ca-static-tokens", str(tmp_path / "tokens.json"),
+                          "--trust-domain", "example.org")
+    run_agent(start_agent, istiod, server)
+    run_agent(start_agent, istiod, client)
+    caller, _ = mtls_call(start_demo, istiod, server, client, "spiffe://example.org/ns/echo-ns/sa/client")
+    file = mesh_dir / "authz.yaml"
+    since = apply(file, policy("deny-client", """  action: DENY
+  rules: [{from: [{source: {principals: [cluster.local/ns/echo-ns/sa/client]}}]}]
+"""))
+    next_code(caller, "PERMISSION_DENIED", since, 5.0)
+    since = apply(file, policy("allow-domain", """  rules: [{from: [{source: {trustDomains: [example.org]}}]}]
+"""))
+    next_code(caller, "OK", since, 5.0)
+    since = apply(file, policy("allow-domain", """  rules: [{from: [{source: {trustDomains: ["*.other"]}}]}]
+"""))
+    next_code(caller, "PERMISSION_DENIED", since, 5.0)
+    since = apply(file, policy("allow-domain", """  rules: [{when: [{key: source.trustDomain, values: ["example.*"]}]}]
+"""))
+    next_code(caller, "OK", since, 5.0)
+
+
 def test_peer_authentication_strict_and_disable(
     mesh: dict[str, Workload], mesh_dir: Path, tmp_path: Path, start_istiod: Callable[..., Istiod],  # noqa: F811
     start_demo: Callable[..., Process], start_agent: Callable[..., Process],

@@ -104,7 +104,7 @@ def test_mtls_call_between_agent_certified_peers(
 
 
 def mtls_call(start_demo: Callable[..., Process], istiod: Istiod, server: Workload,
-              client: Workload) -> tuple[Process, str]:
+              client: Workload, client_id: str = CLIENT_ID) -> tuple[Process, str]:
     """The xDS server and an --mtls xDS client, each with its agent's bootstrap: the client, and the first
     reply, which names the client's SPIFFE identity as the server saw it."""
     address = f"{server.ip}:{server.home.joinpath('port').read_text()}"
@@ -115,7 +115,7 @@ def mtls_call(start_demo: Callable[..., Process], istiod: Istiod, server: Worklo
                         env={"GRPC_XDS_BOOTSTRAP": str(client.bootstrap)}, name="mtls-client")
     reply = wait_until(lambda: next((l["reply"] for l in caller.drain() if l["ok"]), None), 20, "an mTLS reply")
     print(f"mTLS reply: {reply}")
-    assert reply == f"{server.pod} {address} peer={CLIENT_ID}"
+    assert reply == f"{server.pod} {address} peer={client_id}"
     return caller, reply
 
 

@@ -44,6 +44,8 @@ class Source:
     not_remote_ip_blocks: tuple[str, ...] = ()
     service_accounts: tuple[str, ...] = ()  # `sa` (the policy's namespace) or `ns/sa`
     not_service_accounts: tuple[str, ...] = ()
+    trust_domains: tuple[str, ...] = ()  # of the peer's SPIFFE identity; `*` at either end matches any
+    not_trust_domains: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

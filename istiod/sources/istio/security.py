@@ -48,17 +48,17 @@ def peer_authentication(key: ObjectKey, f: _Fields, domain: str) -> PeerAuthenti
 
 _SOURCE_FIELDS = ("principals", "notPrincipals", "requestPrincipals", "notRequestPrincipals", "namespaces",
                   "notNamespaces", "ipBlocks", "notIpBlocks", "remoteIpBlocks", "notRemoteIpBlocks", "serviceAccounts",
-                  "notServiceAccounts")
+                  "notServiceAccounts", "trustDomains", "notTrustDomains")
 # Source fields and `when` keys istiod refuses with action CUSTOM (an external authorizer sees no identities).
 _CUSTOM_REFUSED = ("namespaces", "notNamespaces", "serviceAccounts", "notServiceAccounts", "principals",
-                   "notPrincipals", "requestPrincipals", "notRequestPrincipals")
-_CUSTOM_REFUSED_KEYS = ("source.namespace", "source.serviceAccount", "source.principal")
+                   "notPrincipals", "requestPrincipals", "notRequestPrincipals", "trustDomains", "notTrustDomains")
+_CUSTOM_REFUSED_KEYS = ("source.namespace", "source.serviceAccount", "source.principal", "source.trustDomain")
 _PATH_LITERAL = re.compile(r"^[a-zA-Z0-9-._~%!$&'()+,;:@=]+$")  # RFC 3986 pchar, as istiod checks templates
 _OPERATION_FIELDS = ("hosts", "notHosts", "ports", "notPorts", "methods", "notMethods", "paths", "notPaths")
 # Attributes a `when` condition may name (istiod's ValidateAttribute), by prefix for the bracketed ones.
 _ATTRIBUTES = ("source.ip", "remote.ip", "source.namespace", "source.principal", "request.auth.principal",
                "request.auth.audiences", "request.auth.presenter", "destination.ip", "destination.port",
-               "connection.sni", "source.serviceAccount")
+               "connection.sni", "source.serviceAccount", "source.trustDomain")
 _ATTRIBUTE_PREFIXES = ("request.headers[", "request.auth.claims[", "experimental.envoy.filters.")
 
 
@@ -81,7 +81,7 @@ def _source(f: _Fields, path: str, action: Action) -> Source:
     sub = fields(f, path)
     if sub is None:
         raise f.fail(f"{path} must not be nil")
-    only(sub, _SOURCE_FIELDS, ("trustDomains", "notTrustDomains"))
+    only(sub, _SOURCE_FIELDS)
     if not any(sub.body.get(k) for k in _SOURCE_FIELDS):
         raise f.fail(f"{path} must not be empty")
     for name in ("ipBlocks", "notIpBlocks", "remoteIpBlocks", "notRemoteIpBlocks"):
@@ -92,6 +92,8 @@ def _source(f: _Fields, path: str, action: Action) -> Source:
         raise f.fail(f"{path}: cannot set serviceAccounts with namespaces or principals")
     for name in ("serviceAccounts", "notServiceAccounts"):
         _service_accounts(sub, name, _values(sub, name))
+    for name in ("trustDomains", "notTrustDomains"):
+        _trust_domains(sub, name, _values(sub, name))
     if action is Action.CUSTOM:
         for name in _CUSTOM_REFUSED:
             if sub.body.get(name):
@@ -109,6 +111,23 @@ def _service_accounts(f: _Fields, path: str, values: tuple[str, ...]) -> None:
             raise f.fail(f"{path}: expected format 'serviceAccount' or 'namespace/serviceAccount', found {value!r}")
         if len(value) > 320:
             raise f.fail(f"{path}: value cannot exceed 320 characters, found {value!r}")
+
+
+def _wildcards(f: _Fields, path: str, values: tuple[str, ...]) -> None:
+    """istiod's CheckWildcardValues: at most one `*`, at the start or the end."""
+    for value in values:
+        if value.count("*") > 1:
+            raise f.fail(f"{path}: at most one wildcard is allowed, found {value!r}")
+        if "*" in value and value != "*" and not value.startswith("*") and not value.endswith("*"):
+            raise f.fail(f"{path}: wildcard is only allowed at the start or end, found {value!r}")
+
+
+def _trust_domains(f: _Fields, path: str, values: tuple[str, ...]) -> None:
+    """istiod's CheckTrustDomainValues."""
+    _wildcards(f, path, values)
+    for value in values:
+        if "/" in value:
+            raise f.fail(f"{path}: trust domain must not contain '/', found {value!r}")
 
 
 def _path_template(f: _Fields, path: str, value: str) -> None:
@@ -154,8 +173,6 @@ def _condition(c: _Fields, action: Action) -> Condition:
     values, not_values = _values(c, "values"), _values(c, "notValues")
     if not values and not not_values:
         raise c.fail(f"at least one of `values` or `notValues` must be set for key {key}")
-    if key == "source.trustDomain":
-        raise c.fail(f"key: {key} is not supported by this istiod")
     if key not in _ATTRIBUTES and not key.startswith(_ATTRIBUTE_PREFIXES):
         raise c.fail(f"key: unknown attribute: {key}")
     if key.startswith(_ATTRIBUTE_PREFIXES) and not re.fullmatch(r"[^\[]+\[.+\]", key):
@@ -164,6 +181,8 @@ def _condition(c: _Fields, action: Action) -> Condition:
         raise c.fail(f"key: {key} is currently not supported with CUSTOM action")
     if key == "source.serviceAccount":
         _service_accounts(c, "values", values + not_values)
+    if key == "source.trustDomain":
+        _wildcards(c, "values", values + not_values)
     for value in values + not_values:
         if key in ("source.ip", "remote.ip", "destination.ip"):
             ip_or_cidr(c, "values", value)

@@ -249,6 +249,8 @@ def _source(source: Source, c: _Collector) -> rbac_pb2.Principal:
     field(source.not_remote_ip_blocks, True, lambda v: rbac_pb2.Principal(remote_ip=_cidr(v)))
     field(source.service_accounts, False, partial(_service_account, c.namespace))
     field(source.not_service_accounts, True, partial(_service_account, c.namespace))
+    field(source.trust_domains, False, _trust_domain)
+    field(source.not_trust_domains, True, _trust_domain)
     if (source.request_principals or source.not_request_principals) and not c.http_only("from.source.requestPrincipals"):
         if c.request_auth:
             field(source.request_principals, False, _request_principal)
@@ -291,6 +293,7 @@ def _condition(condition: Condition, c: _Collector, principals: list[rbac_pb2.Pr
         "source.namespace": _namespace,
         "source.principal": _principal,
         "source.serviceAccount": partial(_service_account, c.namespace),
+        "source.trustDomain": _trust_domain,
     }
     principal = principals_by_key.get(key)
     permission: Callable[[str], rbac_pb2.Permission] | None
@@ -413,6 +416,19 @@ def _string(value: str, prefix: str = "") -> string_pb2.StringMatcher:
 def _principal(value: str) -> rbac_pb2.Principal:
     # Policies name identities without the scheme; certificates carry spiffe:// URIs.
     return rbac_pb2.Principal(authenticated=rbac_pb2.Principal.Authenticated(principal_name=_string(value, _SPIFFE)))
+
+
+def _trust_domain(value: str) -> rbac_pb2.Principal:
+    """The trust domain of the peer's SPIFFE identity (istiod's: any, exact, or `*` at one end)."""
+    if value == "*":
+        matcher = string_pb2.StringMatcher(prefix=_SPIFFE)
+    elif "*" not in value:
+        matcher = string_pb2.StringMatcher(prefix=f"{_SPIFFE}{value}/")
+    else:
+        before, _, after = value.partition("*")
+        matcher = string_pb2.StringMatcher(safe_regex=regex_pb2.RegexMatcher(
+            regex=f"{_re2_escape(_SPIFFE + before)}[^/]*{_re2_escape(after)}/.*"))
+    return rbac_pb2.Principal(authenticated=rbac_pb2.Principal.Authenticated(principal_name=matcher))
 
 
 def _namespace(value: str) -> rbac_pb2.Principal:

@@ -13,6 +13,7 @@ from istiod.model.config import scope
 from istiod.model.config.security import AuthorizationPolicy, MTLSMode, RequestAuthentication
 from istiod.model.proxy import Proxy
 from istiod.model.snapshot import Snapshot
+from istiod.model.trustdomain import with_trust_domains
 from istiod.xds.gen.authn import jwks_source, jwt_filter
 from istiod.xds.gen.extauthz import ResolvedProvider, resolve_providers
 from istiod.xds.gen.rbac import authorization_filters, custom_providers
@@ -29,8 +30,12 @@ def inbound_mtls_mode(snapshot: Snapshot, proxy: Proxy, port: int) -> MTLSMode:
 
 
 def authorization_policies(snapshot: Snapshot, proxy: Proxy) -> tuple[AuthorizationPolicy, ...]:
-    return tuple(scope.policies_for(snapshot.config.authorization_policies, proxy.namespace, workload_labels(snapshot, proxy),
-                                    snapshot.mesh.root_namespace))
+    """The policies selecting the proxy's workload, their identities renamed into the mesh's trust
+    domain and its aliases."""
+    domains = (snapshot.mesh.trust_domain, *snapshot.mesh.trust_domain_aliases)
+    return tuple(with_trust_domains(p, domains) for p in scope.policies_for(
+        snapshot.config.authorization_policies, proxy.namespace, workload_labels(snapshot, proxy),
+        snapshot.mesh.root_namespace))
 
 
 def request_authentications(snapshot: Snapshot, proxy: Proxy) -> tuple[RequestAuthentication, ...]:

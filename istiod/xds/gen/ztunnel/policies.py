@@ -48,7 +48,8 @@ def authorization(policy: AuthorizationPolicy, root_namespace: str) -> pb.Author
 
 def _clauses(action: int, rule: Rule, namespace: str) -> list[pb.Clause] | None:
     """A rule's clauses (all must hold; a clause holds when any of its matches does), or None when an
-    ALLOW rule names something only L7 can check (it can never match at L4)."""
+    ALLOW rule names something only L7 can check (it can never match at L4) or ztunnel's matches
+    lack (trust domains: left out, allowing less; a DENY ignores them, denying more)."""
     allow = action == pb.ALLOW
     to: list[pb.Match] = []
     for op in rule.operations:
@@ -58,7 +59,7 @@ def _clauses(action: int, rule: Rule, namespace: str) -> list[pb.Clause] | None:
     sources: list[pb.Match] = []
     for source in rule.sources:
         if allow and any((source.remote_ip_blocks, source.not_remote_ip_blocks, source.request_principals,
-                          source.not_request_principals)):
+                          source.not_request_principals, source.trust_domains, source.not_trust_domains)):
             return None
         sources.append(_source_match(source, namespace))
     clauses = [pb.Clause(matches=m) for m in (to, sources) if m]
