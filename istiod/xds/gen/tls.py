@@ -110,6 +110,8 @@ def originated_tls(tls: ClientTLS, alpn: Iterable[str], default_sans: Iterable[s
     if not tls.insecure_skip_verify:
         validation = common.validation_context
         validation.trusted_ca.filename = tls.ca_certificates or SYSTEM_CA_BUNDLE
+        if tls.ca_crl:
+            validation.crl.filename = tls.ca_crl  # a server certificate it revokes fails the handshake
         validation.match_typed_subject_alt_names.extend(
             common_pb2.SubjectAltNameMatcher(san_type=san_type, matcher=string_pb2.StringMatcher(exact=name))
             for name in tls.subject_alt_names or default_sans

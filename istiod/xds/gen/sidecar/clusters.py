@@ -23,7 +23,9 @@ from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.gen.eds import dns_load_assignment
 from istiod.xds.gen.filters import ads_source, pack
-from istiod.xds.gen.policy import apply_policy, effective_policy, subset_endpoints, upstream_mtls
+from istiod.xds.gen.policy import (
+    apply_policy, effective_policy, http_protocol_options, proxy_protocol, subset_endpoints, upstream_mtls,
+)
 from istiod.xds.gen.sidecar.ports import OutboundPort, inbound_ports, outbound_ports
 from istiod.xds.gen.targets import alike, destination_rule, outbound_traffic_policy, sidecar_resource
 from istiod.xds.gen.tls import destination_identities, originated_tls, raw_buffer, sds_upstream_tls
@@ -104,7 +106,6 @@ def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint,
         connect_timeout=CONNECT_TIMEOUT,
         lb_policy=cluster_pb2.Cluster.LEAST_REQUEST,
         circuit_breakers=_unlimited(),
-        typed_extension_protocol_options=_protocol_options(target.protocol),
         transport_socket_matches=[
             cluster_pb2.Cluster.TransportSocketMatch(
                 name="tlsMode-istio", match=_struct({"tlsMode": "istio"}),
@@ -128,6 +129,7 @@ def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint,
         cluster.type = cluster_pb2.Cluster.EDS
         cluster.eds_cluster_config.CopyFrom(cluster_pb2.Cluster.EdsClusterConfig(
             eds_config=ads_source(initial_fetch_timeout=duration_pb2.Duration()), service_name=name))
+    options = http_protocol_options(target.protocol.is_http2, policy.connection_pool)
     tls = policy.tls
     if tls is None and not auto_mtls:
         del cluster.transport_socket_matches[:]  # plaintext to every endpoint
@@ -139,13 +141,23 @@ def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint,
             if target.protocol.is_http:
                 # istiod's auto SNI (and SAN check) from the request's Host when the rule names none
                 # (the rule's own SANs decide, not the ServiceEntry's it falls back to: as istiod).
-                cluster.typed_extension_protocol_options[HTTP_OPTIONS].CopyFrom(_http_options(
-                    target.protocol, protocol_pb2.UpstreamHttpProtocolOptions(
-                        auto_sni=not tls.sni,
-                        auto_san_validation=not (tls.sni or tls.subject_alt_names or tls.insecure_skip_verify))))
+                if options is None:
+                    options = _explicit_options(target.protocol)
+                options.upstream_http_protocol_options.CopyFrom(protocol_pb2.UpstreamHttpProtocolOptions(
+                    auto_sni=not tls.sni,
+                    auto_san_validation=not (tls.sni or tls.subject_alt_names or tls.insecure_skip_verify)))
         else:
             cluster.transport_socket.CopyFrom(
                 sds_upstream_tls(identities, sni) if upstream_mtls(tls, True) else raw_buffer())
+    if options is not None:
+        cluster.typed_extension_protocol_options[HTTP_OPTIONS].CopyFrom(pack(options))
+    if policy.proxy_protocol is not None:
+        if not cluster.HasField("transport_socket") and not cluster.transport_socket_matches:
+            cluster.transport_socket.CopyFrom(raw_buffer())
+        if cluster.HasField("transport_socket"):
+            cluster.transport_socket.CopyFrom(proxy_protocol(cluster.transport_socket, policy.proxy_protocol))
+        for match in cluster.transport_socket_matches:
+            match.transport_socket.CopyFrom(proxy_protocol(match.transport_socket, policy.proxy_protocol))
     apply_policy(cluster, policy, mesh_locality)
     return cluster
 
@@ -153,7 +165,7 @@ def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint,
 def inbound_cluster(name: str, protocol: Protocol, pool: ConnectionPool | None) -> cluster_pb2.Cluster:
     """To the app in the same pod: the connection's original destination, from 127.0.0.6, within
     the Sidecar resource's inbound connection pool if it sets one."""
-    cluster = _original_dst(name, _protocol_options(protocol), bind=True)
+    cluster = _original_dst(name, _protocol_options(protocol, pool), bind=True)
     if pool is not None:
         apply_policy(cluster, TrafficPolicy(connection_pool=pool), None)
     return cluster
@@ -195,18 +207,18 @@ def _original_dst(name: str, options: dict[str, object], bind: bool) -> cluster_
     )
 
 
-def _protocol_options(protocol: Protocol) -> dict[str, object]:
-    """HTTP/2 upstream for gRPC and HTTP/2 ports; Envoy's default (HTTP/1.1) for the others."""
-    return {HTTP_OPTIONS: _http_options(protocol)} if protocol.is_http2 else {}
+def _protocol_options(protocol: Protocol, pool: ConnectionPool | None = None) -> dict[str, object]:
+    """HTTP/2 upstream for gRPC and HTTP/2 ports; Envoy's default (HTTP/1.1) for the others; the
+    inbound connection pool's HTTP settings (no h2 upgrade inbound, as istiod)."""
+    options = http_protocol_options(protocol.is_http2, pool, outbound=False)
+    return {HTTP_OPTIONS: pack(options)} if options is not None else {}
 
 
-def _http_options(protocol: Protocol,
-                  upstream: protocol_pb2.UpstreamHttpProtocolOptions | None = None) -> any_pb2.Any:
+def _explicit_options(protocol: Protocol) -> http_options_pb2.HttpProtocolOptions:
     explicit = http_options_pb2.HttpProtocolOptions.ExplicitHttpConfig(
         http2_protocol_options=protocol_pb2.Http2ProtocolOptions() if protocol.is_http2 else None,
         http_protocol_options=None if protocol.is_http2 else protocol_pb2.Http1ProtocolOptions())
-    return pack(http_options_pb2.HttpProtocolOptions(explicit_http_config=explicit,
-                                                     upstream_http_protocol_options=upstream))
+    return http_options_pb2.HttpProtocolOptions(explicit_http_config=explicit)
 
 
 def _downstream_protocol() -> dict[str, object]:
