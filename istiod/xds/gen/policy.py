@@ -13,6 +13,7 @@ from typing import Any
 
 from envoy.config.cluster.v3 import cluster_pb2, outlier_detection_pb2
 from envoy.config.core.v3 import base_pb2, extension_pb2
+from envoy.config.core.v3 import proxy_protocol_pb2 as proxy_protocol_config_pb2
 from envoy.config.route.v3 import route_components_pb2
 from envoy.extensions.load_balancing_policies.common.v3 import common_pb2 as slow_start_pb2
 from envoy.extensions.load_balancing_policies.least_request.v3 import least_request_pb2
@@ -213,8 +214,9 @@ def proxy_protocol(socket: base_pb2.TransportSocket, version: int) -> base_pb2.T
     """Istio's applyUpstreamProxyProtocol: a PROXY protocol header (v1 or v2) before what `socket`
     sends (TLS or plaintext)."""
     config = proxy_protocol_pb2.ProxyProtocolUpstreamTransport(
-        config=base_pb2.ProxyProtocolConfig(version=base_pb2.ProxyProtocolConfig.V1 if version == 1
-                                            else base_pb2.ProxyProtocolConfig.V2),
+        config=proxy_protocol_config_pb2.ProxyProtocolConfig(
+            version=proxy_protocol_config_pb2.ProxyProtocolConfig.V1 if version == 1
+            else proxy_protocol_config_pb2.ProxyProtocolConfig.V2),
         transport_socket=socket)
     return base_pb2.TransportSocket(name=PROXY_PROTOCOL_TRANSPORT_SOCKET, typed_config=pack(config))
 
