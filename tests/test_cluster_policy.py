@@ -178,3 +178,20 @@ def test_ca_crl_is_the_validation_contexts_crl() -> None:
     context = tls_pb2.UpstreamTlsContext.FromString(cluster.transport_socket.typed_config.value)
     validation = context.common_tls_context.validation_context
     assert (validation.trusted_ca.filename, validation.crl.filename) == ("/etc/ca.pem", "/etc/ca.crl")
+
+
+def test_port_level_settings_replace_the_policy_wholesale() -> None:
+    """As istiod's GetPortLevelTrafficPolicy: what the port's entry leaves out is the default, not
+    the destination-level value (PROXY protocol included); a subset's fields still win one by one."""
+    snapshot = _snapshot({"host": "db", "trafficPolicy": {
+        "connectionPool": {"tcp": {"tcpKeepalive": {"probes": 3}}}, "proxyProtocol": {"version": "V2"},
+        "portLevelSettings": [{"port": {"number": 5432}, "loadBalancer": {"simple": "ROUND_ROBIN"}}]},
+        "subsets": [{"name": "v1", "labels": {"app": "db"}, "trafficPolicy": {"outlierDetection": {"interval": "5s"}}}]})
+    clusters = _clusters(snapshot)
+    for name in ("outbound|5432||db.shop.svc.cluster.local", "outbound|5432|v1|db.shop.svc.cluster.local"):
+        db = clusters[name]
+        assert db.lb_policy == cluster_pb2.Cluster.ROUND_ROBIN
+        assert not db.HasField("upstream_connection_options")
+        assert all(m.transport_socket.name != "envoy.transport_sockets.upstream_proxy_protocol"
+                   for m in db.transport_socket_matches)
+    assert clusters["outbound|5432|v1|db.shop.svc.cluster.local"].outlier_detection.interval.seconds == 5

@@ -2,8 +2,8 @@
 every flavor (what differs, the TLS transport socket, stays with the flavor).
 
 The effective policy of a cluster is the rule's trafficPolicy, overridden field by field by the
-subset's, then by the portLevelSettings entry for the port (the subset's own first), as istiod
-merges them.
+subset's, as istiod merges them (MergeSubsetTrafficPolicy); a portLevelSettings entry for the port
+replaces the policy it is in wholesale, as istiod's GetPortLevelTrafficPolicy.
 """
 
 from __future__ import annotations
@@ -43,22 +43,29 @@ _LB_POLICIES = {
 
 
 def effective_policy(rule: DestinationRule | None, port: int, subset: Subset | None = None) -> TrafficPolicy:
-    policy = TrafficPolicy()
-    for layer in (rule.traffic_policy if rule else None, subset.traffic_policy if subset else None):
-        if layer is None:
-            continue
-        policy = _merge(policy, layer)
-        port_level = next((p for p in layer.port_level_settings if p.port == port), None)
-        if port_level is not None:
-            policy = _merge(policy, port_level)
-    return policy
-
-
-def _merge(base: TrafficPolicy, layer: object) -> TrafficPolicy:
-    changes: dict[str, Any] = {f: getattr(layer, f, None) for f in ("load_balancer", "connection_pool", "outlier_detection", "tls",
-                                                     "proxy_protocol")
-               if getattr(layer, f, None) is not None}
+    base, _ = _at_port(rule.traffic_policy if rule else None, port)
+    layer, port_level = _at_port(subset.traffic_policy if subset else None, port)
+    if layer is None:
+        return base or TrafficPolicy()
+    if base is None:
+        return layer
+    # The subset's fields win; its port-level entry replaces all four, unset ones included.
+    changes: dict[str, Any] = {f: getattr(layer, f) for f in _PARTS if getattr(layer, f) is not None or port_level}
+    if layer.proxy_protocol is not None:
+        changes["proxy_protocol"] = layer.proxy_protocol
     return dataclasses.replace(base, **changes)
+
+
+_PARTS = ("load_balancer", "connection_pool", "outlier_detection", "tls")
+
+
+def _at_port(policy: TrafficPolicy | None, port: int) -> tuple[TrafficPolicy | None, bool]:
+    """istiod's GetPortLevelTrafficPolicy: a portLevelSettings entry for the port replaces the
+    policy wholesale (what it leaves out is the default, not inherited; PROXY protocol too)."""
+    entry = next((p for p in policy.port_level_settings if p.port == port), None) if policy is not None else None
+    if entry is None:
+        return policy, False
+    return TrafficPolicy(entry.load_balancer, entry.connection_pool, entry.outlier_detection, entry.tls), True
 
 
 def subset_endpoints(endpoints: tuple[Endpoint, ...], subset: Subset | None) -> tuple[Endpoint, ...]:

@@ -138,14 +138,13 @@ def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint,
         if tls.mode in (TLSMode.SIMPLE, TLSMode.MUTUAL):
             cluster.transport_socket.CopyFrom(originated_tls(tls, ("h2",) if target.protocol.is_http2 else (),
                                                              target.service.subject_alt_names))
-            if target.protocol.is_http:
+            if target.protocol.is_http and not tls.sni:
                 # istiod's auto SNI (and SAN check) from the request's Host when the rule names none
                 # (the rule's own SANs decide, not the ServiceEntry's it falls back to: as istiod).
                 if options is None:
                     options = _explicit_options(target.protocol)
                 options.upstream_http_protocol_options.CopyFrom(protocol_pb2.UpstreamHttpProtocolOptions(
-                    auto_sni=not tls.sni,
-                    auto_san_validation=not (tls.sni or tls.subject_alt_names or tls.insecure_skip_verify)))
+                    auto_sni=True, auto_san_validation=not (tls.subject_alt_names or tls.insecure_skip_verify)))
         else:
             cluster.transport_socket.CopyFrom(
                 sds_upstream_tls(identities, sni) if upstream_mtls(tls, True) else raw_buffer())
