@@ -5,6 +5,8 @@ tests/test_envoy_cluster_policy.py shows a real Envoy doing it."""
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.route.v3 import route_pb2
 from envoy.extensions.load_balancing_policies.least_request.v3 import least_request_pb2
 from envoy.extensions.transport_sockets.proxy_protocol.v3 import upstream_proxy_protocol_pb2
-from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
+from envoy.extensions.transport_sockets.tls.v3 import secret_pb2, tls_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 
 from istiod.model.builder import build_snapshot
@@ -23,6 +25,7 @@ from istiod.sources.store import Store
 from istiod.xds import types
 from istiod.xds.cache import ResourceCache
 from istiod.xds.gen import PROXYLESS_GRPC, ROUTER, SIDECAR
+from tests.test_gateway_gen import server_credential, tls_secret
 
 DATA = Path(__file__).parent / "data"
 WEB = "web.shop.svc.cluster.local"
@@ -195,3 +198,45 @@ def test_port_level_settings_replace_the_policy_wholesale() -> None:
         assert all(m.transport_socket.name != "envoy.transport_sockets.upstream_proxy_protocol"
                    for m in db.transport_socket_matches)
     assert clusters["outbound|5432|v1|db.shop.svc.cluster.local"].outlier_detection.interval.seconds == 5
+
+
+def test_credential_name_is_served_over_sds_from_the_proxys_namespace() -> None:
+    """A DestinationRule's credentialName, as istiod: the cluster asks over ADS for
+    `kubernetes://<name>` (MUTUAL's client certificate) and `kubernetes://<name>-cacert` (the CA);
+    a verified sidecar gets them from the Secret of its own namespace, never another's."""
+    ca, cert, key = server_credential("client.example.com")
+    store = Store()
+    for document in yaml.safe_load_all((DATA / "sidecar-mesh.yaml").read_text()):
+        store.apply(document)
+    secret = tls_secret("client-cred", "shop", cert, key)
+    secret["data"]["ca.crt"] = base64.b64encode(ca).decode()
+    store.apply(secret)
+    store.apply({**tls_secret("client-cred", "other", cert, key)})
+    store.apply({"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule",
+                 "metadata": {"name": "web", "namespace": "shop"},
+                 "spec": {"host": "web", "trafficPolicy": {"tls": {
+                     "mode": "MUTUAL", "credentialName": "client-cred", "subjectAltNames": ["web.example.com"]}}}})
+    snapshot = build_snapshot(store, "v1")
+    web = _clusters(snapshot)[f"outbound|80||{WEB}"]
+    common = tls_pb2.UpstreamTlsContext.FromString(web.transport_socket.typed_config.value).common_tls_context
+    assert [(c.name, c.sds_config.HasField("ads")) for c in common.tls_certificate_sds_secret_configs] == [
+        ("kubernetes://client-cred", True)]
+    combined = common.combined_validation_context
+    assert combined.validation_context_sds_secret_config.name == "kubernetes://client-cred-cacert"
+    assert {m.matcher.exact for m in combined.default_validation_context.match_typed_subject_alt_names} == {
+        "web.example.com"}
+
+    names = ["kubernetes://client-cred", "kubernetes://client-cred-cacert"]
+    proxy = dataclasses.replace(proxy_from_node(SIDECAR_NODE, {}), verified=True)
+    secrets = {r.name: secret_pb2.Secret.FromString(r.value)
+               for r in SIDECAR[types.SECRET](snapshot, proxy, names, ResourceCache())}
+    assert secrets["kubernetes://client-cred"].tls_certificate.private_key.inline_bytes == key
+    assert secrets["kubernetes://client-cred-cacert"].validation_context.trusted_ca.inline_bytes == ca
+    # Over plaintext xDS the namespace is only claimed: nothing. Another namespace's proxy: its own
+    # namespace's Secret, which has no CA.
+    unverified = proxy_from_node(SIDECAR_NODE, {})
+    assert SIDECAR[types.SECRET](snapshot, unverified, names, ResourceCache()) == []
+    other = dataclasses.replace(proxy_from_node("sidecar~127.0.0.32~web-2.other~other.svc.cluster.local", {}),
+                                verified=True)
+    assert [r.name for r in SIDECAR[types.SECRET](snapshot, other, names, ResourceCache())] == [
+        "kubernetes://client-cred"]

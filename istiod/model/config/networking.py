@@ -344,6 +344,7 @@ class ClientTLS:
     sni: str = ""
     insecure_skip_verify: bool | None = None
     ca_crl: str = ""  # a file in the proxy: the CRL Envoy checks the server's chain against
+    credential_name: str = ""  # a Secret of the proxy's namespace, over SDS, instead of the files
 
 
 @dataclass(frozen=True, slots=True)

@@ -699,14 +699,23 @@ def _client_tls(f: _Fields, path: str) -> ClientTLS | None:
     sub = fields(f, path)
     if sub is None:
         return None
-    # credentialName: a Secret istiod would serve over SDS; sidecars here read files only.
     only(sub, ("mode", "clientCertificate", "privateKey", "caCertificates", "subjectAltNames", "sni",
-               "insecureSkipVerify", "caCrl"), ("credentialName",))
+               "insecureSkipVerify", "caCrl", "credentialName"))
     tls = ClientTLS(enum_field(sub, "mode", TLSMode, "DISABLE"), sub.get("clientCertificate", str, ""),  # type: ignore[arg-type]
                     sub.get("privateKey", str, ""), sub.get("caCertificates", str, ""),
                     str_list(sub, "subjectAltNames"), sub.get("sni", str, ""), sub.get("insecureSkipVerify", bool, None),
-                    sub.get("caCrl", str, ""))
-    if tls.mode is TLSMode.MUTUAL:
+                    sub.get("caCrl", str, ""), sub.get("credentialName", str, ""))
+    if tls.credential_name.startswith("configmap://"):
+        raise f.fail(f"{path}.credentialName: configmap:// credentials are not supported by this istiod")
+    if tls.insecure_skip_verify and tls.mode is TLSMode.SIMPLE and (
+            tls.ca_certificates or tls.credential_name or tls.subject_alt_names):
+        raise f.fail(f"{path}: cannot specify CaCertificates or CredentialName or SubjectAltNames when "
+                     "InsecureSkipVerify is set true")
+    if tls.credential_name and tls.mode in (TLSMode.SIMPLE, TLSMode.MUTUAL):
+        # istiod's validation: the Secret holds the certificates (and its CRL), not files.
+        if tls.client_certificate or tls.private_key or tls.ca_certificates or tls.ca_crl:
+            raise f.fail(f"{path}: cannot specify client certificates or CA certificate or CA CRL If credentialName is set")
+    elif tls.mode is TLSMode.MUTUAL:
         if not tls.client_certificate:
             raise f.fail(f"{path}: client certificate required for mutual tls")
         if not tls.private_key:
