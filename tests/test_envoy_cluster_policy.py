@@ -1,16 +1,21 @@
 """DestinationRule cluster settings carrying real traffic through a real Envoy sidecar configured
 by istiod: ring hash and maglev keep a key on one backend, a cookie policy has Envoy set the cookie
-with its attributes, the PROXY protocol names the client to the backend, and a CRL refuses a
-revoked server certificate. The pod (web-1) and every backend live in one network namespace;
-config: tests/data/envoy-cluster-policy.yaml."""
+with its attributes, the PROXY protocol names the client to the backend, a CRL refuses a revoked
+server certificate, and a credentialName Secret's client certificate reaches a server that requires
+one. The sidecar talks to istiod's TLS xDS port with a certificate from istiod's CA, as the agent
+does (credentials go only to a verified proxy). The pod (web-1) and every backend live in one
+network namespace; config: tests/data/envoy-cluster-policy.yaml."""
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import sys
+import tempfile
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -20,9 +25,9 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 
-from istiod.ca.pki import cert_pem, key_pem, new_key
+from istiod.ca.pki import cert_pem, key_pem, load_certs, load_key, new_key
 from tests.conftest import DATA, render
-from tests.envoy_peer import Envoy, sidecar_envoy
+from tests.envoy_peer import Envoy, Relay, SdsServer, bootstrap, node_id
 from tests.peers import Istiod, Process, wait_until
 from tests.pki import NOW, ca_cert, leaf_cert
 from tests.pods import wait_serving
@@ -30,7 +35,8 @@ from tests.test_envoy_sidecar import _acked, _dynamic, captured_pod
 
 VIPS = {"hashed": "10.96.0.22", "maglev": "10.96.0.23", "sticky": "10.96.0.24", "proxied": "10.96.0.25"}
 CLUSTERS = [f"outbound|80||{name}.shop.svc.cluster.local" for name in VIPS] + [
-    "outbound|80||revoked.example.com", "outbound|80||valid.example.com"]
+    "outbound|80||revoked.example.com", "outbound|80||valid.example.com", "outbound|80||mutual.example.com"]
+CLIENT_ID = "spiffe://example.com/client-cred"
 
 
 @dataclass
@@ -72,7 +78,60 @@ def _certificates(directory: Path) -> dict[str, Path]:
     crl = (x509.CertificateRevocationListBuilder().issuer_name(ca.subject).last_update(NOW - timedelta(minutes=1))
            .next_update(NOW + timedelta(days=1)).add_revoked_certificate(revoked).sign(ca_key, hashes.SHA256()))
     write("crl", crl.public_bytes(serialization.Encoding.PEM))
+    # The mutual server: a certificate of the same CA, and the client certificate (with its own CA) it requires.
+    key = new_key()
+    write("mutual_cert", cert_pem(leaf_cert(key, (ca, ca_key), dns=("mutual.example.com",))).encode())
+    write("mutual_key", key_pem(key))
+    client_ca_key, client_key = new_key(), new_key()
+    client_ca = ca_cert("client CA", client_ca_key)
+    write("client_ca", cert_pem(client_ca).encode())
+    write("client_cert", cert_pem(leaf_cert(client_key, (client_ca, client_ca_key), uris=(CLIENT_ID,))).encode())
+    write("client_key", key_pem(client_key))
     return files
+
+
+def _credential_secret(certs: dict[str, Path]) -> str:
+    """The Secret credentialName names: the client certificate and key, and the servers' CA."""
+    data = {name: base64.b64encode(certs[file].read_bytes()).decode()
+            for name, file in (("tls.crt", "client_cert"), ("tls.key", "client_key"), ("ca.crt", "ca"))}
+    return json.dumps({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+                       "metadata": {"name": "client-cred", "namespace": "shop"}, "data": data})
+
+
+@contextmanager
+def secure_sidecar(istiod: Istiod, pod: str, namespace: str, ip: str, service_account: str) -> Iterator[Envoy]:
+    """An Envoy sidecar in its own network namespace on istiod's TLS xDS port (through a Unix
+    socket relay), with a workload certificate of istiod's CA, as pilot-agent's xDS proxy connects."""
+    sockets = Path(tempfile.mkdtemp(prefix="envoy-", dir="/tmp"))  # Unix socket paths must stay short
+    stoppable: list[Relay | SdsServer | Envoy] = []
+    try:
+        ca_dir = istiod.state_dir / "istio-ca-secret"
+        ca = load_certs((ca_dir / "ca-cert.pem").read_bytes(), "ca-cert.pem")[0]
+        ca_key = load_key((ca_dir / "ca-key.pem").read_bytes(), "ca-key.pem")
+        identity = f"spiffe://cluster.local/ns/{namespace}/sa/{service_account}"
+        key = new_key()
+        (sockets / "cert.pem").write_text(cert_pem(leaf_cert(key, (ca, ca_key), uris=(identity,))))
+        (sockets / "key.pem").write_bytes(key_pem(key))
+        stoppable.append(Relay(sockets / "xds", istiod.secure_address))
+        stoppable.append(SdsServer(sockets / "sds", identity))
+        config = bootstrap(node_id(pod, namespace, ip), sockets / "xds", sockets / "sds", sockets / "admin",
+                           {"SERVICE_ACCOUNT": service_account})
+        config["static_resources"]["clusters"][0]["transport_socket"] = {
+            "name": "envoy.transport_sockets.tls",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                "common_tls_context": {
+                    "alpn_protocols": ["h2"],
+                    "tls_certificates": [{"certificate_chain": {"filename": str(sockets / "cert.pem")},
+                                          "private_key": {"filename": str(sockets / "key.pem")}}],
+                    "validation_context": {"trusted_ca": {"filename": str(istiod.root_cert)}}}}}
+        envoy = Envoy(config, sockets, name=f"envoy-{pod}")
+        stoppable.append(envoy)
+        yield envoy
+    finally:
+        for item in reversed(stoppable):
+            item.stop()
+        shutil.rmtree(sockets, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -85,9 +144,10 @@ def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
     shutil.copy(DATA / "sidecar-mesh.yaml", config / "sidecar-mesh.yaml")
     certs = _certificates(workdir)
     (config / "policy.yaml").write_text(render("envoy-cluster-policy.yaml", **certs))
+    (config / "secret.yaml").write_text(_credential_secret(certs))
     istiod = Istiod(workdir, "--config-dir", str(config), "--poll-interval", "100ms")
     try:
-        with sidecar_envoy(istiod.xds_address, "web-1", "shop", "127.0.0.31", service_account="web") as envoy, \
+        with secure_sidecar(istiod, "web-1", "shop", "127.0.0.31", "web") as envoy, \
                 captured_pod(istiod, envoy) as run:
             for vip in VIPS.values():
                 assert run("ip", "addr", "add", f"{vip}/32", "dev", "lo").returncode == 0
@@ -99,7 +159,10 @@ def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
                         name="proxied"),
                 *(Process(envoy.netns(*demo, address, "--name", name, "--cert", str(certs[f"{name}_cert"]),
                                       "--key", str(certs[f"{name}_key"])), name=name)
-                  for name, address in (("revoked", "127.0.0.46:8443"), ("valid", "127.0.0.47:8443")))]
+                  for name, address in (("revoked", "127.0.0.46:8443"), ("valid", "127.0.0.47:8443"))),
+                Process(envoy.netns(*demo, "127.0.0.48:8443", "--name", "mutual", "--cert", str(certs["mutual_cert"]),
+                                    "--key", str(certs["mutual_key"]), "--client-ca", str(certs["client_ca"])),
+                        name="mutual")]
             try:
                 for backend in backends:
                     wait_serving(backend)
@@ -162,3 +225,14 @@ def test_a_revoked_server_certificate_is_refused(pod: Pod) -> None:
     print(f"valid.example.com answered through the CRL; revoked.example.com: curl printed {refused[-60:]!r}, "
           f"fail_verify_error {before} -> {after}")
     assert refused.endswith(" 503") and after > before
+
+
+def test_credential_name_client_certificate_reaches_a_server_that_requires_it(pod: Pod) -> None:
+    """DestinationRule MUTUAL with credentialName: Envoy gets the Secret's client certificate and
+    CA from istiod over SDS (`kubernetes://client-cred`, `kubernetes://client-cred-cacert`)."""
+    seen = json.loads(pod.curl(host="mutual.example.com", url=f"http://{VIPS['hashed']}/mutual"))
+    dump = pod.envoy.config_dump().get("SecretsConfigDump", {})
+    secrets = [secret["name"] for secret in dump.get("dynamic_active_secrets", [])]
+    print(f"mutual.example.com, credentialName client-cred: the server saw {seen['tls']}; Envoy's secrets {secrets}")
+    assert seen["name"] == "mutual" and seen["tls"]["client"] == [CLIENT_ID]
+    assert {"kubernetes://client-cred", "kubernetes://client-cred-cacert"} <= set(secrets)
