@@ -46,8 +46,9 @@ def _snapshot(*rules: dict[str, Any]) -> Snapshot:
     return build_snapshot(store, "v1")
 
 
-def _clusters(snapshot: Snapshot, node: str = SIDECAR_NODE, generators: Any = SIDECAR) -> dict[str, cluster_pb2.Cluster]:
-    proxy = proxy_from_node(node, {})
+def _clusters(snapshot: Snapshot, node: str = SIDECAR_NODE, generators: Any = SIDECAR,
+              labels: dict[str, str] | None = None) -> dict[str, cluster_pb2.Cluster]:
+    proxy = proxy_from_node(node, {"LABELS": labels} if labels else {})
     resources = generators[types.CLUSTER](snapshot, proxy, None, ResourceCache())
     return {r.name: cluster_pb2.Cluster.FromString(r.value) for r in resources}
 
@@ -212,12 +213,19 @@ def test_credential_name_is_served_over_sds_from_the_proxys_namespace() -> None:
     secret["data"]["ca.crt"] = base64.b64encode(ca).decode()
     store.apply(secret)
     store.apply({**tls_secret("client-cred", "other", cert, key)})
-    store.apply({"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule",
-                 "metadata": {"name": "web", "namespace": "shop"},
-                 "spec": {"host": "web", "trafficPolicy": {"tls": {
-                     "mode": "MUTUAL", "credentialName": "client-cred", "subjectAltNames": ["web.example.com"]}}}})
+    spec: dict[str, Any] = {"host": "web", "trafficPolicy": {"tls": {
+        "mode": "MUTUAL", "credentialName": "client-cred", "subjectAltNames": ["web.example.com"]}}}
+    rule = {"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule",
+            "metadata": {"name": "web", "namespace": "shop"}, "spec": spec}
+    store.apply(rule)
+    # Without a workloadSelector istiod gives a sidecar no TLS for it (a gateway gets it).
+    plain = _clusters(build_snapshot(store, "v0"))[f"outbound|80||{WEB}"]
+    assert plain.transport_socket.name == "envoy.transport_sockets.raw_buffer" and not plain.transport_socket_matches
+    gateway = _clusters(build_snapshot(store, "v0"), GATEWAY_NODE, ROUTER)[f"outbound|80||{WEB}"]
+    assert gateway.transport_socket.name == "envoy.transport_sockets.tls"
+    store.apply({**rule, "spec": {**spec, "workloadSelector": {"matchLabels": {"app": "web"}}}})
     snapshot = build_snapshot(store, "v1")
-    web = _clusters(snapshot)[f"outbound|80||{WEB}"]
+    web = _clusters(snapshot, labels={"app": "web"})[f"outbound|80||{WEB}"]
     common = tls_pb2.UpstreamTlsContext.FromString(web.transport_socket.typed_config.value).common_tls_context
     assert [(c.name, c.sds_config.HasField("ads")) for c in common.tls_certificate_sds_secret_configs] == [
         ("kubernetes://client-cred", True)]
@@ -232,10 +240,8 @@ def test_credential_name_is_served_over_sds_from_the_proxys_namespace() -> None:
                for r in SIDECAR[types.SECRET](snapshot, proxy, names, ResourceCache())}
     assert secrets["kubernetes://client-cred"].tls_certificate.private_key.inline_bytes == key
     assert secrets["kubernetes://client-cred-cacert"].validation_context.trusted_ca.inline_bytes == ca
-    # Over plaintext xDS the namespace is only claimed: nothing. Another namespace's proxy: its own
-    # namespace's Secret, which has no CA.
-    unverified = proxy_from_node(SIDECAR_NODE, {})
-    assert SIDECAR[types.SECRET](snapshot, unverified, names, ResourceCache()) == []
+    # Another namespace's proxy: its own namespace's Secret, which has no CA. (Nothing goes to an
+    # unverified proxy: tests/test_gateway_gen.py.)
     other = dataclasses.replace(proxy_from_node("sidecar~127.0.0.32~web-2.other~other.svc.cluster.local", {}),
                                 verified=True)
     assert [r.name for r in SIDECAR[types.SECRET](snapshot, other, names, ResourceCache())] == [

@@ -99,7 +99,8 @@ def _credential_secret(certs: dict[str, Path]) -> str:
 
 
 @contextmanager
-def secure_sidecar(istiod: Istiod, pod: str, namespace: str, ip: str, service_account: str) -> Iterator[Envoy]:
+def secure_sidecar(istiod: Istiod, pod: str, namespace: str, ip: str, service_account: str,
+                   labels: dict[str, str]) -> Iterator[Envoy]:
     """An Envoy sidecar in its own network namespace on istiod's TLS xDS port (through a Unix
     socket relay), with a workload certificate of istiod's CA, as pilot-agent's xDS proxy connects."""
     sockets = Path(tempfile.mkdtemp(prefix="envoy-", dir="/tmp"))  # Unix socket paths must stay short
@@ -115,7 +116,7 @@ def secure_sidecar(istiod: Istiod, pod: str, namespace: str, ip: str, service_ac
         stoppable.append(Relay(sockets / "xds", istiod.secure_address))
         stoppable.append(SdsServer(sockets / "sds", identity))
         config = bootstrap(node_id(pod, namespace, ip), sockets / "xds", sockets / "sds", sockets / "admin",
-                           {"SERVICE_ACCOUNT": service_account})
+                           {"SERVICE_ACCOUNT": service_account, "LABELS": labels})
         config["static_resources"]["clusters"][0]["transport_socket"] = {
             "name": "envoy.transport_sockets.tls",
             "typed_config": {
@@ -147,7 +148,7 @@ def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
     (config / "secret.yaml").write_text(_credential_secret(certs))
     istiod = Istiod(workdir, "--config-dir", str(config), "--poll-interval", "100ms")
     try:
-        with secure_sidecar(istiod, "web-1", "shop", "127.0.0.31", "web") as envoy, \
+        with secure_sidecar(istiod, "web-1", "shop", "127.0.0.31", "web", {"app": "web"}) as envoy, \
                 captured_pod(istiod, envoy) as run:
             for vip in VIPS.values():
                 assert run("ip", "addr", "add", f"{vip}/32", "dev", "lo").returncode == 0

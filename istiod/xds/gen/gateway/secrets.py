@@ -26,6 +26,7 @@ from istiod.xds.gen.tls import CA_SUFFIX, CREDENTIAL_PREFIX
 log = logging.getLogger(__name__)
 _refused = logs.Throttled(log, 60.0)
 _unreferenced = logs.Throttled(log, 60.0)  # its own budget: a client can cause it at will
+_no_ca = logs.Throttled(log, 60.0)
 
 
 def secrets(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
@@ -46,8 +47,8 @@ def secrets(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: Re
             if ca is None or not ca.ca_cert:
                 ca = snapshot.credentials.get((proxy.namespace, secret.removesuffix(CA_SUFFIX)))
             if ca is None or not ca.ca_cert:
-                _refused.warning(logs.event("secret not found or without cacert/ca.crt", proxy=proxy.id,
-                                            secret=f"{proxy.namespace}/{secret}"))
+                _no_ca.warning(logs.event("secret not found or without cacert/ca.crt", proxy=proxy.id,
+                                          secret=f"{proxy.namespace}/{secret}"))
                 continue
             result.append(cache.get(types.SECRET, name, ca, lambda: ca_secret(name, ca), scope=proxy.namespace))
             continue

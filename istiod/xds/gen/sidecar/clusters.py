@@ -64,7 +64,8 @@ def clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: R
 def outbound_clusters(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[Resource]:
     """An `outbound|<port>|<subset>|<host>` cluster per port and subset of every service the proxy
     sees; gateways have the same ones."""
-    return list(cache.per_snapshot(snapshot, ("outbound clusters", alike(snapshot, proxy)),
+    # A gateway's differ from a sidecar's by the credentialName rule only: their own key all the same.
+    return list(cache.per_snapshot(snapshot, ("outbound clusters", alike(snapshot, proxy), proxy.type == "router"),
                                    lambda: _outbound_clusters(snapshot, proxy, cache)))
 
 
@@ -76,27 +77,32 @@ def _outbound_clusters(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -
             continue
         seen.add(target.cluster)
         rule = destination_rule(snapshot, proxy, target.service)
+        # istiod sends a sidecar a rule's credentialName only from a rule with a workloadSelector
+        # (lest every sidecar in its scope wait for a Secret it may not read); gateways always.
+        credentials = proxy.type == "router" or (rule is not None and bool(rule.workload_selector))
         for subset in (None, *(rule.subsets if rule is not None else ())):
             name = outbound_cluster_name(target.port.port, target.service.hostname, subset.name if subset else "")
             # The cluster names its destination's identities, so its endpoints matter too.
             all_endpoints = snapshot.endpoints_for(target.service.hostname, target.port.port)
             endpoints = subset_endpoints(all_endpoints, subset)
             result.append(cache.get(
-                types.CLUSTER, name, (target.service, snapshot.mesh, all_endpoints, rule, subset),
+                types.CLUSTER, name, (target.service, snapshot.mesh, all_endpoints, rule, subset, credentials),
                 lambda: outbound_cluster(target, name, endpoints, snapshot.mesh.trust_domain,
                                          effective_policy(rule, target.port.port, subset),
-                                         snapshot.mesh.enable_auto_mtls, snapshot.mesh.locality_lb_setting),
+                                         snapshot.mesh.enable_auto_mtls, snapshot.mesh.locality_lb_setting,
+                                         credentials),
                 scope=str(rule.meta) if rule is not None else ""))
     return result
 
 
 def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint, ...], trust_domain: str,
                      policy: TrafficPolicy, auto_mtls: bool,
-                     mesh_locality: LocalityLbSetting | None) -> cluster_pb2.Cluster:
+                     mesh_locality: LocalityLbSetting | None, credentials: bool = True) -> cluster_pb2.Cluster:
     """Auto mTLS, as Istio's: endpoints labelled `tlsMode: istio` (pods with a sidecar) get mTLS,
     the others plaintext; the choice is per endpoint, by the EDS metadata. A DestinationRule's
     TLS mode overrides it (ISTIO_MUTUAL: always, DISABLE: never), its other settings apply on top.
-    With meshConfig `enableAutoMtls: false` only such a rule turns mTLS on, as in Istio."""
+    With meshConfig `enableAutoMtls: false` only such a rule turns mTLS on, as in Istio. Without
+    `credentials`, a SIMPLE/MUTUAL rule naming a credentialName gives no TLS at all, as istiod's."""
     host, port = target.service.hostname, target.port.port
     identities = destination_identities(endpoints, trust_domain)
     _, _, subset, _ = parse_cluster_name(name)
@@ -135,7 +141,9 @@ def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint,
         del cluster.transport_socket_matches[:]  # plaintext to every endpoint
     if tls is not None:
         del cluster.transport_socket_matches[:]
-        if tls.mode in (TLSMode.SIMPLE, TLSMode.MUTUAL):
+        if tls.mode in (TLSMode.SIMPLE, TLSMode.MUTUAL) and tls.credential_name and not credentials:
+            cluster.transport_socket.CopyFrom(raw_buffer())  # istiod builds no TLS context
+        elif tls.mode in (TLSMode.SIMPLE, TLSMode.MUTUAL):
             cluster.transport_socket.CopyFrom(originated_tls(tls, ("h2",) if target.protocol.is_http2 else (),
                                                              target.service.subject_alt_names))
             if target.protocol.is_http and not tls.sni:
