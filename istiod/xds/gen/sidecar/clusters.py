@@ -65,7 +65,7 @@ def outbound_clusters(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) ->
     """An `outbound|<port>|<subset>|<host>` cluster per port and subset of every service the proxy
     sees; gateways have the same ones."""
     # A gateway's differ from a sidecar's by the credentialName rule only: their own key all the same.
-    return list(cache.per_snapshot(snapshot, ("outbound clusters", alike(snapshot, proxy), proxy.type == "router"),
+    return list(cache.per_snapshot(snapshot, ("outbound clusters", alike(snapshot, proxy), proxy.type == "sidecar"),
                                    lambda: _outbound_clusters(snapshot, proxy, cache)))
 
 
@@ -79,7 +79,7 @@ def _outbound_clusters(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -
         rule = destination_rule(snapshot, proxy, target.service)
         # istiod sends a sidecar a rule's credentialName only from a rule with a workloadSelector
         # (lest every sidecar in its scope wait for a Secret it may not read); gateways always.
-        credentials = proxy.type == "router" or (rule is not None and bool(rule.workload_selector))
+        credentials = proxy.type != "sidecar" or (rule is not None and bool(rule.workload_selector))
         for subset in (None, *(rule.subsets if rule is not None else ())):
             name = outbound_cluster_name(target.port.port, target.service.hostname, subset.name if subset else "")
             # The cluster names its destination's identities, so its endpoints matter too.
