@@ -246,3 +246,12 @@ def test_credential_name_is_served_over_sds_from_the_proxys_namespace() -> None:
                                 verified=True)
     assert [r.name for r in SIDECAR[types.SECRET](snapshot, other, names, ResourceCache())] == [
         "kubernetes://client-cred"]
+
+
+def test_an_h2_upgraded_cluster_offers_h2_in_the_tls_it_originates() -> None:
+    cluster = _web({"connectionPool": {"http": {"h2UpgradePolicy": "UPGRADE"}}, "tls": {"mode": "SIMPLE"}})
+    context = tls_pb2.UpstreamTlsContext.FromString(cluster.transport_socket.typed_config.value)
+    assert list(context.common_tls_context.alpn_protocols) == ["h2"]
+    plain = _web({"tls": {"mode": "SIMPLE"}})
+    assert not tls_pb2.UpstreamTlsContext.FromString(plain.transport_socket.typed_config.value) \
+        .common_tls_context.alpn_protocols

@@ -144,7 +144,9 @@ def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint,
         if tls.mode in (TLSMode.SIMPLE, TLSMode.MUTUAL) and tls.credential_name and not credentials:
             cluster.transport_socket.CopyFrom(raw_buffer())  # istiod builds no TLS context
         elif tls.mode in (TLSMode.SIMPLE, TLSMode.MUTUAL):
-            cluster.transport_socket.CopyFrom(originated_tls(tls, ("h2",) if target.protocol.is_http2 else (),
+            # ALPN h2 on an HTTP/2 cluster (an h2 upgrade included), as istiod's isHttp2Cluster.
+            http2 = options is not None and options.explicit_http_config.HasField("http2_protocol_options")
+            cluster.transport_socket.CopyFrom(originated_tls(tls, ("h2",) if http2 else (),
                                                              target.service.subject_alt_names))
             if target.protocol.is_http and not tls.sni:
                 # istiod's auto SNI (and SAN check) from the request's Host when the rule names none
