@@ -705,8 +705,9 @@ def _client_tls(f: _Fields, path: str) -> ClientTLS | None:
                     sub.get("privateKey", str, ""), sub.get("caCertificates", str, ""),
                     str_list(sub, "subjectAltNames"), sub.get("sni", str, ""), sub.get("insecureSkipVerify", bool, None),
                     sub.get("caCrl", str, ""), sub.get("credentialName", str, ""))
-    if tls.credential_name.startswith("configmap://"):
-        raise f.fail(f"{path}.credentialName: configmap:// credentials are not supported by this istiod")
+    scheme, sep, _ = tls.credential_name.partition("://")
+    if sep and scheme != "kubernetes":  # configmap://, sds://, builtin://
+        raise f.fail(f"{path}.credentialName: {scheme}:// credentials are not supported by this istiod")
     if tls.insecure_skip_verify and tls.mode is TLSMode.SIMPLE and (
             tls.ca_certificates or tls.credential_name or tls.subject_alt_names):
         raise f.fail(f"{path}: cannot specify CaCertificates or CredentialName or SubjectAltNames when "

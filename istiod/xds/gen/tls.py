@@ -147,10 +147,9 @@ def _credential_sds(common: tls_pb2.CommonTlsContext, tls: ClientTLS, default_sa
 
 
 def _ads() -> config_source_pb2.ConfigSource:
-    # No fetch timeout: the cluster waits for its credential rather than coming up without it.
+    # Envoy's default fetch timeout (15 s), as istiod: then the cluster comes up and its handshakes fail.
     return config_source_pb2.ConfigSource(ads=config_source_pb2.AggregatedConfigSource(),
-                                          resource_api_version=config_source_pb2.V3,
-                                          initial_fetch_timeout=duration_pb2.Duration())
+                                          resource_api_version=config_source_pb2.V3)
 
 
 def raw_buffer() -> base_pb2.TransportSocket:
