@@ -152,16 +152,18 @@ def test_timeout_as_max_stream_duration(versioned_mesh: Path, start_istiod: Call
     assert all(l["code"] == "DEADLINE_EXCEEDED" and l["ms"] < 1000 for l in lines)
 
 
-def test_consistent_hash_by_header(versioned_mesh: Path, start_istiod: Callable[..., Istiod],
+@pytest.mark.parametrize("algorithm", ["", ", ringHash: {minimumRingSize: 64}", ", maglev: {tableSize: 65537}"])
+def test_consistent_hash_by_header(algorithm: str, versioned_mesh: Path, start_istiod: Callable[..., Istiod],
                                    start_demo: Callable[..., Process]) -> None:
+    """gRPC's ring hash on the header; maglev (which gRPC lacks) is sent as a ring hash."""
     (versioned_mesh / "dr.yaml").write_text(SUBSETS.replace(
-        "spec:\n", "spec:\n  trafficPolicy: {loadBalancer: {consistentHash: {httpHeaderName: x-user}}}\n"))
+        "spec:\n", f"spec:\n  trafficPolicy: {{loadBalancer: {{consistentHash: {{httpHeaderName: x-user{algorithm}}}}}}}\n"))
     istiod = start_istiod(versioned_mesh)
     users = {}
     for user in ("alice", "bob", "carol", "dave"):
         client = counted_client(start_demo, istiod, 20, "--header", f"x-user={user}", name=user)
         users[user] = outcomes(client, 20)
-    print(f"RING_HASH on x-user: {users}")
+    print(f"RING_HASH on x-user{algorithm}: {users}")
     # Each user sticks to one pod (with round robin every user would see both).
     assert all(len(seen) == 1 and next(iter(seen)).startswith("echo-") for seen in users.values())
 
@@ -169,18 +171,22 @@ def test_consistent_hash_by_header(versioned_mesh: Path, start_istiod: Callable[
 @pytest.mark.parametrize("lb", ["LEAST_REQUEST", "ROUND_ROBIN"])
 def test_cluster_policy_is_accepted(lb: str, versioned_mesh: Path, start_istiod: Callable[..., Istiod],
                                     start_demo: Callable[..., Process]) -> None:
-    """Load balancer, outlier detection and circuit breaker as gRPC takes them: ACKed, and calls flow."""
+    """Load balancer, outlier detection and circuit breaker as gRPC takes them, and what it ignores
+    (slow start, keepalive, HTTP options, PROXY protocol): ACKed, and calls flow."""
     (versioned_mesh / "dr.yaml").write_text(SUBSETS.replace("spec:\n", (
         "spec:\n  trafficPolicy:\n"
-        f"    loadBalancer: {{simple: {lb}}}\n"
-        "    connectionPool: {http: {http2MaxRequests: 100}}\n"
+        f"    loadBalancer: {{simple: {lb}, warmup: {{duration: 10s}}}}\n"
+        "    connectionPool:\n"
+        "      http: {http2MaxRequests: 100, idleTimeout: 30s, h2UpgradePolicy: UPGRADE}\n"
+        "      tcp: {tcpKeepalive: {time: 60s}, maxConnectionDuration: 1h}\n"
+        "    proxyProtocol: {version: V2}\n"
         "    outlierDetection: {consecutive5xxErrors: 5, interval: 10s, baseEjectionTime: 30s, maxEjectionPercent: 50}\n"
         "    tls: {mode: DISABLE}\n")))
     istiod = start_istiod(versioned_mesh)
     seen = outcomes(counted_client(start_demo, istiod, 20), 20)
     status, syncz = istiod.get("/debug/syncz")
     sync = next(s for s in syncz if "demo-client" in s["proxy"])
-    print(f"{lb} + outlierDetection + http2MaxRequests: {dict(seen)}; {sync}")
+    print(f"{lb} + warmup + outlierDetection + connectionPool + proxyProtocol: {dict(seen)}; {sync}")
     assert set(seen) == {"echo-v1", "echo-v2"}
     assert sync["cluster_sent"] and sync["cluster_sent"] == sync["cluster_acked"]
 

@@ -1,4 +1,4 @@
-"""TLS credentials from Kubernetes Secrets, as gateways name them by `credentialName`."""
+"""TLS credentials from Kubernetes Secrets, as gateways and DestinationRules name them by `credentialName`."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ class TlsCredential:
     namespace: str
     cert_chain: bytes = field(default=b"", repr=False)
     private_key: bytes = field(default=b"", repr=False)
+    ca_cert: bytes = field(default=b"", repr=False)  # `cacert` or `ca.crt`: what a client verifies its server with
+    crl: bytes = field(default=b"", repr=False)  # `crl` or `ca.crl` beside it
 
     @property
     def usable(self) -> bool:

@@ -282,6 +282,7 @@ def _cronjob(key: ObjectKey, f: _Fields, domain: str) -> CronJob:
 # The keys istiod reads a gateway's certificate and key from: a kubernetes.io/tls Secret's, else a
 # generic Secret's `cert` and `key`.
 _CREDENTIAL_KEYS = (("tls.crt", "tls.key"), ("cert", "key"))
+_CA_KEYS = (("cacert", "crl"), ("ca.crt", "ca.crl"))
 
 
 def _secret(key: ObjectKey, f: _Fields, domain: str) -> TlsCredential:
@@ -298,13 +299,17 @@ def _secret(key: ObjectKey, f: _Fields, domain: str) -> TlsCredential:
         if not isinstance(value, str):
             raise f.fail(f"stringData.{name}: expected a string")
         data[name] = value.encode()
+    # istiod's ExtractRoot: `cacert` (with `crl`), else `ca.crt` (with `ca.crl`).
+    ca, crl = next(((data[c], data.get(r, b"")) for c, r in _CA_KEYS if data.get(c)), (b"", b""))
+    if ca:
+        ca = _pem(f, "ca.crt" if "ca.crt" in data and not data.get("cacert") else "cacert", ca, certificate=True)
     for cert_key, key_key in _CREDENTIAL_KEYS:
         if cert_key in data or key_key in data:
             if not data.get(cert_key) or not data.get(key_key):
                 raise f.fail(f"data: {cert_key} and {key_key} must both be set")
             return TlsCredential(key.name, key.namespace, _pem(f, cert_key, data[cert_key], certificate=True),
-                                 _pem(f, key_key, data[key_key], certificate=False))
-    return TlsCredential(key.name, key.namespace)
+                                 _pem(f, key_key, data[key_key], certificate=False), ca, crl)
+    return TlsCredential(key.name, key.namespace, ca_cert=ca, crl=crl)
 
 
 def _pem(f: _Fields, name: str, value: bytes, certificate: bool) -> bytes:

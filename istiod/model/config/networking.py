@@ -209,12 +209,28 @@ class LoadBalancer(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class HTTPCookie:
+    name: str
+    path: str = ""
+    ttl: Duration | None = None
+    attributes: tuple[tuple[str, str], ...] = ()  # (name, value): Envoy adds them to the Set-Cookie
+
+
+class HashAlgorithm(enum.Enum):
+    RING_HASH = "ringHash"
+    MAGLEV = "maglev"
+
+
+@dataclass(frozen=True, slots=True)
 class ConsistentHash:
     http_header_name: str = ""
-    http_cookie: tuple[str, str, Duration | None] | None = None  # (name, path, ttl)
+    http_cookie: HTTPCookie | None = None
     use_source_ip: bool = False
     http_query_parameter_name: str = ""
-    minimum_ring_size: int = 0
+    minimum_ring_size: int = 0  # the deprecated top-level field
+    # ringHash or maglev, with its minimumRingSize / tableSize (0: Envoy's default); None: the old form.
+    algorithm: HashAlgorithm | None = None
+    table_size: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,16 +257,44 @@ class LocalityLbSetting:
 
 
 @dataclass(frozen=True, slots=True)
+class Warmup:
+    """Envoy's slow start: a new endpoint's weight ramps up over `duration`."""
+
+    duration: Duration
+    aggression: float = 1.0  # Istio's default: linear
+    minimum_percent: float = 10.0  # Envoy's default, which Istio sets explicitly
+
+
+@dataclass(frozen=True, slots=True)
 class LoadBalancerSettings:
     simple: LoadBalancer | None = None
     consistent_hash: ConsistentHash | None = None
     locality_lb_setting: LocalityLbSetting | None = None
+    # warmupDurationSecs becomes a Warmup with only the window set (no aggression/min percent), as Istio.
+    warmup: Warmup | None = None
+    warmup_window_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TcpKeepalive:
+    probes: int = 0
+    time: Duration | None = None
+    interval: Duration | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class TCPSettings:
     max_connections: int = 0
     connect_timeout: Duration | None = None
+    tcp_keepalive: TcpKeepalive | None = None
+    max_connection_duration: Duration | None = None
+    idle_timeout: Duration | None = None
+
+
+class H2UpgradePolicy(enum.Enum):
+    DEFAULT = "DEFAULT"
+    DO_NOT_UPGRADE = "DO_NOT_UPGRADE"
+    UPGRADE = "UPGRADE"
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +305,8 @@ class HTTPSettings:
     max_retries: int = 0
     idle_timeout: Duration | None = None
     max_concurrent_streams: int = 0
+    h2_upgrade_policy: H2UpgradePolicy = H2UpgradePolicy.DEFAULT
+    use_client_protocol: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,6 +343,8 @@ class ClientTLS:
     subject_alt_names: tuple[str, ...] = ()
     sni: str = ""
     insecure_skip_verify: bool | None = None
+    ca_crl: str = ""  # a file in the proxy: the CRL Envoy checks the server's chain against
+    credential_name: str = ""  # a Secret of the proxy's namespace, over SDS, instead of the files
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,6 +363,7 @@ class TrafficPolicy:
     outlier_detection: OutlierDetection | None = None
     tls: ClientTLS | None = None
     port_level_settings: tuple[PortTrafficPolicy, ...] = ()
+    proxy_protocol: int | None = None  # the PROXY protocol version (1 or 2) sent first to the upstream
 
 
 @dataclass(frozen=True, slots=True)

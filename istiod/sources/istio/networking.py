@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+import math
 import re
 from datetime import timedelta
 
@@ -13,10 +14,11 @@ from istiod.model.config.scope import host_matches
 from istiod.model.config.networking import (
     MESH_GATEWAY, ClientTLS, ConnectionPool, ConsistentHash, CorsPolicy, Destination, DestinationRule, DirectResponse,
     EgressListener, Fault, FaultAbort, FaultDelay, Gateway, HeaderOperations, Headers, HTTPMatch, HTTPRoute,
-    HTTPSettings, IngressListener, L4Match, L4Route, LoadBalancer, LoadBalancerSettings, LocalityDistribute, LocalityFailover,
+    HashAlgorithm, HTTPCookie, HTTPSettings, H2UpgradePolicy, IngressListener, L4Match, L4Route, LoadBalancer, LoadBalancerSettings, LocalityDistribute, LocalityFailover,
     LocalityLbSetting, Location, Mirror, OutlierDetection,
     PortTrafficPolicy, Redirect, Resolution, Retries, Rewrite, RouteDestination, Server, ServerTLS, ServerTLSMode,
-    ServiceEntry, ServicePort, Sidecar, Subset, TCPSettings, TLSMode, TrafficPolicy, VirtualService, WorkloadEntry,
+    ServiceEntry, ServicePort, Sidecar, Subset, TCPSettings, TcpKeepalive, TLSMode, TrafficPolicy, VirtualService, Warmup,
+    WorkloadEntry,
 )
 from istiod.model.config.networking import TLS_PROTOCOL_VERSIONS, routing_claim
 from istiod.sources.fields import ObjectKey, _Fields
@@ -475,26 +477,95 @@ def _load_balancer(f: _Fields, path: str) -> LoadBalancerSettings | None:
     sub = fields(f, path)
     if sub is None:
         return None
-    only(sub, ("simple", "consistentHash", "localityLbSetting"), ("zoneAwareLbSetting", "warmupDurationSecs", "warmup"))
+    only(sub, ("simple", "consistentHash", "localityLbSetting", "warmupDurationSecs", "warmup"),
+         ("zoneAwareLbSetting",))
     simple = enum_field(sub, "simple", LoadBalancer, "UNSPECIFIED") if "simple" in sub.body else None
-    consistent = None
-    if (c := fields(sub, "consistentHash")) is not None:
-        only(c, ("httpHeaderName", "httpCookie", "useSourceIp", "httpQueryParameterName", "minimumRingSize"),
-             ("ringHash", "maglev"))
-        keys = [k for k in ("httpHeaderName", "httpCookie", "useSourceIp", "httpQueryParameterName") if k in c.body]
-        if len(keys) != 1:
-            raise f.fail(f"{path}.consistentHash: exactly one hash key is required")
-        cookie = None
-        if (k := fields(c, "httpCookie")) is not None:
-            only(k, ("name", "path", "ttl"), ("attributes",))
-            if not k.get("name", str, ""):
-                raise f.fail(f"{path}.consistentHash.httpCookie.name is required")
-            cookie = (k.get("name", str, ""), k.get("path", str, ""), duration(k, "ttl", check=False))
-        consistent = ConsistentHash(c.get("httpHeaderName", str, ""), cookie, c.get("useSourceIp", bool, False),
-                                    c.get("httpQueryParameterName", str, ""), integer(c, "minimumRingSize", 0) or 0)
+    consistent = _consistent_hash(sub, "consistentHash")
     if simple is not None and consistent is not None:
         raise f.fail(f"{path}: only one of simple or consistentHash")
-    return LoadBalancerSettings(simple, consistent, locality_lb_setting(sub, "localityLbSetting"))  # type: ignore[arg-type]
+    warmup = None
+    if (w := fields(sub, "warmup")) is not None:
+        only(w, ("duration", "aggression", "minimumPercent"))
+        window = duration(w, "duration")
+        if window is None:
+            raise w.fail("duration is required")
+        aggression = w.get("aggression", (int, float), 1.0)
+        if "aggression" in w.body and aggression <= 0:
+            raise w.fail("aggression should be greater than 0")
+        minimum = w.get("minimumPercent", (int, float), 10.0)
+        if minimum > 100 or minimum < 0:
+            raise w.fail("minimumPercent value should be less than or equal to 100")
+        warmup = Warmup(window, float(aggression), float(minimum))
+    elif (window := duration(sub, "warmupDurationSecs")) is not None:
+        warmup = Warmup(window)
+    return LoadBalancerSettings(simple, consistent, locality_lb_setting(sub, "localityLbSetting"),  # type: ignore[arg-type]
+                                warmup, warmup_window_only=warmup is not None and "warmup" not in sub.body)
+
+
+def _consistent_hash(f: _Fields, path: str) -> ConsistentHash | None:
+    """Istio's consistentHash: one hash key, and the ring hash (or maglev) that spreads it; the
+    top-level minimumRingSize is the deprecated form of ringHash.minimumRingSize."""
+    c = fields(f, path)
+    if c is None:
+        return None
+    only(c, ("httpHeaderName", "httpCookie", "useSourceIp", "httpQueryParameterName", "minimumRingSize",
+             "ringHash", "maglev"))
+    keys = [k for k in ("httpHeaderName", "httpCookie", "useSourceIp", "httpQueryParameterName") if k in c.body]
+    if len(keys) != 1:
+        raise c.fail("exactly one hash key is required")
+    if c.body.get("httpHeaderName") == "":
+        raise c.fail("httpHeaderName: header name required")
+    if c.body.get("httpQueryParameterName") == "":
+        raise c.fail("httpQueryParameterName: query parameter name required")
+    cookie = None
+    if (k := fields(c, "httpCookie")) is not None:
+        only(k, ("name", "path", "ttl", "attributes"))
+        if not k.get("name", str, ""):
+            raise k.fail("name: cookie name is required")
+        attributes: list[tuple[str, str]] = []
+        for i, a in enumerate(items(k, "attributes")):
+            only(a, ("name", "value"))
+            name = a.get("name", str, "")
+            if not name:
+                raise k.fail(f"attributes[{i}].name: cookie attribute name cannot be empty")
+            if any(n == name for n, _ in attributes):
+                raise k.fail(f"attributes[{i}].name: duplicate cookie attribute name: {name}")
+            attributes.append((name, a.get("value", str, "")))
+        cookie = HTTPCookie(k.get("name", str, ""), k.get("path", str, ""), duration(k, "ttl", check=False),
+                            tuple(attributes))
+    algorithm, size = None, 0
+    if (r := fields(c, "ringHash")) is not None:
+        only(r, ("minimumRingSize",))
+        algorithm, size = HashAlgorithm.RING_HASH, integer(r, "minimumRingSize", 0) or 0
+    if (m := fields(c, "maglev")) is not None:
+        if algorithm is not None:
+            raise c.fail("only one of ringHash or maglev")
+        only(m, ("tableSize",))
+        algorithm, size = HashAlgorithm.MAGLEV, integer(m, "tableSize", 0) or 0
+        if size == 0:
+            raise m.fail("tableSize: tableSize must be set for maglev")
+        if size >= 5000011:
+            raise m.fail("tableSize: tableSize must be less than 5000011 for maglev")
+        if not _is_prime(size):
+            raise m.fail("tableSize: tableSize must be a prime number for maglev")
+    minimum_ring_size = integer(c, "minimumRingSize", 0) or 0
+    if minimum_ring_size and algorithm is not None:
+        raise c.fail("only one of MinimumRingSize or Maglev/Ringhash can be specified")
+    if minimum_ring_size:
+        # A warning in Istio's validation too.
+        log.warning("%s.minimumRingSize: consistent hash MinimumRingSize is deprecated, use "
+                    "ConsistentHashLB's RingHash configuration instead", path)
+    return ConsistentHash(c.get("httpHeaderName", str, ""), cookie, c.get("useSourceIp", bool, False),
+                          c.get("httpQueryParameterName", str, ""), minimum_ring_size, algorithm, size)
+
+
+def _is_prime(n: int) -> bool:
+    """Envoy's (and so Istio's) primality check for the maglev table size."""
+    if 0 < n < 4:
+        return True
+    if n % 2 == 0:
+        return False
+    return all(n % factor for factor in range(3, math.isqrt(n) + 1, 2))
 
 
 _TOPOLOGY_LABELS = ("topology.kubernetes.io/region", "topology.kubernetes.io/zone", "topology.istio.io/subzone")
@@ -582,11 +653,16 @@ def _connection_pool(f: _Fields, path: str) -> ConnectionPool | None:
         raise f.fail(f"{path}: connection pool must have at least one field")
     tcp = http = None
     if (t := fields(sub, "tcp")) is not None:
-        only(t, ("maxConnections", "connectTimeout"), ("tcpKeepalive", "maxConnectionDuration", "idleTimeout"))
-        tcp = TCPSettings(integer(t, "maxConnections", 0) or 0, duration(t, "connectTimeout"))
+        only(t, ("maxConnections", "connectTimeout", "tcpKeepalive", "maxConnectionDuration", "idleTimeout"))
+        keepalive = None
+        if (k := fields(t, "tcpKeepalive")) is not None:
+            only(k, ("probes", "time", "interval"))
+            keepalive = TcpKeepalive(integer(k, "probes", 0) or 0, duration(k, "time"), duration(k, "interval"))
+        tcp = TCPSettings(integer(t, "maxConnections", 0) or 0, duration(t, "connectTimeout"), keepalive,
+                          duration(t, "maxConnectionDuration"), duration(t, "idleTimeout"))
     if (h := fields(sub, "http")) is not None:
         only(h, ("http1MaxPendingRequests", "http2MaxRequests", "maxRequestsPerConnection", "maxRetries",
-                 "idleTimeout", "maxConcurrentStreams"), ("h2UpgradePolicy", "useClientProtocol"))
+                 "idleTimeout", "maxConcurrentStreams", "h2UpgradePolicy", "useClientProtocol"))
         http = HTTPSettings(
             http1_max_pending_requests=integer(h, "http1MaxPendingRequests", 0) or 0,
             http2_max_requests=integer(h, "http2MaxRequests", 0) or 0,
@@ -594,6 +670,8 @@ def _connection_pool(f: _Fields, path: str) -> ConnectionPool | None:
             max_retries=integer(h, "maxRetries", 0) or 0,
             idle_timeout=duration(h, "idleTimeout"),
             max_concurrent_streams=integer(h, "maxConcurrentStreams", 0) or 0,
+            h2_upgrade_policy=enum_field(h, "h2UpgradePolicy", H2UpgradePolicy, "DEFAULT"),  # type: ignore[arg-type]
+            use_client_protocol=h.get("useClientProtocol", bool, False),
         )
     return ConnectionPool(tcp, http)
 
@@ -621,13 +699,24 @@ def _client_tls(f: _Fields, path: str) -> ClientTLS | None:
     sub = fields(f, path)
     if sub is None:
         return None
-    # credentialName: a Secret istiod would serve over SDS; sidecars here read files only.
     only(sub, ("mode", "clientCertificate", "privateKey", "caCertificates", "subjectAltNames", "sni",
-               "insecureSkipVerify"), ("caCrl", "credentialName"))
+               "insecureSkipVerify", "caCrl", "credentialName"))
     tls = ClientTLS(enum_field(sub, "mode", TLSMode, "DISABLE"), sub.get("clientCertificate", str, ""),  # type: ignore[arg-type]
                     sub.get("privateKey", str, ""), sub.get("caCertificates", str, ""),
-                    str_list(sub, "subjectAltNames"), sub.get("sni", str, ""), sub.get("insecureSkipVerify", bool, None))
-    if tls.mode is TLSMode.MUTUAL:
+                    str_list(sub, "subjectAltNames"), sub.get("sni", str, ""), sub.get("insecureSkipVerify", bool, None),
+                    sub.get("caCrl", str, ""), sub.get("credentialName", str, ""))
+    scheme, sep, _ = tls.credential_name.partition("://")
+    if sep and scheme != "kubernetes":  # configmap://, sds://, builtin://
+        raise f.fail(f"{path}.credentialName: {scheme}:// credentials are not supported by this istiod")
+    if tls.insecure_skip_verify and tls.mode is TLSMode.SIMPLE and (
+            tls.ca_certificates or tls.credential_name or tls.subject_alt_names):
+        raise f.fail(f"{path}: cannot specify CaCertificates or CredentialName or SubjectAltNames when "
+                     "InsecureSkipVerify is set true")
+    if tls.credential_name and tls.mode in (TLSMode.SIMPLE, TLSMode.MUTUAL):
+        # istiod's validation: the Secret holds the certificates (and its CRL), not files.
+        if tls.client_certificate or tls.private_key or tls.ca_certificates or tls.ca_crl:
+            raise f.fail(f"{path}: cannot specify client certificates or CA certificate or CA CRL If credentialName is set")
+    elif tls.mode is TLSMode.MUTUAL:
         if not tls.client_certificate:
             raise f.fail(f"{path}: client certificate required for mutual tls")
         if not tls.private_key:
@@ -636,16 +725,25 @@ def _client_tls(f: _Fields, path: str) -> ClientTLS | None:
 
 
 _POLICY_FIELDS = ("loadBalancer", "connectionPool", "outlierDetection", "tls")
-_POLICY_UNSUPPORTED = ("tunnel", "proxyProtocol")
+# tunnel configures the TCP proxy of the listeners that reach the host (tunnelingconfig in istiod), not its cluster.
+_POLICY_UNSUPPORTED = ("tunnel",)
+_PROXY_PROTOCOL_VERSIONS = {"V1": 1, "V2": 2}
 
 
 def _traffic_policy(f: _Fields, path: str) -> TrafficPolicy | None:
     sub = fields(f, path)
     if sub is None:
         return None
-    only(sub, _POLICY_FIELDS + ("portLevelSettings",), _POLICY_UNSUPPORTED)
+    only(sub, _POLICY_FIELDS + ("portLevelSettings", "proxyProtocol"), _POLICY_UNSUPPORTED)
     if not sub.body:
         raise f.fail(f"{path}: traffic policy must have at least one field")
+    proxy_protocol = None
+    if (pp := fields(sub, "proxyProtocol")) is not None:
+        only(pp, ("version",))
+        version = pp.get("version", str, "V1")
+        if version not in _PROXY_PROTOCOL_VERSIONS:
+            raise pp.fail(f"version: proxy protocol version is invalid: {version!r} (V1 or V2)")
+        proxy_protocol = _PROXY_PROTOCOL_VERSIONS[version]
     port_level = []
     for p in items(sub, "portLevelSettings"):
         only(p, _POLICY_FIELDS + ("port",))
@@ -655,7 +753,7 @@ def _traffic_policy(f: _Fields, path: str) -> TrafficPolicy | None:
         if len(p.body) == 1:
             raise p.fail("port traffic policy must have at least one field")
         port_level.append(PortTrafficPolicy(number, *_policy_parts(p)))
-    return TrafficPolicy(*_policy_parts(sub), port_level_settings=tuple(port_level))
+    return TrafficPolicy(*_policy_parts(sub), port_level_settings=tuple(port_level), proxy_protocol=proxy_protocol)
 
 
 def _policy_parts(f: _Fields) -> tuple[LoadBalancerSettings | None, ConnectionPool | None,

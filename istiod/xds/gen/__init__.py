@@ -68,6 +68,7 @@ SIDECAR: dict[str, Generator] = {
     types.ENDPOINT: eds.endpoints,
     types.LISTENER: listeners.listeners,
     types.ROUTE: routes.routes,
+    types.SECRET: gateway_secrets.secrets,  # a DestinationRule's credentialName
 }
 ROUTER: dict[str, Generator] = {
     types.CLUSTER: gateway_clusters.clusters,
@@ -99,6 +100,7 @@ _SIDECAR_AFFECTED: Affected = {
     # TCP listeners carry their routes.
     "VirtualService": frozenset({types.LISTENER, types.ROUTE}),
     "DestinationRule": frozenset({types.CLUSTER, types.ENDPOINT, types.LISTENER, types.ROUTE}),
+    "Secret": frozenset({types.SECRET}),
 }
 _ROUTER_AFFECTED: Affected = {
     **dict.fromkeys(_PROXYLESS_AFFECTED, _EVERY_TYPE),

@@ -146,6 +146,10 @@ def _cluster(name: str, service: Service, endpoints: tuple[Endpoint, ...], polic
         cluster.eds_cluster_config.eds_config.CopyFrom(ads_source())
         cluster.eds_cluster_config.service_name = name
     apply_policy(cluster, policy, mesh_locality)
+    if cluster.lb_policy == cluster_pb2.Cluster.MAGLEV:
+        # gRPC has no maglev (it NACKs the cluster); its ring hash keeps the same key on the same backend.
+        cluster.lb_policy = cluster_pb2.Cluster.RING_HASH
+        cluster.ClearField("maglev_lb_config")
     return cluster
 
 

@@ -2,32 +2,38 @@
 every flavor (what differs, the TLS transport socket, stays with the flavor).
 
 The effective policy of a cluster is the rule's trafficPolicy, overridden field by field by the
-subset's, then by the portLevelSettings entry for the port (the subset's own first), as istiod
-merges them.
+subset's, as istiod merges them (MergeSubsetTrafficPolicy); a portLevelSettings entry for the port
+replaces the policy it is in wholesale, as istiod's GetPortLevelTrafficPolicy.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from envoy.config.cluster.v3 import cluster_pb2, outlier_detection_pb2
-from envoy.config.core.v3 import extension_pb2
+from envoy.config.core.v3 import base_pb2, extension_pb2
+from envoy.config.core.v3 import proxy_protocol_pb2 as proxy_protocol_config_pb2
 from envoy.config.route.v3 import route_components_pb2
+from envoy.extensions.load_balancing_policies.common.v3 import common_pb2 as slow_start_pb2
 from envoy.extensions.load_balancing_policies.least_request.v3 import least_request_pb2
 from envoy.extensions.load_balancing_policies.round_robin.v3 import round_robin_pb2
+from envoy.extensions.transport_sockets.proxy_protocol.v3 import upstream_proxy_protocol_pb2 as proxy_protocol_pb2
+from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2 as http_options_pb2
 from envoy.type.v3 import percent_pb2
 from google.protobuf import duration_pb2, wrappers_pb2
 from google.protobuf.message import Message
 
 from istiod.model.config.common import Duration, selector_matches
 from istiod.model.config.networking import (
-    ClientTLS, ConnectionPool, ConsistentHash, DestinationRule, LoadBalancer, LocalityLbSetting, OutlierDetection,
-    Subset, TLSMode, TrafficPolicy,
+    ClientTLS, ConnectionPool, ConsistentHash, DestinationRule, H2UpgradePolicy, HashAlgorithm, LoadBalancer,
+    LocalityLbSetting, OutlierDetection, Subset, TLSMode, TrafficPolicy, Warmup,
 )
 from istiod.model.service import Endpoint
 from istiod.xds.gen import locality
 from istiod.xds.gen.filters import pack
 
+PROXY_PROTOCOL_TRANSPORT_SOCKET = "envoy.transport_sockets.upstream_proxy_protocol"
 _LB_POLICIES = {
     LoadBalancer.UNSPECIFIED: cluster_pb2.Cluster.ROUND_ROBIN,
     LoadBalancer.ROUND_ROBIN: cluster_pb2.Cluster.ROUND_ROBIN,
@@ -37,21 +43,29 @@ _LB_POLICIES = {
 
 
 def effective_policy(rule: DestinationRule | None, port: int, subset: Subset | None = None) -> TrafficPolicy:
-    policy = TrafficPolicy()
-    for layer in (rule.traffic_policy if rule else None, subset.traffic_policy if subset else None):
-        if layer is None:
-            continue
-        policy = _merge(policy, layer)
-        port_level = next((p for p in layer.port_level_settings if p.port == port), None)
-        if port_level is not None:
-            policy = _merge(policy, port_level)
-    return policy
-
-
-def _merge(base: TrafficPolicy, layer: object) -> TrafficPolicy:
-    changes = {f: getattr(layer, f) for f in ("load_balancer", "connection_pool", "outlier_detection", "tls")
-               if getattr(layer, f) is not None}
+    base, _ = _at_port(rule.traffic_policy if rule else None, port)
+    layer, port_level = _at_port(subset.traffic_policy if subset else None, port)
+    if layer is None:
+        return base or TrafficPolicy()
+    if base is None:
+        return layer
+    # The subset's fields win; its port-level entry replaces all four, unset ones included.
+    changes: dict[str, Any] = {f: getattr(layer, f) for f in _PARTS if getattr(layer, f) is not None or port_level}
+    if layer.proxy_protocol is not None:
+        changes["proxy_protocol"] = layer.proxy_protocol
     return dataclasses.replace(base, **changes)
+
+
+_PARTS = ("load_balancer", "connection_pool", "outlier_detection", "tls")
+
+
+def _at_port(policy: TrafficPolicy | None, port: int) -> tuple[TrafficPolicy | None, bool]:
+    """istiod's GetPortLevelTrafficPolicy: a portLevelSettings entry for the port replaces the
+    policy wholesale (what it leaves out is the default, not inherited; PROXY protocol too)."""
+    entry = next((p for p in policy.port_level_settings if p.port == port), None) if policy is not None else None
+    if entry is None:
+        return policy, False
+    return TrafficPolicy(entry.load_balancer, entry.connection_pool, entry.outlier_detection, entry.tls), True
 
 
 def subset_endpoints(endpoints: tuple[Endpoint, ...], subset: Subset | None) -> tuple[Endpoint, ...]:
@@ -72,25 +86,65 @@ def apply_policy(cluster: cluster_pb2.Cluster, policy: TrafficPolicy, mesh_local
     """Load balancing (with the mesh's locality LB setting as the default), circuit breakers and
     outlier detection onto a cluster being built."""
     lb = policy.load_balancer
+    slow_start = _slow_start(lb.warmup, lb.warmup_window_only) if lb is not None and lb.warmup else None
     if lb is not None and lb.consistent_hash is not None:
-        cluster.lb_policy = cluster_pb2.Cluster.RING_HASH
-        if lb.consistent_hash.minimum_ring_size:
-            cluster.ring_hash_lb_config.minimum_ring_size.value = lb.consistent_hash.minimum_ring_size
+        _apply_consistent_hash(cluster, lb.consistent_hash)
     elif lb is not None and lb.simple in (LoadBalancer.LEAST_REQUEST, LoadBalancer.LEAST_CONN):
         # As a load_balancing_policy list: a client takes the first it knows, so gRPC C-core
         # (grpcio), which has no least-request and NACKs lb_policy LEAST_REQUEST, falls back to
         # round robin while Envoy and grpc-go/Java balance by least requests.
         cluster.load_balancing_policy.policies.extend(
             _typed_policy(name, config) for name, config in (
-                ("envoy.load_balancing_policies.least_request", least_request_pb2.LeastRequest()),
-                ("envoy.load_balancing_policies.round_robin", round_robin_pb2.RoundRobin())))
+                ("envoy.load_balancing_policies.least_request", least_request_pb2.LeastRequest(
+                    slow_start_config=slow_start)),
+                ("envoy.load_balancing_policies.round_robin", round_robin_pb2.RoundRobin(
+                    slow_start_config=slow_start))))
     elif lb is not None and lb.simple is not None:
         cluster.lb_policy = _LB_POLICIES[lb.simple]
+    if slow_start is not None and not cluster.HasField("load_balancing_policy"):
+        # Istio's warmup: on ROUND_ROBIN and LEAST_REQUEST only (an unset `simple` is the
+        # flavor's default), the others have no slow start.
+        if cluster.lb_policy == cluster_pb2.Cluster.ROUND_ROBIN:
+            cluster.round_robin_lb_config.slow_start_config.CopyFrom(_cluster_slow_start(slow_start))
+        elif cluster.lb_policy == cluster_pb2.Cluster.LEAST_REQUEST:
+            cluster.least_request_lb_config.slow_start_config.CopyFrom(_cluster_slow_start(slow_start))
     if policy.connection_pool is not None:
         _apply_connection_pool(cluster, policy.connection_pool)
     if policy.outlier_detection is not None:
         _apply_outlier_detection(cluster, policy.outlier_detection)
     locality.apply_to_cluster(cluster, mesh_locality, policy)
+
+
+def _apply_consistent_hash(cluster: cluster_pb2.Cluster, consistent: ConsistentHash) -> None:
+    """Istio's ApplyRingHashLoadBalancer: maglev or ring hash with their sizes; the old form is a
+    ring of at least `minimumRingSize` (Envoy's 1024 when unset), always written out."""
+    if consistent.algorithm is HashAlgorithm.MAGLEV:
+        cluster.lb_policy = cluster_pb2.Cluster.MAGLEV
+        if consistent.table_size:
+            cluster.maglev_lb_config.table_size.value = consistent.table_size
+        return
+    cluster.lb_policy = cluster_pb2.Cluster.RING_HASH
+    if consistent.algorithm is HashAlgorithm.RING_HASH:
+        if consistent.table_size:
+            cluster.ring_hash_lb_config.minimum_ring_size.value = consistent.table_size
+    else:
+        cluster.ring_hash_lb_config.minimum_ring_size.value = consistent.minimum_ring_size or 1024
+
+
+def _slow_start(warmup: Warmup, window_only: bool) -> slow_start_pb2.SlowStartConfig:
+    """Istio's setWarmup: aggression 1 (linear) and 10% unless set, with its runtime key `(`;
+    the deprecated warmupDurationSecs sets the window alone."""
+    config = slow_start_pb2.SlowStartConfig(slow_start_window=duration(warmup.duration))
+    if not window_only:
+        config.aggression.CopyFrom(base_pb2.RuntimeDouble(default_value=warmup.aggression, runtime_key="("))
+        config.min_weight_percent.value = warmup.minimum_percent
+    return config
+
+
+def _cluster_slow_start(config: slow_start_pb2.SlowStartConfig) -> cluster_pb2.Cluster.SlowStartConfig:
+    result = cluster_pb2.Cluster.SlowStartConfig()
+    result.ParseFromString(config.SerializeToString())  # the same message in two packages
+    return result
 
 
 def _typed_policy(name: str, config: Message) -> cluster_pb2.LoadBalancingPolicy.Policy:
@@ -115,6 +169,63 @@ def _apply_connection_pool(cluster: cluster_pb2.Cluster, pool: ConnectionPool) -
             threshold.max_connections.value = pool.tcp.max_connections
         if pool.tcp.connect_timeout is not None:
             cluster.connect_timeout.CopyFrom(duration(pool.tcp.connect_timeout))
+        if (keepalive := pool.tcp.tcp_keepalive) is not None:
+            # SO_KEEPALIVE with the OS's values but for those the rule sets (whole seconds, as Istio).
+            options = cluster.upstream_connection_options.tcp_keepalive
+            options.SetInParent()
+            if keepalive.probes:
+                options.keepalive_probes.value = keepalive.probes
+            if keepalive.time is not None:
+                options.keepalive_time.value = int(keepalive.time.total_seconds())
+            if keepalive.interval is not None:
+                options.keepalive_interval.value = int(keepalive.interval.total_seconds())
+
+
+def http_protocol_options(http2: bool, pool: ConnectionPool | None,
+                          outbound: bool = True) -> http_options_pb2.HttpProtocolOptions | None:
+    """The HTTP protocol options of an Envoy cluster to a port (None: Envoy's defaults, HTTP/1.1),
+    as istiod's applyH2Upgrade and applyConnectionPool: HTTP/2 for gRPC and HTTP/2 ports, or when
+    h2UpgradePolicy says UPGRADE (outbound, and not with useClientProtocol, which speaks what the
+    client spoke); the pool's idle timeout (the HTTP one, else the TCP one), requests per
+    connection, connection lifetime and HTTP/2 streams per connection."""
+    settings = pool.http if pool is not None else None
+    tcp = pool.tcp if pool is not None else None
+    upgrade = outbound and settings is not None and not settings.use_client_protocol and (
+        settings.h2_upgrade_policy is H2UpgradePolicy.UPGRADE)
+    h2 = http2 or upgrade
+    options = http_options_pb2.HttpProtocolOptions()
+    if h2:
+        options.explicit_http_config.http2_protocol_options.SetInParent()
+    idle = settings.idle_timeout if settings is not None and settings.idle_timeout is not None else (
+        tcp.idle_timeout if tcp is not None else None)
+    common = options.common_http_protocol_options
+    if idle is not None:
+        common.idle_timeout.CopyFrom(duration(idle))
+    if settings is not None and settings.max_requests_per_connection:
+        common.max_requests_per_connection.value = settings.max_requests_per_connection
+    if tcp is not None and tcp.max_connection_duration is not None:
+        common.max_connection_duration.CopyFrom(duration(tcp.max_connection_duration))
+    if h2 and settings is not None and settings.max_concurrent_streams:
+        options.explicit_http_config.http2_protocol_options.max_concurrent_streams.value = settings.max_concurrent_streams
+    if settings is not None and settings.use_client_protocol:
+        options.use_downstream_protocol_config.http_protocol_options.SetInParent()
+        options.use_downstream_protocol_config.http2_protocol_options.SetInParent()
+    if options.ByteSize() == 0:
+        return None
+    if options.WhichOneof("upstream_protocol_options") is None:
+        options.explicit_http_config.http_protocol_options.SetInParent()  # as istiod: HTTP/1.1 spelled out
+    return options
+
+
+def proxy_protocol(socket: base_pb2.TransportSocket, version: int) -> base_pb2.TransportSocket:
+    """Istio's applyUpstreamProxyProtocol: a PROXY protocol header (v1 or v2) before what `socket`
+    sends (TLS or plaintext)."""
+    config = proxy_protocol_pb2.ProxyProtocolUpstreamTransport(
+        config=proxy_protocol_config_pb2.ProxyProtocolConfig(
+            version=proxy_protocol_config_pb2.ProxyProtocolConfig.V1 if version == 1
+            else proxy_protocol_config_pb2.ProxyProtocolConfig.V2),
+        transport_socket=socket)
+    return base_pb2.TransportSocket(name=PROXY_PROTOCOL_TRANSPORT_SOCKET, typed_config=pack(config))
 
 
 def _apply_outlier_detection(cluster: cluster_pb2.Cluster, outlier: OutlierDetection) -> None:
@@ -154,9 +265,10 @@ def hash_policies(consistent_hash: ConsistentHash | None) -> list[route_componen
         return [HashPolicy(connection_properties=HashPolicy.ConnectionProperties(source_ip=True))]
     if consistent_hash.http_query_parameter_name:
         return [HashPolicy(query_parameter=HashPolicy.QueryParameter(name=consistent_hash.http_query_parameter_name))]
-    if consistent_hash.http_cookie is not None:
-        name, path, ttl = consistent_hash.http_cookie
-        return [HashPolicy(cookie=HashPolicy.Cookie(name=name, path=path, ttl=None if ttl is None else duration(ttl)))]
+    if (cookie := consistent_hash.http_cookie) is not None:
+        return [HashPolicy(cookie=HashPolicy.Cookie(
+            name=cookie.name, path=cookie.path, ttl=None if cookie.ttl is None else duration(cookie.ttl),
+            attributes=[HashPolicy.CookieAttribute(name=n, value=v) for n, v in cookie.attributes]))]
     return []
 
 

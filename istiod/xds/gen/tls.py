@@ -41,6 +41,8 @@ HTTP_ALPN = ("h2", "http/1.1")
 # What pilot-agent serves as `file-root:system` when a DestinationRule names no CA: the bundle of
 # Istio's proxy image (Debian's path).
 SYSTEM_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+CREDENTIAL_PREFIX = "kubernetes://"  # istiod's name for a credentialName's SDS secret
+CA_SUFFIX = "-cacert"  # istiod's SdsCaSuffix: the CA of a credential
 
 
 def destination_identities(endpoints: Iterable[Endpoint], trust_domain: str) -> tuple[str, ...]:
@@ -104,17 +106,50 @@ def originated_tls(tls: ClientTLS, alpn: Iterable[str], default_sans: Iterable[s
     system's unless named; `insecureSkipVerify` checks nothing; subjectAltNames match a DNS or URI
     SAN, and when the rule names none, `default_sans` do (a ServiceEntry's subjectAltNames, as istiod)."""
     common = tls_pb2.CommonTlsContext(alpn_protocols=list(alpn))
+    if tls.credential_name:
+        _credential_sds(common, tls, default_sans)
+        return _transport_socket(tls_pb2.UpstreamTlsContext(common_tls_context=common, sni=tls.sni))
     if tls.mode is TLSMode.MUTUAL:
         common.tls_certificates.add(certificate_chain=base_pb2.DataSource(filename=tls.client_certificate),
                                     private_key=base_pb2.DataSource(filename=tls.private_key))
     if not tls.insecure_skip_verify:
         validation = common.validation_context
         validation.trusted_ca.filename = tls.ca_certificates or SYSTEM_CA_BUNDLE
+        if tls.ca_crl:
+            validation.crl.filename = tls.ca_crl  # a server certificate it revokes fails the handshake
         validation.match_typed_subject_alt_names.extend(
             common_pb2.SubjectAltNameMatcher(san_type=san_type, matcher=string_pb2.StringMatcher(exact=name))
             for name in tls.subject_alt_names or default_sans
             for san_type in (common_pb2.SubjectAltNameMatcher.DNS, common_pb2.SubjectAltNameMatcher.URI))
     return _transport_socket(tls_pb2.UpstreamTlsContext(common_tls_context=common, sni=tls.sni))
+
+
+def credential_resource(name: str) -> str:
+    """istiod's SDS name for a credentialName: `kubernetes://<name>`, the Secret of the proxy's namespace."""
+    return name if name.startswith(CREDENTIAL_PREFIX) else CREDENTIAL_PREFIX + name
+
+
+def _credential_sds(common: tls_pb2.CommonTlsContext, tls: ClientTLS, default_sans: Iterable[str]) -> None:
+    """istiod's ApplyCustomSDSToClientCommonTLSContext: the client certificate (MUTUAL) is the Secret's
+    `kubernetes://<name>`, the CA (and CRL) its `kubernetes://<name>-cacert`, both over ADS."""
+    name = credential_resource(tls.credential_name)
+    if tls.mode is TLSMode.MUTUAL:
+        common.tls_certificate_sds_secret_configs.add(name=name, sds_config=_ads())
+    if tls.insecure_skip_verify:
+        return
+    combined = common.combined_validation_context
+    combined.default_validation_context.match_typed_subject_alt_names.extend(
+        common_pb2.SubjectAltNameMatcher(san_type=san_type, matcher=string_pb2.StringMatcher(exact=san))
+        for san in tls.subject_alt_names or default_sans
+        for san_type in (common_pb2.SubjectAltNameMatcher.DNS, common_pb2.SubjectAltNameMatcher.URI))
+    combined.validation_context_sds_secret_config.CopyFrom(
+        secret_pb2.SdsSecretConfig(name=name + CA_SUFFIX, sds_config=_ads()))
+
+
+def _ads() -> config_source_pb2.ConfigSource:
+    # Envoy's default fetch timeout (15 s), as istiod: then the cluster comes up and its handshakes fail.
+    return config_source_pb2.ConfigSource(ads=config_source_pb2.AggregatedConfigSource(),
+                                          resource_api_version=config_source_pb2.V3)
 
 
 def raw_buffer() -> base_pb2.TransportSocket:

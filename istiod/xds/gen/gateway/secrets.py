@@ -1,5 +1,7 @@
-"""SDS for gateways, on the ADS stream: `kubernetes://<name>` is the Secret `<name>` of the gateway's
-namespace, as istiod serves credentialName; `kubernetes-gateway://<ns>/<name>` a Gateway API
+"""SDS for gateways and sidecars, on the ADS stream: `kubernetes://<name>` is the Secret `<name>` of
+the proxy's namespace, as istiod serves credentialName (a Gateway's, or a DestinationRule's for the
+TLS a proxy originates), and `kubernetes://<name>-cacert` its CA (`cacert` or `ca.crt`, from the
+Secret `<name>-cacert`, else `<name>`); `kubernetes-gateway://<ns>/<name>` a Gateway API
 listener's certificateRef, sent only to a proxy one of whose listeners names it (the conversion
 checked its ReferenceGrant). Only to a proxy whose identity was verified (istiod's
 secure port): over plaintext xDS anyone may claim any namespace, so nothing is sent, as istiod."""
@@ -18,11 +20,13 @@ from istiod.model.snapshot import Snapshot
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
 from istiod.model.config.gateway_conversion import GATEWAY_CREDENTIAL_PREFIX
-from istiod.xds.gen.gateway.servers import CREDENTIAL_PREFIX, gateway_servers
+from istiod.xds.gen.gateway.servers import gateway_servers
+from istiod.xds.gen.tls import CA_SUFFIX, CREDENTIAL_PREFIX
 
 log = logging.getLogger(__name__)
 _refused = logs.Throttled(log, 60.0)
 _unreferenced = logs.Throttled(log, 60.0)  # its own budget: a client can cause it at will
+_no_ca = logs.Throttled(log, 60.0)
 
 
 def secrets(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
@@ -37,6 +41,17 @@ def secrets(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: Re
     result = []
     referenced: set[str] | None = None
     for name in names:
+        if name.startswith(CREDENTIAL_PREFIX) and name.endswith(CA_SUFFIX):
+            secret = name.removeprefix(CREDENTIAL_PREFIX)
+            ca = snapshot.credentials.get((proxy.namespace, secret))
+            if ca is None or not ca.ca_cert:
+                ca = snapshot.credentials.get((proxy.namespace, secret.removesuffix(CA_SUFFIX)))
+            if ca is None or not ca.ca_cert:
+                _no_ca.warning(logs.event("secret not found or without cacert/ca.crt", proxy=proxy.id,
+                                          secret=f"{proxy.namespace}/{secret}"))
+                continue
+            result.append(cache.get(types.SECRET, name, ca, lambda: ca_secret(name, ca), scope=proxy.namespace))
+            continue
         if name.startswith(CREDENTIAL_PREFIX):
             key = (proxy.namespace, name.removeprefix(CREDENTIAL_PREFIX))
         elif name.startswith(GATEWAY_CREDENTIAL_PREFIX):
@@ -58,6 +73,14 @@ def secrets(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: Re
         result.append(cache.get(types.SECRET, name, credential, lambda: tls_secret(name, credential),
                                 scope=proxy.namespace))
     return result
+
+
+def ca_secret(name: str, credential: TlsCredential) -> secret_pb2.Secret:
+    """istiod's toEnvoyCaSecret: the CA a client verifies its server with, and the CRL beside it."""
+    context = common_pb2.CertificateValidationContext(trusted_ca=base_pb2.DataSource(inline_bytes=credential.ca_cert))
+    if credential.crl:
+        context.crl.inline_bytes = credential.crl
+    return secret_pb2.Secret(name=name, validation_context=context)
 
 
 def tls_secret(name: str, credential: TlsCredential) -> secret_pb2.Secret:

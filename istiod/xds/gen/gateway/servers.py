@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from istiod import logs
 from istiod.model.config import scope
 from istiod.model.config.gateway_conversion import GATEWAY_CREDENTIAL_PREFIX
+from istiod.xds.gen.tls import CREDENTIAL_PREFIX
 from istiod.model.config.networking import Gateway, Server, ServerTLSMode, VirtualService
 from istiod.model.proxy import Proxy
 from istiod.model.snapshot import Snapshot
 
 ANY_ADDRESS = "0.0.0.0"
 HTTP_PROTOCOLS = frozenset({"HTTP", "HTTP2", "GRPC"})
-CREDENTIAL_PREFIX = "kubernetes://"  # istiod's name for a credentialName's SDS secret
 
 log = logging.getLogger(__name__)
 _unsupported = logs.Throttled(log, 60.0)  # every push meets the same server again

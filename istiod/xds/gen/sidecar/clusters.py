@@ -23,7 +23,9 @@ from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.gen.eds import dns_load_assignment
 from istiod.xds.gen.filters import ads_source, pack
-from istiod.xds.gen.policy import apply_policy, effective_policy, subset_endpoints, upstream_mtls
+from istiod.xds.gen.policy import (
+    apply_policy, effective_policy, http_protocol_options, proxy_protocol, subset_endpoints, upstream_mtls,
+)
 from istiod.xds.gen.sidecar.ports import OutboundPort, inbound_ports, outbound_ports
 from istiod.xds.gen.targets import alike, destination_rule, outbound_traffic_policy, sidecar_resource
 from istiod.xds.gen.tls import destination_identities, originated_tls, raw_buffer, sds_upstream_tls
@@ -62,7 +64,8 @@ def clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: R
 def outbound_clusters(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[Resource]:
     """An `outbound|<port>|<subset>|<host>` cluster per port and subset of every service the proxy
     sees; gateways have the same ones."""
-    return list(cache.per_snapshot(snapshot, ("outbound clusters", alike(snapshot, proxy)),
+    # A gateway's differ from a sidecar's by the credentialName rule only: their own key all the same.
+    return list(cache.per_snapshot(snapshot, ("outbound clusters", alike(snapshot, proxy), proxy.type == "sidecar"),
                                    lambda: _outbound_clusters(snapshot, proxy, cache)))
 
 
@@ -74,27 +77,32 @@ def _outbound_clusters(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -
             continue
         seen.add(target.cluster)
         rule = destination_rule(snapshot, proxy, target.service)
+        # istiod sends a sidecar a rule's credentialName only from a rule with a workloadSelector
+        # (lest every sidecar in its scope wait for a Secret it may not read); gateways always.
+        credentials = proxy.type != "sidecar" or (rule is not None and bool(rule.workload_selector))
         for subset in (None, *(rule.subsets if rule is not None else ())):
             name = outbound_cluster_name(target.port.port, target.service.hostname, subset.name if subset else "")
             # The cluster names its destination's identities, so its endpoints matter too.
             all_endpoints = snapshot.endpoints_for(target.service.hostname, target.port.port)
             endpoints = subset_endpoints(all_endpoints, subset)
             result.append(cache.get(
-                types.CLUSTER, name, (target.service, snapshot.mesh, all_endpoints, rule, subset),
+                types.CLUSTER, name, (target.service, snapshot.mesh, all_endpoints, rule, subset, credentials),
                 lambda: outbound_cluster(target, name, endpoints, snapshot.mesh.trust_domain,
                                          effective_policy(rule, target.port.port, subset),
-                                         snapshot.mesh.enable_auto_mtls, snapshot.mesh.locality_lb_setting),
+                                         snapshot.mesh.enable_auto_mtls, snapshot.mesh.locality_lb_setting,
+                                         credentials),
                 scope=str(rule.meta) if rule is not None else ""))
     return result
 
 
 def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint, ...], trust_domain: str,
                      policy: TrafficPolicy, auto_mtls: bool,
-                     mesh_locality: LocalityLbSetting | None) -> cluster_pb2.Cluster:
+                     mesh_locality: LocalityLbSetting | None, credentials: bool = True) -> cluster_pb2.Cluster:
     """Auto mTLS, as Istio's: endpoints labelled `tlsMode: istio` (pods with a sidecar) get mTLS,
     the others plaintext; the choice is per endpoint, by the EDS metadata. A DestinationRule's
     TLS mode overrides it (ISTIO_MUTUAL: always, DISABLE: never), its other settings apply on top.
-    With meshConfig `enableAutoMtls: false` only such a rule turns mTLS on, as in Istio."""
+    With meshConfig `enableAutoMtls: false` only such a rule turns mTLS on, as in Istio. Without
+    `credentials`, a SIMPLE/MUTUAL rule naming a credentialName gives no TLS at all, as istiod's."""
     host, port = target.service.hostname, target.port.port
     identities = destination_identities(endpoints, trust_domain)
     _, _, subset, _ = parse_cluster_name(name)
@@ -104,7 +112,6 @@ def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint,
         connect_timeout=CONNECT_TIMEOUT,
         lb_policy=cluster_pb2.Cluster.LEAST_REQUEST,
         circuit_breakers=_unlimited(),
-        typed_extension_protocol_options=_protocol_options(target.protocol),
         transport_socket_matches=[
             cluster_pb2.Cluster.TransportSocketMatch(
                 name="tlsMode-istio", match=_struct({"tlsMode": "istio"}),
@@ -128,24 +135,38 @@ def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint,
         cluster.type = cluster_pb2.Cluster.EDS
         cluster.eds_cluster_config.CopyFrom(cluster_pb2.Cluster.EdsClusterConfig(
             eds_config=ads_source(initial_fetch_timeout=duration_pb2.Duration()), service_name=name))
+    options = http_protocol_options(target.protocol.is_http2, policy.connection_pool)
     tls = policy.tls
     if tls is None and not auto_mtls:
         del cluster.transport_socket_matches[:]  # plaintext to every endpoint
     if tls is not None:
         del cluster.transport_socket_matches[:]
-        if tls.mode in (TLSMode.SIMPLE, TLSMode.MUTUAL):
-            cluster.transport_socket.CopyFrom(originated_tls(tls, ("h2",) if target.protocol.is_http2 else (),
+        if tls.mode in (TLSMode.SIMPLE, TLSMode.MUTUAL) and tls.credential_name and not credentials:
+            cluster.transport_socket.CopyFrom(raw_buffer())  # istiod builds no TLS context
+        elif tls.mode in (TLSMode.SIMPLE, TLSMode.MUTUAL):
+            # ALPN h2 on an HTTP/2 cluster (an h2 upgrade included), as istiod's isHttp2Cluster.
+            http2 = options is not None and options.explicit_http_config.HasField("http2_protocol_options")
+            cluster.transport_socket.CopyFrom(originated_tls(tls, ("h2",) if http2 else (),
                                                              target.service.subject_alt_names))
-            if target.protocol.is_http:
+            if target.protocol.is_http and not tls.sni:
                 # istiod's auto SNI (and SAN check) from the request's Host when the rule names none
                 # (the rule's own SANs decide, not the ServiceEntry's it falls back to: as istiod).
-                cluster.typed_extension_protocol_options[HTTP_OPTIONS].CopyFrom(_http_options(
-                    target.protocol, protocol_pb2.UpstreamHttpProtocolOptions(
-                        auto_sni=not tls.sni,
-                        auto_san_validation=not (tls.sni or tls.subject_alt_names or tls.insecure_skip_verify))))
+                if options is None:
+                    options = _explicit_options(target.protocol)
+                options.upstream_http_protocol_options.CopyFrom(protocol_pb2.UpstreamHttpProtocolOptions(
+                    auto_sni=True, auto_san_validation=not (tls.subject_alt_names or tls.insecure_skip_verify)))
         else:
             cluster.transport_socket.CopyFrom(
                 sds_upstream_tls(identities, sni) if upstream_mtls(tls, True) else raw_buffer())
+    if options is not None:
+        cluster.typed_extension_protocol_options[HTTP_OPTIONS].CopyFrom(pack(options))
+    if policy.proxy_protocol is not None:
+        if not cluster.HasField("transport_socket") and not cluster.transport_socket_matches:
+            cluster.transport_socket.CopyFrom(raw_buffer())
+        if cluster.HasField("transport_socket"):
+            cluster.transport_socket.CopyFrom(proxy_protocol(cluster.transport_socket, policy.proxy_protocol))
+        for match in cluster.transport_socket_matches:
+            match.transport_socket.CopyFrom(proxy_protocol(match.transport_socket, policy.proxy_protocol))
     apply_policy(cluster, policy, mesh_locality)
     return cluster
 
@@ -153,7 +174,7 @@ def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint,
 def inbound_cluster(name: str, protocol: Protocol, pool: ConnectionPool | None) -> cluster_pb2.Cluster:
     """To the app in the same pod: the connection's original destination, from 127.0.0.6, within
     the Sidecar resource's inbound connection pool if it sets one."""
-    cluster = _original_dst(name, _protocol_options(protocol), bind=True)
+    cluster = _original_dst(name, _protocol_options(protocol, pool), bind=True)
     if pool is not None:
         apply_policy(cluster, TrafficPolicy(connection_pool=pool), None)
     return cluster
@@ -195,18 +216,18 @@ def _original_dst(name: str, options: dict[str, object], bind: bool) -> cluster_
     )
 
 
-def _protocol_options(protocol: Protocol) -> dict[str, object]:
-    """HTTP/2 upstream for gRPC and HTTP/2 ports; Envoy's default (HTTP/1.1) for the others."""
-    return {HTTP_OPTIONS: _http_options(protocol)} if protocol.is_http2 else {}
+def _protocol_options(protocol: Protocol, pool: ConnectionPool | None = None) -> dict[str, object]:
+    """HTTP/2 upstream for gRPC and HTTP/2 ports; Envoy's default (HTTP/1.1) for the others; the
+    inbound connection pool's HTTP settings (no h2 upgrade inbound, as istiod)."""
+    options = http_protocol_options(protocol.is_http2, pool, outbound=False)
+    return {HTTP_OPTIONS: pack(options)} if options is not None else {}
 
 
-def _http_options(protocol: Protocol,
-                  upstream: protocol_pb2.UpstreamHttpProtocolOptions | None = None) -> any_pb2.Any:
+def _explicit_options(protocol: Protocol) -> http_options_pb2.HttpProtocolOptions:
     explicit = http_options_pb2.HttpProtocolOptions.ExplicitHttpConfig(
         http2_protocol_options=protocol_pb2.Http2ProtocolOptions() if protocol.is_http2 else None,
         http_protocol_options=None if protocol.is_http2 else protocol_pb2.Http1ProtocolOptions())
-    return pack(http_options_pb2.HttpProtocolOptions(explicit_http_config=explicit,
-                                                     upstream_http_protocol_options=upstream))
+    return http_options_pb2.HttpProtocolOptions(explicit_http_config=explicit)
 
 
 def _downstream_protocol() -> dict[str, object]:
