@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import socket
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
+
+from istiod.leader import LeaderElection, LeaseTimings
 
 ISTIO_NAMESPACE = "istio-system"  # istiod's (POD_NAMESPACE's default): its CA Secret and leader-election ConfigMap live here
 
@@ -93,3 +97,24 @@ def port_free_on(*ips: str) -> int:
         except OSError:
             continue
     raise AssertionError(f"no port free on all of {ips}")
+
+
+@contextlib.asynccontextmanager
+async def another_replica_leading(api: client.ApiClient, election: str) -> AsyncIterator[None]:
+    """Another replica holds the lock `election` (on a short lease) until the block ends, then hands it back."""
+    other = LeaderElection(api, ISTIO_NAMESPACE, election, "other-replica",
+                           LeaseTimings(duration=2.0, renew_deadline=1.5, retry_period=0.25))
+    held = asyncio.Event()
+
+    async def hold() -> None:
+        held.set()
+        await asyncio.Future()
+
+    holder = asyncio.create_task(other.run(hold))
+    try:
+        await asyncio.wait_for(held.wait(), 10)
+        yield
+    finally:
+        holder.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await holder

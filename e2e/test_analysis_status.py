@@ -15,8 +15,7 @@ from kubernetes_asyncio import client
 
 from e2e.harness import Cluster
 from e2e.istio_crds import create_istio_object, install_crds
-from e2e.kube_objects import ISTIO_NAMESPACE, ensure_namespace
-from istiod.leader import LeaderElection, LeaseTimings
+from e2e.kube_objects import another_replica_leading, ensure_namespace
 from istiod.status.analysis import ELECTION
 from e2e.test_rbac import istiod_kubeconfig
 from tests.peers import Istiod, Process, eventually, istio_binary
@@ -55,17 +54,7 @@ async def test_validation_messages_in_status_written_by_the_leader_only(
         return body
 
     # Another replica holds the lock: istiod must write nothing while it does.
-    other = LeaderElection(kube, ISTIO_NAMESPACE, ELECTION, "other-replica",
-                           LeaseTimings(duration=2.0, renew_deadline=1.5, retry_period=0.25))
-    held = asyncio.Event()
-
-    async def hold() -> None:
-        held.set()
-        await asyncio.Future()
-
-    holder = asyncio.create_task(other.run(hold))
-    try:
-        await asyncio.wait_for(held.wait(), 10)
+    async with another_replica_leading(kube, ELECTION):
         await create_istio_object(kube, _vs(["missing-gw"]))
         # With its own ServiceAccount's token under deploy/rbac; started off the event loop, so that
         # the lock holder keeps renewing meanwhile.
@@ -76,10 +65,6 @@ async def test_validation_messages_in_status_written_by_the_leader_only(
         await asyncio.sleep(4)  # several analysis intervals and lease renewals
         await read()
         assert status == {}
-    finally:
-        holder.cancel()  # hands the lock back
-        with contextlib.suppress(asyncio.CancelledError):
-            await holder
 
     # The lock is free: istiod takes it and writes the messages istioctl analyze gives for the object.
     problem = {"observedGeneration": "1",

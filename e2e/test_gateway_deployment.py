@@ -16,11 +16,10 @@ from kubernetes_asyncio import client
 
 from e2e.gateway_api_crds import install_gateway_api_crds
 from e2e.harness import Cluster
-from e2e.kube_objects import ISTIO_NAMESPACE, create_running_pod, ensure_namespace, pod_body
+from e2e.kube_objects import another_replica_leading, create_running_pod, ensure_namespace, pod_body
 from e2e.test_analysis_status import FAST
 from e2e.test_rbac import istiod_kubeconfig
 from istiod.ca.publisher import ELECTION
-from istiod.leader import LeaderElection, LeaseTimings
 from tests.peers import Istiod, Process, eventually
 
 GROUP, VERSION = "gateway.networking.k8s.io", "v1"
@@ -52,26 +51,12 @@ async def test_the_leader_deploys_a_gateway_and_removes_it(cluster: Cluster, kub
     uid = gateway["metadata"]["uid"]
 
     # Another replica holds the writers' lock: istiod must write nothing while it does.
-    other = LeaderElection(kube, ISTIO_NAMESPACE, ELECTION, "other-replica",
-                           LeaseTimings(duration=2.0, renew_deadline=1.5, retry_period=0.25))
-    held = asyncio.Event()
-
-    async def hold() -> None:
-        held.set()
-        await asyncio.Future()
-
-    holder = asyncio.create_task(other.run(hold))
-    try:
-        await asyncio.wait_for(held.wait(), 10)
+    async with another_replica_leading(kube, ELECTION):
         kubeconfig, _ = await istiod_kubeconfig(cluster, kube, tmp_path / "istiod.kubeconfig")
         istiod = await asyncio.to_thread(Istiod, tmp_path, "--kubeconfig", str(kubeconfig), *FAST, ready_timeout=60)
         processes.append(istiod)
         await asyncio.sleep(5)  # several passes and lease renewals
         assert await _objects(kube) == {}, "a replica that does not lead wrote"
-    finally:
-        holder.cancel()  # hands the lock back
-        with contextlib.suppress(asyncio.CancelledError):
-            await holder
 
     async def all_three() -> dict[str, Any] | None:
         found = await _objects(kube)
