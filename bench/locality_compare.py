@@ -17,15 +17,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import grpc
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import base_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
-from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import struct_pb2
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(1, str(Path(__file__).parent.parent))
+from adsexchange import until_quiet  # noqa: E402
 from reference import built_reference  # noqa: E402
 from wds_compare import side_by_side  # noqa: E402
 
@@ -38,52 +38,32 @@ QUIET = 3.0
 
 async def held(address: str) -> dict[str, Any]:
     """cluster name -> (locality LB config, {address: (locality, priority, weight)})."""
-    requests: asyncio.Queue[discovery_pb2.DiscoveryRequest | None] = asyncio.Queue()
     metadata = struct_pb2.Struct()
     metadata.update({"NAME": "client-1", "NAMESPACE": "demo", "INSTANCE_IPS": "10.244.0.30", "CLUSTER_ID": "Kubernetes",
                      "ISTIO_VERSION": "1.31.0", "SERVICE_ACCOUNT": "client", "GENERATOR": "",
                      "LABELS": {"app": "client", "version": "v1"}, "NODE_NAME": "node-a"})
     node = base_pb2.Node(id=NODE, metadata=metadata, locality=base_pb2.Locality(region="r1", zone="zone-a"))
-    requests.put_nowait(discovery_pb2.DiscoveryRequest(type_url=CLUSTER, node=node))
-
-    async def stream() -> Any:
-        while (request := await requests.get()) is not None:
-            yield request
-
     clusters: dict[str, str] = {}
     result: dict[str, Any] = {}
-    async with grpc.aio.insecure_channel(address) as channel:
-        call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel).StreamAggregatedResources(stream())
-        while True:
-            try:
-                response = await asyncio.wait_for(call.read(), QUIET)
-            except asyncio.TimeoutError:
-                break
-            if response is grpc.aio.EOF:
-                break
-            names: list[str] = []
-            if response.type_url == CLUSTER:
-                for resource in response.resources:
-                    cluster = cluster_pb2.Cluster.FromString(resource.value)
-                    if cluster.name.endswith(HOSTS):
-                        clusters[cluster.name] = "locality_weighted_lb_config" if cluster.common_lb_config.HasField(
-                            "locality_weighted_lb_config") else "-"
-            else:
-                for resource in response.resources:
-                    assignment = endpoint_pb2.ClusterLoadAssignment.FromString(resource.value)
-                    result[assignment.cluster_name] = (clusters.get(assignment.cluster_name), {
-                        e.endpoint.address.socket_address.address: (
-                            "/".join(p for p in (g.locality.region, g.locality.zone, g.locality.sub_zone) if p),
-                            g.priority, g.load_balancing_weight.value)
-                        for g in assignment.endpoints for e in g.lb_endpoints})
-                names = sorted(clusters)
-            requests.put_nowait(discovery_pb2.DiscoveryRequest(
-                type_url=response.type_url, version_info=response.version_info, response_nonce=response.nonce,
-                resource_names=names))
-            if response.type_url == CLUSTER:
-                requests.put_nowait(discovery_pb2.DiscoveryRequest(type_url=ENDPOINT, resource_names=sorted(clusters)))
-        requests.put_nowait(None)
-        call.cancel()
+
+    def answer(response: discovery_pb2.DiscoveryResponse) -> tuple[list[str], list[discovery_pb2.DiscoveryRequest]]:
+        if response.type_url == CLUSTER:
+            for resource in response.resources:
+                cluster = cluster_pb2.Cluster.FromString(resource.value)
+                if cluster.name.endswith(HOSTS):
+                    clusters[cluster.name] = "locality_weighted_lb_config" if cluster.common_lb_config.HasField(
+                        "locality_weighted_lb_config") else "-"
+            return [], [discovery_pb2.DiscoveryRequest(type_url=ENDPOINT, resource_names=sorted(clusters))]
+        for resource in response.resources:
+            assignment = endpoint_pb2.ClusterLoadAssignment.FromString(resource.value)
+            result[assignment.cluster_name] = (clusters.get(assignment.cluster_name), {
+                e.endpoint.address.socket_address.address: (
+                    "/".join(p for p in (g.locality.region, g.locality.zone, g.locality.sub_zone) if p),
+                    g.priority, g.load_balancing_weight.value)
+                for g in assignment.endpoints for e in g.lb_endpoints})
+        return sorted(clusters), []
+
+    await until_quiet(address, [discovery_pb2.DiscoveryRequest(type_url=CLUSTER, node=node)], answer, QUIET)
     return result
 
 

@@ -27,17 +27,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import grpc
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import base_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
-from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2, descriptor_pool, json_format, message, struct_pb2, symbol_database
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(1, str(Path(__file__).parent.parent))
 from wds_compare import print_fields, side_by_side  # noqa: E402
+from adsexchange import until_quiet  # noqa: E402
 from reference import built_reference  # noqa: E402
 
 CLUSTER = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
@@ -101,7 +101,6 @@ def _dict(msg: message.Message) -> dict[str, Any]:
 
 async def held(address: str, node: str) -> dict[str, dict[str, Any]]:
     """What a sidecar holds from `address` once it is quiet: type -> name -> the resource as JSON."""
-    requests: asyncio.Queue[discovery_pb2.DiscoveryRequest | None] = asyncio.Queue()
     _, ip, pod, _ = node.split("~")
     name, namespace = pod.split(".", 1)
     metadata = struct_pb2.Struct()
@@ -109,42 +108,27 @@ async def held(address: str, node: str) -> dict[str, dict[str, Any]]:
                      "ISTIO_VERSION": "1.31.0", "INTERCEPTION_MODE": "REDIRECT", "SERVICE_ACCOUNT": name.split("-")[0],
                      "GENERATOR": "", "LABELS": {}})
     first = base_pb2.Node(id=node, metadata=metadata)
-    for type_url in (CLUSTER, LISTENER):
-        requests.put_nowait(discovery_pb2.DiscoveryRequest(type_url=type_url, node=first))
-
-    async def stream() -> Any:
-        while (request := await requests.get()) is not None:
-            yield request
-
     result: dict[str, dict[str, Any]] = {CLUSTER: {}, LISTENER: {}, ROUTE: {}}
     route_names: list[str] = []
-    async with grpc.aio.insecure_channel(address) as channel:
-        call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel).StreamAggregatedResources(stream())
-        while True:
-            try:
-                response = await asyncio.wait_for(call.read(), QUIET)
-            except asyncio.TimeoutError:
-                break
-            if response is grpc.aio.EOF:
-                break
-            have = result[response.type_url]
-            have.clear()
-            for resource in response.resources:
-                decoded = MESSAGES[response.type_url].FromString(resource.value)
-                have[decoded.name] = _dict(decoded)
-            names = route_names if response.type_url == ROUTE else []
-            requests.put_nowait(discovery_pb2.DiscoveryRequest(
-                type_url=response.type_url, version_info=response.version_info, response_nonce=response.nonce,
-                resource_names=names))
-            if response.type_url == LISTENER:
-                wanted = sorted({f["typedConfig"]["rds"]["routeConfigName"] for listener in have.values()
-                                 for chain in _chains(listener) for f in chain.get("filters", [])
-                                 if "rds" in f.get("typedConfig", {})})
-                if wanted != route_names:
-                    route_names[:] = wanted
-                    requests.put_nowait(discovery_pb2.DiscoveryRequest(type_url=ROUTE, resource_names=wanted))
-        requests.put_nowait(None)
-        call.cancel()
+
+    def answer(response: discovery_pb2.DiscoveryResponse) -> tuple[list[str], list[discovery_pb2.DiscoveryRequest]]:
+        have = result[response.type_url]
+        have.clear()
+        for resource in response.resources:
+            decoded = MESSAGES[response.type_url].FromString(resource.value)
+            have[decoded.name] = _dict(decoded)
+        names = list(route_names) if response.type_url == ROUTE else []
+        if response.type_url == LISTENER:
+            wanted = sorted({f["typedConfig"]["rds"]["routeConfigName"] for listener in have.values()
+                             for chain in _chains(listener) for f in chain.get("filters", [])
+                             if "rds" in f.get("typedConfig", {})})
+            if wanted != route_names:
+                route_names[:] = wanted
+                return names, [discovery_pb2.DiscoveryRequest(type_url=ROUTE, resource_names=wanted)]
+        return names, []
+
+    await until_quiet(address, [discovery_pb2.DiscoveryRequest(type_url=t, node=first) for t in (CLUSTER, LISTENER)],
+                      answer, QUIET)
     return result
 
 
