@@ -19,6 +19,7 @@ from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_components_pb2, route_pb2
 from envoy.extensions.filters.http.fault.v3 import fault_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 from envoy.extensions.transport_sockets.tls.v3 import secret_pb2, tls_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.protobuf import struct_pb2
@@ -205,11 +206,11 @@ def test_secrets_go_only_to_a_verified_gateway_of_the_secrets_namespace(caplog: 
 
 
 @pytest.mark.parametrize(("tls", "protocol", "reason"), [
-    ({"mode": "PASSTHROUGH"}, "HTTPS", "tls.mode PASSTHROUGH is not implemented"),
-    ({"mode": "MUTUAL", "credentialName": "web-cert"}, "HTTPS", "tls.mode MUTUAL is not implemented"),
     ({"mode": "ISTIO_MUTUAL"}, "HTTPS", "tls.mode ISTIO_MUTUAL is not implemented"),
+    ({"mode": "AUTO_PASSTHROUGH"}, "TLS", "tls.mode AUTO_PASSTHROUGH is not implemented"),
     ({"mode": "SIMPLE", "serverCertificate": "/etc/c.pem", "privateKey": "/etc/k.pem"}, "HTTPS", "files are not implemented"),
-    (None, "TCP", "protocol TCP is not implemented"),
+    ({"mode": "MUTUAL", "credentialName": "web-cert", "subjectAltNames": ["a"]}, "TLS", "subjectAltNames/caCertificates"),
+    (None, "MONGO", "protocol MONGO is not implemented"),
 ])
 def test_unsupported_servers_are_left_out_with_a_warning(tls: dict[str, Any] | None, protocol: str, reason: str,
                                                          caplog: pytest.LogCaptureFixture,
@@ -284,3 +285,82 @@ async def test_the_ads_server_sends_secrets_only_on_a_verified_stream() -> None:
     finally:
         for server in (plain, checked):
             await server.stop(None)
+
+
+def _l4_gateway(*servers: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "networking.istio.io/v1", "kind": "Gateway", "metadata": {"name": "l4", "namespace": "istio-ingress"},
+            "spec": {"selector": INGRESS_LABELS, "servers": [{"bind": "127.0.0.60", **s} for s in servers]}}
+
+
+L4_ROUTES: dict[str, Any] = {"apiVersion": "networking.istio.io/v1", "kind": "VirtualService", "metadata": {"name": "l4", "namespace": "shop"},
+             "spec": {"hosts": ["*.example.com"], "gateways": ["istio-ingress/l4"],
+                      "tls": [{"match": [{"sniHosts": ["a.example.com"], "port": 9443}],
+                               "route": [{"destination": {"host": "web", "port": {"number": 80}}}]},
+                              {"match": [{"sniHosts": ["b.example.com"], "gateways": ["istio-ingress/other"]}],
+                               "route": [{"destination": {"host": "web"}}]}],
+                      "tcp": [{"match": [{"port": 9000}], "route": [{"destination": {"host": "web"}}]}]}}
+
+
+def _tcp_proxy(chain: listener_pb2.FilterChain) -> tcp_proxy_pb2.TcpProxy:
+    assert chain.filters[0].name == "envoy.filters.network.tcp_proxy"
+    return tcp_proxy_pb2.TcpProxy.FromString(chain.filters[0].typed_config.value)
+
+
+def test_passthrough_routes_by_sni_without_terminating() -> None:
+    gateway = _l4_gateway({"port": {"number": 9443, "name": "tls", "protocol": "TLS"}, "hosts": ["shop/*.example.com"],
+                           "tls": {"mode": "PASSTHROUGH"}})
+    listener = _generate(types.LISTENER, _snapshot(gateway, L4_ROUTES), listener_pb2.Listener)["127.0.0.60_9443"]
+    assert [f.name for f in listener.listener_filters] == ["envoy.filters.listener.tls_inspector"]
+    # The second tls route names another gateway: only the first is this one's.
+    (chain,) = listener.filter_chains
+    assert list(chain.filter_chain_match.server_names) == ["a.example.com"]
+    assert not chain.HasField("transport_socket")  # never opened
+    assert _tcp_proxy(chain).cluster == WEB_CLUSTER
+    assert "127.0.0.60_9443" not in _generate(types.ROUTE, _snapshot(gateway, L4_ROUTES), route_pb2.RouteConfiguration)
+
+
+def test_a_tcp_server_proxies_to_the_first_matching_tcp_route(caplog: pytest.LogCaptureFixture) -> None:
+    gateway = _l4_gateway({"port": {"number": 9000, "name": "tcp", "protocol": "TCP"}, "hosts": ["shop/*"]},
+                          {"port": {"number": 9001, "name": "tcp2", "protocol": "TCP"}, "hosts": ["shop/*"]})
+    with caplog.at_level(logging.WARNING):
+        listeners = _generate(types.LISTENER, _snapshot(gateway, L4_ROUTES), listener_pb2.Listener)
+    (chain,) = listeners["127.0.0.60_9000"].filter_chains
+    assert not listeners["127.0.0.60_9000"].listener_filters and not chain.HasField("filter_chain_match")
+    assert _tcp_proxy(chain).cluster == WEB_CLUSTER
+    # No tcp route matches port 9001: no listener (Envoy refuses one without chains), and a warning.
+    assert "127.0.0.60_9001" not in listeners and "no VirtualService tcp or tls route matches" in caplog.text
+
+
+def test_mutual_tls_requires_a_client_certificate_verified_by_the_cacert() -> None:
+    gateway = _l4_gateway(
+        {"port": {"number": 9443, "name": "mtls", "protocol": "HTTPS"}, "hosts": ["shop/secure.example.com"],
+         "tls": {"mode": "MUTUAL", "credentialName": "web-cert"}},
+        {"port": {"number": 9444, "name": "optional", "protocol": "TLS"}, "hosts": ["shop/*.example.com"],
+         "tls": {"mode": "OPTIONAL_MUTUAL", "credentialName": "web-cert"}})
+    routes = {**L4_ROUTES, "spec": {**L4_ROUTES["spec"], "tcp": [{"route": [{"destination": {"host": "web"}}]}]}}
+    listeners = _generate(types.LISTENER, _snapshot(gateway, routes), listener_pb2.Listener)
+    for name, required, alpn in (("127.0.0.60_9443", True, ["h2", "http/1.1"]), ("127.0.0.60_9444", False, [])):
+        (chain,) = listeners[name].filter_chains
+        context = tls_pb2.DownstreamTlsContext.FromString(chain.transport_socket.typed_config.value)
+        assert context.require_client_certificate.value is required
+        assert context.common_tls_context.validation_context_sds_secret_config.name == "kubernetes://web-cert-cacert"
+        assert list(context.common_tls_context.alpn_protocols) == alpn
+    assert _tcp_proxy(listeners["127.0.0.60_9444"].filter_chains[0]).cluster == WEB_CLUSTER
+
+
+def test_the_cacert_comes_from_the_cacert_secret_else_the_credentials_ca_crt() -> None:
+    ca, cert, key = CREDENTIAL
+    with_ca = tls_secret("web-cert", "istio-ingress", cert, key)
+    with_ca["data"]["ca.crt"] = base64.b64encode(ca).decode()
+    names = ["kubernetes://web-cert-cacert"]
+    (secret,) = _generate(types.SECRET, _snapshot(with_ca), secret_pb2.Secret, names=names).values()
+    assert secret.validation_context.trusted_ca.inline_bytes == ca and not secret.HasField("tls_certificate")
+    other_ca = server_credential("x")[0]
+    separate = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "web-cert-cacert", "namespace": "istio-ingress"},
+                "data": {"cacert": base64.b64encode(other_ca).decode()}}
+    (secret,) = _generate(types.SECRET, _snapshot(with_ca, separate), secret_pb2.Secret, names=names).values()
+    assert secret.validation_context.trusted_ca.inline_bytes == other_ca
+    assert _generate(types.SECRET, _snapshot(), secret_pb2.Secret, names=names) == {}  # no ca.crt anywhere
+    bad = {**separate, "data": {"ca.crt": base64.b64encode(b"garbage").decode()}}
+    with pytest.raises(ConversionError, match="data.ca.crt: not a PEM certificate chain"):
+        convert(bad)

@@ -282,6 +282,8 @@ def _cronjob(key: ObjectKey, f: _Fields, domain: str) -> CronJob:
 # The keys istiod reads a gateway's certificate and key from: a kubernetes.io/tls Secret's, else a
 # generic Secret's `cert` and `key`.
 _CREDENTIAL_KEYS = (("tls.crt", "tls.key"), ("cert", "key"))
+# And the CA that verifies a MUTUAL server's clients: `ca.crt`, else a generic Secret's `cacert`.
+_CA_KEYS = ("ca.crt", "cacert")
 
 
 def _secret(key: ObjectKey, f: _Fields, domain: str) -> TlsCredential:
@@ -298,13 +300,15 @@ def _secret(key: ObjectKey, f: _Fields, domain: str) -> TlsCredential:
         if not isinstance(value, str):
             raise f.fail(f"stringData.{name}: expected a string")
         data[name] = value.encode()
+    ca_key = next((k for k in _CA_KEYS if data.get(k)), None)
+    ca = _pem(f, ca_key, data[ca_key], certificate=True) if ca_key is not None else b""
     for cert_key, key_key in _CREDENTIAL_KEYS:
         if cert_key in data or key_key in data:
             if not data.get(cert_key) or not data.get(key_key):
                 raise f.fail(f"data: {cert_key} and {key_key} must both be set")
             return TlsCredential(key.name, key.namespace, _pem(f, cert_key, data[cert_key], certificate=True),
-                                 _pem(f, key_key, data[key_key], certificate=False))
-    return TlsCredential(key.name, key.namespace)
+                                 _pem(f, key_key, data[key_key], certificate=False), ca)
+    return TlsCredential(key.name, key.namespace, ca_cert=ca)
 
 
 def _pem(f: _Fields, name: str, value: bytes, certificate: bool) -> bytes:

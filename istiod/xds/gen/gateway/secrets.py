@@ -1,7 +1,8 @@
 """SDS for gateways, on the ADS stream: `kubernetes://<name>` is the Secret `<name>` of the gateway's
 namespace, as istiod serves credentialName; `kubernetes-gateway://<ns>/<name>` a Gateway API
 listener's certificateRef, sent only to a proxy one of whose listeners names it (the conversion
-checked its ReferenceGrant). Only to a proxy whose identity was verified (istiod's
+checked its ReferenceGrant). `<name>-cacert` is the CA verifying a MUTUAL server's clients: the
+`ca.crt` of the Secret `<name>-cacert`, else of `<name>`, as istiod looks. Only to a proxy whose identity was verified (istiod's
 secure port): over plaintext xDS anyone may claim any namespace, so nothing is sent, as istiod."""
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from istiod.model.snapshot import Snapshot
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
 from istiod.model.config.gateway_conversion import GATEWAY_CREDENTIAL_PREFIX
-from istiod.xds.gen.gateway.servers import CREDENTIAL_PREFIX, gateway_servers
+from istiod.xds.gen.gateway.servers import CA_SUFFIX, CREDENTIAL_PREFIX, gateway_servers
 
 log = logging.getLogger(__name__)
 _refused = logs.Throttled(log, 60.0)
@@ -41,7 +42,8 @@ def secrets(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: Re
             key = (proxy.namespace, name.removeprefix(CREDENTIAL_PREFIX))
         elif name.startswith(GATEWAY_CREDENTIAL_PREFIX):
             if referenced is None:
-                referenced = {s.credential for s in gateway_servers(snapshot, proxy) if s.tls}
+                referenced = {n for s in gateway_servers(snapshot, proxy) if s.terminates
+                              for n in (s.credential, s.ca_credential) if n is not None}
             namespace, _, secret = name.removeprefix(GATEWAY_CREDENTIAL_PREFIX).partition("/")
             if name not in referenced:
                 _unreferenced.warning(logs.event("gateway secret not sent: no listener of the proxy references it",
@@ -49,6 +51,16 @@ def secrets(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: Re
                 continue
             key = (namespace, secret)
         else:
+            continue
+        if key[1].endswith(CA_SUFFIX):
+            found = [c for k in (key, (key[0], key[1].removesuffix(CA_SUFFIX)))
+                     if (c := snapshot.credentials.get(k)) is not None and c.ca_cert]
+            if not found:
+                _refused.warning(logs.event("gateway CA secret not found or without ca.crt", proxy=proxy.id,
+                                            secret=f"{key[0]}/{key[1]}"))
+                continue
+            result.append(cache.get(types.SECRET, name, found[0], lambda: ca_secret(name, found[0]),
+                                    scope=proxy.namespace))
             continue
         credential = snapshot.credentials.get(key)
         if credential is None or not credential.usable:
@@ -65,3 +77,8 @@ def tls_secret(name: str, credential: TlsCredential) -> secret_pb2.Secret:
         certificate_chain=base_pb2.DataSource(inline_bytes=credential.cert_chain),
         private_key=base_pb2.DataSource(inline_bytes=credential.private_key),
     ))
+
+
+def ca_secret(name: str, credential: TlsCredential) -> secret_pb2.Secret:
+    return secret_pb2.Secret(name=name, validation_context=common_pb2.CertificateValidationContext(
+        trusted_ca=base_pb2.DataSource(inline_bytes=credential.ca_cert)))

@@ -1,8 +1,10 @@
 """Which Gateway servers a gateway proxy serves, and which VirtualServices each one routes.
 
-What is implemented: HTTP servers, and HTTPS servers with `tls.mode: SIMPLE` and a
-`credentialName` (a Secret in the gateway's namespace). Any other server is left out with a
-warning naming it, never served half-configured.
+What is implemented: HTTP servers; HTTPS servers terminating TLS (`SIMPLE`, `MUTUAL`,
+`OPTIONAL_MUTUAL` with a `credentialName`, a Secret in the gateway's namespace); TCP servers and
+TLS servers (terminating as HTTPS does, or `PASSTHROUGH`, as HTTPS `PASSTHROUGH` too), routed by
+the VirtualServices' `tcp` and `tls` routes. Any other server is left out with a warning naming
+it, never served half-configured.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from istiod.model.snapshot import Snapshot
 ANY_ADDRESS = "0.0.0.0"
 HTTP_PROTOCOLS = frozenset({"HTTP", "HTTP2", "GRPC"})
 CREDENTIAL_PREFIX = "kubernetes://"  # istiod's name for a credentialName's SDS secret
+CA_SUFFIX = "-cacert"  # istiod's SDS name of the CA that verifies a MUTUAL server's clients
+TERMINATING = frozenset({ServerTLSMode.SIMPLE, ServerTLSMode.MUTUAL, ServerTLSMode.OPTIONAL_MUTUAL})
 
 log = logging.getLogger(__name__)
 _unsupported = logs.Throttled(log, 60.0)  # every push meets the same server again
@@ -50,20 +54,38 @@ class GatewayServer:
 
     @property
     def tls(self) -> bool:
-        return self.server.tls is not None and self.server.port.protocol == "HTTPS"
+        """An HTTPS server that terminates TLS (an HTTP chain behind it)."""
+        return self.server.port.protocol == "HTTPS" and self.terminates
 
     @property
-    def route_name(self) -> str:
-        """istiod's: `http.<port>` shared by a port's plaintext servers, one per HTTPS server."""
-        if not self.tls:
+    def terminates(self) -> bool:
+        return self.server.tls is not None and self.server.tls.mode in TERMINATING
+
+    @property
+    def plaintext_http(self) -> bool:
+        """A port's servers are all of this kind (one HTTP chain) or none (a chain per server)."""
+        return self.server.port.protocol in HTTP_PROTOCOLS
+
+    @property
+    def passthrough(self) -> bool:
+        """TLS passed on unopened, to where the VirtualServices' `tls` routes send by SNI."""
+        return self.server.tls is not None and self.server.tls.mode is ServerTLSMode.PASSTHROUGH and not self.plaintext_http
+
+    @property
+    def route_name(self) -> str | None:
+        """istiod's: `http.<port>` shared by a port's plaintext servers, one per HTTPS server; None
+        for TCP and TLS servers, whose routes are in their listener."""
+        if self.plaintext_http:
             return f"http.{self.port}"
+        if not self.tls:
+            return None
         meta = self.gateway.meta
         return f"https.{self.port}.{self.server.port.name}.{meta.name}.{meta.namespace}"
 
     @property
     def https_redirect(self) -> bool:
         """A plaintext server that answers every request with a 301 to https (tls.httpsRedirect)."""
-        return not self.tls and self.server.tls is not None and self.server.tls.https_redirect
+        return self.plaintext_http and self.server.tls is not None and self.server.tls.https_redirect
 
     @property
     def credential(self) -> str:
@@ -71,6 +93,14 @@ class GatewayServer:
         assert self.server.tls is not None
         name = self.server.tls.credential_name
         return name if name.startswith(GATEWAY_CREDENTIAL_PREFIX) else CREDENTIAL_PREFIX + name
+
+    @property
+    def ca_credential(self) -> str | None:
+        """The SDS name of the CA verifying clients (MUTUAL, OPTIONAL_MUTUAL): `<credential>-cacert`."""
+        tls = self.server.tls
+        if tls is None or tls.mode not in (ServerTLSMode.MUTUAL, ServerTLSMode.OPTIONAL_MUTUAL):
+            return None
+        return self.credential + CA_SUFFIX
 
     @property
     def server_names(self) -> list[str]:
@@ -84,21 +114,25 @@ def unsupported(server: Server) -> str | None:
     protocol, tls = server.port.protocol, server.tls
     if protocol in HTTP_PROTOCOLS:
         return None
-    if protocol != "HTTPS":
-        return f"protocol {protocol} is not implemented (HTTP and HTTPS are)"
-    assert tls is not None  # validation requires it for HTTPS
-    if tls.mode is not ServerTLSMode.SIMPLE:
-        return f"tls.mode {tls.mode.value} is not implemented (SIMPLE is)"
+    if protocol == "TCP":  # validation admits only PASSTHROUGH settings here: passthrough, as istiod
+        return None
+    if protocol not in ("HTTPS", "TLS"):
+        return f"protocol {protocol} is not implemented (HTTP, HTTPS, TLS and TCP are)"
+    assert tls is not None  # validation requires it for HTTPS and TLS
+    if tls.mode is ServerTLSMode.PASSTHROUGH:
+        return None
+    if tls.mode not in TERMINATING:
+        return f"tls.mode {tls.mode.value} is not implemented (SIMPLE, MUTUAL, OPTIONAL_MUTUAL and PASSTHROUGH are)"
     if not tls.credential_name:
         return "tls.serverCertificate/privateKey files are not implemented (tls.credentialName is)"
     if tls.subject_alt_names or tls.ca_certificates:
-        return "tls.subjectAltNames/caCertificates apply to MUTUAL, which is not implemented"
+        return "tls.subjectAltNames/caCertificates are not implemented (the credentialName's ca.crt is)"
     return None
 
 
 def gateway_servers(snapshot: Snapshot, proxy: Proxy) -> list[GatewayServer]:
     """The servers of the Gateways selecting the proxy, by Gateway namespace and name. A port keeps
-    the kind (HTTP or HTTPS) of its first server; a later server of the other kind is left out."""
+    the kind (plaintext HTTP or not) of its first server; a later server of the other kind is left out."""
     result: list[GatewayServer] = []
     kinds: dict[tuple[str, int], bool] = {}
     labels = dict(proxy.labels)
@@ -111,8 +145,9 @@ def gateway_servers(snapshot: Snapshot, proxy: Proxy) -> list[GatewayServer]:
         for server in gateway.servers:
             served = GatewayServer(gateway, server)
             reason = unsupported(server)
-            if reason is None and kinds.setdefault((served.address, served.port), served.tls) != served.tls:
-                reason = f"port {served.port} already has {'HTTPS' if not served.tls else 'HTTP'} servers"
+            plain = served.plaintext_http
+            if reason is None and kinds.setdefault((served.address, served.port), plain) != plain:
+                reason = f"port {served.port} already has {'HTTP' if not plain else 'HTTPS, TLS or TCP'} servers"
             if reason is not None:
                 _unsupported.warning(logs.event("gateway server not served", gateway=served.ref,
                                                 server=server.port.name, reason=reason))
@@ -122,11 +157,13 @@ def gateway_servers(snapshot: Snapshot, proxy: Proxy) -> list[GatewayServer]:
 
 
 def servers_by(snapshot: Snapshot, proxy: Proxy,
-               key: Callable[[GatewayServer], str]) -> list[tuple[str, tuple[GatewayServer, ...]]]:
-    """The proxy's servers grouped by `key` (their listener's or route configuration's name), by name."""
+               key: Callable[[GatewayServer], str | None]) -> list[tuple[str, tuple[GatewayServer, ...]]]:
+    """The proxy's servers grouped by `key` (their listener's or route configuration's name, None
+    for none), by name."""
     groups: dict[str, list[GatewayServer]] = {}
     for served in gateway_servers(snapshot, proxy):
-        groups.setdefault(key(served), []).append(served)
+        if (name := key(served)) is not None:
+            groups.setdefault(name, []).append(served)
     return [(name, tuple(servers)) for name, servers in sorted(groups.items())]
 
 
