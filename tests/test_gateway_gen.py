@@ -364,3 +364,25 @@ def test_the_cacert_comes_from_the_cacert_secret_else_the_credentials_ca_crt() -
     bad = {**separate, "data": {"ca.crt": base64.b64encode(b"garbage").decode()}}
     with pytest.raises(ConversionError, match="data.ca.crt: not a PEM certificate chain"):
         convert(bad)
+
+
+def test_a_server_listens_on_the_target_port_of_the_gateways_service_port() -> None:
+    """istiod's resolvePorts: the server's number is a port of the Service whose endpoint the
+    gateway's pod is; Envoy listens on its targetPort (a port no Service has stays as written)."""
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "ingress-1", "namespace": "istio-ingress", "labels": INGRESS_LABELS},
+           "spec": {"containers": [{"name": "istio-proxy", "ports": [{"containerPort": 8444}]}]},
+           "status": {"phase": "Running", "podIP": "127.0.0.60", "conditions": [{"type": "Ready", "status": "True"}]}}
+    service: dict[str, Any] = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "ingress", "namespace": "istio-ingress"},
+               "spec": {"clusterIP": "10.96.0.20", "selector": INGRESS_LABELS,
+                        "ports": [{"name": "https", "port": 443, "targetPort": 8444}]}}
+    gateway = _l4_gateway({"port": {"number": 443, "name": "https", "protocol": "HTTPS"}, "hosts": ["shop/secure.example.com"],
+                           "tls": {"mode": "SIMPLE", "credentialName": "web-cert"}},
+                          {"port": {"number": 9000, "name": "tcp", "protocol": "TCP"}, "hosts": ["shop/*"]})
+    listeners = _generate(types.LISTENER, _snapshot(gateway, L4_ROUTES, pod, service), listener_pb2.Listener)
+    mapped = listeners["127.0.0.60_8444"]
+    assert mapped.address.socket_address.port_value == 8444 and "127.0.0.60_443" not in listeners
+    assert len(mapped.filter_chains) == 1 and mapped.filter_chains[0].name == "https.8444.https.l4.istio-ingress"
+    assert listeners["127.0.0.60_9000"].address.socket_address.port_value == 9000
+    opted_out = {**service, "metadata": {**service["metadata"],
+                                         "labels": {"networking.istio.io/disable-gateway-port-translation": "true"}}}
+    assert "127.0.0.60_443" in _generate(types.LISTENER, _snapshot(gateway, L4_ROUTES, pod, opted_out), listener_pb2.Listener)

@@ -117,7 +117,7 @@ def gateway_listener(name: str, servers: tuple[GatewayServer, ...],
     listener = listener_pb2.Listener(
         name=name,
         address=address_pb2.Address(socket_address=address_pb2.SocketAddress(address=first.address,
-                                                                             port_value=first.port)),
+                                                                             port_value=first.listen_port)),
         traffic_direction=base_pb2.OUTBOUND,
     )
     if first.route_name is not None and first.plaintext_http:

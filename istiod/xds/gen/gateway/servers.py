@@ -24,6 +24,7 @@ ANY_ADDRESS = "0.0.0.0"
 HTTP_PROTOCOLS = frozenset({"HTTP", "HTTP2", "GRPC"})
 CREDENTIAL_PREFIX = "kubernetes://"  # istiod's name for a credentialName's SDS secret
 CA_SUFFIX = "-cacert"  # istiod's SDS name of the CA that verifies a MUTUAL server's clients
+PORT_TRANSLATION_OPT_OUT = "networking.istio.io/disable-gateway-port-translation"
 TERMINATING = frozenset({ServerTLSMode.SIMPLE, ServerTLSMode.MUTUAL, ServerTLSMode.OPTIONAL_MUTUAL})
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,9 @@ _unsupported = logs.Throttled(log, 60.0)  # every push meets the same server aga
 class GatewayServer:
     gateway: Gateway
     server: Server
+    # Where Envoy listens: the target port of the gateway's Service port that is the server's
+    # number, else the number itself (istiod's resolvePorts for selector-bound Gateways).
+    listen_port: int
 
     @property
     def ref(self) -> str:
@@ -50,7 +54,7 @@ class GatewayServer:
 
     @property
     def listener_name(self) -> str:
-        return f"{self.address}_{self.port}"
+        return f"{self.address}_{self.listen_port}"
 
     @property
     def tls(self) -> bool:
@@ -75,12 +79,13 @@ class GatewayServer:
     def route_name(self) -> str | None:
         """istiod's: `http.<port>` shared by a port's plaintext servers, one per HTTPS server; None
         for TCP and TLS servers, whose routes are in their listener."""
+        port = self.listen_port
         if self.plaintext_http:
-            return f"http.{self.port}"
+            return f"http.{port}"
         if not self.tls:
             return None
         meta = self.gateway.meta
-        return f"https.{self.port}.{self.server.port.name}.{meta.name}.{meta.namespace}"
+        return f"https.{port}.{self.server.port.name}.{meta.name}.{meta.namespace}"
 
     @property
     def https_redirect(self) -> bool:
@@ -141,19 +146,31 @@ def gateway_servers(snapshot: Snapshot, proxy: Proxy) -> list[GatewayServer]:
     gateways = [*scope.gateways_for(snapshot.config.gateways, labels),
                 *(g for g in scope.gateways_for(snapshot.config.gateway_api.gateways, labels)
                   if g.meta.namespace == proxy.namespace)]
+    targets = target_ports(snapshot, proxy)
     for gateway in gateways:
         for server in gateway.servers:
-            served = GatewayServer(gateway, server)
+            served = GatewayServer(gateway, server, targets.get(server.port.number, server.port.number))
             reason = unsupported(server)
             plain = served.plaintext_http
-            if reason is None and kinds.setdefault((served.address, served.port), plain) != plain:
-                reason = f"port {served.port} already has {'HTTP' if not plain else 'HTTPS, TLS or TCP'} servers"
+            if reason is None and kinds.setdefault((served.address, served.listen_port), plain) != plain:
+                reason = f"port {served.listen_port} already has {'HTTP' if not plain else 'HTTPS, TLS or TCP'} servers"
             if reason is not None:
                 _unsupported.warning(logs.event("gateway server not served", gateway=served.ref,
                                                 server=server.port.name, reason=reason))
                 continue
             result.append(served)
     return result
+
+
+def target_ports(snapshot: Snapshot, proxy: Proxy) -> dict[int, int]:
+    """Service port -> the pod's port, of the Services whose endpoints the gateway's pod is (by
+    hostname, the first wins), but those labelled to opt out, as istiod."""
+    found: dict[int, int] = {}
+    instances = [i for address in proxy.ip_addresses for i in snapshot.instances_on(address)]
+    for service, endpoint in sorted(instances, key=lambda i: i[0].hostname):
+        if PORT_TRANSLATION_OPT_OUT not in dict(service.labels):
+            found.setdefault(endpoint.service_port, endpoint.port)
+    return found
 
 
 def servers_by(snapshot: Snapshot, proxy: Proxy,
