@@ -252,6 +252,10 @@ def gateway_tcp_destinations(services_bound: Iterable[VirtualService], port: int
         for tcp in vs.tcp:
             if tcp.route and (not tcp.match or any(_gateway_l4_applies(m, port, gateway) for m in tcp.match)):
                 return _l4_destinations(tcp, port, services)
+        # A TLSRoute on a listener terminating TLS: its `tls` routes stand for `tcp` ones (istiod's fallback).
+        for tls in vs.tls if vs.gateway_semantics else ():
+            if tls.route and any(_gateway_l4_applies(m, port, gateway) for m in tls.match):
+                return _l4_destinations(tls, port, services)
     return None
 
 

@@ -103,7 +103,7 @@ def l4_chains(snapshot: Snapshot, proxy: Proxy,
                                               virtual_service=str(vs.meta), sni_hosts=",".join(sorted(taken & set(names)))))
                 continue
             taken.update(names)
-            found.append((names, sent))
+            found.append(((), sent) if "*" in names else (names, sent))  # `*`: any name (a TLSRoute without hostnames)
         chains[served] = tuple(found)
     return chains, tuple(depends_on)
 
