@@ -23,10 +23,12 @@ from tests.test_envoy_gateway import BIND, NAMESPACE, Gateway, gateway_envoy, me
 from tests.test_gateway_gen import server_credential
 
 BACKEND_IP = "127.0.0.72"
+MESH_CLIENT = "spiffe://cluster.local/ns/shop/sa/client"
 PASSTHROUGH_HOST = "tls.example.com"
 
 
-def _objects(backend_port: int, tls_port: int, tcp_port: int, mtls_port: int, client_ca: bytes) -> list[dict[str, Any]]:
+def _objects(backend_port: int, tls_port: int, tcp_port: int, mtls_port: int, istio_port: int,
+             client_ca: bytes) -> list[dict[str, Any]]:
     return [
         {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "tls-app", "namespace": "shop"},
          "spec": {"clusterIP": "10.96.0.11", "selector": {"app": "tls-app"},
@@ -42,7 +44,10 @@ def _objects(backend_port: int, tls_port: int, tcp_port: int, mtls_port: int, cl
               "hosts": [f"shop/{PASSTHROUGH_HOST}"], "tls": {"mode": "PASSTHROUGH"}},
              {"port": {"number": tcp_port, "name": "tcp", "protocol": "TCP"}, "bind": BIND, "hosts": ["shop/*"]},
              {"port": {"number": mtls_port, "name": "https-mtls", "protocol": "HTTPS"}, "bind": BIND,
-              "hosts": ["shop/secure.example.com"], "tls": {"mode": "MUTUAL", "credentialName": "web-cert"}}]}},
+              "hosts": ["shop/secure.example.com"], "tls": {"mode": "MUTUAL", "credentialName": "web-cert"}},
+             {"port": {"number": istio_port, "name": "https-mesh", "protocol": "HTTPS"}, "bind": BIND,
+              "hosts": ["shop/secure.example.com"],
+              "tls": {"mode": "ISTIO_MUTUAL", "subjectAltNames": [MESH_CLIENT]}}]}},
         {"apiVersion": "networking.istio.io/v1", "kind": "VirtualService", "metadata": {"name": "l4", "namespace": "shop"},
          "spec": {"hosts": [PASSTHROUGH_HOST, "secure.example.com"], "gateways": [f"{NAMESPACE}/l4"],
                   "tls": [{"match": [{"sniHosts": [PASSTHROUGH_HOST]}], "route": [{"destination": {"host": "tls-app"}}]}],
@@ -52,9 +57,10 @@ def _objects(backend_port: int, tls_port: int, tcp_port: int, mtls_port: int, cl
 
 
 class L4:
-    def __init__(self, gateway: Gateway, workdir: Path, tls_port: int, tcp_port: int, mtls_port: int) -> None:
+    def __init__(self, gateway: Gateway, workdir: Path, tls_port: int, tcp_port: int, mtls_port: int,
+                 istio_port: int) -> None:
         self.gateway, self.workdir = gateway, workdir
-        self.tls_port, self.tcp_port, self.mtls_port = tls_port, tcp_port, mtls_port
+        self.tls_port, self.tcp_port, self.mtls_port, self.istio_port = tls_port, tcp_port, mtls_port, istio_port
 
 
 @pytest.fixture
@@ -69,7 +75,7 @@ def l4(mesh: Gateway, mesh_dir: Path, processes: list[Process]) -> Iterator[L4]:
     (workdir / "client.pem").write_text(cert_pem(leaf_cert(client_key, (client_ca, client_ca_key), dns=("client",))))
     (workdir / "client-key.pem").write_bytes(key_pem(client_key))
     backend_port = free_port(BACKEND_IP)
-    ports = free_port(BIND), free_port(BIND), free_port(BIND)
+    ports = free_port(BIND), free_port(BIND), free_port(BIND), free_port(BIND)
     processes.append(Process([sys.executable, str(ROOT / "tests" / "tls_echo.py"), BACKEND_IP, str(backend_port),
                               str(workdir / "backend.pem"), str(workdir / "backend-key.pem"), "tls-app"], name="tls-app"))
     (mesh_dir / "l4.yaml").write_text(yaml.safe_dump_all(_objects(backend_port, *ports, cert_pem(client_ca).encode())))
@@ -109,3 +115,27 @@ def test_mutual_tls_refuses_a_client_without_a_certificate(l4: L4) -> None:
     (l4.workdir / "other.pem").write_bytes(other_cert)
     (l4.workdir / "other-key.pem").write_bytes(other_key)
     assert gateway.curl(*args, "--cert", str(l4.workdir / "other.pem"), "--key", str(l4.workdir / "other-key.pem"))[0] == 0
+
+
+def test_istio_mutual_takes_a_client_of_the_mesh_only(l4: L4) -> None:
+    """ISTIO_MUTUAL: the gateway's own mesh certificate (from its agent's SDS), and a client
+    certificate the mesh root signed for an identity of subjectAltNames."""
+    gateway, port, host = l4.gateway, l4.istio_port, "secure.example.com"
+    assert gateway.sds is not None
+    signer = (gateway.sds.root, gateway.sds.root_key)
+    for name, identity in (("mesh", MESH_CLIENT), ("stranger", "spiffe://cluster.local/ns/shop/sa/other")):
+        key = ec.generate_private_key(ec.SECP256R1())
+        (l4.workdir / f"{name}.pem").write_text(cert_pem(leaf_cert(key, signer, uris=(identity,))))
+        (l4.workdir / f"{name}-key.pem").write_bytes(key_pem(key))
+    # -k: the gateway presents its workload certificate (a SPIFFE ID, no DNS name), as istiod's would.
+    args = (f"https://{host}:{port}/mesh", "--resolve", f"{host}:{port}:{BIND}", "-k")
+
+    def client(name: str) -> tuple[str, ...]:
+        return "--cert", str(l4.workdir / f"{name}.pem"), "--key", str(l4.workdir / f"{name}-key.pem")
+
+    status, body = wait_until(lambda: (r := gateway.curl(*args, *client("mesh")))[0] == 200 and r, 15,
+                              "ISTIO_MUTUAL with a mesh client certificate")
+    print("ISTIO_MUTUAL with a mesh client:", status, body[:80])
+    assert gateway.curl(*args)[0] == 0  # no client certificate
+    assert gateway.curl(*args, *client("stranger"))[0] == 0  # an identity subjectAltNames does not name
+    assert gateway.curl(*args, "--cert", str(l4.workdir / "client.pem"), "--key", str(l4.workdir / "client-key.pem"))[0] == 0

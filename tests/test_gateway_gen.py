@@ -206,7 +206,6 @@ def test_secrets_go_only_to_a_verified_gateway_of_the_secrets_namespace(caplog: 
 
 
 @pytest.mark.parametrize(("tls", "protocol", "reason"), [
-    ({"mode": "ISTIO_MUTUAL"}, "HTTPS", "tls.mode ISTIO_MUTUAL is not implemented"),
     ({"mode": "AUTO_PASSTHROUGH"}, "TLS", "tls.mode AUTO_PASSTHROUGH is not implemented"),
     ({"mode": "SIMPLE", "serverCertificate": "/etc/c.pem", "privateKey": "/etc/k.pem"}, "HTTPS", "files are not implemented"),
     ({"mode": "MUTUAL", "credentialName": "web-cert", "subjectAltNames": ["a"]}, "TLS", "subjectAltNames/caCertificates"),
@@ -386,3 +385,23 @@ def test_a_server_listens_on_the_target_port_of_the_gateways_service_port() -> N
     opted_out = {**service, "metadata": {**service["metadata"],
                                          "labels": {"networking.istio.io/disable-gateway-port-translation": "true"}}}
     assert "127.0.0.60_443" in _generate(types.LISTENER, _snapshot(gateway, L4_ROUTES, pod, opted_out), listener_pb2.Listener)
+
+
+def test_istio_mutual_uses_the_mesh_certificate_from_the_agents_sds() -> None:
+    gateway = _l4_gateway({"port": {"number": 9443, "name": "mesh", "protocol": "TLS"}, "hosts": ["shop/*.example.com"],
+                           "tls": {"mode": "ISTIO_MUTUAL", "subjectAltNames": ["spiffe://cluster.local/ns/shop/sa/client"]}})
+    routes = {**L4_ROUTES, "spec": {**L4_ROUTES["spec"], "tcp": [{"route": [{"destination": {"host": "web"}}]}]}}
+    snapshot = _snapshot(gateway, routes)
+    (chain,) = _generate(types.LISTENER, snapshot, listener_pb2.Listener)["127.0.0.60_9443"].filter_chains
+    context = tls_pb2.DownstreamTlsContext.FromString(chain.transport_socket.typed_config.value)
+    common = context.common_tls_context
+    assert context.require_client_certificate.value
+    assert [c.name for c in common.tls_certificate_sds_secret_configs] == ["default"]
+    assert common.tls_certificate_sds_secret_configs[0].sds_config.api_config_source.grpc_services[0].envoy_grpc.cluster_name == "sds-grpc"
+    validation = common.combined_validation_context
+    assert validation.validation_context_sds_secret_config.name == "ROOTCA"
+    assert [m.matcher.exact for m in validation.default_validation_context.match_typed_subject_alt_names] == [
+        "spiffe://cluster.local/ns/shop/sa/client"]
+    assert _tcp_proxy(chain).cluster == WEB_CLUSTER
+    # No Secret of the gateway's namespace is involved: nothing is sent by name.
+    assert _generate(types.SECRET, snapshot, secret_pb2.Secret, names=["kubernetes://"]) == {}

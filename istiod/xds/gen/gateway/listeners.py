@@ -36,7 +36,7 @@ from istiod.xds.gen.filters import (
 from istiod.xds.gen.gateway.servers import GatewayServer, bound_hosts, servers_by
 from istiod.xds.gen.routes import L4Destinations, gateway_tcp_destinations, gateway_tls_destinations
 from istiod.xds.gen.security import workload_policy
-from istiod.xds.gen.tls import HTTP_ALPN, TLS_TRANSPORT_SOCKET
+from istiod.xds.gen.tls import HTTP_ALPN, TLS_TRANSPORT_SOCKET, sds_downstream_tls
 
 TLS_INSPECTOR_FILTER = "envoy.filters.listener.tls_inspector"
 log = logging.getLogger(__name__)
@@ -148,6 +148,11 @@ def gateway_listener(name: str, servers: tuple[GatewayServer, ...],
 
 
 def _transport_socket(served: GatewayServer) -> base_pb2.TransportSocket:
+    if served.mesh_tls:
+        # The workload certificate and root from the agent's SDS (`default`, `ROOTCA`), as a sidecar's
+        # inbound; subjectAltNames restrict the client identities.
+        assert served.server.tls is not None
+        return sds_downstream_tls(HTTP_ALPN, served.server.tls.subject_alt_names)
     return base_pb2.TransportSocket(name=TLS_TRANSPORT_SOCKET, typed_config=pack(server_tls(served)))
 
 

@@ -42,7 +42,7 @@ def secrets(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: Re
             key = (proxy.namespace, name.removeprefix(CREDENTIAL_PREFIX))
         elif name.startswith(GATEWAY_CREDENTIAL_PREFIX):
             if referenced is None:
-                referenced = {n for s in gateway_servers(snapshot, proxy) if s.terminates
+                referenced = {n for s in gateway_servers(snapshot, proxy) if s.terminates and not s.mesh_tls
                               for n in (s.credential, s.ca_credential) if n is not None}
             namespace, _, secret = name.removeprefix(GATEWAY_CREDENTIAL_PREFIX).partition("/")
             if name not in referenced:

@@ -1,7 +1,8 @@
 """Which Gateway servers a gateway proxy serves, and which VirtualServices each one routes.
 
 What is implemented: HTTP servers; HTTPS servers terminating TLS (`SIMPLE`, `MUTUAL`,
-`OPTIONAL_MUTUAL` with a `credentialName`, a Secret in the gateway's namespace); TCP servers and
+`OPTIONAL_MUTUAL` with a `credentialName`, a Secret in the gateway's namespace; `ISTIO_MUTUAL` with
+the proxy's mesh certificate); TCP servers and
 TLS servers (terminating as HTTPS does, or `PASSTHROUGH`, as HTTPS `PASSTHROUGH` too), routed by
 the VirtualServices' `tcp` and `tls` routes. Any other server is left out with a warning naming
 it, never served half-configured.
@@ -25,7 +26,8 @@ HTTP_PROTOCOLS = frozenset({"HTTP", "HTTP2", "GRPC"})
 CREDENTIAL_PREFIX = "kubernetes://"  # istiod's name for a credentialName's SDS secret
 CA_SUFFIX = "-cacert"  # istiod's SDS name of the CA that verifies a MUTUAL server's clients
 PORT_TRANSLATION_OPT_OUT = "networking.istio.io/disable-gateway-port-translation"
-TERMINATING = frozenset({ServerTLSMode.SIMPLE, ServerTLSMode.MUTUAL, ServerTLSMode.OPTIONAL_MUTUAL})
+TERMINATING = frozenset({ServerTLSMode.SIMPLE, ServerTLSMode.MUTUAL, ServerTLSMode.OPTIONAL_MUTUAL,
+                         ServerTLSMode.ISTIO_MUTUAL})
 
 log = logging.getLogger(__name__)
 _unsupported = logs.Throttled(log, 60.0)  # every push meets the same server again
@@ -64,6 +66,11 @@ class GatewayServer:
     @property
     def terminates(self) -> bool:
         return self.server.tls is not None and self.server.tls.mode in TERMINATING
+
+    @property
+    def mesh_tls(self) -> bool:
+        """ISTIO_MUTUAL: the proxy's own mesh certificate, and clients' verified by the mesh root."""
+        return self.server.tls is not None and self.server.tls.mode is ServerTLSMode.ISTIO_MUTUAL
 
     @property
     def plaintext_http(self) -> bool:
@@ -127,7 +134,10 @@ def unsupported(server: Server) -> str | None:
     if tls.mode is ServerTLSMode.PASSTHROUGH:
         return None
     if tls.mode not in TERMINATING:
-        return f"tls.mode {tls.mode.value} is not implemented (SIMPLE, MUTUAL, OPTIONAL_MUTUAL and PASSTHROUGH are)"
+        return (f"tls.mode {tls.mode.value} is not implemented "
+                "(SIMPLE, MUTUAL, OPTIONAL_MUTUAL, ISTIO_MUTUAL and PASSTHROUGH are)")
+    if tls.mode is ServerTLSMode.ISTIO_MUTUAL:  # validation admits no certificates here; subjectAltNames apply
+        return None
     if not tls.credential_name:
         return "tls.serverCertificate/privateKey files are not implemented (tls.credentialName is)"
     if tls.subject_alt_names or tls.ca_certificates:
