@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
+import ssl
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +29,7 @@ MESH_CLIENT = "spiffe://cluster.local/ns/shop/sa/client"
 PASSTHROUGH_HOST = "tls.example.com"
 
 
-def _objects(backend_port: int, tls_port: int, tcp_port: int, mtls_port: int, istio_port: int,
+def _objects(backend_port: int, tls_port: int, tcp_port: int, mtls_port: int, istio_port: int, auto_port: int,
              client_ca: bytes) -> list[dict[str, Any]]:
     return [
         {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "tls-app", "namespace": "shop"},
@@ -47,7 +49,9 @@ def _objects(backend_port: int, tls_port: int, tcp_port: int, mtls_port: int, is
               "hosts": ["shop/secure.example.com"], "tls": {"mode": "MUTUAL", "credentialName": "web-cert"}},
              {"port": {"number": istio_port, "name": "https-mesh", "protocol": "HTTPS"}, "bind": BIND,
               "hosts": ["shop/secure.example.com"],
-              "tls": {"mode": "ISTIO_MUTUAL", "subjectAltNames": [MESH_CLIENT]}}]}},
+              "tls": {"mode": "ISTIO_MUTUAL", "subjectAltNames": [MESH_CLIENT]}},
+             {"port": {"number": auto_port, "name": "tls-auto", "protocol": "TLS"}, "bind": BIND,
+              "hosts": ["*.local"], "tls": {"mode": "AUTO_PASSTHROUGH"}}]}},
         {"apiVersion": "networking.istio.io/v1", "kind": "VirtualService", "metadata": {"name": "l4", "namespace": "shop"},
          "spec": {"hosts": [PASSTHROUGH_HOST, "secure.example.com"], "gateways": [f"{NAMESPACE}/l4"],
                   "tls": [{"match": [{"sniHosts": [PASSTHROUGH_HOST]}], "route": [{"destination": {"host": "tls-app"}}]}],
@@ -58,9 +62,10 @@ def _objects(backend_port: int, tls_port: int, tcp_port: int, mtls_port: int, is
 
 class L4:
     def __init__(self, gateway: Gateway, workdir: Path, tls_port: int, tcp_port: int, mtls_port: int,
-                 istio_port: int) -> None:
+                 istio_port: int, auto_port: int) -> None:
         self.gateway, self.workdir = gateway, workdir
         self.tls_port, self.tcp_port, self.mtls_port, self.istio_port = tls_port, tcp_port, mtls_port, istio_port
+        self.auto_port = auto_port
 
 
 @pytest.fixture
@@ -75,7 +80,7 @@ def l4(mesh: Gateway, mesh_dir: Path, processes: list[Process]) -> Iterator[L4]:
     (workdir / "client.pem").write_text(cert_pem(leaf_cert(client_key, (client_ca, client_ca_key), dns=("client",))))
     (workdir / "client-key.pem").write_bytes(key_pem(client_key))
     backend_port = free_port(BACKEND_IP)
-    ports = free_port(BIND), free_port(BIND), free_port(BIND), free_port(BIND)
+    ports = free_port(BIND), free_port(BIND), free_port(BIND), free_port(BIND), free_port(BIND)
     processes.append(Process([sys.executable, str(ROOT / "tests" / "tls_echo.py"), BACKEND_IP, str(backend_port),
                               str(workdir / "backend.pem"), str(workdir / "backend-key.pem"), "tls-app"], name="tls-app"))
     (mesh_dir / "l4.yaml").write_text(yaml.safe_dump_all(_objects(backend_port, *ports, cert_pem(client_ca).encode())))
@@ -139,3 +144,30 @@ def test_istio_mutual_takes_a_client_of_the_mesh_only(l4: L4) -> None:
     assert gateway.curl(*args)[0] == 0  # no client certificate
     assert gateway.curl(*args, *client("stranger"))[0] == 0  # an identity subjectAltNames does not name
     assert gateway.curl(*args, "--cert", str(l4.workdir / "client.pem"), "--key", str(l4.workdir / "client-key.pem"))[0] == 0
+
+
+def _through_auto_passthrough(l4: L4, sni: str, alpn: list[str]) -> str:
+    """A GET over TLS with SNI `sni` and ALPN `alpn` to the AUTO_PASSTHROUGH port, verifying the
+    backend's own certificate (its CA); the response, or the error."""
+    context = ssl.create_default_context(cafile=str(l4.workdir / "backend-ca.pem"))
+    context.check_hostname = False  # the SNI names the cluster, the certificate the backend's host
+    context.set_alpn_protocols(alpn)
+    try:
+        with socket.create_connection((BIND, l4.auto_port), timeout=5) as raw, \
+                context.wrap_socket(raw, server_hostname=sni) as tls:
+            tls.sendall(b"GET /auto HTTP/1.0\r\nHost: x\r\n\r\n")
+            return b"".join(iter(lambda: tls.recv(4096), b"")).decode()
+    except (OSError, ssl.SSLError) as error:
+        return f"error: {error}"
+
+
+def test_auto_passthrough_by_the_sni_of_a_mesh_service(l4: L4) -> None:
+    """AUTO_PASSTHROUGH (an east-west gateway's): the SNI `outbound_.<port>_._.<host>` picks the
+    service's endpoints; the TLS is the backend's, and only a client speaking Istio's ALPN is taken."""
+    sni = "outbound_.443_._.tls-app.shop.svc.cluster.local"
+    reply = wait_until(lambda: (r := _through_auto_passthrough(l4, sni, ["istio"])).startswith("HTTP/1.0 200") and r,
+                       15, "the service's backend by its SNI")
+    print("AUTO_PASSTHROUGH:", reply.splitlines()[0], reply.splitlines()[-1])
+    assert json.loads(reply.split("\r\n\r\n", 1)[1]) == {"name": "tls-app", "path": "/auto"}
+    assert _through_auto_passthrough(l4, sni, ["h2"]).startswith("error")  # not Istio's mTLS ALPN
+    assert _through_auto_passthrough(l4, "outbound_.443_._.nowhere.shop.svc.cluster.local", ["istio"]).startswith("error")

@@ -206,7 +206,6 @@ def test_secrets_go_only_to_a_verified_gateway_of_the_secrets_namespace(caplog: 
 
 
 @pytest.mark.parametrize(("tls", "protocol", "reason"), [
-    ({"mode": "AUTO_PASSTHROUGH"}, "TLS", "tls.mode AUTO_PASSTHROUGH is not implemented"),
     ({"mode": "SIMPLE", "serverCertificate": "/etc/c.pem", "privateKey": "/etc/k.pem"}, "HTTPS", "files are not implemented"),
     ({"mode": "MUTUAL", "credentialName": "web-cert", "subjectAltNames": ["a"]}, "TLS", "subjectAltNames/caCertificates"),
     (None, "MONGO", "protocol MONGO is not implemented"),
@@ -405,3 +404,25 @@ def test_istio_mutual_uses_the_mesh_certificate_from_the_agents_sds() -> None:
     assert _tcp_proxy(chain).cluster == WEB_CLUSTER
     # No Secret of the gateway's namespace is involved: nothing is sent by name.
     assert _generate(types.SECRET, snapshot, secret_pb2.Secret, names=["kubernetes://"]) == {}
+
+
+def test_auto_passthrough_routes_the_sni_of_a_mesh_service_to_its_sni_dnat_cluster() -> None:
+    gateway = _l4_gateway({"port": {"number": 15443, "name": "tls", "protocol": "TLS"}, "hosts": ["*.local"],
+                           "tls": {"mode": "AUTO_PASSTHROUGH"}})
+    rule = {"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule", "metadata": {"name": "web", "namespace": "shop"},
+            "spec": {"host": "web.shop.svc.cluster.local", "subsets": [{"name": "v1", "labels": {"version": "v1"}}]}}
+    snapshot = _snapshot(gateway, rule)
+    listener = _generate(types.LISTENER, snapshot, listener_pb2.Listener)["127.0.0.60_15443"]
+    names = {chain.filter_chain_match.server_names[0]: chain for chain in listener.filter_chains}
+    assert set(names) == {"outbound_.80_._.web.shop.svc.cluster.local", "outbound_.80_.v1_.web.shop.svc.cluster.local"}
+    chain = names["outbound_.80_._.web.shop.svc.cluster.local"]
+    assert list(chain.filter_chain_match.application_protocols) == [
+        "istio", "istio-peer-exchange", "istio-http/1.0", "istio-http/1.1", "istio-h2"]
+    assert not chain.HasField("transport_socket")
+    assert _tcp_proxy(chain).cluster == "outbound_.80_._.web.shop.svc.cluster.local"
+    clusters = _generate(types.CLUSTER, snapshot, cluster_pb2.Cluster)
+    dnat = clusters["outbound_.80_.v1_.web.shop.svc.cluster.local"]
+    assert dnat.eds_cluster_config.service_name == "outbound|80|v1|web.shop.svc.cluster.local"
+    assert not dnat.HasField("transport_socket") and not dnat.transport_socket_matches
+    # Without an AUTO_PASSTHROUGH server, no SNI-DNAT clusters.
+    assert not [n for n in _generate(types.CLUSTER, _snapshot(rule), cluster_pb2.Cluster) if n.startswith("outbound_.")]

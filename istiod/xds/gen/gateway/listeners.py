@@ -9,7 +9,9 @@ OPTIONAL_MUTUAL servers verify clients with `kubernetes://<credentialName>-cacer
 TCP and TLS servers share a port with HTTPS ones: a TCP server is one chain to where the first
 matching VirtualService `tcp` route sends; a TLS server terminating TLS is that chain behind its
 certificate, matched by SNI; a PASSTHROUGH server (TLS or HTTPS) gets a chain per matching `tls`
-route, by its `sniHosts`, that never opens the TLS (istiod's createGatewayTCPFilterChainOpts).
+route, by its `sniHosts`, that never opens the TLS (istiod's createGatewayTCPFilterChainOpts); an
+AUTO_PASSTHROUGH server a chain per mesh service port and subset its hosts admit, by the SNI
+`outbound_.<port>_.<subset>_.<host>` and Istio's mTLS ALPNs, to the SNI-DNAT cluster of that name.
 """
 
 from __future__ import annotations
@@ -33,10 +35,10 @@ from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.gen.filters import (
     HCM_FILTER, ads_source, http_connection_manager, l4_proxy, network_filter, pack, with_fault_filter,
 )
-from istiod.xds.gen.gateway.servers import GatewayServer, bound_hosts, servers_by
+from istiod.xds.gen.gateway.servers import GatewayServer, bound_hosts, servers_by, sni_dnat_names
 from istiod.xds.gen.routes import L4Destinations, gateway_tcp_destinations, gateway_tls_destinations
 from istiod.xds.gen.security import workload_policy
-from istiod.xds.gen.tls import HTTP_ALPN, TLS_TRANSPORT_SOCKET, sds_downstream_tls
+from istiod.xds.gen.tls import HTTP_ALPN, MESH_ALPN_MATCH, TLS_TRANSPORT_SOCKET, sds_downstream_tls
 
 TLS_INSPECTOR_FILTER = "envoy.filters.listener.tls_inspector"
 log = logging.getLogger(__name__)
@@ -91,6 +93,9 @@ def l4_chains(snapshot: Snapshot, proxy: Proxy,
         depends_on += bound
         depends_on += [snapshot.services.get(r.destination.host)
                        for vs in bound for route in (*vs.tcp, *vs.tls) for r in route.route]
+        if served.auto_passthrough:
+            chains[served] = tuple(((name,), [(name, 0)]) for name in sni_dnat_names(snapshot, proxy, served))
+            continue
         if not served.passthrough:
             sent = gateway_tcp_destinations(bound, served.port, served.ref, snapshot.services)
             names = tuple(served.server_names) if served.terminates else ()
@@ -140,6 +145,8 @@ def gateway_listener(name: str, servers: tuple[GatewayServer, ...],
                 chain.filter_chain_match.server_names.extend(names)
             if served.terminates:
                 chain.transport_socket.CopyFrom(_transport_socket(served))
+            if served.auto_passthrough:  # mesh mTLS only, as istiod: a peer that speaks Istio's ALPN
+                chain.filter_chain_match.application_protocols.extend(MESH_ALPN_MATCH)
             listener.filter_chains.append(chain)
     if any(c.filter_chain_match.server_names or c.HasField("transport_socket") for c in listener.filter_chains):
         listener.listener_filters.append(listener_components_pb2.ListenerFilter(

@@ -4,7 +4,7 @@ What is implemented: HTTP servers; HTTPS servers terminating TLS (`SIMPLE`, `MUT
 `OPTIONAL_MUTUAL` with a `credentialName`, a Secret in the gateway's namespace; `ISTIO_MUTUAL` with
 the proxy's mesh certificate); TCP servers and
 TLS servers (terminating as HTTPS does, or `PASSTHROUGH`, as HTTPS `PASSTHROUGH` too), routed by
-the VirtualServices' `tcp` and `tls` routes. Any other server is left out with a warning naming
+the VirtualServices' `tcp` and `tls` routes; `AUTO_PASSTHROUGH` by the SNI naming a mesh service. Any other server is left out with a warning naming
 it, never served half-configured.
 """
 
@@ -20,6 +20,8 @@ from istiod.model.config.gateway_conversion import GATEWAY_CREDENTIAL_PREFIX
 from istiod.model.config.networking import Gateway, Server, ServerTLSMode, VirtualService
 from istiod.model.proxy import Proxy
 from istiod.model.snapshot import Snapshot
+from istiod.xds.gen.sidecar.ports import outbound_ports
+from istiod.xds.gen.targets import destination_rule
 
 ANY_ADDRESS = "0.0.0.0"
 HTTP_PROTOCOLS = frozenset({"HTTP", "HTTP2", "GRPC"})
@@ -83,6 +85,12 @@ class GatewayServer:
         return self.server.tls is not None and self.server.tls.mode is ServerTLSMode.PASSTHROUGH and not self.plaintext_http
 
     @property
+    def auto_passthrough(self) -> bool:
+        """TLS passed on by an SNI `outbound_.<port>_.<subset>_.<host>` naming the mesh service (an
+        east-west gateway's), to the SNI-DNAT cluster of that name."""
+        return self.server.tls is not None and self.server.tls.mode is ServerTLSMode.AUTO_PASSTHROUGH
+
+    @property
     def route_name(self) -> str | None:
         """istiod's: `http.<port>` shared by a port's plaintext servers, one per HTTPS server; None
         for TCP and TLS servers, whose routes are in their listener."""
@@ -131,11 +139,8 @@ def unsupported(server: Server) -> str | None:
     if protocol not in ("HTTPS", "TLS"):
         return f"protocol {protocol} is not implemented (HTTP, HTTPS, TLS and TCP are)"
     assert tls is not None  # validation requires it for HTTPS and TLS
-    if tls.mode is ServerTLSMode.PASSTHROUGH:
+    if tls.mode in (ServerTLSMode.PASSTHROUGH, ServerTLSMode.AUTO_PASSTHROUGH):
         return None
-    if tls.mode not in TERMINATING:
-        return (f"tls.mode {tls.mode.value} is not implemented "
-                "(SIMPLE, MUTUAL, OPTIONAL_MUTUAL, ISTIO_MUTUAL and PASSTHROUGH are)")
     if tls.mode is ServerTLSMode.ISTIO_MUTUAL:  # validation admits no certificates here; subjectAltNames apply
         return None
     if not tls.credential_name:
@@ -209,6 +214,26 @@ def bound_hosts(snapshot: Snapshot, proxy: Proxy, served: GatewayServer) -> Iter
                 if scope.host_matches(host, pattern):
                     yield pattern, vs
                     break
+
+
+def sni_dnat_names(snapshot: Snapshot, proxy: Proxy, served: GatewayServer) -> list[str]:
+    """istiod's builtAutoPassthroughFilterChains: `outbound_.<port>_.<subset>_.<host>` for each port
+    (and DestinationRule subset) of each mesh service the proxy sees that the server's hosts admit."""
+    names = []
+    for target in outbound_ports(snapshot, proxy):
+        service = target.service
+        if service.external_host or not any(
+                namespace in ("*", service.namespace) or (namespace == "." and service.namespace == served.gateway.meta.namespace)
+                for namespace, pattern in served.server.hosts if scope.host_matches(pattern, service.hostname)):
+            continue
+        rule = destination_rule(snapshot, proxy, service)
+        for subset in ("", *(s.name for s in (rule.subsets if rule is not None else ()))):
+            names.append(sni_dnat_name(target.port.port, service.hostname, subset))
+    return list(dict.fromkeys(names))
+
+
+def sni_dnat_name(port: int, host: str, subset: str = "") -> str:
+    return f"outbound_.{port}_.{subset}_.{host}"
 
 
 def _namespace_admits(namespace: str, gateway_namespace: str, vs_namespace: str) -> bool:
