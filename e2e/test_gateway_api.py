@@ -132,3 +132,57 @@ async def test_status_as_istio_writes_it(cluster: Cluster, kube: client.ApiClien
     # Other tests share the cluster (and read every Gateway): leave none behind.
     await custom.delete_namespaced_custom_object(GROUP, VERSION, "gw-ingress", "httproutes", "shop")
     await custom.delete_namespaced_custom_object(GROUP, VERSION, "gw-ingress", "gateways", "web")
+
+
+async def test_tls_and_tcp_routes_status(cluster: Cluster, kube: client.ApiClient, tmp_path: Path,
+                                         processes: list[Process]) -> None:
+    """TLSRoute and TCPRoute (the experimental channel's CRDs) on a Gateway's TLS Passthrough and
+    TCP listeners: each listener's supportedKinds and attachedRoutes, each route's parent conditions."""
+    await install_gateway_api_crds(kube)
+    await install_gateway_api_crds(kube, "experimental")  # adds TCPRoute and TLSRoute (and keeps the rest)
+    kubeconfig, _ = await istiod_kubeconfig(cluster, kube, tmp_path / "istiod.kubeconfig")
+    custom, core = client.CustomObjectsApi(kube), client.CoreV1Api(kube)
+    await ensure_namespace(kube, "gw-l4")
+    await core.create_namespaced_service("gw-l4", {"metadata": {"name": "backend"}, "spec": {
+        "selector": {"app": "backend"}, "ports": [{"name": "tls", "port": 443}]}})
+    await custom.create_namespaced_custom_object(GROUP, VERSION, "gw-l4", "gateways", {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "Gateway", "metadata": {"name": "edge"},
+        "spec": {"gatewayClassName": "istio", "listeners": [
+            {"name": "tls", "port": 443, "protocol": "TLS", "tls": {"mode": "Passthrough"}},
+            {"name": "tcp", "port": 9000, "protocol": "TCP"}]}})
+    backend = [{"backendRefs": [{"name": "backend", "port": 443}]}]
+    await custom.create_namespaced_custom_object(GROUP, VERSION, "gw-l4", "tlsroutes", {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "TLSRoute", "metadata": {"name": "sni"},
+        "spec": {"parentRefs": [{"name": "edge", "sectionName": "tls"}], "hostnames": ["tls.example.com"], "rules": backend}})
+    await custom.create_namespaced_custom_object(GROUP, VERSION, "gw-l4", "tcproutes", {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "TCPRoute", "metadata": {"name": "raw"},
+        "spec": {"parentRefs": [{"name": "edge", "sectionName": "tcp"}],
+                 "rules": [{"backendRefs": [{"name": "missing", "port": 1}]}]}})
+    istiod = Istiod(tmp_path, "--kubeconfig", str(kubeconfig), "--leader-lease-duration", "2s",
+                    "--leader-renew-deadline", "1.5s", "--leader-retry-period", "0.25s", ready_timeout=60)
+    processes.append(istiod)
+    try:
+        async def attached() -> dict[str, Any] | None:
+            status = await _status(custom, "gateways", "gw-l4", "edge")
+            return status if [x["attachedRoutes"] for x in status["listeners"]] == [1, 1] else None
+
+        gateway = await _wait(attached, "both listeners with their route attached")
+        print("Gateway edge listeners:", gateway["listeners"])
+        tls, tcp = gateway["listeners"]
+        assert tls["supportedKinds"] == [{"group": GROUP, "kind": "TLSRoute"}]
+        assert tcp["supportedKinds"] == [{"group": GROUP, "kind": "TCPRoute"}]
+        for listener in (tls, tcp):
+            assert _conditions(listener["conditions"])["Accepted"] == ("True", "Accepted")
+        sni = await _wait(lambda: _status(custom, "tlsroutes", "gw-l4", "sni"), "the TLSRoute's status")
+        print("TLSRoute sni:", sni)
+        assert _conditions(sni["parents"][0]["conditions"]) == {"Accepted": ("True", "Accepted"),
+                                                                "ResolvedRefs": ("True", "ResolvedRefs")}
+        raw = await _wait(lambda: _status(custom, "tcproutes", "gw-l4", "raw"), "the TCPRoute's status")
+        print("TCPRoute raw:", raw)
+        assert _conditions(raw["parents"][0]["conditions"]) == {"Accepted": ("True", "Accepted"),
+                                                                "ResolvedRefs": ("False", "BackendNotFound")}
+    finally:
+        # Other tests share the cluster (and read every Gateway): leave none behind.
+        await custom.delete_namespaced_custom_object(GROUP, VERSION, "gw-l4", "tlsroutes", "sni")
+        await custom.delete_namespaced_custom_object(GROUP, VERSION, "gw-l4", "tcproutes", "raw")
+        await custom.delete_namespaced_custom_object(GROUP, VERSION, "gw-l4", "gateways", "edge")

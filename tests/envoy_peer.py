@@ -281,7 +281,7 @@ class SdsServer(sds_pb2_grpc.SecretDiscoveryServiceServicer):
     """Serves `default` (a workload certificate for `identity`) and `ROOTCA` on a Unix socket."""
 
     def __init__(self, path: Path, identity: str) -> None:
-        root_key = new_key()
+        root_key = self.root_key = new_key()
         self.root = ca_cert("sidecar test root", root_key)
         key = new_key()
         self.certificate = leaf_cert(key, (self.root, root_key), uris=(identity,))

@@ -84,6 +84,7 @@ class Gateway:
         self.mesh_dir, self.istiod = mesh_dir, istiod
         self.http_port, self.https_port = http_port, https_port
         self.envoy: Envoy | None = None
+        self.sds: SdsServer | None = None  # the mesh certificate the gateway's Envoy is served
 
     def curl(self, url: str, *options: str) -> tuple[int, str]:
         """(HTTP status, body) of curl's request; status 0 when the connection or handshake failed."""
@@ -123,7 +124,7 @@ def gateway_envoy(mesh: Gateway, delta: bool = False) -> Iterator[Gateway]:
     sds = None
     istiod = mesh.istiod
     try:
-        sds = SdsServer(workdir / "sds", f"spiffe://cluster.local/ns/{NAMESPACE}/sa/{SERVICE_ACCOUNT}")
+        sds = mesh.sds = SdsServer(workdir / "sds", f"spiffe://cluster.local/ns/{NAMESPACE}/sa/{SERVICE_ACCOUNT}")
         envoy = mesh.envoy = Envoy(gateway_bootstrap(istiod, workdir, delta), workdir, name="envoy-gateway",
                                    netns=False)
         try:
@@ -136,7 +137,7 @@ def gateway_envoy(mesh: Gateway, delta: bool = False) -> Iterator[Gateway]:
         for stoppable in (mesh.envoy, sds):
             if stoppable is not None:
                 stoppable.stop()
-        mesh.envoy = None
+        mesh.envoy = mesh.sds = None
         shutil.rmtree(workdir, ignore_errors=True)
 
 

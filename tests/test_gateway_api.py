@@ -189,8 +189,9 @@ def test_route_status_names_what_did_not_resolve() -> None:
     assert broken["ResolvedRefs"][:2] == ("False", "BackendNotFound")
     assert "backend(nowhere.shop.svc.cluster.local) not found" in broken["ResolvedRefs"][2]
     assert "'/(?=lookahead)' is not a valid RE2 regex" in broken["ResolvedRefs"][2]
+    # A TCPRoute on a Gateway without a TCP listener: no listener takes its kind.
     tcp = _route_conditions(converted, "istio-ingress", "raw", kind="TCPRoute")
-    assert tcp["Accepted"] == ("False", "UnsupportedValue", "TCPRoute is not implemented by this istiod (HTTPRoute and GRPCRoute are)")
+    assert tcp["Accepted"][:2] == ("False", "NotAllowedByListeners")
 
 
 def test_a_removed_reference_grant_is_refused_and_not_followed() -> None:
@@ -292,11 +293,11 @@ def test_a_grpc_route_routes_methods_as_paths() -> None:
 
 def test_a_listener_protocol_not_served_is_refused_in_status() -> None:
     gateway = copy.deepcopy(next(d for d in _documents() if d["kind"] == "Gateway"))
-    gateway["spec"]["listeners"].append({"name": "raw", "port": 9000, "protocol": "TCP"})
+    gateway["spec"]["listeners"].append({"name": "raw", "port": 9000, "protocol": "UDP"})
     converted = _converted(gateway)
     raw = _conditions(_listener(converted, "raw")["conditions"])
     assert raw["Accepted"] == ("False", "UnsupportedProtocol",
-                               "protocol TCP is not implemented by this istiod (HTTP and HTTPS are)")
+                               "protocol UDP is not implemented by this istiod (HTTP, HTTPS, TLS and TCP are)")
     assert _listener(converted, "raw")["supportedKinds"] == []
 
 
@@ -310,3 +311,75 @@ def test_a_rule_with_a_filter_not_implemented_answers_500_and_says_why() -> None
     assert resolved[:2] == ("False", "InvalidFilter") and "ReplacePrefixMatch in a redirect" in resolved[2]
     vs = next(v for v in converted.virtual_services if v.hosts == ("moved.example.com",))
     assert [(h.direct_response is not None, h.route != ()) for h in vs.http] == [(False, True), (True, False)]
+
+
+def _l4_gateway() -> dict[str, Any]:
+    gateway = copy.deepcopy(next(d for d in _documents() if d["kind"] == "Gateway"))
+    gateway["spec"]["listeners"] += [
+        {"name": "passthrough", "port": 9543, "protocol": "TLS", "tls": {"mode": "Passthrough"},
+         "allowedRoutes": {"namespaces": {"from": "All"}}},
+        {"name": "raw", "port": 9000, "protocol": "TCP", "allowedRoutes": {"namespaces": {"from": "All"}}},
+        {"name": "terminated", "port": 9544, "protocol": "TLS", "hostname": "*.example.com",
+         "tls": {"mode": "Terminate", "certificateRefs": [{"name": "web-cert"}]}, "allowedRoutes": {"namespaces": {"from": "All"}}},
+        {"name": "https-passthrough", "port": 9545, "protocol": "HTTPS", "tls": {"mode": "Passthrough"}}]
+    return gateway
+
+
+def _l4_route(kind: str, name: str, namespace: str = "shop", **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": f"{GROUP}/v1", "kind": kind, "metadata": {"name": name, "namespace": namespace},
+            "spec": {"parentRefs": [{"name": "web", "namespace": "istio-ingress", **spec.pop("ref", {})}],
+                     "rules": [{"backendRefs": [{"name": "echo", "namespace": "shop", "port": 8080}]}], **spec}}
+
+
+def test_tls_and_tcp_listeners_and_their_routes_in_status() -> None:
+    tls_route = _l4_route("TLSRoute", "sni", hostnames=["tls.example.com"], ref={"sectionName": "passthrough"})
+    wrong_kind = _l4_route("TLSRoute", "wrong", ref={"sectionName": "raw"})
+    missing = _l4_route("TLSRoute", "missing", hostnames=["gone.example.com"], ref={"sectionName": "passthrough"},
+                        rules=[{"backendRefs": [{"name": "nowhere", "port": 1}]}])
+    converted = _converted(_l4_gateway(), tls_route, wrong_kind, missing)
+    for name, kinds in (("passthrough", ["TLSRoute"]), ("raw", ["TCPRoute"]), ("terminated", ["TLSRoute", "TCPRoute"])):
+        listener = _listener(converted, name)
+        assert [k["kind"] for k in listener["supportedKinds"]] == kinds, name
+        assert _conditions(listener["conditions"])["Accepted"][:2] == ("True", "Accepted"), name
+    # The TCPRoute `raw` of the fixture (parentRef without sectionName) attaches to the TCP listener;
+    # its backend in another namespace has no ReferenceGrant for TCPRoutes.
+    assert _listener(converted, "raw")["attachedRoutes"] == 1
+    raw = _route_conditions(converted, "istio-ingress", "raw", kind="TCPRoute")
+    assert raw["Accepted"][:2] == ("True", "Accepted") and raw["ResolvedRefs"][:2] == ("False", "RefNotPermitted")
+    assert _listener(converted, "passthrough")["attachedRoutes"] == 2
+    assert _route_conditions(converted, "shop", "sni", kind="TLSRoute") == {
+        "Accepted": ("True", "Accepted", "Route was valid"), "ResolvedRefs": ("True", "ResolvedRefs", "All references resolved")}
+    assert _route_conditions(converted, "shop", "wrong", kind="TLSRoute")["Accepted"][:2] == ("False", "NotAllowedByListeners")
+    resolved = _route_conditions(converted, "shop", "missing", kind="TLSRoute")["ResolvedRefs"]
+    assert resolved[:2] == ("False", "BackendNotFound")
+    https = _conditions(_listener(converted, "https-passthrough")["conditions"])
+    assert https["Accepted"] == ("False", "UnsupportedProtocol", "tls.mode Passthrough requires protocol TLS")
+    servers = {g.meta.name.rsplit("-", 1)[-1]: g.servers[0] for g in converted.gateways}
+    assert (servers["passthrough"].port.protocol, servers["passthrough"].tls and servers["passthrough"].tls.mode.value) == (
+        "TLS", "PASSTHROUGH")
+    assert servers["raw"].port.protocol == "TCP" and servers["raw"].tls is None
+    (sni,) = [v for v in converted.virtual_services if v.meta.name.startswith("sni-shop-tlsroute")]
+    assert sni.hosts == ("tls.example.com",) and sni.tls[0].match[0].sni_hosts == ("tls.example.com",)
+    assert sni.tls[0].route[0].destination.host == "echo.shop.svc.cluster.local"
+
+
+def test_tls_passthrough_and_tcp_listeners_reach_envoy_config() -> None:
+    from envoy.config.listener.v3 import listener_pb2
+    from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
+
+    routes = [_l4_route("TLSRoute", "sni", hostnames=["tls.example.com"], ref={"sectionName": "passthrough"}),
+              _l4_route("TLSRoute", "any", ref={"sectionName": "terminated"}),
+              _l4_route("TCPRoute", "tcp", ref={"sectionName": "raw"})]
+    snapshot = _snapshot(_l4_gateway(), *routes)
+    listeners = {r.name: listener_pb2.Listener.FromString(r.value)
+                 for r in ROUTER[types.LISTENER](snapshot, _proxy(), None, ResourceCache())}
+    cluster = "outbound|8080||echo.shop.svc.cluster.local"
+    (passthrough,) = listeners["0.0.0.0_9543"].filter_chains
+    assert list(passthrough.filter_chain_match.server_names) == ["tls.example.com"]
+    assert not passthrough.HasField("transport_socket")
+    (raw,) = listeners["0.0.0.0_9000"].filter_chains
+    assert tcp_proxy_pb2.TcpProxy.FromString(raw.filters[0].typed_config.value).cluster == cluster
+    # TLS terminated by the listener's certificate, then the TLSRoute's backend (istiod's fallback).
+    (terminated,) = listeners["0.0.0.0_9544"].filter_chains
+    assert terminated.HasField("transport_socket") and list(terminated.filter_chain_match.server_names) == ["*.example.com"]
+    assert tcp_proxy_pb2.TcpProxy.FromString(terminated.filters[0].typed_config.value).cluster == cluster

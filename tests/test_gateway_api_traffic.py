@@ -189,3 +189,50 @@ def test_the_agent_runs_the_gateway(mesh: Gateway, processes: list[Process]) -> 
         print("HTTPS through the agent's Gateway API gateway:", status, body)
         assert status == 200 and json.loads(body)["path"] == "/via-agent"
         assert _get(mesh, "web.example.com", "/via-agent")[0] == 200
+
+
+def test_a_tls_route_passes_tls_through_and_a_tcp_route_proxies(gateway: Gateway, processes: list[Process]) -> None:
+    """A second Gateway on the same proxy (its Service `l4-istio` selects the same pods): a TLS
+    listener in Passthrough mode with a TLSRoute by SNI to a backend whose own certificate the client
+    sees, and a TCP listener with a TCPRoute."""
+    workdir, backend_ip, host = gateway.mesh_dir.parent, "127.0.0.44", "tls.example.com"
+    ca, cert, key = server_credential(host)
+    for name, data in (("backend-ca.pem", ca), ("backend.pem", cert), ("backend-key.pem", key)):
+        (workdir / name).write_bytes(data)
+    backend_port, tls_port, tcp_port = free_port(backend_ip), free_port(BIND), free_port(BIND)
+    processes.append(Process([sys.executable, str(ROOT / "tests" / "tls_echo.py"), backend_ip, str(backend_port),
+                              str(workdir / "backend.pem"), str(workdir / "backend-key.pem"), "tls-app"], name="tls-app"))
+    group = "gateway.networking.k8s.io"
+    parent = {"name": "l4", "namespace": NAMESPACE}
+    objects = [
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "l4-istio", "namespace": NAMESPACE},
+         "spec": {"clusterIP": "10.96.0.81", "selector": {"gateway.networking.k8s.io/gateway-name": "web"},
+                  "ports": [{"name": "tls", "port": tls_port}, {"name": "tcp", "port": tcp_port}]}},
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "tls-app", "namespace": "shop"},
+         "spec": {"clusterIP": "10.96.0.30", "selector": {"app": "tls-app"},
+                  "ports": [{"name": "tls", "port": 443, "targetPort": backend_port}]}},
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "tls-app-1", "namespace": "shop", "labels": {"app": "tls-app"}},
+         "spec": {"containers": [{"name": "app", "ports": [{"containerPort": backend_port}]}]},
+         "status": {"phase": "Running", "podIP": backend_ip, "conditions": [{"type": "Ready", "status": "True"}]}},
+        {"apiVersion": f"{group}/v1", "kind": "Gateway", "metadata": {"name": "l4", "namespace": NAMESPACE},
+         "spec": {"gatewayClassName": "istio", "listeners": [
+             {"name": "tls", "port": tls_port, "protocol": "TLS", "tls": {"mode": "Passthrough"},
+              "allowedRoutes": {"namespaces": {"from": "All"}}},
+             {"name": "tcp", "port": tcp_port, "protocol": "TCP", "allowedRoutes": {"namespaces": {"from": "All"}}}]}},
+        {"apiVersion": f"{group}/v1", "kind": "TLSRoute", "metadata": {"name": "sni", "namespace": "shop"},
+         "spec": {"parentRefs": [parent], "hostnames": [host],
+                  "rules": [{"backendRefs": [{"name": "tls-app", "port": 443}]}]}},
+        {"apiVersion": f"{group}/v1", "kind": "TCPRoute", "metadata": {"name": "raw", "namespace": "shop"},
+         "spec": {"parentRefs": [parent], "rules": [{"backendRefs": [{"name": "echo", "port": 8080}]}]}},
+    ]
+    (gateway.mesh_dir / "l4.yaml").write_text(yaml.safe_dump_all(objects))
+    url, resolve = f"https://{host}:{tls_port}/sni", ("--resolve", f"{host}:{tls_port}:{BIND}")
+    status, body = wait_until(lambda: (r := gateway.curl(url, *resolve, "--cacert", str(workdir / "backend-ca.pem")))[0] == 200
+                              and r, 15, "the TLSRoute's backend through the passthrough listener")
+    print("TLSRoute passthrough:", status, body)
+    assert json.loads(body) == {"name": "tls-app", "path": "/sni"}
+    assert gateway.curl(url, *resolve, "--cacert", str(workdir / "ca.pem"))[0] == 0  # not the gateway's certificate
+    status, body = wait_until(lambda: (r := gateway.curl(f"http://{BIND}:{tcp_port}/raw"))[0] == 200 and r, 15,
+                              "the TCPRoute's backend")
+    print("TCPRoute:", status, body)
+    assert json.loads(body)["path"] == "/raw"

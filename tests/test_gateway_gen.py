@@ -19,6 +19,7 @@ from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_components_pb2, route_pb2
 from envoy.extensions.filters.http.fault.v3 import fault_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 from envoy.extensions.transport_sockets.tls.v3 import secret_pb2, tls_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.protobuf import struct_pb2
@@ -205,11 +206,9 @@ def test_secrets_go_only_to_a_verified_gateway_of_the_secrets_namespace(caplog: 
 
 
 @pytest.mark.parametrize(("tls", "protocol", "reason"), [
-    ({"mode": "PASSTHROUGH"}, "HTTPS", "tls.mode PASSTHROUGH is not implemented"),
-    ({"mode": "MUTUAL", "credentialName": "web-cert"}, "HTTPS", "tls.mode MUTUAL is not implemented"),
-    ({"mode": "ISTIO_MUTUAL"}, "HTTPS", "tls.mode ISTIO_MUTUAL is not implemented"),
     ({"mode": "SIMPLE", "serverCertificate": "/etc/c.pem", "privateKey": "/etc/k.pem"}, "HTTPS", "files are not implemented"),
-    (None, "TCP", "protocol TCP is not implemented"),
+    ({"mode": "MUTUAL", "credentialName": "web-cert", "subjectAltNames": ["a"]}, "TLS", "subjectAltNames/caCertificates"),
+    (None, "MONGO", "protocol MONGO is not implemented"),
 ])
 def test_unsupported_servers_are_left_out_with_a_warning(tls: dict[str, Any] | None, protocol: str, reason: str,
                                                          caplog: pytest.LogCaptureFixture,
@@ -284,3 +283,146 @@ async def test_the_ads_server_sends_secrets_only_on_a_verified_stream() -> None:
     finally:
         for server in (plain, checked):
             await server.stop(None)
+
+
+def _l4_gateway(*servers: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "networking.istio.io/v1", "kind": "Gateway", "metadata": {"name": "l4", "namespace": "istio-ingress"},
+            "spec": {"selector": INGRESS_LABELS, "servers": [{"bind": "127.0.0.60", **s} for s in servers]}}
+
+
+L4_ROUTES: dict[str, Any] = {"apiVersion": "networking.istio.io/v1", "kind": "VirtualService", "metadata": {"name": "l4", "namespace": "shop"},
+             "spec": {"hosts": ["*.example.com"], "gateways": ["istio-ingress/l4"],
+                      "tls": [{"match": [{"sniHosts": ["a.example.com"], "port": 9443}],
+                               "route": [{"destination": {"host": "web", "port": {"number": 80}}}]},
+                              {"match": [{"sniHosts": ["b.example.com"], "gateways": ["istio-ingress/other"]}],
+                               "route": [{"destination": {"host": "web"}}]}],
+                      "tcp": [{"match": [{"port": 9000}], "route": [{"destination": {"host": "web"}}]}]}}
+
+
+def _tcp_proxy(chain: listener_pb2.FilterChain) -> tcp_proxy_pb2.TcpProxy:
+    assert chain.filters[0].name == "envoy.filters.network.tcp_proxy"
+    return tcp_proxy_pb2.TcpProxy.FromString(chain.filters[0].typed_config.value)
+
+
+def test_passthrough_routes_by_sni_without_terminating() -> None:
+    gateway = _l4_gateway({"port": {"number": 9443, "name": "tls", "protocol": "TLS"}, "hosts": ["shop/*.example.com"],
+                           "tls": {"mode": "PASSTHROUGH"}})
+    listener = _generate(types.LISTENER, _snapshot(gateway, L4_ROUTES), listener_pb2.Listener)["127.0.0.60_9443"]
+    assert [f.name for f in listener.listener_filters] == ["envoy.filters.listener.tls_inspector"]
+    # The second tls route names another gateway: only the first is this one's.
+    (chain,) = listener.filter_chains
+    assert list(chain.filter_chain_match.server_names) == ["a.example.com"]
+    assert not chain.HasField("transport_socket")  # never opened
+    assert _tcp_proxy(chain).cluster == WEB_CLUSTER
+    assert "127.0.0.60_9443" not in _generate(types.ROUTE, _snapshot(gateway, L4_ROUTES), route_pb2.RouteConfiguration)
+
+
+def test_a_tcp_server_proxies_to_the_first_matching_tcp_route(caplog: pytest.LogCaptureFixture) -> None:
+    gateway = _l4_gateway({"port": {"number": 9000, "name": "tcp", "protocol": "TCP"}, "hosts": ["shop/*"]},
+                          {"port": {"number": 9001, "name": "tcp2", "protocol": "TCP"}, "hosts": ["shop/*"]})
+    with caplog.at_level(logging.WARNING):
+        listeners = _generate(types.LISTENER, _snapshot(gateway, L4_ROUTES), listener_pb2.Listener)
+    (chain,) = listeners["127.0.0.60_9000"].filter_chains
+    assert not listeners["127.0.0.60_9000"].listener_filters and not chain.HasField("filter_chain_match")
+    assert _tcp_proxy(chain).cluster == WEB_CLUSTER
+    # No tcp route matches port 9001: no listener (Envoy refuses one without chains), and a warning.
+    assert "127.0.0.60_9001" not in listeners and "no VirtualService tcp or tls route matches" in caplog.text
+
+
+def test_mutual_tls_requires_a_client_certificate_verified_by_the_cacert() -> None:
+    gateway = _l4_gateway(
+        {"port": {"number": 9443, "name": "mtls", "protocol": "HTTPS"}, "hosts": ["shop/secure.example.com"],
+         "tls": {"mode": "MUTUAL", "credentialName": "web-cert"}},
+        {"port": {"number": 9444, "name": "optional", "protocol": "TLS"}, "hosts": ["shop/*.example.com"],
+         "tls": {"mode": "OPTIONAL_MUTUAL", "credentialName": "web-cert"}})
+    routes = {**L4_ROUTES, "spec": {**L4_ROUTES["spec"], "tcp": [{"route": [{"destination": {"host": "web"}}]}]}}
+    listeners = _generate(types.LISTENER, _snapshot(gateway, routes), listener_pb2.Listener)
+    for name, required, alpn in (("127.0.0.60_9443", True, ["h2", "http/1.1"]), ("127.0.0.60_9444", False, [])):
+        (chain,) = listeners[name].filter_chains
+        context = tls_pb2.DownstreamTlsContext.FromString(chain.transport_socket.typed_config.value)
+        assert context.require_client_certificate.value is required
+        assert context.common_tls_context.validation_context_sds_secret_config.name == "kubernetes://web-cert-cacert"
+        assert list(context.common_tls_context.alpn_protocols) == alpn
+    assert _tcp_proxy(listeners["127.0.0.60_9444"].filter_chains[0]).cluster == WEB_CLUSTER
+
+
+def test_the_cacert_comes_from_the_cacert_secret_else_the_credentials_ca_crt() -> None:
+    ca, cert, key = CREDENTIAL
+    with_ca = tls_secret("web-cert", "istio-ingress", cert, key)
+    with_ca["data"]["ca.crt"] = base64.b64encode(ca).decode()
+    names = ["kubernetes://web-cert-cacert"]
+    (secret,) = _generate(types.SECRET, _snapshot(with_ca), secret_pb2.Secret, names=names).values()
+    assert secret.validation_context.trusted_ca.inline_bytes == ca and not secret.HasField("tls_certificate")
+    other_ca = server_credential("x")[0]
+    separate = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "web-cert-cacert", "namespace": "istio-ingress"},
+                "data": {"cacert": base64.b64encode(other_ca).decode()}}
+    (secret,) = _generate(types.SECRET, _snapshot(with_ca, separate), secret_pb2.Secret, names=names).values()
+    assert secret.validation_context.trusted_ca.inline_bytes == other_ca
+    assert _generate(types.SECRET, _snapshot(), secret_pb2.Secret, names=names) == {}  # no ca.crt anywhere
+    bad = {**separate, "data": {"ca.crt": base64.b64encode(b"garbage").decode()}}
+    with pytest.raises(ConversionError, match="data.ca.crt: not a PEM certificate chain"):
+        convert(bad)
+
+
+def test_a_server_listens_on_the_target_port_of_the_gateways_service_port() -> None:
+    """istiod's resolvePorts: the server's number is a port of the Service whose endpoint the
+    gateway's pod is; Envoy listens on its targetPort (a port no Service has stays as written)."""
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "ingress-1", "namespace": "istio-ingress", "labels": INGRESS_LABELS},
+           "spec": {"containers": [{"name": "istio-proxy", "ports": [{"containerPort": 8444}]}]},
+           "status": {"phase": "Running", "podIP": "127.0.0.60", "conditions": [{"type": "Ready", "status": "True"}]}}
+    service: dict[str, Any] = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "ingress", "namespace": "istio-ingress"},
+               "spec": {"clusterIP": "10.96.0.20", "selector": INGRESS_LABELS,
+                        "ports": [{"name": "https", "port": 443, "targetPort": 8444}]}}
+    gateway = _l4_gateway({"port": {"number": 443, "name": "https", "protocol": "HTTPS"}, "hosts": ["shop/secure.example.com"],
+                           "tls": {"mode": "SIMPLE", "credentialName": "web-cert"}},
+                          {"port": {"number": 9000, "name": "tcp", "protocol": "TCP"}, "hosts": ["shop/*"]})
+    listeners = _generate(types.LISTENER, _snapshot(gateway, L4_ROUTES, pod, service), listener_pb2.Listener)
+    mapped = listeners["127.0.0.60_8444"]
+    assert mapped.address.socket_address.port_value == 8444 and "127.0.0.60_443" not in listeners
+    assert len(mapped.filter_chains) == 1 and mapped.filter_chains[0].name == "https.8444.https.l4.istio-ingress"
+    assert listeners["127.0.0.60_9000"].address.socket_address.port_value == 9000
+    opted_out = {**service, "metadata": {**service["metadata"],
+                                         "labels": {"networking.istio.io/disable-gateway-port-translation": "true"}}}
+    assert "127.0.0.60_443" in _generate(types.LISTENER, _snapshot(gateway, L4_ROUTES, pod, opted_out), listener_pb2.Listener)
+
+
+def test_istio_mutual_uses_the_mesh_certificate_from_the_agents_sds() -> None:
+    gateway = _l4_gateway({"port": {"number": 9443, "name": "mesh", "protocol": "TLS"}, "hosts": ["shop/*.example.com"],
+                           "tls": {"mode": "ISTIO_MUTUAL", "subjectAltNames": ["spiffe://cluster.local/ns/shop/sa/client"]}})
+    routes = {**L4_ROUTES, "spec": {**L4_ROUTES["spec"], "tcp": [{"route": [{"destination": {"host": "web"}}]}]}}
+    snapshot = _snapshot(gateway, routes)
+    (chain,) = _generate(types.LISTENER, snapshot, listener_pb2.Listener)["127.0.0.60_9443"].filter_chains
+    context = tls_pb2.DownstreamTlsContext.FromString(chain.transport_socket.typed_config.value)
+    common = context.common_tls_context
+    assert context.require_client_certificate.value
+    assert [c.name for c in common.tls_certificate_sds_secret_configs] == ["default"]
+    assert common.tls_certificate_sds_secret_configs[0].sds_config.api_config_source.grpc_services[0].envoy_grpc.cluster_name == "sds-grpc"
+    validation = common.combined_validation_context
+    assert validation.validation_context_sds_secret_config.name == "ROOTCA"
+    assert [m.matcher.exact for m in validation.default_validation_context.match_typed_subject_alt_names] == [
+        "spiffe://cluster.local/ns/shop/sa/client"]
+    assert _tcp_proxy(chain).cluster == WEB_CLUSTER
+    # No Secret of the gateway's namespace is involved: nothing is sent by name.
+    assert _generate(types.SECRET, snapshot, secret_pb2.Secret, names=["kubernetes://"]) == {}
+
+
+def test_auto_passthrough_routes_the_sni_of_a_mesh_service_to_its_sni_dnat_cluster() -> None:
+    gateway = _l4_gateway({"port": {"number": 15443, "name": "tls", "protocol": "TLS"}, "hosts": ["*.local"],
+                           "tls": {"mode": "AUTO_PASSTHROUGH"}})
+    rule = {"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule", "metadata": {"name": "web", "namespace": "shop"},
+            "spec": {"host": "web.shop.svc.cluster.local", "subsets": [{"name": "v1", "labels": {"version": "v1"}}]}}
+    snapshot = _snapshot(gateway, rule)
+    listener = _generate(types.LISTENER, snapshot, listener_pb2.Listener)["127.0.0.60_15443"]
+    names = {chain.filter_chain_match.server_names[0]: chain for chain in listener.filter_chains}
+    assert set(names) == {"outbound_.80_._.web.shop.svc.cluster.local", "outbound_.80_.v1_.web.shop.svc.cluster.local"}
+    chain = names["outbound_.80_._.web.shop.svc.cluster.local"]
+    assert list(chain.filter_chain_match.application_protocols) == [
+        "istio", "istio-peer-exchange", "istio-http/1.0", "istio-http/1.1", "istio-h2"]
+    assert not chain.HasField("transport_socket")
+    assert _tcp_proxy(chain).cluster == "outbound_.80_._.web.shop.svc.cluster.local"
+    clusters = _generate(types.CLUSTER, snapshot, cluster_pb2.Cluster)
+    dnat = clusters["outbound_.80_.v1_.web.shop.svc.cluster.local"]
+    assert dnat.eds_cluster_config.service_name == "outbound|80|v1|web.shop.svc.cluster.local"
+    assert not dnat.HasField("transport_socket") and not dnat.transport_socket_matches
+    # Without an AUTO_PASSTHROUGH server, no SNI-DNAT clusters.
+    assert not [n for n in _generate(types.CLUSTER, _snapshot(rule), cluster_pb2.Cluster) if n.startswith("outbound_.")]

@@ -231,8 +231,8 @@ def _with_gateway_api(config: ConfigSet, services: Mapping[str, Service],
     if not config.has_gateway_api:
         return config.with_gateway_api(GatewayApiConfig())
     return config.with_gateway_api(convert_gateway_api(
-        config.gateway_classes, config.kubernetes_gateways, (*config.http_routes, *config.grpc_routes),
-        (*config.tcp_routes, *config.tls_routes), config.reference_grants, services.values(),
+        config.gateway_classes, config.kubernetes_gateways,
+        (*config.http_routes, *config.grpc_routes, *config.tcp_routes, *config.tls_routes), config.reference_grants, services.values(),
         endpoints, credentials, namespaces))
 
 

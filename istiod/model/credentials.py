@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True, slots=True)
 class TlsCredential:
-    """A Secret's certificate chain and private key (PEM). Never printed: repr leaves them out."""
+    """A Secret's certificate chain and private key (PEM), and the CA certificates that verify
+    clients of a MUTUAL gateway server (`ca.crt`). Never printed: repr leaves them out."""
 
     name: str
     namespace: str

@@ -16,9 +16,9 @@ from typing import Any
 
 from istiod.model.config.common import MatchKind, StringMatch, regex_problem
 from istiod.model.config.gateway_api import (
-    GROUP, KIND_NAMES, UNTRANSLATED_ROUTE_KINDS, VERSIONS, GatewayClass, KubernetesGateway, KubernetesHTTPRoute,
+    GROUP, KIND_NAMES, L4_ROUTE_KINDS, VERSIONS, GatewayClass, KubernetesGateway, KubernetesHTTPRoute,
     Listener, ObjectRef, ParentRef, PathModifier, ReferenceGrant, RequestRedirect, RouteFilter, RouteMatch, RouteRule,
-    UntranslatedRoute, URLRewrite,
+    URLRewrite,
 )
 from istiod.model.config.networking import HeaderOperations
 from istiod.sources.fields import ConversionError, ObjectKey, _Fields
@@ -319,8 +319,15 @@ def grpc_route(key: ObjectKey, f: _Fields, domain: str) -> KubernetesHTTPRoute:
                                f.get("metadata.creationTimestamp", str, ""), _generation(f), kind="GRPCRoute")
 
 
-def untranslated_route(key: ObjectKey, f: _Fields, domain: str) -> UntranslatedRoute:
-    return UntranslatedRoute(meta(key), key.kind, _parent_refs(_spec(f)), _generation(f))
+def l4_route(key: ObjectKey, f: _Fields, domain: str) -> KubernetesHTTPRoute:
+    """A TLSRoute (hostnames: SNI names) or TCPRoute: rules of backendRefs only."""
+    spec = _spec(f)
+    rules = []
+    for rule in items(spec, "rules"):
+        rules.append(RouteRule(backend_refs=tuple(_object_ref(ref, "", "Service", backend=True)
+                                                  for ref in items(rule, "backendRefs"))))
+    return KubernetesHTTPRoute(meta(key), _parent_refs(spec), str_list(spec, "hostnames") if key.kind == "TLSRoute" else (),
+                               tuple(rules), f.get("metadata.creationTimestamp", str, ""), _generation(f), key.kind)
 
 
 def reference_grant(key: ObjectKey, f: _Fields, domain: str) -> ReferenceGrant:
@@ -338,7 +345,7 @@ CONVERTERS: dict[str, Callable[[ObjectKey, _Fields, str], Any]] = {
     "HTTPRoute": http_route,
     "GRPCRoute": grpc_route,
     "ReferenceGrant": reference_grant,
-    **{kind: untranslated_route for kind in UNTRANSLATED_ROUTE_KINDS},
+    **{kind: l4_route for kind in L4_ROUTE_KINDS},
 }
 CLUSTER_SCOPED = frozenset({"GatewayClass"})
 # Kind -> plural, for informers, RBAC and the status writer.

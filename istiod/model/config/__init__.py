@@ -10,7 +10,7 @@ from typing import Any, Protocol
 from istiod.model.config import scope
 from istiod.model.config.delegate import merge_delegates
 from istiod.model.config.gateway_api import (
-    GatewayApiConfig, GatewayClass, KubernetesGateway, KubernetesHTTPRoute, ReferenceGrant, UntranslatedRoute,
+    GatewayApiConfig, GatewayClass, KubernetesGateway, KubernetesHTTPRoute, ReferenceGrant,
 )
 from istiod.model.config.networking import (
     MESH_GATEWAY, DestinationRule, Gateway, ServiceEntry, Sidecar, VirtualService, WorkloadEntry,
@@ -51,8 +51,8 @@ class ConfigSet:
     kubernetes_gateways: tuple[KubernetesGateway, ...] = ()
     http_routes: tuple[KubernetesHTTPRoute, ...] = ()
     grpc_routes: tuple[KubernetesHTTPRoute, ...] = ()
-    tcp_routes: tuple[UntranslatedRoute, ...] = ()
-    tls_routes: tuple[UntranslatedRoute, ...] = ()
+    tcp_routes: tuple[KubernetesHTTPRoute, ...] = ()
+    tls_routes: tuple[KubernetesHTTPRoute, ...] = ()
     reference_grants: tuple[ReferenceGrant, ...] = ()
     # What the Gateway API objects above make (the model builder converts them, with Services and
     # Secrets): carried over until the builder converts again.

@@ -1,6 +1,6 @@
 """gateway.networking.k8s.io values: GatewayClass, Gateway (KubernetesGateway, as istiod names it to
-tell it from Istio's Gateway), HTTPRoute and GRPCRoute (one model: gRPC methods are paths),
-ReferenceGrant, and the route kinds read but not yet translated (TCPRoute, TLSRoute). Validated on the way in (istiod/sources/gateway_api.py);
+tell it from Istio's Gateway), HTTPRoute, GRPCRoute, TLSRoute and TCPRoute (one model: gRPC methods
+are paths; TLS and TCP rules have backends only), ReferenceGrant. Validated on the way in (istiod/sources/gateway_api.py);
 istiod/model/config/gateway_conversion.py turns them into Istio's Gateway and VirtualService.
 """
 
@@ -17,7 +17,7 @@ GROUP = "gateway.networking.k8s.io"
 VERSIONS = ("v1", "v1beta1", "v1alpha2")  # every kind is read at v1, which v1.6.0 serves for all
 # The store's kind names: istiod's, so Istio's Gateway keeps "Gateway".
 KIND_NAMES = {"Gateway": "KubernetesGateway"}
-UNTRANSLATED_ROUTE_KINDS = ("TCPRoute", "TLSRoute")
+L4_ROUTE_KINDS = ("TCPRoute", "TLSRoute")
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,17 +151,8 @@ class KubernetesHTTPRoute:
     rules: tuple[RouteRule, ...] = ()
     created: str = ""  # metadata.creationTimestamp: the older route wins ties, as the spec orders
     generation: int = 0
-    kind: str = "HTTPRoute"  # or GRPCRoute
-
-
-@dataclass(frozen=True, slots=True)
-class UntranslatedRoute:
-    """A TCPRoute or TLSRoute: stored, and refused in its status naming the kind."""
-
-    meta: Meta
-    kind: str
-    parent_refs: tuple[ParentRef, ...]
-    generation: int = 0
+    # or GRPCRoute; or TCPRoute or TLSRoute, whose rules have backendRefs only (L4_ROUTE_KINDS)
+    kind: str = "HTTPRoute"
 
 
 @dataclass(frozen=True, slots=True)

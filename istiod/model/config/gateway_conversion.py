@@ -2,7 +2,8 @@
 (pilot/pkg/config/kube/gateway): each listener of a Gateway of ours becomes an Istio Gateway with one
 server, selecting the Gateway's pods (label gateway.networking.k8s.io/gateway-name), and the
 HTTPRoutes attached to it become VirtualServices bound to that Gateway, one per (listener, host),
-their rules ordered by the spec's precedence. The gateway flavor's listeners, routes, clusters and
+their rules ordered by the spec's precedence; a TLSRoute or TCPRoute becomes a VirtualService per
+(listener, route) with `tls` routes by SNI (its hostnames) or `tcp` routes. The gateway flavor's listeners, routes, clusters and
 DestinationRules then apply unchanged: one translator, two front ends.
 
 Gateways of the mesh controller's class (`istio-waypoint`) are waypoints: one HBONE listener on
@@ -31,13 +32,12 @@ from typing import Any
 from istiod.model.cluster import Namespace
 from istiod.model.config.common import MatchKind, Meta, StringMatch, selector_matches
 from istiod.model.config.gateway_api import (
-    GROUP, GatewayApiConfig, StatusKey, GatewayClass, Waypoint, KubernetesGateway, KubernetesHTTPRoute, Listener, ObjectRef, ParentRef, ReferenceGrant,
-    RouteMatch, RouteRule, UntranslatedRoute,
+    GROUP, L4_ROUTE_KINDS, GatewayApiConfig, StatusKey, GatewayClass, Waypoint, KubernetesGateway, KubernetesHTTPRoute,
+    Listener, ObjectRef, ParentRef, ReferenceGrant, RouteMatch, RouteRule,
 )
 from istiod.model.config.networking import (
-    MESH_GATEWAY, Destination, DirectResponse, Gateway, Headers, HeaderOperations, HTTPMatch, HTTPRoute, Mirror, Redirect,
-    Rewrite,
-    RouteDestination, Server, ServerTLS, ServerTLSMode, ServicePort, VirtualService,
+    MESH_GATEWAY, Destination, DirectResponse, Gateway, Headers, HeaderOperations, HTTPMatch, HTTPRoute, L4Match, L4Route,
+    Mirror, Redirect, Rewrite, RouteDestination, Server, ServerTLS, ServerTLSMode, ServicePort, VirtualService,
 )
 from istiod.model.config.scope import host_matches
 from istiod.model.credentials import TlsCredential
@@ -55,7 +55,7 @@ WAYPOINT_FOR_LABEL = "istio.io/waypoint-for"
 HBONE_PORT = 15008
 GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"
 GATEWAY_CREDENTIAL_PREFIX = "kubernetes-gateway://"  # istiod's SDS name for a certificateRef: <ns>/<name>
-_HTTP_KINDS = ({"group": GROUP, "kind": "HTTPRoute"}, {"group": GROUP, "kind": "GRPCRoute"})
+_HTTP_KINDS = ((GROUP, "HTTPRoute"), (GROUP, "GRPCRoute"))
 _OK = "No errors found"
 _TLS_REASONS = frozenset({"InvalidCertificateRef", "RefNotPermitted"})
 
@@ -117,8 +117,7 @@ class _Inputs:
 
 
 def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGateway],
-            routes: Iterable[KubernetesHTTPRoute], untranslated: Iterable[UntranslatedRoute],
-            grants: Iterable[ReferenceGrant], services: Iterable[Service],
+            routes: Iterable[KubernetesHTTPRoute], grants: Iterable[ReferenceGrant], services: Iterable[Service],
             endpoints: Mapping[tuple[str, int], tuple[Endpoint, ...]],
             credentials: Mapping[tuple[str, str], TlsCredential],
             namespaces: Mapping[str, Namespace]) -> GatewayApiConfig:
@@ -158,17 +157,31 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
         lambda: defaultdict(list))
     # GAMMA: every (route rule match) on a Service parent, by (route namespace, Service host).
     mesh: dict[tuple[str, str], list[tuple[tuple[Any, ...], HTTPRoute]]] = defaultdict(list)
+    # TLSRoutes and TCPRoutes by listener: (route, SNI hosts, its rules).
+    bound_l4: dict[tuple[tuple[str, str], str], list[tuple[KubernetesHTTPRoute, list[str], tuple[L4Route, ...]]]] = \
+        defaultdict(list)
     for route in sorted(routes, key=_meta_order):
         parents = []
-        http_routes, route_error = _rules(route, inputs)
-        # Mesh routing needs no ReferenceGrant to a backend (istiod: enforceRefGrant only for Gateways).
-        mesh_routes, mesh_error = (_rules(route, inputs, grants=False) if any(map(_is_service, route.parent_refs))
-                                   else ([], None))
+        l4 = route.kind in L4_ROUTE_KINDS
+        mesh_routes: list[tuple[_Order, HTTPRoute]] = []
+        mesh_error = None
+        if l4:
+            l4_routes, route_error = _l4_rules(route, inputs)
+            http_routes: list[tuple[_Order, HTTPRoute]] = []
+        else:
+            http_routes, route_error = _rules(route, inputs)
+            if any(map(_is_service, route.parent_refs)):
+                # Mesh routing needs no ReferenceGrant to a backend (istiod: enforceRefGrant only for Gateways).
+                mesh_routes, mesh_error = _rules(route, inputs, grants=False)
         for ref in route.parent_refs:
             if ref.kind == "Gateway" and ref.group == GROUP and _gateway_key(ref, route.meta.namespace) in waypoint_gateways:
                 parents.append(_parent_status(ref, route.generation, (
                     "UnsupportedValue", "routes of waypoint Gateways are not implemented by this istiod (the waypoint "
                     "proxy is not served yet)"), None, MESH_CONTROLLER))
+                continue
+            if _is_service(ref) and l4:
+                parents.append(_parent_status(ref, route.generation, ("UnsupportedValue", f"{route.kind} on a Service is "
+                                              "not implemented by this istiod (HTTPRoute and GRPCRoute are)"), None))
                 continue
             if _is_service(ref):
                 host, denied = _mesh_parent(route.meta.namespace, ref, inputs)
@@ -183,6 +196,10 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
                 continue  # a parent that is not ours: its controller reports it
             for state, hosts in attached:
                 state.attached += 1
+                if l4:
+                    bound_l4[(_gateway_key(ref, route.meta.namespace), state.listener.name)].append(
+                        (route, hosts, l4_routes))
+                    continue
                 for host in hosts:
                     bucket = bound[(_gateway_key(ref, route.meta.namespace), state.listener.name)][host]
                     bucket.extend(((*order, route.created, route.meta.namespace, route.meta.name), http)
@@ -190,12 +207,6 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
             parents.append(_parent_status(ref, route.generation, denied, route_error))
         if parents:
             statuses[(route.kind, route.meta.namespace, route.meta.name)] = {"parents": parents}
-    for other in untranslated:
-        parents = [_parent_status(ref, other.generation, ("UnsupportedValue", f"{other.kind} is not implemented by "
-                                                          "this istiod (HTTPRoute and GRPCRoute are)"), None)
-                   for ref in other.parent_refs if _is_service(ref) or _gateway_key(ref, other.meta.namespace) in owned]
-        if parents:
-            statuses[(other.kind, other.meta.namespace, other.meta.name)] = {"parents": parents}
 
     istio_gateways: list[Gateway] = []
     virtual_services: list[VirtualService] = []
@@ -212,6 +223,8 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
                     Meta(f"{derived}-{_dns_name(host)}", gateway.meta.namespace), (host,),
                     (f"{gateway.meta.namespace}/{derived}",), tuple(http for _, http in entries),
                     gateway_semantics=True))
+            for route, hosts, l4_routes in bound_l4.get((key, state.listener.name), []):
+                virtual_services.append(_l4_virtual_service(route, hosts, l4_routes, gateway, derived))
         statuses[("KubernetesGateway", *key)] = _gateway_status(gateway, listeners[key], inputs)
     mesh_services = []
     for (namespace, host), entries in sorted(mesh.items()):
@@ -277,9 +290,8 @@ def _listeners(gateway: KubernetesGateway, inputs: _Inputs, mesh: bool = False) 
             continue
         tls = _listener_checks(gateway, listener, state, inputs)
         if state.conditions["Accepted"][0] and state.conditions["ResolvedRefs"][0]:
-            protocol = "HTTPS" if listener.protocol == "HTTPS" else "HTTP"
-            state.server = Server(ServicePort(listener.port, protocol, "default"), (("*", listener.hostname or "*"),),
-                                  tls=tls)
+            state.server = Server(ServicePort(listener.port, listener.protocol, "default"),
+                                  (("*", listener.hostname or "*"),), tls=tls)
         states.append(state)
     _conflicts(states)
     return states
@@ -287,23 +299,25 @@ def _listeners(gateway: KubernetesGateway, inputs: _Inputs, mesh: bool = False) 
 
 def _listener_checks(gateway: KubernetesGateway, listener: Listener, state: _ListenerState,
                      inputs: _Inputs) -> ServerTLS | None:
-    if listener.protocol not in ("HTTP", "HTTPS"):
+    if listener.protocol not in ("HTTP", "HTTPS", "TLS", "TCP"):
         state.fail("Accepted", "UnsupportedProtocol",
-                   f"protocol {listener.protocol} is not implemented by this istiod (HTTP and HTTPS are)")
+                   f"protocol {listener.protocol} is not implemented by this istiod (HTTP, HTTPS, TLS and TCP are)")
         return None
     if listener.selector_expressions:
         state.fail("Accepted", "UnsupportedValue",
                    "allowedRoutes.namespaces.selector.matchExpressions is not implemented by this istiod")
-    kinds = [k for k in listener.kinds if k not in ((GROUP, "HTTPRoute"), (GROUP, "GRPCRoute"))]
+    kinds = [k for k in listener.kinds if k not in _protocol_kinds(listener)]
     if kinds:
         state.fail("ResolvedRefs", "InvalidRouteKinds",
                    f"route kind(s) {', '.join(k for _, k in kinds)} cannot attach to protocol {listener.protocol}")
-    if listener.protocol == "HTTP":
+    if listener.protocol in ("HTTP", "TCP"):
         return None
+    if listener.tls_mode == "Passthrough" and listener.protocol == "TLS":
+        return ServerTLS(ServerTLSMode.PASSTHROUGH)
     if listener.tls_mode != "Terminate":
         state.fail("Accepted", "UnsupportedProtocol",
-                   "tls.mode Passthrough is not implemented by this istiod (Terminate is)" if listener.tls_mode
-                   else "protocol HTTPS requires tls")
+                   "tls.mode Passthrough requires protocol TLS" if listener.tls_mode
+                   else f"protocol {listener.protocol} requires tls")
         return None
     if listener.tls_options:
         state.fail("Accepted", "UnsupportedValue",
@@ -425,12 +439,21 @@ def _is_ip(value: str) -> bool:
     return True
 
 
+def _protocol_kinds(listener: Listener) -> tuple[tuple[str, str], ...]:
+    """The route kinds a listener's protocol takes, as istiod's GenerateGatewaySupportedKinds."""
+    if listener.protocol in ("HTTP", "HTTPS"):
+        return _HTTP_KINDS
+    if listener.protocol == "TCP":
+        return ((GROUP, "TCPRoute"),)
+    if listener.protocol == "TLS":
+        return ((GROUP, "TLSRoute"), (GROUP, "TCPRoute")) if listener.tls_mode == "Terminate" else ((GROUP, "TLSRoute"),)
+    return ()
+
+
 def _supported_kinds(listener: Listener) -> list[dict[str, str]]:
-    if listener.protocol not in ("HTTP", "HTTPS"):
-        return []
-    if not listener.kinds:
-        return [dict(k) for k in _HTTP_KINDS]
-    return [{"group": g, "kind": k} for g, k in listener.kinds if (g, k) in ((GROUP, "HTTPRoute"), (GROUP, "GRPCRoute"))]
+    supported = _protocol_kinds(listener)
+    kinds = [k for k in supported if k in listener.kinds] if listener.kinds else supported
+    return [{"group": g, "kind": k} for g, k in kinds]
 
 
 # --- routes --------------------------------------------------------------------------------------
@@ -490,7 +513,7 @@ def _attach(namespace: str, hostnames: tuple[str, ...], ref: ParentRef,
 
 
 def _allows(listener: Listener, gateway_namespace: str, namespace: str, inputs: _Inputs, kind: str) -> bool:
-    if listener.kinds and (GROUP, kind) not in listener.kinds:
+    if (GROUP, kind) not in _protocol_kinds(listener) or (listener.kinds and (GROUP, kind) not in listener.kinds):
         return False
     if listener.from_namespaces == "All":
         return True
@@ -547,6 +570,34 @@ def _rules(route: KubernetesHTTPRoute, inputs: _Inputs,
     if not errors:
         return result, None
     return result, (errors[0][0], "; ".join(message for _, message in errors))
+
+
+def _l4_rules(route: KubernetesHTTPRoute, inputs: _Inputs) -> tuple[tuple[L4Route, ...], tuple[str, str] | None]:
+    """A TLSRoute's or TCPRoute's rules as Istio `tls`/`tcp` routes (SNI matches added per listener),
+    and what kept a backend from resolving. A rule without backends of weight > 0 sends nowhere: its
+    connections are refused (istiod sends them to a cluster that does not exist)."""
+    rules, errors = [], []
+    for rule in route.rules:
+        destinations, _, backend_errors = _destinations(route, rule, inputs, grants=True)
+        errors += backend_errors
+        if len(destinations) == 1:
+            destinations = [RouteDestination(destinations[0].destination)]
+        rules.append(L4Route(route=tuple(destinations)))
+    return tuple(rules), (errors[0][0], "; ".join(message for _, message in errors)) if errors else None
+
+
+def _l4_virtual_service(route: KubernetesHTTPRoute, hosts: list[str], rules: tuple[L4Route, ...],
+                        gateway: KubernetesGateway, derived: str) -> VirtualService:
+    """A TLSRoute's rules match its hostnames (on the listener's) as SNI names, `*` for any; a
+    TCPRoute's match every connection of the listener."""
+    name = f"{route.meta.name}-{route.meta.namespace}-{route.kind.lower()}-{derived}"
+    meta = Meta(name, gateway.meta.namespace)
+    binding = (f"{gateway.meta.namespace}/{derived}",)
+    if route.kind == "TCPRoute":
+        return VirtualService(meta, ("*",), binding, tcp=rules, gateway_semantics=True)
+    sni = (L4Match(sni_hosts=tuple(hosts)),)
+    return VirtualService(meta, tuple(hosts), binding, tls=tuple(L4Route(sni, r.route) for r in rules),
+                          gateway_semantics=True)
 
 
 def _precedence(match: RouteMatch) -> _Order:

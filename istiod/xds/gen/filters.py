@@ -62,3 +62,13 @@ def network_filter(name: str, config: Message) -> listener_components_pb2.Filter
 
 def tcp_proxy(stat_prefix: str, cluster: str) -> listener_components_pb2.Filter:
     return network_filter(TCP_PROXY_FILTER, tcp_proxy_pb2.TcpProxy(stat_prefix=stat_prefix, cluster=cluster))
+
+
+def l4_proxy(stat_prefix: str, destinations: Sequence[tuple[str, int]]) -> listener_components_pb2.Filter:
+    """tcp_proxy to (cluster, weight) destinations: the one cluster itself, else weighted."""
+    if len(destinations) == 1:
+        return tcp_proxy(destinations[0][0], destinations[0][0])
+    return network_filter(TCP_PROXY_FILTER, tcp_proxy_pb2.TcpProxy(
+        stat_prefix=stat_prefix, weighted_clusters=tcp_proxy_pb2.TcpProxy.WeightedCluster(clusters=[
+            tcp_proxy_pb2.TcpProxy.WeightedCluster.ClusterWeight(name=name, weight=weight)
+            for name, weight in destinations])))

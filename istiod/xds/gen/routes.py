@@ -10,7 +10,7 @@ VirtualService a host gets istiod's default route: prefix `/`, no timeout, the d
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 
 from envoy.config.core.v3 import base_pb2
 from envoy.config.route.v3 import route_components_pb2 as rc
@@ -241,6 +241,38 @@ def tls_destinations(vs: VirtualService | None, port: int, services: Mapping[str
             claimed.update(names)
             result.append((tuple(dict.fromkeys(names)), _l4_destinations(tls, port, services)))
     return result
+
+
+def gateway_tcp_destinations(services_bound: Iterable[VirtualService], port: int, gateway: str,
+                             services: Mapping[str, Service]) -> L4Destinations | None:
+    """For a gateway's TCP server (or one terminating TLS) on `port` of `gateway` (`<ns>/<name>`):
+    the first `tcp` route, of the bound VirtualServices in order, whose match holds; None if none.
+    At a gateway only the port and gateway conditions count, as istiod's l4MultiMatch."""
+    for vs in services_bound:
+        for tcp in vs.tcp:
+            if tcp.route and (not tcp.match or any(_gateway_l4_applies(m, port, gateway) for m in tcp.match)):
+                return _l4_destinations(tcp, port, services)
+        # A TLSRoute on a listener terminating TLS: its `tls` routes stand for `tcp` ones (istiod's fallback).
+        for tls in vs.tls if vs.gateway_semantics else ():
+            if tls.route and any(_gateway_l4_applies(m, port, gateway) for m in tls.match):
+                return _l4_destinations(tls, port, services)
+    return None
+
+
+def gateway_tls_destinations(services_bound: Iterable[VirtualService], port: int, gateway: str,
+                             services: Mapping[str, Service]) -> Iterator[tuple[VirtualService, tuple[str, ...], L4Destinations]]:
+    """For a gateway's PASSTHROUGH server: (VirtualService, SNI names, destinations) per match of
+    a `tls` route that holds, in order, as istiod's buildGatewayNetworkFiltersFromTLSRoutes."""
+    for vs in services_bound:
+        for tls in vs.tls:
+            if tls.route:
+                for m in tls.match:
+                    if _gateway_l4_applies(m, port, gateway):
+                        yield vs, m.sni_hosts, _l4_destinations(tls, port, services)
+
+
+def _gateway_l4_applies(match: L4Match, port: int, gateway: str) -> bool:
+    return (not match.port or match.port == port) and (not match.gateways or gateway in match.gateways)
 
 
 def _l4_destinations(route: L4Route, port: int, services: Mapping[str, Service]) -> L4Destinations:

@@ -92,10 +92,11 @@ def sds_upstream_tls(identities: Iterable[str], sni: str) -> base_pb2.TransportS
     return _transport_socket(context)
 
 
-def sds_downstream_tls(alpn: Iterable[str]) -> base_pb2.TransportSocket:
-    """Envoy, server side: require a client certificate the mesh root signed (any mesh identity)."""
+def sds_downstream_tls(alpn: Iterable[str], identities: Iterable[str] = ()) -> base_pb2.TransportSocket:
+    """Envoy, server side: require a client certificate the mesh root signed (of `identities`, or
+    any mesh identity)."""
     context = tls_pb2.DownstreamTlsContext(
-        common_tls_context=_sds_tls_context(alpn, ()), require_client_certificate=wrappers_pb2.BoolValue(value=True)
+        common_tls_context=_sds_tls_context(alpn, identities), require_client_certificate=wrappers_pb2.BoolValue(value=True)
     )
     return _transport_socket(context)
 

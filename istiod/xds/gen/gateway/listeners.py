@@ -3,10 +3,21 @@
 Plaintext HTTP servers of a port share one filter chain whose routes come from RDS `http.<port>`.
 HTTPS (SIMPLE) servers get a filter chain each, matched by SNI on their hosts, terminating TLS with
 the certificate of `kubernetes://<credentialName>` over SDS on the ADS stream; their routes come
-from RDS `https.<port>.<portName>.<gateway>.<namespace>`, as istiod names them.
+from RDS `https.<port>.<portName>.<gateway>.<namespace>`, as istiod names them. MUTUAL and
+OPTIONAL_MUTUAL servers verify clients with `kubernetes://<credentialName>-cacert`.
+
+TCP and TLS servers share a port with HTTPS ones: a TCP server is one chain to where the first
+matching VirtualService `tcp` route sends; a TLS server terminating TLS is that chain behind its
+certificate, matched by SNI; a PASSTHROUGH server (TLS or HTTPS) gets a chain per matching `tls`
+route, by its `sniHosts`, that never opens the TLS (istiod's createGatewayTCPFilterChainOpts); an
+AUTO_PASSTHROUGH server a chain per mesh service port and subset its hosts admit, by the SNI
+`outbound_.<port>_.<subset>_.<host>` and Istio's mTLS ALPNs, to the SNI-DNAT cluster of that name.
 """
 
 from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
 
 from envoy.config.core.v3 import address_pb2, base_pb2
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
@@ -15,24 +26,34 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import http_con
 from envoy.extensions.transport_sockets.tls.v3 import common_pb2, secret_pb2, tls_pb2
 from google.protobuf import duration_pb2, wrappers_pb2
 
+from istiod import logs
+from istiod.model.config.networking import ServerTLSMode
 from istiod.model.proxy import Proxy
 from istiod.model.snapshot import Snapshot
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.gen.filters import (
-    HCM_FILTER, ads_source, http_connection_manager, network_filter, pack, with_fault_filter,
+    HCM_FILTER, ads_source, http_connection_manager, l4_proxy, network_filter, pack, with_fault_filter,
 )
-from istiod.xds.gen.gateway.servers import GatewayServer, servers_by
+from istiod.xds.gen.gateway.servers import GatewayServer, bound_hosts, servers_by, sni_dnat_names
+from istiod.xds.gen.routes import L4Destinations, gateway_tcp_destinations, gateway_tls_destinations
 from istiod.xds.gen.security import workload_policy
-from istiod.xds.gen.tls import HTTP_ALPN, TLS_TRANSPORT_SOCKET
+from istiod.xds.gen.tls import HTTP_ALPN, MESH_ALPN_MATCH, TLS_TRANSPORT_SOCKET, sds_downstream_tls
 
 TLS_INSPECTOR_FILTER = "envoy.filters.listener.tls_inspector"
+log = logging.getLogger(__name__)
+_duplicate = logs.Throttled(log, 60.0)  # every push meets the same routes again
+_empty = logs.Throttled(log, 60.0)
 # Istio's minProtocolVersion/maxProtocolVersion values -> Envoy's.
 TLS_VERSIONS = {
     "TLS_AUTO": common_pb2.TlsParameters.TLS_AUTO, "TLSV1_0": common_pb2.TlsParameters.TLSv1_0,
     "TLSV1_1": common_pb2.TlsParameters.TLSv1_1, "TLSV1_2": common_pb2.TlsParameters.TLSv1_2,
     "TLSV1_3": common_pb2.TlsParameters.TLSv1_3,
 }
+
+
+# A TCP or TLS server's routes: (SNI names, where they send) per filter chain.
+L4Chains = tuple[tuple[tuple[str, ...], L4Destinations], ...]
 
 
 def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
@@ -43,42 +64,108 @@ def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
     for name, group in servers_by(snapshot, proxy, lambda s: s.listener_name):
         if names is None or name in names:
             gateways = tuple(dict.fromkeys(s.gateway for s in group))
+            l4, depends_on = l4_chains(snapshot, proxy, group)
+            if all(not (s.plaintext_http or s.tls) and not l4[s] for s in group):
+                # Envoy refuses a listener without filter chains; istiod leaves it out too.
+                _empty.warning(logs.event("gateway listener left out: no VirtualService tcp or tls route matches",
+                                              listener=name, gateway=",".join(s.ref for s in group)))
+                continue
             result.append(cache.get(
-                types.LISTENER, name, (*gateways, *policy.authorization, *policy.request_auth),
-                lambda: gateway_listener(name, group, policy.http_filters(f"gateway listener {name}", clear_route_cache=True)),
+                types.LISTENER, name, (*gateways, *policy.authorization, *policy.request_auth, *depends_on),
+                lambda: gateway_listener(name, group, policy.http_filters(f"gateway listener {name}", clear_route_cache=True),
+                                         l4),
                 scope=",".join(str(g.meta) for g in gateways) + ":" + policy.scope))
     return result
 
 
+def l4_chains(snapshot: Snapshot, proxy: Proxy,
+              servers: tuple[GatewayServer, ...]) -> tuple[dict[GatewayServer, L4Chains], tuple[object, ...]]:
+    """The chains of a listener's TCP and TLS servers, and what they depend on (for the cache: the
+    bound VirtualServices and their destinations' Services). An SNI name already taken on the
+    listener leaves the later match out, with a warning, as istiod (Envoy refuses two chains alike)."""
+    chains: dict[GatewayServer, L4Chains] = {}
+    depends_on: list[object] = []
+    taken: set[str] = set()
+    for served in servers:
+        if served.plaintext_http or served.tls:
+            continue
+        bound = list(dict.fromkeys(vs for _, vs in bound_hosts(snapshot, proxy, served)))
+        depends_on += bound
+        depends_on += [snapshot.services.get(r.destination.host)
+                       for vs in bound for route in (*vs.tcp, *vs.tls) for r in route.route]
+        if served.auto_passthrough:
+            chains[served] = tuple(((name,), [(name, 0)]) for name in sni_dnat_names(snapshot, proxy, served))
+            continue
+        if not served.passthrough:
+            sent = gateway_tcp_destinations(bound, served.port, served.ref, snapshot.services)
+            names = tuple(served.server_names) if served.terminates else ()
+            chains[served] = ((names, sent),) if sent else ()
+            continue
+        found = []
+        for vs, names, sent in gateway_tls_destinations(bound, served.port, served.ref, snapshot.services):
+            if taken.intersection(names):
+                _duplicate.warning(logs.event("tls route left out: duplicate SNI host names", gateway=served.ref,
+                                              virtual_service=str(vs.meta), sni_hosts=",".join(sorted(taken & set(names)))))
+                continue
+            taken.update(names)
+            found.append(((), sent) if "*" in names else (names, sent))  # `*`: any name (a TLSRoute without hostnames)
+        chains[served] = tuple(found)
+    return chains, tuple(depends_on)
+
+
 def gateway_listener(name: str, servers: tuple[GatewayServer, ...],
-                     http_filters: tuple[hcm_pb2.HttpFilter, ...] = ()) -> listener_pb2.Listener:
-    """`http_filters`: what runs before the fault filter and router (JWT, authorization)."""
+                     http_filters: tuple[hcm_pb2.HttpFilter, ...] = (),
+                     l4: Mapping[GatewayServer, L4Chains] | None = None) -> listener_pb2.Listener:
+    """`http_filters`: what runs before the fault filter and router (JWT, authorization); `l4`:
+    the chains of the TCP and TLS servers (l4_chains)."""
     first = servers[0]
     listener = listener_pb2.Listener(
         name=name,
         address=address_pb2.Address(socket_address=address_pb2.SocketAddress(address=first.address,
-                                                                             port_value=first.port)),
+                                                                             port_value=first.listen_port)),
         traffic_direction=base_pb2.OUTBOUND,
     )
-    if not first.tls:
+    if first.route_name is not None and first.plaintext_http:
         listener.filter_chains.append(listener_components_pb2.FilterChain(
             filters=[_hcm(name, first.route_name, http_filters)]))
         return listener
-    listener.listener_filters.append(listener_components_pb2.ListenerFilter(
-        name=TLS_INSPECTOR_FILTER, typed_config=pack(tls_inspector_pb2.TlsInspector())))
     for served in servers:
-        listener.filter_chains.append(listener_components_pb2.FilterChain(
-            name=served.route_name,
-            filter_chain_match=listener_components_pb2.FilterChainMatch(server_names=served.server_names),
-            transport_socket=base_pb2.TransportSocket(name=TLS_TRANSPORT_SOCKET,
-                                                      typed_config=pack(server_tls(served))),
-            filters=[_hcm(name, served.route_name, http_filters)],
-        ))
+        if served.tls:
+            assert served.route_name is not None
+            listener.filter_chains.append(listener_components_pb2.FilterChain(
+                name=served.route_name,
+                filter_chain_match=listener_components_pb2.FilterChainMatch(server_names=served.server_names),
+                transport_socket=_transport_socket(served),
+                filters=[_hcm(name, served.route_name, http_filters)],
+            ))
+            continue
+        for names, sent in (l4 or {}).get(served, ()):
+            chain = listener_components_pb2.FilterChain(filters=[l4_proxy(sent[0][0], sent)])
+            if names:
+                chain.filter_chain_match.server_names.extend(names)
+            if served.terminates:
+                chain.transport_socket.CopyFrom(_transport_socket(served))
+            if served.auto_passthrough:  # mesh mTLS only, as istiod: a peer that speaks Istio's ALPN
+                chain.filter_chain_match.application_protocols.extend(MESH_ALPN_MATCH)
+            listener.filter_chains.append(chain)
+    if any(c.filter_chain_match.server_names or c.HasField("transport_socket") for c in listener.filter_chains):
+        listener.listener_filters.append(listener_components_pb2.ListenerFilter(
+            name=TLS_INSPECTOR_FILTER, typed_config=pack(tls_inspector_pb2.TlsInspector())))
     return listener
 
 
+def _transport_socket(served: GatewayServer) -> base_pb2.TransportSocket:
+    if served.mesh_tls:
+        # The workload certificate and root from the agent's SDS (`default`, `ROOTCA`), as a sidecar's
+        # inbound; subjectAltNames restrict the client identities.
+        assert served.server.tls is not None
+        return sds_downstream_tls(HTTP_ALPN, served.server.tls.subject_alt_names)
+    return base_pb2.TransportSocket(name=TLS_TRANSPORT_SOCKET, typed_config=pack(server_tls(served)))
+
+
 def server_tls(served: GatewayServer) -> tls_pb2.DownstreamTlsContext:
-    """SIMPLE TLS: the credential's certificate, no client certificate asked for."""
+    """The credential's certificate; a client certificate verified by `<credential>-cacert` for
+    MUTUAL (required) and OPTIONAL_MUTUAL (asked for). HTTP's ALPN on HTTPS servers only."""
     tls = served.server.tls
     assert tls is not None
     params = common_pb2.TlsParameters(
@@ -87,16 +174,20 @@ def server_tls(served: GatewayServer) -> tls_pb2.DownstreamTlsContext:
         tls_maximum_protocol_version=TLS_VERSIONS[tls.max_protocol_version or "TLSV1_3"],
         cipher_suites=list(tls.cipher_suites),
     )
-    return tls_pb2.DownstreamTlsContext(
+    # No fetch timeout: the listener waits for its certificates rather than serving without.
+    source = ads_source(initial_fetch_timeout=duration_pb2.Duration())
+    context = tls_pb2.DownstreamTlsContext(
         common_tls_context=tls_pb2.CommonTlsContext(
-            alpn_protocols=list(HTTP_ALPN),
+            alpn_protocols=list(HTTP_ALPN) if served.tls else [],
             tls_params=params,
-            # No fetch timeout: the listener waits for its certificate rather than serving without.
-            tls_certificate_sds_secret_configs=[secret_pb2.SdsSecretConfig(
-                name=served.credential, sds_config=ads_source(initial_fetch_timeout=duration_pb2.Duration()))],
+            tls_certificate_sds_secret_configs=[secret_pb2.SdsSecretConfig(name=served.credential, sds_config=source)],
         ),
-        require_client_certificate=wrappers_pb2.BoolValue(value=False),
+        require_client_certificate=wrappers_pb2.BoolValue(value=tls.mode is ServerTLSMode.MUTUAL),
     )
+    if served.ca_credential is not None:
+        context.common_tls_context.validation_context_sds_secret_config.CopyFrom(
+            secret_pb2.SdsSecretConfig(name=served.ca_credential, sds_config=source))
+    return context
 
 
 def _hcm(listener: str, route_name: str, http_filters: tuple[hcm_pb2.HttpFilter, ...]) -> listener_components_pb2.Filter:

@@ -3,7 +3,8 @@ the proxy's namespace, as istiod serves credentialName (a Gateway's, or a Destin
 TLS a proxy originates), and `kubernetes://<name>-cacert` its CA (`cacert` or `ca.crt`, from the
 Secret `<name>-cacert`, else `<name>`); `kubernetes-gateway://<ns>/<name>` a Gateway API
 listener's certificateRef, sent only to a proxy one of whose listeners names it (the conversion
-checked its ReferenceGrant). Only to a proxy whose identity was verified (istiod's
+checked its ReferenceGrant). `<name>-cacert` is the CA verifying a MUTUAL server's clients: the
+`ca.crt` of the Secret `<name>-cacert`, else of `<name>`, as istiod looks. Only to a proxy whose identity was verified (istiod's
 secure port): over plaintext xDS anyone may claim any namespace, so nothing is sent, as istiod."""
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def secrets(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: Re
             key = (proxy.namespace, name.removeprefix(CREDENTIAL_PREFIX))
         elif name.startswith(GATEWAY_CREDENTIAL_PREFIX):
             if referenced is None:
-                referenced = {s.credential for s in gateway_servers(snapshot, proxy) if s.tls}
+                referenced = {n for s in gateway_servers(snapshot, proxy) if s.terminates and not s.mesh_tls
+                              for n in (s.credential, s.ca_credential) if n is not None}
             namespace, _, secret = name.removeprefix(GATEWAY_CREDENTIAL_PREFIX).partition("/")
             if name not in referenced:
                 _unreferenced.warning(logs.event("gateway secret not sent: no listener of the proxy references it",
@@ -64,6 +66,16 @@ def secrets(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: Re
                 continue
             key = (namespace, secret)
         else:
+            continue
+        if key[1].endswith(CA_SUFFIX):
+            found = [c for k in (key, (key[0], key[1].removesuffix(CA_SUFFIX)))
+                     if (c := snapshot.credentials.get(k)) is not None and c.ca_cert]
+            if not found:
+                _refused.warning(logs.event("gateway CA secret not found or without ca.crt", proxy=proxy.id,
+                                            secret=f"{key[0]}/{key[1]}"))
+                continue
+            result.append(cache.get(types.SECRET, name, found[0], lambda: ca_secret(name, found[0]),
+                                    scope=proxy.namespace))
             continue
         credential = snapshot.credentials.get(key)
         if credential is None or not credential.usable:

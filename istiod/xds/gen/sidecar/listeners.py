@@ -47,7 +47,7 @@ from istiod.model.snapshot import Snapshot
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.gen.filters import (
-    HCM_FILTER, TCP_PROXY_FILTER, ads_source, http_connection_manager, network_filter, pack, tcp_proxy,
+    HCM_FILTER, TCP_PROXY_FILTER, ads_source, http_connection_manager, l4_proxy, network_filter, pack, tcp_proxy,
     with_fault_filter,
 )
 from istiod.xds.gen.routes import L4Destinations, tcp_destinations, tls_destinations
@@ -206,9 +206,9 @@ def tcp_outbound_listener(address: str, target: OutboundPort, destinations: L4De
     """tcp_proxy to where the VirtualService's `tls` routes send by SNI, and the rest where its
     `tcp` routes send (weighted if several)."""
     port = target.number
-    listener = _outbound_listener(f"{address}_{port}", address, port, _l4_proxy(target, destinations),
+    listener = _outbound_listener(f"{address}_{port}", address, port, l4_proxy(target.cluster, destinations),
                                   target.bind_to_port)
-    return _by_sni(listener, [(names, _l4_proxy(target, sent)) for names, sent in by_sni])
+    return _by_sni(listener, [(names, l4_proxy(target.cluster, sent)) for names, sent in by_sni])
 
 
 def unaddressed_listener(port: int, targets: Sequence[OutboundPort],
@@ -239,15 +239,6 @@ def _by_sni(listener: listener_pb2.Listener,
                 server_names=names), filters=[proxy]) for names, proxy in chains)
         listener.filter_chains.append(rest)
     return listener
-
-
-def _l4_proxy(target: OutboundPort, destinations: L4Destinations) -> listener_components_pb2.Filter:
-    if len(destinations) == 1:
-        return tcp_proxy(destinations[0][0], destinations[0][0])
-    return network_filter(TCP_PROXY_FILTER, tcp_proxy_pb2.TcpProxy(
-        stat_prefix=target.cluster, weighted_clusters=tcp_proxy_pb2.TcpProxy.WeightedCluster(clusters=[
-            tcp_proxy_pb2.TcpProxy.WeightedCluster.ClusterWeight(name=name, weight=weight)
-            for name, weight in destinations])))
 
 
 def _outbound_listener(name: str, ip: str, port: int, main: listener_components_pb2.Filter,
