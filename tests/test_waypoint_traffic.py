@@ -140,6 +140,9 @@ def test_a_call_to_a_service_with_a_waypoint_crosses_it_and_its_l7_routes(waypoi
     cluster, proxy = waypoint
     served = "cluster.inbound-vip|80|http|b.demo.svc.cluster.local.upstream_rq_completed"
     assert call(cluster)[0] == 200 and proxy.stat(served) == 0  # B does not use the waypoint yet
+    # Envoy took all three listeners (main_internal without a chain: no service uses the waypoint).
+    assert set(proxy.admin("/listeners").split()) >= {"connect_terminate::0.0.0.0:15008", "main_internal::envoy://main_internal/",
+                                                      "connect_originate::envoy://connect_originate/"}, proxy.admin("/listeners")
 
     cluster.one.write("service-b", SERVICE_B)  # now it does: ztunnel sends its traffic to the waypoint
     try:

@@ -4,6 +4,7 @@
 - `inbound-vip|<port>|<http|tcp>[/<subset>]|<host>` per port (and subset) of each service: EDS whose
   endpoints are the internal listener `connect_originate`, each carrying its pod address:port as
   `envoy.filters.listener.original_dst` metadata, which the internal upstream hands to that listener.
+- `BlackHoleCluster`: where `main_internal` sends what no service's chain takes.
 - `connect_originate`: ORIGINAL_DST to the pod's HBONE port 15008, HTTP/2 over mesh mTLS (SDS).
 """
 
@@ -26,7 +27,7 @@ from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.gen.eds import load_assignment
 from istiod.xds.gen.filters import ads_source, pack
 from istiod.xds.gen.policy import subset_endpoints
-from istiod.xds.gen.sidecar.clusters import CONNECT_TIMEOUT, HTTP_OPTIONS, _http_options, _unlimited
+from istiod.xds.gen.sidecar.clusters import BLACKHOLE, CONNECT_TIMEOUT, HTTP_OPTIONS, _http_options, _unlimited, blackhole
 from istiod.xds.gen.sidecar.ports import OutboundPort, outbound_ports
 from istiod.xds.gen.targets import alike, destination_rule
 from istiod.xds.gen.tls import raw_buffer, sds_hbone_upstream_tls
@@ -40,8 +41,8 @@ INTERNAL_UPSTREAM = "envoy.transport_sockets.internal_upstream"
 
 
 def clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
-    result = [cache.get(types.CLUSTER, MAIN_INTERNAL, None, main_internal),
-              cache.get(types.CLUSTER, CONNECT_ORIGINATE, None, connect_originate)]
+    result = [cache.get(types.CLUSTER, name, None, build) for name, build in (
+        (MAIN_INTERNAL, main_internal), (CONNECT_ORIGINATE, connect_originate), (BLACKHOLE, blackhole))]
     result += cache.per_snapshot(snapshot, ("waypoint clusters", alike(snapshot, proxy)),
                                  lambda: _service_clusters(snapshot, proxy, cache))
     if names is not None:

@@ -7,7 +7,7 @@
 - `main_internal` (internal): original_dst takes that target as its destination; a filter chain per
   port of each service that uses this waypoint, matched by VIP and port: the service's L7 routes
   (VirtualService, HTTPRoute with a Service parent, translated as for sidecars) in an HCM, or
-  tcp_proxy for TCP ports; to `inbound-vip|...` clusters (waypoint/clusters.py).
+  tcp_proxy for TCP ports; to `inbound-vip|...` clusters (waypoint/clusters.py). The rest is closed.
 - `connect_originate` (internal): original_dst takes the pod address the endpoint's metadata carried
   here; tcp_proxy tunnels the bytes in a CONNECT to `%DOWNSTREAM_LOCAL_ADDRESS%` (pod:port) over the
   `connect_originate` cluster (the pod's ztunnel on 15008).
@@ -31,9 +31,10 @@ from istiod.model.snapshot import Snapshot
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.gen.filters import (
-    HCM_FILTER, TCP_PROXY_FILTER, http_connection_manager, network_filter, pack, with_fault_filter,
+    HCM_FILTER, TCP_PROXY_FILTER, http_connection_manager, network_filter, pack, tcp_proxy, with_fault_filter,
 )
 from istiod.xds.gen.routes import http_routes
+from istiod.xds.gen.sidecar.clusters import BLACKHOLE
 from istiod.xds.gen.sidecar.listeners import ORIGINAL_DST_FILTER
 from istiod.xds.gen.targets import alike, hash_lookup, route_inputs
 from istiod.xds.gen.tls import HTTP_ALPN, sds_downstream_tls
@@ -41,6 +42,7 @@ from istiod.xds.gen.waypoint.clusters import CONNECT_ORIGINATE, HBONE_PORT, MAIN
 from istiod.xds.gen.waypoint.services import WaypointPort, from_outbound, waypoint_cluster_name, waypoint_ports
 
 CONNECT_TERMINATE = "connect_terminate"
+BLACKHOLE_CHAIN = "virtualInbound-blackhole"
 CONNECT = "CONNECT"
 SET_FILTER_STATE_FILTER = "envoy.filters.http.set_filter_state"
 ORIGINAL_DST_LOCAL_IP = "envoy.filters.listener.original_dst.local_ip"
@@ -119,6 +121,9 @@ def main_internal(snapshot: Snapshot, proxy: Proxy, ports: tuple[WaypointPort, .
                 prefix_ranges=[address_pb2.CidrRange(address_prefix=waypoint_port.vip,
                                                      prefix_len=wrappers_pb2.UInt32Value(
                                                          value=128 if ":" in waypoint_port.vip else 32))])))
+    # What no service's chain takes (a pod addressed directly: not served here) is closed; Envoy also
+    # refuses a listener without chains, as this one is while no service uses the waypoint.
+    chains.append(listener_components_pb2.FilterChain(name=BLACKHOLE_CHAIN, filters=[tcp_proxy(BLACKHOLE, BLACKHOLE)]))
     return _internal(MAIN_INTERNAL, chains, base_pb2.INBOUND)
 
 
