@@ -179,3 +179,4 @@ def test_a_call_to_a_service_with_a_waypoint_crosses_it_and_its_l7_routes(waypoi
     timed(canary, "the HTTPRoute's header on the waypoint", 10)
     plain = call(cluster)[1]
     assert plain is not None and "x-via-waypoint" not in plain["headers"]
+    assert "ads NACK" not in cluster.istiod.text()  # the waypoint's Envoy took every push
