@@ -74,6 +74,15 @@ HTTP_ROUTE = {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
                    "backendRefs": [{"name": "b", "port": 80}]},
                   {"backendRefs": [{"name": "b", "port": 80}]}]}}
 
+ALLOW_PUBLIC = {"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+                "metadata": {"name": "allow-public", "namespace": "demo"},
+                "spec": {"targetRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "waypoint"}],
+                         "action": "ALLOW", "rules": [{"to": [{"operation": {"paths": ["/public/*"]}}]}]}}
+DENY_SECRET = {"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+               "metadata": {"name": "deny-secret", "namespace": "demo"},
+               "spec": {"targetRef": {"kind": "Service", "group": "", "name": "b"},
+                        "action": "DENY", "rules": [{"to": [{"operation": {"paths": ["/public/secret"]}}]}]}}
+
 
 class Waypoint:
     """`istiod agent proxy waypoint` (and its Envoy) in the waypoint pod's namespace on node-1."""
@@ -108,10 +117,10 @@ class Waypoint:
         return int(lines[0].split(":")[1]) if lines else 0
 
 
-def call(cluster: Cluster, *headers: str) -> tuple[int, dict[str, Any] | None]:
+def call(cluster: Cluster, *headers: str, path: str = "/") -> tuple[int, dict[str, Any] | None]:
     """A's call to B's Service by name: its status and B's reply (what B saw)."""
     args = [a for h in headers for a in ("-H", h)]
-    done = cluster.one.pods["a"].run("curl", "-s", "--max-time", "5", "-w", "\n%{http_code}", *args, "http://b:80/")
+    done = cluster.one.pods["a"].run("curl", "-s", "--max-time", "5", "-w", "\n%{http_code}", *args, f"http://b:80{path}")
     body, _, code = done.stdout.rpartition("\n")
     try:
         reply = json.loads(body) if body else None
@@ -179,4 +188,15 @@ def test_a_call_to_a_service_with_a_waypoint_crosses_it_and_its_l7_routes(waypoi
     timed(canary, "the HTTPRoute's header on the waypoint", 10)
     plain = call(cluster)[1]
     assert plain is not None and "x-via-waypoint" not in plain["headers"]
+
+    # L7 authorization on the waypoint: an ALLOW attached to the waypoint's Gateway lets /public/* in
+    # (the rest is 403), a DENY attached to B's Service refuses /public/secret.
+    cluster.one.write("allow-public", ALLOW_PUBLIC)
+    timed(lambda: call(cluster, path="/private")[0] == 403, "the waypoint's ALLOW policy refusing /private", 10)
+    assert call(cluster, path="/public/page")[0] == 200
+    cluster.one.write("deny-secret", DENY_SECRET)
+    timed(lambda: call(cluster, path="/public/secret")[0] == 403, "the Service's DENY policy on the waypoint", 10)
+    assert call(cluster, path="/public/page")[0] == 200
+    # Neither reached ztunnel as an L4 policy (B's ztunnel would refuse everything from the waypoint).
+    assert not [l for l in cluster.ztunnels["node-2"].output if "policy rejection" in l]
     assert "ads NACK" not in cluster.istiod.text()  # the waypoint's Envoy took every push

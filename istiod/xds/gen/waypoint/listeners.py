@@ -6,8 +6,9 @@
   the router tunnels the stream's bytes (upgrade CONNECT) to the internal listener `main_internal`.
 - `main_internal` (internal): original_dst takes that target as its destination; a filter chain per
   port of each service that uses this waypoint, matched by VIP and port: the service's L7 routes
-  (VirtualService, HTTPRoute with a Service parent, translated as for sidecars) in an HCM, or
-  tcp_proxy for TCP ports; to `inbound-vip|...` clusters (waypoint/clusters.py). The rest is closed.
+  (VirtualService, HTTPRoute with a Service parent, translated as for sidecars) in an HCM, behind the
+  RBAC of the AuthorizationPolicies whose targetRefs name the waypoint or the service, or tcp_proxy for
+  TCP ports; to `inbound-vip|...` clusters (waypoint/clusters.py). The rest is closed.
 - `connect_originate` (internal): original_dst takes the pod address the endpoint's metadata carried
   here; tcp_proxy tunnels the bytes in a CONNECT to `%DOWNSTREAM_LOCAL_ADDRESS%` (pod:port) over the
   `connect_originate` cluster (the pod's ztunnel on 15008).
@@ -33,13 +34,17 @@ from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.gen.filters import (
     HCM_FILTER, TCP_PROXY_FILTER, http_connection_manager, network_filter, pack, tcp_proxy, with_fault_filter,
 )
+from istiod.xds.gen.rbac import tcp_authorization_filters
 from istiod.xds.gen.routes import http_routes
+from istiod.xds.gen.security import WorkloadPolicy
 from istiod.xds.gen.sidecar.clusters import BLACKHOLE
 from istiod.xds.gen.sidecar.listeners import ORIGINAL_DST_FILTER
 from istiod.xds.gen.targets import alike, hash_lookup, route_inputs
 from istiod.xds.gen.tls import HTTP_ALPN, sds_downstream_tls
 from istiod.xds.gen.waypoint.clusters import CONNECT_ORIGINATE, HBONE_PORT, MAIN_INTERNAL
-from istiod.xds.gen.waypoint.services import WaypointPort, from_outbound, waypoint_cluster_name, waypoint_ports
+from istiod.xds.gen.waypoint.services import (
+    WaypointPort, attached_policies, from_outbound, waypoint_cluster_name, waypoint_ports,
+)
 
 CONNECT_TERMINATE = "connect_terminate"
 BLACKHOLE_CHAIN = "virtualInbound-blackhole"
@@ -54,7 +59,8 @@ def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
     result = [cache.get(types.LISTENER, CONNECT_TERMINATE, None, connect_terminate),
               cache.get(types.LISTENER, CONNECT_ORIGINATE, None, connect_originate)]
     # Routes depend on the services, their VirtualServices (and HTTPRoutes) and DestinationRules.
-    depends_on = (snapshot.mesh, *ports, *(d for p in ports for d in route_inputs(snapshot, proxy, p.service)[1]))
+    depends_on = (snapshot.mesh, *ports, *(d for p in ports for d in route_inputs(snapshot, proxy, p.service)[1]),
+                  *(a for p in ports for a in attached_policies(snapshot, proxy, p.service)))
     result.append(cache.get(types.LISTENER, MAIN_INTERNAL, depends_on, lambda: main_internal(snapshot, proxy, ports),
                             scope=str(alike(snapshot, proxy))))
     if names is not None:
@@ -102,12 +108,14 @@ def main_internal(snapshot: Snapshot, proxy: Proxy, ports: tuple[WaypointPort, .
     for waypoint_port in ports:
         service, number = waypoint_port.service, waypoint_port.port.port
         name = waypoint_cluster_name(number, service.hostname, "", waypoint_port.http)
+        policies = attached_policies(snapshot, proxy, service)
         if waypoint_port.http:
+            authz = WorkloadPolicy(policies, (), {}, {}).http_filters(f"waypoint {proxy.namespace}/{proxy.pod_name}, {name}")
             vs, _ = route_inputs(snapshot, proxy, service)
             routes = http_routes(vs, service, number, snapshot.services, hash_for, proxyless=False, source=source)
             # Faults and CORS policies ride on the routes and act only where their filters are.
             manager = with_fault_filter(http_connection_manager(
-                stat_prefix=name, use_remote_address=wrappers_pb2.BoolValue(value=False),
+                authz, stat_prefix=name, use_remote_address=wrappers_pb2.BoolValue(value=False),
                 normalize_path=wrappers_pb2.BoolValue(value=True),
                 route_config=route_pb2.RouteConfiguration(
                     name=name, validate_clusters=wrappers_pb2.BoolValue(value=False),
@@ -115,8 +123,9 @@ def main_internal(snapshot: Snapshot, proxy: Proxy, ports: tuple[WaypointPort, .
             main = network_filter(HCM_FILTER, manager)
         else:
             main = network_filter(TCP_PROXY_FILTER, tcp_proxy_pb2.TcpProxy(stat_prefix=name, cluster=name))
+        before = [] if waypoint_port.http else list(tcp_authorization_filters(policies, {}).filters)
         chains.append(listener_components_pb2.FilterChain(
-            name=name, filters=[main], filter_chain_match=listener_components_pb2.FilterChainMatch(
+            name=name, filters=[*before, main], filter_chain_match=listener_components_pb2.FilterChainMatch(
                 destination_port=wrappers_pb2.UInt32Value(value=number),
                 prefix_ranges=[address_pb2.CidrRange(address_prefix=waypoint_port.vip,
                                                      prefix_len=wrappers_pb2.UInt32Value(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from istiod.model.config.security import AuthorizationPolicy
 from istiod.model.names import parse_cluster_name
 from istiod.model.proxy import Proxy
 from istiod.model.service import Port, Service
@@ -37,6 +38,14 @@ def from_outbound(name: str) -> str:
     except ValueError:
         return name
     return waypoint_cluster_name(port, host, subset, http=True)
+
+
+def attached_policies(snapshot: Snapshot, proxy: Proxy, service: Service) -> tuple[AuthorizationPolicy, ...]:
+    """The AuthorizationPolicies whose targetRefs name this waypoint (its Gateway) or the service."""
+    gateway = dict(proxy.labels).get(GATEWAY_NAME_LABEL, "")
+    return tuple(p for p in snapshot.config.authorization_policies
+                 if (p.meta.namespace == proxy.namespace and ("Gateway", gateway) in p.target_refs)
+                 or (p.meta.namespace == service.namespace and ("Service", service.name) in p.target_refs))
 
 
 def waypoint_ports(snapshot: Snapshot, proxy: Proxy) -> Iterator[WaypointPort]:
