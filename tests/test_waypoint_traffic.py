@@ -200,3 +200,4 @@ def test_a_call_to_a_service_with_a_waypoint_crosses_it_and_its_l7_routes(waypoi
     # Neither reached ztunnel as an L4 policy (B's ztunnel would refuse everything from the waypoint).
     assert not [l for l in cluster.ztunnels["node-2"].output if "policy rejection" in l]
     assert "ads NACK" not in cluster.istiod.text()  # the waypoint's Envoy took every push
+    assert "level=error" not in cluster.istiod.text()  # every push built (the ztunnels' too)

@@ -20,6 +20,7 @@ from istiod.sources.store import Store
 from istiod.xds.cache import ResourceCache
 from istiod.xds import types
 from istiod.xds.gen import generators_for
+from istiod.xds.gen.security import authorization_policies
 from istiod.xds.gen.ztunnel import addresses
 from tests.test_ztunnel_gen import NODE, _serve, _store, _Stream
 
@@ -281,3 +282,30 @@ def test_a_waypoint_proxy_naming_no_waypoint_or_a_service_opted_out_routes_nothi
     store = _store()
     _edit(store, "Service", "ambient", "echo", _set({"istio.io/use-waypoint": "none"}))
     assert _waypoint_config(store)[types.LISTENER]["main_internal"]["filterChains"] == [BLACKHOLE_CHAIN]
+
+
+def test_a_policy_with_target_refs_applies_on_the_waypoint_only() -> None:
+    store = _store()
+    for name, ref in (("on-gateway", {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "waypoint"}),
+                      ("on-service", {"group": "", "kind": "Service", "name": "echo"}),
+                      ("on-other", {"group": "", "kind": "Service", "name": "other"})):
+        store.apply({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+                     "metadata": {"name": name, "namespace": "ambient"},
+                     "spec": {"targetRefs": [ref], "action": "DENY", "rules": [{"to": [{"operation": {"paths": [f"/{name}"]}}]}]}})
+    listeners = _waypoint_config(store)[types.LISTENER]
+    chains = {c["name"]: c for c in listeners["main_internal"]["filterChains"]}
+    http = chains["inbound-vip|80|http|echo.ambient.svc.cluster.local"]["filters"][0]["typedConfig"]
+    [rbac] = [f for f in http["httpFilters"] if f["name"].startswith("envoy.filters.http.rbac")]
+    assert set(rbac["typedConfig"]["rules"]["policies"]) == {"ns[ambient]-policy[on-gateway]-rule[0]",
+                                                           "ns[ambient]-policy[on-service]-rule[0]"}
+    # On the TCP port, a DENY on HTTP paths denies every connection (istiod's semantics for TCP).
+    tcp = chains["inbound-vip|9000|tcp|echo.ambient.svc.cluster.local"]["filters"]
+    assert tcp[0]["name"].startswith("envoy.filters.network.rbac")
+    # Not namespace-wide for the pods (ztunnel is not told of them), nor for a sidecar in the namespace.
+    snapshot = build_snapshot(store, "v1")
+    ztunnel = proxy_from_node(NODE, {})
+    sent = {r.name for r in generators_for(ztunnel)[types.AUTHORIZATION](snapshot, ztunnel, None, ResourceCache())}
+    assert "ambient/deny-range" in sent and not {"ambient/on-gateway", "ambient/on-service"} & sent
+    assert not {"ambient/on-gateway", "ambient/on-service"} & set(_found(store)[ECHO_POD]["workload"]["authorizationPolicies"])
+    sidecar = proxy_from_node("sidecar~10.244.0.11~echo-1.ambient~ambient.svc.cluster.local", {})
+    assert all(not p.target_refs for p in authorization_policies(build_snapshot(store, "v1"), sidecar))
