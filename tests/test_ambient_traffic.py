@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,8 +83,15 @@ class Cluster:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    with ambient_cluster(tmp_path) as made:
+        yield made
+
+
+@contextmanager
+def ambient_cluster(tmp_path: Path, tokens: Mapping[str, str] | None = None) -> Iterator[Cluster]:
     """Two nodes, each with its ztunnel pod, agent and ztunnel; A on node-1, B and its Service on node-2;
-    istiod in node-1's namespace, on the link's address so node-2's ztunnel reaches it too."""
+    istiod in node-1's namespace, on the link's address so node-2's ztunnel reaches it too. `tokens`:
+    more of istiod's static tokens (token -> `namespace/serviceaccount`)."""
     with two_nodes(tmp_path) as (one, two):
         for node in (one, two):
             node.write(f"node-{node.name}", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.name}})
@@ -95,8 +103,9 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
             node.add_pod(name, 2, nameserver=NAMESERVER)
             node.write(name, pod_yaml(name, node.node.pod_ip(2), f"uid-{name}", node=node.name, annotated=True))
         two.start_echo("b", 8080)  # the only app: any answer is B's
-        tokens = node_tokens(tmp_path / "tokens.json", {f"zt-{node.name}": f"ztunnel-{node.name}" for node in (one, two)})
-        istiod = istiod_for_ztunnels(one.node.ns, one.config, tmp_path / "state", tokens, "--debounce-after", "20ms",
+        written = node_tokens(tmp_path / "tokens.json", {f"zt-{node.name}": f"ztunnel-{node.name}" for node in (one, two)})
+        written.write_text(json.dumps({**json.loads(written.read_text()), **(tokens or {})}))
+        istiod = istiod_for_ztunnels(one.node.ns, one.config, tmp_path / "state", written, "--debounce-after", "20ms",
                                      secure=ISTIOD)
         try:
             made = Cluster(one, two, istiod, ztunnel_binary(), tmp_path / "state", {})

@@ -7,17 +7,13 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-import grpc
-import pytest
 import yaml
 from envoy.config.cluster.v3 import cluster_pb2
-from envoy.config.core.v3 import base_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
-from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -30,8 +26,7 @@ from istiod.model.snapshot import Snapshot
 from istiod.sources.store import Store
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
-from istiod.xds.gen import PROXYLESS_GRPC, ROUTER, SIDECAR, generators_for
-from istiod.xds.server import DiscoveryServer, add_to_server
+from istiod.xds.gen import PROXYLESS_GRPC, ROUTER, SIDECAR, WAYPOINT, generators_for
 
 DATA = Path(__file__).parent / "data"
 WEB = "web.shop.svc.cluster.local"
@@ -75,8 +70,7 @@ def test_generators_by_node_type_and_metadata() -> None:
     assert generators_for(proxy_from_node(SIDECAR_NODE, {})) is SIDECAR
     assert generators_for(proxy_from_node(SIDECAR_NODE, {"GENERATOR": "grpc"})) is PROXYLESS_GRPC
     assert generators_for(proxy_from_node("router~10.0.0.1~gw-1.istio-system~istio-system.svc.cluster.local", {})) is ROUTER
-    # Waypoints are not served yet: no config at all rather than a sidecar's or a gateway's.
-    assert generators_for(proxy_from_node("waypoint~10.0.0.1~wp-1.istio-system~istio-system.svc.cluster.local", {})) == {}
+    assert generators_for(proxy_from_node("waypoint~10.0.0.1~wp-1.istio-system~istio-system.svc.cluster.local", {})) is WAYPOINT
 
 
 def test_outbound_clusters_use_auto_mtls_and_http2_for_grpc() -> None:
@@ -277,24 +271,3 @@ def test_addresses_envoy_would_reject_are_left_out() -> None:
             for group in assignment.endpoints for e in group.lb_endpoints] == ["127.0.0.31"]  # type: ignore[attr-defined]
     route = _generate(types.ROUTE, odd, names=["80"], message=route_pb2.RouteConfiguration)["80"]
     assert not any("fe80" in d for d in route.virtual_hosts[0].domains)  # type: ignore[attr-defined]
-
-
-async def test_waypoints_are_refused_at_connect() -> None:
-    """Gateways (`router`) are served (tests/test_gateway_gen.py); waypoints are not yet."""
-    discovery = DiscoveryServer(lambda: Snapshot("v1"))
-    discovery.ready = True
-    server = grpc.aio.server()
-    add_to_server(discovery, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            node = base_pb2.Node(id="waypoint~10.0.0.1~wp-1.istio-system~istio-system.svc.cluster.local")
-            request = discovery_pb2.DiscoveryRequest(node=node, type_url=types.CLUSTER)
-            call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel).StreamAggregatedResources(iter([request]))
-            with pytest.raises(grpc.aio.AioRpcError) as error:
-                await call.read()
-        assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
-        assert error.value.details() == "waypoint proxies are not served yet"
-    finally:
-        await server.stop(None)

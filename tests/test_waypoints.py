@@ -7,6 +7,9 @@ import copy
 from typing import Any
 
 import grpc
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.endpoint.v3 import endpoint_pb2
+from envoy.config.listener.v3 import listener_pb2
 from google.protobuf import json_format
 
 from istiod.gen.istio.workload import workload_pb2 as wpb
@@ -16,6 +19,8 @@ from istiod.sources.convert import ObjectKey
 from istiod.sources.store import Store
 from istiod.xds.cache import ResourceCache
 from istiod.xds import types
+from istiod.xds.gen import generators_for
+from istiod.xds.gen.security import authorization_policies
 from istiod.xds.gen.ztunnel import addresses
 from tests.test_ztunnel_gen import NODE, _serve, _store, _Stream
 
@@ -203,3 +208,104 @@ def test_a_pod_label_names_its_own_workload_waypoint() -> None:
     found = _found(store)
     assert found[ECHO_POD]["workload"]["waypoint"] == WAYPOINT
     assert "waypoint" not in found["Kubernetes//Pod/ambient/echo-2"]["workload"]  # no label, nor its namespace
+
+
+BLACKHOLE_CHAIN = {"name": "virtualInbound-blackhole", "filters": [{
+    "name": "envoy.filters.network.tcp_proxy", "typedConfig": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+        "statPrefix": "BlackHoleCluster", "cluster": "BlackHoleCluster"}}]}
+WAYPOINT_NODE = "waypoint~10.244.0.2~waypoint-1.ambient~ambient.svc.cluster.local"
+WAYPOINT_LABELS = {"LABELS": {"gateway.networking.k8s.io/gateway-name": "waypoint",
+                              "gateway.istio.io/managed": "istio.io-mesh-controller"}}
+
+
+def _waypoint_config(store: Store, metadata: dict[str, Any] = WAYPOINT_LABELS) -> dict[str, dict[str, Any]]:
+    """What the waypoint proxy is sent, by type then name, as JSON."""
+    snapshot = build_snapshot(store, "v1")
+    proxy = proxy_from_node(WAYPOINT_NODE, metadata)
+    cache = ResourceCache()
+    messages = {types.LISTENER: listener_pb2.Listener, types.CLUSTER: cluster_pb2.Cluster,
+                types.ENDPOINT: endpoint_pb2.ClusterLoadAssignment}
+    return {type_url: {r.name: json_format.MessageToDict(message.FromString(r.value))
+                       for r in generators_for(proxy)[type_url](snapshot, proxy, None, cache)}
+            for type_url, message in messages.items()}
+
+
+def test_the_waypoint_proxy_terminates_hbone_routes_its_services_and_originates_hbone_to_their_pods() -> None:
+    config = _waypoint_config(_store())
+    listeners, clusters, endpoints = config[types.LISTENER], config[types.CLUSTER], config[types.ENDPOINT]
+    assert set(listeners) == {"connect_terminate", "main_internal", "connect_originate"}
+    terminate = listeners["connect_terminate"]
+    assert terminate["address"]["socketAddress"]["portValue"] == 15008
+    [chain] = terminate["filterChains"]
+    assert chain["transportSocket"]["typedConfig"]["requireClientCertificate"] is True
+    manager = chain["filters"][0]["typedConfig"]
+    assert manager["http2ProtocolOptions"]["allowConnect"] is True
+    [route] = manager["routeConfig"]["virtualHosts"][0]["routes"]
+    assert route["route"]["cluster"] == "main_internal" and route["route"]["upgradeConfigs"][0]["upgradeType"] == "CONNECT"
+    # The echo Service uses the waypoint: a chain per port, by its VIP; HTTP routed, TCP proxied.
+    chains = {c["name"]: c for c in listeners["main_internal"]["filterChains"]}
+    assert set(chains) == {"inbound-vip|80|http|echo.ambient.svc.cluster.local",
+                           "inbound-vip|9000|tcp|echo.ambient.svc.cluster.local", "virtualInbound-blackhole"}
+    http = chains["inbound-vip|80|http|echo.ambient.svc.cluster.local"]
+    assert http["filterChainMatch"]["prefixRanges"] == [{"addressPrefix": "10.96.1.10", "prefixLen": 32}]
+    routes = http["filters"][0]["typedConfig"]["routeConfig"]["virtualHosts"][0]["routes"]
+    assert routes[0]["route"]["cluster"] == "inbound-vip|80|http|echo.ambient.svc.cluster.local"
+    assert clusters["connect_originate"]["originalDstLbConfig"]["upstreamPortOverride"] == 15008
+    # Endpoints: connect_originate, the ready pod's address:targetPort passed along in metadata.
+    [group] = endpoints["inbound-vip|80|http|echo.ambient.svc.cluster.local"]["endpoints"]
+    [endpoint] = group["lbEndpoints"]
+    assert endpoint["endpoint"]["address"]["envoyInternalAddress"]["serverListenerName"] == "connect_originate"
+    assert endpoint["metadata"]["filterMetadata"]["envoy.filters.listener.original_dst"] == {"local": "10.244.0.11:8080"}
+
+
+def test_a_virtual_service_of_a_service_using_the_waypoint_is_applied_on_it() -> None:
+    store = _store()
+    store.apply({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+                 "metadata": {"name": "echo", "namespace": "ambient"},
+                 "spec": {"hosts": ["echo"], "http": [
+                     {"match": [{"headers": {"x-canary": {"exact": "yes"}}}],
+                      "route": [{"destination": {"host": "echo", "subset": "v1"}}]},
+                     {"route": [{"destination": {"host": "echo"}}]}]}})
+    listeners = _waypoint_config(store)[types.LISTENER]
+    [http] = [c for c in listeners["main_internal"]["filterChains"] if "|http|" in c["name"]]
+    routes = http["filters"][0]["typedConfig"]["routeConfig"]["virtualHosts"][0]["routes"]
+    assert routes[0]["match"]["headers"][0]["name"] == "x-canary"
+    assert routes[0]["route"]["cluster"] == "inbound-vip|80|http/v1|echo.ambient.svc.cluster.local"
+    assert routes[1]["route"]["cluster"] == "inbound-vip|80|http|echo.ambient.svc.cluster.local"
+
+
+def test_a_waypoint_proxy_naming_no_waypoint_or_a_service_opted_out_routes_nothing() -> None:
+    # Without the gateway-name label (or naming a Gateway that does not exist): no service's chain.
+    for metadata in ({}, {"LABELS": {"gateway.networking.k8s.io/gateway-name": "elsewhere"}}):
+        assert _waypoint_config(_store(), metadata)[types.LISTENER]["main_internal"]["filterChains"] == [BLACKHOLE_CHAIN]
+    store = _store()
+    _edit(store, "Service", "ambient", "echo", _set({"istio.io/use-waypoint": "none"}))
+    assert _waypoint_config(store)[types.LISTENER]["main_internal"]["filterChains"] == [BLACKHOLE_CHAIN]
+
+
+def test_a_policy_with_target_refs_applies_on_the_waypoint_only() -> None:
+    store = _store()
+    for name, ref in (("on-gateway", {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "waypoint"}),
+                      ("on-service", {"group": "", "kind": "Service", "name": "echo"}),
+                      ("on-other", {"group": "", "kind": "Service", "name": "other"})):
+        store.apply({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+                     "metadata": {"name": name, "namespace": "ambient"},
+                     "spec": {"targetRefs": [ref], "action": "DENY", "rules": [{"to": [{"operation": {"paths": [f"/{name}"]}}]}]}})
+    listeners = _waypoint_config(store)[types.LISTENER]
+    chains = {c["name"]: c for c in listeners["main_internal"]["filterChains"]}
+    http = chains["inbound-vip|80|http|echo.ambient.svc.cluster.local"]["filters"][0]["typedConfig"]
+    [rbac] = [f for f in http["httpFilters"] if f["name"].startswith("envoy.filters.http.rbac")]
+    assert set(rbac["typedConfig"]["rules"]["policies"]) == {"ns[ambient]-policy[on-gateway]-rule[0]",
+                                                           "ns[ambient]-policy[on-service]-rule[0]"}
+    # On the TCP port, a DENY on HTTP paths denies every connection (istiod's semantics for TCP).
+    tcp = chains["inbound-vip|9000|tcp|echo.ambient.svc.cluster.local"]["filters"]
+    assert tcp[0]["name"].startswith("envoy.filters.network.rbac")
+    # Not namespace-wide for the pods (ztunnel is not told of them), nor for a sidecar in the namespace.
+    snapshot = build_snapshot(store, "v1")
+    ztunnel = proxy_from_node(NODE, {})
+    sent = {r.name for r in generators_for(ztunnel)[types.AUTHORIZATION](snapshot, ztunnel, None, ResourceCache())}
+    assert "ambient/deny-range" in sent and not {"ambient/on-gateway", "ambient/on-service"} & sent
+    assert not {"ambient/on-gateway", "ambient/on-service"} & set(_found(store)[ECHO_POD]["workload"]["authorizationPolicies"])
+    sidecar = proxy_from_node("sidecar~10.244.0.11~echo-1.ambient~ambient.svc.cluster.local", {})
+    assert all(not p.target_refs for p in authorization_policies(build_snapshot(store, "v1"), sidecar))

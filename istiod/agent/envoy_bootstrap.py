@@ -114,6 +114,9 @@ def envoy_bootstrap(node: NodeInfo, metadata: Mapping[str, Any], admin: Mapping[
             "metadata": dict(metadata),
         },
         "layered_runtime": layered_runtime(),
+        # Internal listeners (a waypoint's chain of listeners), as Istio's bootstrap always enables them.
+        "bootstrap_extensions": [{"name": "envoy.bootstrap.internal_listener", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.bootstrap.internal_listener.v3.InternalListener"}}],
         "admin": {"address": dict(admin)},
         "dynamic_resources": {
             "lds_config": ads,

@@ -118,8 +118,9 @@ def _admin_address(text: str) -> tuple[str, int] | Path:
 
 def add_proxy_flags(parser: argparse.ArgumentParser) -> None:
     env = os.environ.get
-    parser.add_argument("proxy_type", nargs="?", choices=("sidecar", "router"), default="sidecar",
-                        help="sidecar (default), or router: an ingress gateway, served the Gateways selecting its labels")
+    parser.add_argument("proxy_type", nargs="?", choices=("sidecar", "router", "waypoint"), default="sidecar",
+                        help="sidecar (default), router: an ingress gateway, served the Gateways selecting its labels, "
+                             "or waypoint: the waypoint its gateway.networking.k8s.io/gateway-name label names")
     parser.add_argument("--workdir", type=Path, default=Path("."),
                         help="Envoy's working directory, under which the agent serves ./etc/istio/proxy/XDS and "
                              "./var/run/secrets/workload-spiffe-uds/socket and writes ./etc/istio/proxy/envoy-rev.json "

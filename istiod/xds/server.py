@@ -221,8 +221,6 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                                     Locality(where.region, where.zone, where.sub_zone))
         except NodeIdError as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
-        if not generators_for(proxy):
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{proxy.type} proxies are not served yet")
         if authorize is not None:
             await authorize(proxy, context)
             proxy = dataclasses.replace(proxy, verified=True)

@@ -176,8 +176,8 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
         for ref in route.parent_refs:
             if ref.kind == "Gateway" and ref.group == GROUP and _gateway_key(ref, route.meta.namespace) in waypoint_gateways:
                 parents.append(_parent_status(ref, route.generation, (
-                    "UnsupportedValue", "routes of waypoint Gateways are not implemented by this istiod (the waypoint "
-                    "proxy is not served yet)"), None, MESH_CONTROLLER))
+                    "UnsupportedValue", "routes of waypoint Gateways are not implemented by this istiod (a route "
+                    "with the Service as its parent applies on the waypoint)"), None, MESH_CONTROLLER))
                 continue
             if _is_service(ref) and l4:
                 parents.append(_parent_status(ref, route.generation, ("UnsupportedValue", f"{route.kind} on a Service is "

@@ -124,7 +124,7 @@ def _selected(items: Iterable[S], namespace: str, labels: Mapping[str, str]) -> 
     """(objects of `namespace` whose selector matches, and those without a selector)."""
     selecting, default = [], []
     for item in _ordered(items):
-        if item.meta.namespace != namespace:
+        if item.meta.namespace != namespace or bool(getattr(item, "target_refs", None)):  # attached to a waypoint instead
             continue
         # Sidecar and DestinationRule call it workloadSelector, the security kinds selector.
         selector: Labels = getattr(item, "workload_selector", ()) or getattr(item, "selector", ())

@@ -83,6 +83,9 @@ class AuthorizationPolicy:
     action: Action = Action.ALLOW
     rules: tuple[Rule, ...] = ()  # ALLOW with no rules allows nothing; DENY with none denies nothing
     provider: str = ""  # CUSTOM only
+    # targetRef(s): (kind, name) in the policy's namespace, `Gateway` (a waypoint) or `Service` (on its
+    # waypoint). Such a policy applies there only, never by selector or namespace-wide.
+    target_refs: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -192,7 +192,8 @@ def _condition(c: _Fields, action: Action) -> Condition:
 
 
 def authorization_policy(key: ObjectKey, f: _Fields, domain: str) -> AuthorizationPolicy:
-    spec(f, ("selector", "action", "rules", "provider"), _TARGET_REFS)
+    spec(f, ("selector", "action", "rules", "provider", *_TARGET_REFS))
+    target_refs = _target_refs(f, key.namespace)
     action: Action = enum_field(f, "spec.action", Action, "ALLOW")  # type: ignore[assignment]
     has_rules = "rules" in f.get("spec", dict, {})
     provider = ""
@@ -224,7 +225,54 @@ def authorization_policy(key: ObjectKey, f: _Fields, domain: str) -> Authorizati
         sources = tuple(_source(item, "source", action) for item in items(r, "from"))
         operations = tuple(_operation(item, "operation") for item in items(r, "to"))
         rules.append(Rule(sources, operations, tuple(_condition(c, action) for c in items(r, "when"))))
-    return AuthorizationPolicy(meta(key), workload_selector(f), action, tuple(rules), provider)
+    if target_refs:
+        _attachable(f, action, rules)
+    return AuthorizationPolicy(meta(key), workload_selector(f), action, tuple(rules), provider, target_refs)
+
+
+_TARGET_KINDS = {"Gateway": "gateway.networking.k8s.io", "Service": ""}
+
+
+def _target_refs(f: _Fields, namespace: str) -> tuple[tuple[str, str], ...]:
+    """istiod's rules: targetRef or targetRefs, not both and not with a selector; here kinds `Gateway`
+    (a waypoint's) and `Service` (applied on the waypoint it uses), in the policy's own namespace."""
+    body = f.get("spec", dict, {})
+    if "targetRef" in body and "targetRefs" in body:
+        raise f.fail("only one of targetRefs or workloadSelector can be set")
+    refs = [fields(f, "spec.targetRef")] if "targetRef" in body else list(items(f, "spec.targetRefs"))
+    if refs and "selector" in body:
+        raise f.fail("only one of targetRefs or workloadSelector can be set")
+    result = []
+    for i, ref in enumerate(refs):
+        where = "spec.targetRef" if "targetRef" in body else f"spec.targetRefs[{i}]"
+        if ref is None:
+            raise f.fail(f"{where} must not be nil")
+        only(ref, ("group", "kind", "name", "namespace"))
+        kind, name = ref.get("kind", str, ""), ref.get("name", str, "")
+        if kind not in _TARGET_KINDS or ref.get("group", str, "") != _TARGET_KINDS[kind]:
+            raise f.fail(f"{where}: group {ref.get('group', str, '')!r} kind {kind!r} is not implemented "
+                         "(Gateway of gateway.networking.k8s.io, or Service of the core group)")
+        if not name:
+            raise f.fail(f"{where}.name must be set")
+        if ref.get("namespace", str, namespace) != namespace:
+            raise f.fail(f"{where}.namespace must be the policy's namespace ({namespace})")
+        result.append((kind, name))
+    return tuple(result)
+
+
+def _attachable(f: _Fields, action: Action, rules: list[Rule]) -> None:
+    """What a waypoint applies here: ALLOW and DENY on the request (operations, request headers, JWT
+    claims). Its routes run behind an internal listener, where upstream Envoy no longer sees the
+    caller's certificate: rules on the source would never match, so they are refused, not ignored."""
+    if action not in (Action.ALLOW, Action.DENY):
+        raise f.fail(f"spec.action: {action.value} is not implemented with targetRefs (ALLOW or DENY)")
+    for i, rule in enumerate(rules):
+        if rule.sources:
+            raise f.fail(f"spec.rules[{i}].from is not implemented with targetRefs (the caller's identity is not "
+                         "seen by the waypoint's routes)")
+        for condition in rule.when:
+            if not condition.key.startswith("request."):
+                raise f.fail(f"spec.rules[{i}].when: key {condition.key} is not implemented with targetRefs")
 
 
 def _jwt_rule(r: _Fields) -> JWTRule:

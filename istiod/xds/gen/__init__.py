@@ -19,6 +19,7 @@ from istiod.xds.gen.gateway import routes as gateway_routes
 from istiod.xds.gen.gateway import secrets as gateway_secrets
 from istiod.xds.gen.sidecar import clusters, listeners, routes
 from istiod.xds.gen.targets import alike
+from istiod.xds.gen.waypoint import GENERATORS as WAYPOINT
 from istiod.xds.gen.ztunnel import GENERATORS as ZTUNNEL
 
 Generator = Callable[[Snapshot, Proxy, list[str] | None, ResourceCache], list[Resource]]
@@ -115,9 +116,11 @@ _ZTUNNEL_AFFECTED: Affected = {
     "PeerAuthentication": frozenset({types.ADDRESS, types.AUTHORIZATION}),
     "ServiceEntry": frozenset({types.ADDRESS}), "WorkloadEntry": frozenset({types.ADDRESS}),
 }
-_GENERATORS = {"grpc": PROXYLESS_GRPC, "sidecar": SIDECAR, "router": ROUTER, "ztunnel": ZTUNNEL}
+# Waypoints: which services use them, and so every listener and cluster, follows most config.
+_WAYPOINT_AFFECTED: Affected = {**dict.fromkeys(_PROXYLESS_AFFECTED, _EVERY_TYPE), "Secret": _NONE}
+_GENERATORS = {"grpc": PROXYLESS_GRPC, "sidecar": SIDECAR, "router": ROUTER, "ztunnel": ZTUNNEL, "waypoint": WAYPOINT}
 _AFFECTED = {"grpc": _PROXYLESS_AFFECTED, "sidecar": _SIDECAR_AFFECTED, "router": _ROUTER_AFFECTED,
-             "ztunnel": _ZTUNNEL_AFFECTED}
+             "ztunnel": _ZTUNNEL_AFFECTED, "waypoint": _WAYPOINT_AFFECTED}
 
 
 def affected_types(proxy: Proxy, kinds: Iterable[str]) -> frozenset[str]:
@@ -127,8 +130,7 @@ def affected_types(proxy: Proxy, kinds: Iterable[str]) -> frozenset[str]:
 
 
 def generators_for(proxy: Proxy) -> dict[str, Generator]:
-    """By the node's GENERATOR metadata, then its type, as istiod picks. Waypoints are not served
-    yet: they get no generator, and so no config, rather than config meant for someone else."""
+    """By the node's GENERATOR metadata, then its type, as istiod picks."""
     return _GENERATORS.get(_flavor(proxy), {})
 
 

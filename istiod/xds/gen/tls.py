@@ -92,6 +92,12 @@ def sds_upstream_tls(identities: Iterable[str], sni: str) -> base_pb2.TransportS
     return _transport_socket(context)
 
 
+def sds_hbone_upstream_tls() -> base_pb2.TransportSocket:
+    """HBONE, client side (a waypoint to a pod's ztunnel): HTTP/2 over mTLS with our certificate over SDS,
+    any identity the mesh root signed (ztunnel answers for every pod of its node)."""
+    return _transport_socket(tls_pb2.UpstreamTlsContext(common_tls_context=_sds_tls_context(("h2",), ())))
+
+
 def sds_downstream_tls(alpn: Iterable[str], identities: Iterable[str] = ()) -> base_pb2.TransportSocket:
     """Envoy, server side: require a client certificate the mesh root signed (of `identities`, or
     any mesh identity)."""

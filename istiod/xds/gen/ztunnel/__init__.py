@@ -197,7 +197,7 @@ def _authorization_table(snapshot: Snapshot, cache: ResourceCache) -> dict[str, 
         made[key] = cache.get(types.AUTHORIZATION, key, depends_on, build)  # type: ignore[arg-type]
 
     for policy in config.authorization_policies:
-        if policy.action in (Action.ALLOW, Action.DENY):
+        if policy.action in (Action.ALLOW, Action.DENY) and not policy.target_refs:  # targetRefs: waypoints'
             put(policy.meta.namespace, policy.meta.name, (policy, root), partial(policies.authorization, policy, root))
     if config.peer_authentications:
         put(root, policies.STATIC_STRICT_NAME, root, partial(policies.static_strict, root))

@@ -27,7 +27,10 @@ CONVERTED_PREFIX = "converted_peer_authentication_"  # a workload PeerAuthentica
 
 
 def authorization(policy: AuthorizationPolicy, root_namespace: str) -> pb.Authorization | None:
-    """None for what ztunnel is not given: AUDIT and CUSTOM policies (waypoints' business)."""
+    """None for what ztunnel is not given: AUDIT and CUSTOM policies, and those attached to a waypoint by
+    targetRefs (waypoints' business)."""
+    if policy.target_refs:
+        return None
     if policy.action is Action.ALLOW:
         action = pb.ALLOW
     elif policy.action is Action.DENY:

@@ -1,0 +1,62 @@
+"""Which services a waypoint proxy serves, and the names of its clusters for them (Istio's `inbound-vip`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from istiod.model.config.security import AuthorizationPolicy
+from istiod.model.names import parse_cluster_name
+from istiod.model.proxy import Proxy
+from istiod.model.service import Port, Service
+from istiod.model.snapshot import Snapshot
+from istiod.xds.gen.sidecar.ports import outbound_ports
+from istiod.xds.gen.ztunnel.addresses import GATEWAY_NAME_LABEL, waypoint_for
+
+
+@dataclass(frozen=True, slots=True)
+class WaypointPort:
+    """A port of a service whose traffic this waypoint takes (its ClusterIP: the CONNECT target)."""
+
+    service: Service
+    port: Port
+    http: bool
+    vip: str
+
+
+def waypoint_cluster_name(port: int, hostname: str, subset: str, http: bool) -> str:
+    """Istio's `inbound-vip|<port>|<http|tcp>[/<subset>]|<host>`."""
+    kind = "http" if http else "tcp"
+    return f"inbound-vip|{port}|{kind}/{subset}|{hostname}" if subset else f"inbound-vip|{port}|{kind}|{hostname}"
+
+
+def from_outbound(name: str) -> str:
+    """The waypoint cluster a route's `outbound|port|subset|host` destination names (route translation is
+    the sidecar's); a name of another form is kept."""
+    try:
+        _, port, subset, host = parse_cluster_name(name)
+    except ValueError:
+        return name
+    return waypoint_cluster_name(port, host, subset, http=True)
+
+
+def attached_policies(snapshot: Snapshot, proxy: Proxy, service: Service) -> tuple[AuthorizationPolicy, ...]:
+    """The AuthorizationPolicies whose targetRefs name this waypoint (its Gateway) or the service."""
+    gateway = dict(proxy.labels).get(GATEWAY_NAME_LABEL, "")
+    return tuple(p for p in snapshot.config.authorization_policies
+                 if (p.meta.namespace == proxy.namespace and ("Gateway", gateway) in p.target_refs)
+                 or (p.meta.namespace == service.namespace and ("Service", service.name) in p.target_refs))
+
+
+def waypoint_ports(snapshot: Snapshot, proxy: Proxy) -> Iterator[WaypointPort]:
+    """The ports of the services that name this proxy's waypoint (its pods' `gateway-name` label, in
+    its namespace), as ztunnel is told in WDS; only those with a ClusterIP can be CONNECT targets."""
+    waypoint = snapshot.config.gateway_api.waypoints.get((proxy.namespace, dict(proxy.labels).get(GATEWAY_NAME_LABEL, "")))
+    if waypoint is None:
+        return
+    for target in outbound_ports(snapshot, proxy):
+        used = waypoint_for(snapshot, target.service.namespace, dict(target.service.labels), "service")
+        if (used is not None and used.hostname.hostname == waypoint.hostname
+                and used.hostname.namespace == waypoint.meta.namespace and target.vip is not None):
+            yield WaypointPort(target.service, target.port, target.protocol.is_http, target.vip)
+
