@@ -15,7 +15,9 @@ from envoy.config.core.v3 import base_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
+from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2 as http_options_pb2
 from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from hypothesis import given
@@ -298,3 +300,67 @@ async def test_waypoints_are_refused_at_connect() -> None:
         assert error.value.details() == "waypoint proxies are not served yet"
     finally:
         await server.stop(None)
+
+
+def _sniffed(mesh: MeshConfig = MeshConfig()) -> Snapshot:
+    """The fixture with web's and db's ports named without a protocol (Istio sniffs them)."""
+    text = (DATA / "sidecar-mesh.yaml").read_text()
+    text = text.replace("{name: http-web, port: 80", "{name: web, port: 80").replace("{name: tcp, port: 5432}", "{name: db, port: 5432}")
+    store = Store()
+    for document in yaml.safe_load_all(text):
+        store.apply(document)
+    return build_snapshot(store, "v1", mesh=mesh)
+
+
+def test_a_sniffed_port_takes_http_to_its_own_routes_and_the_rest_to_tcp_proxy() -> None:
+    snapshot = _sniffed()
+    listeners = _generate(types.LISTENER, snapshot, message=listener_pb2.Listener)
+    assert "0.0.0.0_80" not in listeners  # a sniffed port listens on its VIP, as istiod
+    for name, route in (("10.96.0.11_5432", "db.shop.svc.cluster.local:5432"), ("10.96.0.10_80", f"{WEB}:80")):
+        listener = listeners[name]
+        assert isinstance(listener, listener_pb2.Listener)
+        assert [f.name for f in listener.listener_filters] == ["envoy.filters.listener.http_inspector"]
+        assert listener.listener_filters_timeout.ToNanoseconds() == 0 and listener.continue_on_listener_filters_timeout
+        tcp, http = listener.filter_chains
+        assert not tcp.HasField("filter_chain_match") and tcp.filters[0].name == "envoy.filters.network.tcp_proxy"
+        assert _match(http) == (0, "raw_buffer", ["http/1.1", "h2c"])
+        manager = hcm_pb2.HttpConnectionManager.FromString(http.filters[0].typed_config.value)
+        assert manager.rds.route_config_name == route
+    routes = _generate(types.ROUTE, snapshot, message=route_pb2.RouteConfiguration)
+    assert sorted(routes) == ["7070", "db.shop.svc.cluster.local:5432", f"{WEB}:80"]
+    db = routes["db.shop.svc.cluster.local:5432"]
+    assert isinstance(db, route_pb2.RouteConfiguration)
+    # istiod's: the one service for any Host, no catch-all.
+    assert [(h.name, list(h.domains)) for h in db.virtual_hosts] == [("db.shop.svc.cluster.local:5432", ["*"])]
+    assert db.virtual_hosts[0].routes[0].route.cluster == "outbound|5432||db.shop.svc.cluster.local"
+    # The upstream speaks what the client spoke (istiod's use_downstream_protocol).
+    cluster = _generate(types.CLUSTER, snapshot)["outbound|5432||db.shop.svc.cluster.local"]
+    assert isinstance(cluster, cluster_pb2.Cluster)
+    options = http_options_pb2.HttpProtocolOptions.FromString(
+        cluster.typed_extension_protocol_options["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"].value)
+    assert options.HasField("use_downstream_protocol_config")
+
+
+def test_a_sniffed_inbound_port_has_http_and_tcp_chains_and_the_http_inspector_runs_on_it() -> None:
+    for mesh, expected in (
+        (MeshConfig(), [("tls", ["istio-http/1.0", "istio-http/1.1", "istio-h2"], True),
+                        ("raw_buffer", ["http/1.1", "h2c"], True), ("tls", ["istio-peer-exchange", "istio"], False),
+                        ("raw_buffer", [], False), ("tls", [], False)]),
+        (MeshConfig(mtls=True), [("tls", ["istio-http/1.0", "istio-http/1.1", "istio-h2"], True), ("tls", [], False)]),
+    ):
+        inbound = _generate(types.LISTENER, _sniffed(mesh), message=listener_pb2.Listener)["virtualInbound"]
+        assert isinstance(inbound, listener_pb2.Listener)
+        chains = _chains(inbound, "0.0.0.0_8080")
+        assert [(_match(c)[1], _match(c)[2], c.filters[0].name.endswith("http_connection_manager")) for c in chains] == expected
+        assert {_match(c)[0] for c in chains} == {8080}
+        if not mesh.mtls:  # the HTTP inspector is off only on declared ports
+            inspector = inbound.listener_filters[-1]
+            assert inspector.name == "envoy.filters.listener.http_inspector"
+            assert inspector.filter_disabled.destination_port_range.start == 15006
+
+
+def test_protocol_detection_timeout_from_the_mesh_config() -> None:
+    snapshot = _sniffed(MeshConfig(protocol_detection_timeout=0.1))
+    listeners = _generate(types.LISTENER, snapshot, message=listener_pb2.Listener)
+    for name in ("10.96.0.11_5432", "virtualInbound"):
+        assert listeners[name].listener_filters_timeout.ToMilliseconds() == 100  # type: ignore[attr-defined]

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 CONFIGMAP = "istio"
 CONFIGMAP_KEY = "mesh"
 _FIELDS = ("trustDomain", "trustDomainAliases", "rootNamespace", "outboundTrafficPolicy", "enableAutoMtls", "defaultConfig",
-           "discoverySelectors", "localityLbSetting", "extensionProviders")
+           "discoverySelectors", "localityLbSetting", "extensionProviders", "protocolDetectionTimeout")
 _PROXY_FIELDS = ("discoveryAddress", "proxyMetadata", "holdApplicationUntilProxyStarts")
 
 
@@ -94,7 +94,17 @@ def _parse(f: _Fields, base: MeshConfig) -> MeshConfig:
         # Set, it replaces Istio's default `enabled: true`; `enabled: false` turns locality LB off.
         locality_lb_setting=_locality_lb_setting(f, base),
         extension_providers=providers,
+        protocol_detection_timeout=_protocol_detection_timeout(f, base),
     )
+
+
+def _protocol_detection_timeout(f: _Fields, base: MeshConfig) -> float:
+    if "protocolDetectionTimeout" not in f.body:
+        return base.protocol_detection_timeout
+    try:
+        return parse_duration(f.get("protocolDetectionTimeout", str, ""))
+    except argparse.ArgumentTypeError as error:
+        raise f.fail(f"protocolDetectionTimeout: {error}") from None
 
 
 def _locality_lb_setting(f: _Fields, base: MeshConfig) -> LocalityLbSetting | None:

@@ -196,7 +196,10 @@ def _original_dst(name: str, options: dict[str, object], bind: bool) -> cluster_
 
 
 def _protocol_options(protocol: Protocol) -> dict[str, object]:
-    """HTTP/2 upstream for gRPC and HTTP/2 ports; Envoy's default (HTTP/1.1) for the others."""
+    """HTTP/2 upstream for gRPC and HTTP/2 ports; the client's for sniffed ones (istiod's
+    use_downstream_protocol); Envoy's default (HTTP/1.1) for the others."""
+    if protocol is Protocol.UNSUPPORTED:
+        return _downstream_protocol()
     return {HTTP_OPTIONS: _http_options(protocol)} if protocol.is_http2 else {}
 
 

@@ -1,4 +1,5 @@
-"""RDS for sidecars: route configuration `<port>` for the listener `0.0.0.0_<port>`.
+"""RDS for sidecars: route configuration `<port>` for the listener `0.0.0.0_<port>`, and
+`<host>:<port>` for the HTTP a sniffed port's listener `<vip>_<port>` finds.
 
 One virtual host `<host>:<port>` per HTTP service on that port, whose domains list every name a
 client may use, as Istio's: the FQDN and its absolute form (trailing dot), the bare `name` for
@@ -14,12 +15,14 @@ from envoy.config.route.v3 import route_components_pb2, route_pb2
 from google.protobuf import wrappers_pb2
 
 from istiod.model.names import join_host_port
+from istiod.model.protocol import Protocol
 from istiod.model.proxy import Proxy
 from istiod.model.snapshot import Snapshot
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.gen.routes import default_route, http_routes
 from istiod.xds.gen.sidecar.clusters import BLACKHOLE, unmatched_cluster
+from istiod.xds.gen.sidecar.listeners import sniffed_route_name
 from istiod.xds.gen.sidecar.ports import OutboundPort, outbound_ports
 from istiod.xds.gen.targets import alike, hash_lookup, route_inputs
 
@@ -33,11 +36,19 @@ def routes(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: Res
 
 def _routes(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
     by_port: dict[int, list[OutboundPort]] = {}
+    sniffed: dict[str, OutboundPort] = {}
     for target in outbound_ports(snapshot, proxy):
         if target.protocol.is_http:
             by_port.setdefault(target.number, []).append(target)
+        elif target.protocol is Protocol.UNSUPPORTED and (target.bind or target.vip) is not None:
+            sniffed.setdefault(sniffed_route_name(target), target)
     wanted = sorted(by_port) if names is None else [int(n) for n in names if n.isdigit() and int(n) in by_port]
     result = []
+    for name in sorted(sniffed) if names is None else [n for n in names if n in sniffed]:
+        target = sniffed[name]
+        result.append(cache.get(types.ROUTE, name, route_inputs(snapshot, proxy, target.service)[1],
+                                lambda: sniffed_route_configuration(name, target, snapshot, proxy),
+                                scope=str(alike(snapshot, proxy))))
     for port in wanted:
         targets = by_port[port]
         # Short names differ by the proxy's namespace; VirtualService visibility and the
@@ -84,6 +95,20 @@ def route_configuration(port: int, targets: list[OutboundPort], snapshot: Snapsh
         name=str(port), virtual_hosts=hosts, validate_clusters=wrappers_pb2.BoolValue(value=False),
         ignore_port_in_host_matching=True,
     )
+
+
+def sniffed_route_configuration(name: str, target: OutboundPort, snapshot: Snapshot,
+                                proxy: Proxy) -> route_pb2.RouteConfiguration:
+    """The HTTP found on a sniffed port's listener: the service's routes alone, for any Host
+    (istiod's route `<host>:<port>`, one virtual host with domain `*`, no catch-all)."""
+    vs, _ = route_inputs(snapshot, proxy, target.service)
+    host = route_components_pb2.VirtualHost(
+        name=join_host_port(target.service.hostname, target.number), domains=["*"],
+        routes=http_routes(vs, target.service, target.port.port, snapshot.services, hash_lookup(snapshot, proxy),
+                           proxyless=False, source=(proxy.namespace, dict(proxy.labels))),
+        include_request_attempt_count=True)
+    return route_pb2.RouteConfiguration(name=name, virtual_hosts=[host],
+                                        validate_clusters=wrappers_pb2.BoolValue(value=False))
 
 
 def _domains(target: OutboundPort, namespace: str) -> list[str]:
