@@ -321,7 +321,7 @@ def test_a_sniffed_port_takes_http_to_its_own_routes_and_the_rest_to_tcp_proxy()
         assert isinstance(listener, listener_pb2.Listener)
         assert [f.name for f in listener.listener_filters] == ["envoy.filters.listener.http_inspector"]
         assert listener.listener_filters_timeout.ToNanoseconds() == 0 and listener.continue_on_listener_filters_timeout
-        tcp, http = listener.filter_chains
+        (http,), tcp = listener.filter_chains, listener.default_filter_chain
         assert not tcp.HasField("filter_chain_match") and tcp.filters[0].name == "envoy.filters.network.tcp_proxy"
         assert _match(http) == (0, "raw_buffer", ["http/1.1", "h2c"])
         manager = hcm_pb2.HttpConnectionManager.FromString(http.filters[0].typed_config.value)

@@ -239,6 +239,9 @@ def tcp_outbound_listener(address: str, target: OutboundPort, destinations: L4De
     listener = _outbound_listener(name, address, port, _l4_proxy(target, destinations), target.bind_to_port)
     listener = _by_sni(listener, [(names, _l4_proxy(target, sent)) for names, sent in by_sni])
     if target.protocol is Protocol.UNSUPPORTED:
+        # Matching never backtracks: a connection the HTTP chain's `raw_buffer` claims but whose
+        # protocol is not HTTP would match no chain. The TCP chain is the default, as istiod's.
+        listener.default_filter_chain.CopyFrom(listener.filter_chains.pop())
         listener.filter_chains.append(listener_components_pb2.FilterChain(
             filter_chain_match=_match("raw_buffer", PLAINTEXT_HTTP_ALPN_MATCH),
             filters=[_outbound_hcm(name, sniffed_route_name(target))]))
