@@ -298,6 +298,9 @@ def _outbound_listener(name: str, ip: str, port: int, main: listener_components_
         bind_to_port=wrappers_pb2.BoolValue(value=bind_to_port),
         traffic_direction=base_pb2.OUTBOUND,
         filter_chains=[listener_components_pb2.FilterChain(filters=[main])],  # unnamed, as Istio's
+        # istiod's: no timeout for listener filters unless one sniffs HTTP (_sniff).
+        listener_filters_timeout=duration_pb2.Duration(),
+        continue_on_listener_filters_timeout=True,
     )
 
 

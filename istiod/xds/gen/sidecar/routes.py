@@ -108,7 +108,8 @@ def sniffed_route_configuration(name: str, target: OutboundPort, snapshot: Snaps
                            proxyless=False, source=(proxy.namespace, dict(proxy.labels))),
         include_request_attempt_count=True)
     return route_pb2.RouteConfiguration(name=name, virtual_hosts=[host],
-                                        validate_clusters=wrappers_pb2.BoolValue(value=False))
+                                        validate_clusters=wrappers_pb2.BoolValue(value=False),
+                                        ignore_port_in_host_matching=True)
 
 
 def _domains(target: OutboundPort, namespace: str) -> list[str]:
