@@ -156,3 +156,9 @@ def test_protocol_detection_timeout() -> None:
     for bad in ("-1s", "5", "soon"):
         with pytest.raises(MeshConfigError, match="protocolDetectionTimeout"):
             parse_mesh_config(f"protocolDetectionTimeout: {bad!r}", MeshConfig(), "m")
+
+
+def test_default_service_export_to() -> None:
+    assert MeshConfig().default_service_export_to == ()  # every namespace
+    parsed = parse_mesh_config("defaultServiceExportTo: ['.', istio-system]", MeshConfig(), "m")
+    assert parsed.default_service_export_to == (".", "istio-system")

@@ -364,3 +364,44 @@ def test_protocol_detection_timeout_from_the_mesh_config() -> None:
     listeners = _generate(types.LISTENER, snapshot, message=listener_pb2.Listener)
     for name in ("10.96.0.11_5432", "virtualInbound"):
         assert listeners[name].listener_filters_timeout.ToMilliseconds() == 100  # type: ignore[attr-defined]
+
+
+EXPORT_TO = """
+apiVersion: v1
+kind: Service
+metadata: {name: private, namespace: billing, annotations: {networking.istio.io/exportTo: " ., shop "}}
+spec: {clusterIP: 10.96.9.1, ports: [{name: http, port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: hidden, namespace: billing, annotations: {networking.istio.io/exportTo: "."}}
+spec: {clusterIP: 10.96.9.2, ports: [{name: http, port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: plain, namespace: billing}
+spec: {clusterIP: 10.96.9.3, ports: [{name: http, port: 80}]}
+"""
+
+
+def test_service_export_to_annotation_and_the_mesh_default() -> None:
+    def seen(mesh: MeshConfig, namespace: str) -> list[str]:
+        snapshot = _built(EXPORT_TO, mesh)
+        node = f"sidecar~127.0.0.50~x-1.{namespace}~{namespace}.svc.cluster.local"
+        clusters = _generate(types.CLUSTER, snapshot, node=node)
+        return sorted(name.split("|")[3].split(".")[0] for name in clusters if name.startswith("outbound|"))
+
+    assert _built(EXPORT_TO).services["private.billing.svc.cluster.local"].export_to == (".", "shop")
+    assert seen(MeshConfig(), "shop") == ["plain", "private"]
+    assert seen(MeshConfig(), "billing") == ["hidden", "plain", "private"]
+    assert seen(MeshConfig(), "other") == ["plain"]
+    # The mesh's default applies to Services without the annotation only.
+    assert seen(MeshConfig(default_service_export_to=(".",)), "shop") == ["private"]
+    assert seen(MeshConfig(default_service_export_to=("~",)), "billing") == ["hidden", "private"]
+
+
+def _built(text: str, mesh: MeshConfig = MeshConfig()) -> Snapshot:
+    store = Store()
+    for document in yaml.safe_load_all(text):
+        store.apply(document)
+    return build_snapshot(store, "v1", mesh=mesh)

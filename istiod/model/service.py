@@ -45,7 +45,9 @@ class Service:
     # A ServiceEntry's host (the Service is one host of it), and how its endpoints are found.
     external_host: str = ""
     resolution: Resolution | None = None
-    export_to: tuple[str, ...] = ()  # a ServiceEntry's exportTo (empty: every namespace)
+    # A ServiceEntry's exportTo, or a Service's `networking.istio.io/exportTo` annotation (empty:
+    # the mesh's defaultServiceExportTo).
+    export_to: tuple[str, ...] = ()
     subject_alt_names: tuple[str, ...] = ()  # a ServiceEntry's: what TLS origination verifies by default
     hostname: str = field(init=False)  # <name>.<namespace>.svc.<domain>, or the ServiceEntry's host
     # The host spellings a proxyless client may use for it, longest first.

@@ -121,7 +121,18 @@ def _service(key: ObjectKey, f: _Fields, domain: str) -> Service:
         selector=f.str_map("spec.selector"),
         labels=f.str_map("metadata.labels"),
         cluster_ip=_cluster_ip(f),
+        export_to=_service_export_to(f),
     )
+
+
+EXPORT_TO_ANNOTATION = "networking.istio.io/exportTo"
+
+
+def _service_export_to(f: _Fields) -> tuple[str, ...]:
+    """The annotation's comma-separated namespaces, `.`, `*` or `~`, as istiod reads it (unchecked:
+    a value that names no namespace exports to none)."""
+    value = dict(f.str_map("metadata.annotations")).get(EXPORT_TO_ANNOTATION, "")
+    return tuple(sorted({v.strip() for v in value.split(",") if v.strip()}))
 
 
 def _cluster_ip(f: _Fields) -> str:

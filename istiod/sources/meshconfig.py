@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 CONFIGMAP = "istio"
 CONFIGMAP_KEY = "mesh"
 _FIELDS = ("trustDomain", "trustDomainAliases", "rootNamespace", "outboundTrafficPolicy", "enableAutoMtls", "defaultConfig",
-           "discoverySelectors", "localityLbSetting", "extensionProviders", "protocolDetectionTimeout")
+           "discoverySelectors", "localityLbSetting", "extensionProviders", "protocolDetectionTimeout",
+           "defaultServiceExportTo")
 _PROXY_FIELDS = ("discoveryAddress", "proxyMetadata", "holdApplicationUntilProxyStarts")
 
 
@@ -95,7 +96,14 @@ def _parse(f: _Fields, base: MeshConfig) -> MeshConfig:
         locality_lb_setting=_locality_lb_setting(f, base),
         extension_providers=providers,
         protocol_detection_timeout=_protocol_detection_timeout(f, base),
+        default_service_export_to=_default_export_to(f, "defaultServiceExportTo", base.default_service_export_to),
     )
+
+
+def _default_export_to(f: _Fields, field: str, base: tuple[str, ...]) -> tuple[str, ...]:
+    """Namespaces, `.`, `*` or `~`, unchecked as istiod takes them (a value that names no
+    namespace exports to none)."""
+    return tuple(sorted(set(str_list(f, field)))) if field in f.body else base
 
 
 def _protocol_detection_timeout(f: _Fields, base: MeshConfig) -> float:

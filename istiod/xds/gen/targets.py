@@ -44,10 +44,12 @@ def sidecar_resource(snapshot: Snapshot, proxy: Proxy) -> Sidecar | None:
     return snapshot.config.sidecar_for(proxy.namespace, dict(proxy.labels), snapshot.mesh.root_namespace)
 
 
-def exported(service: Service, proxy: Proxy) -> bool:
-    """Whether the service is exported to the proxy's namespace: a ServiceEntry's exportTo hides
-    its hosts from other namespaces' proxies entirely, even asked for by name, as istiod."""
-    return exported_to(service.export_to, service.namespace, proxy.namespace)
+def exported(snapshot: Snapshot, service: Service, proxy: Proxy) -> bool:
+    """Whether the service is exported to the proxy's namespace: a ServiceEntry's exportTo or a
+    Service's `networking.istio.io/exportTo` annotation, else the mesh's defaultServiceExportTo,
+    hides it from other namespaces' proxies entirely, even asked for by name, as istiod."""
+    return exported_to(service.export_to or snapshot.mesh.default_service_export_to, service.namespace,
+                       proxy.namespace)
 
 
 def visible_services(snapshot: Snapshot, proxy: Proxy) -> Iterable[Service]:
@@ -55,8 +57,8 @@ def visible_services(snapshot: Snapshot, proxy: Proxy) -> Iterable[Service]:
     resource, those some egress listener names in `hosts` (what keeps a proxy's config small)."""
     sidecar = sidecar_resource(snapshot, proxy)
     if sidecar is None or not sidecar.egress:
-        return [s for s in snapshot.services.values() if exported(s, proxy)]
-    return [s for s in snapshot.services.values() if exported(s, proxy)
+        return [s for s in snapshot.services.values() if exported(snapshot, s, proxy)]
+    return [s for s in snapshot.services.values() if exported(snapshot, s, proxy)
             and any(egress_allows(e, sidecar.meta.namespace, s.namespace, s.hostname) for e in sidecar.egress)]
 
 
@@ -111,7 +113,7 @@ def outbound_host_ports(snapshot: Snapshot, proxy: Proxy, names: list[str] | Non
         except ValueError:
             continue
         service = snapshot.service_for_host(host if "." in host else f"{host}.{proxy.namespace}")
-        if service is not None and service.port(port) is not None and exported(service, proxy):
+        if service is not None and service.port(port) is not None and exported(snapshot, service, proxy):
             yield name, service, port
 
 
@@ -130,7 +132,7 @@ def outbound_clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None)
         except ValueError:
             continue
         service = snapshot.services.get(host)
-        if direction != "outbound" or service is None or service.port(port) is None or not exported(service, proxy):
+        if direction != "outbound" or service is None or service.port(port) is None or not exported(snapshot, service, proxy):
             continue
         rule = destination_rule(snapshot, proxy, service)
         subset = rule.subset(subset_name) if rule is not None and subset_name else None

@@ -1,10 +1,14 @@
-"""Protocol sniffing with a real Envoy 1.40 behind istio-init's capture: a Service port named
-without a protocol gets istiod's sniffing listener `<vip>_<port>`, whose HTTP takes the
-VirtualService's `http` routes and whose other bytes go through tcp_proxy."""
+"""Kinds of Service with a real Envoy 1.40 behind istio-init's capture (web-1 in namespace shop).
+
+- Protocol sniffing: a port named without a protocol gets istiod's sniffing listener
+  `<vip>_<port>`, whose HTTP takes the VirtualService's `http` routes and whose other bytes go
+  through tcp_proxy.
+- The `networking.istio.io/exportTo` annotation: `.` hides a Service from other namespaces' proxies."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -90,3 +94,58 @@ def test_an_unnamed_port_gets_http_routing_and_still_carries_raw_tcp(
         finally:
             for backend in backends:
                 backend.stop()
+
+
+EXPORTED = """
+apiVersion: v1
+kind: Service
+metadata: {name: secret, namespace: billing, annotations: {networking.istio.io/exportTo: "."}}
+spec:
+  clusterIP: 10.96.0.62
+  selector: {app: plain}
+  ports: [{name: http, port: 8081, targetPort: 8080}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: public, namespace: billing, annotations: {networking.istio.io/exportTo: "shop"}}
+spec:
+  clusterIP: 10.96.0.63
+  selector: {app: plain}
+  ports: [{name: http, port: 8081, targetPort: 8080}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: billing-1, namespace: billing, labels: {app: plain}}
+spec: {containers: [{name: app, ports: [{containerPort: 8080}]}]}
+status: {phase: Running, podIP: 127.0.0.54, conditions: [{type: Ready, status: "True"}]}
+"""
+
+
+def test_export_to_dot_hides_a_service_from_another_namespaces_proxy(
+        mesh_dir: Path, start_istiod: Callable[..., Istiod]) -> None:
+    # REGISTRY_ONLY: what the proxy does not know gets block_all's 502 (under ALLOW_ANY it would
+    # pass through to the VIP itself, here an address of the pod's own).
+    with pod(mesh_dir, start_istiod, "--outbound-traffic-policy", "REGISTRY_ONLY",
+             extra=SNIFFED + "---" + EXPORTED) as (envoy, run, istiod):
+        for vip in ("10.96.0.62", "10.96.0.63"):
+            assert run("ip", "addr", "add", f"{vip}/32", "dev", "lo").returncode == 0
+        backend = Process(envoy.netns(sys.executable, "-m", "istiod.demo.apps", "http-server", "--address",
+                                      "127.0.0.54:8080", "--name", "billing-1"), name="billing-1")
+        try:
+            wait_serving(backend)
+            clusters = set(_dynamic(envoy.config_dump(), "clusters"))
+            assert "outbound|8081||public.billing.svc.cluster.local" in clusters
+            assert not any("secret.billing" in name for name in clusters)
+            hosts = [h["name"] for h in _dynamic(envoy.config_dump(), "routes")["8081"]["virtual_hosts"]]
+            assert hosts == ["public.billing.svc.cluster.local:8081", "block_all"]
+
+            def call(host: str, vip: str) -> subprocess.CompletedProcess[str]:
+                return run("curl", "-s", "--max-time", "5", "-o", "/dev/null", "-w", "%{http_code}", "-H",
+                           f"Host: {host}", f"http://{vip}:8081/")
+
+            assert call("public.billing", "10.96.0.63").stdout == "200"
+            hidden = call("secret.billing", "10.96.0.62")
+            assert hidden.stdout == "502", hidden  # unknown to this proxy
+            print(f"exportTo shop: 200; exportTo '.': {hidden.stdout} (block_all: not in the proxy's registry)")
+        finally:
+            backend.stop()
