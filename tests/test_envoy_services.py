@@ -3,7 +3,8 @@
 - Protocol sniffing: a port named without a protocol gets istiod's sniffing listener
   `<vip>_<port>`, whose HTTP takes the VirtualService's `http` routes and whose other bytes go
   through tcp_proxy.
-- The `networking.istio.io/exportTo` annotation: `.` hides a Service from other namespaces' proxies."""
+- The `networking.istio.io/exportTo` annotation: `.` hides a Service from other namespaces' proxies.
+- ExternalName: a STRICT_DNS cluster to the external name, reached through the sidecar."""
 
 from __future__ import annotations
 
@@ -147,5 +148,38 @@ def test_export_to_dot_hides_a_service_from_another_namespaces_proxy(
             hidden = call("secret.billing", "10.96.0.62")
             assert hidden.stdout == "502", hidden  # unknown to this proxy
             print(f"exportTo shop: 200; exportTo '.': {hidden.stdout} (block_all: not in the proxy's registry)")
+        finally:
+            backend.stop()
+
+
+EXTERNAL = """
+apiVersion: v1
+kind: Service
+metadata: {name: ext, namespace: shop}
+spec:
+  type: ExternalName
+  externalName: localhost
+  ports: [{name: http, port: 8095}]
+"""
+EXT = "ext.shop.svc.cluster.local"
+
+
+def test_an_external_name_service_is_called_through_the_sidecar(
+        mesh_dir: Path, start_istiod: Callable[..., Istiod]) -> None:
+    with pod(mesh_dir, start_istiod, extra=EXTERNAL) as (envoy, run, istiod):
+        # The app resolved the name (in a cluster, DNS's CNAME to the external host) to an address
+        # the capture sends to Envoy.
+        assert run("ip", "addr", "add", "10.96.0.70/32", "dev", "lo").returncode == 0
+        backend = Process(envoy.netns(sys.executable, "-m", "istiod.demo.apps", "http-server", "--address",
+                                      "127.0.0.1:8095", "--name", "external"), name="external")
+        try:
+            wait_serving(backend)
+            cluster = _dynamic(envoy.config_dump(), "clusters")[f"outbound|8095||{EXT}"]
+            assert cluster["type"] == "STRICT_DNS"
+            assert cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"][
+                "socket_address"] == {"address": "localhost", "port_value": 8095}
+            done = run("curl", "-s", "--max-time", "10", "--resolve", f"{EXT}:8095:10.96.0.70", f"http://{EXT}:8095/")
+            assert done.returncode == 0 and json.loads(done.stdout)["name"] == "external", done
+            print(f"ExternalName {EXT} -> localhost:8095 through the sidecar: {json.loads(done.stdout)}")
         finally:
             backend.stop()

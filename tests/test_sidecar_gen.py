@@ -29,6 +29,7 @@ from istiod.model.protocol import Protocol, port_protocol
 from istiod.model.proxy import proxy_from_node
 from istiod.model.service import Port
 from istiod.model.snapshot import Snapshot
+from istiod.sources.fields import ConversionError
 from istiod.sources.store import Store
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
@@ -405,3 +406,33 @@ def _built(text: str, mesh: MeshConfig = MeshConfig()) -> Snapshot:
     for document in yaml.safe_load_all(text):
         store.apply(document)
     return build_snapshot(store, "v1", mesh=mesh)
+
+
+EXTERNAL_NAME = """
+apiVersion: v1
+kind: Service
+metadata: {name: ext, namespace: shop}
+spec:
+  type: ExternalName
+  externalName: Api.Example.COM.
+  selector: {app: web}
+  ports: [{name: http, port: 80}, {name: tcp-db, port: 5433}]
+"""
+
+
+def test_an_external_name_service_is_a_dns_cluster_to_the_external_name() -> None:
+    snapshot = _built(EXTERNAL_NAME)
+    clusters = _generate(types.CLUSTER, snapshot)
+    for port in (80, 5433):
+        cluster = clusters[f"outbound|{port}||ext.shop.svc.cluster.local"]
+        assert isinstance(cluster, cluster_pb2.Cluster)
+        assert cluster.type == cluster_pb2.Cluster.STRICT_DNS  # its selector is not read
+        assert [(e.endpoint.address.socket_address.address, e.endpoint.address.socket_address.port_value)
+                for group in cluster.load_assignment.endpoints for e in group.lb_endpoints] == [("api.example.com", port)]
+    listeners = _generate(types.LISTENER, snapshot, message=listener_pb2.Listener)
+    assert "0.0.0.0_80" in listeners and "0.0.0.0_5433" in listeners  # no VIP: the wildcard, as istiod
+    routes = _generate(types.ROUTE, snapshot, names=["80"], message=route_pb2.RouteConfiguration)["80"]
+    assert "ext.shop.svc.cluster.local" in routes.virtual_hosts[0].domains  # type: ignore[attr-defined]
+    store = Store()
+    with pytest.raises(ConversionError, match="spec.externalName 'not a name' is not a DNS-1123 subdomain"):
+        store.apply(yaml.safe_load(EXTERNAL_NAME.replace("Api.Example.COM.", "not a name")))

@@ -49,6 +49,9 @@ class Service:
     # the mesh's defaultServiceExportTo).
     export_to: tuple[str, ...] = ()
     subject_alt_names: tuple[str, ...] = ()  # a ServiceEntry's: what TLS origination verifies by default
+    # An ExternalName Service's spec.externalName: its one endpoint per port, resolved by DNS
+    # (resolution DNS), as istiod makes it.
+    external_name: str = ""
     hostname: str = field(init=False)  # <name>.<namespace>.svc.<domain>, or the ServiceEntry's host
     # The host spellings a proxyless client may use for it, longest first.
     aliases: tuple[str, ...] = field(init=False, compare=False, repr=False)

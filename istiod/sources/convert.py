@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from istiod.model.batch import CronJob, Job
 from istiod.model.cluster import Namespace, Node
 from istiod.model.config.kinds import unimplemented
+from istiod.model.config.networking import Resolution
 from istiod.model.credentials import TlsCredential
 from istiod.model.endpointslice import EndpointSlice, SliceEndpoint
 from istiod.model.names import DEFAULT_DOMAIN
@@ -113,15 +114,22 @@ def _service(key: ObjectKey, f: _Fields, domain: str) -> Service:
                           p.get("appProtocol", str, "")))
     if len({p.port for p in ports}) != len(ports):
         raise f.fail("spec.ports has the same port twice")
+    external_name = ""
+    if f.get("spec.type", str, "") == "ExternalName":
+        external_name = f.get("spec.externalName", str, "").rstrip(".").lower()
+        if not _DNS_SUBDOMAIN.fullmatch(external_name):
+            raise f.fail(f"spec.externalName {external_name!r} is not a DNS-1123 subdomain")
     return Service(
         name=key.name,
         namespace=key.namespace,
         domain=domain,
         ports=tuple(ports),
-        selector=f.str_map("spec.selector"),
+        selector=() if external_name else f.str_map("spec.selector"),
         labels=f.str_map("metadata.labels"),
-        cluster_ip=_cluster_ip(f),
+        cluster_ip="" if external_name else _cluster_ip(f),
         export_to=_service_export_to(f),
+        external_name=external_name,
+        resolution=Resolution.DNS if external_name else None,
     )
 
 
