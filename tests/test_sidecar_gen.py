@@ -436,3 +436,40 @@ def test_an_external_name_service_is_a_dns_cluster_to_the_external_name() -> Non
     store = Store()
     with pytest.raises(ConversionError, match="spec.externalName 'not a name' is not a DNS-1123 subdomain"):
         store.apply(yaml.safe_load(EXTERNAL_NAME.replace("Api.Example.COM.", "not a name")))
+
+
+HEADLESS = """
+apiVersion: v1
+kind: Service
+metadata: {name: hl, namespace: shop}
+spec:
+  clusterIP: None
+  selector: {app: hl}
+  ports: [{name: http, port: 8080}, {name: tcp, port: 6379}, {port: 7000}]
+""" + "".join(f"""---
+apiVersion: v1
+kind: Pod
+metadata: {{name: hl-{i}, namespace: shop, labels: {{app: hl}}}}
+spec: {{containers: [{{name: app, ports: [{{containerPort: 8080}}, {{containerPort: 6379}}, {{containerPort: 7000}}]}}]}}
+status: {{phase: Running, podIP: 10.1.0.{i + 1}, conditions: [{{type: Ready, status: "True"}}]}}
+""" for i in range(2))
+
+
+def test_a_headless_service_has_original_dst_clusters_per_endpoint_listeners_and_pod_names() -> None:
+    snapshot = _built(HEADLESS)
+    clusters = _generate(types.CLUSTER, snapshot)
+    for port in (8080, 6379, 7000):
+        cluster = clusters[f"outbound|{port}||hl.shop.svc.cluster.local"]
+        assert isinstance(cluster, cluster_pb2.Cluster)
+        assert (cluster.type, cluster.lb_policy) == (cluster_pb2.Cluster.ORIGINAL_DST, cluster_pb2.Cluster.CLUSTER_PROVIDED)
+        assert not cluster.transport_socket_matches  # the original destination carries no tlsMode
+    gateway = _generate(types.CLUSTER, snapshot, node="router~10.0.0.9~gw-1.shop~shop.svc.cluster.local")
+    assert gateway["outbound|8080||hl.shop.svc.cluster.local"].type == cluster_pb2.Cluster.EDS  # type: ignore[attr-defined]
+    listeners = _generate(types.LISTENER, snapshot, message=listener_pb2.Listener)
+    assert {"10.1.0.1_6379", "10.1.0.2_6379", "10.1.0.1_7000", "10.1.0.2_7000", "0.0.0.0_8080"} <= set(listeners)
+    sniffed = listeners["10.1.0.2_7000"]
+    assert isinstance(sniffed, listener_pb2.Listener) and sniffed.listener_filters[-1].name.endswith("http_inspector")
+    routes = _generate(types.ROUTE, snapshot, message=route_pb2.RouteConfiguration)
+    host = next(h for h in routes["8080"].virtual_hosts if h.name == "hl.shop.svc.cluster.local:8080")  # type: ignore[attr-defined]
+    assert "*.hl.shop.svc.cluster.local" in host.domains and "*.hl" in host.domains  # hl-0.hl.shop.svc...
+    assert "hl.shop.svc.cluster.local:7000" in routes

@@ -69,6 +69,11 @@ class Service:
         """Its endpoints are DNS names the client resolves (a ServiceEntry with DNS resolution)."""
         return self.resolution in (Resolution.DNS, Resolution.DNS_ROUND_ROBIN)
 
+    @property
+    def headless(self) -> bool:
+        """A Kubernetes Service with `clusterIP: None` (istiod's resolution Passthrough)."""
+        return self.cluster_ip == "None" and not self.external_host and not self.external_name
+
     def port(self, number: int) -> Port | None:
         return self._by_number.get(number)
 

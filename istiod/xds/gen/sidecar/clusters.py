@@ -62,12 +62,13 @@ def clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: R
 def outbound_clusters(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[Resource]:
     """An `outbound|<port>|<subset>|<host>` cluster per port and subset of every service the proxy
     sees; gateways have the same ones."""
-    return list(cache.per_snapshot(snapshot, ("outbound clusters", alike(snapshot, proxy)),
+    return list(cache.per_snapshot(snapshot, ("outbound clusters", proxy.type, alike(snapshot, proxy)),
                                    lambda: _outbound_clusters(snapshot, proxy, cache)))
 
 
 def _outbound_clusters(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[Resource]:
     result = []
+    sidecar = proxy.type == "sidecar"  # gateways reach headless services' endpoints by EDS, as istiod's
     seen: set[str] = set()  # a service port may be on two egress listeners: one cluster
     for target in outbound_ports(snapshot, proxy):
         if target.cluster in seen:
@@ -79,22 +80,26 @@ def _outbound_clusters(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -
             # The cluster names its destination's identities, so its endpoints matter too.
             all_endpoints = snapshot.endpoints_for(target.service.hostname, target.port.port)
             endpoints = subset_endpoints(all_endpoints, subset)
+            original_dst = sidecar and target.service.headless
             result.append(cache.get(
                 types.CLUSTER, name, (target.service, snapshot.mesh, all_endpoints, rule, subset),
                 lambda: outbound_cluster(target, name, endpoints, snapshot.mesh.trust_domain,
                                          effective_policy(rule, target.port.port, subset),
-                                         snapshot.mesh.enable_auto_mtls, snapshot.mesh.locality_lb_setting),
-                scope=str(rule.meta) if rule is not None else ""))
+                                         snapshot.mesh.enable_auto_mtls, snapshot.mesh.locality_lb_setting,
+                                         original_dst),
+                scope=f"{rule.meta if rule is not None else ''}:{original_dst}"))
     return result
 
 
 def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint, ...], trust_domain: str,
                      policy: TrafficPolicy, auto_mtls: bool,
-                     mesh_locality: LocalityLbSetting | None) -> cluster_pb2.Cluster:
+                     mesh_locality: LocalityLbSetting | None, original_dst: bool = False) -> cluster_pb2.Cluster:
     """Auto mTLS, as Istio's: endpoints labelled `tlsMode: istio` (pods with a sidecar) get mTLS,
     the others plaintext; the choice is per endpoint, by the EDS metadata. A DestinationRule's
     TLS mode overrides it (ISTIO_MUTUAL: always, DISABLE: never), its other settings apply on top.
-    With meshConfig `enableAutoMtls: false` only such a rule turns mTLS on, as in Istio."""
+    With meshConfig `enableAutoMtls: false` only such a rule turns mTLS on, as in Istio.
+    `original_dst` (a headless Service's, for sidecars): to the address the client connected to,
+    which carries no tlsMode, so without auto mTLS and load balancing, as istiod's."""
     host, port = target.service.hostname, target.port.port
     identities = destination_identities(endpoints, trust_domain)
     _, _, subset, _ = parse_cluster_name(name)
@@ -124,12 +129,14 @@ def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint,
                         else cluster_pb2.Cluster.STRICT_DNS)
         cluster.dns_lookup_family = cluster_pb2.Cluster.V4_ONLY
         cluster.load_assignment.CopyFrom(dns_load_assignment(name, endpoints))
+    elif original_dst:
+        cluster.type = cluster_pb2.Cluster.ORIGINAL_DST
     else:
         cluster.type = cluster_pb2.Cluster.EDS
         cluster.eds_cluster_config.CopyFrom(cluster_pb2.Cluster.EdsClusterConfig(
             eds_config=ads_source(initial_fetch_timeout=duration_pb2.Duration()), service_name=name))
     tls = policy.tls
-    if tls is None and not auto_mtls:
+    if tls is None and (not auto_mtls or original_dst):
         del cluster.transport_socket_matches[:]  # plaintext to every endpoint
     if tls is not None:
         del cluster.transport_socket_matches[:]
@@ -147,6 +154,10 @@ def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint,
             cluster.transport_socket.CopyFrom(
                 sds_upstream_tls(identities, sni) if upstream_mtls(tls, True) else raw_buffer())
     apply_policy(cluster, policy, mesh_locality)
+    if original_dst:  # Envoy allows no other policy on ORIGINAL_DST; istiod drops the rule's
+        for field in ("ring_hash_lb_config", "least_request_lb_config", "load_balancing_policy"):
+            cluster.ClearField(field)
+        cluster.lb_policy = cluster_pb2.Cluster.CLUSTER_PROVIDED
     return cluster
 
 

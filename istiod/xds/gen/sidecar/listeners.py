@@ -61,6 +61,7 @@ from istiod.xds.gen.sidecar.ports import (
     inbound_ports,
     outbound_ports,
 )
+from istiod.xds.gen.eds import is_ip
 from istiod.xds.gen.extauthz import ResolvedProvider
 from istiod.xds.gen.rbac import authorization_filters, tcp_authorization_filters
 from istiod.xds.gen.security import WorkloadPolicy, inbound_mtls_mode, workload_policy
@@ -136,14 +137,40 @@ def _outbound(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[Re
         elif target.service.external_host or target.service.external_name:
             unaddressed.setdefault(number, []).append(target)
             continue
+        elif target.service.headless:
+            result += _per_endpoint(snapshot, proxy, target, named, cache)
+            continue
         else:
-            continue  # headless TCP: its traffic takes virtualOutbound's passthrough
+            continue
         named.add(name)
     for number, targets in unaddressed.items():
         name = f"{ANY_ADDRESS}_{number}"
         if name not in named:  # else an HTTP port's listener has the address
             result.append(cache.get(types.LISTENER, name, tuple(t.service for t in targets),
                                     lambda: unaddressed_listener(number, targets, unmatched), scope=unmatched))
+    return result
+
+
+def _per_endpoint(snapshot: Snapshot, proxy: Proxy, target: OutboundPort, named: set[str],
+                  cache: ResourceCache) -> list[Resource]:
+    """A headless Service's TCP (or sniffed) port: a listener `<pod IP>_<port>` per endpoint, to
+    its ORIGINAL_DST cluster, as istiod builds them for StatefulSets (istiod leaves out the proxy's
+    own address; here proxies alike share one list, so it stays: captured traffic never takes it)."""
+    result = []
+    vs, depends_on = route_inputs(snapshot, proxy, target.service)
+    source = (proxy.namespace, dict(proxy.labels))
+    timeout = snapshot.mesh.protocol_detection_timeout
+    for endpoint in snapshot.endpoints_for(target.service.hostname, target.port.port):
+        name = f"{endpoint.address}_{target.number}"
+        if not is_ip(endpoint.address) or name in named:
+            continue
+        named.add(name)
+        result.append(cache.get(
+            types.LISTENER, name, (target.service, *depends_on),
+            lambda: tcp_outbound_listener(endpoint.address, target, tcp_destinations(
+                vs, target.service, target.port.port, snapshot.services, source, None),
+                tls_destinations(vs, target.port.port, snapshot.services, source, None), timeout),
+            scope=f"{alike(snapshot, proxy)}:{timeout}"))
     return result
 
 

@@ -40,7 +40,7 @@ def _routes(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: Re
     for target in outbound_ports(snapshot, proxy):
         if target.protocol.is_http:
             by_port.setdefault(target.number, []).append(target)
-        elif target.protocol is Protocol.UNSUPPORTED and (target.bind or target.vip) is not None:
+        elif target.protocol is Protocol.UNSUPPORTED and (target.bind or target.vip or target.service.headless):
             sniffed.setdefault(sniffed_route_name(target), target)
     wanted = sorted(by_port) if names is None else [int(n) for n in names if n.isdigit() and int(n) in by_port]
     result = []
@@ -119,6 +119,8 @@ def _domains(target: OutboundPort, namespace: str) -> list[str]:
     if service.namespace == namespace and not service.external_host:
         names.append(service.name)
     names += short
+    if service.headless:  # a pod by its own name (`web-0.web.shop.svc.cluster.local`), as istiod
+        names += [f"*.{name}" for name in names]
     if (vip := target.vip) is not None:  # a Host header brackets an IPv6 address
         names.append(f"[{vip}]" if ":" in vip else vip)
     return names
