@@ -4,7 +4,8 @@
   `<vip>_<port>`, whose HTTP takes the VirtualService's `http` routes and whose other bytes go
   through tcp_proxy.
 - The `networking.istio.io/exportTo` annotation: `.` hides a Service from other namespaces' proxies.
-- ExternalName: a STRICT_DNS cluster to the external name, reached through the sidecar."""
+- ExternalName: a STRICT_DNS cluster to the external name, reached through the sidecar.
+- Headless: a StatefulSet pod called by its own name through the sidecar's ORIGINAL_DST cluster."""
 
 from __future__ import annotations
 
@@ -183,3 +184,58 @@ def test_an_external_name_service_is_called_through_the_sidecar(
             print(f"ExternalName {EXT} -> localhost:8095 through the sidecar: {json.loads(done.stdout)}")
         finally:
             backend.stop()
+
+
+HEADLESS = """
+apiVersion: v1
+kind: Service
+metadata: {name: hl, namespace: shop}
+spec:
+  clusterIP: None
+  selector: {app: hl}
+  ports: [{name: http, port: 8097}]
+""" + "".join(f"""---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: hl-{i}
+  namespace: shop
+  labels: {{app: hl}}
+  ownerReferences: [{{apiVersion: apps/v1, kind: StatefulSet, name: hl, uid: u1, controller: true}}]
+spec: {{hostname: hl-{i}, subdomain: hl, containers: [{{name: app, ports: [{{containerPort: 8097}}]}}]}}
+status: {{phase: Running, podIP: 10.96.0.8{i}, conditions: [{{type: Ready, status: "True"}}]}}
+""" for i in range(2))
+
+
+def test_a_statefulset_pod_is_called_by_its_own_name(mesh_dir: Path, start_istiod: Callable[..., Istiod]) -> None:
+    with pod(mesh_dir, start_istiod, extra=HEADLESS) as (envoy, run, istiod):
+        # The pods' addresses are in the captured range; Envoy (root here, as are the apps) leaves
+        # uncaptured, the client runs as another user and is captured.
+        assert run("iptables", "-t", "nat", "-I", "OUTPUT", "1", "-m", "owner", "--uid-owner", "0",
+                   "-j", "RETURN").returncode == 0
+        backends = []
+        try:
+            for i in range(2):
+                assert run("ip", "addr", "add", f"10.96.0.8{i}/32", "dev", "lo").returncode == 0
+                backends.append(Process(envoy.netns(sys.executable, "-m", "istiod.demo.apps", "http-server", "--address",
+                                                    f"10.96.0.8{i}:8097", "--name", f"hl-{i}"), name=f"hl-{i}"))
+                wait_serving(backends[-1])
+            cluster = _dynamic(envoy.config_dump(), "clusters")["outbound|8097||hl.shop.svc.cluster.local"]
+            assert cluster["type"] == "ORIGINAL_DST"
+            before = int(dict(line.split(": ") for line in envoy.get(
+                "/stats?filter=outbound.8097..hl.shop.svc.cluster.local.upstream_rq_total")[1].splitlines()).popitem()[1])
+            answered = []
+            for i in (1, 0, 1):
+                host = f"hl-{i}.hl.shop.svc.cluster.local"
+                done = run("setpriv", "--reuid=1000", "--regid=1000", "--clear-groups", "curl", "-s", "--max-time", "10",
+                           "--resolve", f"{host}:8097:10.96.0.8{i}", f"http://{host}:8097/")
+                assert done.returncode == 0, done
+                answered.append(json.loads(done.stdout)["name"])
+            assert answered == ["hl-1", "hl-0", "hl-1"]
+            after = int(dict(line.split(": ") for line in envoy.get(
+                "/stats?filter=outbound.8097..hl.shop.svc.cluster.local.upstream_rq_total")[1].splitlines()).popitem()[1])
+            assert after - before == 3  # through the sidecar's headless cluster, not around it
+            print(f"StatefulSet pods by name through the sidecar: {answered}")
+        finally:
+            for backend in backends:
+                backend.stop()
