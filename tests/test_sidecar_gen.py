@@ -414,28 +414,29 @@ kind: Service
 metadata: {name: ext, namespace: shop}
 spec:
   type: ExternalName
-  externalName: Api.Example.COM.
+  externalName: Web.Shop.svc.cluster.local.
   selector: {app: web}
   ports: [{name: http, port: 80}, {name: tcp-db, port: 5433}]
 """
 
 
-def test_an_external_name_service_is_a_dns_cluster_to_the_external_name() -> None:
-    snapshot = _built(EXTERNAL_NAME)
-    clusters = _generate(types.CLUSTER, snapshot)
-    for port in (80, 5433):
-        cluster = clusters[f"outbound|{port}||ext.shop.svc.cluster.local"]
-        assert isinstance(cluster, cluster_pb2.Cluster)
-        assert cluster.type == cluster_pb2.Cluster.STRICT_DNS  # its selector is not read
-        assert [(e.endpoint.address.socket_address.address, e.endpoint.address.socket_address.port_value)
-                for group in cluster.load_assignment.endpoints for e in group.lb_endpoints] == [("api.example.com", port)]
-    listeners = _generate(types.LISTENER, snapshot, message=listener_pb2.Listener)
-    assert "0.0.0.0_80" in listeners and "0.0.0.0_5433" in listeners  # no VIP: the wildcard, as istiod
-    routes = _generate(types.ROUTE, snapshot, names=["80"], message=route_pb2.RouteConfiguration)["80"]
-    assert "ext.shop.svc.cluster.local" in routes.virtual_hosts[0].domains  # type: ignore[attr-defined]
+def test_an_external_name_service_is_an_alias_of_the_host_it_names() -> None:
     store = Store()
+    for document in [*yaml.safe_load_all((DATA / "sidecar-mesh.yaml").read_text()), yaml.safe_load(EXTERNAL_NAME)]:
+        store.apply(document)
+    snapshot = build_snapshot(store, "v1")
+    assert snapshot.services["ext.shop.svc.cluster.local"].external_name == "web.shop.svc.cluster.local"
+    # No config of its own (istiod's resolution Alias): no cluster, listener or virtual host.
+    assert not any("ext.shop" in name for name in _generate(types.CLUSTER, snapshot))
+    assert "0.0.0.0_5433" not in _generate(types.LISTENER, snapshot, message=listener_pb2.Listener)
+    route = _generate(types.ROUTE, snapshot, names=["80"], message=route_pb2.RouteConfiguration)["80"]
+    assert isinstance(route, route_pb2.RouteConfiguration)
+    # Its names are on the virtual host of the service it names.
+    (web,) = [h for h in route.virtual_hosts if h.name == f"{WEB}:80"]
+    assert list(web.domains) == [WEB, f"{WEB}.", "web", "web.shop.svc", "web.shop", "10.96.0.10", "ext.shop.svc.cluster.local",
+                                 "ext.shop.svc.cluster.local.", "ext", "ext.shop.svc", "ext.shop"]
     with pytest.raises(ConversionError, match="spec.externalName 'not a name' is not a DNS-1123 subdomain"):
-        store.apply(yaml.safe_load(EXTERNAL_NAME.replace("Api.Example.COM.", "not a name")))
+        store.apply(yaml.safe_load(EXTERNAL_NAME.replace("Web.Shop.svc.cluster.local.", "not a name")))
 
 
 HEADLESS = """

@@ -49,8 +49,8 @@ class Service:
     # the mesh's defaultServiceExportTo).
     export_to: tuple[str, ...] = ()
     subject_alt_names: tuple[str, ...] = ()  # a ServiceEntry's: what TLS origination verifies by default
-    # An ExternalName Service's spec.externalName: its one endpoint per port, resolved by DNS
-    # (resolution DNS), as istiod makes it.
+    # An ExternalName Service's spec.externalName: istiod's resolution Alias, no config of its own,
+    # its names added to those of the service it names.
     external_name: str = ""
     hostname: str = field(init=False)  # <name>.<namespace>.svc.<domain>, or the ServiceEntry's host
     # The host spellings a proxyless client may use for it, longest first.

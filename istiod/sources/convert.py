@@ -19,7 +19,6 @@ from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from istiod.model.batch import CronJob, Job
 from istiod.model.cluster import Namespace, Node
 from istiod.model.config.kinds import unimplemented
-from istiod.model.config.networking import Resolution
 from istiod.model.credentials import TlsCredential
 from istiod.model.endpointslice import EndpointSlice, SliceEndpoint
 from istiod.model.names import DEFAULT_DOMAIN
@@ -129,7 +128,6 @@ def _service(key: ObjectKey, f: _Fields, domain: str) -> Service:
         cluster_ip="" if external_name else _cluster_ip(f),
         export_to=_service_export_to(f),
         external_name=external_name,
-        resolution=Resolution.DNS if external_name else None,
     )
 
 

@@ -52,14 +52,25 @@ def exported(snapshot: Snapshot, service: Service, proxy: Proxy) -> bool:
                        proxy.namespace)
 
 
-def visible_services(snapshot: Snapshot, proxy: Proxy) -> Iterable[Service]:
+def visible_services(snapshot: Snapshot, proxy: Proxy, aliases: bool = False) -> Iterable[Service]:
     """The services a proxy sees: those exported to its namespace, and of them, under a Sidecar
-    resource, those some egress listener names in `hosts` (what keeps a proxy's config small)."""
+    resource, those some egress listener names in `hosts` (what keeps a proxy's config small).
+    ExternalName Services (istiod's aliases) have no config of their own: only with `aliases`."""
     sidecar = sidecar_resource(snapshot, proxy)
+    seen = [s for s in snapshot.services.values() if (aliases or not s.external_name) and exported(snapshot, s, proxy)]
     if sidecar is None or not sidecar.egress:
-        return [s for s in snapshot.services.values() if exported(snapshot, s, proxy)]
-    return [s for s in snapshot.services.values() if exported(snapshot, s, proxy)
-            and any(egress_allows(e, sidecar.meta.namespace, s.namespace, s.hostname) for e in sidecar.egress)]
+        return seen
+    return [s for s in seen
+            if any(egress_allows(e, sidecar.meta.namespace, s.namespace, s.hostname) for e in sidecar.egress)]
+
+
+def aliases_of(snapshot: Snapshot, proxy: Proxy) -> dict[str, list[Service]]:
+    """The ExternalName Services the proxy sees, by the host they name (istiod's service aliases)."""
+    result: dict[str, list[Service]] = {}
+    for service in visible_services(snapshot, proxy, aliases=True):
+        if service.external_name:
+            result.setdefault(service.external_name, []).append(service)
+    return result
 
 
 def outbound_traffic_policy(snapshot: Snapshot, proxy: Proxy) -> OutboundTrafficPolicy:

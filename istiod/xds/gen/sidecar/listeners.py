@@ -111,8 +111,7 @@ def _outbound(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[Re
     # and port); the first by hostname keeps it.
     named: set[str] = set()
     source = (proxy.namespace, dict(proxy.labels))
-    # TCP ports of ServiceEntry hosts without a VIP, and of ExternalName Services
-    unaddressed: dict[int, list[OutboundPort]] = {}
+    unaddressed: dict[int, list[OutboundPort]] = {}  # TCP ports of ServiceEntry hosts without a VIP
     timeout = snapshot.mesh.protocol_detection_timeout
     for target in outbound_ports(snapshot, proxy):
         number = target.number
@@ -134,7 +133,7 @@ def _outbound(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[Re
                         vs, target.service, target.port.port, snapshot.services, source, target.vip),
                         tls_destinations(vs, target.port.port, snapshot.services, source, target.vip), timeout),
                     scope=f"{target.bind_to_port}:{alike(snapshot, proxy)}:{timeout}"))
-        elif target.service.external_host or target.service.external_name:
+        elif target.service.external_host:
             unaddressed.setdefault(number, []).append(target)
             continue
         elif target.service.headless:

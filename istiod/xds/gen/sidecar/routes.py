@@ -16,6 +16,7 @@ from google.protobuf import wrappers_pb2
 
 from istiod.model.names import join_host_port
 from istiod.model.protocol import Protocol
+from istiod.model.service import Service
 from istiod.model.proxy import Proxy
 from istiod.model.snapshot import Snapshot
 from istiod.xds import types
@@ -24,7 +25,7 @@ from istiod.xds.gen.routes import default_route, http_routes
 from istiod.xds.gen.sidecar.clusters import BLACKHOLE, unmatched_cluster
 from istiod.xds.gen.sidecar.listeners import sniffed_route_name
 from istiod.xds.gen.sidecar.ports import OutboundPort, outbound_ports
-from istiod.xds.gen.targets import alike, hash_lookup, route_inputs
+from istiod.xds.gen.targets import aliases_of, alike, hash_lookup, route_inputs
 
 BLOCKED_STATUS = 502
 
@@ -43,6 +44,7 @@ def _routes(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: Re
         elif target.protocol is Protocol.UNSUPPORTED and (target.bind or target.vip or target.service.headless):
             sniffed.setdefault(sniffed_route_name(target), target)
     wanted = sorted(by_port) if names is None else [int(n) for n in names if n.isdigit() and int(n) in by_port]
+    aliases = aliases_of(snapshot, proxy)  # ExternalName Services: their names are on the hosts they name
     result = []
     for name in sorted(sniffed) if names is None else [n for n in names if n in sniffed]:
         target = sniffed[name]
@@ -55,6 +57,7 @@ def _routes(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: Re
         # DestinationRules behind hash policies by its namespace and labels.
         # A Sidecar resource changes which services are on the port, and the catch-all.
         depends_on = (snapshot.mesh, *(t.service for t in targets),
+                      *(a for t in targets for a in aliases.get(t.service.hostname, ())),
                       *(d for t in targets for d in route_inputs(snapshot, proxy, t.service)[1]))
         unmatched = unmatched_cluster(snapshot, proxy)
         result.append(cache.get(types.ROUTE, str(port), depends_on,
@@ -68,10 +71,15 @@ def route_configuration(port: int, targets: list[OutboundPort], snapshot: Snapsh
     hosts = []
     taken: set[str] = set()
     hash_for = hash_lookup(snapshot, proxy)
+    aliases = aliases_of(snapshot, proxy)
     for target in targets:
         # Envoy refuses a route configuration in which two virtual hosts share a domain (two
-        # Services claiming one ClusterIP): the first by hostname keeps it.
-        domains = [d for d in _domains(target, proxy.namespace) if d not in taken]
+        # Services claiming one ClusterIP): the first by hostname keeps it. ExternalName Services
+        # naming the host add their names, as istiod's aliases.
+        names = _domains(target.service, proxy.namespace, target.vip)
+        for alias in sorted(aliases.get(target.service.hostname, ()), key=lambda s: s.hostname):
+            names += _domains(alias, proxy.namespace, None)
+        domains = [d for d in dict.fromkeys(names) if d not in taken]
         taken.update(domains)
         vs, _ = route_inputs(snapshot, proxy, target.service)
         hosts.append(route_components_pb2.VirtualHost(
@@ -112,8 +120,7 @@ def sniffed_route_configuration(name: str, target: OutboundPort, snapshot: Snaps
                                         ignore_port_in_host_matching=True)
 
 
-def _domains(target: OutboundPort, namespace: str) -> list[str]:
-    service = target.service
+def _domains(service: Service, namespace: str, vip: str | None) -> list[str]:
     fqdn, *short = service.aliases
     names = [fqdn, f"{fqdn}."]
     if service.namespace == namespace and not service.external_host:
@@ -121,6 +128,6 @@ def _domains(target: OutboundPort, namespace: str) -> list[str]:
     names += short
     if service.headless:  # a pod by its own name (`web-0.web.shop.svc.cluster.local`), as istiod
         names += [f"*.{name}" for name in names]
-    if (vip := target.vip) is not None:  # a Host header brackets an IPv6 address
+    if vip is not None:  # a Host header brackets an IPv6 address
         names.append(f"[{vip}]" if ":" in vip else vip)
     return names
