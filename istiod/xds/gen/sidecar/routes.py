@@ -76,9 +76,11 @@ def route_configuration(port: int, targets: list[OutboundPort], snapshot: Snapsh
         # Envoy refuses a route configuration in which two virtual hosts share a domain (two
         # Services claiming one ClusterIP): the first by hostname keeps it. ExternalName Services
         # naming the host add their names, as istiod's aliases.
-        names = _domains(target.service, proxy.namespace, target.vip)
+        names = _domains(target.service, proxy.namespace)
         for alias in sorted(aliases.get(target.service.hostname, ()), key=lambda s: s.hostname):
-            names += _domains(alias, proxy.namespace, None)
+            names += _domains(alias, proxy.namespace)
+        if (vip := target.vip) is not None:  # a Host header brackets an IPv6 address
+            names.append(f"[{vip}]" if ":" in vip else vip)
         domains = [d for d in dict.fromkeys(names) if d not in taken]
         taken.update(domains)
         vs, _ = route_inputs(snapshot, proxy, target.service)
@@ -120,7 +122,7 @@ def sniffed_route_configuration(name: str, target: OutboundPort, snapshot: Snaps
                                         ignore_port_in_host_matching=True)
 
 
-def _domains(service: Service, namespace: str, vip: str | None) -> list[str]:
+def _domains(service: Service, namespace: str) -> list[str]:
     fqdn, *short = service.aliases
     names = [fqdn, f"{fqdn}."]
     if service.namespace == namespace and not service.external_host:
@@ -128,6 +130,4 @@ def _domains(service: Service, namespace: str, vip: str | None) -> list[str]:
     names += short
     if service.headless:  # a pod by its own name (`web-0.web.shop.svc.cluster.local`), as istiod
         names += [f"*.{name}" for name in names]
-    if vip is not None:  # a Host header brackets an IPv6 address
-        names.append(f"[{vip}]" if ":" in vip else vip)
     return names
