@@ -152,3 +152,17 @@ def test_running_istiod_applies_mesh_changes(mesh_dir: Path, tmp_path: Path,
     touch(mesh_file, "rootNamespace: [\n")
     wait_until(lambda: "keeping the last good mesh config" in istiod.log(), 10, "the bad edit refused")
     assert istiod.get("/ready")[0] == 200
+
+
+def test_protocol_detection_timeout() -> None:
+    assert MeshConfig().protocol_detection_timeout == 0  # Istio's default: wait for the client
+    assert parse_mesh_config("protocolDetectionTimeout: 250ms", MeshConfig(), "m").protocol_detection_timeout == 0.25
+    for bad in ("-1s", "5", "soon"):
+        with pytest.raises(MeshConfigError, match="protocolDetectionTimeout"):
+            parse_mesh_config(f"protocolDetectionTimeout: {bad!r}", MeshConfig(), "m")
+
+
+def test_default_service_export_to() -> None:
+    assert MeshConfig().default_service_export_to == ()  # every namespace
+    parsed = parse_mesh_config("defaultServiceExportTo: ['.', istio-system]", MeshConfig(), "m")
+    assert parsed.default_service_export_to == (".", "istio-system")

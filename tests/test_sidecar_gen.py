@@ -7,12 +7,15 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
+from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2 as http_options_pb2
 from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
 from hypothesis import given
 from hypothesis import strategies as st
@@ -23,6 +26,7 @@ from istiod.model.protocol import Protocol, port_protocol
 from istiod.model.proxy import proxy_from_node
 from istiod.model.service import Port
 from istiod.model.snapshot import Snapshot
+from istiod.sources.fields import ConversionError
 from istiod.sources.store import Store
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
@@ -271,3 +275,176 @@ def test_addresses_envoy_would_reject_are_left_out() -> None:
             for group in assignment.endpoints for e in group.lb_endpoints] == ["127.0.0.31"]  # type: ignore[attr-defined]
     route = _generate(types.ROUTE, odd, names=["80"], message=route_pb2.RouteConfiguration)["80"]
     assert not any("fe80" in d for d in route.virtual_hosts[0].domains)  # type: ignore[attr-defined]
+
+
+def _sniffed(mesh: MeshConfig = MeshConfig()) -> Snapshot:
+    """The fixture with web's and db's ports named without a protocol (Istio sniffs them)."""
+    text = (DATA / "sidecar-mesh.yaml").read_text()
+    text = text.replace("{name: http-web, port: 80", "{name: web, port: 80").replace("{name: tcp, port: 5432}", "{name: db, port: 5432}")
+    store = Store()
+    for document in yaml.safe_load_all(text):
+        store.apply(document)
+    return build_snapshot(store, "v1", mesh=mesh)
+
+
+def test_a_sniffed_port_takes_http_to_its_own_routes_and_the_rest_to_tcp_proxy() -> None:
+    snapshot = _sniffed()
+    listeners = _generate(types.LISTENER, snapshot, message=listener_pb2.Listener)
+    assert "0.0.0.0_80" not in listeners  # a sniffed port listens on its VIP, as istiod
+    for name, route in (("10.96.0.11_5432", "db.shop.svc.cluster.local:5432"), ("10.96.0.10_80", f"{WEB}:80")):
+        listener = listeners[name]
+        assert isinstance(listener, listener_pb2.Listener)
+        assert [f.name for f in listener.listener_filters] == ["envoy.filters.listener.http_inspector"]
+        assert listener.listener_filters_timeout.ToNanoseconds() == 0 and listener.continue_on_listener_filters_timeout
+        (http,), tcp = listener.filter_chains, listener.default_filter_chain
+        assert not tcp.HasField("filter_chain_match") and tcp.filters[0].name == "envoy.filters.network.tcp_proxy"
+        assert _match(http) == (0, "raw_buffer", ["http/1.1", "h2c"])
+        manager = hcm_pb2.HttpConnectionManager.FromString(http.filters[0].typed_config.value)
+        assert manager.rds.route_config_name == route
+    routes = _generate(types.ROUTE, snapshot, message=route_pb2.RouteConfiguration)
+    assert sorted(routes) == ["7070", "db.shop.svc.cluster.local:5432", f"{WEB}:80"]
+    db = routes["db.shop.svc.cluster.local:5432"]
+    assert isinstance(db, route_pb2.RouteConfiguration)
+    # istiod's: the one service for any Host, no catch-all.
+    assert [(h.name, list(h.domains)) for h in db.virtual_hosts] == [("db.shop.svc.cluster.local:5432", ["*"])]
+    assert db.virtual_hosts[0].routes[0].route.cluster == "outbound|5432||db.shop.svc.cluster.local"
+    # The upstream speaks what the client spoke (istiod's use_downstream_protocol).
+    cluster = _generate(types.CLUSTER, snapshot)["outbound|5432||db.shop.svc.cluster.local"]
+    assert isinstance(cluster, cluster_pb2.Cluster)
+    options = http_options_pb2.HttpProtocolOptions.FromString(
+        cluster.typed_extension_protocol_options["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"].value)
+    assert options.HasField("use_downstream_protocol_config")
+
+
+def test_a_sniffed_inbound_port_has_http_and_tcp_chains_and_the_http_inspector_runs_on_it() -> None:
+    for mesh, expected in (
+        (MeshConfig(), [("tls", ["istio-http/1.0", "istio-http/1.1", "istio-h2"], True),
+                        ("raw_buffer", ["http/1.1", "h2c"], True), ("tls", ["istio-peer-exchange", "istio"], False),
+                        ("raw_buffer", [], False), ("tls", [], False)]),
+        (MeshConfig(mtls=True), [("tls", ["istio-http/1.0", "istio-http/1.1", "istio-h2"], True), ("tls", [], False)]),
+    ):
+        inbound = _generate(types.LISTENER, _sniffed(mesh), message=listener_pb2.Listener)["virtualInbound"]
+        assert isinstance(inbound, listener_pb2.Listener)
+        chains = _chains(inbound, "0.0.0.0_8080")
+        assert [(_match(c)[1], _match(c)[2], c.filters[0].name.endswith("http_connection_manager")) for c in chains] == expected
+        assert {_match(c)[0] for c in chains} == {8080}
+        if not mesh.mtls:  # the HTTP inspector is off only on declared ports
+            inspector = inbound.listener_filters[-1]
+            assert inspector.name == "envoy.filters.listener.http_inspector"
+            assert inspector.filter_disabled.destination_port_range.start == 15006
+
+
+def test_protocol_detection_timeout_from_the_mesh_config() -> None:
+    snapshot = _sniffed(MeshConfig(protocol_detection_timeout=0.1))
+    listeners = _generate(types.LISTENER, snapshot, message=listener_pb2.Listener)
+    for name in ("10.96.0.11_5432", "virtualInbound"):
+        assert listeners[name].listener_filters_timeout.ToMilliseconds() == 100  # type: ignore[attr-defined]
+
+
+EXPORT_TO = """
+apiVersion: v1
+kind: Service
+metadata: {name: private, namespace: billing, annotations: {networking.istio.io/exportTo: " ., shop "}}
+spec: {clusterIP: 10.96.9.1, ports: [{name: http, port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: hidden, namespace: billing, annotations: {networking.istio.io/exportTo: "."}}
+spec: {clusterIP: 10.96.9.2, ports: [{name: http, port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: plain, namespace: billing}
+spec: {clusterIP: 10.96.9.3, ports: [{name: http, port: 80}]}
+"""
+
+
+def test_service_export_to_annotation_and_the_mesh_default() -> None:
+    def seen(mesh: MeshConfig, namespace: str) -> list[str]:
+        snapshot = _built(EXPORT_TO, mesh)
+        node = f"sidecar~127.0.0.50~x-1.{namespace}~{namespace}.svc.cluster.local"
+        clusters = _generate(types.CLUSTER, snapshot, node=node)
+        return sorted(name.split("|")[3].split(".")[0] for name in clusters if name.startswith("outbound|"))
+
+    assert _built(EXPORT_TO).services["private.billing.svc.cluster.local"].export_to == (".", "shop")
+    assert seen(MeshConfig(), "shop") == ["plain", "private"]
+    assert seen(MeshConfig(), "billing") == ["hidden", "plain", "private"]
+    assert seen(MeshConfig(), "other") == ["plain"]
+    # The mesh's default applies to Services without the annotation only.
+    assert seen(MeshConfig(default_service_export_to=(".",)), "shop") == ["private"]
+    assert seen(MeshConfig(default_service_export_to=("~",)), "billing") == ["hidden", "private"]
+
+
+def _built(text: str, mesh: MeshConfig = MeshConfig()) -> Snapshot:
+    store = Store()
+    for document in yaml.safe_load_all(text):
+        store.apply(document)
+    return build_snapshot(store, "v1", mesh=mesh)
+
+
+EXTERNAL_NAME = """
+apiVersion: v1
+kind: Service
+metadata: {name: ext, namespace: shop}
+spec:
+  type: ExternalName
+  externalName: Web.Shop.svc.cluster.local.
+  selector: {app: web}
+  ports: [{name: http, port: 80}, {name: tcp-db, port: 5433}]
+"""
+
+
+def test_an_external_name_service_is_an_alias_of_the_host_it_names() -> None:
+    store = Store()
+    for document in [*yaml.safe_load_all((DATA / "sidecar-mesh.yaml").read_text()), yaml.safe_load(EXTERNAL_NAME)]:
+        store.apply(document)
+    snapshot = build_snapshot(store, "v1")
+    assert snapshot.services["ext.shop.svc.cluster.local"].external_name == "web.shop.svc.cluster.local"
+    # No config of its own (istiod's resolution Alias): no cluster, listener or virtual host.
+    assert not any("ext.shop" in name for name in _generate(types.CLUSTER, snapshot))
+    assert "0.0.0.0_5433" not in _generate(types.LISTENER, snapshot, message=listener_pb2.Listener)
+    route = _generate(types.ROUTE, snapshot, names=["80"], message=route_pb2.RouteConfiguration)["80"]
+    assert isinstance(route, route_pb2.RouteConfiguration)
+    # Its names are on the virtual host of the service it names.
+    (web,) = [h for h in route.virtual_hosts if h.name == f"{WEB}:80"]
+    assert list(web.domains) == [WEB, f"{WEB}.", "web", "web.shop.svc", "web.shop", "ext.shop.svc.cluster.local",
+                                 "ext.shop.svc.cluster.local.", "ext", "ext.shop.svc", "ext.shop", "10.96.0.10"]
+    with pytest.raises(ConversionError, match="spec.externalName 'not a name' is not a DNS-1123 subdomain"):
+        store.apply(yaml.safe_load(EXTERNAL_NAME.replace("Web.Shop.svc.cluster.local.", "not a name")))
+
+
+HEADLESS = """
+apiVersion: v1
+kind: Service
+metadata: {name: hl, namespace: shop}
+spec:
+  clusterIP: None
+  selector: {app: hl}
+  ports: [{name: http, port: 8080}, {name: tcp, port: 6379}, {port: 7000}]
+""" + "".join(f"""---
+apiVersion: v1
+kind: Pod
+metadata: {{name: hl-{i}, namespace: shop, labels: {{app: hl}}}}
+spec: {{containers: [{{name: app, ports: [{{containerPort: 8080}}, {{containerPort: 6379}}, {{containerPort: 7000}}]}}]}}
+status: {{phase: Running, podIP: 10.1.0.{i + 1}, conditions: [{{type: Ready, status: "True"}}]}}
+""" for i in range(2))
+
+
+def test_a_headless_service_has_original_dst_clusters_per_endpoint_listeners_and_pod_names() -> None:
+    snapshot = _built(HEADLESS)
+    clusters = _generate(types.CLUSTER, snapshot)
+    for port in (8080, 6379, 7000):
+        cluster = clusters[f"outbound|{port}||hl.shop.svc.cluster.local"]
+        assert isinstance(cluster, cluster_pb2.Cluster)
+        assert (cluster.type, cluster.lb_policy) == (cluster_pb2.Cluster.ORIGINAL_DST, cluster_pb2.Cluster.CLUSTER_PROVIDED)
+        assert not cluster.transport_socket_matches  # the original destination carries no tlsMode
+    gateway = _generate(types.CLUSTER, snapshot, node="router~10.0.0.9~gw-1.shop~shop.svc.cluster.local")
+    assert gateway["outbound|8080||hl.shop.svc.cluster.local"].type == cluster_pb2.Cluster.EDS  # type: ignore[attr-defined]
+    listeners = _generate(types.LISTENER, snapshot, message=listener_pb2.Listener)
+    assert {"10.1.0.1_6379", "10.1.0.2_6379", "10.1.0.1_7000", "10.1.0.2_7000", "0.0.0.0_8080"} <= set(listeners)
+    sniffed = listeners["10.1.0.2_7000"]
+    assert isinstance(sniffed, listener_pb2.Listener) and sniffed.listener_filters[-1].name.endswith("http_inspector")
+    routes = _generate(types.ROUTE, snapshot, message=route_pb2.RouteConfiguration)
+    host = next(h for h in routes["8080"].virtual_hosts if h.name == "hl.shop.svc.cluster.local:8080")  # type: ignore[attr-defined]
+    assert "*.hl.shop.svc.cluster.local" in host.domains and "*.hl" in host.domains  # hl-0.hl.shop.svc...
+    assert "hl.shop.svc.cluster.local:7000" in routes

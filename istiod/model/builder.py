@@ -311,6 +311,8 @@ class _EndpointContext:
     def endpoints(self, service: Service, port: Port) -> list[Endpoint]:
         """From the Service's EndpointSlices when it has some, else the Pods its selector picks; and
         the WorkloadEntries its selector picks, as Istio's registry adds them."""
+        if service.external_name:  # an alias (istiod's): the service it names has the endpoints
+            return []
         slices = self.selection.slices.get((service.namespace, service.name))
         found = self.slice_endpoints(service, port, slices) if slices else self.selected_endpoints(service, port)
         return found + self.entry_endpoints(service, port)

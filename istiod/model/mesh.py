@@ -74,3 +74,8 @@ class MeshConfig:
     # effect where a rule sets outlierDetection (failover by locality). None: locality LB off.
     locality_lb_setting: LocalityLbSetting | None = LocalityLbSetting(enabled=True)
     extension_providers: tuple[ExtAuthzProvider, ...] = ()  # the external authorizers (others are ignored)
+    # How long listeners that sniff a port's protocol wait for the client's first bytes (seconds);
+    # Istio's default 0 waits forever (a server-first protocol on a sniffed port hangs, as in Istio).
+    protocol_detection_timeout: float = 0.0
+    # The exportTo of Services and ServiceEntries that set none (empty: Istio's default, `*`).
+    default_service_export_to: tuple[str, ...] = ()

@@ -1,6 +1,6 @@
 """A service port's application protocol, by Istio's rules: `appProtocol` if set, else the port
 name's prefix before the first `-` (`http-web` is HTTP), case-insensitive; UDP from the port's
-protocol. Istio sniffs what these leave open; we treat it as TCP (see the README)."""
+protocol. What these leave open (UNSUPPORTED) sidecars sniff, as Istio's (see the README)."""
 
 from __future__ import annotations
 

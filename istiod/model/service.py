@@ -45,8 +45,13 @@ class Service:
     # A ServiceEntry's host (the Service is one host of it), and how its endpoints are found.
     external_host: str = ""
     resolution: Resolution | None = None
-    export_to: tuple[str, ...] = ()  # a ServiceEntry's exportTo (empty: every namespace)
+    # A ServiceEntry's exportTo, or a Service's `networking.istio.io/exportTo` annotation (empty:
+    # the mesh's defaultServiceExportTo).
+    export_to: tuple[str, ...] = ()
     subject_alt_names: tuple[str, ...] = ()  # a ServiceEntry's: what TLS origination verifies by default
+    # An ExternalName Service's spec.externalName: istiod's resolution Alias, no config of its own,
+    # its names added to those of the service it names.
+    external_name: str = ""
     hostname: str = field(init=False)  # <name>.<namespace>.svc.<domain>, or the ServiceEntry's host
     # The host spellings a proxyless client may use for it, longest first.
     aliases: tuple[str, ...] = field(init=False, compare=False, repr=False)
@@ -63,6 +68,11 @@ class Service:
     def dns_resolved(self) -> bool:
         """Its endpoints are DNS names the client resolves (a ServiceEntry with DNS resolution)."""
         return self.resolution in (Resolution.DNS, Resolution.DNS_ROUND_ROBIN)
+
+    @property
+    def headless(self) -> bool:
+        """A Kubernetes Service with `clusterIP: None` (istiod's resolution Passthrough)."""
+        return self.cluster_ip == "None" and not self.external_host and not self.external_name
 
     def port(self, number: int) -> Port | None:
         return self._by_number.get(number)

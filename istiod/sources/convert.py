@@ -113,15 +113,32 @@ def _service(key: ObjectKey, f: _Fields, domain: str) -> Service:
                           p.get("appProtocol", str, "")))
     if len({p.port for p in ports}) != len(ports):
         raise f.fail("spec.ports has the same port twice")
+    external_name = ""
+    if f.get("spec.type", str, "") == "ExternalName":
+        external_name = f.get("spec.externalName", str, "").rstrip(".").lower()
+        if not _DNS_SUBDOMAIN.fullmatch(external_name):
+            raise f.fail(f"spec.externalName {external_name!r} is not a DNS-1123 subdomain")
     return Service(
         name=key.name,
         namespace=key.namespace,
         domain=domain,
         ports=tuple(ports),
-        selector=f.str_map("spec.selector"),
+        selector=() if external_name else f.str_map("spec.selector"),
         labels=f.str_map("metadata.labels"),
-        cluster_ip=_cluster_ip(f),
+        cluster_ip="" if external_name else _cluster_ip(f),
+        export_to=_service_export_to(f),
+        external_name=external_name,
     )
+
+
+EXPORT_TO_ANNOTATION = "networking.istio.io/exportTo"
+
+
+def _service_export_to(f: _Fields) -> tuple[str, ...]:
+    """The annotation's comma-separated namespaces, `.`, `*` or `~`, as istiod reads it (unchecked:
+    a value that names no namespace exports to none)."""
+    value = dict(f.str_map("metadata.annotations")).get(EXPORT_TO_ANNOTATION, "")
+    return tuple(sorted({v.strip() for v in value.split(",") if v.strip()}))
 
 
 def _cluster_ip(f: _Fields) -> str:

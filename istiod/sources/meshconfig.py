@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 CONFIGMAP = "istio"
 CONFIGMAP_KEY = "mesh"
 _FIELDS = ("trustDomain", "trustDomainAliases", "rootNamespace", "outboundTrafficPolicy", "enableAutoMtls", "defaultConfig",
-           "discoverySelectors", "localityLbSetting", "extensionProviders")
+           "discoverySelectors", "localityLbSetting", "extensionProviders", "protocolDetectionTimeout",
+           "defaultServiceExportTo")
 _PROXY_FIELDS = ("discoveryAddress", "proxyMetadata", "holdApplicationUntilProxyStarts")
 
 
@@ -94,7 +95,24 @@ def _parse(f: _Fields, base: MeshConfig) -> MeshConfig:
         # Set, it replaces Istio's default `enabled: true`; `enabled: false` turns locality LB off.
         locality_lb_setting=_locality_lb_setting(f, base),
         extension_providers=providers,
+        protocol_detection_timeout=_protocol_detection_timeout(f, base),
+        default_service_export_to=_default_export_to(f, "defaultServiceExportTo", base.default_service_export_to),
     )
+
+
+def _default_export_to(f: _Fields, field: str, base: tuple[str, ...]) -> tuple[str, ...]:
+    """Namespaces, `.`, `*` or `~`, unchecked as istiod takes them (a value that names no
+    namespace exports to none)."""
+    return tuple(sorted(set(str_list(f, field)))) if field in f.body else base
+
+
+def _protocol_detection_timeout(f: _Fields, base: MeshConfig) -> float:
+    if "protocolDetectionTimeout" not in f.body:
+        return base.protocol_detection_timeout
+    try:
+        return parse_duration(f.get("protocolDetectionTimeout", str, ""))
+    except argparse.ArgumentTypeError as error:
+        raise f.fail(f"protocolDetectionTimeout: {error}") from None
 
 
 def _locality_lb_setting(f: _Fields, base: MeshConfig) -> LocalityLbSetting | None:

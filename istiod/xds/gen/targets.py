@@ -44,20 +44,33 @@ def sidecar_resource(snapshot: Snapshot, proxy: Proxy) -> Sidecar | None:
     return snapshot.config.sidecar_for(proxy.namespace, dict(proxy.labels), snapshot.mesh.root_namespace)
 
 
-def exported(service: Service, proxy: Proxy) -> bool:
-    """Whether the service is exported to the proxy's namespace: a ServiceEntry's exportTo hides
-    its hosts from other namespaces' proxies entirely, even asked for by name, as istiod."""
-    return exported_to(service.export_to, service.namespace, proxy.namespace)
+def exported(snapshot: Snapshot, service: Service, proxy: Proxy) -> bool:
+    """Whether the service is exported to the proxy's namespace: a ServiceEntry's exportTo or a
+    Service's `networking.istio.io/exportTo` annotation, else the mesh's defaultServiceExportTo,
+    hides it from other namespaces' proxies entirely, even asked for by name, as istiod."""
+    return exported_to(service.export_to or snapshot.mesh.default_service_export_to, service.namespace,
+                       proxy.namespace)
 
 
-def visible_services(snapshot: Snapshot, proxy: Proxy) -> Iterable[Service]:
+def visible_services(snapshot: Snapshot, proxy: Proxy, aliases: bool = False) -> Iterable[Service]:
     """The services a proxy sees: those exported to its namespace, and of them, under a Sidecar
-    resource, those some egress listener names in `hosts` (what keeps a proxy's config small)."""
+    resource, those some egress listener names in `hosts` (what keeps a proxy's config small).
+    ExternalName Services (istiod's aliases) have no config of their own: only with `aliases`."""
     sidecar = sidecar_resource(snapshot, proxy)
+    seen = [s for s in snapshot.services.values() if (aliases or not s.external_name) and exported(snapshot, s, proxy)]
     if sidecar is None or not sidecar.egress:
-        return [s for s in snapshot.services.values() if exported(s, proxy)]
-    return [s for s in snapshot.services.values() if exported(s, proxy)
-            and any(egress_allows(e, sidecar.meta.namespace, s.namespace, s.hostname) for e in sidecar.egress)]
+        return seen
+    return [s for s in seen
+            if any(egress_allows(e, sidecar.meta.namespace, s.namespace, s.hostname) for e in sidecar.egress)]
+
+
+def aliases_of(snapshot: Snapshot, proxy: Proxy) -> dict[str, list[Service]]:
+    """The ExternalName Services the proxy sees, by the host they name (istiod's service aliases)."""
+    result: dict[str, list[Service]] = {}
+    for service in visible_services(snapshot, proxy, aliases=True):
+        if service.external_name:
+            result.setdefault(service.external_name, []).append(service)
+    return result
 
 
 def outbound_traffic_policy(snapshot: Snapshot, proxy: Proxy) -> OutboundTrafficPolicy:
@@ -111,7 +124,7 @@ def outbound_host_ports(snapshot: Snapshot, proxy: Proxy, names: list[str] | Non
         except ValueError:
             continue
         service = snapshot.service_for_host(host if "." in host else f"{host}.{proxy.namespace}")
-        if service is not None and service.port(port) is not None and exported(service, proxy):
+        if service is not None and service.port(port) is not None and exported(snapshot, service, proxy):
             yield name, service, port
 
 
@@ -130,7 +143,7 @@ def outbound_clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None)
         except ValueError:
             continue
         service = snapshot.services.get(host)
-        if direction != "outbound" or service is None or service.port(port) is None or not exported(service, proxy):
+        if direction != "outbound" or service is None or service.port(port) is None or not exported(snapshot, service, proxy):
             continue
         rule = destination_rule(snapshot, proxy, service)
         subset = rule.subset(subset_name) if rule is not None and subset_name else None

@@ -64,13 +64,14 @@ def clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: R
 def outbound_clusters(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[Resource]:
     """An `outbound|<port>|<subset>|<host>` cluster per port and subset of every service the proxy
     sees; gateways have the same ones."""
-    # A gateway's differ from a sidecar's by the credentialName rule only: their own key all the same.
-    return list(cache.per_snapshot(snapshot, ("outbound clusters", alike(snapshot, proxy), proxy.type == "sidecar"),
+    # A gateway's differ from a sidecar's (credentialName, headless Services): their own key all the same.
+    return list(cache.per_snapshot(snapshot, ("outbound clusters", proxy.type, alike(snapshot, proxy)),
                                    lambda: _outbound_clusters(snapshot, proxy, cache)))
 
 
 def _outbound_clusters(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[Resource]:
     result = []
+    sidecar = proxy.type == "sidecar"  # gateways reach headless services' endpoints by EDS, as istiod's
     seen: set[str] = set()  # a service port may be on two egress listeners: one cluster
     for target in outbound_ports(snapshot, proxy):
         if target.cluster in seen:
@@ -85,24 +86,28 @@ def _outbound_clusters(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -
             # The cluster names its destination's identities, so its endpoints matter too.
             all_endpoints = snapshot.endpoints_for(target.service.hostname, target.port.port)
             endpoints = subset_endpoints(all_endpoints, subset)
+            original_dst = sidecar and target.service.headless
             result.append(cache.get(
                 types.CLUSTER, name, (target.service, snapshot.mesh, all_endpoints, rule, subset, credentials),
                 lambda: outbound_cluster(target, name, endpoints, snapshot.mesh.trust_domain,
                                          effective_policy(rule, target.port.port, subset),
                                          snapshot.mesh.enable_auto_mtls, snapshot.mesh.locality_lb_setting,
-                                         credentials),
-                scope=str(rule.meta) if rule is not None else ""))
+                                         credentials, original_dst),
+                scope=f"{rule.meta if rule is not None else ''}:{original_dst}"))
     return result
 
 
 def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint, ...], trust_domain: str,
                      policy: TrafficPolicy, auto_mtls: bool,
-                     mesh_locality: LocalityLbSetting | None, credentials: bool = True) -> cluster_pb2.Cluster:
+                     mesh_locality: LocalityLbSetting | None, credentials: bool = True,
+                     original_dst: bool = False) -> cluster_pb2.Cluster:
     """Auto mTLS, as Istio's: endpoints labelled `tlsMode: istio` (pods with a sidecar) get mTLS,
     the others plaintext; the choice is per endpoint, by the EDS metadata. A DestinationRule's
     TLS mode overrides it (ISTIO_MUTUAL: always, DISABLE: never), its other settings apply on top.
     With meshConfig `enableAutoMtls: false` only such a rule turns mTLS on, as in Istio. Without
-    `credentials`, a SIMPLE/MUTUAL rule naming a credentialName gives no TLS at all, as istiod's."""
+    `credentials`, a SIMPLE/MUTUAL rule naming a credentialName gives no TLS at all, as istiod's.
+    `original_dst` (a headless Service's, for sidecars): to the address the client connected to,
+    which carries no tlsMode, so without auto mTLS and load balancing, as istiod's."""
     host, port = target.service.hostname, target.port.port
     identities = destination_identities(endpoints, trust_domain)
     _, _, subset, _ = parse_cluster_name(name)
@@ -131,13 +136,22 @@ def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint,
                         else cluster_pb2.Cluster.STRICT_DNS)
         cluster.dns_lookup_family = cluster_pb2.Cluster.V4_ONLY
         cluster.load_assignment.CopyFrom(dns_load_assignment(name, endpoints))
+    elif original_dst:
+        cluster.type = cluster_pb2.Cluster.ORIGINAL_DST
     else:
         cluster.type = cluster_pb2.Cluster.EDS
         cluster.eds_cluster_config.CopyFrom(cluster_pb2.Cluster.EdsClusterConfig(
             eds_config=ads_source(initial_fetch_timeout=duration_pb2.Duration()), service_name=name))
     options = http_protocol_options(target.protocol.is_http2, policy.connection_pool)
+    if target.protocol is Protocol.UNSUPPORTED and not (
+            options is not None and options.explicit_http_config.HasField("http2_protocol_options")):
+        # A sniffed port: upstream, what the client spoke (istiod's use_downstream_protocol).
+        sniffed = _downstream_options()
+        if options is not None:
+            sniffed.common_http_protocol_options.CopyFrom(options.common_http_protocol_options)
+        options = sniffed
     tls = policy.tls
-    if tls is None and not auto_mtls:
+    if tls is None and (not auto_mtls or original_dst):
         del cluster.transport_socket_matches[:]  # plaintext to every endpoint
     if tls is not None:
         del cluster.transport_socket_matches[:]
@@ -168,6 +182,10 @@ def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint,
         for match in cluster.transport_socket_matches:
             match.transport_socket.CopyFrom(proxy_protocol(match.transport_socket, policy.proxy_protocol))
     apply_policy(cluster, policy, mesh_locality)
+    if original_dst:  # Envoy allows no other policy on ORIGINAL_DST; istiod drops the rule's
+        for field in ("ring_hash_lb_config", "least_request_lb_config", "load_balancing_policy"):
+            cluster.ClearField(field)
+        cluster.lb_policy = cluster_pb2.Cluster.CLUSTER_PROVIDED
     return cluster
 
 
@@ -217,8 +235,11 @@ def _original_dst(name: str, options: dict[str, object], bind: bool) -> cluster_
 
 
 def _protocol_options(protocol: Protocol, pool: ConnectionPool | None = None) -> dict[str, object]:
-    """HTTP/2 upstream for gRPC and HTTP/2 ports; Envoy's default (HTTP/1.1) for the others; the
-    inbound connection pool's HTTP settings (no h2 upgrade inbound, as istiod)."""
+    """HTTP/2 upstream for gRPC and HTTP/2 ports; the client's for sniffed ones (istiod's
+    use_downstream_protocol); Envoy's default (HTTP/1.1) for the others; the inbound connection
+    pool's HTTP settings (no h2 upgrade inbound, as istiod)."""
+    if protocol is Protocol.UNSUPPORTED:
+        return _downstream_protocol()
     options = http_protocol_options(protocol.is_http2, pool, outbound=False)
     return {HTTP_OPTIONS: pack(options)} if options is not None else {}
 
@@ -232,13 +253,16 @@ def _explicit_options(protocol: Protocol) -> http_options_pb2.HttpProtocolOption
 
 def _downstream_protocol() -> dict[str, object]:
     """Passthrough clusters speak to the upstream whatever the client spoke."""
-    options = http_options_pb2.HttpProtocolOptions(
+    return {HTTP_OPTIONS: pack(_downstream_options())}
+
+
+def _downstream_options() -> http_options_pb2.HttpProtocolOptions:
+    return http_options_pb2.HttpProtocolOptions(
         use_downstream_protocol_config=http_options_pb2.HttpProtocolOptions.UseDownstreamHttpConfig(
             http_protocol_options=protocol_pb2.Http1ProtocolOptions(),
             http2_protocol_options=protocol_pb2.Http2ProtocolOptions(),
         )
     )
-    return {HTTP_OPTIONS: pack(options)}
 
 
 def _unlimited() -> circuit_breaker_pb2.CircuitBreakers:

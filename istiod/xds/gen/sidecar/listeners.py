@@ -61,6 +61,7 @@ from istiod.xds.gen.sidecar.ports import (
     inbound_ports,
     outbound_ports,
 )
+from istiod.xds.gen.eds import is_ip
 from istiod.xds.gen.extauthz import ResolvedProvider
 from istiod.xds.gen.rbac import authorization_filters, tcp_authorization_filters
 from istiod.xds.gen.security import WorkloadPolicy, inbound_mtls_mode, workload_policy
@@ -91,9 +92,11 @@ def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
     # says what it holds.
     scope = ",".join(f"{p.port}/{p.protocol.value}" for p in inbound) + ":" + ",".join(
         f"{port}={mode.value}" for port, mode in modes.items()) + ":" + policy.scope
-    result.append(cache.get(types.LISTENER, VIRTUAL_INBOUND, (*policy.authorization, *policy.request_auth), scope=scope,
+    timeout = snapshot.mesh.protocol_detection_timeout
+    result.append(cache.get(types.LISTENER, VIRTUAL_INBOUND, (*policy.authorization, *policy.request_auth),
+                            scope=f"{scope}:{timeout}",
                             build=lambda: virtual_inbound(inbound, modes, policy.authorization, policy.request_auth,
-                                                          policy.providers, policy.fetched_jwks)))
+                                                          policy.providers, policy.fetched_jwks, timeout)))
     if names is not None:
         wanted = set(names)
         result = [r for r in result if r.name in wanted]
@@ -109,6 +112,7 @@ def _outbound(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[Re
     named: set[str] = set()
     source = (proxy.namespace, dict(proxy.labels))
     unaddressed: dict[int, list[OutboundPort]] = {}  # TCP ports of ServiceEntry hosts without a VIP
+    timeout = snapshot.mesh.protocol_detection_timeout
     for target in outbound_ports(snapshot, proxy):
         number = target.number
         if number in PROXY_PORTS:
@@ -116,8 +120,9 @@ def _outbound(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[Re
         if target.protocol.is_http:
             name = f"{target.bind or ANY_ADDRESS}_{number}"
             if name not in named:
-                result.append(cache.get(types.LISTENER, name, None, lambda: http_outbound_listener(target, unmatched),
-                                        scope=f"{target.bind_to_port}:{unmatched}"))
+                result.append(cache.get(types.LISTENER, name, None,
+                                        lambda: http_outbound_listener(target, unmatched, timeout),
+                                        scope=f"{target.bind_to_port}:{unmatched}:{timeout}"))
         elif (address := target.bind or target.vip) is not None:
             name = f"{address}_{number}"
             if name not in named:
@@ -126,19 +131,45 @@ def _outbound(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[Re
                     types.LISTENER, name, (target.service, *depends_on),
                     lambda: tcp_outbound_listener(address, target, tcp_destinations(
                         vs, target.service, target.port.port, snapshot.services, source, target.vip),
-                        tls_destinations(vs, target.port.port, snapshot.services, source, target.vip)),
-                    scope=f"{target.bind_to_port}:{alike(snapshot, proxy)}"))
+                        tls_destinations(vs, target.port.port, snapshot.services, source, target.vip), timeout),
+                    scope=f"{target.bind_to_port}:{alike(snapshot, proxy)}:{timeout}"))
         elif target.service.external_host:
             unaddressed.setdefault(number, []).append(target)
             continue
+        elif target.service.headless:
+            result += _per_endpoint(snapshot, proxy, target, named, cache)
+            continue
         else:
-            continue  # headless TCP: its traffic takes virtualOutbound's passthrough
+            continue
         named.add(name)
     for number, targets in unaddressed.items():
         name = f"{ANY_ADDRESS}_{number}"
         if name not in named:  # else an HTTP port's listener has the address
             result.append(cache.get(types.LISTENER, name, tuple(t.service for t in targets),
                                     lambda: unaddressed_listener(number, targets, unmatched), scope=unmatched))
+    return result
+
+
+def _per_endpoint(snapshot: Snapshot, proxy: Proxy, target: OutboundPort, named: set[str],
+                  cache: ResourceCache) -> list[Resource]:
+    """A headless Service's TCP (or sniffed) port: a listener `<pod IP>_<port>` per endpoint, to
+    its ORIGINAL_DST cluster, as istiod builds them for StatefulSets (istiod leaves out the proxy's
+    own address; here proxies alike share one list, so it stays: captured traffic never takes it)."""
+    result = []
+    vs, depends_on = route_inputs(snapshot, proxy, target.service)
+    source = (proxy.namespace, dict(proxy.labels))
+    timeout = snapshot.mesh.protocol_detection_timeout
+    for endpoint in snapshot.endpoints_for(target.service.hostname, target.port.port):
+        name = f"{endpoint.address}_{target.number}"
+        if not is_ip(endpoint.address) or name in named:
+            continue
+        named.add(name)
+        result.append(cache.get(
+            types.LISTENER, name, (target.service, *depends_on),
+            lambda: tcp_outbound_listener(endpoint.address, target, tcp_destinations(
+                vs, target.service, target.port.port, snapshot.services, source, None),
+                tls_destinations(vs, target.port.port, snapshot.services, source, None), timeout),
+            scope=f"{alike(snapshot, proxy)}:{timeout}"))
     return result
 
 
@@ -170,21 +201,43 @@ def _loop_breaker(listener: str, port: int) -> listener_components_pb2.FilterCha
     )
 
 
-def http_outbound_listener(target: OutboundPort, unmatched: str) -> listener_pb2.Listener:
+def http_outbound_listener(target: OutboundPort, unmatched: str, timeout: float = 0.0) -> listener_pb2.Listener:
     """The HCM takes what the HTTP inspector recognises as HTTP/1.1 or h2c; another protocol on
-    an HTTP port (a client speaking TLS or its own bytes) leaves as virtualOutbound's would."""
+    an HTTP port (a client speaking TLS or its own bytes) leaves as virtualOutbound's would.
+    `timeout`: the mesh's protocolDetectionTimeout."""
     port = target.number
     name = f"{target.bind or ANY_ADDRESS}_{port}"
-    rds = hcm_pb2.Rds(config_source=ads_source(initial_fetch_timeout=duration_pb2.Duration()),
-                      route_config_name=str(port))
-    listener = _outbound_listener(name, target.bind or ANY_ADDRESS, port, network_filter(HCM_FILTER, with_fault_filter(
-        _sidecar_hcm(f"outbound_{name}", rds=rds), cors=True)), target.bind_to_port)
-    listener.filter_chains[0].filter_chain_match.MergeFrom(listener_components_pb2.FilterChainMatch(
-        transport_protocol="raw_buffer", application_protocols=PLAINTEXT_HTTP_ALPN_MATCH))
-    listener.listener_filters.append(_http_inspector())
-    listener.continue_on_listener_filters_timeout = True  # a client that speaks first: not HTTP
+    listener = _outbound_listener(name, target.bind or ANY_ADDRESS, port, _outbound_hcm(name, str(port)),
+                                  target.bind_to_port)
+    listener.filter_chains[0].filter_chain_match.MergeFrom(_match("raw_buffer", PLAINTEXT_HTTP_ALPN_MATCH))
+    _sniff(listener, timeout)
     listener.default_filter_chain.CopyFrom(_catch_all(unmatched))
     return listener
+
+
+def _outbound_hcm(listener: str, route_config_name: str) -> listener_components_pb2.Filter:
+    rds = hcm_pb2.Rds(config_source=ads_source(initial_fetch_timeout=duration_pb2.Duration()),
+                      route_config_name=route_config_name)
+    return network_filter(HCM_FILTER, with_fault_filter(_sidecar_hcm(f"outbound_{listener}", rds=rds), cors=True))
+
+
+def _sniff(listener: listener_pb2.Listener, timeout: float) -> None:
+    """The HTTP inspector, waiting for the client's first bytes as long as the mesh's
+    protocolDetectionTimeout says (0: for ever, Istio's default), then carrying on as not HTTP."""
+    listener.listener_filters.append(_http_inspector())
+    listener.listener_filters_timeout.CopyFrom(_duration(timeout))
+    listener.continue_on_listener_filters_timeout = True
+
+
+def _duration(seconds: float) -> duration_pb2.Duration:
+    result = duration_pb2.Duration()
+    result.FromNanoseconds(round(seconds * 1e9))
+    return result
+
+
+def sniffed_route_name(target: OutboundPort) -> str:
+    """A sniffed port's own route configuration, `<host>:<port>` (istiod's name)."""
+    return f"{target.service.hostname}:{target.number}"
 
 
 def _http_inspector(skip_ports: Sequence[int] = ()) -> listener_components_pb2.ListenerFilter:
@@ -202,13 +255,25 @@ def _http_inspector(skip_ports: Sequence[int] = ()) -> listener_components_pb2.L
 
 
 def tcp_outbound_listener(address: str, target: OutboundPort, destinations: L4Destinations,
-                          by_sni: Sequence[tuple[tuple[str, ...], L4Destinations]] = ()) -> listener_pb2.Listener:
+                          by_sni: Sequence[tuple[tuple[str, ...], L4Destinations]] = (),
+                          timeout: float = 0.0) -> listener_pb2.Listener:
     """tcp_proxy to where the VirtualService's `tls` routes send by SNI, and the rest where its
-    `tcp` routes send (weighted if several)."""
+    `tcp` routes send (weighted if several). A port of undeclared protocol is sniffed, as istiod:
+    what the HTTP inspector recognises as HTTP/1.1 or h2c takes the HCM and the service's own
+    route configuration `<host>:<port>` (its VirtualService's `http` routes), the rest this."""
     port = target.number
-    listener = _outbound_listener(f"{address}_{port}", address, port, l4_proxy(target.cluster, destinations),
-                                  target.bind_to_port)
-    return _by_sni(listener, [(names, l4_proxy(target.cluster, sent)) for names, sent in by_sni])
+    name = f"{address}_{port}"
+    listener = _outbound_listener(name, address, port, l4_proxy(target.cluster, destinations), target.bind_to_port)
+    listener = _by_sni(listener, [(names, l4_proxy(target.cluster, sent)) for names, sent in by_sni])
+    if target.protocol is Protocol.UNSUPPORTED:
+        # Matching never backtracks: a connection the HTTP chain's `raw_buffer` claims but whose
+        # protocol is not HTTP would match no chain. The TCP chain is the default, as istiod's.
+        listener.default_filter_chain.CopyFrom(listener.filter_chains.pop())
+        listener.filter_chains.append(listener_components_pb2.FilterChain(
+            filter_chain_match=_match("raw_buffer", PLAINTEXT_HTTP_ALPN_MATCH),
+            filters=[_outbound_hcm(name, sniffed_route_name(target))]))
+        _sniff(listener, timeout)
+    return listener
 
 
 def unaddressed_listener(port: int, targets: Sequence[OutboundPort],
@@ -251,6 +316,9 @@ def _outbound_listener(name: str, ip: str, port: int, main: listener_components_
         bind_to_port=wrappers_pb2.BoolValue(value=bind_to_port),
         traffic_direction=base_pb2.OUTBOUND,
         filter_chains=[listener_components_pb2.FilterChain(filters=[main])],  # unnamed, as Istio's
+        # istiod's: no timeout for listener filters unless one sniffs HTTP (_sniff).
+        listener_filters_timeout=duration_pb2.Duration(),
+        continue_on_listener_filters_timeout=True,
     )
 
 
@@ -258,9 +326,10 @@ def virtual_inbound(ports: tuple[InboundPort, ...], modes: Mapping[int, MTLSMode
                     policies: tuple[AuthorizationPolicy, ...] = (),
                     request_auth: tuple[RequestAuthentication, ...] = (),
                     providers: Mapping[str, ResolvedProvider] | None = None,
-                    fetched_jwks: Mapping[str, str] | None = None) -> listener_pb2.Listener:
+                    fetched_jwks: Mapping[str, str] | None = None, timeout: float = 0.0) -> listener_pb2.Listener:
     """`modes`: the mTLS mode of each inbound port, and of the rest under port 0; `providers`:
-    the extension providers CUSTOM policies name; `fetched_jwks`: keys istiod fetched, by jwksUri."""
+    the extension providers CUSTOM policies name; `fetched_jwks`: keys istiod fetched, by jwksUri;
+    `timeout`: the mesh's protocolDetectionTimeout."""
     policy = WorkloadPolicy(policies, request_auth, providers or {}, fetched_jwks or {})
     http = policy.http_filters(f"sidecar {VIRTUAL_INBOUND}, HTTP ports")
     said = authorization_filters(policies, request_auth=True, providers=providers).problems
@@ -281,14 +350,16 @@ def virtual_inbound(ports: tuple[InboundPort, ...], modes: Mapping[int, MTLSMode
     ]
     if any(set(PLAINTEXT_HTTP_ALPN_MATCH) & set(c.filter_chain_match.application_protocols) for c in chains):
         # Only ports no service declares need telling HTTP from the rest.
-        listener_filters.append(_http_inspector(sorted({p.port for p in ports} | {VIRTUAL_INBOUND_PORT})))
+        declared = {p.port for p in ports if p.protocol is not Protocol.UNSUPPORTED}
+        listener_filters.append(_http_inspector(sorted(declared | {VIRTUAL_INBOUND_PORT})))
     return listener_pb2.Listener(
         name=VIRTUAL_INBOUND,
         address=_address(ANY_ADDRESS, VIRTUAL_INBOUND_PORT),
         traffic_direction=base_pb2.INBOUND,
         listener_filters=listener_filters,
-        # A server-first protocol sends nothing for the inspectors to read: carry on without them
-        # (Envoy then calls it raw_buffer).
+        # A server-first protocol sends nothing for the inspectors to read: after the mesh's
+        # protocolDetectionTimeout (0, Istio's default: never) carry on without them (raw_buffer).
+        listener_filters_timeout=_duration(timeout),
         continue_on_listener_filters_timeout=True,
         # What no chain matches (plaintext under STRICT) is closed.
         filter_chains=chains,
@@ -319,6 +390,30 @@ def _passthrough_chains(mode: MTLSMode, authz: _Filters) -> list[listener_compon
         return [plain_http, plain_tcp]
     return [mesh_http, plain_http, chain(catch_all_tcp, tcp, _match("tls", MESH_TCP_ALPN_MATCH), mtls=True),
             plain_tcp, chain(catch_all_tcp, tcp, _match("tls"), mtls=False)]
+
+
+def _sniffed_chains(inbound: InboundPort, mode: MTLSMode, authz: _Filters) -> list[listener_components_pb2.FilterChain]:
+    """A port of undeclared protocol, as istiod: HTTP (over mesh mTLS with Istio's HTTP ALPNs, or
+    plaintext the HTTP inspector recognises) through an HCM, the rest through tcp_proxy."""
+    cluster = inbound_cluster_name(inbound.port)
+    name = f"{ANY_ADDRESS}_{inbound.port}"
+    http, tcp = _Port(inbound.port, Protocol.HTTP), _Port(inbound.port, Protocol.TCP)
+
+    def chain(port: _Port, transport: str, alpn: Sequence[str], mtls: bool) -> listener_components_pb2.FilterChain:
+        return listener_components_pb2.FilterChain(
+            name=name, filter_chain_match=_match(transport, alpn, port=inbound.port),
+            transport_socket=sds_downstream_tls(HTTP_ALPN) if mtls else None,
+            filters=_inbound_filters(port, cluster, mtls=mtls, authz=authz))
+
+    mesh_http = chain(http, "tls", MESH_HTTP_ALPN_MATCH, mtls=True)
+    plain_http = chain(http, "raw_buffer", PLAINTEXT_HTTP_ALPN_MATCH, mtls=False)
+    plain_tcp = chain(tcp, "raw_buffer", (), mtls=False)
+    if mode is MTLSMode.STRICT:
+        return [mesh_http, chain(tcp, "tls", (), mtls=True)]
+    if mode is MTLSMode.DISABLE:
+        return [plain_http, plain_tcp]
+    return [mesh_http, plain_http, chain(tcp, "tls", MESH_TCP_ALPN_MATCH, mtls=True), plain_tcp,
+            chain(tcp, "tls", (), mtls=False)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,6 +450,8 @@ def _inbound_chains(inbound: InboundPort, mode: MTLSMode, authz: _Filters) -> li
             name=name, filter_chain_match=match, transport_socket=sds_downstream_tls(HTTP_ALPN) if mtls else None,
             filters=_inbound_filters(inbound, cluster, mtls=mtls, authz=authz))
 
+    if inbound.protocol is Protocol.UNSUPPORTED:
+        return _sniffed_chains(inbound, mode, authz)
     plaintext = chain(_match("raw_buffer", port=inbound.port), mtls=False)
     if mode is MTLSMode.DISABLE:
         return [plaintext]
