@@ -146,6 +146,28 @@ def test_sidecar_inbound_connection_pool_on_the_inbound_clusters() -> None:
     assert by_port.circuit_breakers.thresholds[0].max_requests.value == 4294967295  # only the port's pool applies
 
 
+
+def test_the_served_services_destination_rule_pool_on_the_inbound_cluster() -> None:
+    """istiod seeds an inbound cluster with the connection pool of the served service's
+    DestinationRule (its port's settings), which a Sidecar's inbound pool then replaces."""
+    store = Store()
+    for document in yaml.safe_load_all((DATA / "sidecar-mesh.yaml").read_text()):
+        store.apply(document)
+    store.apply({"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule",
+                 "metadata": {"name": "web", "namespace": "shop"},
+                 "spec": {"host": "web", "trafficPolicy": {
+                     "connectionPool": {"tcp": {"maxConnections": 11}},
+                     "portLevelSettings": [{"port": {"number": 80}, "connectionPool": {"tcp": {"maxConnections": 12}}}]}}})
+    inbound = _generate(types.CLUSTER, build_snapshot(store, "v1"))["inbound|8080||"]
+    assert isinstance(inbound, cluster_pb2.Cluster)
+    assert inbound.circuit_breakers.thresholds[0].max_connections.value == 12  # web's port 80 targets 8080
+    store.apply({"apiVersion": "networking.istio.io/v1", "kind": "Sidecar", "metadata": {"name": "default", "namespace": "shop"},
+                 "spec": {"inboundConnectionPool": {"tcp": {"maxConnections": 5}}}})
+    inbound = _generate(types.CLUSTER, build_snapshot(store, "v2"))["inbound|8080||"]
+    assert isinstance(inbound, cluster_pb2.Cluster)
+    assert inbound.circuit_breakers.thresholds[0].max_connections.value == 5
+
+
 def test_endpoints_carry_tls_mode_only_for_pods_with_a_sidecar() -> None:
     snapshot = _generate(types.ENDPOINT, _snapshot(), names=[f"outbound|80||{WEB}", "outbound|5432||db.shop.svc.cluster.local"],
                          message=endpoint_pb2.ClusterLoadAssignment)

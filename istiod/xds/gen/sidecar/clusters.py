@@ -52,7 +52,11 @@ def clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: R
     sidecar = sidecar_resource(snapshot, proxy)
     for inbound in inbound_ports(snapshot, proxy):
         name = inbound_cluster_name(inbound.port)
+        # The Sidecar's pool for the port, else the served service's DestinationRule's (istiod's order).
         pool = sidecar.connection_pool_for(inbound.port) if sidecar is not None else None
+        if pool is None and inbound.service is not None:
+            rule = destination_rule(snapshot, proxy, inbound.service)
+            pool = effective_policy(rule, inbound.service_port, None).connection_pool if rule is not None else None
         result.append(cache.get(types.CLUSTER, name, pool, lambda: inbound_cluster(name, inbound.protocol, pool),
                                 scope=inbound.protocol.value))
     if names is not None:

@@ -49,10 +49,13 @@ class OutboundPort:
         return self.service.cluster_ip if is_ip(self.service.cluster_ip) else None
 
 
-@dataclass(frozen=True, slots=True, order=True)
+@dataclass(frozen=True, slots=True)
 class InboundPort:
     port: int  # the port the app listens on (the endpoint's, not the service's)
     protocol: Protocol
+    # The service it serves (the first by hostname), by its own port: whose DestinationRule applies.
+    service: Service | None = None
+    service_port: int = 0
 
 
 def carried(port: Port) -> bool:
@@ -103,10 +106,10 @@ def _egress_target(listener: EgressListener, service: Service, namespace: str) -
 def inbound_ports(snapshot: Snapshot, proxy: Proxy) -> tuple[InboundPort, ...]:
     """The ports the proxy's pod serves for some service; where services disagree on a port's
     protocol, the first by hostname decides."""
-    found: dict[int, Protocol] = {}
+    found: dict[int, InboundPort] = {}
     instances = [i for address in proxy.ip_addresses for i in snapshot.instances_on(address)]
     for service, endpoint in sorted(instances, key=lambda i: i[0].hostname):
         port = service.port(endpoint.service_port)
         if port is not None and carried(port) and endpoint.port not in PROXY_PORTS:
-            found.setdefault(endpoint.port, port_protocol(port))
-    return tuple(sorted(InboundPort(port, protocol) for port, protocol in found.items()))
+            found.setdefault(endpoint.port, InboundPort(endpoint.port, port_protocol(port), service, port.port))
+    return tuple(found[port] for port in sorted(found))
