@@ -105,7 +105,7 @@ def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
 
 def _outbound(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[Resource]:
     """virtualOutbound and a listener per outbound address and port."""
-    unmatched = unmatched_cluster(snapshot, proxy)
+    unmatched, alike_key = unmatched_cluster(snapshot, proxy), alike(snapshot, proxy)
     result = [cache.get(types.LISTENER, VIRTUAL_OUTBOUND, None, lambda: virtual_outbound(unmatched), scope=unmatched)]
     # One listener per address: Envoy refuses two of one name (two Services claiming one ClusterIP
     # and port); the first by hostname keeps it.
@@ -132,7 +132,7 @@ def _outbound(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[Re
                     lambda: tcp_outbound_listener(address, target, tcp_destinations(
                         vs, target.service, target.port.port, snapshot.services, source, target.vip),
                         tls_destinations(vs, target.port.port, snapshot.services, source, target.vip), timeout),
-                    scope=f"{target.bind_to_port}:{alike(snapshot, proxy)}:{timeout}"))
+                    scope=f"{target.bind_to_port}:{alike_key}:{timeout}"))
         elif target.service.external_host:
             unaddressed.setdefault(number, []).append(target)
             continue
@@ -159,6 +159,7 @@ def _per_endpoint(snapshot: Snapshot, proxy: Proxy, target: OutboundPort, named:
     vs, depends_on = route_inputs(snapshot, proxy, target.service)
     source = (proxy.namespace, dict(proxy.labels))
     timeout = snapshot.mesh.protocol_detection_timeout
+    scope = f"{alike(snapshot, proxy)}:{timeout}"
     for endpoint in snapshot.endpoints_for(target.service.hostname, target.port.port):
         name = f"{endpoint.address}_{target.number}"
         if not is_ip(endpoint.address) or name in named:
@@ -169,7 +170,7 @@ def _per_endpoint(snapshot: Snapshot, proxy: Proxy, target: OutboundPort, named:
             lambda: tcp_outbound_listener(endpoint.address, target, tcp_destinations(
                 vs, target.service, target.port.port, snapshot.services, source, None),
                 tls_destinations(vs, target.port.port, snapshot.services, source, None), timeout),
-            scope=f"{alike(snapshot, proxy)}:{timeout}"))
+            scope=scope))
     return result
 
 

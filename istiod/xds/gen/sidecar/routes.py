@@ -45,12 +45,14 @@ def _routes(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: Re
             sniffed.setdefault(sniffed_route_name(target), target)
     wanted = sorted(by_port) if names is None else [int(n) for n in names if n.isdigit() and int(n) in by_port]
     aliases = aliases_of(snapshot, proxy)  # ExternalName Services: their names are on the hosts they name
+    # The same for every port of this proxy: worked out once.
+    alike_key, unmatched = alike(snapshot, proxy), unmatched_cluster(snapshot, proxy)
     result = []
     for name in sorted(sniffed) if names is None else [n for n in names if n in sniffed]:
         target = sniffed[name]
         result.append(cache.get(types.ROUTE, name, route_inputs(snapshot, proxy, target.service)[1],
                                 lambda: sniffed_route_configuration(name, target, snapshot, proxy),
-                                scope=str(alike(snapshot, proxy))))
+                                scope=str(alike_key)))
     for port in wanted:
         targets = by_port[port]
         # Short names differ by the proxy's namespace; VirtualService visibility and the
@@ -59,10 +61,9 @@ def _routes(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: Re
         depends_on = (snapshot.mesh, *(t.service for t in targets),
                       *(a for t in targets for a in aliases.get(t.service.hostname, ())),
                       *(d for t in targets for d in route_inputs(snapshot, proxy, t.service)[1]))
-        unmatched = unmatched_cluster(snapshot, proxy)
         result.append(cache.get(types.ROUTE, str(port), depends_on,
                                 lambda: route_configuration(port, targets, snapshot, proxy, unmatched),
-                                scope=f"{alike(snapshot, proxy)}/{unmatched}"))
+                                scope=f"{alike_key}/{unmatched}"))
     return result
 
 
