@@ -20,9 +20,7 @@ class UnimplementedReporter:
         self._told: dict[tuple[str, str, str], object] = {}
 
     def apply(self, body: dict[str, Any]) -> object:
-        metadata = body.get("metadata") or {}
-        key = (str(body.get("kind", "")), str(metadata.get("namespace", "")), str(metadata.get("name", "")))
-        generation = metadata.get("generation")
+        key, generation = _key(body), (body.get("metadata") or {}).get("generation")
         reason = unimplemented(key[0], str(body.get("apiVersion", "")))
         if reason is not None and self._told.get(key) != generation:
             self._told[key] = generation
@@ -30,14 +28,18 @@ class UnimplementedReporter:
         return None
 
     def delete(self, body: dict[str, Any]) -> None:
-        metadata = body.get("metadata") or {}
-        self._told.pop((str(body.get("kind", "")), str(metadata.get("namespace", "")), str(metadata.get("name", ""))), None)
+        self._told.pop(_key(body), None)
 
     def replace(self, kind: str, items: list[dict[str, Any]]) -> None:
         listed = set()
         for item in items:
-            self.apply({"kind": kind, **item})
-            metadata = item.get("metadata") or {}
-            listed.add((kind, str(metadata.get("namespace", "")), str(metadata.get("name", ""))))
+            body = {"kind": kind, **item}
+            self.apply(body)
+            listed.add(_key(body))
         for key in [k for k in self._told if k[0] == kind and k not in listed]:
             del self._told[key]
+
+
+def _key(body: dict[str, Any]) -> tuple[str, str, str]:
+    metadata = body.get("metadata") or {}
+    return str(body.get("kind", "")), str(metadata.get("namespace", "")), str(metadata.get("name", ""))
