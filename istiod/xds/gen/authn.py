@@ -13,12 +13,13 @@ generator leaves it out too).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from envoy.config.core.v3 import base_pb2
 from envoy.config.route.v3 import route_components_pb2
 from envoy.extensions.filters.http.jwt_authn.v3 import config_pb2 as jwt_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from envoy.type.matcher.v3 import metadata_pb2, string_pb2, value_pb2
 from google.protobuf import empty_pb2
 
 from istiod.model.config.security import JWTRule, RequestAuthentication
@@ -100,3 +101,17 @@ def _provider(rule: JWTRule, jwks: str, clear_route_cache: bool) -> jwt_pb2.JwtP
         from_cookies=rule.from_cookies,
         local_jwks=base_pb2.DataSource(inline_string=jwks),
     )
+
+
+def payload_matcher(claim: Sequence[str], value: value_pb2.ValueMatcher, invert: bool = False) -> metadata_pb2.MetadataMatcher:
+    """A claim of the token jwt_authn verified: its payload, in dynamic metadata under `payload`."""
+    return metadata_pb2.MetadataMatcher(
+        filter=JWT_FILTER, invert=invert, value=value,
+        path=[metadata_pb2.MetadataMatcher.PathSegment(key=k) for k in (JWT_PAYLOAD, *claim)])
+
+
+def string_or_list(string: string_pb2.StringMatcher) -> value_pb2.ValueMatcher:
+    """A claim that is a string matching, or a list holding one (`aud`, `groups`): istiod's claim match."""
+    return value_pb2.ValueMatcher(or_match=value_pb2.OrMatcher(value_matchers=[
+        value_pb2.ValueMatcher(list_match=value_pb2.ListMatcher(one_of=value_pb2.ValueMatcher(string_match=string))),
+        value_pb2.ValueMatcher(string_match=string)]))

@@ -36,7 +36,7 @@ from envoy.type.matcher.v3 import metadata_pb2, path_pb2, regex_pb2, string_pb2,
 from google.protobuf import wrappers_pb2
 
 from istiod.model.config.security import Action, AuthorizationPolicy, Condition, Operation, Rule, Source
-from istiod.xds.gen.authn import JWT_FILTER, JWT_PAYLOAD
+from istiod.xds.gen.authn import payload_matcher, string_or_list
 from istiod.xds.gen.extauthz import (
     EXT_AUTHZ_FILTER, EXT_AUTHZ_MATCH_PREFIX, NETWORK_EXT_AUTHZ_FILTER, SHADOW_STAT_PREFIX, ResolvedProvider,
     http_ext_authz, network_ext_authz,
@@ -364,10 +364,7 @@ def _request_auth_attribute(key: str) -> Callable[[str], rbac_pb2.Principal] | N
         return None
     path = claims
     # A claim may be a string or a list of strings (`aud`, `groups`): either matches.
-    return lambda v: _jwt_claim(path, value_pb2.ValueMatcher(or_match=value_pb2.OrMatcher(value_matchers=[
-        value_pb2.ValueMatcher(list_match=value_pb2.ListMatcher(one_of=value_pb2.ValueMatcher(string_match=_string(v)))),
-        value_pb2.ValueMatcher(string_match=_string(v)),
-    ])))
+    return lambda v: _jwt_claim(path, string_or_list(_string(v)))
 
 
 def _request_principal(value: str) -> rbac_pb2.Principal:
@@ -398,8 +395,7 @@ def _request_principal(value: str) -> rbac_pb2.Principal:
 
 def _jwt_claim(path: Sequence[str], value: value_pb2.ValueMatcher) -> rbac_pb2.Principal:
     """A claim of the verified token's payload, which jwt_authn leaves in dynamic metadata."""
-    segments = [metadata_pb2.MetadataMatcher.PathSegment(key=k) for k in (JWT_PAYLOAD, *path)]
-    return rbac_pb2.Principal(metadata=metadata_pb2.MetadataMatcher(filter=JWT_FILTER, path=segments, value=value))
+    return rbac_pb2.Principal(metadata=payload_matcher(path, value))
 
 
 def _string(value: str, prefix: str = "") -> string_pb2.StringMatcher:

@@ -19,7 +19,7 @@ from envoy.extensions.filters.http.cors.v3 import cors_pb2
 from envoy.extensions.filters.http.fault.v3 import fault_pb2
 from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2
 from envoy.extensions.retry.priority.previous_priorities.v3 import previous_priorities_config_pb2
-from envoy.type.matcher.v3 import metadata_pb2, regex_pb2, string_pb2, value_pb2
+from envoy.type.matcher.v3 import metadata_pb2, regex_pb2, string_pb2
 from envoy.type.v3 import percent_pb2
 from google.protobuf import duration_pb2, wrappers_pb2
 
@@ -30,7 +30,7 @@ from istiod.model.config.networking import (
 )
 from istiod.model.names import outbound_cluster_name
 from istiod.model.service import Service
-from istiod.xds.gen.authn import JWT_FILTER, JWT_PAYLOAD
+from istiod.xds.gen.authn import payload_matcher, string_or_list
 from istiod.xds.gen.filters import CORS_FILTER, FAULT_FILTER, pack
 from istiod.xds.gen.policy import duration, hash_policies
 
@@ -387,13 +387,7 @@ def _match(match: HTTPMatch, gateway_semantics: bool = False) -> rc.RouteMatch:
 def _claim_matcher(claim: tuple[str, ...], value: StringMatch, invert: bool) -> metadata_pb2.MetadataMatcher:
     """A claim of the token jwt_authn verified (its payload in dynamic metadata), as istiod routes by
     it: a string claim, or a list claim holding the value."""
-    string = _string(value)
-    return metadata_pb2.MetadataMatcher(
-        filter=JWT_FILTER, invert=invert,
-        path=[metadata_pb2.MetadataMatcher.PathSegment(key=k) for k in (JWT_PAYLOAD, *claim)],
-        value=value_pb2.ValueMatcher(or_match=value_pb2.OrMatcher(value_matchers=[
-            value_pb2.ValueMatcher(list_match=value_pb2.ListMatcher(one_of=value_pb2.ValueMatcher(string_match=string))),
-            value_pb2.ValueMatcher(string_match=string)])))
+    return payload_matcher(claim, string_or_list(_string(value)), invert)
 
 
 def _header(name: str, value: StringMatch, invert: bool) -> rc.HeaderMatcher:
