@@ -863,7 +863,7 @@ def _namespace_matches(namespace: str, pattern: str) -> bool:
 def _port_names(objects: Objects) -> Iterator[Message]:
     """service.PortNameAnalyzer: IST0118, IST0150."""
     for service in objects("Service"):
-        if "istio" in service.labels or service.labels.get("release") == "istio":
+        if _control_plane(service):
             continue  # Istio's control plane
         if service.labels.get("gateway.istio.io/managed") in ("istio.io-gateway-controller", "istio.io-mesh-controller",
                                                                "istio.io-eastwest-controller"):
@@ -980,6 +980,7 @@ def _runs_as_proxy(spec: Mapping[str, Any]) -> bool:
 
 
 def _control_plane(resource: Resource) -> bool:
+    """util.IsIstioControlPlane: an `istio` label, or `release: istio`."""
     return "istio" in resource.labels or resource.labels.get("release") == "istio"
 
 
