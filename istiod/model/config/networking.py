@@ -488,6 +488,7 @@ class IngressListener:
     default_endpoint: str = ""
     capture_mode: str = "DEFAULT"
     connection_pool: ConnectionPool | None = None
+    tls: ServerTLS | None = None  # the sidecar terminates the caller's TLS (SIMPLE, MUTUAL, OPTIONAL_MUTUAL)
 
 
 @dataclass(frozen=True, slots=True)

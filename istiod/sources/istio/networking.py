@@ -21,6 +21,7 @@ from istiod.model.config.networking import (
     WorkloadEntry,
 )
 from istiod.model.config.networking import TLS_PROTOCOL_VERSIONS, routing_claim
+from istiod.model.protocol import Protocol, parse as parse_protocol
 from istiod.sources.fields import ObjectKey, _Fields
 from istiod.sources.istio.common import (
     dns1123_label, duration, enum_field, export_to, fields, items, meta, spec, fqdn_error, integer, ip_or_cidr, is_ip, labels, only, percentage,
@@ -993,16 +994,19 @@ def sidecar(key: ObjectKey, f: _Fields, domain: str) -> Sidecar:
     ingress: list[IngressListener] = []
     for i, item in enumerate(items(f, "spec.ingress")):
         where = f"spec.ingress[{i}]"
-        only(item, ("port", "bind", "defaultEndpoint", "captureMode", "connectionPool"), ("tls",))
+        only(item, ("port", "bind", "defaultEndpoint", "captureMode", "connectionPool", "tls"))
         listener_port = _service_port(_required(item, "port"))
+        if listener_port.target_port:
+            raise f.fail(f"{where}.port.targetPort: targetPort has no impact on Sidecars")
         if any(o.port.number == listener_port.number for o in ingress):
             raise f.fail(f"{where}.port: sidecar: ports on IP bound listeners must be unique")
-        endpoint = item.get("defaultEndpoint", str, "")
-        if endpoint and not _default_endpoint_ok(endpoint):
-            raise f.fail(f"{where}.defaultEndpoint: sidecar: defaultEndpoint must be of form "
-                         "127.0.0.1:<port>,0.0.0.0:<port>,unix://filepath, or unset")
-        ingress.append(IngressListener(listener_port, item.get("bind", str, ""), endpoint,
-                                       _capture_mode(item, "captureMode"), _connection_pool(item, "connectionPool")))
+        bind = item.get("bind", str, "")
+        if bind and not is_ip(bind):
+            raise f.fail(f"{where}.bind: sidecar: {bind!r} is not a valid IP address")
+        endpoint = _default_endpoint(f, f"{where}.defaultEndpoint", item.get("defaultEndpoint", str, ""))
+        ingress.append(IngressListener(listener_port, bind, endpoint, _capture_mode(item, "captureMode"),
+                                       _connection_pool(item, "connectionPool"),
+                                       _ingress_tls(f, item, where, listener_port.protocol)))
     egress: list[EgressListener] = []
     listeners = items(f, "spec.egress")
     for i, item in enumerate(listeners):
@@ -1044,8 +1048,47 @@ def sidecar(key: ObjectKey, f: _Fields, domain: str) -> Sidecar:
                    _connection_pool(f, "spec.inboundConnectionPool"), egress_proxy)
 
 
-def _default_endpoint_ok(endpoint: str) -> bool:
+def _default_endpoint(f: _Fields, path: str, endpoint: str) -> str:
+    """istiod's forms: 127.0.0.1:<port> and [::1]:<port> (loopback), 0.0.0.0:<port> and [::]:<port>
+    (the pod's address), or unset; Unix sockets are not implemented."""
+    if not endpoint:
+        return ""
     if endpoint.startswith("unix://"):
-        return len(endpoint) > len("unix://")
-    host, _, number = endpoint.rpartition(":")
-    return host.strip("[]") in ("127.0.0.1", "0.0.0.0", "::1", "::") and number.isdigit() and 0 < int(number) < 65536
+        raise f.fail(f"{path}: unix domain socket endpoints are not supported by this istiod")
+    host, colon, number = endpoint.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:  # Go's SplitHostPort: an IPv6 host needs its brackets
+        raise f.fail(f"{path}: address {endpoint}: too many colons in address")
+    if not colon:
+        raise f.fail(f"{path}: address {endpoint}: missing port in address")
+    if host not in ("127.0.0.1", "0.0.0.0", "::1", "::"):
+        raise f.fail(f"{path}: sidecar: defaultEndpoint must be of form "
+                     "127.0.0.1:<port>,0.0.0.0:<port>,[::1]:port,[::]:port,unix://filepath or unset")
+    if not number.isdigit():
+        raise f.fail(f"{path}: sidecar: defaultEndpoint port ({number}) is not a number")
+    if not 0 < int(number) < 65536:
+        raise f.fail(f"{path}: port number {int(number)} must be in the range 1..65535")
+    return endpoint
+
+
+def _ingress_tls(f: _Fields, item: _Fields, where: str, port_protocol: str) -> ServerTLS | None:
+    """istiod's rules for a Sidecar ingress listener's TLS: SIMPLE, MUTUAL or OPTIONAL_MUTUAL with
+    files in the proxy, on HTTPS or TLS ports."""
+    tls = _server_tls(item, "tls")
+    if tls is None:
+        return None
+    path = f"{where}.tls"
+    if tls.subject_alt_names:
+        raise f.fail(f"{path}.subjectAltNames: sidecar: subjectAltNames is not supported in ingress tls")
+    if tls.https_redirect:
+        raise f.fail(f"{path}.httpsRedirect: sidecar: httpsRedirect is not supported")
+    if tls.credential_name:
+        raise f.fail(f"{path}.credentialName: sidecar: credentialName is not currently supported")
+    if tls.mode in (ServerTLSMode.ISTIO_MUTUAL, ServerTLSMode.AUTO_PASSTHROUGH):
+        raise f.fail(f"{path}.mode: configuration is invalid: cannot set mode to {tls.mode.value} in sidecar ingress tls")
+    if tls.mode is ServerTLSMode.PASSTHROUGH:  # istiod builds a TLS context without certificates
+        raise f.fail(f"{path}.mode: PASSTHROUGH in sidecar ingress tls is not supported by this istiod")
+    if parse_protocol(port_protocol) not in (Protocol.HTTPS, Protocol.TLS):
+        raise f.fail(f"{path}: server cannot have TLS settings for non HTTPS/TLS ports")
+    return tls
