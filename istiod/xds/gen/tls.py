@@ -8,7 +8,7 @@ cluster, as it does with pilot-agent.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from envoy.config.core.v3 import base_pb2, config_source_pb2, grpc_service_pb2
 from envoy.extensions.transport_sockets.raw_buffer.v3 import raw_buffer_pb2
@@ -17,9 +17,10 @@ from envoy.type.matcher.v3 import string_pb2
 from google.protobuf import any_pb2, duration_pb2, wrappers_pb2
 
 from istiod.certfiles import PROVIDER_INSTANCE
-from istiod.model.config.networking import ClientTLS, TLSMode
+from istiod.model.config.networking import ClientTLS, ServerTLS, ServerTLSMode, TLSMode
 from istiod.model.names import spiffe_identity
 from istiod.model.service import Endpoint
+from istiod.xds.gen.filters import ads_source
 
 TLS_TRANSPORT_SOCKET = "envoy.transport_sockets.tls"
 RAW_BUFFER_TRANSPORT_SOCKET = "envoy.transport_sockets.raw_buffer"
@@ -43,6 +44,12 @@ HTTP_ALPN = ("h2", "http/1.1")
 SYSTEM_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 CREDENTIAL_PREFIX = "kubernetes://"  # istiod's name for a credentialName's SDS secret
 CA_SUFFIX = "-cacert"  # istiod's SdsCaSuffix: the CA of a credential
+# Istio's minProtocolVersion/maxProtocolVersion values -> Envoy's.
+TLS_VERSIONS = {
+    "TLS_AUTO": common_pb2.TlsParameters.TLS_AUTO, "TLSV1_0": common_pb2.TlsParameters.TLSv1_0,
+    "TLSV1_1": common_pb2.TlsParameters.TLSv1_1, "TLSV1_2": common_pb2.TlsParameters.TLSv1_2,
+    "TLSV1_3": common_pb2.TlsParameters.TLSv1_3,
+}
 
 
 def destination_identities(endpoints: Iterable[Endpoint], trust_domain: str) -> tuple[str, ...]:
@@ -129,6 +136,37 @@ def originated_tls(tls: ClientTLS, alpn: Iterable[str], default_sans: Iterable[s
             for name in tls.subject_alt_names or default_sans
             for san_type in (common_pb2.SubjectAltNameMatcher.DNS, common_pb2.SubjectAltNameMatcher.URI))
     return _transport_socket(tls_pb2.UpstreamTlsContext(common_tls_context=common, sni=tls.sni))
+
+
+def server_tls(tls: ServerTLS, alpn: Sequence[str], credential: str = "",
+               ca_credential: str | None = None) -> tls_pb2.DownstreamTlsContext:
+    """A server's own TLS (istiod's BuildListenerTLSContext for SIMPLE, MUTUAL and OPTIONAL_MUTUAL):
+    a gateway's certificate is `credential` over SDS on the ADS stream, its client CA `ca_credential`;
+    without a credential (a Sidecar ingress listener) the files the settings name, read by Envoy in
+    the pod. A client certificate is required for MUTUAL, asked for and verified if sent for
+    OPTIONAL_MUTUAL."""
+    params = common_pb2.TlsParameters(
+        # istiod's defaults for its servers: TLS 1.2 to 1.3 (validation admits only TLS_VERSIONS' names).
+        tls_minimum_protocol_version=TLS_VERSIONS[tls.min_protocol_version or "TLSV1_2"],
+        tls_maximum_protocol_version=TLS_VERSIONS[tls.max_protocol_version or "TLSV1_3"],
+        cipher_suites=list(tls.cipher_suites),
+    )
+    common = tls_pb2.CommonTlsContext(alpn_protocols=list(alpn), tls_params=params)
+    verifies = tls.mode in (ServerTLSMode.MUTUAL, ServerTLSMode.OPTIONAL_MUTUAL)
+    if credential:
+        # No fetch timeout: the listener waits for its certificates rather than serving without.
+        source = ads_source(initial_fetch_timeout=duration_pb2.Duration())
+        common.tls_certificate_sds_secret_configs.add(name=credential, sds_config=source)
+        if ca_credential is not None:
+            common.validation_context_sds_secret_config.CopyFrom(
+                secret_pb2.SdsSecretConfig(name=ca_credential, sds_config=source))
+    else:
+        common.tls_certificates.add(certificate_chain=base_pb2.DataSource(filename=tls.server_certificate),
+                                    private_key=base_pb2.DataSource(filename=tls.private_key))
+        if verifies and tls.ca_certificates:
+            common.validation_context.trusted_ca.filename = tls.ca_certificates
+    return tls_pb2.DownstreamTlsContext(
+        common_tls_context=common, require_client_certificate=wrappers_pb2.BoolValue(value=tls.mode is ServerTLSMode.MUTUAL))
 
 
 def credential_resource(name: str) -> str:

@@ -23,7 +23,6 @@ from envoy.config.core.v3 import address_pb2, base_pb2
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
 from envoy.extensions.filters.listener.tls_inspector.v3 import tls_inspector_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
-from envoy.extensions.transport_sockets.tls.v3 import common_pb2, secret_pb2, tls_pb2
 from google.protobuf import duration_pb2, wrappers_pb2
 
 from istiod import logs
@@ -38,19 +37,12 @@ from istiod.xds.gen.filters import (
 from istiod.xds.gen.gateway.servers import GatewayServer, bound_hosts, servers_by, sni_dnat_names
 from istiod.xds.gen.routes import L4Destinations, gateway_tcp_destinations, gateway_tls_destinations
 from istiod.xds.gen.security import workload_policy
-from istiod.xds.gen.tls import HTTP_ALPN, MESH_ALPN_MATCH, TLS_TRANSPORT_SOCKET, sds_downstream_tls
+from istiod.xds.gen.tls import HTTP_ALPN, MESH_ALPN_MATCH, TLS_TRANSPORT_SOCKET, sds_downstream_tls, server_tls
 
 TLS_INSPECTOR_FILTER = "envoy.filters.listener.tls_inspector"
 log = logging.getLogger(__name__)
 _duplicate = logs.Throttled(log, 60.0)  # every push meets the same routes again
 _empty = logs.Throttled(log, 60.0)
-# Istio's minProtocolVersion/maxProtocolVersion values -> Envoy's.
-TLS_VERSIONS = {
-    "TLS_AUTO": common_pb2.TlsParameters.TLS_AUTO, "TLSV1_0": common_pb2.TlsParameters.TLSv1_0,
-    "TLSV1_1": common_pb2.TlsParameters.TLSv1_1, "TLSV1_2": common_pb2.TlsParameters.TLSv1_2,
-    "TLSV1_3": common_pb2.TlsParameters.TLSv1_3,
-}
-
 
 # A TCP or TLS server's routes: (SNI names, where they send) per filter chain.
 L4Chains = tuple[tuple[tuple[str, ...], L4Destinations], ...]
@@ -160,34 +152,12 @@ def _transport_socket(served: GatewayServer) -> base_pb2.TransportSocket:
         # inbound; subjectAltNames restrict the client identities.
         assert served.server.tls is not None
         return sds_downstream_tls(HTTP_ALPN, served.server.tls.subject_alt_names)
-    return base_pb2.TransportSocket(name=TLS_TRANSPORT_SOCKET, typed_config=pack(server_tls(served)))
-
-
-def server_tls(served: GatewayServer) -> tls_pb2.DownstreamTlsContext:
-    """The credential's certificate; a client certificate verified by `<credential>-cacert` for
-    MUTUAL (required) and OPTIONAL_MUTUAL (asked for). HTTP's ALPN on HTTPS servers only."""
+    # The credential's certificate; a client certificate verified by `<credential>-cacert` for MUTUAL
+    # (required) and OPTIONAL_MUTUAL (asked for). HTTP's ALPN on HTTPS servers only.
     tls = served.server.tls
     assert tls is not None
-    params = common_pb2.TlsParameters(
-        # istiod's gateway defaults: TLS 1.2 to 1.3 (validation admits only the names below).
-        tls_minimum_protocol_version=TLS_VERSIONS[tls.min_protocol_version or "TLSV1_2"],
-        tls_maximum_protocol_version=TLS_VERSIONS[tls.max_protocol_version or "TLSV1_3"],
-        cipher_suites=list(tls.cipher_suites),
-    )
-    # No fetch timeout: the listener waits for its certificates rather than serving without.
-    source = ads_source(initial_fetch_timeout=duration_pb2.Duration())
-    context = tls_pb2.DownstreamTlsContext(
-        common_tls_context=tls_pb2.CommonTlsContext(
-            alpn_protocols=list(HTTP_ALPN) if served.tls else [],
-            tls_params=params,
-            tls_certificate_sds_secret_configs=[secret_pb2.SdsSecretConfig(name=served.credential, sds_config=source)],
-        ),
-        require_client_certificate=wrappers_pb2.BoolValue(value=tls.mode is ServerTLSMode.MUTUAL),
-    )
-    if served.ca_credential is not None:
-        context.common_tls_context.validation_context_sds_secret_config.CopyFrom(
-            secret_pb2.SdsSecretConfig(name=served.ca_credential, sds_config=source))
-    return context
+    context = server_tls(tls, HTTP_ALPN if served.tls else (), served.credential, served.ca_credential)
+    return base_pb2.TransportSocket(name=TLS_TRANSPORT_SOCKET, typed_config=pack(context))
 
 
 def _hcm(listener: str, route_name: str, http_filters: tuple[hcm_pb2.HttpFilter, ...]) -> listener_components_pb2.Filter:
