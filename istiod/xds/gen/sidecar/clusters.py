@@ -9,6 +9,7 @@ from typing import Any
 
 from envoy.config.cluster.v3 import circuit_breaker_pb2, cluster_pb2
 from envoy.config.core.v3 import address_pb2, base_pb2, protocol_pb2
+from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2 as http_options_pb2
 from google.protobuf import any_pb2, duration_pb2, struct_pb2, wrappers_pb2
 
@@ -57,8 +58,9 @@ def clusters(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: R
         if pool is None and inbound.service is not None:
             rule = destination_rule(snapshot, proxy, inbound.service)
             pool = effective_policy(rule, inbound.service_port, None).connection_pool if rule is not None else None
-        result.append(cache.get(types.CLUSTER, name, pool, lambda: inbound_cluster(name, inbound.protocol, pool),
-                                scope=inbound.protocol.value))
+        result.append(cache.get(types.CLUSTER, name, pool,
+                                lambda: inbound_cluster(name, inbound.protocol, pool, inbound.endpoint),
+                                scope=f"{inbound.protocol.value}:{inbound.endpoint}"))
     if names is not None:
         wanted = set(names)
         result = [r for r in result if r.name in wanted]
@@ -193,10 +195,26 @@ def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint,
     return cluster
 
 
-def inbound_cluster(name: str, protocol: Protocol, pool: ConnectionPool | None) -> cluster_pb2.Cluster:
-    """To the app in the same pod: the connection's original destination, from 127.0.0.6, within
-    the Sidecar resource's inbound connection pool if it sets one."""
-    cluster = _original_dst(name, _protocol_options(protocol, pool), bind=True)
+def inbound_cluster(name: str, protocol: Protocol, pool: ConnectionPool | None,
+                    endpoint: tuple[str, int] | None = None) -> cluster_pb2.Cluster:
+    """To the app in the same pod: the connection's original destination, or the Sidecar ingress
+    listener's defaultEndpoint (a STATIC cluster, as istiod's), within the Sidecar resource's
+    inbound connection pool if it sets one. From 127.0.0.6 unless to loopback, which capture
+    never takes."""
+    options = _protocol_options(protocol, pool)
+    if endpoint is None:
+        cluster = _original_dst(name, options, bind=True)
+    else:
+        address, port = endpoint
+        cluster = cluster_pb2.Cluster(
+            name=name, type=cluster_pb2.Cluster.STATIC, connect_timeout=CONNECT_TIMEOUT,
+            circuit_breakers=_unlimited(), typed_extension_protocol_options=options,
+            load_assignment=endpoint_pb2.ClusterLoadAssignment(cluster_name=name, endpoints=[
+                endpoint_components_pb2.LocalityLbEndpoints(lb_endpoints=[endpoint_components_pb2.LbEndpoint(
+                    endpoint=endpoint_components_pb2.Endpoint(address=address_pb2.Address(
+                        socket_address=address_pb2.SocketAddress(address=address, port_value=port))))])]))
+        if address not in ("127.0.0.1", "::1"):
+            cluster.upstream_bind_config.CopyFrom(_inbound_bind())
     if pool is not None:
         apply_policy(cluster, TrafficPolicy(connection_pool=pool), None)
     return cluster
@@ -232,10 +250,12 @@ def _original_dst(name: str, options: dict[str, object], bind: bool) -> cluster_
         connect_timeout=CONNECT_TIMEOUT,
         circuit_breakers=_unlimited(),
         typed_extension_protocol_options=options,
-        upstream_bind_config=address_pb2.BindConfig(
-            source_address=address_pb2.SocketAddress(address=INBOUND_BIND_ADDRESS, port_value=0)
-        ) if bind else None,
+        upstream_bind_config=_inbound_bind() if bind else None,
     )
+
+
+def _inbound_bind() -> address_pb2.BindConfig:
+    return address_pb2.BindConfig(source_address=address_pb2.SocketAddress(address=INBOUND_BIND_ADDRESS, port_value=0))
 
 
 def _protocol_options(protocol: Protocol, pool: ConnectionPool | None = None) -> dict[str, object]:

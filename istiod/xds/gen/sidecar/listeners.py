@@ -53,6 +53,7 @@ from istiod.xds.gen.filters import (
 from istiod.xds.gen.routes import L4Destinations, tcp_destinations, tls_destinations
 from istiod.xds.gen.sidecar.clusters import BLACKHOLE, INBOUND_PASSTHROUGH, unmatched_cluster
 from istiod.xds.gen.sidecar.ports import (
+    ANY_ADDRESS,
     PROXY_PORTS,
     VIRTUAL_INBOUND_PORT,
     VIRTUAL_OUTBOUND_PORT,
@@ -68,6 +69,7 @@ from istiod.xds.gen.security import WorkloadPolicy, inbound_mtls_mode, workload_
 from istiod.xds.gen.targets import alike, route_inputs
 from istiod.xds.gen.tls import (
     HTTP_ALPN, MESH_ALPN_MATCH, MESH_HTTP_ALPN_MATCH, MESH_TCP_ALPN_MATCH, PLAINTEXT_HTTP_ALPN_MATCH, sds_downstream_tls,
+    TLS_TRANSPORT_SOCKET, server_tls,
 )
 
 VIRTUAL_OUTBOUND = "virtualOutbound"
@@ -75,7 +77,6 @@ VIRTUAL_INBOUND = "virtualInbound"
 ORIGINAL_DST_FILTER = "envoy.filters.listener.original_dst"
 TLS_INSPECTOR_FILTER = "envoy.filters.listener.tls_inspector"
 HTTP_INSPECTOR_FILTER = "envoy.filters.listener.http_inspector"
-ANY_ADDRESS = "0.0.0.0"
 
 log = logging.getLogger(__name__)
 
@@ -90,13 +91,24 @@ def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
     policy = workload_policy(snapshot, proxy)
     # Proxies whose pods serve the same ports under the same policies share one copy: the scope
     # says what it holds.
-    scope = ",".join(f"{p.port}/{p.protocol.value}" for p in inbound) + ":" + ",".join(
-        f"{port}={mode.value}" for port, mode in modes.items()) + ":" + policy.scope
+    scope = ",".join(f"{p.port}/{p.protocol.value}/{p.name}/{p.tls}" for p in inbound if not p.bind_to_port) + ":" + \
+        ",".join(f"{port}={mode.value}" for port, mode in modes.items()) + ":" + policy.scope
     timeout = snapshot.mesh.protocol_detection_timeout
+    captured = tuple(p for p in inbound if not p.bind_to_port)
     result.append(cache.get(types.LISTENER, VIRTUAL_INBOUND, (*policy.authorization, *policy.request_auth),
                             scope=f"{scope}:{timeout}",
-                            build=lambda: virtual_inbound(inbound, modes, policy.authorization, policy.request_auth,
+                            build=lambda: virtual_inbound(captured, modes, policy.authorization, policy.request_auth,
                                                           policy.providers, policy.fetched_jwks, timeout)))
+    for bound in (p for p in inbound if p.bind_to_port):
+        if any(r.name == bound.name for r in result):  # istiod builds inbound first: it keeps the name
+            log.info("sidecar %s: outbound listener %s left out for the Sidecar ingress listener of that name",
+                     proxy.id, bound.name)
+            result = [r for r in result if r.name != bound.name]
+        result.append(cache.get(
+            types.LISTENER, bound.name, (*policy.authorization, *policy.request_auth),
+            scope=f"{bound}:{modes[bound.port].value}:{policy.scope}:{timeout}",
+            build=lambda: bound_inbound(bound, modes[bound.port], policy.authorization, policy.request_auth,
+                                        policy.providers, policy.fetched_jwks, timeout)))
     if names is not None:
         wanted = set(names)
         result = [r for r in result if r.name in wanted]
@@ -331,14 +343,7 @@ def virtual_inbound(ports: tuple[InboundPort, ...], modes: Mapping[int, MTLSMode
     """`modes`: the mTLS mode of each inbound port, and of the rest under port 0; `providers`:
     the extension providers CUSTOM policies name; `fetched_jwks`: keys istiod fetched, by jwksUri;
     `timeout`: the mesh's protocolDetectionTimeout."""
-    policy = WorkloadPolicy(policies, request_auth, providers or {}, fetched_jwks or {})
-    http = policy.http_filters(f"sidecar {VIRTUAL_INBOUND}, HTTP ports")
-    said = authorization_filters(policies, request_auth=True, providers=providers).problems
-    tcp = tcp_authorization_filters(policies, providers)
-    for problem in tcp.problems:
-        if problem not in said:  # istiod's semantics for HTTP fields on TCP: said, not warned
-            log.info("%s (sidecar %s, TCP and unnamed ports)", problem, VIRTUAL_INBOUND)
-    filters = _Filters(http, tcp.filters)
+    filters = _authorization(VIRTUAL_INBOUND, policies, request_auth, providers, fetched_jwks)
     chains = [_loop_breaker(VIRTUAL_INBOUND, VIRTUAL_INBOUND_PORT), *_passthrough_chains(modes[0], filters)]
     for inbound in ports:
         chains += _inbound_chains(inbound, modes[inbound.port], filters)
@@ -367,12 +372,52 @@ def virtual_inbound(ports: tuple[InboundPort, ...], modes: Mapping[int, MTLSMode
     )
 
 
+def bound_inbound(inbound: InboundPort, mode: MTLSMode, policies: tuple[AuthorizationPolicy, ...] = (),
+                  request_auth: tuple[RequestAuthentication, ...] = (),
+                  providers: Mapping[str, ResolvedProvider] | None = None,
+                  fetched_jwks: Mapping[str, str] | None = None, timeout: float = 0.0) -> listener_pb2.Listener:
+    """A Sidecar ingress listener with captureMode NONE: istiod's inboundCustomListener `<bind>_<port>`,
+    which Envoy binds itself, with the chains virtualInbound would have for the port and the
+    inspectors they need."""
+    chains = _inbound_chains(inbound, mode, _authorization(inbound.name, policies, request_auth, providers,
+                                                           fetched_jwks))
+    listener_filters = []
+    if any(c.filter_chain_match.transport_protocol == "tls" for c in chains):
+        listener_filters.append(listener_components_pb2.ListenerFilter(
+            name=TLS_INSPECTOR_FILTER, typed_config=pack(tls_inspector_pb2.TlsInspector())))
+    if any(set(PLAINTEXT_HTTP_ALPN_MATCH) & set(c.filter_chain_match.application_protocols) for c in chains):
+        listener_filters.append(_http_inspector())
+    return listener_pb2.Listener(
+        name=inbound.name,
+        address=_address(inbound.bind or ANY_ADDRESS, inbound.port),
+        traffic_direction=base_pb2.INBOUND,
+        listener_filters=listener_filters,
+        listener_filters_timeout=_duration(timeout),
+        continue_on_listener_filters_timeout=True,
+        filter_chains=chains,
+    )
+
+
+def _authorization(listener: str, policies: tuple[AuthorizationPolicy, ...],
+                   request_auth: tuple[RequestAuthentication, ...], providers: Mapping[str, ResolvedProvider] | None,
+                   fetched_jwks: Mapping[str, str] | None) -> _Filters:
+    """The workload's RequestAuthentication and AuthorizationPolicy filters, for its HTTP and TCP chains."""
+    policy = WorkloadPolicy(policies, request_auth, providers or {}, fetched_jwks or {})
+    http = policy.http_filters(f"sidecar {listener}, HTTP ports")
+    said = authorization_filters(policies, request_auth=True, providers=providers).problems
+    tcp = tcp_authorization_filters(policies, providers)
+    for problem in tcp.problems:
+        if problem not in said:  # istiod's semantics for HTTP fields on TCP: said, not warned
+            log.info("%s (sidecar %s, TCP and unnamed ports)", problem, listener)
+    return _Filters(http, tcp.filters)
+
+
 def _passthrough_chains(mode: MTLSMode, authz: _Filters) -> list[listener_components_pb2.FilterChain]:
     """Istio's catch-all chains for ports no service names, all to InboundPassthroughCluster:
     HTTP (mTLS with Istio's HTTP ALPNs, or what the HTTP inspector recognises) through an HCM,
     the rest through tcp_proxy (mesh mTLS, plaintext, or the app's own TLS untouched)."""
-    http = _Port(0, Protocol.HTTP)
-    tcp = _Port(0, Protocol.TCP)
+    http = _Port(0, Protocol.HTTP, INBOUND_PASSTHROUGH)
+    tcp = _Port(0, Protocol.TCP, INBOUND_PASSTHROUGH)
 
     def chain(name: str, port: _Port, match: listener_components_pb2.FilterChainMatch,
               mtls: bool) -> listener_components_pb2.FilterChain:
@@ -396,9 +441,8 @@ def _passthrough_chains(mode: MTLSMode, authz: _Filters) -> list[listener_compon
 def _sniffed_chains(inbound: InboundPort, mode: MTLSMode, authz: _Filters) -> list[listener_components_pb2.FilterChain]:
     """A port of undeclared protocol, as istiod: HTTP (over mesh mTLS with Istio's HTTP ALPNs, or
     plaintext the HTTP inspector recognises) through an HCM, the rest through tcp_proxy."""
-    cluster = inbound_cluster_name(inbound.port)
-    name = f"{ANY_ADDRESS}_{inbound.port}"
-    http, tcp = _Port(inbound.port, Protocol.HTTP), _Port(inbound.port, Protocol.TCP)
+    cluster, name = inbound_cluster_name(inbound.port), inbound.name
+    http, tcp = _Port(inbound.port, Protocol.HTTP, name), _Port(inbound.port, Protocol.TCP, name)
 
     def chain(port: _Port, transport: str, alpn: Sequence[str], mtls: bool) -> listener_components_pb2.FilterChain:
         return listener_components_pb2.FilterChain(
@@ -423,6 +467,7 @@ class _Port:
 
     port: int
     protocol: Protocol
+    name: str
 
 
 def _match(transport: str, alpn: Sequence[str] = (), port: int | None = None) -> listener_components_pb2.FilterChainMatch:
@@ -441,16 +486,25 @@ class _Filters:
 
 
 def _inbound_chains(inbound: InboundPort, mode: MTLSMode, authz: _Filters) -> list[listener_components_pb2.FilterChain]:
-    """Istio's per port, all named `0.0.0.0_<port>`. STRICT: mTLS only; PERMISSIVE: mesh mTLS (by
-    ALPN), the app's own TLS on TCP ports, and plaintext; DISABLE: plaintext."""
+    """Istio's per port, all named `<bind>_<port>` (`0.0.0.0_<port>` for a service's). STRICT: mTLS
+    only; PERMISSIVE: mesh mTLS (by ALPN), the app's own TLS on TCP ports, and plaintext; DISABLE:
+    plaintext, or the caller's TLS where a Sidecar ingress listener has the sidecar terminate it."""
     cluster = inbound_cluster_name(inbound.port)
-    name = f"{ANY_ADDRESS}_{inbound.port}"
 
-    def chain(match: listener_components_pb2.FilterChainMatch, mtls: bool) -> listener_components_pb2.FilterChain:
+    def chain(match: listener_components_pb2.FilterChainMatch, mtls: bool,
+              transport: base_pb2.TransportSocket | None = None) -> listener_components_pb2.FilterChain:
         return listener_components_pb2.FilterChain(
-            name=name, filter_chain_match=match, transport_socket=sds_downstream_tls(HTTP_ALPN) if mtls else None,
+            name=inbound.name, filter_chain_match=match,
+            transport_socket=transport or (sds_downstream_tls(HTTP_ALPN) if mtls else None),
             filters=_inbound_filters(inbound, cluster, mtls=mtls, authz=authz))
 
+    if inbound.tls is not None:
+        if mode is MTLSMode.DISABLE:  # the app sees the client's certificate, if any, as with mesh mTLS
+            own = base_pb2.TransportSocket(name=TLS_TRANSPORT_SOCKET, typed_config=pack(server_tls(inbound.tls, HTTP_ALPN)))
+            return [chain(_match("tls", port=inbound.port), mtls=True, transport=own)]
+        # istiod's rule: mesh mTLS wins; the settings act once PeerAuthentication disables it on the port.
+        log.info("Sidecar ingress listener %s: tls applies only where PeerAuthentication's mode is DISABLE "
+                 "(the port's is %s): mesh mTLS is served", inbound.name, mode.value)
     if inbound.protocol is Protocol.UNSUPPORTED:
         return _sniffed_chains(inbound, mode, authz)
     plaintext = chain(_match("raw_buffer", port=inbound.port), mtls=False)
@@ -466,7 +520,7 @@ def _inbound_chains(inbound: InboundPort, mode: MTLSMode, authz: _Filters) -> li
 
 def _inbound_filters(inbound: InboundPort | _Port, cluster: str, mtls: bool,
                      authz: _Filters) -> list[listener_components_pb2.Filter]:
-    stat_prefix = cluster if cluster == INBOUND_PASSTHROUGH else f"inbound_{ANY_ADDRESS}_{inbound.port}"
+    stat_prefix = cluster if cluster == INBOUND_PASSTHROUGH else f"inbound_{inbound.name}"
     if not inbound.protocol.is_http:
         return [*authz.tcp, tcp_proxy(cluster, cluster)]
     route = route_pb2.RouteConfiguration(

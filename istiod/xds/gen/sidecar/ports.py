@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 
-from istiod.model.config.networking import EgressListener
+from istiod.model.config.networking import EgressListener, IngressListener, ServerTLS
 from istiod.model.config.scope import egress_allows
 from istiod.model.protocol import Protocol, parse, port_protocol
 from istiod.model.proxy import Proxy
@@ -21,6 +22,7 @@ PROXY_PORTS = frozenset({15000, VIRTUAL_OUTBOUND_PORT, VIRTUAL_INBOUND_PORT, 150
 
 # Where an egress listener with captureMode NONE and no bind listens, as istiod defaults it.
 NONE_CAPTURE_BIND = "127.0.0.1"
+ANY_ADDRESS = "0.0.0.0"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,11 +53,24 @@ class OutboundPort:
 
 @dataclass(frozen=True, slots=True)
 class InboundPort:
-    port: int  # the port the app listens on (the endpoint's, not the service's)
-    protocol: Protocol
+    port: int  # the port the app listens on (the endpoint's, not the service's), or an ingress listener's
+    protocol: Protocol  # after the sidecar's own TLS termination, if it terminates (HTTPS: HTTP)
     # The service it serves (the first by hostname), by its own port: whose DestinationRule applies.
     service: Service | None = None
     service_port: int = 0
+    # What a Sidecar resource's ingress listener sets: the chains' address (its bind, else the
+    # pod's), whether Envoy binds it itself (captureMode NONE) rather than take captured traffic,
+    # where the app is (defaultEndpoint, resolved: else the connection's original destination), and
+    # the caller's TLS the sidecar terminates.
+    bind: str = ""
+    bind_to_port: bool = False
+    endpoint: tuple[str, int] | None = None
+    tls: ServerTLS | None = None
+
+    @property
+    def name(self) -> str:
+        """istiod's `<bind>_<port>`, of its filter chains and, bound, of its listener."""
+        return f"{self.bind or ANY_ADDRESS}_{self.port}"
 
 
 def carried(port: Port) -> bool:
@@ -105,11 +120,61 @@ def _egress_target(listener: EgressListener, service: Service, namespace: str) -
 
 def inbound_ports(snapshot: Snapshot, proxy: Proxy) -> tuple[InboundPort, ...]:
     """The ports the proxy's pod serves for some service; where services disagree on a port's
-    protocol, the first by hostname decides."""
+    protocol, the first by hostname decides. Under a Sidecar resource with ingress listeners, those
+    instead, as istiod (without PILOT_ALLOW_SIDECAR_SERVICE_INBOUND_LISTENER_MERGE)."""
     found: dict[int, InboundPort] = {}
     instances = [i for address in proxy.ip_addresses for i in snapshot.instances_on(address)]
     for service, endpoint in sorted(instances, key=lambda i: i[0].hostname):
         port = service.port(endpoint.service_port)
         if port is not None and carried(port) and endpoint.port not in PROXY_PORTS:
             found.setdefault(endpoint.port, InboundPort(endpoint.port, port_protocol(port), service, port.port))
+    sidecar = sidecar_resource(snapshot, proxy)
+    if sidecar is not None and sidecar.ingress:
+        return tuple(sorted((_ingress_port(listener, found.get(listener.port.number), proxy)
+                             for listener in sidecar.ingress if listener.port.number not in PROXY_PORTS),
+                            key=lambda p: p.port))
     return tuple(found[port] for port in sorted(found))
+
+
+def _ingress_port(listener: IngressListener, served: InboundPort | None, proxy: Proxy) -> InboundPort:
+    """An ingress listener's port; the service whose endpoint is on that port, if any, lends its
+    DestinationRule (istiod's findOrCreateService)."""
+    protocol = parse(listener.port.protocol)
+    if listener.tls is not None:  # istiod's AfterTLSTermination
+        protocol = {Protocol.HTTPS: Protocol.HTTP, Protocol.TLS: Protocol.TCP}.get(protocol, protocol)
+    return InboundPort(listener.port.number, protocol, served.service if served else None,
+                       served.service_port if served else 0, listener.bind or _pod_bind(proxy),
+                       listener.capture_mode == "NONE", _default_endpoint(listener.default_endpoint, proxy),
+                       listener.tls)
+
+
+def _pod_bind(proxy: Proxy) -> str:
+    """istiod's getSidecarInboundBindIPs: the pod's address if global unicast (Go's sense: private
+    ones too), else the wildcard."""
+    try:
+        address = ipaddress.ip_address(proxy.ip)
+    except ValueError:
+        return ANY_ADDRESS
+    local = address.is_loopback or address.is_multicast or address.is_link_local or address.is_unspecified
+    return ANY_ADDRESS if local or proxy.ip == "255.255.255.255" else proxy.ip
+
+
+def _default_endpoint(endpoint: str, proxy: Proxy) -> tuple[str, int] | None:
+    """istiod's resolution of defaultEndpoint: 127.0.0.1 and [::1] are the pod's loopback (the other
+    family's when the pod has only that one), 0.0.0.0 and [::] its first address of that family
+    (else loopback)."""
+    if not endpoint:
+        return None
+    host, _, number = endpoint.rpartition(":")
+    host = host.strip("[]")
+    v6 = [a for a in proxy.ip_addresses if ":" in a]
+    v4 = [a for a in proxy.ip_addresses if "." in a and ":" not in a]
+    if host == "0.0.0.0":
+        address = v4[0] if v4 else "127.0.0.1"
+    elif host == "::":
+        address = v6[0] if v6 else "::1"
+    elif host == "::1":
+        address = "::1" if v6 or not v4 else "127.0.0.1"
+    else:
+        address = "127.0.0.1" if v4 or not v6 else "::1"
+    return address, int(number)
