@@ -188,3 +188,13 @@ def test_strict_mtls_on_an_ingress_port() -> None:
     strict = DISABLE_9443.replace('portLevelMtls: {"9443": {mode: DISABLE}}', "mtls: {mode: STRICT}")
     listeners, _ = _generate(SIDECAR_RESOURCE, strict)
     assert [c.filter_chain_match.transport_protocol for c in _chains(listeners["virtualInbound"], "0.0.0.0_9080")] == ["tls"]
+
+
+def test_an_ingress_port_without_protocol_is_sniffed() -> None:
+    sniffed = SIDECAR_RESOURCE.replace("{number: 9080, protocol: HTTP, name: http}", "{number: 9080, name: web}")
+    listeners, _ = _generate(sniffed)
+    chains = _chains(listeners["virtualInbound"], "0.0.0.0_9080")
+    assert ("raw_buffer", ("http/1.1", "h2c")) in [
+        (c.filter_chain_match.transport_protocol, tuple(c.filter_chain_match.application_protocols)) for c in chains]
+    inspector = next(f for f in listeners["virtualInbound"].listener_filters if f.name.endswith("http_inspector"))
+    assert "start: 9080" not in str(inspector.filter_disabled)  # the HTTP inspector runs on 9080

@@ -995,7 +995,7 @@ def sidecar(key: ObjectKey, f: _Fields, domain: str) -> Sidecar:
     for i, item in enumerate(items(f, "spec.ingress")):
         where = f"spec.ingress[{i}]"
         only(item, ("port", "bind", "defaultEndpoint", "captureMode", "connectionPool", "tls"))
-        listener_port = _service_port(_required(item, "port"))
+        listener_port = _service_port(_required(item, "port"), sniffed=True)  # no protocol: sniffed, as istiod
         if listener_port.target_port:
             raise f.fail(f"{where}.port.targetPort: targetPort has no impact on Sidecars")
         if any(o.port.number == listener_port.number for o in ingress):

@@ -106,7 +106,7 @@ def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
             result = [r for r in result if r.name != bound.name]
         result.append(cache.get(
             types.LISTENER, bound.name, (*policy.authorization, *policy.request_auth),
-            scope=f"{bound}:{modes[bound.port].value}:{policy.scope}:{timeout}",
+            scope=f"{bound.name}/{bound.protocol.value}/{bound.tls}:{modes[bound.port].value}:{policy.scope}:{timeout}",
             build=lambda: bound_inbound(bound, modes[bound.port], policy.authorization, policy.request_auth,
                                         policy.providers, policy.fetched_jwks, timeout)))
     if names is not None:

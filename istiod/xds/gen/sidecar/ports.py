@@ -138,12 +138,13 @@ def inbound_ports(snapshot: Snapshot, proxy: Proxy) -> tuple[InboundPort, ...]:
 
 def _ingress_port(listener: IngressListener, served: InboundPort | None, proxy: Proxy) -> InboundPort:
     """An ingress listener's port; the service whose endpoint is on that port, if any, lends its
-    DestinationRule (istiod's findOrCreateService)."""
+    DestinationRule (istiod's findOrCreateService). No protocol: sniffed."""
     protocol = parse(listener.port.protocol)
     if listener.tls is not None:  # istiod's AfterTLSTermination
         protocol = {Protocol.HTTPS: Protocol.HTTP, Protocol.TLS: Protocol.TCP}.get(protocol, protocol)
+    # The DestinationRule's port-level settings for the listener's port, as istiod looks them up.
     return InboundPort(listener.port.number, protocol, served.service if served else None,
-                       served.service_port if served else 0, listener.bind or _pod_bind(proxy),
+                       listener.port.number if served else 0, listener.bind or _pod_bind(proxy),
                        listener.capture_mode == "NONE", _default_endpoint(listener.default_endpoint, proxy),
                        listener.tls)
 
