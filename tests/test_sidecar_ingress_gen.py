@@ -198,3 +198,27 @@ def test_an_ingress_port_without_protocol_is_sniffed() -> None:
         (c.filter_chain_match.transport_protocol, tuple(c.filter_chain_match.application_protocols)) for c in chains]
     inspector = next(f for f in listeners["virtualInbound"].listener_filters if f.name.endswith("http_inspector"))
     assert "start: 9080" not in str(inspector.filter_disabled)  # the HTTP inspector runs on 9080
+
+
+def test_ingress_chains_name_their_sidecar_in_metadata() -> None:
+    listeners, _ = _generate(SIDECAR_RESOURCE)
+    for chain in (*_chains(listeners["virtualInbound"], "0.0.0.0_9080"), *listeners["127.0.0.1_9090"].filter_chains):
+        assert chain.metadata.filter_metadata["istio"]["config"] == "/apis/networking.istio.io/v1/namespaces/shop/sidecar/web"
+    assert not any(c.HasField("metadata") for c in _chains(listeners["virtualInbound"], "virtualInbound"))
+
+
+def test_a_bound_ingress_listener_keeps_its_name_over_an_outbound_one() -> None:
+    """istiod builds inbound listeners first: an outbound listener of the same name is left out."""
+    sidecar = """apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: default, namespace: shop}
+spec:
+  ingress: [{port: {number: 80, protocol: TCP, name: tcp}, captureMode: NONE, defaultEndpoint: "127.0.0.1:8080"}]
+"""
+    store = Store()
+    for text in ((DATA / "sidecar-mesh.yaml").read_text(), sidecar):
+        for document in yaml.safe_load_all(text):
+            store.apply(document)
+    resources = SIDECAR[types.LISTENER](build_snapshot(store, "v1"), proxy_from_node(WEB_NODE, {}), None, ResourceCache())
+    [only] = [listener_pb2.Listener.FromString(r.value) for r in resources if r.name == "0.0.0.0_80"]
+    assert only.traffic_direction == 1  # INBOUND: web's outbound HTTP listener gave way

@@ -91,10 +91,10 @@ def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
     policy = workload_policy(snapshot, proxy)
     # Proxies whose pods serve the same ports under the same policies share one copy: the scope
     # says what it holds.
-    scope = ",".join(f"{p.port}/{p.protocol.value}/{p.name}/{p.tls}" for p in inbound if not p.bind_to_port) + ":" + \
+    captured = tuple(p for p in inbound if not p.bind_to_port)  # the rest Envoy binds (captureMode NONE)
+    scope = ",".join(f"{p.port}/{p.protocol.value}/{p.name}/{p.tls}/{p.config}" for p in captured) + ":" + \
         ",".join(f"{port}={mode.value}" for port, mode in modes.items()) + ":" + policy.scope
     timeout = snapshot.mesh.protocol_detection_timeout
-    captured = tuple(p for p in inbound if not p.bind_to_port)
     result.append(cache.get(types.LISTENER, VIRTUAL_INBOUND, (*policy.authorization, *policy.request_auth),
                             scope=f"{scope}:{timeout}",
                             build=lambda: virtual_inbound(captured, modes, policy.authorization, policy.request_auth,
@@ -106,7 +106,7 @@ def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
             result = [r for r in result if r.name != bound.name]
         result.append(cache.get(
             types.LISTENER, bound.name, (*policy.authorization, *policy.request_auth),
-            scope=f"{bound.name}/{bound.protocol.value}/{bound.tls}:{modes[bound.port].value}:{policy.scope}:{timeout}",
+            scope=f"{bound.name}/{bound.protocol.value}/{bound.tls}/{bound.config}:{modes[bound.port].value}:{policy.scope}:{timeout}",
             build=lambda: bound_inbound(bound, modes[bound.port], policy.authorization, policy.request_auth,
                                         policy.providers, policy.fetched_jwks, timeout)))
     if names is not None:
@@ -448,7 +448,7 @@ def _sniffed_chains(inbound: InboundPort, mode: MTLSMode, authz: _Filters) -> li
         return listener_components_pb2.FilterChain(
             name=name, filter_chain_match=_match(transport, alpn, port=inbound.port),
             transport_socket=sds_downstream_tls(HTTP_ALPN) if mtls else None,
-            filters=_inbound_filters(port, cluster, mtls=mtls, authz=authz))
+            filters=_inbound_filters(port, cluster, mtls=mtls, authz=authz), metadata=_config_metadata(inbound.config))
 
     mesh_http = chain(http, "tls", MESH_HTTP_ALPN_MATCH, mtls=True)
     plain_http = chain(http, "raw_buffer", PLAINTEXT_HTTP_ALPN_MATCH, mtls=False)
@@ -496,7 +496,7 @@ def _inbound_chains(inbound: InboundPort, mode: MTLSMode, authz: _Filters) -> li
         return listener_components_pb2.FilterChain(
             name=inbound.name, filter_chain_match=match,
             transport_socket=transport or (sds_downstream_tls(HTTP_ALPN) if mtls else None),
-            filters=_inbound_filters(inbound, cluster, mtls=mtls, authz=authz))
+            filters=_inbound_filters(inbound, cluster, mtls=mtls, authz=authz), metadata=_config_metadata(inbound.config))
 
     if inbound.tls is not None:
         if mode is MTLSMode.DISABLE:  # the app sees the client's certificate, if any, as with mesh mTLS
@@ -516,6 +516,15 @@ def _inbound_chains(inbound: InboundPort, mode: MTLSMode, authz: _Filters) -> li
     if inbound.protocol.is_http:  # declared HTTP: TLS other than the mesh's is not expected
         return [mesh, plaintext]
     return [mesh, chain(_match("tls", port=inbound.port), mtls=False), plaintext]
+
+
+def _config_metadata(config: str) -> base_pb2.Metadata | None:
+    """istiod's BuildConfigInfoMetadata: which resource made the chain (a Sidecar's ingress listener)."""
+    if not config:
+        return None
+    metadata = base_pb2.Metadata()
+    metadata.filter_metadata["istio"].update({"config": config})
+    return metadata
 
 
 def _inbound_filters(inbound: InboundPort | _Port, cluster: str, mtls: bool,

@@ -66,6 +66,7 @@ class InboundPort:
     bind_to_port: bool = False
     endpoint: tuple[str, int] | None = None
     tls: ServerTLS | None = None
+    config: str = ""  # the Sidecar resource's path, which istiod puts in the chains' metadata
 
     @property
     def name(self) -> str:
@@ -130,13 +131,14 @@ def inbound_ports(snapshot: Snapshot, proxy: Proxy) -> tuple[InboundPort, ...]:
             found.setdefault(endpoint.port, InboundPort(endpoint.port, port_protocol(port), service, port.port))
     sidecar = sidecar_resource(snapshot, proxy)
     if sidecar is not None and sidecar.ingress:
-        return tuple(sorted((_ingress_port(listener, found.get(listener.port.number), proxy)
+        config = f"/apis/networking.istio.io/v1/namespaces/{sidecar.meta.namespace}/sidecar/{sidecar.meta.name}"
+        return tuple(sorted((_ingress_port(listener, found.get(listener.port.number), proxy, config)
                              for listener in sidecar.ingress if listener.port.number not in PROXY_PORTS),
                             key=lambda p: p.port))
     return tuple(found[port] for port in sorted(found))
 
 
-def _ingress_port(listener: IngressListener, served: InboundPort | None, proxy: Proxy) -> InboundPort:
+def _ingress_port(listener: IngressListener, served: InboundPort | None, proxy: Proxy, config: str) -> InboundPort:
     """An ingress listener's port; the service whose endpoint is on that port, if any, lends its
     DestinationRule (istiod's findOrCreateService). No protocol: sniffed."""
     protocol = parse(listener.port.protocol)
@@ -146,7 +148,7 @@ def _ingress_port(listener: IngressListener, served: InboundPort | None, proxy: 
     return InboundPort(listener.port.number, protocol, served.service if served else None,
                        listener.port.number if served else 0, listener.bind or _pod_bind(proxy),
                        listener.capture_mode == "NONE", _default_endpoint(listener.default_endpoint, proxy),
-                       listener.tls)
+                       listener.tls, config)
 
 
 def _pod_bind(proxy: Proxy) -> str:
