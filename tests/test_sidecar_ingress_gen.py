@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
@@ -222,3 +223,11 @@ spec:
     resources = SIDECAR[types.LISTENER](build_snapshot(store, "v1"), proxy_from_node(WEB_NODE, {}), None, ResourceCache())
     [only] = [listener_pb2.Listener.FromString(r.value) for r in resources if r.name == "0.0.0.0_80"]
     assert only.traffic_direction == 1  # INBOUND: web's outbound HTTP listener gave way
+
+
+def test_an_ingress_listener_on_the_sidecars_own_port_is_left_out_with_a_warning(
+        caplog: pytest.LogCaptureFixture) -> None:
+    sidecar = SIDECAR_RESOURCE.replace("number: 9080", "number: 15021")
+    listeners, clusters = _generate(sidecar)
+    assert "inbound|15021||" not in clusters and not _chains(listeners["virtualInbound"], "0.0.0.0_15021")
+    assert "its port conflicts with the sidecar's own" in caplog.text and "15021" in caplog.text

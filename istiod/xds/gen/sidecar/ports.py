@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 from dataclasses import dataclass
 
+from istiod import logs
 from istiod.model.config.networking import EgressListener, IngressListener, ServerTLS
 from istiod.model.config.scope import egress_allows
 from istiod.model.protocol import Protocol, parse, port_protocol
@@ -23,6 +25,8 @@ PROXY_PORTS = frozenset({15000, VIRTUAL_OUTBOUND_PORT, VIRTUAL_INBOUND_PORT, 150
 # Where an egress listener with captureMode NONE and no bind listens, as istiod defaults it.
 NONE_CAPTURE_BIND = "127.0.0.1"
 ANY_ADDRESS = "0.0.0.0"
+# istiod's CanBindToPort: an ingress listener on one of PROXY_PORTS is left out with a warning.
+_reserved = logs.Throttled(logging.getLogger(__name__), 60.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +136,11 @@ def inbound_ports(snapshot: Snapshot, proxy: Proxy) -> tuple[InboundPort, ...]:
     sidecar = sidecar_resource(snapshot, proxy)
     if sidecar is not None and sidecar.ingress:
         config = f"/apis/networking.istio.io/v1/namespaces/{sidecar.meta.namespace}/sidecar/{sidecar.meta.name}"
+        for listener in sidecar.ingress:
+            if listener.port.number in PROXY_PORTS:
+                _reserved.warning(logs.event("Sidecar ingress listener skipped: its port conflicts with the sidecar's own",
+                                             sidecar=f"{sidecar.meta.namespace}/{sidecar.meta.name}",
+                                             port=listener.port.number, proxy=proxy.id))
         return tuple(sorted((_ingress_port(listener, found.get(listener.port.number), proxy, config)
                              for listener in sidecar.ingress if listener.port.number not in PROXY_PORTS),
                             key=lambda p: p.port))
