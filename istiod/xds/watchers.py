@@ -10,8 +10,8 @@ name); listeners and routes do not, except a pod's own inbound side, which the p
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from istiod.model.config.scope import host_matches
@@ -23,20 +23,28 @@ from istiod.xds.gen import affected_types
 
 INDEXED_TYPES = (types.CLUSTER, types.ENDPOINT)
 _K = TypeVar("_K", bound=Hashable)
+_V = TypeVar("_V", bound=Hashable)
+
+
+@dataclass(eq=False, slots=True)
+class _Group:
+    """The connections watching the same names of one type, and those names by service port: made
+    once however many watch them (500 Envoys each watching the same 1000 clusters cost one index,
+    not 500)."""
+
+    names: frozenset[str]
+    by_key: dict[Key, frozenset[str]]
+    connections: set[Connection] = field(default_factory=set)
 
 
 class Watchers:
     def __init__(self) -> None:
-        # type -> service port -> connection -> the names of that port's clusters it watches
-        self._by_key: dict[str, dict[Key, dict[Connection, frozenset[str]]]] = {t: {} for t in INDEXED_TYPES}
+        # type -> service port -> the groups watching some of its clusters
+        self._by_key: dict[str, dict[Key, set[_Group]]] = {t: {} for t in INDEXED_TYPES}
+        self._groups: dict[str, dict[frozenset[str], _Group]] = {t: {} for t in INDEXED_TYPES}
         self._wildcard: dict[str, set[Connection]] = {t: set() for t in INDEXED_TYPES}
-        # What each is indexed under: tuples, not sets (a small set costs 216 bytes or more, and a
-        # proxyless connection has ten of them).
-        self._watching: dict[Connection, dict[str, tuple[str, ...] | None]] = {}
-        # The service port of each cluster name watched, parsed once however many connections watch it
-        # (500 Envoys each watch, and at the end unwatch, the same 1000 names), with how many do:
-        # forgotten with the last, so names that clients make up go with their streams.
-        self._keys: dict[str, tuple[Key, int]] = {}
+        # What each is indexed under: its group per type, None for a wildcard.
+        self._watching: dict[Connection, dict[str, _Group | None]] = {}
         self._by_address: dict[str, set[Connection]] = {}
         self._by_pod: dict[tuple[str, str], set[Connection]] = {}
         self._ztunnels: set[Connection] = set()
@@ -63,77 +71,65 @@ class Watchers:
         if type_url not in self._by_key or connection not in self._watching:
             return
         watching = self._watching[connection]
-        held = watching.get(type_url, ())
-        new = None if names is None else tuple(dict.fromkeys(names))
-        if held is None:
-            self._wildcard[type_url].discard(connection)
-        if new is None:
+        if type_url in watching:
+            held = watching.pop(type_url)
+            if held is None:
+                self._wildcard[type_url].discard(connection)
+            else:
+                self._leave(type_url, held, connection)
+        if names is None:
             self._wildcard[type_url].add(connection)
-        old, wanted = set(held or ()), set(new or ())
-        by_key = self._by_key[type_url]
-        changes = [(name, key, False) for name in old - wanted if (key := self._unhold(name)) is not None]
-        changes += [(name, key, True) for name in wanted - old if (key := self._hold(name)) is not None]
-        after: dict[Key, set[str]] = {}  # per service port changed, the names the connection watches of it
-        for name, key, added in changes:
-            of_key = after.get(key)
-            if of_key is None:
-                of_key = after[key] = set(by_key.get(key, {}).get(connection, ()))
-            if added:
-                of_key.add(name)
-            else:
-                of_key.discard(name)
-        for key, of_key in after.items():
-            if of_key:
-                by_key.setdefault(key, {})[connection] = _shared(of_key)
-            else:
-                connections = by_key[key]
-                del connections[connection]
-                if not connections:
-                    del by_key[key]
-        watching[type_url] = new
+            watching[type_url] = None
+        elif wanted := frozenset(names):
+            group = self._groups[type_url].get(wanted) or self._group(type_url, wanted)
+            group.connections.add(connection)
+            watching[type_url] = group
 
     def watching(self, connection: Connection, type_url: str, names: Iterable[str]) -> set[str]:
         """Those of `names` (cluster names) that the connection watches of the type, found in the
         index: O(len(names)), where the connection's own list (an Envoy's names every cluster) is O(all)."""
-        by_key, keys = self._by_key[type_url], self._keys
-        return {name for name in names
-                if (held := keys.get(name)) is not None and name in by_key.get(held[0], {}).get(connection, ())}
+        group = self._watching.get(connection, {}).get(type_url)
+        if group is None:
+            return set()
+        return {name for name in names if name in group.names and _key(name) is not None}
 
-    def _hold(self, name: str) -> Key | None:
-        held = self._keys.get(name)
-        if held is not None:
-            self._keys[name] = (held[0], held[1] + 1)
-            return held[0]
-        key = _key(name)
-        if key is not None:
-            self._keys[name] = (key, 1)
-        return key
+    def _group(self, type_url: str, names: frozenset[str]) -> _Group:
+        by_key: dict[Key, set[str]] = {}
+        for name in names:
+            if (key := _key(name)) is not None:
+                by_key.setdefault(key, set()).add(name)
+        group = self._groups[type_url][names] = _Group(names, {key: frozenset(n) for key, n in by_key.items()})
+        index = self._by_key[type_url]
+        for key in group.by_key:
+            index.setdefault(key, set()).add(group)
+        return group
 
-    def _unhold(self, name: str) -> Key | None:
-        held = self._keys.get(name)
-        if held is None:
-            return None
-        key, count = held
-        if count == 1:
-            del self._keys[name]
-        else:
-            self._keys[name] = (key, count - 1)
-        return key
+    def _leave(self, type_url: str, group: _Group, connection: Connection) -> None:
+        group.connections.discard(connection)
+        if group.connections:
+            return
+        del self._groups[type_url][group.names]
+        index = self._by_key[type_url]
+        for key in group.by_key:
+            _discard(index, key, group)
 
     def woken(self, change: Changes) -> dict[Connection, PushScope | None]:
         """The connections the changes concern and what each must regenerate (None: everything)."""
         endpoints = change.endpoints
         scopes: dict[Connection, PushScope] = {}
         for key in endpoints.keys:
-            for connection, names in self._by_key[types.ENDPOINT].get(key, {}).items():
-                eds = scopes.setdefault(connection, {}).setdefault(types.ENDPOINT, set())
-                if eds is not None:
-                    eds.update(names)
+            for group in self._by_key[types.ENDPOINT].get(key, ()):
+                names = group.by_key[key]
+                for connection in group.connections:
+                    eds = scopes.setdefault(connection, {}).setdefault(types.ENDPOINT, set())
+                    if eds is not None:
+                        eds.update(names)
         for connection in self._wildcard[types.ENDPOINT] if endpoints.keys else ():
             scopes.setdefault(connection, {})[types.ENDPOINT] = None
         clusters = set(self._wildcard[types.CLUSTER]) if endpoints.identities else set()
         for key in endpoints.identities:
-            clusters.update(self._by_key[types.CLUSTER].get(key, {}))
+            for group in self._by_key[types.CLUSTER].get(key, ()):
+                clusters.update(group.connections)
         for connection in clusters:
             scopes.setdefault(connection, {})[types.CLUSTER] = None
         if change.kinds:
@@ -155,20 +151,6 @@ class Watchers:
             for connection in self._ztunnels:
                 scopes.setdefault(connection, {})[types.ADDRESS] = None
         return {**scopes, **dict.fromkeys(everything)}
-
-
-def _shared(names: set[str]) -> frozenset[str]:
-    """One set per distinct set of names, however many connections watch it (500 Envoys watching every
-    cluster would otherwise hold a set per cluster each)."""
-    key = frozenset(names)
-    shared = _names.get(key)
-    if shared is None:
-        shared = _names[key] = frozenset(names)  # not the key, which the table holds strongly
-    return shared
-
-
-# An entry goes with the last connection watching its names.
-_names: weakref.WeakValueDictionary[frozenset[str], frozenset[str]] = weakref.WeakValueDictionary()
 
 
 def _key(name: str) -> Key | None:
@@ -226,9 +208,9 @@ def _pod(connection: Connection) -> tuple[str, str]:
     return connection.proxy.namespace, connection.proxy.pod_name
 
 
-def _discard(index: dict[_K, set[Connection]], key: _K, connection: Connection) -> None:
+def _discard(index: dict[_K, set[_V]], key: _K, member: _V) -> None:
     members = index.get(key)
     if members is not None:
-        members.discard(connection)
+        members.discard(member)
         if not members:
             del index[key]
