@@ -100,5 +100,6 @@ async def trim_when_free(interval: float = INTERVAL, threshold: int = THRESHOLD,
         started = time.perf_counter()
         held = await asyncio.to_thread(trim)
         free_after, rss_after = free_bytes() or 0, resident()
+        cpu = time.process_time()  # the collection and the trim are not work that makes the next look busy
         log.debug(logs.event("malloc trim", free_mb=round(held / 2**20), rss_mb=round(rss_after / 2**20),
                              at_rest=at_rest, ms=round((time.perf_counter() - started) * 1e3, 1)))
