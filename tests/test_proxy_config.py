@@ -4,11 +4,15 @@ merged config injected into the pod (both layouts), and what the agent takes fro
 from __future__ import annotations
 
 import argparse
+import base64
 import dataclasses
 import json
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from istiod.agent.proxy_config import ProxyConfigError, parse_proxy_config
 from istiod.agent.settings import add_proxy_flags, proxy_settings_from_args
@@ -18,7 +22,9 @@ from istiod.model.config.common import Meta
 from istiod.model.config.proxy_config import ProxyConfig, effective_proxy_config, merge_proxy_config
 from istiod.sources.convert import convert
 from istiod.webhooks.injection import inject, parse_injector
-from tests.test_injection import apply, injector as own_injector
+from tests.peers import Istiod, wait_until
+from tests.test_injection import admission, apply, configmap_data, injector as own_injector
+from tests.test_webhook import post
 
 ROOT_NS = "istio-system"
 
@@ -161,3 +167,29 @@ def test_agent_with_a_bad_proxy_config_exits_with_one_line(monkeypatch: pytest.M
     with pytest.raises(SystemExit, match="istiod agent proxy: PROXY_CONFIG concurrency"):
         proxy_settings(monkeypatch, '{"concurrency": -2}')
 
+
+
+def test_istiod_injects_its_stores_proxy_configs(mesh_dir: Path, tmp_path: Path,
+                                                 start_istiod: Callable[..., Istiod]) -> None:
+    """istiod's /inject over HTTPS with a ProxyConfig from its config source: the object's concurrency
+    and environmentVariables land in the injected istio-proxy (the namespace from the AdmissionReview)."""
+    (mesh_dir / "proxyconfig.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "networking.istio.io/v1beta1", "kind": "ProxyConfig",
+        "metadata": {"name": "web", "namespace": "demo"},
+        "spec": {"selector": {"matchLabels": {"app": "web"}}, "concurrency": 5,
+                 "environmentVariables": {"ISTIO_META_TEAM": "blue"}}}))
+    injection = tmp_path / "inject"
+    injection.mkdir()
+    for key, text in configmap_data().items():
+        (injection / key).write_text(text)
+    istiod = start_istiod(mesh_dir, "--injection-dir", str(injection))
+    wait_until(lambda: istiod.get("/ready")[0] == 200, 10, "istiod to read its config")
+    status, answer = post(istiod, admission(web_pod(), namespace="demo"), "/inject")
+    assert status == 200, answer
+    patched = apply(web_pod(), json.loads(base64.b64decode(answer["response"]["patch"])))
+    env = env_of(next(c for c in patched["spec"]["containers"] if c["name"] == "istio-proxy"))
+    print("injected PROXY_CONFIG:", env["PROXY_CONFIG"])
+    assert json.loads(env["PROXY_CONFIG"])["concurrency"] == 5 and env["ISTIO_META_TEAM"] == "blue"
+    other = apply(web_pod(), json.loads(base64.b64decode(post(istiod, admission(web_pod(), namespace="other"),
+                                                             "/inject")[1]["response"]["patch"])))
+    assert "concurrency" not in json.loads(env_of(other["spec"]["containers"][1])["PROXY_CONFIG"])
