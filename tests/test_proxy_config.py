@@ -20,8 +20,10 @@ from istiod.agent.envoy_bootstrap import envoy_bootstrap
 from istiod.agent.bootstrap import NodeInfo
 from istiod.model.config.common import Meta
 from istiod.model.config.proxy_config import ProxyConfig, effective_proxy_config, merge_proxy_config
+from istiod.model.proxy import Proxy
 from istiod.sources.convert import convert
 from istiod.webhooks.injection import inject, parse_injector
+from istiod.xds.gen import affected_types
 from tests.peers import Istiod, wait_until
 from tests.test_injection import admission, apply, configmap_data, injector as own_injector
 from tests.test_webhook import post
@@ -193,3 +195,12 @@ def test_istiod_injects_its_stores_proxy_configs(mesh_dir: Path, tmp_path: Path,
     other = apply(web_pod(), json.loads(base64.b64decode(post(istiod, admission(web_pod(), namespace="other"),
                                                              "/inject")[1]["response"]["patch"])))
     assert "concurrency" not in json.loads(env_of(other["spec"]["containers"][1])["PROXY_CONFIG"])
+
+
+@pytest.mark.parametrize(("proxy_type", "generator"), [
+    ("sidecar", "grpc"), ("sidecar", "sidecar"), ("router", "router"), ("waypoint", "waypoint"), ("ztunnel", "ztunnel")])
+def test_a_proxy_config_change_pushes_nothing(proxy_type: str, generator: str) -> None:
+    """No generator reads ProxyConfig objects: a change reaches pods at injection, not over xDS."""
+    proxy = Proxy(f"{proxy_type}~10.0.0.1~a.demo~demo.svc.cluster.local", proxy_type, ("10.0.0.1",), "a", "demo",
+                  "demo.svc.cluster.local", generator)
+    assert affected_types(proxy, ["ProxyConfig"]) == frozenset()
