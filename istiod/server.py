@@ -277,11 +277,11 @@ class Discovery:
         if self._injector_view is None:
             read = self._read_injector()
 
-            def view() -> Injector | None:  # the store's ProxyConfig objects, as of this pod's injection
-                injector = read()
+            def view() -> Injector | None:  # the mesh's defaultConfig and ProxyConfig objects, as of this pod's injection
+                injector, mesh = read(), self.pusher.mesh
                 return injector and dataclasses.replace(
-                    injector, proxy_configs=tuple(self.store.values("ProxyConfig")),
-                    root_namespace=self.pusher.mesh.root_namespace)
+                    injector, proxy_configs=tuple(self.store.values("ProxyConfig")), root_namespace=mesh.root_namespace,
+                    mesh_default_config=json.loads(mesh.default_config.json or "{}"))
 
             self._injector_view = view
         return self._injector_view

@@ -173,8 +173,9 @@ def test_agent_with_a_bad_proxy_config_exits_with_one_line(monkeypatch: pytest.M
 
 def test_istiod_injects_its_stores_proxy_configs(mesh_dir: Path, tmp_path: Path,
                                                  start_istiod: Callable[..., Istiod]) -> None:
-    """istiod's /inject over HTTPS with a ProxyConfig from its config source: the object's concurrency
-    and environmentVariables land in the injected istio-proxy (the namespace from the AdmissionReview)."""
+    """istiod's /inject over HTTPS with its mesh config's defaultConfig and a ProxyConfig from its config
+    source: the object's concurrency and environmentVariables land in the injected istio-proxy over the
+    mesh's (the namespace from the AdmissionReview)."""
     (mesh_dir / "proxyconfig.yaml").write_text(yaml.safe_dump({
         "apiVersion": "networking.istio.io/v1beta1", "kind": "ProxyConfig",
         "metadata": {"name": "web", "namespace": "demo"},
@@ -184,14 +185,19 @@ def test_istiod_injects_its_stores_proxy_configs(mesh_dir: Path, tmp_path: Path,
     injection.mkdir()
     for key, text in configmap_data().items():
         (injection / key).write_text(text)
-    istiod = start_istiod(mesh_dir, "--injection-dir", str(injection))
+    mesh = tmp_path / "mesh.yaml"  # istiod's mesh config, whose defaultConfig Istio's injector reads
+    mesh.write_text("defaultConfig:\n  drainDuration: 9s\n  proxyMetadata: {ISTIO_META_TEAM: red, ZONE: a}\n")
+    istiod = start_istiod(mesh_dir, "--injection-dir", str(injection), "--mesh-config", str(mesh))
     wait_until(lambda: istiod.get("/ready")[0] == 200, 10, "istiod to read its config")
     status, answer = post(istiod, admission(web_pod(), namespace="demo"), "/inject")
     assert status == 200, answer
     patched = apply(web_pod(), json.loads(base64.b64decode(answer["response"]["patch"])))
     env = env_of(next(c for c in patched["spec"]["containers"] if c["name"] == "istio-proxy"))
     print("injected PROXY_CONFIG:", env["PROXY_CONFIG"])
-    assert json.loads(env["PROXY_CONFIG"])["concurrency"] == 5 and env["ISTIO_META_TEAM"] == "blue"
+    assert json.loads(env["PROXY_CONFIG"]) == {"concurrency": 5, "discoveryAddress": "istiod.istio-system.svc:15012",
+                                               "drainDuration": "9s",
+                                               "proxyMetadata": {"ISTIO_META_TEAM": "blue", "ZONE": "a"}}
+    assert (env["ISTIO_META_TEAM"], env["ZONE"]) == ("blue", "a")
     other = apply(web_pod(), json.loads(base64.b64decode(post(istiod, admission(web_pod(), namespace="other"),
                                                              "/inject")[1]["response"]["patch"])))
     assert "concurrency" not in json.loads(env_of(other["spec"]["containers"][1])["PROXY_CONFIG"])

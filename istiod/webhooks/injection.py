@@ -82,6 +82,7 @@ class Injector:
     # The store's ProxyConfig objects and the mesh's root namespace, which the pod's ProxyConfig merges.
     proxy_configs: tuple[ProxyConfig, ...] = ()
     root_namespace: str = DEFAULT_ROOT_NAMESPACE
+    mesh_default_config: Mapping[str, Any] = field(default_factory=dict)  # istiod's mesh config's defaultConfig
 
     @property
     def cni(self) -> bool:
@@ -261,7 +262,8 @@ def inject(pod: Mapping[str, Any], injector: Injector, revision: str = "default"
     if injector.layout == "istio":
         try:
             layout = istio_layout.render(pod, injector.values, annotations, revision=revision,
-                                         configs=injector.proxy_configs, root_namespace=injector.root_namespace)
+                                         configs=injector.proxy_configs, root_namespace=injector.root_namespace,
+                                         mesh_default=injector.mesh_default_config)
         except istio_layout.LayoutError as error:
             raise InjectionError(str(error)) from None
         _proxy_resources(injector, annotations)  # the resource annotations' quantities checked, as ours
@@ -269,7 +271,8 @@ def inject(pod: Mapping[str, Any], injector: Injector, revision: str = "default"
         try:
             config = istio_layout.proxy_config(
                 injector.values, annotations, str((pod.get("metadata") or {}).get("namespace") or ""),
-                (pod.get("metadata") or {}).get("labels") or {}, injector.proxy_configs, injector.root_namespace)
+                (pod.get("metadata") or {}).get("labels") or {}, injector.proxy_configs, injector.root_namespace,
+                injector.mesh_default_config)
         except istio_layout.LayoutError as error:
             raise InjectionError(str(error)) from None
         layout = _own_layout(pod, injector, annotations, config)

@@ -101,13 +101,15 @@ def _image(values: Mapping[str, Any], image: str) -> str:
 
 def proxy_config(values: Mapping[str, Any], annotations: Mapping[str, str], namespace: str = "",
                  labels: Mapping[str, str] = {}, configs: Iterable[ProxyConfig] = (),
-                 root_namespace: str = DEFAULT_ROOT_NAMESPACE) -> dict[str, Any]:
-    """The pod's ProxyConfig, with istiod's default discoveryAddress under meshConfig.defaultConfig, then
-    the ProxyConfig objects and the pod's `proxy.istio.io/config` in Istio's order (effective_proxy_config)."""
+                 root_namespace: str = DEFAULT_ROOT_NAMESPACE, mesh_default: Mapping[str, Any] = {}) -> dict[str, Any]:
+    """The pod's ProxyConfig: istiod's default discoveryAddress, the values' meshConfig.defaultConfig, then
+    istiod's mesh config's (`mesh_default`, which Istio's injector reads; the chart writes both alike),
+    then the ProxyConfig objects and the pod's `proxy.istio.io/config` in Istio's order."""
     istiod_namespace = (values.get("global") or {}).get("istioNamespace") or DEFAULTS["global"]["istioNamespace"]
     istiod = service_name(str(values.get("revision") or ""))  # the chart's values name the revision
-    default = merge_proxy_config({"discoveryAddress": f"{istiod}.{istiod_namespace}.svc:15012"},
-                                 values.get("meshConfig", {}).get("defaultConfig") or {})
+    default = merge_proxy_config(merge_proxy_config({"discoveryAddress": f"{istiod}.{istiod_namespace}.svc:15012"},
+                                                    values.get("meshConfig", {}).get("defaultConfig") or {}),
+                                 mesh_default)
     override = None
     if PROXY_CONFIG in annotations:
         try:
@@ -225,14 +227,15 @@ def _excluded_inbound(status_port: str, excluded: str) -> str:
 
 def render(pod: Mapping[str, Any], values_in: Mapping[str, Any], annotations: Mapping[str, str],
            *, revision: str = "default", configs: Iterable[ProxyConfig] = (),
-           root_namespace: str = DEFAULT_ROOT_NAMESPACE) -> Layout:
+           root_namespace: str = DEFAULT_ROOT_NAMESPACE, mesh_default: Mapping[str, Any] = {}) -> Layout:
     """Istio's injection template for `pod` with `values_in` (Istio's values; absent ones default)."""
     values = _merge(DEFAULTS, values_in)
     g, proxy = values["global"], values["global"]["proxy"]
     metadata = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     labels_in: Mapping[str, str] = metadata.get("labels") or {}
-    config = proxy_config(values, annotations, str(metadata.get("namespace") or ""), labels_in, configs, root_namespace)
+    config = proxy_config(values, annotations, str(metadata.get("namespace") or ""), labels_in, configs, root_namespace,
+                          mesh_default)
     mode = annotations.get(INTERCEPTION_MODE, config.get("interceptionMode", "REDIRECT"))
     tproxy = mode == "TPROXY"
     native = g["nativeSidecar"] is True
