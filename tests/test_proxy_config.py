@@ -6,7 +6,12 @@ from __future__ import annotations
 import argparse
 import base64
 import dataclasses
+import http.server
 import json
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -210,3 +215,51 @@ def test_a_proxy_config_change_pushes_nothing(proxy_type: str, generator: str) -
     proxy = Proxy(f"{proxy_type}~10.0.0.1~a.demo~demo.svc.cluster.local", proxy_type, ("10.0.0.1",), "a", "demo",
                   "demo.svc.cluster.local", generator)
     assert affected_types(proxy, ["ProxyConfig"]) == frozenset()
+
+
+def test_hold_application_puts_our_proxy_first_with_a_wait_hook() -> None:
+    held = web_pod({"proxy.istio.io/config": "holdApplicationUntilProxyStarts: true"})
+    injected = apply(held, inject(held, own_injector(), namespace="app"))
+    proxy = injected["spec"]["containers"][0]
+    assert [c["name"] for c in injected["spec"]["containers"]] == ["istio-proxy", "web"]
+    assert proxy["lifecycle"] == {"postStart": {"exec": {"command": ["istiod", "agent", "wait"]}}}
+    plain = apply(web_pod(), inject(web_pod(), own_injector(), namespace="app"))
+    assert [c["name"] for c in plain["spec"]["containers"]] == ["web", "istio-proxy"]
+    assert "lifecycle" not in plain["spec"]["containers"][1]
+
+
+def test_agent_wait_returns_once_the_proxy_is_ready(tmp_path: Path) -> None:
+    """`istiod agent wait` (pilot-agent wait's flags) polls readiness: 0 once it answers 200, 1 with
+    pilot-agent's line when it never does."""
+    ready = threading.Event()
+
+    class Readiness(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if ready.is_set() else 503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Readiness)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/healthz/ready"
+    try:
+        command = [sys.executable, "-m", "istiod", "agent", "wait", "--url", url, "--periodMillis", "100"]
+        failed = subprocess.run([*command, "--timeoutSeconds", "1"], capture_output=True, text=True, timeout=30)
+        assert failed.returncode == 1
+        assert "timeout waiting for Envoy proxy to become ready. Last error: HTTP status code 503" in failed.stderr
+        waiting = subprocess.Popen([*command, "--timeoutSeconds", "20"], stderr=subprocess.PIPE, text=True)
+        try:
+            time.sleep(0.5)
+            assert waiting.poll() is None  # still waiting on a proxy that is not ready
+            ready.set()
+            assert waiting.wait(timeout=20) == 0
+        finally:
+            waiting.kill()
+            waiting.wait()
+        assert "Envoy is ready!" in (waiting.stderr.read() if waiting.stderr else "")
+    finally:
+        server.shutdown()
+        server.server_close()

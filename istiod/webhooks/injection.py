@@ -215,12 +215,15 @@ def _proxy_resources(injector: Injector, annotations: Mapping[str, str]) -> dict
 def _own_layout(pod: Mapping[str, Any], injector: Injector, annotations: Mapping[str, str],
                 config: Mapping[str, Any]) -> istio_layout.Layout:
     """Our template, filled: `istiod agent` as the proxy container, given the pod's ProxyConfig as
-    Istio's template gives it (PROXY_CONFIG, and each proxyMetadata entry as a variable of its own)."""
+    Istio's template gives it (PROXY_CONFIG, and each proxyMetadata entry as a variable of its own);
+    holdApplicationUntilProxyStarts puts it first with a postStart `istiod agent wait`."""
     spec = pod.get("spec") or {}
     variables = injector.variables()
     for annotation, (name, default) in TRAFFIC_ANNOTATIONS.items():
         variables[name] = annotations.get(annotation, default)
     rendered = _fill(injector.template, variables)
+    hold = bool(config.get("holdApplicationUntilProxyStarts")
+                or _get(injector.values, "global", "proxy", "holdApplicationUntilProxyStarts"))
     resources = _proxy_resources(injector, annotations)
     for proxy in rendered.get("containers") or []:
         if proxy.get("name") == PROXY:
@@ -230,6 +233,9 @@ def _own_layout(pod: Mapping[str, Any], injector: Injector, annotations: Mapping
                    and e.get("name") not in (config.get("proxyMetadata") or {})]
             proxy["env"] = [*own, {"name": "PROXY_CONFIG", "value": json.dumps(config, separators=(",", ":"), sort_keys=True)},
                             *({"name": k, "value": str(v)} for k, v in (config.get("proxyMetadata") or {}).items())]
+            if hold:  # the apps' containers start once this hook has seen the proxy ready
+                proxy["lifecycle"] = {**(proxy.get("lifecycle") or {}),
+                                      "postStart": {"exec": {"command": ["istiod", "agent", "wait"]}}}
     inits = rendered.get("initContainers") or []
     added: dict[str, str] = {}
     if injector.cni:  # the CNI plugin captures instead, reading the pod's annotations
@@ -241,7 +247,7 @@ def _own_layout(pod: Mapping[str, Any], injector: Injector, annotations: Mapping
     if app_containers:
         for key in ("kubectl.kubernetes.io/default-container", "kubectl.kubernetes.io/default-logs-container"):
             added[key] = annotations.get(key, app_containers[0].get("name", ""))
-    return istio_layout.Layout(inits, [], list(rendered.get("containers") or []), False,
+    return istio_layout.Layout(inits, [], list(rendered.get("containers") or []), hold,
                                list(rendered.get("volumes") or []), app_containers,
                                list(spec.get("initContainers") or []), {TLS_MODE: "istio"}, added)
 
