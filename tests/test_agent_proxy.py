@@ -373,7 +373,7 @@ def test_proxy_config_reaches_envoy(mesh: Path, mesh_dir: Path, start_istiod: Ca
     SIGTERM, and the one field this agent does not apply named in a warning."""
     istiod = start_istiod(mesh_dir, "--ca-static-tokens", str(mesh))
     config = {"concurrency": 3, "drainDuration": "12s", "terminationDrainDuration": "1s",
-              "proxyMetadata": {"ISTIO_META_TEAM": "blue"},
+              "proxyMetadata": {"ISTIO_META_TEAM": "blue", "ISTIO_METAJSON_LABELS": '{"app": "web", "team": "blue"}'},
               "proxyStatsMatcher": {"inclusionPrefixes": ["http.sds_probe"]}, "tracing": {"sampling": 10}}
     sidecar = start_sidecar(istiod, env={"PROXY_CONFIG": json.dumps(config), "ISTIO_META_TEAM": "red"}, drain=None)
     status, body = sidecar.envoy("/server_info")
@@ -394,8 +394,12 @@ def test_proxy_config_reaches_envoy(mesh: Path, mesh_dir: Path, start_istiod: Ca
                and not n.endswith("downstream_cx_active")]  # a required suffix (draining)
     assert not dropped, dropped
     print(f"Envoy keeps {len(names)} stats with proxyStatsMatcher")
-    # istiod sees the same node: Envoy's ACKs arrive under the pod's node ID.
+    # istiod sees the node metadata proxyMetadata set: the pod's labels, from its ISTIO_METAJSON_LABELS.
     wait_until(lambda: synced(istiod, PROXY_ID, ("cluster", "endpoint")), 10, "istiod to see Envoy's ACKs")
+    _, adsz = istiod.get("/debug/adsz")
+    labels = next(c["labels"] for c in adsz["clients"] if c["proxy"] == PROXY_ID)
+    print(f"istiod's /debug/adsz labels of {PROXY_ID}: {labels}")
+    assert labels == {"app": "web", "team": "blue"}
     sidecar.agent.proc.send_signal(signal.SIGTERM)
     assert sidecar.agent.proc.wait(timeout=20) == 0
     assert "then Envoy drains for 1s" in sidecar.agent.text()
