@@ -17,6 +17,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from e2e.harness import Cluster
+from e2e.istio_crds import create_istio_object, install_crds
 from e2e.kube_objects import ISTIO_NAMESPACE, ensure_namespace
 from e2e.test_rbac import istiod_kubeconfig
 from e2e.test_webhook import istiod_patching
@@ -184,6 +185,57 @@ async def test_api_server_stores_pods_in_istios_layout(
         # The webhook sees the pod with the API server's defaults (scheme, timeout), as Istio's does.
         assert json.loads(env["ISTIO_KUBE_APP_PROBERS"]) == {"/app-health/echo/readyz": {
             "httpGet": {"path": "/ready", "port": 8080, "scheme": "HTTP"}, "timeoutSeconds": 1}}
+    finally:
+        await admission.delete_mutating_webhook_configuration(webhooks["metadata"]["name"])
+        await core.delete_namespaced_config_map(configmap["metadata"]["name"], ISTIO_NAMESPACE)
+
+
+async def test_proxy_config_objects_reach_injected_pods(
+    cluster: Cluster, kube: client.ApiClient, tmp_path: Path, processes: list[Process]
+) -> None:
+    """A ProxyConfig created through the API server, read by istiod's informer: the pods its selector
+    matches are stored with its concurrency in PROXY_CONFIG and its environmentVariables as env."""
+    core, admission = client.CoreV1Api(kube), client.AdmissionregistrationV1Api(kube)
+    namespace = "e2e-inject-proxyconfig"
+    webhooks, configmap = manifests()
+    webhooks = by_url(webhooks, free_port())
+    port = int(webhooks["webhooks"][0]["clientConfig"]["url"].split(":")[2].split("/")[0])
+    webhooks["webhooks"] = webhooks["webhooks"][:1]  # istiod fills the caBundle of this name only
+    webhooks["webhooks"][0]["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+    await install_crds(kube)
+    await ensure_namespace(kube, namespace)
+    await create_istio_object(kube, {
+        "apiVersion": "networking.istio.io/v1beta1", "kind": "ProxyConfig",
+        "metadata": {"name": "echo", "namespace": namespace},
+        "spec": {"selector": {"matchLabels": {"app": "echo"}}, "concurrency": 3,
+                 "environmentVariables": {"ISTIO_META_TEAM": "blue"}}})
+    kubeconfig, _ = await istiod_kubeconfig(cluster, kube, tmp_path / "istiod.kubeconfig")
+    await core.create_namespaced_config_map(ISTIO_NAMESPACE, configmap)
+    await admission.create_mutating_webhook_configuration(webhooks)
+    try:
+        await istiod_patching(tmp_path, kubeconfig, port, processes, functools.partial(
+            admission.read_mutating_webhook_configuration, webhooks["metadata"]["name"]))
+        attempt = 0
+
+        async def created() -> dict[str, str] | None:
+            """The injected proxy's env, once istiod has listed the ProxyConfig (an earlier pod is removed)."""
+            nonlocal attempt
+            attempt += 1
+            try:
+                pod = await core.create_namespaced_pod(namespace, app_pod(f"echo-{attempt}"))
+            except ApiException as error:
+                print("not yet:", json.loads(error.body)["message"])
+                return None
+            proxy = next(c for c in pod.spec.containers if c.name == "istio-proxy")
+            env = {e.name: e.value for e in proxy.env or []}
+            if "concurrency" in json.loads(env.get("PROXY_CONFIG") or "{}"):
+                return env
+            await core.delete_namespaced_pod(f"echo-{attempt}", namespace)
+            return None
+
+        env = await eventually(created, 20, "a pod injected with the ProxyConfig", interval=0.5)
+        print("stored PROXY_CONFIG:", env["PROXY_CONFIG"])
+        assert json.loads(env["PROXY_CONFIG"])["concurrency"] == 3 and env["ISTIO_META_TEAM"] == "blue"
     finally:
         await admission.delete_mutating_webhook_configuration(webhooks["metadata"]["name"])
         await core.delete_namespaced_config_map(configmap["metadata"]["name"], ISTIO_NAMESPACE)

@@ -65,6 +65,11 @@ async def test_api_server_refuses_what_istiod_refuses(
         assert message == ('admission webhook "validation.istio.io" denied the request: configuration is invalid: '
                            f"VirtualService {NS}/bad spec.http[0].route[0]: weight: -1 < 0")
         await create_istio_object(kube, vs("good", 100))
+        with pytest.raises(ApiException) as refused:  # Istio's ValidateProxyConfig message
+            await create_istio_object(kube, {"apiVersion": "networking.istio.io/v1beta1", "kind": "ProxyConfig",
+                                             "metadata": {"name": "bad", "namespace": NS}, "spec": {"concurrency": -1}})
+        assert json.loads(refused.value.body)["message"].endswith(
+            f"ProxyConfig {NS}/bad spec: concurrency: concurrency must be greater than or equal to 0")
         assert "Forbidden" not in istiod.text()
     finally:
         # With failurePolicy Fail and istiod gone, the webhook would refuse every later Istio object.

@@ -12,6 +12,7 @@ from pathlib import Path
 from istiod import __version__, logs
 from istiod.eventloop import run_fast
 from istiod.agent.iptables import add_iptables_flags
+from istiod.agent.wait import add_wait_flags
 from istiod.agent.settings import add_agent_flags, add_proxy_flags, agent_settings_from_args, proxy_settings_from_args
 from istiod.cni.settings import add_cni_flags, cni_settings_from_args
 from istiod.operator.cli import add_install_flags, add_manifest_flags, run_manifest
@@ -62,6 +63,10 @@ def build_parser() -> _Parser:
                                       help="install istio-init's traffic capture in this network namespace")
     iptables.set_defaults(parser=iptables)
     add_iptables_flags(iptables)
+    wait = agent_modes.add_parser("wait", allow_abbrev=False, help="until the proxy is ready, as pilot-agent wait "
+                                  "(holdApplicationUntilProxyStarts' postStart hook)")
+    wait.set_defaults(parser=wait)
+    add_wait_flags(wait)
     add_cni_flags(command("cni", "the istio-cni node agent: capture this node's ambient pods for ztunnel"))
     status = command("proxy-status", "each connected proxy's sync state, or one proxy's diff", ("ps",))
     status.add_argument("proxy", nargs="?", help="a proxy ID or <pod>.<namespace>: show what it has not ACKed")
@@ -139,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
         from istiod.agent.iptables import run_iptables
 
         return run_iptables(args)
+    if args.command == "agent" and args.agent_mode == "wait":
+        from istiod.agent.wait import run_wait
+
+        return run_wait(args)
     if args.command == "agent" and args.agent_mode == "proxy":
         from istiod.agent.proxy import run_proxy_agent
 

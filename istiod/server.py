@@ -275,7 +275,15 @@ class Discovery:
     def _injector(self) -> Callable[[], Injector | None]:
         """What /inject and the Gateways' deployments use: one view, made once."""
         if self._injector_view is None:
-            self._injector_view = self._read_injector()
+            read = self._read_injector()
+
+            def view() -> Injector | None:  # the mesh's defaultConfig and ProxyConfig objects, as of this pod's injection
+                injector, mesh = read(), self.pusher.mesh
+                return injector and dataclasses.replace(
+                    injector, proxy_configs=tuple(self.store.values("ProxyConfig")), root_namespace=mesh.root_namespace,
+                    mesh_default_config=json.loads(mesh.default_config.json or "{}"))
+
+            self._injector_view = view
         return self._injector_view
 
     def _read_injector(self) -> Callable[[], Injector | None]:

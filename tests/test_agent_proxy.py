@@ -160,7 +160,7 @@ def mesh(mesh_dir: Path, tmp_path: Path) -> Path:
 @pytest.fixture
 def start_sidecar(processes: list[Process], workdir: Path) -> Callable[..., Sidecar]:
     def start(istiod: Istiod, *extra: str, unix_admin: bool = False, env: dict[str, str] | None = None,
-              ready: bool = True, drain: str = "1s", open_files: int | None = None) -> Sidecar:
+              ready: bool = True, drain: str | None = "1s", open_files: int | None = None) -> Sidecar:
         """`extra`: agent flags. `unix_admin`: Envoy's admin on a Unix socket under the workdir (as for
         a pod in its own network namespace), else on a loopback port. `ready`: wait until it is.
         `open_files`: the agent's (and so Envoy's) soft and hard limit on open files (util-linux's prlimit)."""
@@ -181,7 +181,7 @@ def start_sidecar(processes: list[Process], workdir: Path) -> Callable[..., Side
             "proxy", "--workdir", str(workdir), "--proxy-admin-addr", admin_flag,
             "--status-addr", f"127.0.0.1:{status}", "--readiness-addr", f"127.0.0.1:{readiness}",
             "--envoy-prometheus-addr", f"127.0.0.1:{prometheus}",
-            "--termination-drain-duration", drain, "--proxy-log-level", "info",
+            *(["--termination-drain-duration", drain] if drain else []), "--proxy-log-level", "info",
             "--proxy-component-log-level", "misc:error,main:warning",
             "--bootstrap-override", str(override),
         ], env={
@@ -364,6 +364,45 @@ def test_sigterm_fails_readiness_then_drains_and_exits_0(mesh: Path, mesh_dir: P
                                      "agent exiting 0")]
     assert order == sorted(order), text
     print("agent:", *[l.strip() for l in sidecar.agent.output[-8:]], sep="\n  ")
+
+
+def test_proxy_config_reaches_envoy(mesh: Path, mesh_dir: Path, start_istiod: Callable[..., Istiod],
+                                    start_sidecar: Callable[..., Sidecar]) -> None:
+    """PROXY_CONFIG, as the injector writes it: Envoy's worker threads and drain time, proxyMetadata as node
+    metadata (over the pod's own variable), proxyStatsMatcher's stats only, terminationDrainDuration on
+    SIGTERM, and the one field this agent does not apply named in a warning."""
+    istiod = start_istiod(mesh_dir, "--ca-static-tokens", str(mesh))
+    config = {"concurrency": 3, "drainDuration": "12s", "terminationDrainDuration": "1s",
+              "proxyMetadata": {"ISTIO_META_TEAM": "blue", "ISTIO_METAJSON_LABELS": '{"app": "web", "team": "blue"}'},
+              "proxyStatsMatcher": {"inclusionPrefixes": ["http.sds_probe"]}, "tracing": {"sampling": 10}}
+    sidecar = start_sidecar(istiod, env={"PROXY_CONFIG": json.dumps(config), "ISTIO_META_TEAM": "red"}, drain=None)
+    status, body = sidecar.envoy("/server_info")
+    assert status == 200, body
+    info = json.loads(body)
+    options = info["command_line_options"]
+    print(f"Envoy's /server_info: concurrency {options['concurrency']}, drain_time {options['drain_time']}, "
+          f"node metadata TEAM {info['node']['metadata'].get('TEAM')!r}")
+    assert (options["concurrency"], options["drain_time"]) == (3, "12s")
+    assert info["node"]["metadata"]["TEAM"] == "blue"
+    assert "PROXY_CONFIG fields not applied by this agent: tracing" in sidecar.agent.text()
+    # proxyStatsMatcher: its prefix and Istio's required ones kept, every other stat gone.
+    assert sidecar.probe() == 200
+    _, stats = sidecar.envoy("/stats")
+    names = {line.split(":")[0] for line in stats.splitlines()}
+    assert any(n.startswith("http.sds_probe.") for n in names) and "cluster_manager.cds.update_success" in names
+    dropped = [n for n in names if n.startswith(("runtime.", "http.stats.", "listener.admin."))
+               and not n.endswith("downstream_cx_active")]  # a required suffix (draining)
+    assert not dropped, dropped
+    print(f"Envoy keeps {len(names)} stats with proxyStatsMatcher")
+    # istiod sees the node metadata proxyMetadata set: the pod's labels, from its ISTIO_METAJSON_LABELS.
+    wait_until(lambda: synced(istiod, PROXY_ID, ("cluster", "endpoint")), 10, "istiod to see Envoy's ACKs")
+    _, adsz = istiod.get("/debug/adsz")
+    labels = next(c["labels"] for c in adsz["clients"] if c["proxy"] == PROXY_ID)
+    print(f"istiod's /debug/adsz labels of {PROXY_ID}: {labels}")
+    assert labels == {"app": "web", "team": "blue"}
+    sidecar.agent.proc.send_signal(signal.SIGTERM)
+    assert sidecar.agent.proc.wait(timeout=20) == 0
+    assert "then Envoy drains for 1s" in sidecar.agent.text()
 
 
 def test_dropped_istiod_is_redialled_without_restarting_envoy(

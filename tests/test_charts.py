@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from istiod.model.mesh import MeshConfig
+from istiod.model.mesh import MeshConfig, ProxyConfig
 from istiod.sources.meshconfig import parse_mesh_config
 from istiod.webhooks.injection import inject, parse_injector
 from tests.peers import ROOT
@@ -99,7 +99,8 @@ def test_istiod_defaults() -> None:
     assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "istiod"}
     assert objects["PodDisruptionBudget", "istiod"]["spec"] == {"minAvailable": 1, "selector": {"matchLabels": service["selector"]}}
     mesh = parse_mesh_config(objects["ConfigMap", "istio"]["data"]["mesh"], MeshConfig(), "ConfigMap istio")
-    assert mesh == MeshConfig()  # istiod's defaults, spelled out
+    # istiod's defaults, spelled out (defaultConfig's fields as written go to injected pods)
+    assert mesh == MeshConfig(default_config=ProxyConfig(json='{"discoveryAddress": "istiod.istio-system.svc:15012"}'))
 
     [webhook] = objects["ValidatingWebhookConfiguration", "istio-validator-istio-system"]["webhooks"]
     assert webhook["clientConfig"]["service"] == {"name": "istiod", "namespace": "istio-system", "path": "/validate", "port": 443}

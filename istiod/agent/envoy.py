@@ -70,7 +70,8 @@ class EnvoyOptions:
             # Several Envoys share a machine (tests, or pods on one node): no shared-memory hot restart.
             "--disable-hot-restart", "--allow-unknown-static-fields",
             "-l", self.log_level, "--component-log-level", self.component_log_level,
-            "--concurrency", str(self.concurrency),
+            # 0: Envoy's own default, a worker per CPU (pilot-agent passes the flag only when positive)
+            *(["--concurrency", str(self.concurrency)] if self.concurrency > 0 else []),
         ]
 
 

@@ -9,7 +9,7 @@ speak HTTP/2 (gRPC), or Envoy connects to nothing and says nothing.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from istiod.agent.bootstrap import NodeInfo
@@ -20,6 +20,10 @@ SDS_SOCKET = "./var/run/secrets/workload-spiffe-uds/socket"
 XDS_CLUSTER = "xds-grpc"
 SDS_CLUSTER = "sds-grpc"
 PROMETHEUS_CLUSTER = "prometheus_stats"
+# Istio's required stats inclusions (pkg/bootstrap's requiredEnvoyStatsMatcherInclusion*).
+STATS_PREFIXES = ("cluster_manager", "listener_manager", "server", "cluster.xds-grpc", "wasm")
+STATS_SUFFIXES = ("rbac.allowed", "rbac.denied", "shadow_allowed", "shadow_denied", "downstream_cx_active")
+STATS_REGEXPS = (r"vhost\..*\.route\..*",)
 META_PREFIX = "ISTIO_META_"
 META_JSON_PREFIX = "ISTIO_METAJSON_"
 # Istio's runtime values where upstream Envoy's defaults refuse valid config or serve it differently
@@ -101,12 +105,24 @@ def layered_runtime() -> dict[str, Any]:
     return {"layers": [{"name": "global config", "static_layer": dict(RUNTIME)}, {"name": "admin", "admin_layer": {}}]}
 
 
+def stats_config(matcher: Mapping[str, Sequence[str]]) -> dict[str, Any]:
+    """proxyStatsMatcher as Istio's bootstrap renders it: the stats it names, and those the agent and
+    Istio's dashboards need (Istio's required inclusions), the rest not kept."""
+    patterns: list[dict[str, Any]] = [{"prefix": p} for p in (*STATS_PREFIXES, *matcher.get("inclusionPrefixes", ()))]
+    patterns += [{"suffix": s} for s in (*STATS_SUFFIXES, *matcher.get("inclusionSuffixes", ()))]
+    patterns += [{"safe_regex": {"regex": r}} for r in (*STATS_REGEXPS, *matcher.get("inclusionRegexps", ()))]
+    return {"stats_matcher": {"inclusion_list": {"patterns": patterns}}}
+
+
 def envoy_bootstrap(node: NodeInfo, metadata: Mapping[str, Any], admin: Mapping[str, Any],
-                    prometheus: tuple[str, int]) -> dict[str, Any]:
+                    prometheus: tuple[str, int],
+                    stats_matcher: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
     """`admin`: the admin address as the bootstrap spells it (EnvoyAdmin.bootstrap_address());
-    `prometheus`: where Envoy serves its stats (Istio's :15090)."""
+    `prometheus`: where Envoy serves its stats (Istio's :15090); `stats_matcher`: ProxyConfig's
+    proxyStatsMatcher (None: every stat kept)."""
     ads = {"ads": {}, "initial_fetch_timeout": "0s", "resource_api_version": "V3"}
     return {
+        **({"stats_config": stats_config(stats_matcher)} if stats_matcher is not None else {}),
         "node": {
             "id": node.node_id,
             "cluster": f"{node.workload_name or node.pod}.{node.namespace}",

@@ -43,10 +43,10 @@ MAX_SOCKET_PATH = 107  # bytes in sockaddr_un's sun_path, less the terminating N
 async def run_proxy(settings: AgentSettings, proxy: ProxySettings, stop: asyncio.Event) -> int:
     try:
         options = EnvoyOptions(find_envoy(), proxy.workdir / ENVOY_BOOTSTRAP, proxy.workdir, proxy.log_level,
-                               proxy.component_log_level, proxy.concurrency)
+                               proxy.component_log_level, proxy.concurrency, proxy.envoy_drain_time)
         bootstrap = merge_override(
             envoy_bootstrap(settings.node, node_metadata(settings.node, dict(proxy.metadata)),
-                            proxy.admin.bootstrap_address(), proxy.prometheus),
+                            proxy.admin.bootstrap_address(), proxy.prometheus, proxy.stats_matcher),
             _read_override(proxy.bootstrap_override),
         )
         xds_path, sds_path = (_socket_path(proxy.workdir / relative) for relative in (XDS_SOCKET, SDS_SOCKET))
@@ -56,6 +56,8 @@ async def run_proxy(settings: AgentSettings, proxy: ProxySettings, stop: asyncio
         log.error("%s", error)
         return 1
 
+    if proxy.ignored:
+        log.warning("PROXY_CONFIG fields not applied by this agent: %s", ", ".join(proxy.ignored))
     secrets = SecretServer()
     first = asyncio.Event()
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from istiod.agent.admin import EnvoyAdmin
 from istiod.agent.bootstrap import CertFiles, NodeInfo
+from istiod.agent.proxy_config import ProxyConfigError, parse_proxy_config
 from istiod.durations import parse_duration
 from istiod.envvars import env_default
 from istiod.model.mesh import DEFAULT_TRUST_DOMAIN
@@ -81,6 +84,8 @@ def agent_settings_from_args(args: argparse.Namespace) -> AgentSettings:
         cert_ttl=args.cert_ttl,
     )
 
+T = TypeVar("T")
+
 
 @dataclass(frozen=True, slots=True)
 class ProxySettings:
@@ -91,12 +96,15 @@ class ProxySettings:
     status: tuple[str, int] = ("", 15020)
     readiness: tuple[str, int] = ("", 15021)
     prometheus: tuple[str, int] = ("", 15090)  # Envoy's own listener for its stats
-    drain_duration: float = 5.0
+    drain_duration: float = 5.0  # terminationDrainDuration
+    envoy_drain_time: float = 45.0  # drainDuration: Envoy's --drain-time-s
     log_level: str = "warning"
     component_log_level: str = "misc:error"
     concurrency: int = 2
     bootstrap_override: Path | None = None
     metadata: tuple[tuple[str, str], ...] = ()  # the environment's ISTIO_META_* and ISTIO_METAJSON_* values
+    stats_matcher: Mapping[str, tuple[str, ...]] | None = None  # proxyStatsMatcher
+    ignored: tuple[str, ...] = ()  # PROXY_CONFIG's fields this agent does not apply
 
 
 def _listen_address(text: str) -> tuple[str, int]:
@@ -128,31 +136,53 @@ def add_proxy_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--proxy-admin-addr", type=_admin_address, default=_admin_address("127.0.0.1:15000"),
                         help="Envoy's admin address: host:port (default 127.0.0.1:15000), or unix:PATH (relative to "
                              "--workdir), which the agent reaches from outside the pod's network namespace")
-    parser.add_argument("--status-addr", type=_listen_address, default=_listen_address(f":{env('STATUS_PORT', '15020')}"),
-                        help="/stats/prometheus (Envoy's and the agent's) and /healthz/ready (default :15020)")
+    parser.add_argument("--status-addr", type=_listen_address,
+                        default=_listen_address(f":{env('STATUS_PORT')}") if env("STATUS_PORT") else None,
+                        help="/stats/prometheus (Envoy's and the agent's) and /healthz/ready (default "
+                             ":<PROXY_CONFIG's statusPort>, else :15020)")
     parser.add_argument("--readiness-addr", type=_listen_address, default=_listen_address(":15021"),
                         help="/healthz/ready: Envoy is LIVE and the agent is not draining (default :15021)")
     parser.add_argument("--envoy-prometheus-addr", type=_listen_address, default=_listen_address(":15090"),
                         help="Envoy's listener for its /stats/prometheus (default :15090)")
-    parser.add_argument("--termination-drain-duration", type=parse_duration,
-                        default=f"{env('TERMINATION_DRAIN_DURATION_SECONDS', '5')}s",
-                        help="after SIGTERM, how long Envoy drains before it is stopped (default 5s)")
+    seconds = env("TERMINATION_DRAIN_DURATION_SECONDS")
+    parser.add_argument("--termination-drain-duration", type=parse_duration, default=f"{seconds}s" if seconds else None,
+                        help="after SIGTERM, how long Envoy drains before it is stopped (default PROXY_CONFIG's "
+                             "terminationDrainDuration, else 5s)")
     parser.add_argument("--proxy-log-level", default="warning", help="Envoy's log level (default warning)")
     parser.add_argument("--proxy-component-log-level", default="misc:error",
                         help="Envoy's per-component log levels (default misc:error)")
-    parser.add_argument("--concurrency", type=int, default=2, help="Envoy's worker threads (default 2)")
+    parser.add_argument("--concurrency", type=int, default=None,
+                        help="Envoy's worker threads (default PROXY_CONFIG's concurrency, else 2; 0: one per CPU)")
     parser.add_argument("--bootstrap-override", type=Path, default=env("ISTIO_BOOTSTRAP_OVERRIDE"),
                         help="a JSON or YAML file merged into the generated Envoy bootstrap (ISTIO_BOOTSTRAP_OVERRIDE)")
 
 
 def proxy_settings_from_args(args: argparse.Namespace) -> ProxySettings:
+    """The flags, then PROXY_CONFIG (the pod's ProxyConfig, as pilot-agent reads it: a flag set wins),
+    then the defaults. proxyMetadata entries are the agent's environment, over the pod's own."""
+    try:
+        config = parse_proxy_config(os.environ.get("PROXY_CONFIG", ""))
+    except ProxyConfigError as error:
+        raise SystemExit(f"istiod agent proxy: {error}") from None
     workdir = args.workdir.absolute()
     admin = workdir / args.proxy_admin_addr if isinstance(args.proxy_admin_addr, Path) else args.proxy_admin_addr
-    metadata = tuple((name, value) for name, value in sorted(os.environ.items())
+    environ = {**os.environ, **dict(config.proxy_metadata)}
+    metadata = tuple((name, value) for name, value in sorted(environ.items())
                      if name.startswith(("ISTIO_META_", "ISTIO_METAJSON_")))
+    status = args.status_addr or ("", config.status_port if config.status_port is not None else 15020)
     return ProxySettings(
-        workdir=workdir, admin=EnvoyAdmin(admin), status=args.status_addr,
-        readiness=args.readiness_addr, prometheus=args.envoy_prometheus_addr, drain_duration=args.termination_drain_duration,
+        workdir=workdir, admin=EnvoyAdmin(admin), status=status,
+        readiness=args.readiness_addr, prometheus=args.envoy_prometheus_addr,
+        drain_duration=_first(args.termination_drain_duration, config.termination_drain_duration, 5.0),
+        envoy_drain_time=_first(config.drain_duration, 45.0),
         log_level=args.proxy_log_level, component_log_level=args.proxy_component_log_level,
-        concurrency=args.concurrency, bootstrap_override=args.bootstrap_override, metadata=metadata,
+        concurrency=_first(args.concurrency, config.concurrency, 2), bootstrap_override=args.bootstrap_override,
+        metadata=metadata, stats_matcher=config.stats_matcher, ignored=config.ignored,
     )
+
+
+def _first(*values: T | None) -> T:
+    """The first value set (the last one always is)."""
+    found = next(v for v in values if v is not None)
+    assert found is not None
+    return found

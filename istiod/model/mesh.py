@@ -20,11 +20,12 @@ class OutboundTrafficPolicy(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class ProxyConfig:
-    """defaultConfig: what proxies get unless their own annotation says otherwise."""
+    """defaultConfig: what proxies get unless ProxyConfig objects or their own annotation say otherwise."""
 
     discovery_address: str = "istiod.istio-system.svc:15012"
     proxy_metadata: tuple[tuple[str, str], ...] = ()
     hold_application_until_proxy_starts: bool = False
+    json: str = ""  # every field as set (JSON text, immutable): the base of an injected pod's PROXY_CONFIG
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,9 +60,11 @@ def list_calls(api: client.ApiClient) -> dict[str, ListCall]:
 
 
 def istio_list_calls(api: client.ApiClient) -> dict[str, ListCall]:
-    """Istio's config kinds, across all namespaces, at their v1 (every version has the same schema)."""
+    """Istio's config kinds, across all namespaces, at their newest version (v1, ProxyConfig's v1beta1;
+    every version has the same schema)."""
     custom = client.CustomObjectsApi(api)
-    return {k.kind: functools.partial(custom.list_cluster_custom_object, k.group, "v1", k.plural) for k in CONFIG_KINDS}
+    return {k.kind: functools.partial(custom.list_cluster_custom_object, k.group, k.versions[-1], k.plural)
+            for k in CONFIG_KINDS}
 
 
 def unimplemented_list_calls(api: client.ApiClient) -> dict[str, ListCall]:

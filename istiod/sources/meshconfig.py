@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import dataclasses
 import functools
+import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +35,6 @@ CONFIGMAP_KEY = "mesh"
 _FIELDS = ("trustDomain", "trustDomainAliases", "rootNamespace", "outboundTrafficPolicy", "enableAutoMtls", "defaultConfig",
            "discoverySelectors", "localityLbSetting", "extensionProviders", "protocolDetectionTimeout",
            "defaultServiceExportTo")
-_PROXY_FIELDS = ("discoveryAddress", "proxyMetadata", "holdApplicationUntilProxyStarts")
 
 
 class MeshConfigError(ValueError):
@@ -60,9 +60,10 @@ def _parse(f: _Fields, base: MeshConfig) -> MeshConfig:
     ignored = sorted(set(f.body) - set(_FIELDS))
     proxy = base.default_config
     if (d := fields(f, "defaultConfig")) is not None:
-        ignored += [f"defaultConfig.{k}" for k in sorted(set(d.body) - set(_PROXY_FIELDS))]
+        # Every field reaches injected pods (PROXY_CONFIG); the agent names those it does not apply.
         proxy = ProxyConfig(d.get("discoveryAddress", str, proxy.discovery_address), d.str_map("proxyMetadata"),
-                            d.get("holdApplicationUntilProxyStarts", bool, proxy.hold_application_until_proxy_starts))
+                            d.get("holdApplicationUntilProxyStarts", bool, proxy.hold_application_until_proxy_starts),
+                            json.dumps(d.body, sort_keys=True, default=str))
     providers = base.extension_providers
     if "extensionProviders" in f.body:
         providers, unimplemented = _extension_providers(f)

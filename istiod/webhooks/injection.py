@@ -23,6 +23,8 @@ from typing import Any
 import yaml
 from fastapi import FastAPI
 
+from istiod.model.config.proxy_config import ProxyConfig
+from istiod.model.mesh import DEFAULT_ROOT_NAMESPACE
 from istiod.model.quantity import QuantityError, parse_quantity
 from istiod.revision import service_name
 from istiod.sources.fields import _Fields
@@ -77,6 +79,10 @@ class Injector:
     values: Mapping[str, Any] = field(default_factory=dict)
     injected_annotations: Mapping[str, str] = field(default_factory=dict)
     layout: str = "istiod"
+    # The store's ProxyConfig objects and the mesh's root namespace, which the pod's ProxyConfig merges.
+    proxy_configs: tuple[ProxyConfig, ...] = ()
+    root_namespace: str = DEFAULT_ROOT_NAMESPACE
+    mesh_default_config: Mapping[str, Any] = field(default_factory=dict)  # istiod's mesh config's defaultConfig
 
     @property
     def cni(self) -> bool:
@@ -206,17 +212,30 @@ def _proxy_resources(injector: Injector, annotations: Mapping[str, str]) -> dict
     return resources
 
 
-def _own_layout(pod: Mapping[str, Any], injector: Injector, annotations: Mapping[str, str]) -> istio_layout.Layout:
-    """Our template, filled: `istiod agent` as the proxy container."""
+def _own_layout(pod: Mapping[str, Any], injector: Injector, annotations: Mapping[str, str],
+                config: Mapping[str, Any]) -> istio_layout.Layout:
+    """Our template, filled: `istiod agent` as the proxy container, given the pod's ProxyConfig as
+    Istio's template gives it (PROXY_CONFIG, and each proxyMetadata entry as a variable of its own);
+    holdApplicationUntilProxyStarts puts it first with a postStart `istiod agent wait`."""
     spec = pod.get("spec") or {}
     variables = injector.variables()
     for annotation, (name, default) in TRAFFIC_ANNOTATIONS.items():
         variables[name] = annotations.get(annotation, default)
     rendered = _fill(injector.template, variables)
+    hold = bool(config.get("holdApplicationUntilProxyStarts")
+                or _get(injector.values, "global", "proxy", "holdApplicationUntilProxyStarts"))
     resources = _proxy_resources(injector, annotations)
     for proxy in rendered.get("containers") or []:
-        if proxy.get("name") == PROXY and resources:
-            proxy["resources"] = resources
+        if proxy.get("name") == PROXY:
+            if resources:
+                proxy["resources"] = resources
+            own = [e for e in proxy.get("env") or [] if e.get("name") != "PROXY_CONFIG"
+                   and e.get("name") not in (config.get("proxyMetadata") or {})]
+            proxy["env"] = [*own, {"name": "PROXY_CONFIG", "value": json.dumps(config, separators=(",", ":"), sort_keys=True)},
+                            *({"name": k, "value": str(v)} for k, v in (config.get("proxyMetadata") or {}).items())]
+            if hold:  # the apps' containers start once this hook has seen the proxy ready
+                proxy["lifecycle"] = {**(proxy.get("lifecycle") or {}),
+                                      "postStart": {"exec": {"command": ["istiod", "agent", "wait"]}}}
     inits = rendered.get("initContainers") or []
     added: dict[str, str] = {}
     if injector.cni:  # the CNI plugin captures instead, reading the pod's annotations
@@ -228,15 +247,19 @@ def _own_layout(pod: Mapping[str, Any], injector: Injector, annotations: Mapping
     if app_containers:
         for key in ("kubectl.kubernetes.io/default-container", "kubectl.kubernetes.io/default-logs-container"):
             added[key] = annotations.get(key, app_containers[0].get("name", ""))
-    return istio_layout.Layout(inits, [], list(rendered.get("containers") or []), False,
+    return istio_layout.Layout(inits, [], list(rendered.get("containers") or []), hold,
                                list(rendered.get("volumes") or []), app_containers,
                                list(spec.get("initContainers") or []), {TLS_MODE: "istio"}, added)
 
 
-def inject(pod: Mapping[str, Any], injector: Injector, revision: str = "default") -> list[dict[str, Any]]:
-    """The JSONPatch that injects the sidecar into `pod`. Each changed field is one `add` of its
-    whole new value (an add replaces a member that exists), as small as the API needs."""
+def inject(pod: Mapping[str, Any], injector: Injector, revision: str = "default",
+           namespace: str = "") -> list[dict[str, Any]]:
+    """The JSONPatch that injects the sidecar into `pod` (of `namespace`, when its metadata has none).
+    Each changed field is one `add` of its whole new value (an add replaces a member that exists), as
+    small as the API needs."""
     metadata = pod.get("metadata") or {}
+    if namespace and not metadata.get("namespace"):
+        pod = {**pod, "metadata": {**metadata, "namespace": namespace}}
     spec = pod.get("spec") or {}
     annotations: dict[str, str] = dict(metadata.get("annotations") or {})
     errors = annotation_errors(annotations)
@@ -244,12 +267,21 @@ def inject(pod: Mapping[str, Any], injector: Injector, revision: str = "default"
         raise InjectionError("; ".join(errors))
     if injector.layout == "istio":
         try:
-            layout = istio_layout.render(pod, injector.values, annotations, revision=revision)
+            layout = istio_layout.render(pod, injector.values, annotations, revision=revision,
+                                         configs=injector.proxy_configs, root_namespace=injector.root_namespace,
+                                         mesh_default=injector.mesh_default_config)
         except istio_layout.LayoutError as error:
             raise InjectionError(str(error)) from None
         _proxy_resources(injector, annotations)  # the resource annotations' quantities checked, as ours
     else:
-        layout = _own_layout(pod, injector, annotations)
+        try:
+            config = istio_layout.proxy_config(
+                injector.values, annotations, str((pod.get("metadata") or {}).get("namespace") or ""),
+                (pod.get("metadata") or {}).get("labels") or {}, injector.proxy_configs, injector.root_namespace,
+                injector.mesh_default_config)
+        except istio_layout.LayoutError as error:
+            raise InjectionError(str(error)) from None
+        layout = _own_layout(pod, injector, annotations, config)
     taken = {c.get("name") for c in spec.get("containers") or []} | {c.get("name") for c in spec.get("initContainers") or []}
     inits = layout.init_containers + layout.init_containers_last
     clash = sorted(taken & {c.get("name") for c in layout.containers + inits})
@@ -296,7 +328,7 @@ def review(body: Any, injector: Injector | None, revision: str = "default") -> d
         name = (pod.get("metadata") or {}).get("name") or (pod.get("metadata") or {}).get("generateName", "")
         if wants_injection(pod, namespace, injector):
             try:
-                patch = inject(pod, injector, revision)
+                patch = inject(pod, injector, revision, namespace)
             except InjectionError as error:
                 log.info("injection refused pod %s/%s: %s", namespace, name, error)
                 response = {"uid": uid, "allowed": False,

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
+from istiod.model.config.proxy_config import ProxyConfig, effective_proxy_config, merge_proxy_config
+from istiod.model.mesh import DEFAULT_ROOT_NAMESPACE
 from istiod.model.workload import OwnerRef, workload_identity
 from istiod.revision import service_name
 
@@ -97,13 +99,18 @@ def _image(values: Mapping[str, Any], image: str) -> str:
     return image if "/" in image else f"{values['global']['hub']}/{image}:{values['global']['tag']}"
 
 
-def proxy_config(values: Mapping[str, Any], annotations: Mapping[str, str]) -> dict[str, Any]:
-    """The pod's ProxyConfig: meshConfig.defaultConfig, then the pod's `proxy.istio.io/config`
-    (Istio's merge order), with istiod's default discoveryAddress."""
-    namespace = values["global"]["istioNamespace"]
+def proxy_config(values: Mapping[str, Any], annotations: Mapping[str, str], namespace: str = "",
+                 labels: Mapping[str, str] = {}, configs: Iterable[ProxyConfig] = (),
+                 root_namespace: str = DEFAULT_ROOT_NAMESPACE, mesh_default: Mapping[str, Any] = {}) -> dict[str, Any]:
+    """The pod's ProxyConfig: istiod's default discoveryAddress, the values' meshConfig.defaultConfig, then
+    istiod's mesh config's (`mesh_default`, which Istio's injector reads; the chart writes both alike),
+    then the ProxyConfig objects and the pod's `proxy.istio.io/config` in Istio's order."""
+    istiod_namespace = (values.get("global") or {}).get("istioNamespace") or DEFAULTS["global"]["istioNamespace"]
     istiod = service_name(str(values.get("revision") or ""))  # the chart's values name the revision
-    config: dict[str, Any] = {"discoveryAddress": f"{istiod}.{namespace}.svc:15012"}
-    config = _merge(config, values.get("meshConfig", {}).get("defaultConfig") or {})
+    default = merge_proxy_config(merge_proxy_config({"discoveryAddress": f"{istiod}.{istiod_namespace}.svc:15012"},
+                                                    values.get("meshConfig", {}).get("defaultConfig") or {}),
+                                 mesh_default)
+    override = None
     if PROXY_CONFIG in annotations:
         try:
             override = yaml.safe_load(annotations[PROXY_CONFIG])
@@ -111,8 +118,7 @@ def proxy_config(values: Mapping[str, Any], annotations: Mapping[str, str]) -> d
             raise LayoutError(f"annotation {PROXY_CONFIG}: not YAML: {str(error).splitlines()[0]}") from None
         if not isinstance(override, dict):
             raise LayoutError(f"annotation {PROXY_CONFIG}: not a ProxyConfig map")
-        config = _merge(config, override)
-    return config
+    return effective_proxy_config(default, configs, root_namespace, namespace, labels, override)
 
 
 def _probe_urls(container: str) -> dict[str, str]:
@@ -220,14 +226,16 @@ def _excluded_inbound(status_port: str, excluded: str) -> str:
 
 
 def render(pod: Mapping[str, Any], values_in: Mapping[str, Any], annotations: Mapping[str, str],
-           *, revision: str = "default") -> Layout:
+           *, revision: str = "default", configs: Iterable[ProxyConfig] = (),
+           root_namespace: str = DEFAULT_ROOT_NAMESPACE, mesh_default: Mapping[str, Any] = {}) -> Layout:
     """Istio's injection template for `pod` with `values_in` (Istio's values; absent ones default)."""
     values = _merge(DEFAULTS, values_in)
     g, proxy = values["global"], values["global"]["proxy"]
     metadata = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     labels_in: Mapping[str, str] = metadata.get("labels") or {}
-    config = proxy_config(values, annotations)
+    config = proxy_config(values, annotations, str(metadata.get("namespace") or ""), labels_in, configs, root_namespace,
+                          mesh_default)
     mode = annotations.get(INTERCEPTION_MODE, config.get("interceptionMode", "REDIRECT"))
     tproxy = mode == "TPROXY"
     native = g["nativeSidecar"] is True

@@ -36,6 +36,7 @@ CONFIG_KINDS: tuple[ConfigKind, ...] = (
     ConfigKind("PeerAuthentication", SECURITY, _SECURITY_VERSIONS, "v1beta1", "peerauthentications", ("pa",)),
     ConfigKind("AuthorizationPolicy", SECURITY, _SECURITY_VERSIONS, "v1beta1", "authorizationpolicies", ("ap",)),
     ConfigKind("RequestAuthentication", SECURITY, _SECURITY_VERSIONS, "v1beta1", "requestauthentications", ("ra",)),
+    ConfigKind("ProxyConfig", NETWORKING, ("v1beta1",), "v1beta1", "proxyconfigs", ()),
 )
 BY_KIND: dict[str, ConfigKind] = {k.kind: k for k in CONFIG_KINDS}
 
@@ -45,7 +46,6 @@ BY_KIND: dict[str, ConfigKind] = {k.kind: k for k in CONFIG_KINDS}
 UNIMPLEMENTED_KINDS: tuple[ConfigKind, ...] = (
     ConfigKind("EnvoyFilter", NETWORKING, ("v1alpha3",), "v1alpha3", "envoyfilters", ()),
     ConfigKind("WorkloadGroup", NETWORKING, _NETWORKING_VERSIONS, "v1alpha3", "workloadgroups", ("wg",)),
-    ConfigKind("ProxyConfig", NETWORKING, ("v1beta1",), "v1beta1", "proxyconfigs", ()),
     ConfigKind("Telemetry", "telemetry.istio.io", ("v1alpha1", "v1"), "v1alpha1", "telemetries", ("telemetry",)),
     ConfigKind("WasmPlugin", "extensions.istio.io", ("v1alpha1",), "v1alpha1", "wasmplugins", ()),
 )

@@ -95,6 +95,7 @@ _PROXYLESS_AFFECTED: Affected = {
     "AuthorizationPolicy": frozenset({types.LISTENER}),
     "RequestAuthentication": frozenset({types.LISTENER}),
     "Gateway": _NONE, "ServiceEntry": _NONE, "WorkloadEntry": _NONE, "Secret": _NONE,
+    "ProxyConfig": _NONE,  # read by injection and the agent, by no generator
 }
 _SIDECAR_AFFECTED: Affected = {
     **_PROXYLESS_AFFECTED,
@@ -106,7 +107,7 @@ _SIDECAR_AFFECTED: Affected = {
 _ROUTER_AFFECTED: Affected = {
     **dict.fromkeys(_PROXYLESS_AFFECTED, _EVERY_TYPE),
     "Secret": frozenset({types.SECRET}),
-    "ServiceEntry": _NONE, "WorkloadEntry": _NONE,
+    "ServiceEntry": _NONE, "WorkloadEntry": _NONE, "ProxyConfig": _NONE,
 }
 # ztunnel: policies name workloads' policies (Address) and are sent themselves; ServiceEntries and
 # WorkloadEntries are workloads and services of their own.
@@ -117,7 +118,7 @@ _ZTUNNEL_AFFECTED: Affected = {
     "ServiceEntry": frozenset({types.ADDRESS}), "WorkloadEntry": frozenset({types.ADDRESS}),
 }
 # Waypoints: which services use them, and so every listener and cluster, follows most config.
-_WAYPOINT_AFFECTED: Affected = {**dict.fromkeys(_PROXYLESS_AFFECTED, _EVERY_TYPE), "Secret": _NONE}
+_WAYPOINT_AFFECTED: Affected = {**dict.fromkeys(_PROXYLESS_AFFECTED, _EVERY_TYPE), "Secret": _NONE, "ProxyConfig": _NONE}
 _GENERATORS = {"grpc": PROXYLESS_GRPC, "sidecar": SIDECAR, "router": ROUTER, "ztunnel": ZTUNNEL, "waypoint": WAYPOINT}
 _AFFECTED = {"grpc": _PROXYLESS_AFFECTED, "sidecar": _SIDECAR_AFFECTED, "router": _ROUTER_AFFECTED,
              "ztunnel": _ZTUNNEL_AFFECTED, "waypoint": _WAYPOINT_AFFECTED}
