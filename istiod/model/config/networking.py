@@ -461,6 +461,15 @@ class ServerTLS:
     min_protocol_version: str = ""  # "", TLS_AUTO or one of TLS_PROTOCOL_VERSIONS
     max_protocol_version: str = ""
     cipher_suites: tuple[str, ...] = ()
+    # Several Secrets served together (e.g. an RSA and an ECDSA certificate); the first one's CA verifies clients.
+    credential_names: tuple[str, ...] = ()
+    verify_certificate_spki: tuple[str, ...] = ()  # base64 SHA-256 of a client's SubjectPublicKeyInfo
+    verify_certificate_hash: tuple[str, ...] = ()  # hex SHA-256 of a client's certificate
+
+    @property
+    def credentials(self) -> tuple[str, ...]:
+        """The Secrets the server's certificates come from: credentialNames, else credentialName."""
+        return self.credential_names or ((self.credential_name,) if self.credential_name else ())
 
 
 @dataclass(frozen=True, slots=True)

@@ -156,7 +156,7 @@ def _transport_socket(served: GatewayServer) -> base_pb2.TransportSocket:
     # (required) and OPTIONAL_MUTUAL (asked for). HTTP's ALPN on HTTPS servers only.
     tls = served.server.tls
     assert tls is not None
-    context = server_tls(tls, HTTP_ALPN if served.tls else (), served.credential, served.ca_credential)
+    context = server_tls(tls, HTTP_ALPN if served.tls else (), served.credentials, served.ca_credential)
     return base_pb2.TransportSocket(name=TLS_TRANSPORT_SOCKET, typed_config=pack(context))
 
 
