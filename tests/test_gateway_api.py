@@ -383,3 +383,39 @@ def test_tls_passthrough_and_tcp_listeners_reach_envoy_config() -> None:
     (terminated,) = listeners["0.0.0.0_9544"].filter_chains
     assert terminated.HasField("transport_socket") and list(terminated.filter_chain_match.server_names) == ["*.example.com"]
     assert tcp_proxy_pb2.TcpProxy.FromString(terminated.filters[0].typed_config.value).cluster == cluster
+
+
+def test_tls_terminate_mode_options_and_two_certificates_in_status() -> None:
+    """istiod's `gateway.istio.io/tls-terminate-mode` (MUTUAL, OPTIONAL_MUTUAL, ISTIO_MUTUAL) and up to
+    two certificateRefs (its credentialNames); a value istiod would silently take as SIMPLE, another
+    option and a third certificate are refused in the listener's status."""
+    gateway = copy.deepcopy(next(d for d in _documents() if d["kind"] == "Gateway"))
+    mode = "gateway.istio.io/tls-terminate-mode"
+
+    def https(name: str, port: int, options: dict[str, str], refs: int = 1) -> dict[str, Any]:
+        return {"name": name, "port": port, "protocol": "HTTPS", "hostname": f"{name}.example.com",
+                "tls": {"mode": "Terminate", "certificateRefs": [{"name": "web-cert"}] * refs, "options": options}}
+
+    gateway["spec"]["listeners"] += [
+        https("mutual", 9601, {mode: "MUTUAL"}), https("optional", 9602, {mode: "OPTIONAL_MUTUAL"}),
+        https("mesh", 9603, {mode: "ISTIO_MUTUAL"}), https("two", 9604, {}, refs=2),
+        https("simple-builtin", 9605, {mode: "ISTIO_SIMPLE"}), https("ciphers", 9606, {"gateway.istio.io/tls-cipher-suites": "x"}),
+        https("three", 9607, {}, refs=3)]
+    converted = _converted(gateway)
+    servers = {g.meta.name.rsplit("-", 1)[-1]: g.servers[0] for g in converted.gateways}
+    expected = {"mutual": ("MUTUAL", "kubernetes-gateway://istio-ingress/web-cert", ()),
+                "optional": ("OPTIONAL_MUTUAL", "kubernetes-gateway://istio-ingress/web-cert", ()),
+                "mesh": ("ISTIO_MUTUAL", "", ()),
+                "two": ("SIMPLE", "", ("kubernetes-gateway://istio-ingress/web-cert",) * 2)}
+    for name, (tls_mode, credential, credentials) in expected.items():
+        tls = servers[name].tls
+        assert tls is not None and (tls.mode.value, tls.credential_name, tls.credential_names) == (tls_mode, credential, credentials)
+        conditions = _conditions(_listener(converted, name)["conditions"])
+        assert conditions["Accepted"][:2] == ("True", "Accepted") and conditions["Programmed"][0] == "True", name
+    for name, condition, reason, message in (
+            ("simple-builtin", "Accepted", "UnsupportedValue", "'ISTIO_SIMPLE' is not implemented by this istiod"),
+            ("ciphers", "Accepted", "UnsupportedValue", "tls.options (gateway.istio.io/tls-cipher-suites) is not implemented"),
+            ("three", "ResolvedRefs", "InvalidCertificateRef", "TLS mode can only support up to 2 server certificates")):
+        conditions = _conditions(_listener(converted, name)["conditions"])
+        assert conditions[condition][:2] == ("False", reason) and message in conditions[condition][2], name
+        assert name not in servers

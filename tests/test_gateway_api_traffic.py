@@ -7,6 +7,7 @@ left out, never NACKed. Config: tests/data/gateway-api-mesh.yaml."""
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import sys
@@ -17,11 +18,14 @@ from pathlib import Path
 import grpc
 import pytest
 import yaml
+from cryptography.hazmat.primitives.asymmetric import ec
 from concurrent import futures
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import HealthServicer
 
+from istiod.ca.pki import cert_pem, key_pem
 from tests.conftest import render
+from tests.pki import ca_cert, leaf_cert
 from tests.peers import ROOT, Istiod, Process, free_port, wait_until
 from tests.test_envoy_gateway import BIND, NAMESPACE, SERVICE_ACCOUNT, TOKEN, Gateway, agent_gateway, gateway_envoy
 from tests.test_gateway_gen import server_credential, tls_secret
@@ -179,6 +183,31 @@ def test_changes_reach_the_envoy_and_a_removed_grant_is_not_followed(gateway: Ga
     wait_until(lambda: gateway.https("/", ca)[0] == 500, 10, "the HTTPS route's backend refused without the grant")
     wait_until(lambda: _get(gateway, "late.example.com", "/")[0] == 200, 10, "the new route served")
     print("without the ReferenceGrant:", gateway.https("/", ca))
+
+
+def test_a_mutual_listener_refuses_a_client_without_a_certificate(gateway: Gateway, mesh_dir: Path) -> None:
+    """`gateway.istio.io/tls-terminate-mode: MUTUAL` on the HTTPS listener, as istiod reads it: clients
+    are verified by the certificateRef's `-cacert` Secret; one without a certificate is refused."""
+    workdir = mesh_dir.parent
+    assert gateway.https("/", workdir / "ca.pem")[0] == 200
+    client_ca_key, client_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    client_ca = ca_cert("gateway api clients", client_ca_key)
+    (workdir / "client.pem").write_text(cert_pem(leaf_cert(client_key, (client_ca, client_ca_key), dns=("client",))))
+    (workdir / "client-key.pem").write_bytes(key_pem(client_key))
+    documents = list(yaml.safe_load_all((mesh_dir / "mesh.yaml").read_text()))
+    gateway_api = next(d for d in documents if d["kind"] == "Gateway")
+    https = next(listener for listener in gateway_api["spec"]["listeners"] if listener["name"] == "https")
+    https["tls"]["options"] = {"gateway.istio.io/tls-terminate-mode": "MUTUAL"}
+    documents.append({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "web-cert-cacert", "namespace": NAMESPACE},
+                      "data": {"ca.crt": base64.b64encode(cert_pem(client_ca).encode()).decode()}})
+    (mesh_dir / "mesh.yaml").write_text(yaml.safe_dump_all(documents))
+    host, port = "secure.example.com", gateway.https_port
+    args = (f"https://{host}:{port}/mtls", "--resolve", f"{host}:{port}:{BIND}", "--cacert", str(workdir / "ca.pem"))
+    status, body = wait_until(lambda: (r := gateway.curl(*args))[0] == 0 and r, 15, "a client without a certificate refused")
+    print("MUTUAL listener, no client certificate:", status, body.strip()[:120])
+    status, body = gateway.curl(*args, "--cert", str(workdir / "client.pem"), "--key", str(workdir / "client-key.pem"))
+    print("MUTUAL listener, client certificate:", status, body[:80])
+    assert status == 200 and json.loads(body)["path"] == "/mtls"
 
 
 def test_the_agent_runs_the_gateway(mesh: Gateway, processes: list[Process]) -> None:

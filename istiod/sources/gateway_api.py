@@ -101,13 +101,13 @@ def _listener(f: _Fields) -> Listener:
     tls = fields(f, "tls")
     mode = ""
     certificates: tuple[ObjectRef, ...] = ()
-    options: tuple[str, ...] = ()
+    options: tuple[tuple[str, str], ...] = ()
     if tls is not None:
         mode = tls.get("mode", str, "Terminate")
         if mode not in ("Terminate", "Passthrough"):
             raise tls.fail(f"mode {mode!r} is not Terminate or Passthrough")
         certificates = tuple(_object_ref(ref, "", "Secret") for ref in items(tls, "certificateRefs"))
-        options = tuple(sorted(tls.get("options", dict, {})))
+        options = tls.str_map("options")
     allowed = fields(f, "allowedRoutes")
     from_namespaces, expressions = "Same", False
     selector: tuple[tuple[str, str], ...] = ()

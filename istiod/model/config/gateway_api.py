@@ -70,7 +70,7 @@ class Listener:
     hostname: str = ""  # "": every host
     tls_mode: str = ""  # Terminate or Passthrough, with tls set
     certificate_refs: tuple[ObjectRef, ...] = ()
-    tls_options: tuple[str, ...] = ()  # keys of tls.options, which are not implemented
+    tls_options: tuple[tuple[str, str], ...] = ()  # tls.options (key, value), by key
     from_namespaces: str = "Same"  # Same, All or Selector
     namespace_selector: Labels = ()
     selector_expressions: bool = False  # matchExpressions, which are not implemented

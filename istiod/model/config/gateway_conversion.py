@@ -297,6 +297,9 @@ def _listeners(gateway: KubernetesGateway, inputs: _Inputs, mesh: bool = False) 
     return states
 
 
+TLS_TERMINATE_MODE = "gateway.istio.io/tls-terminate-mode"
+
+
 def _listener_checks(gateway: KubernetesGateway, listener: Listener, state: _ListenerState,
                      inputs: _Inputs) -> ServerTLS | None:
     if listener.protocol not in ("HTTP", "HTTPS", "TLS", "TCP"):
@@ -319,31 +322,56 @@ def _listener_checks(gateway: KubernetesGateway, listener: Listener, state: _Lis
                    "tls.mode Passthrough requires protocol TLS" if listener.tls_mode
                    else f"protocol {listener.protocol} requires tls")
         return None
-    if listener.tls_options:
+    options = dict(listener.tls_options)
+    mode = _terminate_mode(options.pop(TLS_TERMINATE_MODE, "SIMPLE"), state)
+    if options:
         state.fail("Accepted", "UnsupportedValue",
-                   f"tls.options ({', '.join(listener.tls_options)}) is not implemented by this istiod")
-    if len(listener.certificate_refs) != 1:
+                   f"tls.options ({', '.join(options)}) is not implemented by this istiod")
+    if mode is None:
+        return None
+    if mode is ServerTLSMode.ISTIO_MUTUAL:  # the proxy's mesh certificate: certificateRefs are not looked at, as istiod
+        return ServerTLS(mode)
+    if not 1 <= len(listener.certificate_refs) <= 2:
         state.fail("ResolvedRefs", "InvalidCertificateRef",
-                   "exactly one tls.certificateRefs entry is implemented by this istiod"
+                   "TLS mode can only support up to 2 server certificates"
                    if listener.certificate_refs else "tls.certificateRefs is required")
         return None
-    ref = listener.certificate_refs[0]
-    namespace = ref.namespace or gateway.meta.namespace
-    if (ref.group, ref.kind) != ("", "Secret"):
-        state.fail("ResolvedRefs", "InvalidCertificateRef",
-                   f"invalid certificate reference {ref.kind} {namespace}/{ref.name}: only Secrets are supported")
+    names = []
+    for ref in listener.certificate_refs:
+        namespace = ref.namespace or gateway.meta.namespace
+        if (ref.group, ref.kind) != ("", "Secret"):
+            state.fail("ResolvedRefs", "InvalidCertificateRef",
+                       f"invalid certificate reference {ref.kind} {namespace}/{ref.name}: only Secrets are supported")
+            return None
+        if not inputs.permitted("Gateway", gateway.meta.namespace, "Secret", namespace, ref.name):
+            state.fail("ResolvedRefs", "RefNotPermitted",
+                       f"certificate reference {namespace}/{ref.name} not permitted by any ReferenceGrant")
+            return None
+        credential = inputs.credentials.get((namespace, ref.name))
+        if credential is None or not credential.usable:
+            state.fail("ResolvedRefs", "InvalidCertificateRef",
+                       f"invalid certificate reference Secret {namespace}/{ref.name}: "
+                       + ("not found" if credential is None else "it has no tls.crt and tls.key"))
+            return None
+        names.append(f"{GATEWAY_CREDENTIAL_PREFIX}{namespace}/{ref.name}")
+    # One reference is istiod's credentialName, two its credentialNames (e.g. RSA and ECDSA). MUTUAL
+    # clients are verified by the `-cacert` of the first (its `<name>-cacert` Secret, else its ca.crt).
+    if len(names) == 1:
+        return ServerTLS(mode, credential_name=names[0])
+    return ServerTLS(mode, credential_names=tuple(names))
+
+
+def _terminate_mode(value: str, state: _ListenerState) -> ServerTLSMode | None:
+    """istiod's `gateway.istio.io/tls-terminate-mode` option: SIMPLE unless MUTUAL, OPTIONAL_MUTUAL or
+    ISTIO_MUTUAL. istiod takes any other value as SIMPLE; refused here, naming it."""
+    modes = {"SIMPLE": ServerTLSMode.SIMPLE, "MUTUAL": ServerTLSMode.MUTUAL,
+             "OPTIONAL_MUTUAL": ServerTLSMode.OPTIONAL_MUTUAL, "ISTIO_MUTUAL": ServerTLSMode.ISTIO_MUTUAL}
+    if value not in modes:
+        state.fail("Accepted", "UnsupportedValue",
+                   f"tls.options {TLS_TERMINATE_MODE}: {value!r} is not implemented by this istiod "
+                   "(MUTUAL, OPTIONAL_MUTUAL and ISTIO_MUTUAL are)")
         return None
-    if not inputs.permitted("Gateway", gateway.meta.namespace, "Secret", namespace, ref.name):
-        state.fail("ResolvedRefs", "RefNotPermitted",
-                   f"certificate reference {namespace}/{ref.name} not permitted by any ReferenceGrant")
-        return None
-    credential = inputs.credentials.get((namespace, ref.name))
-    if credential is None or not credential.usable:
-        state.fail("ResolvedRefs", "InvalidCertificateRef",
-                   f"invalid certificate reference Secret {namespace}/{ref.name}: "
-                   + ("not found" if credential is None else "it has no tls.crt and tls.key"))
-        return None
-    return ServerTLS(ServerTLSMode.SIMPLE, credential_name=f"{GATEWAY_CREDENTIAL_PREFIX}{namespace}/{ref.name}")
+    return modes[value]
 
 
 def _conflicts(states: list[_ListenerState]) -> None:
