@@ -5,8 +5,10 @@ tests/test_gateway_api_traffic.py; a real API server: e2e/test_gateway_api.py.""
 
 from __future__ import annotations
 
+import base64
 import copy
 import dataclasses
+import re
 from typing import Any
 
 import pytest
@@ -419,3 +421,61 @@ def test_tls_terminate_mode_options_and_two_certificates_in_status() -> None:
         conditions = _conditions(_listener(converted, name)["conditions"])
         assert conditions[condition][:2] == ("False", reason) and message in conditions[condition][2], name
         assert name not in servers
+
+
+def test_frontend_validation_makes_listeners_mutual_and_bad_ca_references_are_reported() -> None:
+    """spec.tls.frontend (istiod's resolveGatewayTLS, buildCaCertificateReference): the default's CA
+    verifies the HTTPS listeners' clients (MUTUAL), a perPort entry overrides it (without validation:
+    SIMPLE); a missing Secret, a Secret without ca.crt, a kind other than Secret are reported on the
+    listener, which is left out."""
+    ca = server_credential("client-ca")[0]
+    client_ca = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "client-ca", "namespace": "istio-ingress"},
+                 "data": {"ca.crt": base64.b64encode(ca).decode()}}
+    gateway = copy.deepcopy(next(d for d in _documents() if d["kind"] == "Gateway"))
+
+    def https(name: str, port: int) -> dict[str, Any]:
+        return {"name": name, "port": port, "protocol": "HTTPS", "hostname": f"{name}.example.com",
+                "tls": {"mode": "Terminate", "certificateRefs": [{"name": "web-cert"}]}}
+
+    def validation(name: str, kind: str = "Secret") -> dict[str, Any]:
+        return {"validation": {"caCertificateRefs": [{"group": "", "kind": kind, "name": name}]}}
+
+    gateway["spec"]["listeners"] = [https("mutual", 9701), https("plain", 9702), https("missing", 9703),
+                                    https("no-ca", 9704), https("configmap", 9705), https("service", 9706)]
+    gateway["spec"]["tls"] = {"frontend": {"default": validation("client-ca"), "perPort": [
+        {"port": 9702, "tls": {}}, {"port": 9703, "tls": validation("nowhere")}, {"port": 9704, "tls": validation("web-cert")},
+        {"port": 9705, "tls": validation("client-ca", "ConfigMap")}, {"port": 9706, "tls": validation("client-ca", "Service")}]}}
+    converted = _converted(gateway, client_ca)
+    servers = {g.meta.name.rsplit("-", 1)[-1]: g.servers[0] for g in converted.gateways}
+    mutual, plain = servers["mutual"].tls, servers["plain"].tls
+    assert mutual is not None and (mutual.mode.value, mutual.ca_cert_credential_name) == (
+        "MUTUAL", "kubernetes-gateway://istio-ingress/client-ca-cacert")
+    assert plain is not None and (plain.mode.value, plain.ca_cert_credential_name) == ("SIMPLE", "")
+    for name, reason, message in (
+            ("missing", "InvalidCACertificateRef", "secret istio-ingress/nowhere not found"),
+            ("no-ca", "InvalidCACertificateRef", "didn't have expected keys cacert or ca.crt"),
+            ("configmap", "InvalidCACertificateRef", "ConfigMaps are not implemented by this istiod"),
+            ("service", "InvalidCACertificateKind", "only secret and configmap are allowed")):
+        conditions = _conditions(_listener(converted, name)["conditions"])
+        assert conditions["Accepted"][:2] == ("False", "NoValidCACertificate") and message in conditions["Accepted"][2], name
+        assert conditions["ResolvedRefs"][:2] == ("False", reason), name
+        assert conditions["Programmed"] == ("False", "Invalid", "Bad TLS configuration"), name
+        assert name not in servers
+    # The proxy is sent the CA of the Secret the validation names (its ca.crt).
+    names = ["kubernetes-gateway://istio-ingress/client-ca-cacert"]
+    (secret,) = ROUTER[types.SECRET](_snapshot(gateway, client_ca), _proxy(), names, ResourceCache())
+    assert secret_pb2.Secret.FromString(secret.value).validation_context.trusted_ca.inline_bytes == ca
+
+
+@pytest.mark.parametrize("tls, error", [
+    ({"backend": {"clientCertificateRef": {"name": "c"}}}, "spec.tls: backend is not implemented by this istiod"),
+    ({"frontend": {"default": {"validation": {"caCertificateRefs": [{"group": "", "kind": "Secret", "name": "c"}],
+                                              "mode": "Sometimes"}}}}, "mode 'Sometimes' is not AllowValidOnly"),
+    ({"frontend": {"default": {"validation": {"caCertificateRefs": []}}}}, "caCertificateRefs: at least one reference"),
+    ({"frontend": {"default": {}, "perPort": [{"port": 70000, "tls": {}}]}}, "port 70000 is not in 1-65535"),
+])
+def test_bad_gateway_tls_names_the_field(tls: dict[str, Any], error: str) -> None:
+    gateway = copy.deepcopy(next(d for d in _documents() if d["kind"] == "Gateway"))
+    gateway["spec"]["tls"] = tls
+    with pytest.raises(ConversionError, match=re.escape(error)):
+        convert(gateway)

@@ -78,6 +78,13 @@ class Listener:
 
 
 @dataclass(frozen=True, slots=True)
+class FrontendValidation:
+    """spec.tls.frontend's `validation` of a port (or the default): the CA verifying clients."""
+    ca_certificate_refs: tuple[ObjectRef, ...]
+    mode: str = "AllowValidOnly"  # or AllowInsecureFallback
+
+
+@dataclass(frozen=True, slots=True)
 class KubernetesGateway:
     meta: Meta
     class_name: str
@@ -86,6 +93,12 @@ class KubernetesGateway:
     generation: int = 0
     parameters_ref: bool = False  # spec.infrastructure.parametersRef: not implemented, refused in status
     labels: Labels = ()  # istio.io/waypoint-for on a waypoint
+    frontend_default: FrontendValidation | None = None  # spec.tls.frontend.default.validation
+    frontend_per_port: tuple[tuple[int, FrontendValidation | None], ...] = ()  # spec.tls.frontend.perPort
+
+    def frontend_validation(self, port: int) -> FrontendValidation | None:
+        """istiod's resolveGatewayTLS: the port's own entry (even without validation), else the default."""
+        return dict(self.frontend_per_port).get(port, self.frontend_default)
 
 
 @dataclass(frozen=True, slots=True)

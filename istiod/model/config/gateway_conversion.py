@@ -32,7 +32,7 @@ from typing import Any
 from istiod.model.cluster import Namespace
 from istiod.model.config.common import MatchKind, Meta, StringMatch, selector_matches
 from istiod.model.config.gateway_api import (
-    GROUP, L4_ROUTE_KINDS, GatewayApiConfig, StatusKey, GatewayClass, Waypoint, KubernetesGateway, KubernetesHTTPRoute,
+    GROUP, L4_ROUTE_KINDS, FrontendValidation, GatewayApiConfig, StatusKey, GatewayClass, Waypoint, KubernetesGateway, KubernetesHTTPRoute,
     Listener, ObjectRef, ParentRef, ReferenceGrant, RouteMatch, RouteRule,
 )
 from istiod.model.config.networking import (
@@ -40,7 +40,7 @@ from istiod.model.config.networking import (
     Mirror, Redirect, Rewrite, RouteDestination, Server, ServerTLS, ServerTLSMode, ServicePort, VirtualService,
 )
 from istiod.model.config.scope import host_matches
-from istiod.model.credentials import TlsCredential
+from istiod.model.credentials import CA_SUFFIX, TlsCredential
 from istiod.model.names import DEFAULT_DOMAIN, service_hostname
 from istiod.model.service import Endpoint, Service
 
@@ -57,7 +57,8 @@ GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"
 GATEWAY_CREDENTIAL_PREFIX = "kubernetes-gateway://"  # istiod's SDS name for a certificateRef: <ns>/<name>
 _HTTP_KINDS = ((GROUP, "HTTPRoute"), (GROUP, "GRPCRoute"))
 _OK = "No errors found"
-_TLS_REASONS = frozenset({"InvalidCertificateRef", "RefNotPermitted"})
+_TLS_REASONS = frozenset({"InvalidCertificateRef", "RefNotPermitted", "InvalidCACertificateRef",
+                          "InvalidCACertificateKind"})
 
 
 
@@ -356,9 +357,58 @@ def _listener_checks(gateway: KubernetesGateway, listener: Listener, state: _Lis
         names.append(f"{GATEWAY_CREDENTIAL_PREFIX}{namespace}/{ref.name}")
     # One reference is istiod's credentialName, two its credentialNames (e.g. RSA and ECDSA). MUTUAL
     # clients are verified by the `-cacert` of the first (its `<name>-cacert` Secret, else its ca.crt).
-    if len(names) == 1:
-        return ServerTLS(mode, credential_name=names[0])
-    return ServerTLS(mode, credential_names=tuple(names))
+    tls = ServerTLS(mode, credential_name=names[0]) if len(names) == 1 else ServerTLS(mode, credential_names=tuple(names))
+    validation = gateway.frontend_validation(listener.port)
+    if validation is None:
+        return tls
+    ca = _frontend_ca(gateway, validation, state, inputs)
+    if ca is None:
+        return None
+    # Frontend validation makes the listener MUTUAL, unless the option asks for OPTIONAL_MUTUAL.
+    return replace(tls, mode=ServerTLSMode.OPTIONAL_MUTUAL if mode is ServerTLSMode.OPTIONAL_MUTUAL else ServerTLSMode.MUTUAL,
+                   ca_cert_credential_name=ca)
+
+
+def _frontend_ca(gateway: KubernetesGateway, validation: FrontendValidation, state: _ListenerState,
+                 inputs: _Inputs) -> str | None:
+    """istiod's buildCaCertificateReference for spec.tls.frontend's caCertificateRefs: the SDS name
+    `kubernetes-gateway://<ns>/<name>-cacert` of a Secret with `cacert` or `ca.crt`. A bad reference
+    leaves the listener out: Accepted False (NoValidCACertificate), ResolvedRefs False."""
+    def fail(reason: str, message: str) -> None:
+        state.fail("Accepted", "NoValidCACertificate", message)
+        state.fail("ResolvedRefs", reason, message)
+
+    if validation.mode != "AllowValidOnly":
+        state.fail("Accepted", "UnsupportedValue",
+                   f"tls.frontend validation mode {validation.mode} is not implemented by this istiod (AllowValidOnly is)")
+        return None
+    if len(validation.ca_certificate_refs) > 1:
+        state.fail("ResolvedRefs", "InvalidCACertificateRef", "only one caCertificateRef is supported")
+        return None
+    ref = validation.ca_certificate_refs[0]
+    namespace = ref.namespace or gateway.meta.namespace
+    text = f"{ref.group}/{ref.kind}/{ref.name}.{ref.namespace}"  # istiod's objectReferenceString
+    if (ref.group, ref.kind) == ("", "ConfigMap"):
+        fail("InvalidCACertificateRef", f"invalid CA certificate reference {text}, "
+             "ConfigMaps are not implemented by this istiod (Secrets are)")
+        return None
+    if (ref.group, ref.kind) != ("", "Secret"):
+        fail("InvalidCACertificateKind", f"invalid CA certificate reference {text}, only secret and configmap are allowed")
+        return None
+    credential = inputs.credentials.get((namespace, ref.name))
+    if credential is None:
+        fail("InvalidCACertificateRef", f"invalid CA certificate reference {text}, secret {namespace}/{ref.name} not found")
+        return None
+    if not credential.ca_cert:
+        fail("InvalidCACertificateRef", f"invalid CA certificate reference {text}, "
+             "found secret, but didn't have expected keys cacert or ca.crt")
+        return None
+    if namespace != gateway.meta.namespace and not inputs.permitted("Gateway", gateway.meta.namespace, "Secret",
+                                                                   namespace, ref.name):
+        fail("RefNotPermitted", f"caCertificateRef {namespace}/{ref.name} not accessible to a Gateway in namespace "
+             f"{gateway.meta.namespace!r} (missing a ReferenceGrant?)")
+        return None
+    return f"{GATEWAY_CREDENTIAL_PREFIX}{namespace}/{ref.name}{CA_SUFFIX}"
 
 
 def _terminate_mode(value: str, state: _ListenerState) -> ServerTLSMode | None:

@@ -465,6 +465,9 @@ class ServerTLS:
     credential_names: tuple[str, ...] = ()
     verify_certificate_spki: tuple[str, ...] = ()  # base64 SHA-256 of a client's SubjectPublicKeyInfo
     verify_certificate_hash: tuple[str, ...] = ()  # hex SHA-256 of a client's certificate
+    # istiod's caCertCredentialName (a Gateway API frontend validation's CA): the SDS name of the CA
+    # verifying clients instead of the first credential's `-cacert`.
+    ca_cert_credential_name: str = ""
 
     @property
     def credentials(self) -> tuple[str, ...]:

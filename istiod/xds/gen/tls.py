@@ -18,6 +18,7 @@ from google.protobuf import any_pb2, duration_pb2, wrappers_pb2
 
 from istiod.certfiles import PROVIDER_INSTANCE
 from istiod.model.config.networking import ClientTLS, ServerTLS, ServerTLSMode, TLSMode
+from istiod.model.credentials import CA_SUFFIX
 from istiod.model.names import spiffe_identity
 from istiod.model.service import Endpoint
 from istiod.xds.gen.filters import ads_source
@@ -43,7 +44,6 @@ HTTP_ALPN = ("h2", "http/1.1")
 # Istio's proxy image (Debian's path).
 SYSTEM_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 CREDENTIAL_PREFIX = "kubernetes://"  # istiod's name for a credentialName's SDS secret
-CA_SUFFIX = "-cacert"  # istiod's SdsCaSuffix: the CA of a credential
 # Istio's minProtocolVersion/maxProtocolVersion values -> Envoy's.
 TLS_VERSIONS = {
     "TLS_AUTO": common_pb2.TlsParameters.TLS_AUTO, "TLSV1_0": common_pb2.TlsParameters.TLSv1_0,

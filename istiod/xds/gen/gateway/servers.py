@@ -122,7 +122,7 @@ class GatewayServer:
         tls = self.server.tls
         if tls is None or tls.mode not in (ServerTLSMode.MUTUAL, ServerTLSMode.OPTIONAL_MUTUAL):
             return None
-        return self.credentials[0] + CA_SUFFIX
+        return tls.ca_cert_credential_name or self.credentials[0] + CA_SUFFIX
 
     @property
     def server_names(self) -> list[str]:
