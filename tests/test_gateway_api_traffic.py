@@ -185,22 +185,17 @@ def test_changes_reach_the_envoy_and_a_removed_grant_is_not_followed(gateway: Ga
     print("without the ReferenceGrant:", gateway.https("/", ca))
 
 
-def test_a_mutual_listener_refuses_a_client_without_a_certificate(gateway: Gateway, mesh_dir: Path) -> None:
-    """`gateway.istio.io/tls-terminate-mode: MUTUAL` on the HTTPS listener, as istiod reads it: clients
-    are verified by the certificateRef's `-cacert` Secret; one without a certificate is refused."""
-    workdir = mesh_dir.parent
-    assert gateway.https("/", workdir / "ca.pem")[0] == 200
+def _client_ca(workdir: Path) -> bytes:
+    """A client CA and a client certificate of it (client.pem, client-key.pem); the CA as PEM."""
     client_ca_key, client_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
     client_ca = ca_cert("gateway api clients", client_ca_key)
     (workdir / "client.pem").write_text(cert_pem(leaf_cert(client_key, (client_ca, client_ca_key), dns=("client",))))
     (workdir / "client-key.pem").write_bytes(key_pem(client_key))
-    documents = list(yaml.safe_load_all((mesh_dir / "mesh.yaml").read_text()))
-    gateway_api = next(d for d in documents if d["kind"] == "Gateway")
-    https = next(listener for listener in gateway_api["spec"]["listeners"] if listener["name"] == "https")
-    https["tls"]["options"] = {"gateway.istio.io/tls-terminate-mode": "MUTUAL"}
-    documents.append({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "web-cert-cacert", "namespace": NAMESPACE},
-                      "data": {"ca.crt": base64.b64encode(cert_pem(client_ca).encode()).decode()}})
-    (mesh_dir / "mesh.yaml").write_text(yaml.safe_dump_all(documents))
+    return cert_pem(client_ca).encode()
+
+
+def _mutual_served(gateway: Gateway, workdir: Path) -> None:
+    """The HTTPS listener refuses a client without a certificate and serves one with a certificate of the CA."""
     host, port = "secure.example.com", gateway.https_port
     args = (f"https://{host}:{port}/mtls", "--resolve", f"{host}:{port}:{BIND}", "--cacert", str(workdir / "ca.pem"))
     status, body = wait_until(lambda: (r := gateway.curl(*args))[0] == 0 and r, 15, "a client without a certificate refused")
@@ -208,6 +203,30 @@ def test_a_mutual_listener_refuses_a_client_without_a_certificate(gateway: Gatew
     status, body = gateway.curl(*args, "--cert", str(workdir / "client.pem"), "--key", str(workdir / "client-key.pem"))
     print("MUTUAL listener, client certificate:", status, body[:80])
     assert status == 200 and json.loads(body)["path"] == "/mtls"
+
+
+@pytest.mark.parametrize("how", ["tls-terminate-mode", "frontend-validation"])
+def test_a_mutual_listener_refuses_a_client_without_a_certificate(gateway: Gateway, mesh_dir: Path, how: str) -> None:
+    """The HTTPS listener made MUTUAL as istiod reads it: by the `gateway.istio.io/tls-terminate-mode:
+    MUTUAL` option (clients verified by the certificateRef's `-cacert` Secret), or by the Gateway's
+    spec.tls.frontend validation (by the CA Secret it names)."""
+    workdir = mesh_dir.parent
+    assert gateway.https("/", workdir / "ca.pem")[0] == 200
+    ca = base64.b64encode(_client_ca(workdir)).decode()
+    documents = list(yaml.safe_load_all((mesh_dir / "mesh.yaml").read_text()))
+    gateway_api = next(d for d in documents if d["kind"] == "Gateway")
+    if how == "tls-terminate-mode":
+        https = next(listener for listener in gateway_api["spec"]["listeners"] if listener["name"] == "https")
+        https["tls"]["options"] = {"gateway.istio.io/tls-terminate-mode": "MUTUAL"}
+        secret = "web-cert-cacert"
+    else:
+        gateway_api["spec"]["tls"] = {"frontend": {"default": {"validation": {
+            "caCertificateRefs": [{"group": "", "kind": "Secret", "name": "client-ca"}]}}}}
+        secret = "client-ca"
+    documents.append({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret, "namespace": NAMESPACE},
+                      "data": {"ca.crt": ca}})
+    (mesh_dir / "mesh.yaml").write_text(yaml.safe_dump_all(documents))
+    _mutual_served(gateway, workdir)
 
 
 def test_the_agent_runs_the_gateway(mesh: Gateway, processes: list[Process]) -> None:
