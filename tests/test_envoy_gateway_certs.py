@@ -3,7 +3,8 @@ certificate) and clients pinned by verifyCertificateSpki/verifyCertificateHash, 
 1.40 (the set-up of tests/test_envoy_gateway.py): a client that only admits RSA and one that only
 admits ECDSA both complete TLS, each seeing its kind of certificate; a client certificate neither
 pin names is refused, one each pin names accepted; a pinned certificate the CRL of the Secret
-(`ca.crl`, as istiod reads a credential's CRL) revokes is refused."""
+(`ca.crl`, as istiod reads a credential's CRL) revokes is refused. An ISTIO_MUTUAL server's `caCrl`
+(a file Envoy reads) refuses a mesh client it revokes."""
 
 from __future__ import annotations
 
@@ -133,3 +134,47 @@ def test_client_certificates_are_pinned_by_spki_and_hash_and_the_crl_refuses(cer
     assert results["spki"][0] and results["hash"][0]
     assert not results["unlisted"][0]  # signed by the CA, but neither pin names it
     assert not results["revoked"][0]  # pinned, but the Secret's ca.crl revokes it
+
+
+def _crl(issuer: x509.Certificate, key: Any, *revoked: x509.Certificate) -> bytes:
+    builder = (x509.CertificateRevocationListBuilder().issuer_name(issuer.subject)
+               .last_update(NOW - timedelta(minutes=1)).next_update(NOW + timedelta(days=1)))
+    for cert in revoked:
+        builder = builder.add_revoked_certificate(x509.RevokedCertificateBuilder().serial_number(cert.serial_number)
+                                                  .revocation_date(NOW - timedelta(minutes=1)).build())
+    return builder.sign(key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
+
+
+def test_istio_mutual_ca_crl_refuses_a_revoked_mesh_client(mesh: Gateway, mesh_dir: Path) -> None:  # noqa: F811
+    """caCrl with ISTIO_MUTUAL (istiod's ApplyToCommonTLSContext): the CRL file joins the mesh root's
+    validation; a mesh client certificate it revokes is refused, another one served."""
+    workdir, port = mesh_dir.parent, free_port(BIND)
+    with gateway_envoy(mesh) as started:
+        assert started.sds is not None
+        signer = (started.sds.root, started.sds.root_key)
+        issued = {}
+        for name in ("member", "revoked"):
+            key = ec.generate_private_key(ec.SECP256R1())
+            issued[name] = leaf_cert(key, signer, uris=(f"spiffe://cluster.local/ns/shop/sa/{name}",))
+            (workdir / f"{name}.pem").write_text(cert_pem(issued[name]))
+            (workdir / f"{name}-key.pem").write_bytes(key_pem(key))
+        (workdir / "mesh.crl").write_bytes(_crl(started.sds.root, started.sds.root_key, issued["revoked"]))
+        (mesh_dir / "crl.yaml").write_text(yaml.safe_dump_all([
+            {"apiVersion": "networking.istio.io/v1", "kind": "Gateway", "metadata": {"name": "crl", "namespace": NAMESPACE},
+             "spec": {"selector": {"istio": "ingressgateway"}, "servers": [
+                 {"port": {"number": port, "name": "https-mesh", "protocol": "HTTPS"}, "bind": BIND, "hosts": [f"shop/{HOST}"],
+                  "tls": {"mode": "ISTIO_MUTUAL", "caCrl": str(workdir / "mesh.crl")}}]}},
+            {"apiVersion": "networking.istio.io/v1", "kind": "VirtualService", "metadata": {"name": "crl", "namespace": "shop"},
+             "spec": {"hosts": [HOST], "gateways": [f"{NAMESPACE}/crl"], "http": [{"route": [{"destination": {"host": "web"}}]}]}}]))
+        # -k: the gateway presents its workload certificate (a SPIFFE ID, no DNS name), as istiod's would.
+        args = (f"https://{HOST}:{port}/crl", "--resolve", f"{HOST}:{port}:{BIND}", "-k")
+
+        def client(name: str) -> tuple[str, ...]:
+            return "--cert", str(workdir / f"{name}.pem"), "--key", str(workdir / f"{name}-key.pem")
+
+        status, body = wait_until(lambda: (r := started.curl(*args, *client("member")))[0] == 200 and r, 15,
+                                  "ISTIO_MUTUAL with a mesh client the CRL does not revoke")
+        print("caCrl, member:", status, body[:60])
+        status, body = started.curl(*args, *client("revoked"))
+        print("caCrl, revoked:", status, body.strip()[:120])
+        assert status == 0

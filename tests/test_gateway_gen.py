@@ -459,3 +459,14 @@ def test_auto_passthrough_routes_the_sni_of_a_mesh_service_to_its_sni_dnat_clust
     assert not dnat.HasField("transport_socket") and not dnat.transport_socket_matches
     # Without an AUTO_PASSTHROUGH server, no SNI-DNAT clusters.
     assert not [n for n in _generate(types.CLUSTER, _snapshot(rule), cluster_pb2.Cluster) if n.startswith("outbound_.")]
+
+
+def test_istio_mutual_ca_crl_joins_the_mesh_validation() -> None:
+    """istiod's ApplyToCommonTLSContext: caCrl is the default validation context's CRL file, beside ROOTCA."""
+    gateway = _l4_gateway({"port": {"number": 9446, "name": "mesh", "protocol": "HTTPS"}, "hosts": ["shop/secure.example.com"],
+                           "tls": {"mode": "ISTIO_MUTUAL", "caCrl": "/etc/istio/crl.pem"}})
+    listeners = _generate(types.LISTENER, _snapshot(gateway, L4_ROUTES), listener_pb2.Listener)
+    (chain,) = listeners["127.0.0.60_9446"].filter_chains
+    combined = tls_pb2.DownstreamTlsContext.FromString(chain.transport_socket.typed_config.value).common_tls_context.combined_validation_context
+    assert combined.default_validation_context.crl.filename == "/etc/istio/crl.pem"
+    assert combined.validation_context_sds_secret_config.name == "ROOTCA"

@@ -468,6 +468,7 @@ class ServerTLS:
     # istiod's caCertCredentialName (a Gateway API frontend validation's CA): the SDS name of the CA
     # verifying clients instead of the first credential's `-cacert`.
     ca_cert_credential_name: str = ""
+    ca_crl: str = ""  # a CRL file in the proxy (ISTIO_MUTUAL); a credential's CRL is its Secret's ca.crl
 
     @property
     def credentials(self) -> tuple[str, ...]:

@@ -926,15 +926,17 @@ def _server_tls(f: _Fields, path: str) -> ServerTLS | None:
                     str_list(sub, "subjectAltNames"), sub.get("minProtocolVersion", str, ""),
                     sub.get("maxProtocolVersion", str, ""), str_list(sub, "cipherSuites"),
                     str_list(sub, "credentialNames"), str_list(sub, "verifyCertificateSpki"),
-                    str_list(sub, "verifyCertificateHash"))
+                    str_list(sub, "verifyCertificateHash"), ca_crl=sub.get("caCrl", str, ""))
     _client_pins(f, path, tls)
-    if sub.get("caCrl", str, ""):
-        # istiod: the CRL of a credential is its Secret's ca.crl; with files (not served here) it is read by Envoy.
+    if tls.ca_crl:
+        # istiod: the CRL of a credential is its Secret's ca.crl; with the mesh certificate or files, a file Envoy reads.
         if tls.credential_name:
             raise f.fail(f"{path}.caCrl: CRL is not supported with credentialName. CRL has to be specified in the credential")
         if tls.mode is ServerTLSMode.SIMPLE:
             raise f.fail(f"{path}.caCrl: CRL is not supported with SIMPLE TLS")
-        raise f.fail(f"{path}.caCrl: caCrl is not supported by this istiod (a credential's CRL is the ca.crl of its Secret)")
+        if tls.mode is not ServerTLSMode.ISTIO_MUTUAL:
+            raise f.fail(f"{path}.caCrl: caCrl is not supported by this istiod but with ISTIO_MUTUAL "
+                         "(a credential's CRL is the ca.crl of its Secret)")
     if sum((bool(tls.server_certificate and tls.private_key), bool(tls.credential_name), bool(tls.credential_names))) > 1:
         raise f.fail(f"{path}: only one of credential_name, credential_names, server_certificate/private_key, "
                      "tls_certificates should be specified")

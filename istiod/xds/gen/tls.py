@@ -105,12 +105,13 @@ def sds_hbone_upstream_tls() -> base_pb2.TransportSocket:
     return _transport_socket(tls_pb2.UpstreamTlsContext(common_tls_context=_sds_tls_context(("h2",), ())))
 
 
-def sds_downstream_tls(alpn: Iterable[str], identities: Iterable[str] = ()) -> base_pb2.TransportSocket:
+def sds_downstream_tls(alpn: Iterable[str], identities: Iterable[str] = (), crl: str = "") -> base_pb2.TransportSocket:
     """Envoy, server side: require a client certificate the mesh root signed (of `identities`, or
-    any mesh identity)."""
-    context = tls_pb2.DownstreamTlsContext(
-        common_tls_context=_sds_tls_context(alpn, identities), require_client_certificate=wrappers_pb2.BoolValue(value=True)
-    )
+    any mesh identity) and the CRL file `crl` does not revoke."""
+    common = _sds_tls_context(alpn, identities)
+    if crl:
+        common.combined_validation_context.default_validation_context.crl.filename = crl
+    context = tls_pb2.DownstreamTlsContext(common_tls_context=common, require_client_certificate=wrappers_pb2.BoolValue(value=True))
     return _transport_socket(context)
 
 

@@ -149,9 +149,9 @@ def gateway_listener(name: str, servers: tuple[GatewayServer, ...],
 def _transport_socket(served: GatewayServer) -> base_pb2.TransportSocket:
     if served.mesh_tls:
         # The workload certificate and root from the agent's SDS (`default`, `ROOTCA`), as a sidecar's
-        # inbound; subjectAltNames restrict the client identities.
+        # inbound; subjectAltNames restrict the client identities, caCrl (a file in the pod) revokes some.
         assert served.server.tls is not None
-        return sds_downstream_tls(HTTP_ALPN, served.server.tls.subject_alt_names)
+        return sds_downstream_tls(HTTP_ALPN, served.server.tls.subject_alt_names, served.server.tls.ca_crl)
     # The credential's certificate; a client certificate verified by `<credential>-cacert` for MUTUAL
     # (required) and OPTIONAL_MUTUAL (asked for). HTTP's ALPN on HTTPS servers only.
     tls = served.server.tls
