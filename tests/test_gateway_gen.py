@@ -470,3 +470,23 @@ def test_istio_mutual_ca_crl_joins_the_mesh_validation() -> None:
     combined = tls_pb2.DownstreamTlsContext.FromString(chain.transport_socket.typed_config.value).common_tls_context.combined_validation_context
     assert combined.default_validation_context.crl.filename == "/etc/istio/crl.pem"
     assert combined.validation_context_sds_secret_config.name == "ROOTCA"
+
+
+def test_a_credential_names_secret_without_its_key_is_not_sent_and_named(caplog: pytest.LogCaptureFixture,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """One Secret of credentialNames lacks tls.key: the Secret is refused naming the keys, and the
+    other is sent alone, the missing one named in a warning (Envoy's listener waits for it, keeping
+    the last good one); no key material logged."""
+    gateway = _l4_gateway({"port": {"number": 9443, "name": "two", "protocol": "HTTPS"}, "hosts": ["shop/secure.example.com"],
+                           "tls": {"mode": "SIMPLE", "credentialNames": ["web-rsa", "web-cert"]}})
+    keyless = tls_secret("web-rsa", "istio-ingress", *CREDENTIAL[1:])
+    del keyless["data"]["tls.key"]
+    with pytest.raises(ConversionError, match="Secret istio-ingress/web-rsa: data: tls.crt and tls.key must both be set"):
+        convert(keyless)
+    names = ["kubernetes://web-rsa", "kubernetes://web-cert"]
+    monkeypatch.setattr(secrets, "_refused", logs.Throttled(secrets.log, 60.0))  # earlier tests' lines
+    with caplog.at_level(logging.WARNING):
+        sent = _generate(types.SECRET, _snapshot(gateway), secret_pb2.Secret, names=names)
+    assert list(sent) == ["kubernetes://web-cert"]
+    assert "without tls.crt/tls.key" in caplog.text and "istio-ingress/web-rsa" in caplog.text
+    assert CREDENTIAL[2].decode().splitlines()[1] not in caplog.text
