@@ -132,6 +132,10 @@ def test_client_certificates_are_pinned_by_spki_and_hash_and_the_crl_refuses(cer
     for name, (kind, reply) in results.items():
         print(f"client {name}:", kind or "refused", reply.splitlines()[0][:100])
     assert results["spki"][0] and results["hash"][0]
+    # The backend is told the client's certificate (istiod's SANITIZE_SET at gateways).
+    xfcc = json.loads(results["spki"][1].split("\r\n\r\n", 1)[1])["xfcc"]
+    print("x-forwarded-client-cert:", xfcc[:160])
+    assert "Hash=" in xfcc and "DNS=spki.client" in xfcc and "Cert=" in xfcc
     assert not results["unlisted"][0]  # signed by the CA, but neither pin names it
     assert not results["revoked"][0]  # pinned, but the Secret's ca.crl revokes it
 

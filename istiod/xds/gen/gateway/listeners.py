@@ -162,7 +162,9 @@ def _transport_socket(served: GatewayServer) -> base_pb2.TransportSocket:
 
 def _hcm(listener: str, route_name: str, http_filters: tuple[hcm_pb2.HttpFilter, ...]) -> listener_components_pb2.Filter:
     """istiod's gateway HCM: the client's address is the peer's (a gateway is the edge), paths
-    normalised, websockets pass, VirtualService faults and CORS policies act."""
+    normalised, websockets pass, VirtualService faults and CORS policies act; a client's certificate
+    (MUTUAL) is told to the backend in x-forwarded-client-cert, one from the client dropped
+    (istiod's SANITIZE_SET default)."""
     rds = hcm_pb2.Rds(config_source=ads_source(initial_fetch_timeout=duration_pb2.Duration()),
                       route_config_name=route_name)
     return network_filter(HCM_FILTER, with_fault_filter(http_connection_manager(
@@ -172,4 +174,7 @@ def _hcm(listener: str, route_name: str, http_filters: tuple[hcm_pb2.HttpFilter,
         use_remote_address=wrappers_pb2.BoolValue(value=True),
         normalize_path=wrappers_pb2.BoolValue(value=True),
         upgrade_configs=[hcm_pb2.HttpConnectionManager.UpgradeConfig(upgrade_type="websocket")],
+        forward_client_cert_details=hcm_pb2.HttpConnectionManager.SANITIZE_SET,
+        set_current_client_cert_details=hcm_pb2.HttpConnectionManager.SetCurrentClientCertDetails(
+            subject=wrappers_pb2.BoolValue(value=True), cert=True, dns=True, uri=True),
     ), cors=True))
