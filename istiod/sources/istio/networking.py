@@ -919,7 +919,7 @@ def _server_tls(f: _Fields, path: str) -> ServerTLS | None:
     only(sub, ("httpsRedirect", "mode", "serverCertificate", "privateKey", "caCertificates", "credentialName",
                "subjectAltNames", "minProtocolVersion", "maxProtocolVersion", "cipherSuites", "credentialNames",
                "verifyCertificateSpki", "verifyCertificateHash", "caCrl"),
-         ("tlsCertificates",))
+         ("tlsCertificates", "caCertCredentialName", "insecureSkipVerify"))
     tls = ServerTLS(enum_field(sub, "mode", ServerTLSMode, "PASSTHROUGH"), sub.get("httpsRedirect", bool, False),  # type: ignore[arg-type]
                     sub.get("serverCertificate", str, ""), sub.get("privateKey", str, ""),
                     sub.get("caCertificates", str, ""), sub.get("credentialName", str, ""),
