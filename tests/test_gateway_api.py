@@ -479,3 +479,28 @@ def test_bad_gateway_tls_names_the_field(tls: dict[str, Any], error: str) -> Non
     gateway["spec"]["tls"] = tls
     with pytest.raises(ConversionError, match=re.escape(error)):
         convert(gateway)
+
+
+def test_allow_insecure_fallback_is_optional_mutual_without_chain_verification() -> None:
+    """AllowInsecureFallback (istiod: OPTIONAL_MUTUAL, insecureSkipVerify): the client's certificate is
+    asked for, not verified; the Gateway says so in InsecureFrontendValidationMode. The option's
+    MUTUAL verifies again, as istiod."""
+    ca = server_credential("client-ca")[0]
+    client_ca = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "client-ca", "namespace": "istio-ingress"},
+                 "data": {"ca.crt": base64.b64encode(ca).decode()}}
+    gateway = copy.deepcopy(next(d for d in _documents() if d["kind"] == "Gateway"))
+    tls = {"mode": "Terminate", "certificateRefs": [{"name": "web-cert"}]}
+    gateway["spec"]["listeners"] = [
+        {"name": "fallback", "port": 9801, "protocol": "HTTPS", "hostname": "a.example.com", "tls": tls},
+        {"name": "forced", "port": 9802, "protocol": "HTTPS", "hostname": "b.example.com",
+         "tls": {**tls, "options": {"gateway.istio.io/tls-terminate-mode": "MUTUAL"}}}]
+    gateway["spec"]["tls"] = {"frontend": {"default": {"validation": {
+        "caCertificateRefs": [{"group": "", "kind": "Secret", "name": "client-ca"}], "mode": "AllowInsecureFallback"}}}}
+    converted = _converted(gateway, client_ca)
+    servers = {g.meta.name.rsplit("-", 1)[-1]: g.servers[0].tls for g in converted.gateways}
+    fallback, forced = servers["fallback"], servers["forced"]
+    assert fallback is not None and (fallback.mode.value, fallback.insecure_skip_verify) == ("OPTIONAL_MUTUAL", True)
+    assert forced is not None and (forced.mode.value, forced.insecure_skip_verify) == ("MUTUAL", False)
+    status = converted.statuses[("KubernetesGateway", "istio-ingress", "web")]
+    assert _conditions(status["conditions"])["InsecureFrontendValidationMode"] == (
+        "True", "ConfigurationChanged", "Gateway is operating in AllowInsecureFallback mode for frontend validation")

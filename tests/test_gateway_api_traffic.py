@@ -229,6 +229,33 @@ def test_a_mutual_listener_refuses_a_client_without_a_certificate(gateway: Gatew
     _mutual_served(gateway, workdir)
 
 
+def test_allow_insecure_fallback_takes_any_client_and_tells_the_backend(gateway: Gateway, mesh_dir: Path) -> None:
+    """spec.tls.frontend validation with AllowInsecureFallback (istiod: OPTIONAL_MUTUAL with
+    insecureSkipVerify): a client without a certificate and one with a certificate of a CA nobody
+    named are both served; the backend sees the latter's certificate in x-forwarded-client-cert."""
+    workdir = mesh_dir.parent
+    ca = base64.b64encode(_client_ca(workdir)).decode()
+    _, stranger, stranger_key = server_credential("stranger")
+    (workdir / "stranger.pem").write_bytes(stranger)
+    (workdir / "stranger-key.pem").write_bytes(stranger_key)
+    documents = list(yaml.safe_load_all((mesh_dir / "mesh.yaml").read_text()))
+    next(d for d in documents if d["kind"] == "Gateway")["spec"]["tls"] = {"frontend": {"default": {"validation": {
+        "caCertificateRefs": [{"group": "", "kind": "Secret", "name": "client-ca"}], "mode": "AllowInsecureFallback"}}}}
+    documents.append({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "client-ca", "namespace": NAMESPACE},
+                      "data": {"ca.crt": ca}})
+    (mesh_dir / "mesh.yaml").write_text(yaml.safe_dump_all(documents))
+    host, port = "secure.example.com", gateway.https_port
+    args = (f"https://{host}:{port}/fallback", "--resolve", f"{host}:{port}:{BIND}", "--cacert", str(workdir / "ca.pem"))
+    stranger_args = ("--cert", str(workdir / "stranger.pem"), "--key", str(workdir / "stranger-key.pem"))
+    status, body = wait_until(lambda: (r := gateway.curl(*args, *stranger_args))[0] == 200
+                              and json.loads(r[1])["xfcc"] and r, 15, "a client of an unknown CA served, its certificate told")
+    print("AllowInsecureFallback, unknown CA:", status, json.loads(body)["xfcc"][:100])
+    assert "DNS=stranger" in json.loads(body)["xfcc"]
+    status, body = gateway.curl(*args)
+    print("AllowInsecureFallback, no certificate:", status, body[:80])
+    assert status == 200 and json.loads(body)["xfcc"] is None
+
+
 def test_the_agent_runs_the_gateway(mesh: Gateway, processes: list[Process]) -> None:
     """`istiod agent proxy router` with the Gateway's pod label: its Envoy is the Gateway's proxy,
     sent the certificateRef's Secret over the agent's xDS proxy on istiod's TLS port."""

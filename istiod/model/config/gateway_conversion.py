@@ -299,6 +299,7 @@ def _listeners(gateway: KubernetesGateway, inputs: _Inputs, mesh: bool = False) 
 
 
 TLS_TERMINATE_MODE = "gateway.istio.io/tls-terminate-mode"
+INSECURE_FALLBACK = "AllowInsecureFallback"
 
 
 def _listener_checks(gateway: KubernetesGateway, listener: Listener, state: _ListenerState,
@@ -364,9 +365,13 @@ def _listener_checks(gateway: KubernetesGateway, listener: Listener, state: _Lis
     ca = _frontend_ca(gateway, validation, state, inputs)
     if ca is None:
         return None
-    # Frontend validation makes the listener MUTUAL, unless the option asks for OPTIONAL_MUTUAL.
-    return replace(tls, mode=ServerTLSMode.OPTIONAL_MUTUAL if mode is ServerTLSMode.OPTIONAL_MUTUAL else ServerTLSMode.MUTUAL,
-                   ca_cert_credential_name=ca)
+    # Frontend validation makes the listener MUTUAL, AllowInsecureFallback OPTIONAL_MUTUAL without
+    # verifying the chain; the option's MUTUAL or OPTIONAL_MUTUAL, verifying, wins (istiod's buildTLS).
+    if mode in (ServerTLSMode.MUTUAL, ServerTLSMode.OPTIONAL_MUTUAL):
+        return replace(tls, ca_cert_credential_name=ca)
+    if validation.mode == INSECURE_FALLBACK:
+        return replace(tls, mode=ServerTLSMode.OPTIONAL_MUTUAL, ca_cert_credential_name=ca, insecure_skip_verify=True)
+    return replace(tls, mode=ServerTLSMode.MUTUAL, ca_cert_credential_name=ca)
 
 
 def _frontend_ca(gateway: KubernetesGateway, validation: FrontendValidation, state: _ListenerState,
@@ -378,10 +383,6 @@ def _frontend_ca(gateway: KubernetesGateway, validation: FrontendValidation, sta
         state.fail("Accepted", "NoValidCACertificate", message)
         state.fail("ResolvedRefs", reason, message)
 
-    if validation.mode != "AllowValidOnly":
-        state.fail("Accepted", "UnsupportedValue",
-                   f"tls.frontend validation mode {validation.mode} is not implemented by this istiod (AllowValidOnly is)")
-        return None
     if len(validation.ca_certificate_refs) > 1:
         state.fail("ResolvedRefs", "InvalidCACertificateRef", "only one caCertificateRef is supported")
         return None
@@ -460,8 +461,13 @@ def _gateway_status(gateway: KubernetesGateway, states: list[_ListenerState], in
         accepted = condition("Accepted", False, "InvalidParameters",
                              "spec.infrastructure.parametersRef is not implemented by this istiod", generation)
     programmed, addresses = _programmed(gateway, states, inputs, mesh)
-    status: dict[str, Any] = {"conditions": [
-        accepted, programmed, condition("ResolvedRefs", True, "ResolvedRefs", "All references resolved", generation)],
+    conditions = [accepted, programmed, condition("ResolvedRefs", True, "ResolvedRefs", "All references resolved", generation)]
+    if any(v is not None and v.mode == INSECURE_FALLBACK
+           for v in (gateway.frontend_default, *(v for _, v in gateway.frontend_per_port))):
+        conditions.append(condition("InsecureFrontendValidationMode", True, "ConfigurationChanged",
+                                    "Gateway is operating in AllowInsecureFallback mode for frontend validation", generation))
+    status: dict[str, Any] = {
+        "conditions": conditions,
         "listeners": [{"name": s.listener.name, "supportedKinds": _supported_kinds(s.listener),
                        "attachedRoutes": s.attached,
                        "conditions": [condition(t, *s.conditions[t], generation) for t in s.conditions]}

@@ -469,6 +469,9 @@ class ServerTLS:
     # verifying clients instead of the first credential's `-cacert`.
     ca_cert_credential_name: str = ""
     ca_crl: str = ""  # a CRL file in the proxy (ISTIO_MUTUAL); a credential's CRL is its Secret's ca.crl
+    # The client's certificate is asked for and passed on (XFCC) but its chain not verified: the
+    # Gateway API's AllowInsecureFallback, as istiod's insecureSkipVerify.
+    insecure_skip_verify: bool = False
 
     @property
     def credentials(self) -> tuple[str, ...]:

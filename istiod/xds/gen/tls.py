@@ -164,6 +164,9 @@ def server_tls(tls: ServerTLS, alpn: Sequence[str], credentials: Sequence[str] =
             combined = common.combined_validation_context
             combined.default_validation_context.verify_certificate_spki.extend(tls.verify_certificate_spki)
             combined.default_validation_context.verify_certificate_hash.extend(tls.verify_certificate_hash)
+            if tls.insecure_skip_verify:
+                combined.default_validation_context.trust_chain_verification = \
+                    common_pb2.CertificateValidationContext.ACCEPT_UNTRUSTED
             combined.validation_context_sds_secret_config.CopyFrom(
                 secret_pb2.SdsSecretConfig(name=ca_credential, sds_config=source))
     else:
