@@ -7,7 +7,8 @@ have).
 etcd and kube-apiserver are started (the e2e harness), Istio's CRDs and the Gateway API's
 (sigs.k8s.io/gateway-api v1.6.0, from the Go module cache) installed, and one Gateway of class
 `istio` (an HTTP listener, an HTTPS one with a Secret, one conflicting, one with a missing Secret,
-MUTUAL ones by tls-terminate-mode and by spec.tls.frontend, one with a missing CA, one with two Secrets)
+MUTUAL ones by tls-terminate-mode and by spec.tls.frontend, one with a missing CA, one with
+AllowInsecureFallback, one with two Secrets)
 with HTTPRoutes (a valid one, one to a missing Service, one across namespaces with a
 ReferenceGrant; GAMMA routes on a Service: a producer's, a consumer's, one on a missing Service) created, and a
 waypoint (class `istio-waypoint`, its HBONE listener and a refused HTTP one). Istio's istiod runs first and its status is recorded and cleared, then
@@ -64,12 +65,15 @@ spec:
   - {{name: two-certs, port: 9444, protocol: HTTPS, tls: {{mode: Terminate, certificateRefs: [{{name: web-cert}}, {{name: web-cert}}]}}}}
   - {{name: frontend, port: 9445, protocol: HTTPS, tls: {{mode: Terminate, certificateRefs: [{{name: web-cert}}]}}}}
   - {{name: frontend-missing-ca, port: 9446, protocol: HTTPS, tls: {{mode: Terminate, certificateRefs: [{{name: web-cert}}]}}}}
+  - {{name: frontend-fallback, port: 9447, protocol: HTTPS, tls: {{mode: Terminate, certificateRefs: [{{name: web-cert}}]}}}}
   tls:
     frontend:
       default: {{}}
       perPort:
       - {{port: 9445, tls: {{validation: {{caCertificateRefs: [{{group: "", kind: Secret, name: client-ca}}]}}}}}}
       - {{port: 9446, tls: {{validation: {{caCertificateRefs: [{{group: "", kind: Secret, name: no-ca}}]}}}}}}
+      - {{port: 9447, tls: {{validation: {{caCertificateRefs: [{{group: "", kind: Secret, name: client-ca}}],
+                                          mode: AllowInsecureFallback}}}}}}
 ---
 apiVersion: {GROUP}/v1
 kind: HTTPRoute
