@@ -6,7 +6,9 @@ have).
 
 etcd and kube-apiserver are started (the e2e harness), Istio's CRDs and the Gateway API's
 (sigs.k8s.io/gateway-api v1.6.0, from the Go module cache) installed, and one Gateway of class
-`istio` (an HTTP listener, an HTTPS one with a Secret, one conflicting, one with a missing Secret)
+`istio` (an HTTP listener, an HTTPS one with a Secret, one conflicting, one with a missing Secret,
+MUTUAL ones by tls-terminate-mode and by spec.tls.frontend, one with a missing CA, one with
+AllowInsecureFallback, one with two Secrets)
 with HTTPRoutes (a valid one, one to a missing Service, one across namespaces with a
 ReferenceGrant; GAMMA routes on a Service: a producer's, a consumer's, one on a missing Service) created, and a
 waypoint (class `istio-waypoint`, its HBONE listener and a refused HTTP one). Istio's istiod runs first and its status is recorded and cleared, then
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import sys
 import tempfile
@@ -57,6 +60,20 @@ spec:
      tls: {{mode: Terminate, certificateRefs: [{{name: web-cert}}]}}}}
   - {{name: clash, port: 80, protocol: HTTPS, tls: {{mode: Terminate, certificateRefs: [{{name: web-cert}}]}}}}
   - {{name: bad-cert, port: 8443, protocol: HTTPS, tls: {{mode: Terminate, certificateRefs: [{{name: missing}}]}}}}
+  - {{name: mutual, port: 9443, protocol: HTTPS, tls: {{mode: Terminate, certificateRefs: [{{name: web-cert}}],
+     options: {{gateway.istio.io/tls-terminate-mode: MUTUAL}}}}}}
+  - {{name: two-certs, port: 9444, protocol: HTTPS, tls: {{mode: Terminate, certificateRefs: [{{name: web-cert}}, {{name: web-cert}}]}}}}
+  - {{name: frontend, port: 9445, protocol: HTTPS, tls: {{mode: Terminate, certificateRefs: [{{name: web-cert}}]}}}}
+  - {{name: frontend-missing-ca, port: 9446, protocol: HTTPS, tls: {{mode: Terminate, certificateRefs: [{{name: web-cert}}]}}}}
+  - {{name: frontend-fallback, port: 9447, protocol: HTTPS, tls: {{mode: Terminate, certificateRefs: [{{name: web-cert}}]}}}}
+  tls:
+    frontend:
+      default: {{}}
+      perPort:
+      - {{port: 9445, tls: {{validation: {{caCertificateRefs: [{{group: "", kind: Secret, name: client-ca}}]}}}}}}
+      - {{port: 9446, tls: {{validation: {{caCertificateRefs: [{{group: "", kind: Secret, name: no-ca}}]}}}}}}
+      - {{port: 9447, tls: {{validation: {{caCertificateRefs: [{{group: "", kind: Secret, name: client-ca}}],
+                                          mode: AllowInsecureFallback}}}}}}
 ---
 apiVersion: {GROUP}/v1
 kind: HTTPRoute
@@ -139,8 +156,10 @@ async def setup(api: client.ApiClient) -> None:
         "selector": {"gateway.networking.k8s.io/gateway-name": "web"}, "ports": [{"name": "http", "port": 80}]}})
     await core.create_namespaced_service("gw-shop", {"metadata": {"name": "waypoint"}, "spec": {
         "selector": {"gateway.networking.k8s.io/gateway-name": "waypoint"}, "ports": [{"name": "mesh", "port": 15008}]}})
-    _, cert, key = server_credential("secure.example.com")
+    ca, cert, key = server_credential("secure.example.com")
     await core.create_namespaced_secret("gw-ingress", tls_secret("web-cert", "gw-ingress", cert, key))
+    await core.create_namespaced_secret("gw-ingress", {"metadata": {"name": "client-ca"},
+                                                       "data": {"ca.crt": base64.b64encode(ca).decode()}})
     for body in yaml.safe_load_all(OBJECTS):
         group, _, version = body["apiVersion"].partition("/")
         await custom.create_namespaced_custom_object(group, version, body["metadata"]["namespace"],

@@ -6,7 +6,8 @@ have).
 
 etcd and kube-apiserver are started (the e2e harness), Istio's CRDs installed, and an Istio Gateway
 selecting `istio: ingressgateway` created, with a TLS server in PASSTHROUGH mode, a TCP server and
-an HTTPS server in MUTUAL mode, an AUTO_PASSTHROUGH server, and a VirtualService with `tls` (by SNI), `tcp` and `http` routes to
+an HTTPS server in MUTUAL mode, an AUTO_PASSTHROUGH server, an HTTPS server in MUTUAL mode with two
+credentialNames and client SPKI/hash pins, and a VirtualService with `tls` (by SNI), `tcp` and `http` routes to
 one Service. Each istiod in turn is asked for the listeners of a router node with those labels
 (plaintext xDS); each listener is printed as a summary (address, listener filters, and per filter
 chain its match, TLS context and network filters) side by side, marking what differs. Every
@@ -59,6 +60,13 @@ spec:
   - port: {number: 15443, name: tls-auto, protocol: TLS}
     hosts: ["*.local"]
     tls: {mode: AUTO_PASSTHROUGH}
+  - port: {number: 8444, name: https-pinned, protocol: HTTPS}
+    hosts: [gw-shop/secure.example.com]
+    tls:
+      mode: MUTUAL
+      credentialNames: [web-cert, web-cert-2]
+      verifyCertificateSpki: [AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=]
+      verifyCertificateHash: ["AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB"]
 ---
 apiVersion: networking.istio.io/v1
 kind: VirtualService
@@ -85,6 +93,7 @@ async def setup(api: client.ApiClient) -> None:
     secret = tls_secret("web-cert", "gw-ingress", cert, key)
     secret["data"]["ca.crt"] = secret["data"]["tls.crt"]
     await core.create_namespaced_secret("gw-ingress", secret)
+    await core.create_namespaced_secret("gw-ingress", tls_secret("web-cert-2", "gw-ingress", cert, key))
     for body in yaml.safe_load_all(OBJECTS):
         group, _, version = body["apiVersion"].partition("/")
         plural = body["kind"].lower() + "s"
@@ -112,7 +121,7 @@ def summary(listener: listener_pb2.Listener) -> dict[str, Any]:
             "listener_filters": [f.name for f in listener.listener_filters], "filter_chains": chains}
 
 
-async def gateway_listeners(xds_address: str, want: int = 4) -> dict[str, Any]:
+async def gateway_listeners(xds_address: str, want: int = 5) -> dict[str, Any]:
     """The node's listeners once `want` of them are sent (the config may still be arriving)."""
     result: dict[str, Any] = {}
     deadline = time.monotonic() + 30

@@ -8,6 +8,7 @@ istiod runs as its own ServiceAccount under exactly deploy/rbac/istiod.yaml."""
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from e2e.harness import Cluster
 from e2e.kube_objects import create_running_pod, ensure_namespace, pod_body
 from e2e.test_rbac import istiod_kubeconfig
 from tests.peers import Istiod, Process
+from tests.test_gateway_gen import server_credential, tls_secret
 
 GROUP, VERSION = "gateway.networking.k8s.io", "v1"
 
@@ -186,3 +188,51 @@ async def test_tls_and_tcp_routes_status(cluster: Cluster, kube: client.ApiClien
         await custom.delete_namespaced_custom_object(GROUP, VERSION, "gw-l4", "tlsroutes", "sni")
         await custom.delete_namespaced_custom_object(GROUP, VERSION, "gw-l4", "tcproutes", "raw")
         await custom.delete_namespaced_custom_object(GROUP, VERSION, "gw-l4", "gateways", "edge")
+
+
+async def test_mutual_listeners_status(cluster: Cluster, kube: client.ApiClient, tmp_path: Path,
+                                       processes: list[Process]) -> None:
+    """HTTPS listeners made MUTUAL as istiod reads them, on the CRDs' own defaults: the
+    `gateway.istio.io/tls-terminate-mode` option and spec.tls.frontend validation (default and perPort)
+    are Accepted; a perPort caCertificateRef to a missing Secret is `Accepted: False`, NoValidCACertificate."""
+    await install_gateway_api_crds(kube)
+    kubeconfig, _ = await istiod_kubeconfig(cluster, kube, tmp_path / "istiod.kubeconfig")
+    custom, core = client.CustomObjectsApi(kube), client.CoreV1Api(kube)
+    await ensure_namespace(kube, "gw-mtls")
+    ca, cert, key = server_credential("secure.example.com")
+    await core.create_namespaced_secret("gw-mtls", tls_secret("web-cert", "gw-mtls", cert, key))
+    await core.create_namespaced_secret("gw-mtls", {"metadata": {"name": "client-ca"},
+                                                    "data": {"ca.crt": base64.b64encode(ca).decode()}})
+
+    def https(name: str, port: int, options: dict[str, str] | None = None) -> dict[str, Any]:
+        return {"name": name, "port": port, "protocol": "HTTPS", "hostname": "secure.example.com",
+                "tls": {"certificateRefs": [{"name": "web-cert"}], **({"options": options} if options else {})}}
+
+    ca_ref = {"group": "", "kind": "Secret", "name": "client-ca"}
+    await custom.create_namespaced_custom_object(GROUP, VERSION, "gw-mtls", "gateways", {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "Gateway", "metadata": {"name": "mtls"},
+        "spec": {"gatewayClassName": "istio", "listeners": [
+            https("option", 8443, {"gateway.istio.io/tls-terminate-mode": "MUTUAL"}), https("frontend", 8444),
+            https("missing-ca", 8445)],
+            "tls": {"frontend": {"default": {"validation": {"caCertificateRefs": [ca_ref]}},
+                                 "perPort": [{"port": 8443, "tls": {}},
+                                             {"port": 8445, "tls": {"validation": {"caCertificateRefs": [
+                                                 {**ca_ref, "name": "nowhere"}]}}}]}}}})
+    istiod = Istiod(tmp_path, "--kubeconfig", str(kubeconfig), "--leader-lease-duration", "2s",
+                    "--leader-renew-deadline", "1.5s", "--leader-retry-period", "0.25s", ready_timeout=60)
+    processes.append(istiod)
+    try:
+        async def reported() -> dict[str, Any] | None:
+            status = await _status(custom, "gateways", "gw-mtls", "mtls")
+            return status if len(status.get("listeners", [])) == 3 else None
+
+        gateway = await _wait(reported, "the listeners' status")
+        print("Gateway mtls listeners:", gateway["listeners"])
+        option, frontend, missing = (_conditions(x["conditions"]) for x in gateway["listeners"])
+        for conditions in (option, frontend):
+            assert conditions["Accepted"] == ("True", "Accepted") and conditions["ResolvedRefs"] == ("True", "ResolvedRefs")
+        assert missing["Accepted"] == ("False", "NoValidCACertificate")
+        assert missing["ResolvedRefs"] == ("False", "InvalidCACertificateRef")
+        assert "Forbidden" not in istiod.text()
+    finally:
+        await custom.delete_namespaced_custom_object(GROUP, VERSION, "gw-mtls", "gateways", "mtls")

@@ -5,8 +5,10 @@ tests/test_gateway_api_traffic.py; a real API server: e2e/test_gateway_api.py.""
 
 from __future__ import annotations
 
+import base64
 import copy
 import dataclasses
+import re
 from typing import Any
 
 import pytest
@@ -383,3 +385,122 @@ def test_tls_passthrough_and_tcp_listeners_reach_envoy_config() -> None:
     (terminated,) = listeners["0.0.0.0_9544"].filter_chains
     assert terminated.HasField("transport_socket") and list(terminated.filter_chain_match.server_names) == ["*.example.com"]
     assert tcp_proxy_pb2.TcpProxy.FromString(terminated.filters[0].typed_config.value).cluster == cluster
+
+
+def test_tls_terminate_mode_options_and_two_certificates_in_status() -> None:
+    """istiod's `gateway.istio.io/tls-terminate-mode` (MUTUAL, OPTIONAL_MUTUAL, ISTIO_MUTUAL) and up to
+    two certificateRefs (its credentialNames); a value istiod would silently take as SIMPLE, another
+    option and a third certificate are refused in the listener's status."""
+    gateway = copy.deepcopy(next(d for d in _documents() if d["kind"] == "Gateway"))
+    mode = "gateway.istio.io/tls-terminate-mode"
+
+    def https(name: str, port: int, options: dict[str, str], refs: int = 1) -> dict[str, Any]:
+        return {"name": name, "port": port, "protocol": "HTTPS", "hostname": f"{name}.example.com",
+                "tls": {"mode": "Terminate", "certificateRefs": [{"name": "web-cert"}] * refs, "options": options}}
+
+    gateway["spec"]["listeners"] += [
+        https("mutual", 9601, {mode: "MUTUAL"}), https("optional", 9602, {mode: "OPTIONAL_MUTUAL"}),
+        https("mesh", 9603, {mode: "ISTIO_MUTUAL"}), https("two", 9604, {}, refs=2),
+        https("simple-builtin", 9605, {mode: "ISTIO_SIMPLE"}), https("ciphers", 9606, {"gateway.istio.io/tls-cipher-suites": "x"}),
+        https("three", 9607, {}, refs=3)]
+    converted = _converted(gateway)
+    servers = {g.meta.name.rsplit("-", 1)[-1]: g.servers[0] for g in converted.gateways}
+    expected = {"mutual": ("MUTUAL", "kubernetes-gateway://istio-ingress/web-cert", ()),
+                "optional": ("OPTIONAL_MUTUAL", "kubernetes-gateway://istio-ingress/web-cert", ()),
+                "mesh": ("ISTIO_MUTUAL", "", ()),
+                "two": ("SIMPLE", "", ("kubernetes-gateway://istio-ingress/web-cert",) * 2)}
+    for name, (tls_mode, credential, credentials) in expected.items():
+        tls = servers[name].tls
+        assert tls is not None and (tls.mode.value, tls.credential_name, tls.credential_names) == (tls_mode, credential, credentials)
+        conditions = _conditions(_listener(converted, name)["conditions"])
+        assert conditions["Accepted"][:2] == ("True", "Accepted") and conditions["Programmed"][0] == "True", name
+    for name, condition, reason, message in (
+            ("simple-builtin", "Accepted", "UnsupportedValue", "'ISTIO_SIMPLE' is not implemented by this istiod"),
+            ("ciphers", "Accepted", "UnsupportedValue", "tls.options (gateway.istio.io/tls-cipher-suites) is not implemented"),
+            ("three", "ResolvedRefs", "InvalidCertificateRef", "TLS mode can only support up to 2 server certificates")):
+        conditions = _conditions(_listener(converted, name)["conditions"])
+        assert conditions[condition][:2] == ("False", reason) and message in conditions[condition][2], name
+        assert name not in servers
+
+
+def test_frontend_validation_makes_listeners_mutual_and_bad_ca_references_are_reported() -> None:
+    """spec.tls.frontend (istiod's resolveGatewayTLS, buildCaCertificateReference): the default's CA
+    verifies the HTTPS listeners' clients (MUTUAL), a perPort entry overrides it (without validation:
+    SIMPLE); a missing Secret, a Secret without ca.crt, a kind other than Secret are reported on the
+    listener, which is left out."""
+    ca = server_credential("client-ca")[0]
+    client_ca = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "client-ca", "namespace": "istio-ingress"},
+                 "data": {"ca.crt": base64.b64encode(ca).decode()}}
+    gateway = copy.deepcopy(next(d for d in _documents() if d["kind"] == "Gateway"))
+
+    def https(name: str, port: int) -> dict[str, Any]:
+        return {"name": name, "port": port, "protocol": "HTTPS", "hostname": f"{name}.example.com",
+                "tls": {"mode": "Terminate", "certificateRefs": [{"name": "web-cert"}]}}
+
+    def validation(name: str, kind: str = "Secret") -> dict[str, Any]:
+        return {"validation": {"caCertificateRefs": [{"group": "", "kind": kind, "name": name}]}}
+
+    gateway["spec"]["listeners"] = [https("mutual", 9701), https("plain", 9702), https("missing", 9703),
+                                    https("no-ca", 9704), https("configmap", 9705), https("service", 9706)]
+    gateway["spec"]["tls"] = {"frontend": {"default": validation("client-ca"), "perPort": [
+        {"port": 9702, "tls": {}}, {"port": 9703, "tls": validation("nowhere")}, {"port": 9704, "tls": validation("web-cert")},
+        {"port": 9705, "tls": validation("client-ca", "ConfigMap")}, {"port": 9706, "tls": validation("client-ca", "Service")}]}}
+    converted = _converted(gateway, client_ca)
+    servers = {g.meta.name.rsplit("-", 1)[-1]: g.servers[0] for g in converted.gateways}
+    mutual, plain = servers["mutual"].tls, servers["plain"].tls
+    assert mutual is not None and (mutual.mode.value, mutual.ca_cert_credential_name) == (
+        "MUTUAL", "kubernetes-gateway://istio-ingress/client-ca-cacert")
+    assert plain is not None and (plain.mode.value, plain.ca_cert_credential_name) == ("SIMPLE", "")
+    for name, reason, message in (
+            ("missing", "InvalidCACertificateRef", "secret istio-ingress/nowhere not found"),
+            ("no-ca", "InvalidCACertificateRef", "didn't have expected keys cacert or ca.crt"),
+            ("configmap", "InvalidCACertificateRef", "ConfigMaps are not implemented by this istiod"),
+            ("service", "InvalidCACertificateKind", "only secret and configmap are allowed")):
+        conditions = _conditions(_listener(converted, name)["conditions"])
+        assert conditions["Accepted"][:2] == ("False", "NoValidCACertificate") and message in conditions["Accepted"][2], name
+        assert conditions["ResolvedRefs"][:2] == ("False", reason), name
+        assert conditions["Programmed"] == ("False", "Invalid", "Bad TLS configuration"), name
+        assert name not in servers
+    # The proxy is sent the CA of the Secret the validation names (its ca.crt).
+    names = ["kubernetes-gateway://istio-ingress/client-ca-cacert"]
+    (secret,) = ROUTER[types.SECRET](_snapshot(gateway, client_ca), _proxy(), names, ResourceCache())
+    assert secret_pb2.Secret.FromString(secret.value).validation_context.trusted_ca.inline_bytes == ca
+
+
+@pytest.mark.parametrize("tls, error", [
+    ({"backend": {"clientCertificateRef": {"name": "c"}}}, "spec.tls: backend is not implemented by this istiod"),
+    ({"frontend": {"default": {"validation": {"caCertificateRefs": [{"group": "", "kind": "Secret", "name": "c"}],
+                                              "mode": "Sometimes"}}}}, "mode 'Sometimes' is not AllowValidOnly"),
+    ({"frontend": {"default": {"validation": {"caCertificateRefs": []}}}}, "caCertificateRefs: at least one reference"),
+    ({"frontend": {"default": {}, "perPort": [{"port": 70000, "tls": {}}]}}, "port 70000 is not in 1-65535"),
+])
+def test_bad_gateway_tls_names_the_field(tls: dict[str, Any], error: str) -> None:
+    gateway = copy.deepcopy(next(d for d in _documents() if d["kind"] == "Gateway"))
+    gateway["spec"]["tls"] = tls
+    with pytest.raises(ConversionError, match=re.escape(error)):
+        convert(gateway)
+
+
+def test_allow_insecure_fallback_is_optional_mutual_without_chain_verification() -> None:
+    """AllowInsecureFallback (istiod: OPTIONAL_MUTUAL, insecureSkipVerify): the client's certificate is
+    asked for, not verified; the Gateway says so in InsecureFrontendValidationMode. The option's
+    MUTUAL verifies again, as istiod."""
+    ca = server_credential("client-ca")[0]
+    client_ca = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "client-ca", "namespace": "istio-ingress"},
+                 "data": {"ca.crt": base64.b64encode(ca).decode()}}
+    gateway = copy.deepcopy(next(d for d in _documents() if d["kind"] == "Gateway"))
+    tls = {"mode": "Terminate", "certificateRefs": [{"name": "web-cert"}]}
+    gateway["spec"]["listeners"] = [
+        {"name": "fallback", "port": 9801, "protocol": "HTTPS", "hostname": "a.example.com", "tls": tls},
+        {"name": "forced", "port": 9802, "protocol": "HTTPS", "hostname": "b.example.com",
+         "tls": {**tls, "options": {"gateway.istio.io/tls-terminate-mode": "MUTUAL"}}}]
+    gateway["spec"]["tls"] = {"frontend": {"default": {"validation": {
+        "caCertificateRefs": [{"group": "", "kind": "Secret", "name": "client-ca"}], "mode": "AllowInsecureFallback"}}}}
+    converted = _converted(gateway, client_ca)
+    servers = {g.meta.name.rsplit("-", 1)[-1]: g.servers[0].tls for g in converted.gateways}
+    fallback, forced = servers["fallback"], servers["forced"]
+    assert fallback is not None and (fallback.mode.value, fallback.insecure_skip_verify) == ("OPTIONAL_MUTUAL", True)
+    assert forced is not None and (forced.mode.value, forced.insecure_skip_verify) == ("MUTUAL", False)
+    status = converted.statuses[("KubernetesGateway", "istio-ingress", "web")]
+    assert _conditions(status["conditions"])["InsecureFrontendValidationMode"] == (
+        "True", "ConfigurationChanged", "Gateway is operating in AllowInsecureFallback mode for frontend validation")

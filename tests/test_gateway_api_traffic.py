@@ -7,6 +7,7 @@ left out, never NACKed. Config: tests/data/gateway-api-mesh.yaml."""
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import sys
@@ -17,11 +18,14 @@ from pathlib import Path
 import grpc
 import pytest
 import yaml
+from cryptography.hazmat.primitives.asymmetric import ec
 from concurrent import futures
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import HealthServicer
 
+from istiod.ca.pki import cert_pem, key_pem
 from tests.conftest import render
+from tests.pki import ca_cert, leaf_cert
 from tests.peers import ROOT, Istiod, Process, free_port, wait_until
 from tests.test_envoy_gateway import BIND, NAMESPACE, SERVICE_ACCOUNT, TOKEN, Gateway, agent_gateway, gateway_envoy
 from tests.test_gateway_gen import server_credential, tls_secret
@@ -179,6 +183,77 @@ def test_changes_reach_the_envoy_and_a_removed_grant_is_not_followed(gateway: Ga
     wait_until(lambda: gateway.https("/", ca)[0] == 500, 10, "the HTTPS route's backend refused without the grant")
     wait_until(lambda: _get(gateway, "late.example.com", "/")[0] == 200, 10, "the new route served")
     print("without the ReferenceGrant:", gateway.https("/", ca))
+
+
+def _client_ca(workdir: Path) -> bytes:
+    """A client CA and a client certificate of it (client.pem, client-key.pem); the CA as PEM."""
+    client_ca_key, client_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    client_ca = ca_cert("gateway api clients", client_ca_key)
+    (workdir / "client.pem").write_text(cert_pem(leaf_cert(client_key, (client_ca, client_ca_key), dns=("client",))))
+    (workdir / "client-key.pem").write_bytes(key_pem(client_key))
+    return cert_pem(client_ca).encode()
+
+
+def _mutual_served(gateway: Gateway, workdir: Path) -> None:
+    """The HTTPS listener refuses a client without a certificate and serves one with a certificate of the CA."""
+    host, port = "secure.example.com", gateway.https_port
+    args = (f"https://{host}:{port}/mtls", "--resolve", f"{host}:{port}:{BIND}", "--cacert", str(workdir / "ca.pem"))
+    status, body = wait_until(lambda: (r := gateway.curl(*args))[0] == 0 and r, 15, "a client without a certificate refused")
+    print("MUTUAL listener, no client certificate:", status, body.strip()[:120])
+    status, body = gateway.curl(*args, "--cert", str(workdir / "client.pem"), "--key", str(workdir / "client-key.pem"))
+    print("MUTUAL listener, client certificate:", status, body[:80])
+    assert status == 200 and json.loads(body)["path"] == "/mtls"
+
+
+@pytest.mark.parametrize("how", ["tls-terminate-mode", "frontend-validation"])
+def test_a_mutual_listener_refuses_a_client_without_a_certificate(gateway: Gateway, mesh_dir: Path, how: str) -> None:
+    """The HTTPS listener made MUTUAL as istiod reads it: by the `gateway.istio.io/tls-terminate-mode:
+    MUTUAL` option (clients verified by the certificateRef's `-cacert` Secret), or by the Gateway's
+    spec.tls.frontend validation (by the CA Secret it names)."""
+    workdir = mesh_dir.parent
+    assert gateway.https("/", workdir / "ca.pem")[0] == 200
+    ca = base64.b64encode(_client_ca(workdir)).decode()
+    documents = list(yaml.safe_load_all((mesh_dir / "mesh.yaml").read_text()))
+    gateway_api = next(d for d in documents if d["kind"] == "Gateway")
+    if how == "tls-terminate-mode":
+        https = next(listener for listener in gateway_api["spec"]["listeners"] if listener["name"] == "https")
+        https["tls"]["options"] = {"gateway.istio.io/tls-terminate-mode": "MUTUAL"}
+        secret = "web-cert-cacert"
+    else:
+        gateway_api["spec"]["tls"] = {"frontend": {"default": {"validation": {
+            "caCertificateRefs": [{"group": "", "kind": "Secret", "name": "client-ca"}]}}}}
+        secret = "client-ca"
+    documents.append({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret, "namespace": NAMESPACE},
+                      "data": {"ca.crt": ca}})
+    (mesh_dir / "mesh.yaml").write_text(yaml.safe_dump_all(documents))
+    _mutual_served(gateway, workdir)
+
+
+def test_allow_insecure_fallback_takes_any_client_and_tells_the_backend(gateway: Gateway, mesh_dir: Path) -> None:
+    """spec.tls.frontend validation with AllowInsecureFallback (istiod: OPTIONAL_MUTUAL with
+    insecureSkipVerify): a client without a certificate and one with a certificate of a CA nobody
+    named are both served; the backend sees the latter's certificate in x-forwarded-client-cert."""
+    workdir = mesh_dir.parent
+    ca = base64.b64encode(_client_ca(workdir)).decode()
+    _, stranger, stranger_key = server_credential("stranger")
+    (workdir / "stranger.pem").write_bytes(stranger)
+    (workdir / "stranger-key.pem").write_bytes(stranger_key)
+    documents = list(yaml.safe_load_all((mesh_dir / "mesh.yaml").read_text()))
+    next(d for d in documents if d["kind"] == "Gateway")["spec"]["tls"] = {"frontend": {"default": {"validation": {
+        "caCertificateRefs": [{"group": "", "kind": "Secret", "name": "client-ca"}], "mode": "AllowInsecureFallback"}}}}
+    documents.append({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "client-ca", "namespace": NAMESPACE},
+                      "data": {"ca.crt": ca}})
+    (mesh_dir / "mesh.yaml").write_text(yaml.safe_dump_all(documents))
+    host, port = "secure.example.com", gateway.https_port
+    args = (f"https://{host}:{port}/fallback", "--resolve", f"{host}:{port}:{BIND}", "--cacert", str(workdir / "ca.pem"))
+    stranger_args = ("--cert", str(workdir / "stranger.pem"), "--key", str(workdir / "stranger-key.pem"))
+    status, body = wait_until(lambda: (r := gateway.curl(*args, *stranger_args))[0] == 200
+                              and json.loads(r[1])["xfcc"] and r, 15, "a client of an unknown CA served, its certificate told")
+    print("AllowInsecureFallback, unknown CA:", status, json.loads(body)["xfcc"][:100])
+    assert "DNS=stranger" in json.loads(body)["xfcc"]
+    status, body = gateway.curl(*args)
+    print("AllowInsecureFallback, no certificate:", status, body[:80])
+    assert status == 200 and json.loads(body)["xfcc"] is None
 
 
 def test_the_agent_runs_the_gateway(mesh: Gateway, processes: list[Process]) -> None:

@@ -344,9 +344,39 @@ def test_mutual_tls_requires_a_client_certificate_verified_by_the_cacert() -> No
         (chain,) = listeners[name].filter_chains
         context = tls_pb2.DownstreamTlsContext.FromString(chain.transport_socket.typed_config.value)
         assert context.require_client_certificate.value is required
-        assert context.common_tls_context.validation_context_sds_secret_config.name == "kubernetes://web-cert-cacert"
+        combined = context.common_tls_context.combined_validation_context  # istiod's shape
+        assert combined.validation_context_sds_secret_config.name == "kubernetes://web-cert-cacert"
         assert list(context.common_tls_context.alpn_protocols) == alpn
     assert _tcp_proxy(listeners["127.0.0.60_9444"].filter_chains[0]).cluster == WEB_CLUSTER
+
+
+SPKI = base64.b64encode(bytes(32)).decode()
+CERT_HASH = ":".join(["AB"] * 32)
+
+
+def test_several_credential_names_and_client_pins_make_istiods_downstream_context(caplog: pytest.LogCaptureFixture) -> None:
+    """istiod's ApplyCredentialSDSToServerCommonTLSContext: one SDS certificate per credentialNames
+    entry, the first one's `-cacert` verifying clients, combined with the SPKI and hash pins."""
+    gateway = _l4_gateway(
+        {"port": {"number": 9443, "name": "mtls", "protocol": "HTTPS"}, "hosts": ["shop/secure.example.com"],
+         "tls": {"mode": "MUTUAL", "credentialNames": ["web-rsa", "web-cert"], "verifyCertificateSpki": [SPKI],
+                 "verifyCertificateHash": [CERT_HASH]}},
+        {"port": {"number": 9445, "name": "simple-pinned", "protocol": "HTTPS"}, "hosts": ["shop/secure.example.com"],
+         "tls": {"mode": "SIMPLE", "credentialName": "web-cert", "verifyCertificateSpki": [SPKI]}})
+    rsa = tls_secret("web-rsa", "istio-ingress", *CREDENTIAL[1:])
+    with caplog.at_level(logging.WARNING):
+        listeners = _generate(types.LISTENER, _snapshot(gateway, rsa, L4_ROUTES), listener_pb2.Listener)
+    (chain,) = listeners["127.0.0.60_9443"].filter_chains
+    common = tls_pb2.DownstreamTlsContext.FromString(chain.transport_socket.typed_config.value).common_tls_context
+    assert [c.name for c in common.tls_certificate_sds_secret_configs] == ["kubernetes://web-rsa", "kubernetes://web-cert"]
+    combined = common.combined_validation_context
+    assert combined.validation_context_sds_secret_config.name == "kubernetes://web-rsa-cacert"
+    assert list(combined.default_validation_context.verify_certificate_spki) == [SPKI]
+    assert list(combined.default_validation_context.verify_certificate_hash) == [CERT_HASH]
+    # Pins with SIMPLE would be ignored by istiod: the server is left out, naming the fields.
+    assert "127.0.0.60_9445" not in listeners and "verifyCertificateSpki/Hash need MUTUAL" in caplog.text
+    names = ["kubernetes://web-rsa", "kubernetes://web-cert"]
+    assert sorted(_generate(types.SECRET, _snapshot(gateway, rsa), secret_pb2.Secret, names=names)) == sorted(names)
 
 
 def test_the_cacert_comes_from_the_cacert_secret_else_the_credentials_ca_crt() -> None:
@@ -429,3 +459,34 @@ def test_auto_passthrough_routes_the_sni_of_a_mesh_service_to_its_sni_dnat_clust
     assert not dnat.HasField("transport_socket") and not dnat.transport_socket_matches
     # Without an AUTO_PASSTHROUGH server, no SNI-DNAT clusters.
     assert not [n for n in _generate(types.CLUSTER, _snapshot(rule), cluster_pb2.Cluster) if n.startswith("outbound_.")]
+
+
+def test_istio_mutual_ca_crl_joins_the_mesh_validation() -> None:
+    """istiod's ApplyToCommonTLSContext: caCrl is the default validation context's CRL file, beside ROOTCA."""
+    gateway = _l4_gateway({"port": {"number": 9446, "name": "mesh", "protocol": "HTTPS"}, "hosts": ["shop/secure.example.com"],
+                           "tls": {"mode": "ISTIO_MUTUAL", "caCrl": "/etc/istio/crl.pem"}})
+    listeners = _generate(types.LISTENER, _snapshot(gateway, L4_ROUTES), listener_pb2.Listener)
+    (chain,) = listeners["127.0.0.60_9446"].filter_chains
+    combined = tls_pb2.DownstreamTlsContext.FromString(chain.transport_socket.typed_config.value).common_tls_context.combined_validation_context
+    assert combined.default_validation_context.crl.filename == "/etc/istio/crl.pem"
+    assert combined.validation_context_sds_secret_config.name == "ROOTCA"
+
+
+def test_a_credential_names_secret_without_its_key_is_not_sent_and_named(caplog: pytest.LogCaptureFixture,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """One Secret of credentialNames lacks tls.key: the Secret is refused naming the keys, and the
+    other is sent alone, the missing one named in a warning (Envoy's listener waits for it, keeping
+    the last good one); no key material logged."""
+    gateway = _l4_gateway({"port": {"number": 9443, "name": "two", "protocol": "HTTPS"}, "hosts": ["shop/secure.example.com"],
+                           "tls": {"mode": "SIMPLE", "credentialNames": ["web-rsa", "web-cert"]}})
+    keyless = tls_secret("web-rsa", "istio-ingress", *CREDENTIAL[1:])
+    del keyless["data"]["tls.key"]
+    with pytest.raises(ConversionError, match="Secret istio-ingress/web-rsa: data: tls.crt and tls.key must both be set"):
+        convert(keyless)
+    names = ["kubernetes://web-rsa", "kubernetes://web-cert"]
+    monkeypatch.setattr(secrets, "_refused", logs.Throttled(secrets.log, 60.0))  # earlier tests' lines
+    with caplog.at_level(logging.WARNING):
+        sent = _generate(types.SECRET, _snapshot(gateway), secret_pb2.Secret, names=names)
+    assert list(sent) == ["kubernetes://web-cert"]
+    assert "without tls.crt/tls.key" in caplog.text and "istio-ingress/web-rsa" in caplog.text
+    assert CREDENTIAL[2].decode().splitlines()[1] not in caplog.text

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+CA_SUFFIX = "-cacert"  # istiod's SdsCaSuffix: a credential's CA is served as `<credential>-cacert`
+
 
 @dataclass(frozen=True, slots=True)
 class TlsCredential:

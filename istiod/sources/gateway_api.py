@@ -16,7 +16,7 @@ from typing import Any
 
 from istiod.model.config.common import MatchKind, StringMatch, regex_problem
 from istiod.model.config.gateway_api import (
-    GROUP, KIND_NAMES, L4_ROUTE_KINDS, VERSIONS, GatewayClass, KubernetesGateway, KubernetesHTTPRoute,
+    GROUP, KIND_NAMES, L4_ROUTE_KINDS, VERSIONS, FrontendValidation, GatewayClass, KubernetesGateway, KubernetesHTTPRoute,
     Listener, ObjectRef, ParentRef, PathModifier, ReferenceGrant, RequestRedirect, RouteFilter, RouteMatch, RouteRule,
     URLRewrite,
 )
@@ -101,13 +101,13 @@ def _listener(f: _Fields) -> Listener:
     tls = fields(f, "tls")
     mode = ""
     certificates: tuple[ObjectRef, ...] = ()
-    options: tuple[str, ...] = ()
+    options: tuple[tuple[str, str], ...] = ()
     if tls is not None:
         mode = tls.get("mode", str, "Terminate")
         if mode not in ("Terminate", "Passthrough"):
             raise tls.fail(f"mode {mode!r} is not Terminate or Passthrough")
         certificates = tuple(_object_ref(ref, "", "Secret") for ref in items(tls, "certificateRefs"))
-        options = tuple(sorted(tls.get("options", dict, {})))
+        options = tls.str_map("options")
     allowed = fields(f, "allowedRoutes")
     from_namespaces, expressions = "Same", False
     selector: tuple[tuple[str, str], ...] = ()
@@ -137,8 +137,51 @@ def gateway(key: ObjectKey, f: _Fields, domain: str) -> KubernetesGateway:
     # spec.infrastructure's labels and annotations go on the deployment (read from the stored
     # object by istiod/status/gateway_deployment.py); its parametersRef is refused in status.
     parameters = spec.get("infrastructure.parametersRef", dict, None) is not None
+    default, per_port = _frontend(spec)
     return KubernetesGateway(meta(key), _required(spec, "gatewayClassName"), listeners, addresses, _generation(f),
-                             parameters_ref=parameters, labels=f.str_map("metadata.labels"))
+                             parameters_ref=parameters, labels=f.str_map("metadata.labels"),
+                             frontend_default=default, frontend_per_port=per_port)
+
+
+def _frontend(spec: _Fields) -> tuple[FrontendValidation | None, tuple[tuple[int, FrontendValidation | None], ...]]:
+    """spec.tls.frontend: client certificate validation, by default and per port. spec.tls.backend
+    (the gateway's client certificate to backends) is not implemented: refused naming it."""
+    tls = fields(spec, "tls")
+    if tls is None:
+        return None, ()
+    if tls.get("backend", dict, None) is not None:
+        raise tls.fail("backend is not implemented by this istiod")
+    frontend = fields(tls, "frontend")
+    if frontend is None:
+        return None, ()
+    default = fields(frontend, "default")
+    if default is None:
+        raise frontend.fail("default is required")
+    per_port: list[tuple[int, FrontendValidation | None]] = []
+    for entry in items(frontend, "perPort"):
+        port = entry.get("port", int, 0)
+        if not 0 < port < 65536:
+            raise entry.fail(f"port {port!r} is not in 1-65535")
+        if any(p == port for p, _ in per_port):
+            raise entry.fail(f"port {port} appears twice in perPort")
+        config = fields(entry, "tls")
+        if config is None:
+            raise entry.fail("tls is required")
+        per_port.append((port, _validation(config)))
+    return _validation(default), tuple(per_port)
+
+
+def _validation(config: _Fields) -> FrontendValidation | None:
+    validation = fields(config, "validation")
+    if validation is None:
+        return None
+    mode = validation.get("mode", str, "AllowValidOnly")
+    if mode not in ("AllowValidOnly", "AllowInsecureFallback"):
+        raise validation.fail(f"mode {mode!r} is not AllowValidOnly or AllowInsecureFallback")
+    refs = tuple(_object_ref(ref, "", "") for ref in items(validation, "caCertificateRefs"))
+    if not refs:
+        raise validation.fail("caCertificateRefs: at least one reference is required")
+    return FrontendValidation(refs, mode)
 
 
 def _parent_refs(spec: _Fields) -> tuple[ParentRef, ...]:

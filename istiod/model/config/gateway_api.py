@@ -70,11 +70,18 @@ class Listener:
     hostname: str = ""  # "": every host
     tls_mode: str = ""  # Terminate or Passthrough, with tls set
     certificate_refs: tuple[ObjectRef, ...] = ()
-    tls_options: tuple[str, ...] = ()  # keys of tls.options, which are not implemented
+    tls_options: tuple[tuple[str, str], ...] = ()  # tls.options (key, value), by key
     from_namespaces: str = "Same"  # Same, All or Selector
     namespace_selector: Labels = ()
     selector_expressions: bool = False  # matchExpressions, which are not implemented
     kinds: tuple[tuple[str, str], ...] = ()  # (group, kind); empty: those of the protocol
+
+
+@dataclass(frozen=True, slots=True)
+class FrontendValidation:
+    """spec.tls.frontend's `validation` of a port (or the default): the CA verifying clients."""
+    ca_certificate_refs: tuple[ObjectRef, ...]
+    mode: str = "AllowValidOnly"  # or AllowInsecureFallback
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +93,12 @@ class KubernetesGateway:
     generation: int = 0
     parameters_ref: bool = False  # spec.infrastructure.parametersRef: not implemented, refused in status
     labels: Labels = ()  # istio.io/waypoint-for on a waypoint
+    frontend_default: FrontendValidation | None = None  # spec.tls.frontend.default.validation
+    frontend_per_port: tuple[tuple[int, FrontendValidation | None], ...] = ()  # spec.tls.frontend.perPort
+
+    def frontend_validation(self, port: int) -> FrontendValidation | None:
+        """istiod's resolveGatewayTLS: the port's own entry (even without validation), else the default."""
+        return dict(self.frontend_per_port).get(port, self.frontend_default)
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,7 @@ from typing import Any
 from istiod.model.cluster import Namespace
 from istiod.model.config.common import MatchKind, Meta, StringMatch, selector_matches
 from istiod.model.config.gateway_api import (
-    GROUP, L4_ROUTE_KINDS, GatewayApiConfig, StatusKey, GatewayClass, Waypoint, KubernetesGateway, KubernetesHTTPRoute,
+    GROUP, L4_ROUTE_KINDS, FrontendValidation, GatewayApiConfig, StatusKey, GatewayClass, Waypoint, KubernetesGateway, KubernetesHTTPRoute,
     Listener, ObjectRef, ParentRef, ReferenceGrant, RouteMatch, RouteRule,
 )
 from istiod.model.config.networking import (
@@ -40,7 +40,7 @@ from istiod.model.config.networking import (
     Mirror, Redirect, Rewrite, RouteDestination, Server, ServerTLS, ServerTLSMode, ServicePort, VirtualService,
 )
 from istiod.model.config.scope import host_matches
-from istiod.model.credentials import TlsCredential
+from istiod.model.credentials import CA_SUFFIX, TlsCredential
 from istiod.model.names import DEFAULT_DOMAIN, service_hostname
 from istiod.model.service import Endpoint, Service
 
@@ -57,7 +57,8 @@ GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"
 GATEWAY_CREDENTIAL_PREFIX = "kubernetes-gateway://"  # istiod's SDS name for a certificateRef: <ns>/<name>
 _HTTP_KINDS = ((GROUP, "HTTPRoute"), (GROUP, "GRPCRoute"))
 _OK = "No errors found"
-_TLS_REASONS = frozenset({"InvalidCertificateRef", "RefNotPermitted"})
+_TLS_REASONS = frozenset({"InvalidCertificateRef", "RefNotPermitted", "InvalidCACertificateRef",
+                          "InvalidCACertificateKind"})
 
 
 
@@ -297,6 +298,10 @@ def _listeners(gateway: KubernetesGateway, inputs: _Inputs, mesh: bool = False) 
     return states
 
 
+TLS_TERMINATE_MODE = "gateway.istio.io/tls-terminate-mode"
+INSECURE_FALLBACK = "AllowInsecureFallback"
+
+
 def _listener_checks(gateway: KubernetesGateway, listener: Listener, state: _ListenerState,
                      inputs: _Inputs) -> ServerTLS | None:
     if listener.protocol not in ("HTTP", "HTTPS", "TLS", "TCP"):
@@ -319,31 +324,105 @@ def _listener_checks(gateway: KubernetesGateway, listener: Listener, state: _Lis
                    "tls.mode Passthrough requires protocol TLS" if listener.tls_mode
                    else f"protocol {listener.protocol} requires tls")
         return None
-    if listener.tls_options:
+    options = dict(listener.tls_options)
+    mode = _terminate_mode(options.pop(TLS_TERMINATE_MODE, "SIMPLE"), state)
+    if options:
         state.fail("Accepted", "UnsupportedValue",
-                   f"tls.options ({', '.join(listener.tls_options)}) is not implemented by this istiod")
-    if len(listener.certificate_refs) != 1:
+                   f"tls.options ({', '.join(options)}) is not implemented by this istiod")
+    if mode is None:
+        return None
+    if mode is ServerTLSMode.ISTIO_MUTUAL:  # the proxy's mesh certificate: certificateRefs are not looked at, as istiod
+        return ServerTLS(mode)
+    if not 1 <= len(listener.certificate_refs) <= 2:
         state.fail("ResolvedRefs", "InvalidCertificateRef",
-                   "exactly one tls.certificateRefs entry is implemented by this istiod"
+                   "TLS mode can only support up to 2 server certificates"
                    if listener.certificate_refs else "tls.certificateRefs is required")
         return None
-    ref = listener.certificate_refs[0]
-    namespace = ref.namespace or gateway.meta.namespace
-    if (ref.group, ref.kind) != ("", "Secret"):
-        state.fail("ResolvedRefs", "InvalidCertificateRef",
-                   f"invalid certificate reference {ref.kind} {namespace}/{ref.name}: only Secrets are supported")
+    names = []
+    for ref in listener.certificate_refs:
+        namespace = ref.namespace or gateway.meta.namespace
+        if (ref.group, ref.kind) != ("", "Secret"):
+            state.fail("ResolvedRefs", "InvalidCertificateRef",
+                       f"invalid certificate reference {ref.kind} {namespace}/{ref.name}: only Secrets are supported")
+            return None
+        if not inputs.permitted("Gateway", gateway.meta.namespace, "Secret", namespace, ref.name):
+            state.fail("ResolvedRefs", "RefNotPermitted",
+                       f"certificate reference {namespace}/{ref.name} not permitted by any ReferenceGrant")
+            return None
+        credential = inputs.credentials.get((namespace, ref.name))
+        if credential is None or not credential.usable:
+            state.fail("ResolvedRefs", "InvalidCertificateRef",
+                       f"invalid certificate reference Secret {namespace}/{ref.name}: "
+                       + ("not found" if credential is None else "it has no tls.crt and tls.key"))
+            return None
+        names.append(f"{GATEWAY_CREDENTIAL_PREFIX}{namespace}/{ref.name}")
+    # One reference is istiod's credentialName, two its credentialNames (e.g. RSA and ECDSA). MUTUAL
+    # clients are verified by the `-cacert` of the first (its `<name>-cacert` Secret, else its ca.crt).
+    tls = ServerTLS(mode, credential_name=names[0]) if len(names) == 1 else ServerTLS(mode, credential_names=tuple(names))
+    validation = gateway.frontend_validation(listener.port)
+    if validation is None:
+        return tls
+    ca = _frontend_ca(gateway, validation, state, inputs)
+    if ca is None:
         return None
-    if not inputs.permitted("Gateway", gateway.meta.namespace, "Secret", namespace, ref.name):
-        state.fail("ResolvedRefs", "RefNotPermitted",
-                   f"certificate reference {namespace}/{ref.name} not permitted by any ReferenceGrant")
+    # Frontend validation makes the listener MUTUAL, AllowInsecureFallback OPTIONAL_MUTUAL without
+    # verifying the chain; the option's MUTUAL or OPTIONAL_MUTUAL, verifying, wins (istiod's buildTLS).
+    if mode in (ServerTLSMode.MUTUAL, ServerTLSMode.OPTIONAL_MUTUAL):
+        return replace(tls, ca_cert_credential_name=ca)
+    if validation.mode == INSECURE_FALLBACK:
+        return replace(tls, mode=ServerTLSMode.OPTIONAL_MUTUAL, ca_cert_credential_name=ca, insecure_skip_verify=True)
+    return replace(tls, mode=ServerTLSMode.MUTUAL, ca_cert_credential_name=ca)
+
+
+def _frontend_ca(gateway: KubernetesGateway, validation: FrontendValidation, state: _ListenerState,
+                 inputs: _Inputs) -> str | None:
+    """istiod's buildCaCertificateReference for spec.tls.frontend's caCertificateRefs: the SDS name
+    `kubernetes-gateway://<ns>/<name>-cacert` of a Secret with `cacert` or `ca.crt`. A bad reference
+    leaves the listener out: Accepted False (NoValidCACertificate), ResolvedRefs False."""
+    def fail(reason: str, message: str) -> None:
+        state.fail("Accepted", "NoValidCACertificate", message)
+        state.fail("ResolvedRefs", reason, message)
+
+    if len(validation.ca_certificate_refs) > 1:
+        state.fail("ResolvedRefs", "InvalidCACertificateRef", "only one caCertificateRef is supported")
+        return None
+    ref = validation.ca_certificate_refs[0]
+    namespace = ref.namespace or gateway.meta.namespace
+    text = f"{ref.group}/{ref.kind}/{ref.name}.{ref.namespace}"  # istiod's objectReferenceString
+    if (ref.group, ref.kind) == ("", "ConfigMap"):
+        fail("InvalidCACertificateRef", f"invalid CA certificate reference {text}, "
+             "ConfigMaps are not implemented by this istiod (Secrets are)")
+        return None
+    if (ref.group, ref.kind) != ("", "Secret"):
+        fail("InvalidCACertificateKind", f"invalid CA certificate reference {text}, only secret and configmap are allowed")
         return None
     credential = inputs.credentials.get((namespace, ref.name))
-    if credential is None or not credential.usable:
-        state.fail("ResolvedRefs", "InvalidCertificateRef",
-                   f"invalid certificate reference Secret {namespace}/{ref.name}: "
-                   + ("not found" if credential is None else "it has no tls.crt and tls.key"))
+    if credential is None:
+        fail("InvalidCACertificateRef", f"invalid CA certificate reference {text}, secret {namespace}/{ref.name} not found")
         return None
-    return ServerTLS(ServerTLSMode.SIMPLE, credential_name=f"{GATEWAY_CREDENTIAL_PREFIX}{namespace}/{ref.name}")
+    if not credential.ca_cert:
+        fail("InvalidCACertificateRef", f"invalid CA certificate reference {text}, "
+             "found secret, but didn't have expected keys cacert or ca.crt")
+        return None
+    if namespace != gateway.meta.namespace and not inputs.permitted("Gateway", gateway.meta.namespace, "Secret",
+                                                                   namespace, ref.name):
+        fail("RefNotPermitted", f"caCertificateRef {namespace}/{ref.name} not accessible to a Gateway in namespace "
+             f"{gateway.meta.namespace!r} (missing a ReferenceGrant?)")
+        return None
+    return f"{GATEWAY_CREDENTIAL_PREFIX}{namespace}/{ref.name}{CA_SUFFIX}"
+
+
+def _terminate_mode(value: str, state: _ListenerState) -> ServerTLSMode | None:
+    """istiod's `gateway.istio.io/tls-terminate-mode` option: SIMPLE unless MUTUAL, OPTIONAL_MUTUAL or
+    ISTIO_MUTUAL. istiod takes any other value as SIMPLE; refused here, naming it."""
+    modes = {"SIMPLE": ServerTLSMode.SIMPLE, "MUTUAL": ServerTLSMode.MUTUAL,
+             "OPTIONAL_MUTUAL": ServerTLSMode.OPTIONAL_MUTUAL, "ISTIO_MUTUAL": ServerTLSMode.ISTIO_MUTUAL}
+    if value not in modes:
+        state.fail("Accepted", "UnsupportedValue",
+                   f"tls.options {TLS_TERMINATE_MODE}: {value!r} is not implemented by this istiod "
+                   "(MUTUAL, OPTIONAL_MUTUAL and ISTIO_MUTUAL are)")
+        return None
+    return modes[value]
 
 
 def _conflicts(states: list[_ListenerState]) -> None:
@@ -382,8 +461,13 @@ def _gateway_status(gateway: KubernetesGateway, states: list[_ListenerState], in
         accepted = condition("Accepted", False, "InvalidParameters",
                              "spec.infrastructure.parametersRef is not implemented by this istiod", generation)
     programmed, addresses = _programmed(gateway, states, inputs, mesh)
-    status: dict[str, Any] = {"conditions": [
-        accepted, programmed, condition("ResolvedRefs", True, "ResolvedRefs", "All references resolved", generation)],
+    conditions = [accepted, programmed, condition("ResolvedRefs", True, "ResolvedRefs", "All references resolved", generation)]
+    if any(v is not None and v.mode == INSECURE_FALLBACK
+           for v in (gateway.frontend_default, *(v for _, v in gateway.frontend_per_port))):
+        conditions.append(condition("InsecureFrontendValidationMode", True, "ConfigurationChanged",
+                                    "Gateway is operating in AllowInsecureFallback mode for frontend validation", generation))
+    status: dict[str, Any] = {
+        "conditions": conditions,
         "listeners": [{"name": s.listener.name, "supportedKinds": _supported_kinds(s.listener),
                        "attachedRoutes": s.attached,
                        "conditions": [condition(t, *s.conditions[t], generation) for t in s.conditions]}

@@ -461,6 +461,22 @@ class ServerTLS:
     min_protocol_version: str = ""  # "", TLS_AUTO or one of TLS_PROTOCOL_VERSIONS
     max_protocol_version: str = ""
     cipher_suites: tuple[str, ...] = ()
+    # Several Secrets served together (e.g. an RSA and an ECDSA certificate); the first one's CA verifies clients.
+    credential_names: tuple[str, ...] = ()
+    verify_certificate_spki: tuple[str, ...] = ()  # base64 SHA-256 of a client's SubjectPublicKeyInfo
+    verify_certificate_hash: tuple[str, ...] = ()  # hex SHA-256 of a client's certificate
+    # istiod's caCertCredentialName (a Gateway API frontend validation's CA): the SDS name of the CA
+    # verifying clients instead of the first credential's `-cacert`.
+    ca_cert_credential_name: str = ""
+    ca_crl: str = ""  # a CRL file in the proxy (ISTIO_MUTUAL); a credential's CRL is its Secret's ca.crl
+    # The client's certificate is asked for and passed on (XFCC) but its chain not verified: the
+    # Gateway API's AllowInsecureFallback, as istiod's insecureSkipVerify.
+    insecure_skip_verify: bool = False
+
+    @property
+    def credentials(self) -> tuple[str, ...]:
+        """The Secrets the server's certificates come from: credentialNames, else credentialName."""
+        return self.credential_names or ((self.credential_name,) if self.credential_name else ())
 
 
 @dataclass(frozen=True, slots=True)

@@ -917,13 +917,29 @@ def _server_tls(f: _Fields, path: str) -> ServerTLS | None:
     if sub is None:
         return None
     only(sub, ("httpsRedirect", "mode", "serverCertificate", "privateKey", "caCertificates", "credentialName",
-               "subjectAltNames", "minProtocolVersion", "maxProtocolVersion", "cipherSuites"),
-         ("credentialNames", "tlsCertificates", "verifyCertificateSpki", "verifyCertificateHash", "caCrl"))
+               "subjectAltNames", "minProtocolVersion", "maxProtocolVersion", "cipherSuites", "credentialNames",
+               "verifyCertificateSpki", "verifyCertificateHash", "caCrl"),
+         ("tlsCertificates", "caCertCredentialName", "insecureSkipVerify"))
     tls = ServerTLS(enum_field(sub, "mode", ServerTLSMode, "PASSTHROUGH"), sub.get("httpsRedirect", bool, False),  # type: ignore[arg-type]
                     sub.get("serverCertificate", str, ""), sub.get("privateKey", str, ""),
                     sub.get("caCertificates", str, ""), sub.get("credentialName", str, ""),
                     str_list(sub, "subjectAltNames"), sub.get("minProtocolVersion", str, ""),
-                    sub.get("maxProtocolVersion", str, ""), str_list(sub, "cipherSuites"))
+                    sub.get("maxProtocolVersion", str, ""), str_list(sub, "cipherSuites"),
+                    str_list(sub, "credentialNames"), str_list(sub, "verifyCertificateSpki"),
+                    str_list(sub, "verifyCertificateHash"), ca_crl=sub.get("caCrl", str, ""))
+    _client_pins(f, path, tls)
+    if tls.ca_crl:
+        # istiod: the CRL of a credential is its Secret's ca.crl; with the mesh certificate or files, a file Envoy reads.
+        if tls.credential_name:
+            raise f.fail(f"{path}.caCrl: CRL is not supported with credentialName. CRL has to be specified in the credential")
+        if tls.mode is ServerTLSMode.SIMPLE:
+            raise f.fail(f"{path}.caCrl: CRL is not supported with SIMPLE TLS")
+        if tls.mode is not ServerTLSMode.ISTIO_MUTUAL:
+            raise f.fail(f"{path}.caCrl: caCrl is not supported by this istiod but with ISTIO_MUTUAL "
+                         "(a credential's CRL is the ca.crl of its Secret)")
+    if sum((bool(tls.server_certificate and tls.private_key), bool(tls.credential_name), bool(tls.credential_names))) > 1:
+        raise f.fail(f"{path}: only one of credential_name, credential_names, server_certificate/private_key, "
+                     "tls_certificates should be specified")
     for name, version in (("minProtocolVersion", tls.min_protocol_version), ("maxProtocolVersion", tls.max_protocol_version)):
         if version not in ("", "TLS_AUTO", *TLS_PROTOCOL_VERSIONS):
             raise f.fail(f"{path}.{name}: {version!r} is not one of TLS_AUTO, {', '.join(TLS_PROTOCOL_VERSIONS)}")
@@ -933,7 +949,9 @@ def _server_tls(f: _Fields, path: str) -> ServerTLS | None:
     if tls.mode is ServerTLSMode.ISTIO_MUTUAL:
         if tls.server_certificate or tls.private_key or tls.ca_certificates or tls.credential_name:
             raise f.fail(f"{path}: ISTIO_MUTUAL TLS cannot have associated private key, certificates or credentialName")
-    elif tls.mode in (ServerTLSMode.SIMPLE, ServerTLSMode.MUTUAL, ServerTLSMode.OPTIONAL_MUTUAL) and not tls.credential_name:
+        if tls.credential_names:
+            raise f.fail(f"{path}: ISTIO_MUTUAL TLS cannot have associated credentialNames")
+    elif tls.mode in (ServerTLSMode.SIMPLE, ServerTLSMode.MUTUAL, ServerTLSMode.OPTIONAL_MUTUAL) and not tls.credentials:
         if not tls.server_certificate:
             raise f.fail(f"{path}: {tls.mode.value} TLS requires a server certificate")
         if not tls.private_key:
@@ -943,12 +961,29 @@ def _server_tls(f: _Fields, path: str) -> ServerTLS | None:
     return tls
 
 
+def _client_pins(f: _Fields, path: str, tls: ServerTLS) -> None:
+    """verifyCertificateSpki (base64 of a SHA-256) and verifyCertificateHash (hex of a SHA-256, `:` allowed),
+    as Envoy takes them: a malformed one would have Envoy reject the whole listener."""
+    for i, pin in enumerate(tls.verify_certificate_spki):
+        try:
+            ok = len(base64.b64decode(pin, validate=True)) == 32
+        except ValueError:
+            ok = False
+        if not ok:
+            raise f.fail(f"{path}.verifyCertificateSpki[{i}]: {pin!r} is not the base64 of a SHA-256 digest")
+    for i, pin in enumerate(tls.verify_certificate_hash):
+        if not re.fullmatch(r"[0-9a-fA-F]{64}", pin.replace(":", "")):
+            raise f.fail(f"{path}.verifyCertificateHash[{i}]: {pin!r} is not the hex of a SHA-256 digest")
+
+
 def gateway(key: ObjectKey, f: _Fields, domain: str) -> Gateway:
     spec(f, ("servers", "selector"))
     servers: list[Server] = []
     for i, s in enumerate(items(f, "spec.servers")):
         where = f"spec.servers[{i}]"
-        only(s, ("port", "bind", "hosts", "tls", "name"), ("defaultEndpoint",))
+        if "defaultEndpoint" in s.body:  # Istio's API marks it NOT IMPLEMENTED: istiod ignores it
+            raise f.fail(f"{where}.defaultEndpoint: defaultEndpoint of a Gateway server is not implemented by istiod")
+        only(s, ("port", "bind", "hosts", "tls", "name"))
         server_port = _service_port(_required(s, "port"))
         if not server_port.name:
             raise f.fail(f"{where}.port.name: port name must be set")
@@ -1085,6 +1120,11 @@ def _ingress_tls(f: _Fields, item: _Fields, where: str, port_protocol: str) -> S
         raise f.fail(f"{path}.httpsRedirect: sidecar: httpsRedirect is not supported")
     if tls.credential_name:
         raise f.fail(f"{path}.credentialName: sidecar: credentialName is not currently supported")
+    if tls.credential_names:
+        raise f.fail(f"{path}.credentialNames: sidecar: credentialNames is not currently supported")
+    if tls.verify_certificate_spki or tls.verify_certificate_hash:  # istiod applies them to credentials only
+        raise f.fail(f"{path}: sidecar: verifyCertificateSpki/verifyCertificateHash are not supported in ingress tls "
+                     "by this istiod (istiod ignores them without a credentialName)")
     if tls.mode in (ServerTLSMode.ISTIO_MUTUAL, ServerTLSMode.AUTO_PASSTHROUGH):
         raise f.fail(f"{path}.mode: configuration is invalid: cannot set mode to {tls.mode.value} in sidecar ingress tls")
     if tls.mode is ServerTLSMode.PASSTHROUGH:  # istiod builds a TLS context without certificates

@@ -18,6 +18,7 @@ from google.protobuf import any_pb2, duration_pb2, wrappers_pb2
 
 from istiod.certfiles import PROVIDER_INSTANCE
 from istiod.model.config.networking import ClientTLS, ServerTLS, ServerTLSMode, TLSMode
+from istiod.model.credentials import CA_SUFFIX
 from istiod.model.names import spiffe_identity
 from istiod.model.service import Endpoint
 from istiod.xds.gen.filters import ads_source
@@ -43,7 +44,6 @@ HTTP_ALPN = ("h2", "http/1.1")
 # Istio's proxy image (Debian's path).
 SYSTEM_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 CREDENTIAL_PREFIX = "kubernetes://"  # istiod's name for a credentialName's SDS secret
-CA_SUFFIX = "-cacert"  # istiod's SdsCaSuffix: the CA of a credential
 # Istio's minProtocolVersion/maxProtocolVersion values -> Envoy's.
 TLS_VERSIONS = {
     "TLS_AUTO": common_pb2.TlsParameters.TLS_AUTO, "TLSV1_0": common_pb2.TlsParameters.TLSv1_0,
@@ -105,12 +105,13 @@ def sds_hbone_upstream_tls() -> base_pb2.TransportSocket:
     return _transport_socket(tls_pb2.UpstreamTlsContext(common_tls_context=_sds_tls_context(("h2",), ())))
 
 
-def sds_downstream_tls(alpn: Iterable[str], identities: Iterable[str] = ()) -> base_pb2.TransportSocket:
+def sds_downstream_tls(alpn: Iterable[str], identities: Iterable[str] = (), crl: str = "") -> base_pb2.TransportSocket:
     """Envoy, server side: require a client certificate the mesh root signed (of `identities`, or
-    any mesh identity)."""
-    context = tls_pb2.DownstreamTlsContext(
-        common_tls_context=_sds_tls_context(alpn, identities), require_client_certificate=wrappers_pb2.BoolValue(value=True)
-    )
+    any mesh identity) and the CRL file `crl` does not revoke."""
+    common = _sds_tls_context(alpn, identities)
+    if crl:
+        common.combined_validation_context.default_validation_context.crl.filename = crl
+    context = tls_pb2.DownstreamTlsContext(common_tls_context=common, require_client_certificate=wrappers_pb2.BoolValue(value=True))
     return _transport_socket(context)
 
 
@@ -138,13 +139,14 @@ def originated_tls(tls: ClientTLS, alpn: Iterable[str], default_sans: Iterable[s
     return _transport_socket(tls_pb2.UpstreamTlsContext(common_tls_context=common, sni=tls.sni))
 
 
-def server_tls(tls: ServerTLS, alpn: Sequence[str], credential: str = "",
+def server_tls(tls: ServerTLS, alpn: Sequence[str], credentials: Sequence[str] = (),
                ca_credential: str | None = None) -> tls_pb2.DownstreamTlsContext:
     """A server's own TLS (istiod's BuildListenerTLSContext for SIMPLE, MUTUAL and OPTIONAL_MUTUAL):
-    a gateway's certificate is `credential` over SDS on the ADS stream, its client CA `ca_credential`;
-    without a credential (a Sidecar ingress listener) the files the settings name, read by Envoy in
-    the pod. A client certificate is required for MUTUAL, asked for and verified if sent for
-    OPTIONAL_MUTUAL."""
+    a gateway's certificates are `credentials` over SDS on the ADS stream (Envoy picks the one the
+    client's algorithms admit, e.g. RSA or ECDSA), its client CA `ca_credential` combined with the
+    settings' SPKI and hash pins (istiod's ApplyCredentialSDSToServerCommonTLSContext); without
+    credentials (a Sidecar ingress listener) the files the settings name, read by Envoy in the pod.
+    A client certificate is required for MUTUAL, asked for and verified if sent for OPTIONAL_MUTUAL."""
     params = common_pb2.TlsParameters(
         # istiod's defaults for its servers: TLS 1.2 to 1.3 (validation admits only TLS_VERSIONS' names).
         tls_minimum_protocol_version=TLS_VERSIONS[tls.min_protocol_version or "TLSV1_2"],
@@ -153,12 +155,19 @@ def server_tls(tls: ServerTLS, alpn: Sequence[str], credential: str = "",
     )
     common = tls_pb2.CommonTlsContext(alpn_protocols=list(alpn), tls_params=params)
     verifies = tls.mode in (ServerTLSMode.MUTUAL, ServerTLSMode.OPTIONAL_MUTUAL)
-    if credential:
+    if credentials:
         # No fetch timeout: the listener waits for its certificates rather than serving without.
         source = ads_source(initial_fetch_timeout=duration_pb2.Duration())
-        common.tls_certificate_sds_secret_configs.add(name=credential, sds_config=source)
+        for credential in credentials:
+            common.tls_certificate_sds_secret_configs.add(name=credential, sds_config=source)
         if ca_credential is not None:
-            common.validation_context_sds_secret_config.CopyFrom(
+            combined = common.combined_validation_context
+            combined.default_validation_context.verify_certificate_spki.extend(tls.verify_certificate_spki)
+            combined.default_validation_context.verify_certificate_hash.extend(tls.verify_certificate_hash)
+            if tls.insecure_skip_verify:
+                combined.default_validation_context.trust_chain_verification = \
+                    common_pb2.CertificateValidationContext.ACCEPT_UNTRUSTED
+            combined.validation_context_sds_secret_config.CopyFrom(
                 secret_pb2.SdsSecretConfig(name=ca_credential, sds_config=source))
     else:
         common.tls_certificates.add(certificate_chain=base_pb2.DataSource(filename=tls.server_certificate),

@@ -149,20 +149,22 @@ def gateway_listener(name: str, servers: tuple[GatewayServer, ...],
 def _transport_socket(served: GatewayServer) -> base_pb2.TransportSocket:
     if served.mesh_tls:
         # The workload certificate and root from the agent's SDS (`default`, `ROOTCA`), as a sidecar's
-        # inbound; subjectAltNames restrict the client identities.
+        # inbound; subjectAltNames restrict the client identities, caCrl (a file in the pod) revokes some.
         assert served.server.tls is not None
-        return sds_downstream_tls(HTTP_ALPN, served.server.tls.subject_alt_names)
+        return sds_downstream_tls(HTTP_ALPN, served.server.tls.subject_alt_names, served.server.tls.ca_crl)
     # The credential's certificate; a client certificate verified by `<credential>-cacert` for MUTUAL
     # (required) and OPTIONAL_MUTUAL (asked for). HTTP's ALPN on HTTPS servers only.
     tls = served.server.tls
     assert tls is not None
-    context = server_tls(tls, HTTP_ALPN if served.tls else (), served.credential, served.ca_credential)
+    context = server_tls(tls, HTTP_ALPN if served.tls else (), served.credentials, served.ca_credential)
     return base_pb2.TransportSocket(name=TLS_TRANSPORT_SOCKET, typed_config=pack(context))
 
 
 def _hcm(listener: str, route_name: str, http_filters: tuple[hcm_pb2.HttpFilter, ...]) -> listener_components_pb2.Filter:
     """istiod's gateway HCM: the client's address is the peer's (a gateway is the edge), paths
-    normalised, websockets pass, VirtualService faults and CORS policies act."""
+    normalised, websockets pass, VirtualService faults and CORS policies act; a client's certificate
+    (MUTUAL) is told to the backend in x-forwarded-client-cert, one from the client dropped
+    (istiod's SANITIZE_SET default)."""
     rds = hcm_pb2.Rds(config_source=ads_source(initial_fetch_timeout=duration_pb2.Duration()),
                       route_config_name=route_name)
     return network_filter(HCM_FILTER, with_fault_filter(http_connection_manager(
@@ -172,4 +174,7 @@ def _hcm(listener: str, route_name: str, http_filters: tuple[hcm_pb2.HttpFilter,
         use_remote_address=wrappers_pb2.BoolValue(value=True),
         normalize_path=wrappers_pb2.BoolValue(value=True),
         upgrade_configs=[hcm_pb2.HttpConnectionManager.UpgradeConfig(upgrade_type="websocket")],
+        forward_client_cert_details=hcm_pb2.HttpConnectionManager.SANITIZE_SET,
+        set_current_client_cert_details=hcm_pb2.HttpConnectionManager.SetCurrentClientCertDetails(
+            subject=wrappers_pb2.BoolValue(value=True), cert=True, dns=True, uri=True),
     ), cors=True))

@@ -58,7 +58,7 @@ def secrets(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: Re
         elif name.startswith(GATEWAY_CREDENTIAL_PREFIX):
             if referenced is None:
                 referenced = {n for s in gateway_servers(snapshot, proxy) if s.terminates and not s.mesh_tls
-                              for n in (s.credential, s.ca_credential) if n is not None}
+                              for n in (*s.credentials, s.ca_credential) if n is not None}
             namespace, _, secret = name.removeprefix(GATEWAY_CREDENTIAL_PREFIX).partition("/")
             if name not in referenced:
                 _unreferenced.warning(logs.event("gateway secret not sent: no listener of the proxy references it",

@@ -1,7 +1,8 @@
 """Which Gateway servers a gateway proxy serves, and which VirtualServices each one routes.
 
 What is implemented: HTTP servers; HTTPS servers terminating TLS (`SIMPLE`, `MUTUAL`,
-`OPTIONAL_MUTUAL` with a `credentialName`, a Secret in the gateway's namespace; `ISTIO_MUTUAL` with
+`OPTIONAL_MUTUAL` with a `credentialName` or several `credentialNames`, Secrets in the gateway's
+namespace, clients pinned by `verifyCertificateSpki`/`verifyCertificateHash`; `ISTIO_MUTUAL` with
 the proxy's mesh certificate); TCP servers and
 TLS servers (terminating as HTTPS does, or `PASSTHROUGH`, as HTTPS `PASSTHROUGH` too), routed by
 the VirtualServices' `tcp` and `tls` routes; `AUTO_PASSTHROUGH` by the SNI naming a mesh service. Any other server is left out with a warning naming
@@ -107,19 +108,21 @@ class GatewayServer:
         return self.plaintext_http and self.server.tls is not None and self.server.tls.https_redirect
 
     @property
-    def credential(self) -> str:
-        """The SDS name: `kubernetes://<name>`, or the Gateway API's `kubernetes-gateway://<ns>/<name>` as is."""
+    def credentials(self) -> tuple[str, ...]:
+        """The SDS names, one per credentialNames entry (or the credentialName): `kubernetes://<name>`,
+        or the Gateway API's `kubernetes-gateway://<ns>/<name>` as is."""
         assert self.server.tls is not None
-        name = self.server.tls.credential_name
-        return name if name.startswith(GATEWAY_CREDENTIAL_PREFIX) else CREDENTIAL_PREFIX + name
+        return tuple(name if name.startswith(GATEWAY_CREDENTIAL_PREFIX) else CREDENTIAL_PREFIX + name
+                     for name in self.server.tls.credentials)
 
     @property
     def ca_credential(self) -> str | None:
-        """The SDS name of the CA verifying clients (MUTUAL, OPTIONAL_MUTUAL): `<credential>-cacert`."""
+        """The SDS name of the CA verifying clients (MUTUAL, OPTIONAL_MUTUAL): `<credential>-cacert` of
+        the first credential (istiod takes one CA for all of credentialNames)."""
         tls = self.server.tls
         if tls is None or tls.mode not in (ServerTLSMode.MUTUAL, ServerTLSMode.OPTIONAL_MUTUAL):
             return None
-        return self.credential + CA_SUFFIX
+        return tls.ca_cert_credential_name or self.credentials[0] + CA_SUFFIX
 
     @property
     def server_names(self) -> list[str]:
@@ -142,10 +145,12 @@ def unsupported(server: Server) -> str | None:
         return None
     if tls.mode is ServerTLSMode.ISTIO_MUTUAL:  # validation admits no certificates here; subjectAltNames apply
         return None
-    if not tls.credential_name:
-        return "tls.serverCertificate/privateKey files are not implemented (tls.credentialName is)"
+    if not tls.credentials:
+        return "tls.serverCertificate/privateKey files are not implemented (tls.credentialName(s) is)"
     if tls.subject_alt_names or tls.ca_certificates:
         return "tls.subjectAltNames/caCertificates are not implemented (the credentialName's ca.crt is)"
+    if (tls.verify_certificate_spki or tls.verify_certificate_hash) and tls.mode is ServerTLSMode.SIMPLE:
+        return "tls.verifyCertificateSpki/Hash need MUTUAL or OPTIONAL_MUTUAL (istiod ignores them with SIMPLE)"
     return None
 
 
