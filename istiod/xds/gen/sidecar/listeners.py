@@ -24,6 +24,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -292,15 +293,34 @@ def tcp_outbound_listener(address: str, target: OutboundPort, destinations: L4De
 def unaddressed_listener(port: int, targets: Sequence[OutboundPort],
                          unmatched: str) -> listener_pb2.Listener:
     """istiod's wildcard listener for ServiceEntry hosts without an address: a connection to any
-    IP on the port is theirs, by SNI on TLS ports (the client resolved the host itself), else the
-    first host's; what no host claims goes where virtualOutbound sends the unknown."""
+    IP on the port is theirs, by the destination's CIDR for hosts with one (a ServiceEntry address
+    `10.1.0.0/16`), by SNI on TLS ports (the client resolved the host itself, `*.example.com`
+    matching as Envoy matches a wildcard name), else the first plain host's; what no host claims
+    goes where virtualOutbound sends the unknown."""
     name = f"{ANY_ADDRESS}_{port}"
-    tls = [t for t in targets if t.protocol in (Protocol.TLS, Protocol.HTTPS)]
-    if not tls:
-        return _outbound_listener(name, ANY_ADDRESS, port, tcp_proxy(targets[0].cluster, targets[0].cluster))
+    cidr = {t.service.cluster_ip: t.cluster for t in reversed(targets) if "/" in t.service.cluster_ip}
+    rest = [t for t in targets if "/" not in t.service.cluster_ip]
+    tls = [t for t in rest if t.protocol in (Protocol.TLS, Protocol.HTTPS)]
+    plain = [t for t in rest if t not in tls]
+    fallback = plain[0].cluster if plain and not tls else unmatched
+    listener = _outbound_listener(name, ANY_ADDRESS, port, tcp_proxy(fallback, fallback))
     by_host = {t.service.hostname: t.cluster for t in reversed(tls)}  # the first target per host wins
-    return _by_sni(_outbound_listener(name, ANY_ADDRESS, port, tcp_proxy(unmatched, unmatched)),
-                   [((host,), tcp_proxy(cluster, cluster)) for host, cluster in sorted(by_host.items())])
+    listener = _by_sni(listener, [((host,), tcp_proxy(cluster, cluster)) for host, cluster in sorted(by_host.items())])
+    # Before the SNI chains: Envoy takes the most specific match, destination first.
+    chains = [listener_components_pb2.FilterChain(
+        name=f"{name}_{prefix}", filter_chain_match=listener_components_pb2.FilterChainMatch(
+            prefix_ranges=[_cidr(prefix)]), filters=[tcp_proxy(cluster, cluster)])
+        for prefix, cluster in sorted(cidr.items())]
+    chains += listener.filter_chains
+    del listener.filter_chains[:]
+    listener.filter_chains.extend(chains)
+    return listener
+
+
+def _cidr(prefix: str) -> address_pb2.CidrRange:
+    network = ipaddress.ip_network(prefix, strict=False)
+    return address_pb2.CidrRange(address_prefix=str(network.network_address),
+                                 prefix_len=wrappers_pb2.UInt32Value(value=network.prefixlen))
 
 
 def _by_sni(listener: listener_pb2.Listener,
