@@ -349,6 +349,7 @@ def test_none_resolution_entries_pass_wildcard_hosts_and_cidrs_under_registry_on
             assert blackholed(envoy) == before + 2
             rows = istiod_cli(istiod, "proxy-config", "listeners", "web-1.shop").stdout.splitlines()
             print("\n".join(r for r in rows if "example" in r or "7100" in r))
+            assert any("Addr: 10.97.9.0/24" in r and "outbound|7100||range.example.net" in r for r in rows)
         finally:
             for app in apps:
                 app.stop()
