@@ -531,3 +531,56 @@ def test_none_resolution_and_wildcard_entries_pass_through_to_the_original_desti
     assert tcp_proxy_pb2.TcpProxy.FromString(first.filters[0].typed_config.value).cluster == "outbound|7100||cidr.example.net"
     assert tcp_proxy_pb2.TcpProxy.FromString(rest.filters[0].typed_config.value).cluster == "BlackHoleCluster"
     assert "10.96.9.77_7200" in listeners
+
+
+UNADDRESSED_ROUTES = """
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: tls-ext, namespace: shop}
+spec:
+  hosts: [a.tls.test, b.tls.test]
+  ports: [{number: 443, name: tls, protocol: TLS}]
+  resolution: DNS
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: tcp-ext, namespace: shop}
+spec:
+  hosts: [db.ext.test, db2.ext.test]
+  ports: [{number: 5433, name: tcp, protocol: TCP}]
+  resolution: DNS
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: tls, namespace: shop}
+spec:
+  hosts: [a.tls.test, x.tls.test]
+  tls:
+  - match: [{sniHosts: [a.tls.test, x.tls.test], port: 443}]
+    route: [{destination: {host: b.tls.test}}]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: tcp, namespace: shop}
+spec:
+  hosts: [db.ext.test]
+  tcp:
+  - match: [{port: 5433}]
+    route: [{destination: {host: db2.ext.test}}]
+"""
+
+
+def test_virtual_service_tcp_and_tls_routes_for_entry_hosts_without_addresses() -> None:
+    """On 0.0.0.0_<port>: `tls` routes by their sniHosts (instead of the host's own SNI chain),
+    `tcp` routes by port for the host that takes the port."""
+    listeners = _generate(types.LISTENER, _built(UNADDRESSED_ROUTES), message=listener_pb2.Listener)
+
+    def chains(name: str) -> dict[tuple[str, ...], str]:
+        listener = listeners[name]
+        assert isinstance(listener, listener_pb2.Listener)
+        return {tuple(c.filter_chain_match.server_names): tcp_proxy_pb2.TcpProxy.FromString(
+            c.filters[0].typed_config.value).cluster for c in listener.filter_chains}
+
+    assert chains("0.0.0.0_443") == {("a.tls.test", "x.tls.test"): "outbound|443||b.tls.test",
+                                     ("b.tls.test",): "outbound|443||b.tls.test", (): "PassthroughCluster"}
+    assert chains("0.0.0.0_5433") == {(): "outbound|5433||db2.ext.test"}
