@@ -523,13 +523,14 @@ def test_none_resolution_and_wildcard_entries_pass_through_to_the_original_desti
     by_sni = {tuple(c.filter_chain_match.server_names): c.filters[0] for c in tls.filter_chains}
     assert tcp_proxy_pb2.TcpProxy.FromString(by_sni[("*.example.test",)].typed_config.value).cluster == \
         "outbound|443||*.example.test"
-    assert tcp_proxy_pb2.TcpProxy.FromString(by_sni[()].typed_config.value).cluster == "BlackHoleCluster"
+    assert list(by_sni) == [("*.example.test",)] and tls.default_filter_chain.name == "BlackHoleFilterChain"
     cidr = listeners["0.0.0.0_7100"]
     assert isinstance(cidr, listener_pb2.Listener)
-    first, rest = cidr.filter_chains
+    [first] = cidr.filter_chains
     assert [(r.address_prefix, r.prefix_len.value) for r in first.filter_chain_match.prefix_ranges] == [("10.96.9.0", 24)]
     assert tcp_proxy_pb2.TcpProxy.FromString(first.filters[0].typed_config.value).cluster == "outbound|7100||cidr.example.net"
-    assert tcp_proxy_pb2.TcpProxy.FromString(rest.filters[0].typed_config.value).cluster == "BlackHoleCluster"
+    assert tcp_proxy_pb2.TcpProxy.FromString(cidr.default_filter_chain.filters[0].typed_config.value).cluster == \
+        "BlackHoleCluster"
     assert "10.96.9.77_7200" in listeners
 
 
@@ -578,8 +579,10 @@ def test_virtual_service_tcp_and_tls_routes_for_entry_hosts_without_addresses() 
     def chains(name: str) -> dict[tuple[str, ...], str]:
         listener = listeners[name]
         assert isinstance(listener, listener_pb2.Listener)
+        found = [*listener.filter_chains, *([listener.default_filter_chain] if listener.HasField("default_filter_chain")
+                                           else [])]
         return {tuple(c.filter_chain_match.server_names): tcp_proxy_pb2.TcpProxy.FromString(
-            c.filters[0].typed_config.value).cluster for c in listener.filter_chains}
+            c.filters[0].typed_config.value).cluster for c in found}
 
     assert chains("0.0.0.0_443") == {("a.tls.test", "x.tls.test"): "outbound|443||b.tls.test",
                                      ("b.tls.test",): "outbound|443||b.tls.test", (): "PassthroughCluster"}

@@ -342,6 +342,9 @@ def unaddressed_listener(port: int, targets: Sequence[OutboundPort], unmatched: 
     chains += listener.filter_chains
     del listener.filter_chains[:]
     listener.filter_chains.extend(chains)
+    if not (plain and not tls):  # what no host claims: the default chain, as istiod's
+        listener.filter_chains.pop()
+        listener.default_filter_chain.CopyFrom(_catch_all(unmatched))
     return listener
 
 
