@@ -336,8 +336,8 @@ def unaddressed_listener(port: int, targets: Sequence[OutboundPort], unmatched: 
     listener = _by_sni(listener, by_sni)
     # Before the SNI chains: Envoy takes the most specific match, destination first.
     chains = [listener_components_pb2.FilterChain(
-        name=f"{name}_{prefix}", filter_chain_match=listener_components_pb2.FilterChainMatch(
-            prefix_ranges=[_cidr(prefix)]), filters=[tcp(target)])
+        filter_chain_match=listener_components_pb2.FilterChainMatch(prefix_ranges=[_cidr(prefix)]),
+        filters=[tcp(target)])
         for prefix, target in sorted(cidr.items())]
     chains += listener.filter_chains
     del listener.filter_chains[:]
