@@ -2,8 +2,9 @@
 Istio's pilot-discovery, built by shared/reference-istiod/build.sh, which CI does not have).
 
     python bench/sidecar_compare.py [--reference PATH] [--mesh tests/data/sidecar-shape-mesh.yaml]
-    (tests/data/sidecar-passthrough-mesh.yaml: ServiceEntries with resolution NONE, wildcard hosts)
                                     [--node sidecar~IP~POD.NS~NS.svc.cluster.local] [--full]
+
+(`--mesh tests/data/sidecar-passthrough-mesh.yaml`: ServiceEntries with resolution NONE and wildcard hosts.)
 
 etcd and kube-apiserver are started (the e2e harness), Istio's CRDs installed and the mesh's objects
 created through the API; then Istio's istiod and ours in kube mode on that API server, and a SotW ADS
