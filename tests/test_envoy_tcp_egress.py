@@ -279,6 +279,18 @@ spec:
   ports: [{number: 7100, name: tcp, protocol: TCP}]
   location: MESH_EXTERNAL
   resolution: NONE
+---
+# A tls route by SNI for the wildcard host: one name elsewhere, the rest to the host itself.
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: wild-tls, namespace: shop}
+spec:
+  hosts: ["*.example.test"]
+  tls:
+  - match: [{sniHosts: [moved.example.test], port: 443}]
+    route: [{destination: {host: b.tls.test}}]
+  - match: [{sniHosts: ["*.example.test"], port: 443}]
+    route: [{destination: {host: "*.example.test"}}]
 """
 # The callers run as this uid, whose connections to 10.97.0.0/16 alone are captured: Envoy (root
 # here) reaches the original destination itself, as pilot-agent's uid 1337 exemption lets it.
@@ -290,7 +302,8 @@ def test_none_resolution_entries_pass_wildcard_hosts_and_cidrs_under_registry_on
     """resolution NONE: Envoy sends to the address the client connected to (ORIGINAL_DST). HTTP
     with a Host of `*.example.test` (curl resolves api.example.test to 10.97.8.1) passes, another
     Host gets 502; TLS with an SNI under `*.example.test` reaches whoever has the address, Envoy
-    never terminating it; TCP into 10.97.9.0/24 passes, the same port elsewhere is blackholed."""
+    never terminating it (a VirtualService `tls` route by SNI sends one name elsewhere); TCP into
+    10.97.9.0/24 passes, the same port elsewhere is blackholed."""
     with pod(mesh_dir, start_istiod, "--outbound-traffic-policy", "REGISTRY_ONLY", extra=PASSTHROUGH) as \
             (envoy, run, istiod):
         for command in (("ip", "addr", "add", "10.97.8.1/32", "dev", "lo"),
@@ -300,13 +313,13 @@ def test_none_resolution_entries_pass_wildcard_hosts_and_cidrs_under_registry_on
                          "--uid-owner", CLIENT_UID, "-j", "REDIRECT", "--to-ports", "15001")):
             assert run(*command).returncode == 0, command
         key = new_key()
-        (tmp_path / "server.pem").write_text(cert_pem(ca_cert("tls test server", key)) + key_pem(key).decode())
+        (tmp_path / "api.pem").write_text(cert_pem(ca_cert("tls test server", key)) + key_pem(key).decode())
         apps = [Process(envoy.netns(sys.executable, "-m", "istiod.demo.apps", "http-server", "--address",
                                     "10.97.8.1:8090", "--name", "api"), name="api"),
                 Process(envoy.netns(sys.executable, "-m", "istiod.demo.apps", "tcp-echo", "--address",
                                     "10.97.9.5:7100", "--name", "ranged"), name="ranged"),
                 Process(envoy.netns(sys.executable, "-c", TLS_SERVER, "10.97.8.1", "443", "api-tls",
-                                    str(tmp_path / "server.pem")), name="api-tls")]
+                                    str(tmp_path / "api.pem")), name="api-tls")]
 
         def client(*command: str) -> subprocess.CompletedProcess[str]:
             return run("setpriv", f"--reuid={CLIENT_UID}", f"--regid={CLIENT_UID}", "--clear-groups", *command)
@@ -332,9 +345,11 @@ def test_none_resolution_entries_pass_wildcard_hosts_and_cidrs_under_registry_on
                 done = client("/usr/bin/python3", "-c", TLS_CLIENT, "10.97.8.1", "443", sni)
                 return done.stdout.strip() or (done.stderr.strip().splitlines() or ["nothing"])[-1]
 
-            by_sni = {sni: hello(sni) for sni in ("secure.example.test", "secure.other.test")}
+            with tls_servers(envoy, tmp_path):  # b.tls.test's endpoint 127.0.0.41 among them
+                by_sni = {sni: hello(sni) for sni in ("secure.example.test", "moved.example.test", "secure.other.test")}
             print(f"TLS to 10.97.8.1:443 by SNI: {by_sni}")
-            assert by_sni["secure.example.test"] == "api-tls" and by_sni["secure.other.test"] != "api-tls"
+            assert by_sni["secure.example.test"] == "api-tls" and by_sni["moved.example.test"] == "b.tls.test"
+            assert by_sni["secure.other.test"] not in ("api-tls", "b.tls.test")
 
             def tcp(address: str, count: int) -> list[str]:
                 host, _, port = address.rpartition(":")
