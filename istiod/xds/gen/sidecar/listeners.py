@@ -162,8 +162,8 @@ def _outbound(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[Re
             result.append(cache.get(
                 types.LISTENER, name, (*(t.service for t in targets), *(d for _, ds in inputs.values() for d in ds)),
                 lambda: unaddressed_listener(number, targets, unmatched, {
-                    t.cluster: (tcp_destinations(inputs[t.cluster][0], t.service, t.port.port, snapshot.services, source,
-                                                 None),
+                    t.cluster: (tcp_destinations(inputs[t.cluster][0], t.service, t.port.port, snapshot.services,
+                                                 source, None),
                                 tls_destinations(inputs[t.cluster][0], t.port.port, snapshot.services, source, None))
                     for t in targets}),
                 scope=f"{unmatched}:{alike_key}"))
