@@ -258,3 +258,113 @@ def test_tls_routes_by_sni(mesh_dir: Path, start_istiod: Callable[..., Istiod], 
                 if "10.96.0.14_443" in line]
         print("\n".join(rows))
         assert any("SNI: b.tls.test" in row and "Cluster: outbound|443||b.tls.test" in row for row in rows)
+
+
+PASSTHROUGH = """
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: wild, namespace: shop}
+spec:
+  hosts: ["*.example.test"]
+  ports: [{number: 8090, name: http, protocol: HTTP}, {number: 443, name: tls, protocol: TLS}]
+  location: MESH_EXTERNAL
+  resolution: NONE
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: range, namespace: shop}
+spec:
+  hosts: [range.example.net]
+  addresses: [10.97.9.0/24]
+  ports: [{number: 7100, name: tcp, protocol: TCP}]
+  location: MESH_EXTERNAL
+  resolution: NONE
+---
+# A tls route by SNI for the wildcard host: one name elsewhere, the rest to the host itself.
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: wild-tls, namespace: shop}
+spec:
+  hosts: ["*.example.test"]
+  tls:
+  - match: [{sniHosts: [moved.example.test], port: 443}]
+    route: [{destination: {host: b.tls.test}}]
+  - match: [{sniHosts: ["*.example.test"], port: 443}]
+    route: [{destination: {host: "*.example.test"}}]
+"""
+# The callers run as this uid, whose connections to 10.97.0.0/16 alone are captured: Envoy (root
+# here) reaches the original destination itself, as pilot-agent's uid 1337 exemption lets it.
+CLIENT_UID = "1000"
+
+
+def test_none_resolution_entries_pass_wildcard_hosts_and_cidrs_under_registry_only(
+        mesh_dir: Path, start_istiod: Callable[..., Istiod], tmp_path: Path) -> None:
+    """resolution NONE: Envoy sends to the address the client connected to (ORIGINAL_DST). HTTP
+    with a Host of `*.example.test` (curl resolves api.example.test to 10.97.8.1) passes, another
+    Host gets 502; TLS with an SNI under `*.example.test` reaches whoever has the address, Envoy
+    never terminating it (a VirtualService `tls` route by SNI sends one name elsewhere); TCP into
+    10.97.9.0/24 passes, the same port elsewhere is blackholed."""
+    with pod(mesh_dir, start_istiod, "--outbound-traffic-policy", "REGISTRY_ONLY", extra=PASSTHROUGH) as \
+            (envoy, run, istiod):
+        for command in (("ip", "addr", "add", "10.97.8.1/32", "dev", "lo"),
+                        ("ip", "addr", "add", "10.97.9.5/32", "dev", "lo"),
+                        ("ip", "addr", "add", "10.97.7.7/32", "dev", "lo"),  # routable, served by no one
+                        ("iptables", "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-d", "10.97.0.0/16", "-m", "owner",
+                         "--uid-owner", CLIENT_UID, "-j", "REDIRECT", "--to-ports", "15001")):
+            assert run(*command).returncode == 0, command
+        key = new_key()
+        (tmp_path / "api.pem").write_text(cert_pem(ca_cert("tls test server", key)) + key_pem(key).decode())
+        apps = [Process(envoy.netns(sys.executable, "-m", "istiod.demo.apps", "http-server", "--address",
+                                    "10.97.8.1:8090", "--name", "api"), name="api"),
+                Process(envoy.netns(sys.executable, "-m", "istiod.demo.apps", "tcp-echo", "--address",
+                                    "10.97.9.5:7100", "--name", "ranged"), name="ranged"),
+                Process(envoy.netns(sys.executable, "-c", TLS_SERVER, "10.97.8.1", "443", "api-tls",
+                                    str(tmp_path / "api.pem")), name="api-tls")]
+
+        def client(*command: str) -> subprocess.CompletedProcess[str]:
+            return run("setpriv", f"--reuid={CLIENT_UID}", f"--regid={CLIENT_UID}", "--clear-groups", *command)
+
+        try:
+            for app in apps:
+                wait_serving(app)
+            clusters = _dynamic(envoy.config_dump(), "clusters")
+            assert clusters["outbound|8090||*.example.test"]["type"] == "ORIGINAL_DST"
+
+            def curl(host: str) -> tuple[int, str]:
+                done = client("curl", "-s", "--max-time", "5", "-w", "\n%{http_code}",
+                              "--resolve", f"{host}:8090:10.97.8.1", f"http://{host}:8090/")
+                body, _, code = done.stdout.rpartition("\n")
+                return int(code or 0), body
+
+            declared, undeclared = curl("api.example.test"), curl("api.other.test")
+            print(f"api.example.test:8090 -> {declared}; api.other.test:8090 -> {undeclared}")
+            assert declared[0] == 200 and json.loads(declared[1])["name"] == "api"
+            assert undeclared == (502, "")
+
+            def hello(sni: str) -> str:
+                done = client("/usr/bin/python3", "-c", TLS_CLIENT, "10.97.8.1", "443", sni)
+                return done.stdout.strip() or (done.stderr.strip().splitlines() or ["nothing"])[-1]
+
+            with tls_servers(envoy, tmp_path):  # b.tls.test's endpoint 127.0.0.41 among them
+                by_sni = {sni: hello(sni) for sni in ("secure.example.test", "moved.example.test", "secure.other.test")}
+            print(f"TLS to 10.97.8.1:443 by SNI: {by_sni}")
+            assert by_sni["secure.example.test"] == "api-tls" and by_sni["moved.example.test"] == "b.tls.test"
+            assert by_sni["secure.other.test"] not in ("api-tls", "b.tls.test")
+
+            def tcp(address: str, count: int) -> list[str]:
+                host, _, port = address.rpartition(":")
+                done = client("/usr/bin/python3", "-c", CONNECT, host, port, str(count))
+                assert done.returncode == 0, done.stderr
+                return list(json.loads(done.stdout))
+
+            before = blackholed(envoy)
+            ranged, outside = tcp("10.97.9.5:7100", 3), tcp("10.97.7.7:7100", 2)
+            print(f"TCP 10.97.9.5:7100 (in 10.97.9.0/24): {ranged}; 10.97.7.7:7100: {outside}")
+            assert ranged == ["ranged: hi"] * 3 and outside == ["closed"] * 2
+            assert blackholed(envoy) == before + 2
+            rows = istiod_cli(istiod, "proxy-config", "listeners", "web-1.shop").stdout.splitlines()
+            print("\n".join(r for r in rows if "example" in r or "7100" in r))
+            assert any("Addr: 10.97.9.0/24" in r and "outbound|7100||range.example.net" in r for r in rows)
+        finally:
+            for app in apps:
+                app.stop()

@@ -151,13 +151,15 @@ def test_subset_endpoints_and_unready_left_out() -> None:
 def test_wildcard_clusters_include_subsets() -> None:
     assert set(_generate(types.CLUSTER, None, cluster_pb2.Cluster)) == {
         f"outbound|9080||{HOST}", f"outbound|9080|v1|{HOST}", f"outbound|9080|v2|{HOST}",
-        "outbound|9090||ratings.demo.svc.cluster.local", "outbound|443||api.example.com"}
+        "outbound|9090||ratings.demo.svc.cluster.local", "outbound|443||api.example.com",
+        # NONE and wildcard hosts are services too (EDS for a proxyless client, as istiod builds any it names).
+        "outbound|80||none.example.com", "outbound|443||*.wild.example.com"}
 
 
 def test_service_entry_hosts() -> None:
     snapshot = _snapshot()
     assert "api.example.com" in snapshot.services
-    assert not {"none.example.com", "*.wild.example.com"} & set(snapshot.services)  # NONE, wildcard
+    assert {"none.example.com", "*.wild.example.com"} <= set(snapshot.services)  # NONE, wildcard
     name = "outbound|443||api.example.com"
     cluster = _generate(types.CLUSTER, [name], cluster_pb2.Cluster, mesh=MeshConfig(mtls=True))[name]
     assert cluster.type == cluster_pb2.Cluster.LOGICAL_DNS

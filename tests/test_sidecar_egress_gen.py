@@ -159,7 +159,7 @@ def test_a_service_entry_host_without_an_address_takes_its_port_by_sni() -> None
                          (OutboundTrafficPolicy.REGISTRY_ONLY, "BlackHoleCluster")):
         snap = snapshot(mesh=MeshConfig(outbound_traffic_policy=policy))
         listener = generate(types.LISTENER, snap, listener_pb2.Listener)["0.0.0.0_443"]
-        by_sni, other = listener.filter_chains
+        [by_sni], other = listener.filter_chains, listener.default_filter_chain  # the rest: istiod's default chain
         assert list(by_sni.filter_chain_match.server_names) == ["b.tls.test"]
         assert tcp_proxy_of(listener_pb2.Listener(filter_chains=[by_sni])).cluster == "outbound|443||b.tls.test"
         assert tcp_proxy_of(listener_pb2.Listener(filter_chains=[other])).cluster == rest

@@ -470,3 +470,120 @@ def test_a_headless_service_has_original_dst_clusters_per_endpoint_listeners_and
     host = next(h for h in routes["8080"].virtual_hosts if h.name == "hl.shop.svc.cluster.local:8080")  # type: ignore[attr-defined]
     assert "*.hl.shop.svc.cluster.local" in host.domains and "*.hl" in host.domains  # hl-0.hl.shop.svc...
     assert "hl.shop.svc.cluster.local:7000" in routes
+
+
+PASSTHROUGH_ENTRIES = """
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: wild, namespace: shop}
+spec:
+  hosts: ["*.example.test"]
+  ports: [{number: 8090, name: http, protocol: HTTP}, {number: 443, name: tls, protocol: TLS}]
+  resolution: NONE
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: cidr, namespace: shop}
+spec:
+  hosts: [cidr.example.net]
+  addresses: [10.96.9.0/24]
+  ports: [{number: 7100, name: tcp, protocol: TCP}]
+  resolution: NONE
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: one, namespace: shop}
+spec:
+  hosts: [one.example.net]
+  addresses: [10.96.9.77/32]
+  ports: [{number: 7200, name: tcp, protocol: TCP}]
+  resolution: NONE
+"""
+
+
+def test_none_resolution_and_wildcard_entries_pass_through_to_the_original_destination() -> None:
+    """istiod's Passthrough: ORIGINAL_DST clusters (EDS on gateways); HTTP by the wildcard domain on
+    0.0.0.0_<port>, TLS by SNI there, a CIDR address by a destination match, a /32 as an address."""
+    snapshot = _built(PASSTHROUGH_ENTRIES, MeshConfig(outbound_traffic_policy=OutboundTrafficPolicy.REGISTRY_ONLY))
+    clusters = _generate(types.CLUSTER, snapshot)
+    for name in ("outbound|8090||*.example.test", "outbound|443||*.example.test", "outbound|7100||cidr.example.net",
+                 "outbound|7200||one.example.net"):
+        cluster = clusters[name]
+        assert isinstance(cluster, cluster_pb2.Cluster)
+        assert (cluster.type, cluster.lb_policy) == (cluster_pb2.Cluster.ORIGINAL_DST, cluster_pb2.Cluster.CLUSTER_PROVIDED)
+        assert not cluster.transport_socket_matches and not cluster.HasField("eds_cluster_config")
+    gateway = _generate(types.CLUSTER, snapshot, node="router~10.0.0.9~gw-1.shop~shop.svc.cluster.local")
+    assert gateway["outbound|443||*.example.test"].type == cluster_pb2.Cluster.EDS  # type: ignore[attr-defined]
+    routes = _generate(types.ROUTE, snapshot, message=route_pb2.RouteConfiguration)
+    hosts = {h.name: list(h.domains) for h in routes["8090"].virtual_hosts}  # type: ignore[attr-defined]
+    assert hosts["*.example.test:8090"] == ["*.example.test", "*.example.test."] and hosts["block_all"] == ["*"]
+    listeners = _generate(types.LISTENER, snapshot, message=listener_pb2.Listener)
+    tls = listeners["0.0.0.0_443"]
+    assert isinstance(tls, listener_pb2.Listener)
+    by_sni = {tuple(c.filter_chain_match.server_names): c.filters[0] for c in tls.filter_chains}
+    assert tcp_proxy_pb2.TcpProxy.FromString(by_sni[("*.example.test",)].typed_config.value).cluster == \
+        "outbound|443||*.example.test"
+    assert list(by_sni) == [("*.example.test",)] and tls.default_filter_chain.name == "BlackHoleFilterChain"
+    cidr = listeners["0.0.0.0_7100"]
+    assert isinstance(cidr, listener_pb2.Listener)
+    [first] = cidr.filter_chains
+    assert [(r.address_prefix, r.prefix_len.value) for r in first.filter_chain_match.prefix_ranges] == [("10.96.9.0", 24)]
+    assert tcp_proxy_pb2.TcpProxy.FromString(first.filters[0].typed_config.value).cluster == "outbound|7100||cidr.example.net"
+    assert tcp_proxy_pb2.TcpProxy.FromString(cidr.default_filter_chain.filters[0].typed_config.value).cluster == \
+        "BlackHoleCluster"
+    assert "10.96.9.77_7200" in listeners
+
+
+UNADDRESSED_ROUTES = """
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: tls-ext, namespace: shop}
+spec:
+  hosts: [a.tls.test, b.tls.test]
+  ports: [{number: 443, name: tls, protocol: TLS}]
+  resolution: DNS
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: tcp-ext, namespace: shop}
+spec:
+  hosts: [db.ext.test, db2.ext.test]
+  ports: [{number: 5433, name: tcp, protocol: TCP}]
+  resolution: DNS
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: tls, namespace: shop}
+spec:
+  hosts: [a.tls.test, x.tls.test]
+  tls:
+  - match: [{sniHosts: [a.tls.test, x.tls.test], port: 443}]
+    route: [{destination: {host: b.tls.test}}]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: tcp, namespace: shop}
+spec:
+  hosts: [db.ext.test]
+  tcp:
+  - match: [{port: 5433}]
+    route: [{destination: {host: db2.ext.test}}]
+"""
+
+
+def test_virtual_service_tcp_and_tls_routes_for_entry_hosts_without_addresses() -> None:
+    """On 0.0.0.0_<port>: `tls` routes by their sniHosts (instead of the host's own SNI chain),
+    `tcp` routes by port for the host that takes the port."""
+    listeners = _generate(types.LISTENER, _built(UNADDRESSED_ROUTES), message=listener_pb2.Listener)
+
+    def chains(name: str) -> dict[tuple[str, ...], str]:
+        listener = listeners[name]
+        assert isinstance(listener, listener_pb2.Listener)
+        found = [*listener.filter_chains, *([listener.default_filter_chain] if listener.HasField("default_filter_chain")
+                                           else [])]
+        return {tuple(c.filter_chain_match.server_names): tcp_proxy_pb2.TcpProxy.FromString(
+            c.filters[0].typed_config.value).cluster for c in found}
+
+    assert chains("0.0.0.0_443") == {("a.tls.test", "x.tls.test"): "outbound|443||b.tls.test",
+                                     ("b.tls.test",): "outbound|443||b.tls.test", (): "PassthroughCluster"}
+    assert chains("0.0.0.0_5433") == {(): "outbound|5433||db2.ext.test"}

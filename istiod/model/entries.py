@@ -1,10 +1,11 @@
 """ServiceEntry hosts as Services, so every flavor calls them by name like Kubernetes Services.
 
-Each host of a ServiceEntry with STATIC, DNS or DNS_ROUND_ROBIN resolution becomes a Service
-whose hostname is that host; its endpoints are the entry's (inline, or the WorkloadEntries and
-Pods its workloadSelector picks), or for DNS resolution without endpoints the host itself. A host a
-Kubernetes Service already has, a wildcard host and NONE resolution give no Service (nothing to
-call by name); of two entries with one host, the first by namespace and name wins.
+Each host of a ServiceEntry becomes a Service whose hostname is that host (a wildcard
+`*.example.com` too, as istiod's); its endpoints are the entry's (inline, or the WorkloadEntries
+and Pods its workloadSelector picks), or for DNS resolution without endpoints the host itself; NONE
+resolution has none (istiod's Passthrough: sidecars send to the address the client connected to).
+A host a Kubernetes Service already has gives none; of two entries with one host, the first by
+namespace and name wins.
 """
 
 from __future__ import annotations
@@ -27,30 +28,36 @@ def service_entry_services(config: ConfigSet, services: Mapping[str, Service],
     """hostname -> (Service, service port -> endpoints)."""
     result: EntryServices = {}
     for entry in config.service_entries:
-        if entry.resolution is Resolution.NONE:
-            continue
         members = scope.service_entry_endpoints(entry, config.workload_entries)
         ports = tuple(Port(p.name, p.number, target_port=p.target_port, app_protocol=p.protocol.lower())
                       for p in entry.ports)
         pods = {p.number: tuple(pod_endpoints(entry.meta.namespace, entry.workload_selector, p))
                 for p in entry.ports} if entry.workload_selector else {}
         for host in entry.hosts:
-            if host.startswith("*") or host in services or host in result:
+            if host in services or host in result:
                 continue
             service = Service(
                 name=entry.meta.name, namespace=entry.meta.namespace, domain="", ports=ports,
                 external_host=host, resolution=entry.resolution,
                 export_to=entry.export_to, subject_alt_names=entry.subject_alt_names,
-                # Its first address is its VIP, as a ClusterIP is (a CIDR is no address to call).
-                cluster_ip=next((a for a in entry.addresses if "/" not in a), ""),
+                # Its first address is its VIP, as a ClusterIP is; a CIDR (istiod's listeners
+                # match it on the port's 0.0.0.0 listener), a /32 or /128 one as its address.
+                cluster_ip=_address(entry.addresses[0]) if entry.addresses else "",
             )
             result[host] = (service, {p.number: _endpoints(entry, host, p, members, pods.get(p.number, ()))
                                       for p in entry.ports})
     return result
 
 
+def _address(address: str) -> str:
+    ip, slash, bits = address.partition("/")
+    return ip if slash and bits == ("128" if ":" in ip else "32") else address
+
+
 def _endpoints(entry: ServiceEntry, host: str, port: ServicePort, members: tuple[WorkloadEntry, ...],
                pods: tuple[Endpoint, ...]) -> tuple[Endpoint, ...]:
+    if entry.resolution is Resolution.NONE:
+        return ()
     if not members and not pods and entry.resolution is not Resolution.STATIC:
         return (Endpoint(host, port.target_port or port.number, port.number, namespace=entry.meta.namespace),)
     return tuple(workload_entry_endpoint(member, dict(member.ports).get(port.name) or port.target_port or port.number,

@@ -74,6 +74,12 @@ class Service:
         """A Kubernetes Service with `clusterIP: None` (istiod's resolution Passthrough)."""
         return self.cluster_ip == "None" and not self.external_host and not self.external_name
 
+    @property
+    def passthrough(self) -> bool:
+        """Sidecars send to the address the client connected to (istiod's resolution Passthrough):
+        a headless Service, a ServiceEntry with resolution NONE."""
+        return self.headless or self.resolution is Resolution.NONE
+
     def port(self, number: int) -> Port | None:
         return self._by_number.get(number)
 

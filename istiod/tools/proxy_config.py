@@ -137,6 +137,9 @@ def _chain_match(match: Json) -> str:
         parts.append(f"App: {','.join(match['application_protocols'])}")
     if match.get("server_names"):
         parts.append(f"SNI: {','.join(match['server_names'])}")
+    if match.get("prefix_ranges"):  # a ServiceEntry's CIDR address
+        parts.append("Addr: " + ",".join(f"{r['address_prefix']}/{r.get('prefix_len', 0)}"
+                                         for r in match["prefix_ranges"]))
     return "; ".join(parts) or "ALL"
 
 

@@ -77,7 +77,7 @@ def outbound_clusters(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) ->
 
 def _outbound_clusters(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[Resource]:
     result = []
-    sidecar = proxy.type == "sidecar"  # gateways reach headless services' endpoints by EDS, as istiod's
+    sidecar = proxy.type == "sidecar"  # gateways reach passthrough services' endpoints by EDS, as istiod's
     seen: set[str] = set()  # a service port may be on two egress listeners: one cluster
     for target in outbound_ports(snapshot, proxy):
         if target.cluster in seen:
@@ -92,7 +92,7 @@ def _outbound_clusters(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -
             # The cluster names its destination's identities, so its endpoints matter too.
             all_endpoints = snapshot.endpoints_for(target.service.hostname, target.port.port)
             endpoints = subset_endpoints(all_endpoints, subset)
-            original_dst = sidecar and target.service.headless
+            original_dst = sidecar and target.service.passthrough
             result.append(cache.get(
                 types.CLUSTER, name, (target.service, snapshot.mesh, all_endpoints, rule, subset, credentials),
                 lambda: outbound_cluster(target, name, endpoints, snapshot.mesh.trust_domain,
@@ -112,8 +112,8 @@ def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint,
     TLS mode overrides it (ISTIO_MUTUAL: always, DISABLE: never), its other settings apply on top.
     With meshConfig `enableAutoMtls: false` only such a rule turns mTLS on, as in Istio. Without
     `credentials`, a SIMPLE/MUTUAL rule naming a credentialName gives no TLS at all, as istiod's.
-    `original_dst` (a headless Service's, for sidecars): to the address the client connected to,
-    which carries no tlsMode, so without auto mTLS and load balancing, as istiod's."""
+    `original_dst` (a passthrough Service's, for sidecars): to the address the client connected
+    to, which carries no tlsMode, so without auto mTLS and load balancing, as istiod's."""
     host, port = target.service.hostname, target.port.port
     identities = destination_identities(endpoints, trust_domain)
     _, _, subset, _ = parse_cluster_name(name)

@@ -24,6 +24,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -157,8 +158,15 @@ def _outbound(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[Re
     for number, targets in unaddressed.items():
         name = f"{ANY_ADDRESS}_{number}"
         if name not in named:  # else an HTTP port's listener has the address
-            result.append(cache.get(types.LISTENER, name, tuple(t.service for t in targets),
-                                    lambda: unaddressed_listener(number, targets, unmatched), scope=unmatched))
+            inputs = {t.cluster: route_inputs(snapshot, proxy, t.service) for t in targets}
+            result.append(cache.get(
+                types.LISTENER, name, (*(t.service for t in targets), *(d for _, ds in inputs.values() for d in ds)),
+                lambda: unaddressed_listener(number, targets, unmatched, {
+                    t.cluster: (tcp_destinations(inputs[t.cluster][0], t.service, t.port.port, snapshot.services,
+                                                 source, None),
+                                tls_destinations(inputs[t.cluster][0], t.port.port, snapshot.services, source, None))
+                    for t in targets}),
+                scope=f"{unmatched}:{alike_key}"))
     return result
 
 
@@ -289,18 +297,61 @@ def tcp_outbound_listener(address: str, target: OutboundPort, destinations: L4De
     return listener
 
 
-def unaddressed_listener(port: int, targets: Sequence[OutboundPort],
-                         unmatched: str) -> listener_pb2.Listener:
+# Per cluster of a ServiceEntry host without an address: where its VirtualService's `tcp` routes
+# send, and its `tls` routes by SNI (tcp_destinations, tls_destinations).
+L4Routes = Mapping[str, tuple[L4Destinations, Sequence[tuple[tuple[str, ...], L4Destinations]]]]
+
+
+def unaddressed_listener(port: int, targets: Sequence[OutboundPort], unmatched: str,
+                         routes: L4Routes | None = None) -> listener_pb2.Listener:
     """istiod's wildcard listener for ServiceEntry hosts without an address: a connection to any
-    IP on the port is theirs, by SNI on TLS ports (the client resolved the host itself), else the
-    first host's; what no host claims goes where virtualOutbound sends the unknown."""
+    IP on the port is theirs, by the destination's CIDR for hosts with one (a ServiceEntry address
+    `10.1.0.0/16`), by SNI on TLS ports (the client resolved the host itself, `*.example.com`
+    matching as Envoy matches a wildcard name: the host's VirtualService `tls` routes by their
+    `sniHosts` instead, when it has some), else the first plain host's; each goes where the host's
+    VirtualService `tcp` routes send, else to the host. What no host claims goes where
+    virtualOutbound sends the unknown."""
     name = f"{ANY_ADDRESS}_{port}"
-    tls = [t for t in targets if t.protocol in (Protocol.TLS, Protocol.HTTPS)]
-    if not tls:
-        return _outbound_listener(name, ANY_ADDRESS, port, tcp_proxy(targets[0].cluster, targets[0].cluster))
-    by_host = {t.service.hostname: t.cluster for t in reversed(tls)}  # the first target per host wins
-    return _by_sni(_outbound_listener(name, ANY_ADDRESS, port, tcp_proxy(unmatched, unmatched)),
-                   [((host,), tcp_proxy(cluster, cluster)) for host, cluster in sorted(by_host.items())])
+    found = routes or {}
+
+    def tcp(target: OutboundPort) -> listener_components_pb2.Filter:
+        return l4_proxy(target.cluster, found.get(target.cluster, ([(target.cluster, 0)], ()))[0])
+
+    cidr = {t.service.cluster_ip: t for t in reversed(targets) if "/" in t.service.cluster_ip}
+    rest = [t for t in targets if "/" not in t.service.cluster_ip]
+    tls = [t for t in rest if t.protocol in (Protocol.TLS, Protocol.HTTPS)]
+    plain = [t for t in rest if t not in tls]
+    listener = _outbound_listener(name, ANY_ADDRESS, port, tcp(plain[0]) if plain and not tls
+                                  else tcp_proxy(unmatched, unmatched))
+    by_sni: list[tuple[tuple[str, ...], listener_components_pb2.Filter]] = []
+    claimed: set[str] = set()  # Envoy refuses two chains of one match: the first target keeps a name
+    for target in sorted(tls, key=lambda t: t.service.hostname):
+        sni = found.get(target.cluster, ([], ()))[1]
+        chosen = [(names, l4_proxy(target.cluster, sent)) for names, sent in sni] or [((target.service.hostname,),
+                                                                                        tcp(target))]
+        for names, proxy in chosen:
+            if free := tuple(n for n in names if n not in claimed):
+                claimed.update(free)
+                by_sni.append((free, proxy))
+    listener = _by_sni(listener, by_sni)
+    # Before the SNI chains: Envoy takes the most specific match, destination first.
+    chains = [listener_components_pb2.FilterChain(
+        filter_chain_match=listener_components_pb2.FilterChainMatch(prefix_ranges=[_cidr(prefix)]),
+        filters=[tcp(target)])
+        for prefix, target in sorted(cidr.items())]
+    chains += listener.filter_chains
+    del listener.filter_chains[:]
+    listener.filter_chains.extend(chains)
+    if not (plain and not tls):  # what no host claims: the default chain, as istiod's
+        listener.filter_chains.pop()
+        listener.default_filter_chain.CopyFrom(_catch_all(unmatched))
+    return listener
+
+
+def _cidr(prefix: str) -> address_pb2.CidrRange:
+    network = ipaddress.ip_network(prefix, strict=False)
+    return address_pb2.CidrRange(address_prefix=str(network.network_address),
+                                 prefix_len=wrappers_pb2.UInt32Value(value=network.prefixlen))
 
 
 def _by_sni(listener: listener_pb2.Listener,
