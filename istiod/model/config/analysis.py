@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from istiod.model.config.annotations import ANNOTATIONS
+
 from istiod.model.config.networking import routing_claim
 from istiod.model.protocol import Protocol, port_protocol
 from istiod.model.service import Port
@@ -79,6 +81,9 @@ MESSAGES: dict[str, tuple[str, str]] = {
                          "({})."),
     "IST0173": (ERROR, "The Subset {} defined in the DestinationRule does not select any pods. Which may lead to 503 UH "
                        "(NoHealthyUpstream)."),
+    "IST0107": (WARNING, "Misplaced annotation: {} can only be applied to {}"),
+    "IST0108": (WARNING, "Unknown annotation: {}"),
+    "IST0135": (INFO, "Annotation {} has been deprecated{} and may not work in future Istio versions."),
     "IST0174": (WARNING, "The host {} defined in the DestinationRule does not match any services in the mesh."),
 }
 
@@ -356,6 +361,35 @@ def _selector(labels: Mapping[str, str]) -> str:
 
 def _selects(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
+
+
+# --- annotations ---
+
+# Set by istiod, its gateway controller or the injector: never reported (maturity.AlwaysIgnoredAnnotations).
+_IGNORED_ANNOTATIONS = frozenset({"sidecar.istio.io/status", "gateway.istio.io/controller-version", "istio.io/rev"})
+_DEPRECATION_EXTRA = {"sidecar.istio.io/inject": ' in favor of the "sidecar.istio.io/inject" label'}
+
+
+@_analyzer("Namespace", "Service", "Pod", "Deployment")
+def _annotations(objects: Objects) -> Iterator[Message]:
+    """annotations.K8sAnalyzer: IST0108, IST0135, IST0107 (IST0125's value checks are not made)."""
+    for kind in ("Namespace", "Service", "Pod", "Deployment"):
+        for resource in objects(kind):
+            for name in resource.annotations:
+                if not _istio_annotation(name) or name in _IGNORED_ANNOTATIONS:
+                    continue
+                known = ANNOTATIONS.get(name)
+                if known is None:
+                    yield Message("IST0108", resource, (name,))
+                    continue
+                if known.deprecated and not (name == "sidecar.istio.io/inject" and name in resource.labels):
+                    yield Message("IST0135", resource, (go_quote(name), _DEPRECATION_EXTRA.get(name, "")))
+                if "Any" not in known.resources and kind not in known.resources:
+                    yield Message("IST0107", resource, (name, ", ".join(known.resources)))
+
+
+def _istio_annotation(name: str) -> bool:
+    return name == "kubernetes.io/ingress.class" or name.split("/")[0].endswith("istio.io")
 
 
 # --- VirtualService ---
