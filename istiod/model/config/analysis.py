@@ -8,6 +8,7 @@ Namespace, so it never reports a missing host or a selector that matches no pod)
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -428,13 +429,29 @@ def _bool(value: str) -> str | None:
     return None if ok else f"strconv.ParseBool: parsing {go_quote(value)}: invalid syntax"
 
 
+_INTERFACE_NAME = re.compile(r"[a-zA-Z][a-zA-Z0-9_.\-]*")
+
+
+def _interfaces(value: str) -> str | None:
+    """netutil.ValidateInterfaceNames."""
+    for name in value.split(",") if value else []:
+        name = name.strip()
+        if not name:
+            return "empty interface name"
+        if len(name.encode()) > 15:
+            return f"interface name {go_quote(name)} too long (max 15 chars)"
+        if not _INTERFACE_NAME.fullmatch(name):
+            return f"interface name {go_quote(name)} contains invalid characters"
+    return None
+
+
 def _interception_mode(value: str) -> str | None:
     ok = value in ("REDIRECT", "TPROXY", "NONE")
     return None if ok else f"interceptionMode invalid, use REDIRECT,TPROXY,NONE: {value}"
 
 
 # The injector's value checks (inject.AnnotationValidation) for the annotations whose checks are plain
-# parsing; the IP-range, interface, resource-quantity and proxy.istio.io/config checks are not made.
+# parsing; the IP-range, resource-quantity and proxy.istio.io/config checks are not made.
 _ANNOTATION_CHECKS: dict[str, Callable[[str], str | None]] = {
     "sidecar.istio.io/interceptionMode": _interception_mode,
     "status.sidecar.istio.io/port": _status_port,
@@ -444,6 +461,9 @@ _ANNOTATION_CHECKS: dict[str, Callable[[str], str | None]] = {
     "traffic.sidecar.istio.io/includeInboundPorts": _port_list("includeInboundPorts"),
     "traffic.sidecar.istio.io/excludeInboundPorts": _port_list("excludeInboundPorts"),
     "traffic.sidecar.istio.io/excludeOutboundPorts": _port_list("excludeOutboundPorts"),
+    "traffic.sidecar.istio.io/excludeInterfaces": _interfaces,
+    "traffic.sidecar.istio.io/kubevirtInterfaces": _interfaces,
+    "istio.io/reroute-virtual-interfaces": _interfaces,
     "prometheus.istio.io/merge-metrics": _bool,
 }
 
