@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed# plus the test extras
 CHROMIUM := /usr/bin/chromium
 SUDO     := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: run test unit e2e e2e-bin helm-bin istio-bin bench-bin ztunnel-bin protoc-bin bench protos demo-server demo-client demo-sidecars chromium netns-tools clean
+.PHONY: run test unit e2e e2e-bin helm-bin istio-bin bench-bin ztunnel-bin protoc-bin bench protos annotations demo-server demo-client demo-sidecars chromium netns-tools clean
 
 # pip without --quiet: the first install takes a minute or two, and shows what it is doing.
 $(BASE): pyproject.toml
@@ -118,6 +118,10 @@ bench: $(STAMP)
 PROTOS := $(shell find api -name '*.proto')
 protos: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -Iistiod/gen=api --python_out=. --grpc_python_out=. --pyi_out=. $(PROTOS)
+
+# Istio's annotation table for the analyzers, from the istio.io/api module in the Go module cache.
+annotations: $(STAMP)
+	$(BIN)/python api/annotations/generate.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

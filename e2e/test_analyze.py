@@ -71,7 +71,7 @@ async def test_same_messages_as_istioctl_on_a_cluster(cluster: Cluster, kube: cl
     print("istioctl:", *sorted(expected), sep="\n  ")
     assert ours == expected
     codes = {dict(m)["code"] for m in expected}
-    assert {"IST0101", "IST0102", "IST0103", "IST0109", "IST0110", "IST0111", "IST0112", "IST0118", "IST0123",
+    assert {"IST0101", "IST0102", "IST0103", "IST0107", "IST0108", "IST0135", "IST0109", "IST0110", "IST0111", "IST0112", "IST0118", "IST0123", "IST0125",
             "IST0116", "IST0127", "IST0137", "IST0140", "IST0144", "IST0145", "IST0149", "IST0150", "IST0161", "IST0162", "IST0166", "IST0171",
             "IST0173", "IST0174"} <= codes
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from istiod.cli import main
+from istiod.model.config.analysis import KUBE_KINDS, Objects, Resource, analyze
 from tests.peers import istio_binary
 
 DATA = Path(__file__).parent / "data"
@@ -160,3 +161,21 @@ def test_hostile_files_are_errors_not_crashes(tmp_path: Path, capsys: pytest.Cap
     out = capsys.readouterr()
     assert "Traceback" not in out.err
     assert "broken.yaml" in out.err and "binary.yaml" in out.err
+
+
+def test_annotation_values_parse_as_gos() -> None:
+    # e2e/test_analyze.py compares the annotation analyzer with istioctl's on a cluster; these are the
+    # edges of Go's strconv that fixture does not reach.
+    def texts(annotations: dict[str, str]) -> list[str]:
+        pod = Resource("Pod", "demo", "p", {"metadata": {"annotations": annotations}})
+        return [m.text for m in analyze(Objects([pod], KUBE_KINDS)) if m.code == "IST0125"]
+
+    assert texts({"readiness.status.sidecar.istio.io/periodSeconds": "4294967295",
+                  "traffic.sidecar.istio.io/excludeOutboundPorts": " 80 , 443 ",
+                  "prometheus.istio.io/merge-metrics": "T"}) == []
+    assert texts({"readiness.status.sidecar.istio.io/periodSeconds": "4294967296"}) == [
+        'Invalid annotation readiness.status.sidecar.istio.io/periodSeconds: '
+        'strconv.ParseUint: parsing "4294967296": value out of range']
+    assert texts({"readiness.status.sidecar.istio.io/periodSeconds": "\u0661"}) == [
+        'Invalid annotation readiness.status.sidecar.istio.io/periodSeconds: '
+        'strconv.ParseUint: parsing "\u0661": invalid syntax']

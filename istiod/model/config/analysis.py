@@ -8,12 +8,15 @@ Namespace, so it never reports a missing host or a selector that matches no pod)
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+
+from istiod.model.config.annotations import ANNOTATIONS
 
 from istiod.model.config.networking import routing_claim
 from istiod.model.protocol import Protocol, port_protocol
@@ -79,6 +82,10 @@ MESSAGES: dict[str, tuple[str, str]] = {
                          "({})."),
     "IST0173": (ERROR, "The Subset {} defined in the DestinationRule does not select any pods. Which may lead to 503 UH "
                        "(NoHealthyUpstream)."),
+    "IST0107": (WARNING, "Misplaced annotation: {} can only be applied to {}"),
+    "IST0108": (WARNING, "Unknown annotation: {}"),
+    "IST0125": (WARNING, "Invalid annotation {}: {}"),
+    "IST0135": (INFO, "Annotation {} has been deprecated{} and may not work in future Istio versions."),
     "IST0174": (WARNING, "The host {} defined in the DestinationRule does not match any services in the mesh."),
 }
 
@@ -356,6 +363,113 @@ def _selector(labels: Mapping[str, str]) -> str:
 
 def _selects(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
+
+
+# --- annotations ---
+
+# Set by istiod, its gateway controller or the injector: never reported (maturity.AlwaysIgnoredAnnotations).
+_IGNORED_ANNOTATIONS = frozenset({"sidecar.istio.io/status", "gateway.istio.io/controller-version", "istio.io/rev"})
+_DEPRECATION_EXTRA = {"sidecar.istio.io/inject": ' in favor of the "sidecar.istio.io/inject" label'}
+
+
+@_analyzer("Namespace", "Service", "Pod", "Deployment")
+def _annotations(objects: Objects) -> Iterator[Message]:
+    """annotations.K8sAnalyzer: IST0108, IST0135, IST0107, IST0125 (for the annotations
+    _ANNOTATION_CHECKS covers)."""
+    for kind in ("Namespace", "Service", "Pod", "Deployment"):
+        for resource in objects(kind):
+            for name in resource.annotations:
+                if not _istio_annotation(name) or name in _IGNORED_ANNOTATIONS:
+                    continue
+                known = ANNOTATIONS.get(name)
+                if known is None:
+                    yield Message("IST0108", resource, (name,))
+                    continue
+                if known.deprecated and not (name == "sidecar.istio.io/inject" and name in resource.labels):
+                    yield Message("IST0135", resource, (go_quote(name), _DEPRECATION_EXTRA.get(name, "")))
+                if "Any" not in known.resources and kind not in known.resources:
+                    yield Message("IST0107", resource, (name, ", ".join(known.resources)))
+                elif (check := _ANNOTATION_CHECKS.get(name)) and (error := check(resource.annotations[name])):
+                    yield Message("IST0125", resource, (name, error))
+
+
+def _parse_uint(value: str, bits: int) -> str | None:
+    """Go's strconv.ParseUint(value, 10, bits) error, None when it parses."""
+    if not value or not value.isascii() or not value.isdigit():
+        return f"strconv.ParseUint: parsing {go_quote(value)}: invalid syntax"
+    if int(value) >= 1 << bits:
+        return f"strconv.ParseUint: parsing {go_quote(value)}: value out of range"
+    return None
+
+
+def _parse_port(value: str) -> str | None:
+    error = _parse_uint(value.strip(), 16)
+    return f"failed parsing port '{value}': {error}" if error else None
+
+
+def _port_list(parameter: str) -> Callable[[str], str | None]:
+    """inject's validatePortList; includeInboundPorts also takes `*`."""
+    def check(value: str) -> str | None:
+        if parameter == "includeInboundPorts" and value == "*":
+            return None
+        for port in value.strip().split(",") if value.strip() else []:
+            if error := _parse_port(port):
+                return f"{parameter} invalid: failed parsing port '{port}': {error}"
+        return None
+    return check
+
+
+def _status_port(value: str) -> str | None:
+    error = _parse_port(value)
+    return f"excludeInboundPorts invalid: {error}" if error else None  # sic, Istio's text
+
+
+def _bool(value: str) -> str | None:
+    ok = value in ("1", "t", "T", "TRUE", "true", "True", "0", "f", "F", "FALSE", "false", "False")
+    return None if ok else f"strconv.ParseBool: parsing {go_quote(value)}: invalid syntax"
+
+
+_INTERFACE_NAME = re.compile(r"[a-zA-Z][a-zA-Z0-9_.\-]*")
+
+
+def _interfaces(value: str) -> str | None:
+    """netutil.ValidateInterfaceNames."""
+    for name in value.split(",") if value else []:
+        name = name.strip()
+        if not name:
+            return "empty interface name"
+        if len(name.encode()) > 15:
+            return f"interface name {go_quote(name)} too long (max 15 chars)"
+        if not _INTERFACE_NAME.fullmatch(name):
+            return f"interface name {go_quote(name)} contains invalid characters"
+    return None
+
+
+def _interception_mode(value: str) -> str | None:
+    ok = value in ("REDIRECT", "TPROXY", "NONE")
+    return None if ok else f"interceptionMode invalid, use REDIRECT,TPROXY,NONE: {value}"
+
+
+# The injector's value checks (inject.AnnotationValidation) for the annotations whose checks are plain
+# parsing; the IP-range, resource-quantity and proxy.istio.io/config checks are not made.
+_ANNOTATION_CHECKS: dict[str, Callable[[str], str | None]] = {
+    "sidecar.istio.io/interceptionMode": _interception_mode,
+    "status.sidecar.istio.io/port": _status_port,
+    "readiness.status.sidecar.istio.io/initialDelaySeconds": lambda v: _parse_uint(v, 32),
+    "readiness.status.sidecar.istio.io/periodSeconds": lambda v: _parse_uint(v, 32),
+    "readiness.status.sidecar.istio.io/failureThreshold": lambda v: _parse_uint(v, 32),
+    "traffic.sidecar.istio.io/includeInboundPorts": _port_list("includeInboundPorts"),
+    "traffic.sidecar.istio.io/excludeInboundPorts": _port_list("excludeInboundPorts"),
+    "traffic.sidecar.istio.io/excludeOutboundPorts": _port_list("excludeOutboundPorts"),
+    "traffic.sidecar.istio.io/excludeInterfaces": _interfaces,
+    "traffic.sidecar.istio.io/kubevirtInterfaces": _interfaces,
+    "istio.io/reroute-virtual-interfaces": _interfaces,
+    "prometheus.istio.io/merge-metrics": _bool,
+}
+
+
+def _istio_annotation(name: str) -> bool:
+    return name == "kubernetes.io/ingress.class" or name.split("/")[0].endswith("istio.io")
 
 
 # --- VirtualService ---
