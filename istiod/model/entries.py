@@ -67,4 +67,5 @@ def workload_entry_endpoint(entry: WorkloadEntry, port: int, service_port: int, 
     return Endpoint(address=entry.address, port=port, service_port=service_port,
                     # Its `locality` is `region/zone/subzone` (the label's form uses dots).
                     locality=Locality.parse(entry.locality.replace("/", ".")), labels=labels,
-                    service_account=entry.service_account, namespace=namespace, weight=entry.weight)
+                    service_account=entry.service_account, namespace=namespace, weight=entry.weight,
+                    network=entry.network)

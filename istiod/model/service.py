@@ -96,4 +96,5 @@ class Endpoint:
     workload_kind: str = ""
     pod: str = ""
     namespace: str = ""
+    network: str = ""  # Istio's network ID ("": the proxy's own)
     weight: int = 0  # a WorkloadEntry's load-balancing weight; 0 is the default, 1
