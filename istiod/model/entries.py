@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from istiod.model.config import ConfigSet, scope
 from istiod.model.config.common import Labels
-from istiod.model.config.networking import Resolution, ServiceEntry, ServicePort, WorkloadEntry
+from istiod.model.config.networking import Location, Resolution, ServiceEntry, ServicePort, WorkloadEntry
 from istiod.model.service import Endpoint, Locality, Port, Service
 
 TLS_MODE_LABEL = "security.istio.io/tlsMode"
@@ -40,6 +40,7 @@ def service_entry_services(config: ConfigSet, services: Mapping[str, Service],
             service = Service(
                 name=entry.meta.name, namespace=entry.meta.namespace, domain="", ports=ports,
                 external_host=host, resolution=entry.resolution,
+                mesh_external=entry.location is Location.MESH_EXTERNAL,
                 export_to=entry.export_to, subject_alt_names=entry.subject_alt_names,
                 # Its first address is its VIP, as a ClusterIP is (a CIDR is no address to call).
                 cluster_ip=next((a for a in entry.addresses if "/" not in a), ""),

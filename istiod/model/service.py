@@ -45,6 +45,7 @@ class Service:
     # A ServiceEntry's host (the Service is one host of it), and how its endpoints are found.
     external_host: str = ""
     resolution: Resolution | None = None
+    mesh_external: bool = False  # a ServiceEntry's location MESH_EXTERNAL (the default)
     # A ServiceEntry's exportTo, or a Service's `networking.istio.io/exportTo` annotation (empty:
     # the mesh's defaultServiceExportTo).
     export_to: tuple[str, ...] = ()
