@@ -141,3 +141,19 @@ def test_eds_is_made_per_network_and_shared_within_one() -> None:
     # Without meshNetworks the mesh is one network: WorkloadEntry network changes nothing.
     flat = build_snapshot(store, "v1")
     assert _endpoints(flat, n1, ResourceCache()) == [("10.0.1.1", 80), ("10.0.2.1", 80)]
+
+
+def test_a_pods_network_label_is_its_endpoints_network() -> None:
+    store = Store()
+    store.apply({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "echo", "namespace": "demo"},
+                 "spec": {"clusterIP": "10.96.0.11", "selector": {"app": "echo"}, "ports": [{"name": "http", "port": 80}]}})
+    for name, ip, network in (("echo-1", "10.0.1.1", "n1"), ("echo-2", "10.0.2.1", "n2")):
+        store.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": name, "namespace": "demo", "labels": {"app": "echo", "topology.istio.io/network": network,
+                                                          TLS_MODE_LABEL: "istio"}},
+            "spec": {"containers": [{"name": "app"}]},
+            "status": {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}})
+    snapshot = build_snapshot(store, "v1", mesh=parse_mesh_config(MESH_NETWORKS, MeshConfig(), "mesh"))
+    assert {e.address: e.network for e in snapshot.endpoints_for("echo.demo.svc.cluster.local", 80)} == {
+        "10.0.1.1": "n1", "10.0.2.1": "n2"}
+    assert _endpoints(snapshot, _sidecar("a", "10.0.1.5", "n1"), ResourceCache()) == [("10.0.1.1", 80), ("192.0.2.2", 15443)]

@@ -82,6 +82,9 @@ class Service:
         return outbound_cluster_name(port, self.hostname)
 
 
+NETWORK_LABEL = "topology.istio.io/network"  # a pod's network (Istio's label.TopologyNetwork)
+
+
 @dataclass(frozen=True, slots=True)
 class Endpoint:
     """One address:port serving one port of one Service (Istio's ServiceInstance, flattened)."""
