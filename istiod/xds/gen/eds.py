@@ -100,7 +100,7 @@ def dns_load_assignment(cluster_name: str, endpoint_list: tuple[Endpoint, ...]) 
 def _lb_endpoint(endpoint: Endpoint) -> endpoint_components_pb2.LbEndpoint:
     tls_mode = dict(endpoint.labels).get(TLS_MODE_LABEL)
     metadata = None
-    if tls_mode:  # the pod has a sidecar (the injector labels it `istio`)
+    if tls_mode and tls_mode != "disabled":  # the pod has a sidecar (the injector labels it `istio`); as istiod
         fields = struct_pb2.Struct()
         fields.update({"tlsMode": tls_mode})
         metadata = base_pb2.Metadata(filter_metadata={TRANSPORT_SOCKET_MATCH: fields})
