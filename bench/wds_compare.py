@@ -179,7 +179,7 @@ def side_by_side(binary: str, mesh: Path, prefix: str, mesh_networks: str = "") 
         cluster.start()
         asyncio.run(load_mesh(cluster.kubeconfig, mesh))
         reference, reference_addr, _ = start_reference(binary, cluster.kubeconfig, workdir,
-                                                       **({"mesh_networks": mesh_networks} if mesh_networks else {}))
+                                                       mesh_networks=mesh_networks or "networks: {}\n")
         stack.callback(stop_group, reference, 10)
         mesh_config: list[str] = []
         if mesh_networks:
