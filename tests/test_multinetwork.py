@@ -15,8 +15,8 @@ from istiod.model.snapshot import Snapshot
 from istiod.sources.meshconfig import MeshConfigError, parse_mesh_config
 from istiod.sources.store import Store
 from istiod.xds import types
-from istiod.xds.cache import ResourceCache
-from istiod.xds.gen import SIDECAR
+from istiod.xds.cache import Resource, ResourceCache
+from istiod.xds.gen import PROXYLESS_GRPC, SIDECAR
 from istiod.xds.gen.network import by_network
 
 MTLS = ((TLS_MODE_LABEL, "istio"),)
@@ -157,3 +157,20 @@ def test_a_pods_network_label_is_its_endpoints_network() -> None:
     assert {e.address: e.network for e in snapshot.endpoints_for("echo.demo.svc.cluster.local", 80)} == {
         "10.0.1.1": "n1", "10.0.2.1": "n2"}
     assert _endpoints(snapshot, _sidecar("a", "10.0.1.5", "n1"), ResourceCache()) == [("10.0.1.1", 80), ("192.0.2.2", 15443)]
+
+
+def test_proxyless_clients_share_assignments_per_network() -> None:
+    store = Store()
+    for document in (SERVICE, _entry("local", "10.0.1.1", "n1"), _entry("remote", "10.0.2.1", "n2")):
+        store.apply(document)
+    snapshot = build_snapshot(store, "v1", mesh=parse_mesh_config(MESH_NETWORKS, MeshConfig(), "mesh"))
+    cache, names = ResourceCache(), ["outbound|80||echo.demo.svc.cluster.local"]
+
+    def addresses(resources: list[Resource]) -> list[str]:
+        assignment = endpoint_pb2.ClusterLoadAssignment.FromString(resources[0].value)
+        return sorted(e.endpoint.address.socket_address.address for g in assignment.endpoints for e in g.lb_endpoints)
+
+    made = {name: PROXYLESS_GRPC[types.ENDPOINT](snapshot, _sidecar(name, ip, network), names, cache)
+            for name, ip, network in (("a", "10.0.1.5", "n1"), ("b", "10.0.1.6", "n1"), ("c", "10.0.2.5", "n2"))}
+    assert addresses(made["a"]) == ["10.0.1.1", "192.0.2.2"] and addresses(made["c"]) == ["10.0.1.1", "10.0.2.1"]
+    assert made["a"][0] is made["b"][0]  # one network, one assignment
