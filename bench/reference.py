@@ -20,12 +20,14 @@ def built_reference() -> str | None:
 
 
 def start_reference(binary: str, kubeconfig: Path, workdir: Path, revision: str = "default",
-                    http_port: int | None = None) -> tuple[subprocess.Popen[bytes], str, str]:
+                    http_port: int | None = None, mesh_networks: str = "networks: {}\n",
+                    ) -> tuple[subprocess.Popen[bytes], str, str]:
     """Istio's istiod as shared/reference-istiod/README.md runs it, ambient on, once ready; its
-    plaintext xDS address and its metrics' URL. `http_port`: its debug port (default: a free one)."""
+    plaintext xDS address and its metrics' URL. `http_port`: its debug port (default: a free one);
+    `mesh_networks`: its --networksConfig file's YAML."""
     (workdir / "mesh.yaml").write_text("trustDomain: cluster.local\n"
                                        "defaultConfig: {discoveryAddress: istiod.istio-system.svc:15012}\n")
-    (workdir / "meshNetworks.yaml").write_text("networks: {}\n")
+    (workdir / "meshNetworks.yaml").write_text(mesh_networks)
     grpc_port, monitoring_port = free_port(), free_port()
     http_port = http_port or free_port()
     env = {**os.environ, "POD_NAMESPACE": "istio-system", "POD_NAME": "istiod-ref-0", "REVISION": revision,

@@ -167,9 +167,10 @@ def print_fields(theirs: dict[str, Any], mine: dict[str, Any]) -> None:
 
 
 @contextlib.contextmanager
-def side_by_side(binary: str, mesh: Path, prefix: str) -> Iterator[tuple[str, str]]:
+def side_by_side(binary: str, mesh: Path, prefix: str, mesh_networks: str = "") -> Iterator[tuple[str, str]]:
     """Istio's istiod and ours on one fresh kube-apiserver holding `mesh`: their plaintext xDS
-    addresses, once both have listed the cluster and pushed what they built."""
+    addresses, once both have listed the cluster and pushed what they built. `mesh_networks`: the
+    YAML of a meshNetworks (Istio's --networksConfig; ours, the mesh config's `meshNetworks`)."""
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp, contextlib.ExitStack() as stack:
         workdir = Path(tmp)
         (workdir / "cluster").mkdir()
@@ -177,9 +178,14 @@ def side_by_side(binary: str, mesh: Path, prefix: str) -> Iterator[tuple[str, st
         stack.callback(cluster.stop)
         cluster.start()
         asyncio.run(load_mesh(cluster.kubeconfig, mesh))
-        reference, reference_addr, _ = start_reference(binary, cluster.kubeconfig, workdir)
+        reference, reference_addr, _ = start_reference(binary, cluster.kubeconfig, workdir,
+                                                       mesh_networks=mesh_networks or "networks: {}\n")
         stack.callback(stop_group, reference, 10)
-        ours = Server(["--kubeconfig", str(cluster.kubeconfig)], workdir, None, None)
+        mesh_config: list[str] = []
+        if mesh_networks:
+            (workdir / "ours-mesh.yaml").write_text(yaml.safe_dump({"meshNetworks": yaml.safe_load(mesh_networks)}))
+            mesh_config = ["--mesh-config", str(workdir / "ours-mesh.yaml")]
+        ours = Server(["--kubeconfig", str(cluster.kubeconfig), *mesh_config], workdir, None, None)
         stack.callback(ours.stop)
         time.sleep(2)
         yield reference_addr, ours.xds_addr

@@ -104,10 +104,12 @@ def bootstrap(node: str, xds_socket: Path, sds_socket: Path, admin_socket: Path,
 def sidecar_envoy(xds_address: str, pod: str, namespace: str, ip: str = "127.0.0.1",
                   service_account: str = "default", metadata: dict[str, Any] | None = None,
                   delta: bool = False, more_xds: tuple[str, ...] = (), xds_window: int | None = None,
-                  locality: dict[str, str] | None = None) -> Iterator[Envoy]:
+                  locality: dict[str, str] | None = None, router: bool = False,
+                  inside: Envoy | None = None) -> Iterator[Envoy]:
     """An Envoy sidecar for pod `pod.namespace` at `ip`, on istiod's plaintext xDS, with its
     certificates; `more_xds`: other istiod replicas, more endpoints of its xDS cluster; `xds_window`:
-    see _pipe_cluster. Everything it needed is removed on the way out, even on failure."""
+    see _pipe_cluster; `router`: a gateway instead; `inside`: in that Envoy's network namespace.
+    Everything it needed is removed on the way out, even on failure."""
     sockets = Path(tempfile.mkdtemp(prefix="envoy-", dir="/tmp"))  # Unix socket paths must stay short
     stoppable: list[Relay | SdsServer | Envoy] = []
     try:
@@ -115,12 +117,14 @@ def sidecar_envoy(xds_address: str, pod: str, namespace: str, ip: str = "127.0.0
         stoppable.append(envoy_relay)
         more_sockets = tuple(sockets / f"xds{i}" for i in range(1, len(more_xds) + 1))
         stoppable.extend(Relay(path, address) for path, address in zip(more_sockets, more_xds))
-        stoppable.append(SdsServer(sockets / "sds", f"spiffe://cluster.local/ns/{namespace}/sa/{service_account}"))
-        config = bootstrap(node_id(pod, namespace, ip), sockets / "xds", sockets / "sds", sockets / "admin",
+        sds = SdsServer(sockets / "sds", f"spiffe://cluster.local/ns/{namespace}/sa/{service_account}")
+        stoppable.append(sds)
+        node = node_id(pod, namespace, ip)
+        config = bootstrap(node.replace("sidecar~", "router~", 1) if router else node, sockets / "xds", sockets / "sds", sockets / "admin",
                            {"SERVICE_ACCOUNT": service_account, **(metadata or {})}, delta, more_sockets, xds_window,
                            locality)
-        envoy = Envoy(config, sockets, name=f"envoy-{pod}{'-delta' if delta else ''}")
-        envoy.xds_relay = envoy_relay
+        envoy = Envoy(config, sockets, name=f"envoy-{pod}{'-delta' if delta else ''}", inside=inside)
+        envoy.xds_relay, envoy.sds = envoy_relay, sds
         stoppable.append(envoy)
         yield envoy
     finally:
@@ -143,19 +147,21 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
 class Envoy:
     """One Envoy process; `stop()` (also called by the fixtures) removes it."""
 
-    def __init__(self, config: dict[str, Any], workdir: Path, name: str = "envoy", netns: bool = True) -> None:
+    def __init__(self, config: dict[str, Any], workdir: Path, name: str = "envoy", netns: bool = True,
+                 inside: Envoy | None = None) -> None:
         """`netns`: in a network namespace of its own (sidecar listeners); without, a gateway whose
-        listeners bind loopback addresses the test chose."""
+        listeners bind loopback addresses the test chose; `inside`: in that Envoy's namespace."""
         if netns and os.geteuid() != 0:
             pytest.skip("a real Envoy with sidecar listeners needs its own network namespace (root)")
         binary = envoy_binary()
         workdir.mkdir(parents=True, exist_ok=True)
         self.admin_socket = Path(config["admin"]["address"]["pipe"]["path"])
         self.xds_relay: Relay | None = None  # set by sidecar_envoy: cuts Envoy's xDS stream on demand
+        self.sds: SdsServer | None = None  # set by sidecar_envoy: its certificates' root
         config_file = workdir / f"{name}.json"
         config_file.write_text(json.dumps(config))
         self.process = Process(
-            [*(["unshare", "--net", "--"] if netns else []), binary, "-c", str(config_file), "--disable-hot-restart", "--concurrency", "1",
+            [*(inside.netns() if inside else ["unshare", "--net", "--"] if netns else []), binary, "-c", str(config_file), "--disable-hot-restart", "--concurrency", "1",
              "--log-level", "info", "--component-log-level", "upstream:debug,config:debug"],
             name=name,
         )

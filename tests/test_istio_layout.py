@@ -165,3 +165,16 @@ def test_workload_name_and_owner_follow_the_pods_controller() -> None:
     env = {e["name"]: e.get("value") for e in proxy["env"]}
     assert env["ISTIO_META_WORKLOAD_NAME"] == "web"
     assert env["ISTIO_META_OWNER"] == "kubernetes://apis/apps/v1/namespaces/app/deployments/web"
+
+
+def test_network_comes_from_the_pods_label_then_values() -> None:
+    def network(labelled: str | None, values: dict[str, Any]) -> str | None:
+        p = pod()
+        if labelled is not None:
+            p["metadata"]["labels"]["topology.istio.io/network"] = labelled
+        proxy = apply(p, inject(p, injector(values)))["spec"]["containers"][1]
+        return {e["name"]: e.get("value") for e in proxy["env"]}.get("ISTIO_META_NETWORK")
+
+    assert network(None, {}) is None
+    assert network(None, {"global": {"network": "n1"}}) == "n1"
+    assert network("n2", {"global": {"network": "n1"}}) == "n2"  # the label wins, as in istiod

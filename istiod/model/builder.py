@@ -25,7 +25,7 @@ from istiod.model.config.networking import ServiceEntry, ServicePort, WorkloadEn
 from istiod.model.entries import EntryServices, PodEndpoints, service_entry_services, workload_entry_endpoint
 from istiod.model.endpointslice import EndpointSlice
 from istiod.model.mesh import MeshConfig
-from istiod.model.service import Endpoint, Locality, Port, Service
+from istiod.model.service import NETWORK_LABEL, Endpoint, Locality, Port, Service
 from istiod.model.snapshot import EndpointKey, Selection, Snapshot, VolumeMount
 from istiod.model.storage import PersistentVolume, PersistentVolumeClaim
 from istiod.model.workload import Workload
@@ -362,6 +362,7 @@ class _EndpointContext:
             workload_kind=workload.workload_kind,
             pod=workload.name,
             namespace=workload.namespace,
+            network=dict(workload.labels).get(NETWORK_LABEL, ""),
         )
 
     def slice_endpoints(self, service: Service, port: Port, slices: Iterable[EndpointSlice]) -> list[Endpoint]:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from istiod.model.config import ConfigSet, scope
 from istiod.model.config.common import Labels
-from istiod.model.config.networking import Resolution, ServiceEntry, ServicePort, WorkloadEntry
+from istiod.model.config.networking import Location, Resolution, ServiceEntry, ServicePort, WorkloadEntry
 from istiod.model.service import Endpoint, Locality, Port, Service
 
 TLS_MODE_LABEL = "security.istio.io/tlsMode"
@@ -39,6 +39,7 @@ def service_entry_services(config: ConfigSet, services: Mapping[str, Service],
             service = Service(
                 name=entry.meta.name, namespace=entry.meta.namespace, domain="", ports=ports,
                 external_host=host, resolution=entry.resolution,
+                mesh_external=entry.location is Location.MESH_EXTERNAL,
                 export_to=entry.export_to, subject_alt_names=entry.subject_alt_names,
                 # Its first address is its VIP, as a ClusterIP is; a CIDR (istiod's listeners
                 # match it on the port's 0.0.0.0 listener), a /32 or /128 one as its address.
@@ -74,4 +75,5 @@ def workload_entry_endpoint(entry: WorkloadEntry, port: int, service_port: int, 
     return Endpoint(address=entry.address, port=port, service_port=service_port,
                     # Its `locality` is `region/zone/subzone` (the label's form uses dots).
                     locality=Locality.parse(entry.locality.replace("/", ".")), labels=labels,
-                    service_account=entry.service_account, namespace=namespace, weight=entry.weight)
+                    service_account=entry.service_account, namespace=namespace, weight=entry.weight,
+                    network=entry.network)

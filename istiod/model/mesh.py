@@ -13,6 +13,16 @@ DEFAULT_TRUST_DOMAIN = DEFAULT_DOMAIN  # istiod's default trust domain is cluste
 DEFAULT_ROOT_NAMESPACE = "istio-system"
 
 
+@dataclass(frozen=True, slots=True, order=True)
+class NetworkGateway:
+    """meshNetworks' gateway of a network: where proxies of other networks send its endpoints'
+    mTLS traffic (an east-west gateway, AUTO_PASSTHROUGH on 15443)."""
+
+    network: str
+    address: str
+    port: int
+
+
 class OutboundTrafficPolicy(enum.Enum):
     ALLOW_ANY = "ALLOW_ANY"
     REGISTRY_ONLY = "REGISTRY_ONLY"
@@ -80,3 +90,4 @@ class MeshConfig:
     protocol_detection_timeout: float = 0.0
     # The exportTo of Services and ServiceEntries that set none (empty: Istio's default, `*`).
     default_service_export_to: tuple[str, ...] = ()
+    network_gateways: tuple[NetworkGateway, ...] = ()  # meshNetworks' gateways, sorted

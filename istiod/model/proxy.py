@@ -30,6 +30,7 @@ class Proxy:
     workload_name: str = ""
     cluster_id: str = ""
     istio_version: str = ""
+    network: str = ""  # node metadata NETWORK (ISTIO_META_NETWORK)
     # The caller proved it is this proxy's namespace and service account (istiod's secure port);
     # only such a proxy is sent its namespace's Secrets, as istiod's VerifiedIdentity.
     verified: bool = False
@@ -89,5 +90,6 @@ def proxy_from_node(node_id: str, metadata: dict[str, Any], locality: Locality =
         workload_name=str(metadata.get("WORKLOAD_NAME", "")),
         cluster_id=str(metadata.get("CLUSTER_ID", "")),
         istio_version=str(metadata.get("ISTIO_VERSION", "")),
+        network=str(metadata.get("NETWORK", "")),
         locality=locality,
     )

@@ -45,6 +45,7 @@ class Service:
     # A ServiceEntry's host (the Service is one host of it), and how its endpoints are found.
     external_host: str = ""
     resolution: Resolution | None = None
+    mesh_external: bool = False  # a ServiceEntry's location MESH_EXTERNAL (the default)
     # A ServiceEntry's exportTo, or a Service's `networking.istio.io/exportTo` annotation (empty:
     # the mesh's defaultServiceExportTo).
     export_to: tuple[str, ...] = ()
@@ -87,6 +88,9 @@ class Service:
         return outbound_cluster_name(port, self.hostname)
 
 
+NETWORK_LABEL = "topology.istio.io/network"  # a pod's network (Istio's label.TopologyNetwork)
+
+
 @dataclass(frozen=True, slots=True)
 class Endpoint:
     """One address:port serving one port of one Service (Istio's ServiceInstance, flattened)."""
@@ -102,4 +106,5 @@ class Endpoint:
     workload_kind: str = ""
     pod: str = ""
     namespace: str = ""
+    network: str = ""  # Istio's network ID ("": the proxy's own)
     weight: int = 0  # a WorkloadEntry's load-balancing weight; 0 is the default, 1

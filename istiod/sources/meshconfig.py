@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import dataclasses
 import functools
+import ipaddress
 import json
 import logging
 from collections.abc import Callable
@@ -23,9 +24,9 @@ from kubernetes_asyncio import client
 from istiod.model.config.networking import LocalityLbSetting
 from istiod.model.labels import EXPRESSION_OPERATORS, Requirement, Selector
 from istiod.durations import parse_duration
-from istiod.model.mesh import ExtAuthzProvider, MeshConfig, OutboundTrafficPolicy, ProxyConfig, RequestBody
+from istiod.model.mesh import ExtAuthzProvider, MeshConfig, NetworkGateway, OutboundTrafficPolicy, ProxyConfig, RequestBody
 from istiod.sources.fields import ConversionError, _Fields
-from istiod.sources.istio.common import check_label, dns1123_label, fields, items, only, str_list
+from istiod.sources.istio.common import check_label, dns1123_label, fields, items, only, port, str_list
 from istiod.sources.istio.networking import locality_lb_setting
 from istiod.sources.kube import Informer
 
@@ -34,7 +35,7 @@ CONFIGMAP = "istio"
 CONFIGMAP_KEY = "mesh"
 _FIELDS = ("trustDomain", "trustDomainAliases", "rootNamespace", "outboundTrafficPolicy", "enableAutoMtls", "defaultConfig",
            "discoverySelectors", "localityLbSetting", "extensionProviders", "protocolDetectionTimeout",
-           "defaultServiceExportTo")
+           "defaultServiceExportTo", "meshNetworks")
 
 
 class MeshConfigError(ValueError):
@@ -98,7 +99,37 @@ def _parse(f: _Fields, base: MeshConfig) -> MeshConfig:
         extension_providers=providers,
         protocol_detection_timeout=_protocol_detection_timeout(f, base),
         default_service_export_to=_default_export_to(f, "defaultServiceExportTo", base.default_service_export_to),
+        network_gateways=_network_gateways(f, base),
     )
+
+
+def _network_gateways(f: _Fields, base: MeshConfig) -> tuple[NetworkGateway, ...]:
+    """meshNetworks' gateways by IP address. A network's `endpoints` (fromCidr, fromRegistry) and a
+    gateway's registryServiceName are refused: workloads name their network themselves (WorkloadEntry
+    `network`)."""
+    if (mesh_networks := fields(f, "meshNetworks")) is None:
+        return base.network_gateways
+    only(mesh_networks, ("networks",))
+    result = []
+    for name, body in mesh_networks.get("networks", dict, {}).items():
+        if not isinstance(body, dict):
+            raise mesh_networks.fail(f"networks.{name}: expected a map")
+        network = _Fields(f"{mesh_networks.key}.networks.{name}", body)
+        only(network, ("gateways",), ("endpoints",))
+        for gateway in items(network, "gateways"):
+            only(gateway, ("address", "port"), ("registryServiceName", "locality"))
+            address = gateway.get("address", str, "")
+            try:
+                ipaddress.ip_address(address)
+            except ValueError:
+                # istiod's message (hostnames need RESOLVE_HOSTNAME_GATEWAYS, which we do not have)
+                raise gateway.fail(f"invalid network {name}: {address!r} is not a valid IP "
+                                   "(hostname is allowed if RESOLVE_HOSTNAME_GATEWAYS is enabled)") from None
+            number = port(gateway, "port")
+            if number is None:
+                raise gateway.fail(f"invalid network {name}: port number 0 must be in the range 1..65535")
+            result.append(NetworkGateway(str(name), address, number))
+    return tuple(sorted(result))
 
 
 def _default_export_to(f: _Fields, field: str, base: tuple[str, ...]) -> tuple[str, ...]:

@@ -418,8 +418,10 @@ def _proxy_container(values: Mapping[str, Any], config: Mapping[str, Any], annot
     ]
     if str((values["meshConfig"].get("inboundTrafficPolicy") or {}).get("mode", "")).upper() == "LOCALHOST":
         env.insert(0, {"name": "REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION", "value": "true"})
-    if g["network"]:
-        env.append({"name": "ISTIO_META_NETWORK", "value": g["network"]})
+    # The pod's topology.istio.io/network label wins over values.global.network, as in istiod.
+    network = (metadata.get("labels") or {}).get("topology.istio.io/network", g["network"])
+    if network:
+        env.append({"name": "ISTIO_META_NETWORK", "value": network})
     workload, kind, api = _workload(metadata)
     if workload:
         env.append({"name": "ISTIO_META_WORKLOAD_NAME", "value": workload})

@@ -15,7 +15,7 @@ from istiod.model.service import Endpoint, Locality
 from istiod.model.snapshot import Snapshot
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
-from istiod.xds.gen import locality
+from istiod.xds.gen import locality, network
 from istiod.xds.gen.locality import LocalityLb
 from istiod.xds.gen.policy import effective_policy, subset_endpoints
 from istiod.xds.gen.targets import alike, outbound_clusters
@@ -32,7 +32,9 @@ def endpoints(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
 def alike_for_eds(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> tuple[object, ...]:
     """`alike`, and where locality LB applies in this snapshot, what of the proxy it reads."""
     keys = cache.per_snapshot(snapshot, ("failover priority labels",), lambda: locality.priority_label_keys(snapshot))
-    return (alike(snapshot, proxy), *locality.view(snapshot, proxy, keys))
+    # With meshNetworks gateways, assignments differ per network (never per proxy).
+    in_network = (proxy.network,) if snapshot.mesh.network_gateways else ()
+    return (alike(snapshot, proxy), *locality.view(snapshot, proxy, keys), *in_network)
 
 
 def assignments(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
@@ -52,9 +54,12 @@ def assignments(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache
             near = where, locality.topology_labels(proxy.labels, where)
             priority = [near[1].get(key.partition("=")[0], "") for key in lb.setting.failover_priority]
             scope = f"{target.rule.meta if target.rule else ''}|{scope}|{where!r}|{priority}"  # repr: every part
+        if snapshot.mesh.network_gateways:
+            scope = f"{scope}|network={proxy.network}"
         result.append(cache.get(types.ENDPOINT, target.name, (endpoint_list, target.subset, target.rule, snapshot.mesh),
-                                lambda: load_assignment(target.name, subset_endpoints(endpoint_list, target.subset),
-                                                        lb, near),
+                                lambda: load_assignment(target.name, network.by_network(
+                                    subset_endpoints(endpoint_list, target.subset), proxy.network,
+                                    snapshot.mesh.network_gateways), lb, near),
                                 scope=scope))
     return result
 
@@ -95,7 +100,7 @@ def dns_load_assignment(cluster_name: str, endpoint_list: tuple[Endpoint, ...]) 
 def _lb_endpoint(endpoint: Endpoint) -> endpoint_components_pb2.LbEndpoint:
     tls_mode = dict(endpoint.labels).get(TLS_MODE_LABEL)
     metadata = None
-    if tls_mode:  # the pod has a sidecar (the injector labels it `istio`)
+    if tls_mode and tls_mode != "disabled":  # the pod has a sidecar (the injector labels it `istio`); as istiod
         fields = struct_pb2.Struct()
         fields.update({"tlsMode": tls_mode})
         metadata = base_pb2.Metadata(filter_metadata={TRANSPORT_SOCKET_MATCH: fields})

@@ -226,7 +226,7 @@ def sni_dnat_names(snapshot: Snapshot, proxy: Proxy, served: GatewayServer) -> l
     names = []
     for target in outbound_ports(snapshot, proxy):
         service = target.service
-        if service.external_host or not any(
+        if service.mesh_external or not any(
                 namespace in ("*", service.namespace) or (namespace == "." and service.namespace == served.gateway.meta.namespace)
                 for namespace, pattern in served.server.hosts if scope.host_matches(pattern, service.hostname)):
             continue

@@ -1,0 +1,43 @@
+"""Split-horizon EDS (istiod's EndpointsByNetworkFilter): for a proxy in one network, the endpoints
+of another network that has gateways are replaced by those gateways, weighted by the endpoints
+behind each. Only mTLS endpoints cross (the gateway routes by the SNI of Istio's mTLS); a network
+without a gateway keeps its endpoints as they are, as istiod does for sidecars."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import defaultdict
+
+from istiod.model.entries import TLS_MODE_LABEL
+from istiod.model.mesh import NetworkGateway
+from istiod.model.service import Endpoint, Locality
+
+
+def by_network(endpoint_list: tuple[Endpoint, ...], network: str,
+               gateways: tuple[NetworkGateway, ...]) -> tuple[Endpoint, ...]:
+    """What a proxy in `network` ("" when its NETWORK is unset) is sent. Without gateways the mesh
+    is one network and nothing changes."""
+    if not gateways:
+        return endpoint_list
+    per_network: dict[str, list[NetworkGateway]] = defaultdict(list)
+    for gateway in gateways:
+        per_network[gateway.network].append(gateway)
+    # Scaled by the lcm of gateway counts so an endpoint's weight splits evenly among its gateways.
+    scale = math.lcm(*(len(g) for g in per_network.values()))
+    result: list[Endpoint] = []
+    weights: dict[tuple[Locality, NetworkGateway], int] = defaultdict(int)
+    for endpoint in endpoint_list:
+        if not endpoint.healthy:
+            continue
+        weight = (endpoint.weight or 1) * scale
+        remote = per_network.get(endpoint.network, []) if endpoint.network not in ("", network) else []
+        if not remote:  # same network, or one reached directly
+            result.append(dataclasses.replace(endpoint, weight=weight) if scale > 1 else endpoint)
+        elif dict(endpoint.labels).get(TLS_MODE_LABEL) == "istio":
+            for gateway in remote:
+                weights[endpoint.locality, gateway] += weight // len(remote)
+    for (where, gateway), weight in sorted(weights.items(), key=lambda item: (str(item[0][0]), item[0][1])):
+        result.append(Endpoint(address=gateway.address, port=gateway.port, service_port=0, locality=where,
+                               labels=((TLS_MODE_LABEL, "istio"),), network=gateway.network, weight=weight))
+    return tuple(result)

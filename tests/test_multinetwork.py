@@ -1,0 +1,176 @@
+"""Multi-network (split-horizon EDS): meshNetworks' gateways read as istiod reads them, and the
+network filter: endpoints of another network replaced by its gateways, per network, never per proxy."""
+
+from __future__ import annotations
+
+import pytest
+from envoy.config.endpoint.v3 import endpoint_pb2
+
+from istiod.model.builder import build_snapshot
+from istiod.model.entries import TLS_MODE_LABEL
+from istiod.model.mesh import MeshConfig, NetworkGateway
+from istiod.model.proxy import Proxy, proxy_from_node
+from istiod.model.service import Endpoint, Locality
+from istiod.model.snapshot import Snapshot
+from istiod.sources.meshconfig import MeshConfigError, parse_mesh_config
+from istiod.sources.store import Store
+from istiod.xds import types
+from istiod.xds.cache import Resource, ResourceCache
+from istiod.xds.gen import PROXYLESS_GRPC, SIDECAR
+from istiod.xds.gen.network import by_network
+
+MTLS = ((TLS_MODE_LABEL, "istio"),)
+GW_N2 = NetworkGateway("n2", "192.0.2.2", 15443)
+GW_N3A, GW_N3B = NetworkGateway("n3", "192.0.2.3", 15443), NetworkGateway("n3", "192.0.2.4", 15443)
+GATEWAYS = (GW_N2, GW_N3A, GW_N3B)
+
+
+def _addresses(endpoints: tuple[Endpoint, ...]) -> dict[tuple[str, int], int]:
+    return {(e.address, e.port): e.weight for e in endpoints}
+
+
+def test_without_gateways_nothing_changes() -> None:
+    endpoints = (Endpoint("10.0.0.1", 80, 80, network="n2"), Endpoint("10.0.0.2", 80, 80, network="n1"))
+    assert by_network(endpoints, "n1", ()) is endpoints
+
+
+def test_remote_endpoints_become_their_gateways_weighted_by_count() -> None:
+    endpoints = (
+        Endpoint("10.0.1.1", 80, 80, labels=MTLS, network="n1"),
+        Endpoint("10.0.2.1", 80, 80, labels=MTLS, network="n2"),
+        Endpoint("10.0.2.2", 80, 80, labels=MTLS, network="n2", weight=3),
+        Endpoint("10.0.3.1", 80, 80, labels=MTLS, network="n3"),
+        Endpoint("10.0.9.1", 80, 80, labels=MTLS),  # no network: reached directly from every network
+    )
+    # Scale 2 (lcm of 1 and 2 gateways): n2's endpoints weigh (1+3)*2; n3's one endpoint splits in two.
+    assert _addresses(by_network(endpoints, "n1", GATEWAYS)) == {
+        ("10.0.1.1", 80): 2, ("10.0.9.1", 80): 2,
+        ("192.0.2.2", 15443): 8, ("192.0.2.3", 15443): 1, ("192.0.2.4", 15443): 1}
+    # From n2, its own endpoints are direct and n1's (which has no gateway) too.
+    assert _addresses(by_network(endpoints, "n2", GATEWAYS)) == {
+        ("10.0.1.1", 80): 2, ("10.0.2.1", 80): 2, ("10.0.2.2", 80): 6, ("10.0.9.1", 80): 2,
+        ("192.0.2.3", 15443): 1, ("192.0.2.4", 15443): 1}
+
+
+def test_gateway_endpoint_is_mtls_and_keeps_the_locality() -> None:
+    where = Locality("r1", "z1")
+    [gateway] = by_network((Endpoint("10.0.2.1", 80, 80, labels=MTLS, network="n2", locality=where),), "n1", (GW_N2,))
+    assert (gateway.address, gateway.port, gateway.locality, gateway.network) == ("192.0.2.2", 15443, where, "n2")
+    assert dict(gateway.labels)[TLS_MODE_LABEL] == "istio"
+
+
+def test_plaintext_and_unready_remote_endpoints_are_dropped() -> None:
+    endpoints = (Endpoint("10.0.2.1", 80, 80, network="n2"),  # no sidecar: the gateway could not route it
+                 Endpoint("10.0.2.2", 80, 80, labels=MTLS, network="n2", healthy=False))
+    assert by_network(endpoints, "n1", (GW_N2,)) == ()
+
+
+def test_proxy_without_network_goes_through_the_gateway() -> None:
+    # istiod: an unset ISTIO_META_NETWORK still crosses by gateway to a network that has one.
+    [gateway] = by_network((Endpoint("10.0.2.1", 80, 80, labels=MTLS, network="n2"),), "", (GW_N2,))
+    assert gateway.address == "192.0.2.2"
+
+
+MESH_NETWORKS = """
+meshNetworks:
+  networks:
+    n2:
+      gateways:
+      - {address: 192.0.2.2, port: 15443}
+    n3:
+      gateways:
+      - {address: 192.0.2.4, port: 15443}
+      - {address: 192.0.2.3, port: 15443}
+"""
+
+
+def test_mesh_networks_gateways_are_read() -> None:
+    assert parse_mesh_config(MESH_NETWORKS, MeshConfig(), "mesh").network_gateways == GATEWAYS
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    ("meshNetworks: {networks: {n2: {gateways: [{address: gw.example.com, port: 15443}]}}}",
+     "invalid network n2: 'gw.example.com' is not a valid IP \\(hostname is allowed if RESOLVE_HOSTNAME_GATEWAYS"),
+    ("meshNetworks: {networks: {n2: {gateways: [{address: 192.0.2.2}]}}}", "port number 0 must be in the range"),
+    ("meshNetworks: {networks: {n2: {gateways: [{address: 192.0.2.2, port: 70000}]}}}", "port: 70000 is not in 1-65535"),
+    ("meshNetworks: {networks: {n2: {gateways: [{registryServiceName: eastwest.istio-system.svc.cluster.local, "
+     "port: 15443}]}}}", "registryServiceName is not supported"),
+    ("meshNetworks: {networks: {n2: {endpoints: [{fromCidr: 10.0.2.0/24}]}}}", "endpoints is not supported"),
+    ("meshNetworks: {networks: {n2: [1]}}", "networks.n2: expected a map"),
+    ("meshNetworks: {networkz: {}}", "unknown field 'networkz'"),
+])
+def test_bad_mesh_networks_names_the_field(text: str, error: str) -> None:
+    with pytest.raises(MeshConfigError, match=error):
+        parse_mesh_config(text, MeshConfig(), "mesh")
+
+
+SERVICE = {"apiVersion": "networking.istio.io/v1", "kind": "ServiceEntry", "metadata": {"name": "echo", "namespace": "demo"},
+           "spec": {"hosts": ["echo.demo.svc.cluster.local"], "location": "MESH_INTERNAL", "resolution": "STATIC",
+                    "ports": [{"number": 80, "name": "http", "protocol": "HTTP"}],
+                    "workloadSelector": {"labels": {"app": "echo"}}}}
+
+
+def _entry(name: str, address: str, network: str) -> dict[str, object]:
+    return {"apiVersion": "networking.istio.io/v1", "kind": "WorkloadEntry", "metadata": {"name": name, "namespace": "demo"},
+            "spec": {"address": address, "network": network, "labels": {"app": "echo"}, "serviceAccount": "echo"}}
+
+
+def _sidecar(pod: str, ip: str, network: str) -> Proxy:
+    return proxy_from_node(f"sidecar~{ip}~{pod}.demo~demo.svc.cluster.local", {"NETWORK": network} if network else {})
+
+
+def _endpoints(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[tuple[str, int]]:
+    [resource] = [r for r in SIDECAR[types.ENDPOINT](snapshot, proxy, None, cache)
+                  if r.name == "outbound|80||echo.demo.svc.cluster.local"]
+    assignment = endpoint_pb2.ClusterLoadAssignment.FromString(resource.value)
+    return sorted((e.endpoint.address.socket_address.address, e.endpoint.address.socket_address.port_value)
+                  for group in assignment.endpoints for e in group.lb_endpoints)
+
+
+def test_eds_is_made_per_network_and_shared_within_one() -> None:
+    store = Store()
+    for document in (SERVICE, _entry("local", "10.0.1.1", "n1"), _entry("remote", "10.0.2.1", "n2")):
+        store.apply(document)
+    mesh = parse_mesh_config(MESH_NETWORKS, MeshConfig(), "mesh")
+    snapshot, cache = build_snapshot(store, "v1", mesh=mesh), ResourceCache()
+    n1, n1_too, n2 = _sidecar("a", "10.0.1.5", "n1"), _sidecar("b", "10.0.1.6", "n1"), _sidecar("c", "10.0.2.5", "n2")
+    assert _endpoints(snapshot, n1, cache) == [("10.0.1.1", 80), ("192.0.2.2", 15443)]
+    assert _endpoints(snapshot, n2, cache) == [("10.0.1.1", 80), ("10.0.2.1", 80)]  # n1 has no gateway
+    first, second = SIDECAR[types.ENDPOINT](snapshot, n1, None, cache), SIDECAR[types.ENDPOINT](snapshot, n1_too, None, cache)
+    assert all(x is y for x, y in zip(first, second))  # one network, one assignment
+    # Without meshNetworks the mesh is one network: WorkloadEntry network changes nothing.
+    flat = build_snapshot(store, "v1")
+    assert _endpoints(flat, n1, ResourceCache()) == [("10.0.1.1", 80), ("10.0.2.1", 80)]
+
+
+def test_a_pods_network_label_is_its_endpoints_network() -> None:
+    store = Store()
+    store.apply({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "echo", "namespace": "demo"},
+                 "spec": {"clusterIP": "10.96.0.11", "selector": {"app": "echo"}, "ports": [{"name": "http", "port": 80}]}})
+    for name, ip, network in (("echo-1", "10.0.1.1", "n1"), ("echo-2", "10.0.2.1", "n2")):
+        store.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": name, "namespace": "demo", "labels": {"app": "echo", "topology.istio.io/network": network,
+                                                          TLS_MODE_LABEL: "istio"}},
+            "spec": {"containers": [{"name": "app"}]},
+            "status": {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}})
+    snapshot = build_snapshot(store, "v1", mesh=parse_mesh_config(MESH_NETWORKS, MeshConfig(), "mesh"))
+    assert {e.address: e.network for e in snapshot.endpoints_for("echo.demo.svc.cluster.local", 80)} == {
+        "10.0.1.1": "n1", "10.0.2.1": "n2"}
+    assert _endpoints(snapshot, _sidecar("a", "10.0.1.5", "n1"), ResourceCache()) == [("10.0.1.1", 80), ("192.0.2.2", 15443)]
+
+
+def test_proxyless_clients_share_assignments_per_network() -> None:
+    store = Store()
+    for document in (SERVICE, _entry("local", "10.0.1.1", "n1"), _entry("remote", "10.0.2.1", "n2")):
+        store.apply(document)
+    snapshot = build_snapshot(store, "v1", mesh=parse_mesh_config(MESH_NETWORKS, MeshConfig(), "mesh"))
+    cache, names = ResourceCache(), ["outbound|80||echo.demo.svc.cluster.local"]
+
+    def addresses(resources: list[Resource]) -> list[str]:
+        assignment = endpoint_pb2.ClusterLoadAssignment.FromString(resources[0].value)
+        return sorted(e.endpoint.address.socket_address.address for g in assignment.endpoints for e in g.lb_endpoints)
+
+    made = {name: PROXYLESS_GRPC[types.ENDPOINT](snapshot, _sidecar(name, ip, network), names, cache)
+            for name, ip, network in (("a", "10.0.1.5", "n1"), ("b", "10.0.1.6", "n1"), ("c", "10.0.2.5", "n2"))}
+    assert addresses(made["a"]) == ["10.0.1.1", "192.0.2.2"] and addresses(made["c"]) == ["10.0.1.1", "10.0.2.1"]
+    assert made["a"][0] is made["b"][0]  # one network, one assignment
