@@ -62,3 +62,13 @@ def test_a_parameters_ref_is_refused_in_status() -> None:
     status = _converted(web).statuses[("KubernetesGateway", "istio-ingress", "web")]
     accepted = next(c for c in status["conditions"] if c["type"] == "Accepted")
     assert (accepted["status"], accepted["reason"]) == ("False", "InvalidParameters")
+
+
+def test_name_override_and_service_account_annotations_name_the_objects_as_istiod() -> None:
+    from dataclasses import replace
+    gateway = replace(GATEWAY, name_override="edge", service_account="edge-sa")
+    service_account, deployment, service = objects(gateway, infrastructure_of(RAW), VARIABLES)
+    assert service_account["metadata"]["name"] == "edge-sa"
+    assert deployment["metadata"]["name"] == service["metadata"]["name"] == "edge"
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "edge-sa"
+    assert GATEWAY.deployment_name == "web-istio"
