@@ -484,7 +484,7 @@ def _programmed(gateway: KubernetesGateway, states: list[_ListenerState],
     answers on; a waypoint's is `<name>`) has endpoints on the listeners' ports; its cluster IP (a
     waypoint's: its hostname) is then the address."""
     generation = gateway.generation
-    name = gateway.meta.name if mesh else gateway.deployment_name
+    name = (gateway.name_override or gateway.meta.name) if mesh else gateway.deployment_name
     hostname = service_hostname(name, gateway.meta.namespace, inputs.domain)
     if gateway.addresses:
         return condition("Programmed", False, "AddressNotUsable",
