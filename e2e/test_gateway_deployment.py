@@ -2,7 +2,9 @@
 `istio`, the leader creates Istio's ServiceAccount, Deployment and Service `<gateway>-istio` (labels,
 owner references, ports from the listeners), follows a listener's port, addresses the Gateway with
 the Service, and removes them when the Gateway is deleted (this API server has no garbage
-collector: istiod deletes them itself). While another replica holds the lock, istiod writes nothing.
+collector: istiod deletes them itself). A Gateway annotated gateway.istio.io/name-override and
+gateway.istio.io/service-account gets objects of those names. While another replica holds the lock,
+istiod writes nothing.
 istiod runs as its own ServiceAccount under exactly deploy/rbac/istiod.yaml."""
 
 from __future__ import annotations
@@ -27,14 +29,15 @@ NS, NAME = "gw-deploy", "edge-istio"
 GATEWAY_NAME = "gateway.networking.k8s.io/gateway-name"
 
 
-async def _objects(kube: client.ApiClient) -> dict[str, Any]:
+async def _objects(kube: client.ApiClient, name: str = NAME, account: str = NAME) -> dict[str, Any]:
     """The Gateway's ServiceAccount, Deployment and Service that exist, by kind."""
     core, apps = client.CoreV1Api(kube), client.AppsV1Api(kube)
     found: dict[str, Any] = {}
-    for kind, read in (("ServiceAccount", core.read_namespaced_service_account),
-                       ("Deployment", apps.read_namespaced_deployment), ("Service", core.read_namespaced_service)):
+    for kind, read, named in (("ServiceAccount", core.read_namespaced_service_account, account),
+                              ("Deployment", apps.read_namespaced_deployment, name),
+                              ("Service", core.read_namespaced_service, name)):
         with contextlib.suppress(client.ApiException):
-            found[kind] = await read(NAME, NS)
+            found[kind] = await read(named, NS)
     return found
 
 
@@ -49,6 +52,10 @@ async def test_the_leader_deploys_a_gateway_and_removes_it(cluster: Cluster, kub
                  "infrastructure": {"labels": {"team": "edge"}, "annotations": {"owner": "edge-team"}},
                  "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]}})
     uid = gateway["metadata"]["uid"]
+    await custom.create_namespaced_custom_object(GROUP, VERSION, NS, "gateways", {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "Gateway", "metadata": {"name": "named", "annotations": {
+            "gateway.istio.io/name-override": "front", "gateway.istio.io/service-account": "front-sa"}},
+        "spec": {"gatewayClassName": "istio", "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]}})
 
     # Another replica holds the writers' lock: istiod must write nothing while it does.
     async with another_replica_leading(kube, ELECTION):
@@ -56,7 +63,8 @@ async def test_the_leader_deploys_a_gateway_and_removes_it(cluster: Cluster, kub
         istiod = await asyncio.to_thread(Istiod, tmp_path, "--kubeconfig", str(kubeconfig), *FAST, ready_timeout=60)
         processes.append(istiod)
         await asyncio.sleep(5)  # several passes and lease renewals
-        assert await _objects(kube) == {}, "a replica that does not lead wrote"
+        assert await _objects(kube) == {} and await _objects(kube, "front", "front-sa") == {}, \
+            "a replica that does not lead wrote"
 
     async def all_three() -> dict[str, Any] | None:
         found = await _objects(kube)
@@ -80,6 +88,22 @@ async def test_the_leader_deploys_a_gateway_and_removes_it(cluster: Cluster, kub
     assert pod.spec.containers[0].args[3:5] == ["proxy", "router"]
     assert [(p.name, p.port) for p in service.spec.ports] == [("status-port", 15021), ("http", 80)]
     print("deployed:", {k: v.metadata.name for k, v in found.items()}, "ports", [p.port for p in service.spec.ports])
+
+    # Named by the Gateway's annotations, as istiod's DeploymentName and ServiceAccount.
+    async def all_three_named() -> dict[str, Any] | None:
+        found = await _objects(kube, "front", "front-sa")
+        return found if len(found) == 3 else None
+
+    named = await eventually(all_three_named, 30, "the annotated Gateway's objects", interval=0.25)
+    assert named["Deployment"].spec.template.spec.service_account_name == "front-sa"
+    assert all(o.metadata.owner_references[0].name == "named" for o in named.values())
+    await custom.delete_namespaced_custom_object(GROUP, VERSION, NS, "gateways", "named")
+
+    async def named_gone() -> bool:
+        return await _objects(kube, "front", "front-sa") == {}
+
+    await eventually(named_gone, 30, "the annotated Gateway's objects removed", interval=0.25)
+    print("name-override/service-account: deployed as front/front-sa, removed with the Gateway")
 
     # The deployment's pod answering: the Gateway is Programmed with the Service's address.
     await create_running_pod(kube, NS, pod_body("edge-1", "edge", 80, labels={GATEWAY_NAME: "edge"}), "10.244.0.90")

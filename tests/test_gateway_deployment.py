@@ -62,3 +62,21 @@ def test_a_parameters_ref_is_refused_in_status() -> None:
     status = _converted(web).statuses[("KubernetesGateway", "istio-ingress", "web")]
     accepted = next(c for c in status["conditions"] if c["type"] == "Accepted")
     assert (accepted["status"], accepted["reason"]) == ("False", "InvalidParameters")
+
+
+def test_name_override_and_service_account_annotations_name_the_objects_as_istiod() -> None:
+    from dataclasses import replace
+    gateway = replace(GATEWAY, name_override="edge", service_account="edge-sa")
+    service_account, deployment, service = objects(gateway, infrastructure_of(RAW), VARIABLES)
+    assert service_account["metadata"]["name"] == "edge-sa"
+    assert deployment["metadata"]["name"] == service["metadata"]["name"] == "edge"
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "edge-sa"
+    assert GATEWAY.deployment_name == "web-istio"
+
+
+def test_status_looks_for_the_overridden_service() -> None:
+    web = next(d for d in _documents() if d["kind"] == "Gateway")
+    web["metadata"].setdefault("annotations", {})["gateway.istio.io/name-override"] = "edge"
+    status = _converted(web).statuses[("KubernetesGateway", "istio-ingress", "web")]
+    programmed = next(c for c in status["conditions"] if c["type"] == "Programmed")
+    assert '"edge.istio-ingress.svc.cluster.local" not found' in programmed["message"]

@@ -309,3 +309,12 @@ def test_a_policy_with_target_refs_applies_on_the_waypoint_only() -> None:
     assert not {"ambient/on-gateway", "ambient/on-service"} & set(_found(store)[ECHO_POD]["workload"]["authorizationPolicies"])
     sidecar = proxy_from_node("sidecar~10.244.0.11~echo-1.ambient~ambient.svc.cluster.local", {})
     assert all(not p.target_refs for p in authorization_policies(build_snapshot(store, "v1"), sidecar))
+
+
+def test_a_waypoints_name_override_names_the_service_its_status_looks_for() -> None:
+    store = _store()
+    _edit(store, "KubernetesGateway", "ambient", "waypoint",
+          lambda raw: raw["metadata"].setdefault("annotations", {}).update({"gateway.istio.io/name-override": "wp"}))
+    gateway = build_snapshot(store, "v1").config.gateway_api.statuses[("KubernetesGateway", "ambient", "waypoint")]
+    programmed = next(c for c in gateway["conditions"] if c["type"] == "Programmed")
+    assert "wp.ambient.svc.cluster.local" in programmed["message"], programmed

@@ -138,9 +138,12 @@ def gateway(key: ObjectKey, f: _Fields, domain: str) -> KubernetesGateway:
     # object by istiod/status/gateway_deployment.py); its parametersRef is refused in status.
     parameters = spec.get("infrastructure.parametersRef", dict, None) is not None
     default, per_port = _frontend(spec)
+    annotations = dict(f.str_map("metadata.annotations"))
     return KubernetesGateway(meta(key), _required(spec, "gatewayClassName"), listeners, addresses, _generation(f),
                              parameters_ref=parameters, labels=f.str_map("metadata.labels"),
-                             frontend_default=default, frontend_per_port=per_port)
+                             frontend_default=default, frontend_per_port=per_port,
+                             name_override=annotations.get("gateway.istio.io/name-override", ""),
+                             service_account=annotations.get("gateway.istio.io/service-account", ""))
 
 
 def _frontend(spec: _Fields) -> tuple[FrontendValidation | None, tuple[tuple[int, FrontendValidation | None], ...]]:

@@ -95,6 +95,13 @@ class KubernetesGateway:
     labels: Labels = ()  # istio.io/waypoint-for on a waypoint
     frontend_default: FrontendValidation | None = None  # spec.tls.frontend.default.validation
     frontend_per_port: tuple[tuple[int, FrontendValidation | None], ...] = ()  # spec.tls.frontend.perPort
+    name_override: str = ""  # annotation gateway.istio.io/name-override: its Deployment's and Service's name
+    service_account: str = ""  # annotation gateway.istio.io/service-account: its ServiceAccount's name
+
+    @property
+    def deployment_name(self) -> str:
+        """istiod's DeploymentName: the name-override annotation, else `<name>-<class>`."""
+        return self.name_override or f"{self.meta.name}-{self.class_name}"
 
     def frontend_validation(self, port: int) -> FrontendValidation | None:
         """istiod's resolveGatewayTLS: the port's own entry (even without validation), else the default."""

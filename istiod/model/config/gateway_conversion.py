@@ -256,7 +256,7 @@ def _selector(gateway: KubernetesGateway, inputs: _Inputs) -> tuple[tuple[str, s
     i.e. the pods of the Gateway's namespace its selector picks (the gateway flavor keeps the
     Gateway API's Gateways to proxies of their own namespace); without that Service, the Gateway's
     deployment label."""
-    service = inputs.services.get((gateway.meta.namespace, f"{gateway.meta.name}-{gateway.class_name}"))
+    service = inputs.services.get((gateway.meta.namespace, gateway.deployment_name))
     if service is not None and service.selector:
         return service.selector
     return ((GATEWAY_NAME_LABEL, gateway.meta.name),)
@@ -484,7 +484,7 @@ def _programmed(gateway: KubernetesGateway, states: list[_ListenerState],
     answers on; a waypoint's is `<name>`) has endpoints on the listeners' ports; its cluster IP (a
     waypoint's: its hostname) is then the address."""
     generation = gateway.generation
-    name = gateway.meta.name if mesh else f"{gateway.meta.name}-{gateway.class_name}"
+    name = (gateway.name_override or gateway.meta.name) if mesh else gateway.deployment_name
     hostname = service_hostname(name, gateway.meta.namespace, inputs.domain)
     if gateway.addresses:
         return condition("Programmed", False, "AddressNotUsable",

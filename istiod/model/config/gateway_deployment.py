@@ -42,10 +42,6 @@ def deployed(gateway: KubernetesGateway) -> bool:
     return gateway.class_name == CLASS and not gateway.addresses
 
 
-def deployment_name(gateway: KubernetesGateway) -> str:
-    return f"{gateway.meta.name}-{gateway.class_name}"
-
-
 def service_ports(gateway: KubernetesGateway) -> list[dict[str, Any]]:
     """istiod's extractServicePorts: status-port, then one port per listener port (the first
     listener's name, `.` as `-`, at most 63 characters, made unique with the port number)."""
@@ -70,14 +66,15 @@ def objects(gateway: KubernetesGateway, infrastructure: GatewayInfrastructure,
             variables: Mapping[str, str]) -> list[dict[str, Any]]:
     """The ServiceAccount, Deployment and Service (in that order, as istiod applies them).
     `variables`: the injector's (proxy_image, ca_address, cluster_id)."""
-    name, namespace = deployment_name(gateway), gateway.meta.namespace
+    name, namespace = gateway.deployment_name, gateway.meta.namespace
+    account = gateway.service_account or name  # istiod's ServiceAccount: the annotation, else the deployment's name
     labels = {**dict(infrastructure.labels), GATEWAY_NAME_LABEL: gateway.meta.name,
               CLASS_NAME_LABEL: gateway.class_name}
     annotations = {k: v for k, v in infrastructure.annotations if k not in _OMITTED_ANNOTATIONS}
     owner = [{"apiVersion": f"{GROUP}/v1", "kind": "Gateway", "name": gateway.meta.name, "uid": infrastructure.uid}]
 
-    def metadata(extra: Mapping[str, str] = {}) -> dict[str, Any]:
-        return {"name": name, "namespace": namespace, "labels": {**labels, **extra}, "annotations": annotations,
+    def metadata(extra: Mapping[str, str] = {}, named: str = name) -> dict[str, Any]:
+        return {"name": named, "namespace": namespace, "labels": {**labels, **extra}, "annotations": annotations,
                 "ownerReferences": owner}
 
     managed = {MANAGED_LABEL: MANAGED}
@@ -119,14 +116,14 @@ def objects(gateway: KubernetesGateway, infrastructure: GatewayInfrastructure,
         {"name": "istiod-ca-cert", "configMap": {"name": "istio-ca-root-cert"}},
     ]
     return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata()},
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata(named=account)},
         {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata(managed), "spec": {
             "selector": {"matchLabels": {GATEWAY_NAME_LABEL: gateway.meta.name}},
             "template": {
                 "metadata": {"labels": pod_labels, "annotations": {
                     **annotations, "istio.io/rev": "default", "prometheus.io/path": "/stats/prometheus",
                     "prometheus.io/port": "15020", "prometheus.io/scrape": "true"}},
-                "spec": {"serviceAccountName": name, "containers": [container], "volumes": volumes,
+                "spec": {"serviceAccountName": account, "containers": [container], "volumes": volumes,
                          # Listeners on ports below 1024 without root, as istiod's template.
                          "securityContext": {"sysctls": [{"name": "net.ipv4.ip_unprivileged_port_start",
                                                           "value": "0"}]}}}}},
