@@ -51,6 +51,9 @@ class Stream:
     def set_code(self, code: grpc.StatusCode) -> None:
         pass
 
+    async def send_initial_metadata(self, metadata: Any) -> None:
+        pass
+
     def set_details(self, details: str) -> None:
         pass
 
@@ -65,6 +68,8 @@ class Stream:
 
     async def write(self, response: Any) -> None:
         started = time.process_time()  # CPU, not wall: the machine may be busy
+        if isinstance(response, bytes):  # the server writes responses serialized once (istiod.xds.wire)
+            response = loadgen.discovery_pb2.DiscoveryResponse.FromString(response)
         client, now = self.client, time.time()
         held = client.resources[response.type_url]
         previous = dict(held)
@@ -72,8 +77,9 @@ class Stream:
             held.clear()
         for packed in response.resources:
             name = loadgen.leading_name(packed.value)
-            held[name] = loadgen.hold(client, response.type_url, packed.value, previous.get(name), now)
+            held[name] = loadgen.hold(client, response.type_url, name, packed.value, previous.get(name), now)
         client.versions[response.type_url] = (response.version_info, response.nonce)
+        client.answered.add(response.type_url)
         self.send(response.type_url)
         for type_url, names in self.bench.worker._follow(client, response.type_url, now).items():
             if names != client.names.get(type_url):
@@ -94,7 +100,8 @@ class Bench:
         self.pusher.subscribe(self.server.on_push)
         self.server.ready = True
         self.worker = loadgen.Worker("", client_specs(argparse.Namespace(
-            proxyless=args.proxyless, services=args.services, watch=args.watch, envoy=0, delta=False)))
+            proxyless=args.proxyless, services=args.services, watch=args.watch, envoy=0, delta=False,
+            ztunnel=0, pods=args.pods, nodes=None)))
         self.client_cpu = 0.0
         self.tasks: list[asyncio.Task[None]] = []
         self.streams: list[Stream] = []
@@ -114,7 +121,7 @@ class Bench:
 
     def idle(self) -> bool:
         return (all(s.queue.empty() for s in self.streams)
-                and all(not c._push_queued and c._requests.empty() for c in self.server.connections.values()))
+                and all(not c._push_queued and c._request is None for c in self.server.connections.values()))
 
     async def scenario(self, name: str, start: Callable[[], None], done: Callable[[], bool]) -> None:
         profile = cProfile.Profile() if self.args.profile else None
