@@ -12,7 +12,7 @@ from istiod.model.mesh import MeshConfig, NetworkGateway
 from istiod.model.proxy import Proxy, proxy_from_node
 from istiod.model.service import Endpoint, Locality
 from istiod.model.snapshot import Snapshot
-from istiod.sources.meshconfig import MeshConfigError, parse_mesh_config
+from istiod.sources.meshconfig import MeshConfigError, MeshConfigMapWatcher, parse_mesh_config, parse_mesh_networks
 from istiod.sources.store import Store
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
@@ -102,6 +102,33 @@ def test_mesh_networks_gateways_are_read() -> None:
 def test_bad_mesh_networks_names_the_field(text: str, error: str) -> None:
     with pytest.raises(MeshConfigError, match=error):
         parse_mesh_config(text, MeshConfig(), "mesh")
+
+
+def test_the_configmaps_mesh_networks_key_is_read_and_wins(caplog: pytest.LogCaptureFixture) -> None:
+    """istiod reads MeshNetworks from the ConfigMap's key `meshNetworks`; it replaces the networks
+    the key `mesh` names, a bad edit keeps the last good networks, and without it the mesh's stay."""
+    key = MESH_NETWORKS.replace("meshNetworks:\n", "")
+    assert parse_mesh_networks(key, "k") == GATEWAYS
+    seen: list[MeshConfig] = []
+    watcher = MeshConfigMapWatcher.__new__(MeshConfigMapWatcher)  # no API client: only the writer side
+    watcher.namespace, watcher.name, watcher.base, watcher.on_change = "istio-system", "istio", MeshConfig(), seen.append
+    watcher.mesh = MeshConfig()
+    mesh_key = "meshNetworks: {networks: {n9: {gateways: [{address: 192.0.2.9, port: 15443}]}}}"
+    watcher.replace("ConfigMap", [{"data": {"mesh": mesh_key, "meshNetworks": key}}])
+    assert seen[-1].network_gateways == GATEWAYS
+    watcher.apply({"data": {"mesh": "", "meshNetworks": "networks: {n2: {endpoints: [{fromCidr: 10.0.2.0/24}]}}"}})
+    assert watcher.mesh.network_gateways == GATEWAYS and len(seen) == 1
+    assert "ConfigMap istio-system/istio key meshNetworks.networks.n2: endpoints is not supported" in caplog.text
+    watcher.apply({"data": {"mesh": mesh_key}})
+    assert seen[-1].network_gateways == (NetworkGateway("n9", "192.0.2.9", 15443),)
+    watcher.apply({"data": {"meshNetworks": "networks: {}"}})
+    assert seen[-1].network_gateways == ()
+
+
+@pytest.mark.parametrize("text", ["[1]", "networks: [", "networks: {n2: {gateways: [{address: gw, port: 1}]}}"])
+def test_bad_mesh_networks_key_is_refused(text: str) -> None:
+    with pytest.raises(MeshConfigError, match="^ConfigMap istio-system/istio key meshNetworks"):
+        parse_mesh_networks(text, "ConfigMap istio-system/istio key meshNetworks")
 
 
 SERVICE = {"apiVersion": "networking.istio.io/v1", "kind": "ServiceEntry", "metadata": {"name": "echo", "namespace": "demo"},

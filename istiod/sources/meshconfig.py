@@ -1,5 +1,6 @@
 """The mesh config as istiod reads it: YAML from `--mesh-config FILE`, or in a cluster the
-ConfigMap `istio` (key `mesh`) in istiod's namespace; changes apply without a restart.
+ConfigMap `istio` (key `mesh`, and key `meshNetworks` for the networks) in istiod's namespace;
+changes apply without a restart.
 
 Fields istiod has that this one does not implement are named in one warning line, not refused:
 an Istio installation's ConfigMap carries many, and must still be read.
@@ -33,6 +34,7 @@ from istiod.sources.kube import Informer
 log = logging.getLogger(__name__)
 CONFIGMAP = "istio"
 CONFIGMAP_KEY = "mesh"
+MESH_NETWORKS_KEY = "meshNetworks"  # istiod's MeshNetworks, beside the mesh config (kubemesh.MeshNetworksKey)
 _FIELDS = ("trustDomain", "trustDomainAliases", "rootNamespace", "outboundTrafficPolicy", "enableAutoMtls", "defaultConfig",
            "discoverySelectors", "localityLbSetting", "extensionProviders", "protocolDetectionTimeout",
            "defaultServiceExportTo", "meshNetworks")
@@ -104,11 +106,30 @@ def _parse(f: _Fields, base: MeshConfig) -> MeshConfig:
 
 
 def _network_gateways(f: _Fields, base: MeshConfig) -> tuple[NetworkGateway, ...]:
+    if (mesh_networks := fields(f, "meshNetworks")) is None:
+        return base.network_gateways
+    return _mesh_networks(mesh_networks)
+
+
+def parse_mesh_networks(text: str, where: str) -> tuple[NetworkGateway, ...]:
+    """istiod's MeshNetworks YAML (`networks: ...`, the ConfigMap's key `meshNetworks`); raises
+    MeshConfigError naming the field."""
+    try:
+        body = yaml.safe_load(text) or {}
+    except yaml.YAMLError as error:
+        raise MeshConfigError(f"{where}: {' '.join(str(error).split())}") from None
+    if not isinstance(body, dict):
+        raise MeshConfigError(f"{where}: expected a map")
+    try:
+        return _mesh_networks(_Fields(where, body))
+    except ConversionError as error:
+        raise MeshConfigError(str(error)) from None
+
+
+def _mesh_networks(mesh_networks: _Fields) -> tuple[NetworkGateway, ...]:
     """meshNetworks' gateways by IP address. A network's `endpoints` (fromCidr, fromRegistry) and a
     gateway's registryServiceName are refused: workloads name their network themselves (WorkloadEntry
     `network`)."""
-    if (mesh_networks := fields(f, "meshNetworks")) is None:
-        return base.network_gateways
     only(mesh_networks, ("networks",))
     result = []
     for name, body in mesh_networks.get("networks", dict, {}).items():
@@ -299,7 +320,8 @@ class MeshFileWatcher:
 
 class MeshConfigMapWatcher:
     """Watches the ConfigMap `istio` (a revision's: `istio-<rev>`) in istiod's namespace (as an
-    informer's writer): its key `mesh` over the flags' values; deleting it goes back to those."""
+    informer's writer): its key `mesh` over the flags' values, and its key `meshNetworks`; deleting
+    it goes back to those values."""
 
     def __init__(self, api: client.ApiClient, namespace: str, base: MeshConfig, on_change: MeshListener,
                  watch_timeout: int = 300, name: str = CONFIGMAP) -> None:
@@ -310,10 +332,13 @@ class MeshConfigMapWatcher:
         self.informer = Informer("ConfigMap", call, self, watch_timeout)
 
     def apply(self, body: dict[str, Any]) -> object:
-        where = f"ConfigMap {self.namespace}/{self.name} key {CONFIGMAP_KEY}"
-        text = (body.get("data") or {}).get(CONFIGMAP_KEY, "")
+        where = f"ConfigMap {self.namespace}/{self.name} key"
+        data = body.get("data") or {}
         try:
-            mesh = parse_mesh_config(text, self.base, where)
+            mesh = parse_mesh_config(data.get(CONFIGMAP_KEY, ""), self.base, f"{where} {CONFIGMAP_KEY}")
+            if MESH_NETWORKS_KEY in data:  # as istiod, it replaces the networks the mesh key names
+                gateways = parse_mesh_networks(data[MESH_NETWORKS_KEY], f"{where} {MESH_NETWORKS_KEY}")
+                mesh = dataclasses.replace(mesh, network_gateways=gateways)
         except MeshConfigError as error:
             log.error("%s; keeping the last good mesh config", error)
             return None
