@@ -39,7 +39,7 @@ from istiod.status.gateway_api import GatewayStatusWriter
 from istiod.status.gateway_deployment import GatewayDeployer
 from istiod.listen import listen_tcp
 from istiod.memory import trim_when_free
-from istiod.model.mesh import MeshConfig
+from istiod.model.mesh import MeshConfig, NetworkGateway
 from istiod.model.names import join_host_port
 from istiod.revision import injector_configmap, mesh_configmap
 from istiod.secure import SecurePort
@@ -48,7 +48,7 @@ from istiod.sources.configdir import ConfigDirSource
 from istiod.sources.monitoring import record_change
 from istiod.sources.kube import KubeSource
 from istiod.jwks import JwksResolver
-from istiod.sources.meshconfig import MeshConfigMapWatcher, MeshFileWatcher
+from istiod.sources.meshconfig import MeshConfigMapWatcher, MeshFileWatcher, read_mesh_file, read_mesh_networks_file
 from istiod.sources.namespaces import NamespaceFilter, parse_selector
 from istiod.sources.store import Store
 from istiod.supervisor import Supervisor
@@ -117,12 +117,21 @@ class Discovery:
     def apply_mesh(self, mesh: MeshConfig) -> None:
         """A changed mesh config, applied without a restart: namespaces are filtered again and every
         proxy gets a full push. (The CA keeps the trust domain it started with.)"""
+        if self.settings.networks_config is not None:  # as istiod, the networks file wins over the ConfigMap's key
+            mesh = dataclasses.replace(mesh, network_gateways=self.pusher.mesh.network_gateways)
         self.pusher.mesh = mesh
         if isinstance(self.source, KubeSource):
             self.source.writer.reselect(mesh.discovery_selectors or self._flag_selectors)
         log.info(logs.event("mesh config applied", trust_domain=mesh.trust_domain, root_namespace=mesh.root_namespace,
                             outbound_traffic_policy=mesh.outbound_traffic_policy.value,
                             discovery_selectors=len(mesh.discovery_selectors)))
+        if self.ads.ready:
+            self.pusher.publish(full=True)
+
+    def apply_networks(self, gateways: tuple[NetworkGateway, ...]) -> None:
+        """The --networksConfig file changed: every proxy gets a full push (EDS differs per network)."""
+        self.pusher.mesh = dataclasses.replace(self.pusher.mesh, network_gateways=gateways)
+        log.info(logs.event("mesh networks applied", gateways=len(gateways)))
         if self.ads.ready:
             self.pusher.publish(full=True)
 
@@ -170,8 +179,13 @@ class Discovery:
     def _watch_mesh_config(self) -> None:
         """The mesh config after the CA, which must hold its root before anything else starts."""
         settings = self.settings
+        if settings.networks_config is not None:
+            networks = MeshFileWatcher(settings.networks_config, read_mesh_networks_file, self.apply_networks,
+                                       settings.poll_interval)
+            self._tasks.append(self.supervisor.start("mesh-networks", networks.run, restart=True))
         if settings.mesh_config is not None:
-            watcher = MeshFileWatcher(settings.mesh_config, settings.mesh_defaults, self.apply_mesh, settings.poll_interval)
+            watcher = MeshFileWatcher(settings.mesh_config, functools.partial(read_mesh_file, base=settings.mesh_defaults),
+                                      self.apply_mesh, settings.poll_interval)
             self._tasks.append(self.supervisor.start("mesh-config", watcher.run, restart=True))
         elif isinstance(self.source, KubeSource):
             configmap = MeshConfigMapWatcher(self.source.api, settings.namespace, settings.mesh_defaults,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import socket
@@ -84,6 +85,7 @@ class Settings:
     webhook_addr: Address = Address("", 15017)
     mesh_config: Path | None = None  # watched; in a cluster without it, the ConfigMap `istio` key `mesh`
     mesh_defaults: MeshConfig = MeshConfig()  # the flags' values, under whatever the mesh config sets
+    networks_config: Path | None = None  # meshNetworks, watched; its gateways win over the mesh config's
     injection_dir: Path | None = None  # `config` and `values`; in a cluster without it, the ConfigMap istio-sidecar-injector
     revision: str = "default"  # istio.io/rev this control plane serves: its config, webhooks and names (istiod's REVISION)
 
@@ -119,6 +121,9 @@ def add_discovery_flags(parser: argparse.ArgumentParser) -> None:
                         help="Istio mesh config YAML (trustDomain, rootNamespace, outboundTrafficPolicy, "
                              "enableAutoMtls, defaultConfig, discoverySelectors), watched; its fields win over "
                              "the flags (in a cluster without it: the ConfigMap istio, key mesh, in istiod's namespace)")
+    parser.add_argument("--networks-config", "--networksConfig", type=Path,
+                        help="Istio mesh networks YAML (networks: gateways), watched, when the file exists "
+                             "(else in a cluster: the ConfigMap istio, key meshNetworks)")
     parser.add_argument("--discovery-selector", dest="discovery_selectors", action="append", default=[],
                         metavar="SELECTOR",
                         help="only read namespaces whose labels match this Kubernetes label selector"
@@ -258,6 +263,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     for path, flag in ((args.debug_auth_token_file, "--debug-auth-token-file"),
                        (args.ca_static_tokens, "--ca-static-tokens"), (args.mesh_config, "--mesh-config")):
         _check_file(path, flag)
+    # As istiod: a networks file that does not exist leaves the networks to the ConfigMap's key.
+    networks_config = args.networks_config if args.networks_config and args.networks_config.exists() else None
+    _check_file(networks_config, "--networksConfig")
     _check_dir(args.plugged_ca_dir, "--plugged-ca-dir")
     _check_dir(args.injection_dir, "--injection-dir")
     if not DNS_1123_LABEL.fullmatch(args.revision):
@@ -292,7 +300,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         analysis_interval=args.analysis_interval,
         jwks_refresh_interval=env_default("PILOT_JWT_PUB_KEY_REFRESH_INTERVAL", "20m", _seconds),
         secure_grpc_addr=args.secure_grpc_addr,
-        mesh=_mesh(args.mesh_config, defaults),
+        mesh=_mesh(args.mesh_config, networks_config, defaults),
+        networks_config=networks_config,
         mesh_defaults=defaults,
         webhook_addr=args.webhook_addr,
         ca=ca,
@@ -324,12 +333,16 @@ def _check_file(path: Path | None, flag: str) -> None:
         raise SystemExit(f"istiod discovery: {flag} {path}: {'is not a file' if path.exists() else 'no such file'}")
 
 
-def _mesh(path: Path | None, defaults: MeshConfig) -> MeshConfig:
-    """The flags' mesh config under what the mesh config file sets."""
+def _mesh(path: Path | None, networks: Path | None, defaults: MeshConfig) -> MeshConfig:
+    """The flags' mesh config under what the mesh config file sets, with the networks file's gateways."""
     # Late: the watcher module loads the Kubernetes client, which the other commands do without.
-    from istiod.sources.meshconfig import MeshConfigError, read_mesh_file
+    from istiod.sources.meshconfig import MeshConfigError, read_mesh_file, read_mesh_networks_file
 
     try:
-        return read_mesh_file(path, defaults) if path else defaults
+        mesh = read_mesh_file(path, defaults) if path else defaults
     except MeshConfigError as error:
         raise SystemExit(f"istiod discovery: --mesh-config: {error}") from None
+    try:
+        return dataclasses.replace(mesh, network_gateways=read_mesh_networks_file(networks)) if networks else mesh
+    except MeshConfigError as error:
+        raise SystemExit(f"istiod discovery: --networksConfig: {error}") from None

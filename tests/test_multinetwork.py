@@ -3,9 +3,14 @@ network filter: endpoints of another network replaced by its gateways, per netwo
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
+import yaml
 from envoy.config.endpoint.v3 import endpoint_pb2
 
+from istiod.cli import build_parser
 from istiod.model.builder import build_snapshot
 from istiod.model.entries import TLS_MODE_LABEL
 from istiod.model.mesh import MeshConfig, NetworkGateway
@@ -13,11 +18,15 @@ from istiod.model.proxy import Proxy, proxy_from_node
 from istiod.model.service import Endpoint, Locality
 from istiod.model.snapshot import Snapshot
 from istiod.sources.meshconfig import MeshConfigError, MeshConfigMapWatcher, parse_mesh_config, parse_mesh_networks
+from istiod.settings import settings_from_args
 from istiod.sources.store import Store
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.gen import PROXYLESS_GRPC, SIDECAR
 from istiod.xds.gen.network import by_network
+from tests.ads_client import AdsClient
+from tests.peers import Istiod, eventually
+from tests.test_configdir import touch
 
 MTLS = ((TLS_MODE_LABEL, "istio"),)
 GW_N2 = NetworkGateway("n2", "192.0.2.2", 15443)
@@ -201,3 +210,49 @@ def test_proxyless_clients_share_assignments_per_network() -> None:
             for name, ip, network in (("a", "10.0.1.5", "n1"), ("b", "10.0.1.6", "n1"), ("c", "10.0.2.5", "n2"))}
     assert addresses(made["a"]) == ["10.0.1.1", "192.0.2.2"] and addresses(made["c"]) == ["10.0.1.1", "10.0.2.1"]
     assert made["a"][0] is made["b"][0]  # one network, one assignment
+
+
+def test_networks_config_flag_wins_and_a_missing_file_is_left_to_the_configmap(tmp_path: Path) -> None:
+    """pilot-discovery's --networksConfig: when the file exists its networks win over the mesh
+    config's; when it does not, istiod goes on (in a cluster, the ConfigMap's key decides)."""
+    (tmp_path / "mesh.yaml").write_text("meshNetworks: {networks: {n9: {gateways: [{address: 192.0.2.9, port: 1}]}}}")
+    (tmp_path / "networks.yaml").write_text(MESH_NETWORKS.replace("meshNetworks:\n", ""))
+
+    def settings(networks: str) -> tuple[NetworkGateway, ...]:
+        args = build_parser().parse_args(["discovery", "--config-dir", str(tmp_path), "--mesh-config",
+                                          str(tmp_path / "mesh.yaml"), "--networksConfig", str(tmp_path / networks)])
+        return settings_from_args(args).mesh.network_gateways
+
+    assert settings("networks.yaml") == GATEWAYS
+    assert settings("absent.yaml") == (NetworkGateway("n9", "192.0.2.9", 1),)
+    (tmp_path / "bad.yaml").write_text("networks: {n2: {endpoints: [{fromRegistry: Kubernetes}]}}")
+    with pytest.raises(SystemExit, match=f"--networksConfig: mesh networks {tmp_path}/bad.yaml.networks.n2: endpoints"):
+        settings("bad.yaml")
+
+
+async def test_running_istiod_watches_the_networks_file(tmp_path: Path, start_istiod: Callable[..., Istiod]) -> None:
+    config = tmp_path / "config"
+    config.mkdir()
+    config.joinpath("mesh.yaml").write_text(yaml.safe_dump_all([
+        SERVICE, *({**e, "spec": {**e["spec"], "labels": {"app": "echo", TLS_MODE_LABEL: "istio"}}}  # type: ignore[dict-item]
+                   for e in (_entry("local", "10.0.1.1", "n1"), _entry("remote", "10.0.2.1", "n2")))]))
+    networks = tmp_path / "networks.yaml"
+    networks.write_text("networks: {n2: {gateways: [{address: 192.0.2.2, port: 15443}]}}")
+    istiod = start_istiod(config, "--networksConfig", str(networks))
+    ads = AdsClient(istiod.xds_address, "sidecar~10.0.1.5~a.demo~demo.svc.cluster.local", "demo")
+    ads.node.metadata.update({"NETWORK": "n1"})
+    names = ["outbound|80||echo.demo.svc.cluster.local"]
+
+    def addresses(response: object) -> list[str]:
+        assignment = endpoint_pb2.ClusterLoadAssignment.FromString(getattr(response, "resources")[0].value)
+        return sorted(e.endpoint.address.socket_address.address for g in assignment.endpoints for e in g.lb_endpoints)
+
+    try:
+        assert addresses(await ads.subscribe(types.ENDPOINT, names)) == ["10.0.1.1", "192.0.2.2"]
+        touch(networks, "networks: {n2: {gateways: [{address: 192.0.2.7, port: 15443}]}}")
+        assert addresses(await ads.receive()) == ["10.0.1.1", "192.0.2.7"]  # re-pushed, no restart
+        touch(networks, "networks: {n2: {gateways: [{address: gw, port: 15443}]}}")
+        await eventually(lambda: "keeping the last good mesh config" in istiod.log(), 10, "the bad edit refused")
+        assert "mesh networks" in istiod.log() and "is not a valid IP" in istiod.log()
+    finally:
+        await ads.close()

@@ -17,7 +17,7 @@ import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import yaml
 from kubernetes_asyncio import client
@@ -34,6 +34,7 @@ from istiod.sources.kube import Informer
 log = logging.getLogger(__name__)
 CONFIGMAP = "istio"
 CONFIGMAP_KEY = "mesh"
+T = TypeVar("T")
 MESH_NETWORKS_KEY = "meshNetworks"  # istiod's MeshNetworks, beside the mesh config (kubemesh.MeshNetworksKey)
 _FIELDS = ("trustDomain", "trustDomainAliases", "rootNamespace", "outboundTrafficPolicy", "enableAutoMtls", "defaultConfig",
            "discoverySelectors", "localityLbSetting", "extensionProviders", "protocolDetectionTimeout",
@@ -286,14 +287,24 @@ def read_mesh_file(path: Path, base: MeshConfig) -> MeshConfig:
     return parse_mesh_config(text, base, f"mesh config {path}")
 
 
+def read_mesh_networks_file(path: Path) -> tuple[NetworkGateway, ...]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise MeshConfigError(f"mesh networks {path}: {error.strerror or error}") from None
+    return parse_mesh_networks(text, f"mesh networks {path}")
+
+
 MeshListener = Callable[[MeshConfig], None]
 
 
-class MeshFileWatcher:
-    """Polls the file; a bad edit is logged and the last good mesh config stays."""
+class MeshFileWatcher(Generic[T]):
+    """Polls the file (the mesh config's, or the mesh networks'); a bad edit is logged and the last
+    good value stays."""
 
-    def __init__(self, path: Path, base: MeshConfig, on_change: MeshListener, poll_interval: float = 1.0) -> None:
-        self.path, self.base, self.on_change, self.poll_interval = path, base, on_change, poll_interval
+    def __init__(self, path: Path, read: Callable[[Path], T], on_change: Callable[[T], None],
+                 poll_interval: float = 1.0) -> None:
+        self.path, self.read, self.on_change, self.poll_interval = path, read, on_change, poll_interval
         self._signature = self._stat()
 
     def _stat(self) -> tuple[int, int] | None:
@@ -311,11 +322,11 @@ class MeshFileWatcher:
                 continue
             self._signature = signature
             try:
-                mesh = await asyncio.to_thread(read_mesh_file, self.path, self.base)
+                value = await asyncio.to_thread(self.read, self.path)
             except MeshConfigError as error:
                 log.error("%s; keeping the last good mesh config", error)
                 continue
-            self.on_change(mesh)
+            self.on_change(value)
 
 
 class MeshConfigMapWatcher:
