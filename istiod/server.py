@@ -39,7 +39,7 @@ from istiod.status.gateway_api import GatewayStatusWriter
 from istiod.status.gateway_deployment import GatewayDeployer
 from istiod.listen import listen_tcp
 from istiod.memory import trim_when_free
-from istiod.model.mesh import MeshConfig, NetworkGateway
+from istiod.model.mesh import MeshConfig
 from istiod.model.names import join_host_port
 from istiod.revision import injector_configmap, mesh_configmap
 from istiod.secure import SecurePort
@@ -48,7 +48,8 @@ from istiod.sources.configdir import ConfigDirSource
 from istiod.sources.monitoring import record_change
 from istiod.sources.kube import KubeSource
 from istiod.jwks import JwksResolver
-from istiod.sources.meshconfig import MeshConfigMapWatcher, MeshFileWatcher, read_mesh_file, read_mesh_networks_file
+from istiod.sources.meshconfig import (MeshConfigMapWatcher, MeshFileWatcher, MeshNetworks, read_mesh_file,
+                                       read_mesh_networks_file)
 from istiod.sources.namespaces import NamespaceFilter, parse_selector
 from istiod.sources.store import Store
 from istiod.supervisor import Supervisor
@@ -118,7 +119,7 @@ class Discovery:
         """A changed mesh config, applied without a restart: namespaces are filtered again and every
         proxy gets a full push. (The CA keeps the trust domain it started with.)"""
         if self.settings.networks_config is not None:  # as istiod, the networks file wins over the ConfigMap's key
-            mesh = dataclasses.replace(mesh, network_gateways=self.pusher.mesh.network_gateways)
+            mesh = MeshNetworks.of(self.pusher.mesh).apply(mesh)
         self.pusher.mesh = mesh
         if isinstance(self.source, KubeSource):
             self.source.writer.reselect(mesh.discovery_selectors or self._flag_selectors)
@@ -128,10 +129,10 @@ class Discovery:
         if self.ads.ready:
             self.pusher.publish(full=True)
 
-    def apply_networks(self, gateways: tuple[NetworkGateway, ...]) -> None:
+    def apply_networks(self, networks: MeshNetworks) -> None:
         """The --networksConfig file changed: every proxy gets a full push (EDS differs per network)."""
-        self.pusher.mesh = dataclasses.replace(self.pusher.mesh, network_gateways=gateways)
-        log.info(logs.event("mesh networks applied", gateways=len(gateways)))
+        self.pusher.mesh = networks.apply(self.pusher.mesh)
+        log.info(logs.event("mesh networks applied", gateways=len(networks.network_gateways)))
         if self.ads.ready:
             self.pusher.publish(full=True)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import os
 import socket
@@ -343,6 +342,6 @@ def _mesh(path: Path | None, networks: Path | None, defaults: MeshConfig) -> Mes
     except MeshConfigError as error:
         raise SystemExit(f"istiod discovery: --mesh-config: {error}") from None
     try:
-        return dataclasses.replace(mesh, network_gateways=read_mesh_networks_file(networks)) if networks else mesh
+        return read_mesh_networks_file(networks).apply(mesh) if networks else mesh
     except MeshConfigError as error:
         raise SystemExit(f"istiod discovery: --networksConfig: {error}") from None

@@ -40,7 +40,7 @@ def _addresses(endpoints: tuple[Endpoint, ...]) -> dict[tuple[str, int], int]:
 
 def test_without_gateways_nothing_changes() -> None:
     endpoints = (Endpoint("10.0.0.1", 80, 80, network="n2"), Endpoint("10.0.0.2", 80, 80, network="n1"))
-    assert by_network(endpoints, "n1", ()) is endpoints
+    assert by_network(endpoints, "n1", MeshConfig(network_gateways=())) is endpoints
 
 
 def test_remote_endpoints_become_their_gateways_weighted_by_count() -> None:
@@ -52,18 +52,18 @@ def test_remote_endpoints_become_their_gateways_weighted_by_count() -> None:
         Endpoint("10.0.9.1", 80, 80, labels=MTLS),  # no network: reached directly from every network
     )
     # Scale 2 (lcm of 1 and 2 gateways): n2's endpoints weigh (1+3)*2; n3's one endpoint splits in two.
-    assert _addresses(by_network(endpoints, "n1", GATEWAYS)) == {
+    assert _addresses(by_network(endpoints, "n1", MeshConfig(network_gateways=GATEWAYS))) == {
         ("10.0.1.1", 80): 2, ("10.0.9.1", 80): 2,
         ("192.0.2.2", 15443): 8, ("192.0.2.3", 15443): 1, ("192.0.2.4", 15443): 1}
     # From n2, its own endpoints are direct and n1's (which has no gateway) too.
-    assert _addresses(by_network(endpoints, "n2", GATEWAYS)) == {
+    assert _addresses(by_network(endpoints, "n2", MeshConfig(network_gateways=GATEWAYS))) == {
         ("10.0.1.1", 80): 2, ("10.0.2.1", 80): 2, ("10.0.2.2", 80): 6, ("10.0.9.1", 80): 2,
         ("192.0.2.3", 15443): 1, ("192.0.2.4", 15443): 1}
 
 
 def test_gateway_endpoint_is_mtls_and_keeps_the_locality() -> None:
     where = Locality("r1", "z1")
-    [gateway] = by_network((Endpoint("10.0.2.1", 80, 80, labels=MTLS, network="n2", locality=where),), "n1", (GW_N2,))
+    [gateway] = by_network((Endpoint("10.0.2.1", 80, 80, labels=MTLS, network="n2", locality=where),), "n1", MeshConfig(network_gateways=(GW_N2,)))
     assert (gateway.address, gateway.port, gateway.locality, gateway.network) == ("192.0.2.2", 15443, where, "n2")
     assert dict(gateway.labels)[TLS_MODE_LABEL] == "istio"
 
@@ -71,12 +71,12 @@ def test_gateway_endpoint_is_mtls_and_keeps_the_locality() -> None:
 def test_plaintext_and_unready_remote_endpoints_are_dropped() -> None:
     endpoints = (Endpoint("10.0.2.1", 80, 80, network="n2"),  # no sidecar: the gateway could not route it
                  Endpoint("10.0.2.2", 80, 80, labels=MTLS, network="n2", healthy=False))
-    assert by_network(endpoints, "n1", (GW_N2,)) == ()
+    assert by_network(endpoints, "n1", MeshConfig(network_gateways=(GW_N2,))) == ()
 
 
 def test_proxy_without_network_goes_through_the_gateway() -> None:
     # istiod: an unset ISTIO_META_NETWORK still crosses by gateway to a network that has one.
-    [gateway] = by_network((Endpoint("10.0.2.1", 80, 80, labels=MTLS, network="n2"),), "", (GW_N2,))
+    [gateway] = by_network((Endpoint("10.0.2.1", 80, 80, labels=MTLS, network="n2"),), "", MeshConfig(network_gateways=(GW_N2,)))
     assert gateway.address == "192.0.2.2"
 
 
@@ -104,7 +104,7 @@ def test_mesh_networks_gateways_are_read() -> None:
     ("meshNetworks: {networks: {n2: {gateways: [{address: 192.0.2.2, port: 70000}]}}}", "port: 70000 is not in 1-65535"),
     ("meshNetworks: {networks: {n2: {gateways: [{registryServiceName: eastwest.istio-system.svc.cluster.local, "
      "port: 15443}]}}}", "registryServiceName is not supported"),
-    ("meshNetworks: {networks: {n2: {endpoints: [{fromCidr: 10.0.2.0/24}]}}}", "endpoints is not supported"),
+    ("meshNetworks: {networks: {n2: {endpoints: [{fromCidr: 10.0.2.0/240}]}}}", "is not a valid CIDR block"),
     ("meshNetworks: {networks: {n2: [1]}}", "networks.n2: expected a map"),
     ("meshNetworks: {networkz: {}}", "unknown field 'networkz'"),
 ])
@@ -117,7 +117,7 @@ def test_the_configmaps_mesh_networks_key_is_read_and_wins(caplog: pytest.LogCap
     """istiod reads MeshNetworks from the ConfigMap's key `meshNetworks`; it replaces the networks
     the key `mesh` names, a bad edit keeps the last good networks, and without it the mesh's stay."""
     key = MESH_NETWORKS.replace("meshNetworks:\n", "")
-    assert parse_mesh_networks(key, "k") == GATEWAYS
+    assert parse_mesh_networks(key, "k").network_gateways == GATEWAYS
     seen: list[MeshConfig] = []
     watcher = MeshConfigMapWatcher.__new__(MeshConfigMapWatcher)  # no API client: only the writer side
     watcher.namespace, watcher.name, watcher.base, watcher.on_change = "istio-system", "istio", MeshConfig(), seen.append
@@ -125,9 +125,9 @@ def test_the_configmaps_mesh_networks_key_is_read_and_wins(caplog: pytest.LogCap
     mesh_key = "meshNetworks: {networks: {n9: {gateways: [{address: 192.0.2.9, port: 15443}]}}}"
     watcher.replace("ConfigMap", [{"data": {"mesh": mesh_key, "meshNetworks": key}}])
     assert seen[-1].network_gateways == GATEWAYS
-    watcher.apply({"data": {"mesh": "", "meshNetworks": "networks: {n2: {endpoints: [{fromCidr: 10.0.2.0/24}]}}"}})
+    watcher.apply({"data": {"mesh": "", "meshNetworks": "networks: {n2: {endpoints: [{fromCidr: 10.0.2.0/99}]}}"}})
     assert watcher.mesh.network_gateways == GATEWAYS and len(seen) == 1
-    assert "ConfigMap istio-system/istio key meshNetworks.networks.n2: endpoints is not supported" in caplog.text
+    assert "ConfigMap istio-system/istio key meshNetworks.networks.n2.endpoints[0]: invalid network n2" in caplog.text
     watcher.apply({"data": {"mesh": mesh_key}})
     assert seen[-1].network_gateways == (NetworkGateway("n9", "192.0.2.9", 15443),)
     watcher.apply({"data": {"meshNetworks": "networks: {}"}})
@@ -212,6 +212,39 @@ def test_proxyless_clients_share_assignments_per_network() -> None:
     assert made["a"][0] is made["b"][0]  # one network, one assignment
 
 
+def test_endpoints_without_a_network_take_from_registry_else_from_cidr() -> None:
+    """meshNetworks' endpoints, as istiod's kube registry: `fromRegistry` naming our cluster ID
+    (Kubernetes) puts every endpoint without a network of its own there, else `fromCidr` does by IP;
+    an endpoint's own network always wins."""
+    text = """networks:
+  n2:
+    endpoints: [{fromCidr: 10.0.2.0/24}]
+    gateways: [{address: 192.0.2.2, port: 15443}]
+  n3:
+    endpoints: [{fromCidr: 10.0.3.7/24}, {fromRegistry: other-cluster}]
+    gateways: [{address: 192.0.2.3, port: 15443}]
+"""
+    mesh = parse_mesh_networks(text, "k").apply(MeshConfig())
+    assert mesh.registry_network == "" and [c.cidr for c in mesh.network_cidrs] == ["10.0.2.0/24", "10.0.3.7/24"]
+    endpoints = (Endpoint("10.0.1.1", 80, 80, labels=MTLS), Endpoint("10.0.2.1", 80, 80, labels=MTLS),
+                 Endpoint("10.0.3.1", 80, 80, labels=MTLS), Endpoint("10.0.3.2", 80, 80, labels=MTLS, network="n1"))
+    assert _addresses(by_network(endpoints, "n1", mesh)) == {
+        ("10.0.1.1", 80): 0, ("10.0.3.2", 80): 0, ("192.0.2.2", 15443): 1, ("192.0.2.3", 15443): 1}  # 0: unset
+    registry = parse_mesh_networks(text + "  n4: {endpoints: [{fromRegistry: Kubernetes}]}\n", "k").apply(MeshConfig())
+    assert registry.registry_network == "n4"  # n4 has no gateway: every registry endpoint is reached directly
+    assert _addresses(by_network(endpoints, "n1", registry)) == {(e.address, 80): 0 for e in endpoints}
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    ("networks: {n2: {endpoints: [{fromCidr: 10.0.2.0/33}]}}", "invalid network n2: 10.0.2.0/33 is not a valid CIDR block"),
+    ("networks: {n2: {endpoints: [{fromRegistry: Bad_Cluster}]}}", "invalid network n2: invalid registry name: Bad_Cluster"),
+    ("networks: {n2: {endpoints: [{fromZone: a}]}}", "unknown field 'fromZone'"),
+])
+def test_bad_network_endpoints_name_the_field(text: str, error: str) -> None:
+    with pytest.raises(MeshConfigError, match=error):
+        parse_mesh_networks(text, "k")
+
+
 def test_networks_config_flag_wins_and_a_missing_file_is_left_to_the_configmap(tmp_path: Path) -> None:
     """pilot-discovery's --networksConfig: when the file exists its networks win over the mesh
     config's; when it does not, istiod goes on (in a cluster, the ConfigMap's key decides)."""
@@ -225,8 +258,8 @@ def test_networks_config_flag_wins_and_a_missing_file_is_left_to_the_configmap(t
 
     assert settings("networks.yaml") == GATEWAYS
     assert settings("absent.yaml") == (NetworkGateway("n9", "192.0.2.9", 1),)
-    (tmp_path / "bad.yaml").write_text("networks: {n2: {endpoints: [{fromRegistry: Kubernetes}]}}")
-    with pytest.raises(SystemExit, match=f"--networksConfig: mesh networks {tmp_path}/bad.yaml.networks.n2: endpoints"):
+    (tmp_path / "bad.yaml").write_text("networks: {n2: {endpoints: [{fromRegistry: Bad_Name}]}}")
+    with pytest.raises(SystemExit, match=f"--networksConfig: mesh networks {tmp_path}/bad.yaml.networks.n2.endpoints"):
         settings("bad.yaml")
 
 

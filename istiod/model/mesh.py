@@ -23,6 +23,15 @@ class NetworkGateway:
     port: int
 
 
+@dataclass(frozen=True, slots=True, order=True)
+class NetworkCidr:
+    """meshNetworks' `endpoints: [{fromCidr}]`: endpoints without a network of their own whose IP
+    is in `cidr` are in `network`."""
+
+    network: str
+    cidr: str
+
+
 class OutboundTrafficPolicy(enum.Enum):
     ALLOW_ANY = "ALLOW_ANY"
     REGISTRY_ONLY = "REGISTRY_ONLY"
@@ -91,3 +100,7 @@ class MeshConfig:
     # The exportTo of Services and ServiceEntries that set none (empty: Istio's default, `*`).
     default_service_export_to: tuple[str, ...] = ()
     network_gateways: tuple[NetworkGateway, ...] = ()  # meshNetworks' gateways, sorted
+    # The network of endpoints without one of their own: meshNetworks' `fromRegistry` naming our
+    # cluster ID (it wins, as istiod), else the first `fromCidr` holding the IP.
+    registry_network: str = ""
+    network_cidrs: tuple[NetworkCidr, ...] = ()

@@ -24,8 +24,9 @@ from kubernetes_asyncio import client
 
 from istiod.model.config.networking import LocalityLbSetting
 from istiod.model.labels import EXPRESSION_OPERATORS, Requirement, Selector
+from istiod.model.names import DEFAULT_CLUSTER_ID
 from istiod.durations import parse_duration
-from istiod.model.mesh import ExtAuthzProvider, MeshConfig, NetworkGateway, OutboundTrafficPolicy, ProxyConfig, RequestBody
+from istiod.model.mesh import ExtAuthzProvider, MeshConfig, NetworkCidr, NetworkGateway, OutboundTrafficPolicy, ProxyConfig, RequestBody
 from istiod.sources.fields import ConversionError, _Fields
 from istiod.sources.istio.common import check_label, dns1123_label, fields, items, only, port, str_list
 from istiod.sources.istio.networking import locality_lb_setting
@@ -87,7 +88,7 @@ def _parse(f: _Fields, base: MeshConfig) -> MeshConfig:
     selectors = base.discovery_selectors
     if "discoverySelectors" in f.body:
         selectors = tuple(_label_selector(s) for s in items(f, "discoverySelectors"))
-    return dataclasses.replace(
+    return _networks(f, base).apply(dataclasses.replace(
         base,
         trust_domain=f.get("trustDomain", str, base.trust_domain) or base.trust_domain,
         trust_domain_aliases=str_list(f, "trustDomainAliases") if "trustDomainAliases" in f.body
@@ -102,17 +103,33 @@ def _parse(f: _Fields, base: MeshConfig) -> MeshConfig:
         extension_providers=providers,
         protocol_detection_timeout=_protocol_detection_timeout(f, base),
         default_service_export_to=_default_export_to(f, "defaultServiceExportTo", base.default_service_export_to),
-        network_gateways=_network_gateways(f, base),
-    )
+    ))
 
 
-def _network_gateways(f: _Fields, base: MeshConfig) -> tuple[NetworkGateway, ...]:
+def _networks(f: _Fields, base: MeshConfig) -> MeshNetworks:
     if (mesh_networks := fields(f, "meshNetworks")) is None:
-        return base.network_gateways
+        return MeshNetworks.of(base)
     return _mesh_networks(mesh_networks)
 
 
-def parse_mesh_networks(text: str, where: str) -> tuple[NetworkGateway, ...]:
+@dataclasses.dataclass(frozen=True, slots=True)
+class MeshNetworks:
+    """istiod's MeshNetworks, as MeshConfig's fields hold it."""
+
+    network_gateways: tuple[NetworkGateway, ...] = ()
+    registry_network: str = ""
+    network_cidrs: tuple[NetworkCidr, ...] = ()
+
+    def apply(self, mesh: MeshConfig) -> MeshConfig:
+        return dataclasses.replace(mesh, network_gateways=self.network_gateways, registry_network=self.registry_network,
+                                   network_cidrs=self.network_cidrs)
+
+    @classmethod
+    def of(cls, mesh: MeshConfig) -> MeshNetworks:
+        return cls(mesh.network_gateways, mesh.registry_network, mesh.network_cidrs)
+
+
+def parse_mesh_networks(text: str, where: str) -> MeshNetworks:
     """istiod's MeshNetworks YAML (`networks: ...`, the ConfigMap's key `meshNetworks`); raises
     MeshConfigError naming the field."""
     try:
@@ -127,17 +144,31 @@ def parse_mesh_networks(text: str, where: str) -> tuple[NetworkGateway, ...]:
         raise MeshConfigError(str(error)) from None
 
 
-def _mesh_networks(mesh_networks: _Fields) -> tuple[NetworkGateway, ...]:
-    """meshNetworks' gateways by IP address. A network's `endpoints` (fromCidr, fromRegistry) and a
-    gateway's registryServiceName are refused: workloads name their network themselves (WorkloadEntry
-    `network`)."""
+def _mesh_networks(mesh_networks: _Fields) -> MeshNetworks:
+    """meshNetworks' gateways by IP address, and the networks of endpoints without one of their own
+    (`fromRegistry` naming our cluster ID, `fromCidr`). A gateway's registryServiceName is refused."""
     only(mesh_networks, ("networks",))
-    result = []
-    for name, body in mesh_networks.get("networks", dict, {}).items():
+    gateways, cidrs, registry = [], [], []
+    for name, body in sorted(mesh_networks.get("networks", dict, {}).items()):
         if not isinstance(body, dict):
             raise mesh_networks.fail(f"networks.{name}: expected a map")
         network = _Fields(f"{mesh_networks.key}.networks.{name}", body)
-        only(network, ("gateways",), ("endpoints",))
+        only(network, ("gateways", "endpoints"))
+        for endpoints in items(network, "endpoints"):
+            only(endpoints, ("fromCidr", "fromRegistry"))
+            if "fromCidr" in endpoints.body:
+                cidr = endpoints.get("fromCidr", str, "")
+                try:
+                    ipaddress.ip_network(cidr, strict=False)
+                except ValueError:
+                    raise endpoints.fail(f"invalid network {name}: {cidr} is not a valid CIDR block") from None
+                cidrs.append(NetworkCidr(str(name), cidr))
+            if "fromRegistry" in endpoints.body:
+                cluster = endpoints.get("fromRegistry", str, "")
+                if not dns1123_label(cluster):
+                    raise endpoints.fail(f"invalid network {name}: invalid registry name: {cluster}")
+                if cluster == DEFAULT_CLUSTER_ID:  # another cluster's registry: none of our endpoints
+                    registry.append(str(name))
         for gateway in items(network, "gateways"):
             only(gateway, ("address", "port"), ("registryServiceName", "locality"))
             address = gateway.get("address", str, "")
@@ -150,8 +181,11 @@ def _mesh_networks(mesh_networks: _Fields) -> tuple[NetworkGateway, ...]:
             number = port(gateway, "port")
             if number is None:
                 raise gateway.fail(f"invalid network {name}: port number 0 must be in the range 1..65535")
-            result.append(NetworkGateway(str(name), address, number))
-    return tuple(sorted(result))
+            gateways.append(NetworkGateway(str(name), address, number))
+    if len(registry) > 1:  # istiod's warning; it keeps one (we, the first by name)
+        log.warning("%s: multiple networks specify %s in fromRegistry; endpoints from %s will continue to be treated "
+                    "as part of %s", mesh_networks.key, DEFAULT_CLUSTER_ID, DEFAULT_CLUSTER_ID, registry[0])
+    return MeshNetworks(tuple(sorted(gateways)), registry[0] if registry else "", tuple(cidrs))
 
 
 def _default_export_to(f: _Fields, field: str, base: tuple[str, ...]) -> tuple[str, ...]:
@@ -287,7 +321,7 @@ def read_mesh_file(path: Path, base: MeshConfig) -> MeshConfig:
     return parse_mesh_config(text, base, f"mesh config {path}")
 
 
-def read_mesh_networks_file(path: Path) -> tuple[NetworkGateway, ...]:
+def read_mesh_networks_file(path: Path) -> MeshNetworks:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
@@ -348,8 +382,7 @@ class MeshConfigMapWatcher:
         try:
             mesh = parse_mesh_config(data.get(CONFIGMAP_KEY, ""), self.base, f"{where} {CONFIGMAP_KEY}")
             if MESH_NETWORKS_KEY in data:  # as istiod, it replaces the networks the mesh key names
-                gateways = parse_mesh_networks(data[MESH_NETWORKS_KEY], f"{where} {MESH_NETWORKS_KEY}")
-                mesh = dataclasses.replace(mesh, network_gateways=gateways)
+                mesh = parse_mesh_networks(data[MESH_NETWORKS_KEY], f"{where} {MESH_NETWORKS_KEY}").apply(mesh)
         except MeshConfigError as error:
             log.error("%s; keeping the last good mesh config", error)
             return None

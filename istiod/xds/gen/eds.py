@@ -59,7 +59,7 @@ def assignments(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache
         result.append(cache.get(types.ENDPOINT, target.name, (endpoint_list, target.subset, target.rule, snapshot.mesh),
                                 lambda: load_assignment(target.name, network.by_network(
                                     subset_endpoints(endpoint_list, target.subset), proxy.network,
-                                    snapshot.mesh.network_gateways), lb, near),
+                                    snapshot.mesh), lb, near),
                                 scope=scope))
     return result
 

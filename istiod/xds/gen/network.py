@@ -1,25 +1,31 @@
 """Split-horizon EDS (istiod's EndpointsByNetworkFilter): for a proxy in one network, the endpoints
 of another network that has gateways are replaced by those gateways, weighted by the endpoints
 behind each. Only mTLS endpoints cross (the gateway routes by the SNI of Istio's mTLS); a network
-without a gateway keeps its endpoints as they are, as istiod does for sidecars."""
+without a gateway keeps its endpoints as they are, as istiod does for sidecars. An endpoint without
+a network of its own is in meshNetworks' `fromRegistry` network, else its `fromCidr` one."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import ipaddress
 import math
 from collections import defaultdict
 
 from istiod.model.entries import TLS_MODE_LABEL
-from istiod.model.mesh import NetworkGateway
+from istiod.model.mesh import MeshConfig, NetworkCidr, NetworkGateway
 from istiod.model.service import Endpoint, Locality
 
 
-def by_network(endpoint_list: tuple[Endpoint, ...], network: str,
-               gateways: tuple[NetworkGateway, ...]) -> tuple[Endpoint, ...]:
+def by_network(endpoint_list: tuple[Endpoint, ...], network: str, mesh: MeshConfig) -> tuple[Endpoint, ...]:
     """What a proxy in `network` ("" when its NETWORK is unset) is sent. Without gateways the mesh
     is one network and nothing changes."""
+    gateways = mesh.network_gateways
     if not gateways:
         return endpoint_list
+    if mesh.registry_network or mesh.network_cidrs:
+        endpoint_list = tuple(e if e.network else dataclasses.replace(e, network=endpoint_network(e.address, mesh))
+                              for e in endpoint_list)
     per_network: dict[str, list[NetworkGateway]] = defaultdict(list)
     for gateway in gateways:
         per_network[gateway.network].append(gateway)
@@ -41,3 +47,20 @@ def by_network(endpoint_list: tuple[Endpoint, ...], network: str,
         result.append(Endpoint(address=gateway.address, port=gateway.port, service_port=0, locality=where,
                                labels=((TLS_MODE_LABEL, "istio"),), network=gateway.network, weight=weight))
     return tuple(result)
+
+
+def endpoint_network(address: str, mesh: MeshConfig) -> str:
+    """The network of an endpoint that names none: meshNetworks' `fromRegistry` (our cluster's
+    endpoints), else the first `fromCidr` holding its IP, else none (as istiod's kube registry)."""
+    if mesh.registry_network:
+        return mesh.registry_network
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return ""
+    return next((c.network for c in mesh.network_cidrs if ip in _cidr(c)), "")
+
+
+@functools.lru_cache(maxsize=256)
+def _cidr(cidr: NetworkCidr) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    return ipaddress.ip_network(cidr.cidr, strict=False)
