@@ -273,8 +273,10 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         _check_dir(args.ports_file.parent, "--ports-file: the directory")
     if args.config_dir is not None and args.ca_state_dir.exists():  # else created at start; unused with a cluster
         _check_dir(args.ca_state_dir, "--ca-state-dir")
+    namespace = os.environ.get("POD_NAMESPACE", "istio-system")
     defaults = MeshConfig(trust_domain=args.trust_domain, mtls=args.mtls,
-                          outbound_traffic_policy=OutboundTrafficPolicy(args.outbound_traffic_policy))
+                          outbound_traffic_policy=OutboundTrafficPolicy(args.outbound_traffic_policy),
+                          system_namespace=namespace)
     return Settings(
         config_dir=args.config_dir,
         grpc_addr=args.grpc_addr,
@@ -291,7 +293,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         discovery_selectors=tuple(args.discovery_selectors),
         watch_timeout=int(args.watch_timeout),
         mesh_config=args.mesh_config,
-        namespace=os.environ.get("POD_NAMESPACE", "istio-system"),
+        namespace=namespace,
         # Outside a pod, two istiods on one host must not share an identity.
         pod_name=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
         leader=leader,

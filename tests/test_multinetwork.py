@@ -3,6 +3,7 @@ network filter: endpoints of another network replaced by its gateways, per netwo
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
@@ -289,3 +290,24 @@ async def test_running_istiod_watches_the_networks_file(tmp_path: Path, start_is
         assert "mesh networks" in istiod.log() and "is not a valid IP" in istiod.log()
     finally:
         await ads.close()
+
+
+def test_the_label_of_istiods_namespace_is_the_default_network() -> None:
+    """As istiod's kube registry: an endpoint without a network is in the network labelled on the
+    system namespace (before meshNetworks' fromRegistry/fromCidr); a relabel changes EDS."""
+    store = Store()
+    mtls = {"app": "echo", TLS_MODE_LABEL: "istio"}
+    for document in (SERVICE, _entry("local", "10.0.1.1", "n1"), _entry("unnamed", "10.0.2.1", "")):
+        if document["kind"] == "WorkloadEntry":
+            document = {**document, "spec": {**document["spec"], "labels": mtls}}  # type: ignore[dict-item]
+        store.apply(document)
+    text = "networks: {n2: {gateways: [{address: 192.0.2.2, port: 15443}]}, n3: {endpoints: [{fromCidr: 10.0.2.0/24}]}}"
+    mesh = parse_mesh_networks(text, "k").apply(MeshConfig())
+    n1 = _sidecar("a", "10.0.1.5", "n1")
+    assert _endpoints(build_snapshot(store, "v1", mesh=mesh), n1, ResourceCache()) == [("10.0.1.1", 80), ("10.0.2.1", 80)]
+    store.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "istio-system",
+                                                                       "labels": {"topology.istio.io/network": "n2"}}})
+    snapshot = build_snapshot(store, "v2", mesh=mesh)
+    assert _endpoints(snapshot, n1, ResourceCache()) == [("10.0.1.1", 80), ("192.0.2.2", 15443)]
+    other = dataclasses.replace(mesh, system_namespace="istiod-elsewhere")  # POD_NAMESPACE names the system namespace
+    assert _endpoints(build_snapshot(store, "v3", mesh=other), n1, ResourceCache()) == [("10.0.1.1", 80), ("10.0.2.1", 80)]

@@ -104,3 +104,6 @@ class MeshConfig:
     # cluster ID (it wins, as istiod), else the first `fromCidr` holding the IP.
     registry_network: str = ""
     network_cidrs: tuple[NetworkCidr, ...] = ()
+    # istiod's own namespace (POD_NAMESPACE): its `topology.istio.io/network` label is the network of
+    # endpoints that name none (before meshNetworks' endpoints, as istiod).
+    system_namespace: str = DEFAULT_ROOT_NAMESPACE

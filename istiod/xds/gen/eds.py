@@ -40,6 +40,7 @@ def alike_for_eds(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> tup
 def assignments(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
     """The assignments themselves, made anew (proxyless clients share them by name instead)."""
     result = []
+    default_network = network.system_network(snapshot) if snapshot.mesh.network_gateways else ""
     for target in outbound_clusters(snapshot, proxy, names):
         if target.service.dns_resolved:
             continue  # its cluster carries its endpoints (DNS names)
@@ -56,10 +57,11 @@ def assignments(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache
             scope = f"{target.rule.meta if target.rule else ''}|{scope}|{where!r}|{priority}"  # repr: every part
         if snapshot.mesh.network_gateways:
             scope = f"{scope}|network={proxy.network}"
-        result.append(cache.get(types.ENDPOINT, target.name, (endpoint_list, target.subset, target.rule, snapshot.mesh),
+        result.append(cache.get(types.ENDPOINT, target.name,
+                                (endpoint_list, target.subset, target.rule, snapshot.mesh, default_network),
                                 lambda: load_assignment(target.name, network.by_network(
                                     subset_endpoints(endpoint_list, target.subset), proxy.network,
-                                    snapshot.mesh), lb, near),
+                                    snapshot.mesh, default_network), lb, near),
                                 scope=scope))
     return result
 

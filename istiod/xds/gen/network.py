@@ -2,7 +2,8 @@
 of another network that has gateways are replaced by those gateways, weighted by the endpoints
 behind each. Only mTLS endpoints cross (the gateway routes by the SNI of Istio's mTLS); a network
 without a gateway keeps its endpoints as they are, as istiod does for sidecars. An endpoint without
-a network of its own is in meshNetworks' `fromRegistry` network, else its `fromCidr` one."""
+a network of its own is in the network of istiod's namespace's label, else meshNetworks'
+`fromRegistry` network, else its `fromCidr` one."""
 
 from __future__ import annotations
 
@@ -14,18 +15,20 @@ from collections import defaultdict
 
 from istiod.model.entries import TLS_MODE_LABEL
 from istiod.model.mesh import MeshConfig, NetworkCidr, NetworkGateway
-from istiod.model.service import Endpoint, Locality
+from istiod.model.service import NETWORK_LABEL, Endpoint, Locality
+from istiod.model.snapshot import Snapshot
 
 
-def by_network(endpoint_list: tuple[Endpoint, ...], network: str, mesh: MeshConfig) -> tuple[Endpoint, ...]:
-    """What a proxy in `network` ("" when its NETWORK is unset) is sent. Without gateways the mesh
-    is one network and nothing changes."""
+def by_network(endpoint_list: tuple[Endpoint, ...], network: str, mesh: MeshConfig,
+               default_network: str = "") -> tuple[Endpoint, ...]:
+    """What a proxy in `network` ("" when its NETWORK is unset) is sent; `default_network`: the
+    label of istiod's namespace. Without gateways the mesh is one network and nothing changes."""
     gateways = mesh.network_gateways
     if not gateways:
         return endpoint_list
-    if mesh.registry_network or mesh.network_cidrs:
-        endpoint_list = tuple(e if e.network else dataclasses.replace(e, network=endpoint_network(e.address, mesh))
-                              for e in endpoint_list)
+    if default_network or mesh.registry_network or mesh.network_cidrs:
+        endpoint_list = tuple(e if e.network else dataclasses.replace(
+            e, network=endpoint_network(e.address, mesh, default_network)) for e in endpoint_list)
     per_network: dict[str, list[NetworkGateway]] = defaultdict(list)
     for gateway in gateways:
         per_network[gateway.network].append(gateway)
@@ -49,11 +52,12 @@ def by_network(endpoint_list: tuple[Endpoint, ...], network: str, mesh: MeshConf
     return tuple(result)
 
 
-def endpoint_network(address: str, mesh: MeshConfig) -> str:
-    """The network of an endpoint that names none: meshNetworks' `fromRegistry` (our cluster's
-    endpoints), else the first `fromCidr` holding its IP, else none (as istiod's kube registry)."""
-    if mesh.registry_network:
-        return mesh.registry_network
+def endpoint_network(address: str, mesh: MeshConfig, default_network: str = "") -> str:
+    """The network of an endpoint that names none, in istiod's kube registry's order: the label of
+    istiod's namespace, meshNetworks' `fromRegistry` (our cluster's endpoints), the first `fromCidr`
+    holding its IP, else none."""
+    if default_network or mesh.registry_network:
+        return default_network or mesh.registry_network
     try:
         ip = ipaddress.ip_address(address)
     except ValueError:
@@ -64,3 +68,9 @@ def endpoint_network(address: str, mesh: MeshConfig) -> str:
 @functools.lru_cache(maxsize=256)
 def _cidr(cidr: NetworkCidr) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
     return ipaddress.ip_network(cidr.cidr, strict=False)
+
+
+def system_network(snapshot: Snapshot) -> str:
+    """The cluster's default network: the `topology.istio.io/network` label of istiod's namespace."""
+    namespace = snapshot.namespaces.get(snapshot.mesh.system_namespace)
+    return dict(namespace.labels).get(NETWORK_LABEL, "") if namespace is not None else ""
