@@ -16,7 +16,7 @@ from istiod.model.builder import build_snapshot
 from istiod.model.entries import TLS_MODE_LABEL
 from istiod.model.mesh import MeshConfig, NetworkGateway
 from istiod.model.proxy import Proxy, proxy_from_node
-from istiod.model.service import Endpoint, Locality
+from istiod.model.service import NETWORK_LABEL, Endpoint, Locality
 from istiod.model.snapshot import Snapshot
 from istiod.sources.meshconfig import MeshConfigError, MeshConfigMapWatcher, parse_mesh_config, parse_mesh_networks
 from istiod.settings import settings_from_args
@@ -24,7 +24,8 @@ from istiod.sources.store import Store
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.gen import PROXYLESS_GRPC, SIDECAR
-from istiod.xds.gen.network import by_network
+from istiod.xds.changes import changes
+from istiod.xds.gen.network import by_network, with_service_gateways
 from tests.ads_client import AdsClient
 from tests.peers import Istiod, eventually
 from tests.test_configdir import touch
@@ -311,3 +312,43 @@ def test_the_label_of_istiods_namespace_is_the_default_network() -> None:
     assert _endpoints(snapshot, n1, ResourceCache()) == [("10.0.1.1", 80), ("192.0.2.2", 15443)]
     other = dataclasses.replace(mesh, system_namespace="istiod-elsewhere")  # POD_NAMESPACE names the system namespace
     assert _endpoints(build_snapshot(store, "v3", mesh=other), n1, ResourceCache()) == [("10.0.1.1", 80), ("10.0.2.1", 80)]
+
+
+
+def _gateway_service(labels: dict[str, str], ports: list[int], status_ip: str = "192.0.2.8") -> dict[str, object]:
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "eastwest", "namespace": "istio-system",
+                                                               "labels": labels},
+            "spec": {"type": "LoadBalancer", "clusterIP": "10.96.0.50", "externalIPs": ["192.0.2.9"],
+                     "ports": [{"name": f"p{p}", "port": p} for p in ports]},
+            "status": {"loadBalancer": {"ingress": [{"ip": status_ip}, {"hostname": "lb.example.com"}]}}}
+
+
+@pytest.mark.parametrize(("labels", "ports", "gateways"), [
+    ({NETWORK_LABEL: "n2"}, [15443], [("192.0.2.8", 15443), ("192.0.2.9", 15443)]),  # ingress IPs, then externalIPs
+    ({NETWORK_LABEL: "n2", "networking.istio.io/gatewayPort": "16443"}, [16443], [("192.0.2.8", 16443), ("192.0.2.9", 16443)]),
+    ({NETWORK_LABEL: "n2", "networking.istio.io/gatewayPort": "x"}, [15443], [("192.0.2.8", 15443), ("192.0.2.9", 15443)]),
+    ({NETWORK_LABEL: "n2"}, [80], []),  # labelled, but not on the gateway port: not a gateway (istiod warns)
+    ({}, [15443], []),
+])
+def test_gateways_from_services_labelled_with_their_network(labels: dict[str, str], ports: list[int],
+                                                            gateways: list[tuple[str, int]]) -> None:
+    store = Store()
+    for document in (SERVICE, _entry("local", "10.0.1.1", "n1"), _entry("remote", "10.0.2.1", "n2")):
+        if document["kind"] == "WorkloadEntry":
+            document = {**document, "spec": {**document["spec"], "labels": {"app": "echo", TLS_MODE_LABEL: "istio"}}}  # type: ignore[dict-item]
+        store.apply(document)
+    store.apply(_gateway_service(labels, ports))
+    snapshot = build_snapshot(store, "v1")
+    assert [(g.address, g.port) for g in with_service_gateways(snapshot).network_gateways] == gateways
+    expected = [("10.0.1.1", 80), *gateways] if gateways else [("10.0.1.1", 80), ("10.0.2.1", 80)]
+    assert _endpoints(snapshot, _sidecar("a", "10.0.1.5", "n1"), ResourceCache()) == expected
+
+
+def test_a_gateway_services_change_is_a_full_push() -> None:
+    store = Store()
+    store.apply(SERVICE)
+    store.apply(_gateway_service({NETWORK_LABEL: "n2"}, [15443]))
+    before = build_snapshot(store, "v1")
+    store.apply(_gateway_service({NETWORK_LABEL: "n2"}, [15443], status_ip="192.0.2.10"))
+    after = build_snapshot(store, "v2", before, list(store.keys("Service")))
+    assert changes(before, after) is None

@@ -53,6 +53,9 @@ class Service:
     # An ExternalName Service's spec.externalName: istiod's resolution Alias, no config of its own,
     # its names added to those of the service it names.
     external_name: str = ""
+    # Where the cluster's outside reaches it (istiod's ClusterExternalAddresses): a LoadBalancer's
+    # status ingress IPs, then spec.externalIPs. A network gateway Service's addresses.
+    external_addresses: tuple[str, ...] = ()
     hostname: str = field(init=False)  # <name>.<namespace>.svc.<domain>, or the ServiceEntry's host
     # The host spellings a proxyless client may use for it, longest first.
     aliases: tuple[str, ...] = field(init=False, compare=False, repr=False)

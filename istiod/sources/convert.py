@@ -128,7 +128,22 @@ def _service(key: ObjectKey, f: _Fields, domain: str) -> Service:
         cluster_ip="" if external_name else _cluster_ip(f),
         export_to=_service_export_to(f),
         external_name=external_name,
+        external_addresses=_external_addresses(f),
     )
+
+
+def _external_addresses(f: _Fields) -> tuple[str, ...]:
+    """As istiod: a LoadBalancer's ingress IPs, then spec.externalIPs. An ingress with only a
+    hostname is left out (EDS carries IPs; istiod resolves such gateways only with
+    RESOLVE_HOSTNAME_GATEWAYS)."""
+    addresses = []
+    if f.get("spec.type", str, "") == "LoadBalancer":
+        for i, ingress in enumerate(f.items("status.loadBalancer.ingress")):
+            if ip := ingress.get("ip", str, ""):
+                addresses.append(f.ip(f"status.loadBalancer.ingress[{i}].ip", ip))
+    for i, ip in enumerate(f.get("spec.externalIPs", list, [])):
+        addresses.append(f.ip(f"spec.externalIPs[{i}]", str(ip)))
+    return tuple(addresses)
 
 
 EXPORT_TO_ANNOTATION = "networking.istio.io/exportTo"

@@ -15,6 +15,7 @@ from istiod.model.config.networking import HTTPRoute, L4Route
 from istiod.model.config.scope import host_matches
 from istiod.model.service import Endpoint
 from istiod.model.snapshot import Snapshot
+from istiod.xds.gen.network import service_gateways
 
 Key = tuple[str, int]  # (service hostname, service port): one entry of Snapshot.endpoints
 
@@ -42,9 +43,9 @@ class Changes:
 
 
 def changes(previous: Snapshot | None, current: Snapshot) -> Changes | None:
-    """None when the mesh config, a Namespace's labels or a Node's locality changed, when a changed
-    Service is a VirtualService's destination (routes of other hosts name it), or when there is
-    nothing to compare with."""
+    """None when the mesh config, a Namespace's labels, a Node's locality or a network gateway
+    Service changed, when a changed Service is a VirtualService's destination (routes of other
+    hosts name it), or when there is nothing to compare with."""
     if previous is None or previous.mesh != current.mesh:
         return None
     # Namespace labels (ambient mode, waypoints) and Node localities are read by ztunnel's workloads
@@ -58,6 +59,8 @@ def changes(previous: Snapshot | None, current: Snapshot) -> Changes | None:
         for host in previous.services.keys() | current.services.keys():
             old, new = previous.services.get(host), current.services.get(host)
             if _differ(old, new):
+                if any(s is not None and service_gateways(s) for s in (old, new)):
+                    return None  # a network gateway moved: every network's EDS, as istiod's full push
                 hosts.add(host)
                 spellings.update(*(s.aliases for s in (old, new) if s is not None))
         if _routed_to(previous, hosts.__contains__) or _routed_to(current, hosts.__contains__):

@@ -10,6 +10,7 @@ from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from google.protobuf import struct_pb2, wrappers_pb2
 
 from istiod.model.entries import TLS_MODE_LABEL
+from istiod.model.mesh import MeshConfig
 from istiod.model.proxy import Proxy
 from istiod.model.service import Endpoint, Locality
 from istiod.model.snapshot import Snapshot
@@ -32,15 +33,16 @@ def endpoints(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
 def alike_for_eds(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> tuple[object, ...]:
     """`alike`, and where locality LB applies in this snapshot, what of the proxy it reads."""
     keys = cache.per_snapshot(snapshot, ("failover priority labels",), lambda: locality.priority_label_keys(snapshot))
-    # With meshNetworks gateways, assignments differ per network (never per proxy).
-    in_network = (proxy.network,) if snapshot.mesh.network_gateways else ()
+    # With network gateways, assignments differ per network (never per proxy).
+    in_network = (proxy.network,) if networks(snapshot, cache).network_gateways else ()
     return (alike(snapshot, proxy), *locality.view(snapshot, proxy, keys), *in_network)
 
 
 def assignments(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
     """The assignments themselves, made anew (proxyless clients share them by name instead)."""
     result = []
-    default_network = network.system_network(snapshot) if snapshot.mesh.network_gateways else ""
+    mesh = networks(snapshot, cache)
+    default_network = network.system_network(snapshot) if mesh.network_gateways else ""
     for target in outbound_clusters(snapshot, proxy, names):
         if target.service.dns_resolved:
             continue  # its cluster carries its endpoints (DNS names)
@@ -55,15 +57,20 @@ def assignments(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache
             near = where, locality.topology_labels(proxy.labels, where)
             priority = [near[1].get(key.partition("=")[0], "") for key in lb.setting.failover_priority]
             scope = f"{target.rule.meta if target.rule else ''}|{scope}|{where!r}|{priority}"  # repr: every part
-        if snapshot.mesh.network_gateways:
+        if mesh.network_gateways:
             scope = f"{scope}|network={proxy.network}"
         result.append(cache.get(types.ENDPOINT, target.name,
-                                (endpoint_list, target.subset, target.rule, snapshot.mesh, default_network),
+                                (endpoint_list, target.subset, target.rule, mesh, default_network),
                                 lambda: load_assignment(target.name, network.by_network(
                                     subset_endpoints(endpoint_list, target.subset), proxy.network,
-                                    snapshot.mesh, default_network), lb, near),
+                                    mesh, default_network), lb, near),
                                 scope=scope))
     return result
+
+
+def networks(snapshot: Snapshot, cache: ResourceCache) -> MeshConfig:
+    """The mesh config with the gateways of labelled Services, once per snapshot."""
+    return cache.per_snapshot(snapshot, ("network gateways",), lambda: network.with_service_gateways(snapshot))
 
 
 def load_assignment(cluster_name: str, endpoint_list: tuple[Endpoint, ...], lb: LocalityLb | None = None,

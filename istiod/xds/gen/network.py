@@ -15,7 +15,7 @@ from collections import defaultdict
 
 from istiod.model.entries import TLS_MODE_LABEL
 from istiod.model.mesh import MeshConfig, NetworkCidr, NetworkGateway
-from istiod.model.service import NETWORK_LABEL, Endpoint, Locality
+from istiod.model.service import NETWORK_LABEL, Endpoint, Locality, Service
 from istiod.model.snapshot import Snapshot
 
 
@@ -68,6 +68,31 @@ def endpoint_network(address: str, mesh: MeshConfig, default_network: str = "") 
 @functools.lru_cache(maxsize=256)
 def _cidr(cidr: NetworkCidr) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
     return ipaddress.ip_network(cidr.cidr, strict=False)
+
+
+GATEWAY_PORT_LABEL = "networking.istio.io/gatewayPort"  # Istio's label.NetworkingGatewayPort
+DEFAULT_GATEWAY_PORT = 15443  # istiod's DefaultNetworkGatewayPort (the AUTO_PASSTHROUGH mTLS port)
+
+
+def with_service_gateways(snapshot: Snapshot) -> MeshConfig:
+    """The mesh config with the gateways of Services labelled `topology.istio.io/network` (as
+    istiod's kube registry): each external address on the `networking.istio.io/gatewayPort`
+    label's port (15443 by default), when the Service has that port."""
+    found = [gateway for service in snapshot.services.values() for gateway in service_gateways(service)]
+    if not found:
+        return snapshot.mesh
+    return dataclasses.replace(snapshot.mesh, network_gateways=tuple(sorted(set(snapshot.mesh.network_gateways) | set(found))))
+
+
+def service_gateways(service: Service) -> tuple[NetworkGateway, ...]:
+    labels = dict(service.labels)
+    if not (name := labels.get(NETWORK_LABEL, "")):
+        return ()
+    text = labels.get(GATEWAY_PORT_LABEL, "")
+    number = int(text) if text.isdigit() else DEFAULT_GATEWAY_PORT  # istiod: unparsable, its default
+    if service.port(number) is None:  # istiod: labelled, but does not listen on the gateway port
+        return ()
+    return tuple(NetworkGateway(name, address, number) for address in service.external_addresses)
 
 
 def system_network(snapshot: Snapshot) -> str:
