@@ -1,5 +1,6 @@
-"""meshNetworks from the ConfigMap `istio` key `meshNetworks` on a real kube-apiserver: its gateways
-replace another network's endpoints in EDS, and an edit re-pushes without a restart."""
+"""Multi-network on a real kube-apiserver: meshNetworks from the ConfigMap `istio` key
+`meshNetworks` (its gateways replace another network's endpoints in EDS, an edit re-pushes without
+a restart), and a gateway Service labelled with its network, reached at its LoadBalancer status IP."""
 
 from __future__ import annotations
 
@@ -68,3 +69,39 @@ async def test_mesh_networks_key_of_the_configmap(kube: client.ApiClient,
             await ads.close()
     finally:
         await core.delete_namespaced_config_map("istio", ISTIO_NAMESPACE)
+
+
+async def test_gateway_service_with_a_load_balancer_status(kube: client.ApiClient,
+                                                          start_istiod_kube: Callable[..., Istiod]) -> None:
+    await install_crds(kube)
+    core = client.CoreV1Api(kube)
+    namespace = "e2e-eastwest"
+    host = f"echo.{namespace}.svc.cluster.local"
+    await ensure_namespace(kube, ISTIO_NAMESPACE)
+    await ensure_namespace(kube, namespace)
+    await create_istio_object(kube, {
+        "apiVersion": "networking.istio.io/v1", "kind": "ServiceEntry", "metadata": {"name": "echo", "namespace": namespace},
+        "spec": {"hosts": [host], "location": "MESH_INTERNAL", "resolution": "STATIC",
+                 "ports": [{"number": 80, "name": "http", "protocol": "HTTP"}], "workloadSelector": {"labels": {"app": "echo"}}}})
+    for name, address, network in (("local", "10.0.1.1", "n1"), ("remote", "10.0.2.1", "n2")):
+        await create_istio_object(kube, {
+            "apiVersion": "networking.istio.io/v1", "kind": "WorkloadEntry", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"address": address, "network": network, "serviceAccount": "echo",
+                     "labels": {"app": "echo", "security.istio.io/tlsMode": "istio"}}})
+    gateway = {"metadata": {"name": "istio-eastwestgateway", "namespace": namespace,
+                            "labels": {"topology.istio.io/network": "n2"}},
+               "spec": {"type": "LoadBalancer", "ports": [{"name": "tls", "port": 15443}]}}
+    await core.create_namespaced_service(namespace, gateway)
+    istiod = start_istiod_kube()
+    ads = AdsClient(istiod.xds_address, f"sidecar~10.0.1.5~client.{namespace}~{namespace}.svc.cluster.local", namespace)
+    ads.node.metadata.update({"NETWORK": "n1"})
+    name = f"outbound|80||{host}"
+    try:
+        # No address yet: no gateway, so n2's endpoint is sent as it is.
+        assert _addresses(await ads.subscribe(types.ENDPOINT, [name])) == [("10.0.1.1", 80), ("10.0.2.1", 80)]
+        await core.patch_namespaced_service_status("istio-eastwestgateway", namespace, {
+            "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.44"}]}}})
+        pushed = await ads.receive()  # the cloud's load balancer got its IP: a push, no restart
+        assert _addresses(pushed) == [("10.0.1.1", 80), ("192.0.2.44", 15443)]
+    finally:
+        await ads.close()
