@@ -1,11 +1,12 @@
-"""What Istio's own istiod and ours send sidecars of networks n1, n2 and none for a service whose
+"""What Istio's own istiod and ours send sidecars of networks n1, n2, n4 and none for a service whose
 WorkloadEntries sit in several networks (a dev tool: it needs Istio's pilot-discovery, built by
 shared/reference-istiod/build.sh).
 
     python bench/multinetwork_compare.py [--reference PATH] [--mesh tests/data/multinetwork-compare-mesh.yaml]
 
 Both istiods run on one real kube-apiserver holding the mesh (bench/wds_compare.py's side_by_side),
-with the same meshNetworks (n2: two gateways); a SotW ADS client per network (node metadata
+with the same meshNetworks (n2: two gateways; n4: a CIDR, its gateway a Service labelled
+topology.istio.io/network with externalIPs); a SotW ADS client per network (node metadata
 NETWORK) asks each for CDS, then the service's EDS. Prints per network each endpoint's address, port,
 weight and tlsMode side by side, and exits 1 if anything differs.
 """
@@ -32,8 +33,9 @@ from wds_compare import side_by_side  # noqa: E402
 CLUSTER = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 ENDPOINT = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 ECHO = "outbound|80||echo.demo.svc.cluster.local"
+# n4's endpoints are those in 10.4.0.0/16 without a network; its gateway is a labelled Service.
 MESH_NETWORKS = "networks:\n  n2:\n    gateways:\n    - {address: 192.0.2.2, port: 15443}\n" \
-                "    - {address: 192.0.2.3, port: 15443}\n"
+                "    - {address: 192.0.2.3, port: 15443}\n  n4:\n    endpoints: [{fromCidr: 10.4.0.0/16}]\n"
 QUIET = 3.0
 
 
@@ -72,7 +74,7 @@ def main() -> None:
     binary = args.reference or built_reference()
     if not binary:
         parser.error("no Istio pilot-discovery: build it with shared/reference-istiod/build.sh or give --reference")
-    networks = ("n1", "n2", "")
+    networks = ("n1", "n2", "n4", "")
     with side_by_side(binary, args.mesh, "multinetwork-compare-", MESH_NETWORKS) as (reference_addr, our_addr):
         istio = {n: asyncio.run(held(reference_addr, n)) for n in networks}
         ours = {n: asyncio.run(held(our_addr, n)) for n in networks}

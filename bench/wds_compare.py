@@ -170,7 +170,7 @@ def print_fields(theirs: dict[str, Any], mine: dict[str, Any]) -> None:
 def side_by_side(binary: str, mesh: Path, prefix: str, mesh_networks: str = "") -> Iterator[tuple[str, str]]:
     """Istio's istiod and ours on one fresh kube-apiserver holding `mesh`: their plaintext xDS
     addresses, once both have listed the cluster and pushed what they built. `mesh_networks`: the
-    YAML of a meshNetworks (Istio's --networksConfig; ours, the mesh config's `meshNetworks`)."""
+    YAML of a meshNetworks, both istiods' --networksConfig file."""
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp, contextlib.ExitStack() as stack:
         workdir = Path(tmp)
         (workdir / "cluster").mkdir()
@@ -181,11 +181,11 @@ def side_by_side(binary: str, mesh: Path, prefix: str, mesh_networks: str = "") 
         reference, reference_addr, _ = start_reference(binary, cluster.kubeconfig, workdir,
                                                        mesh_networks=mesh_networks or "networks: {}\n")
         stack.callback(stop_group, reference, 10)
-        mesh_config: list[str] = []
+        networks: list[str] = []
         if mesh_networks:
-            (workdir / "ours-mesh.yaml").write_text(yaml.safe_dump({"meshNetworks": yaml.safe_load(mesh_networks)}))
-            mesh_config = ["--mesh-config", str(workdir / "ours-mesh.yaml")]
-        ours = Server(["--kubeconfig", str(cluster.kubeconfig), *mesh_config], workdir, None, None)
+            (workdir / "ours-networks.yaml").write_text(mesh_networks)
+            networks = ["--networksConfig", str(workdir / "ours-networks.yaml")]
+        ours = Server(["--kubeconfig", str(cluster.kubeconfig), *networks], workdir, None, None)
         stack.callback(ours.stop)
         time.sleep(2)
         yield reference_addr, ours.xds_addr

@@ -228,10 +228,13 @@ def test_endpoints_without_a_network_take_from_registry_else_from_cidr() -> None
 """
     mesh = parse_mesh_networks(text, "k").apply(MeshConfig())
     assert mesh.registry_network == "" and [c.cidr for c in mesh.network_cidrs] == ["10.0.2.0/24", "10.0.3.7/24"]
-    endpoints = (Endpoint("10.0.1.1", 80, 80, labels=MTLS), Endpoint("10.0.2.1", 80, 80, labels=MTLS),
-                 Endpoint("10.0.3.1", 80, 80, labels=MTLS), Endpoint("10.0.3.2", 80, 80, labels=MTLS, network="n1"))
+    endpoints = (Endpoint("10.0.1.1", 80, 80, labels=MTLS, kube=True), Endpoint("10.0.2.1", 80, 80, labels=MTLS, kube=True),
+                 Endpoint("10.0.3.1", 80, 80, labels=MTLS, kube=True),
+                 Endpoint("10.0.3.2", 80, 80, labels=MTLS, network="n1", kube=True),
+                 Endpoint("10.0.2.9", 80, 80, labels=MTLS))  # a WorkloadEntry's: only its own network, as istiod
     assert _addresses(by_network(endpoints, "n1", mesh)) == {
-        ("10.0.1.1", 80): 0, ("10.0.3.2", 80): 0, ("192.0.2.2", 15443): 1, ("192.0.2.3", 15443): 1}  # 0: unset
+        ("10.0.1.1", 80): 0, ("10.0.3.2", 80): 0, ("10.0.2.9", 80): 0, ("192.0.2.2", 15443): 1,
+        ("192.0.2.3", 15443): 1}  # 0: unset
     registry = parse_mesh_networks(text + "  n4: {endpoints: [{fromRegistry: Kubernetes}]}\n", "k").apply(MeshConfig())
     assert registry.registry_network == "n4"  # n4 has no gateway: every registry endpoint is reached directly
     assert _addresses(by_network(endpoints, "n1", registry)) == {(e.address, 80): 0 for e in endpoints}
@@ -294,25 +297,27 @@ async def test_running_istiod_watches_the_networks_file(tmp_path: Path, start_is
 
 
 def test_the_label_of_istiods_namespace_is_the_default_network() -> None:
-    """As istiod's kube registry: an endpoint without a network is in the network labelled on the
-    system namespace (before meshNetworks' fromRegistry/fromCidr); a relabel changes EDS."""
+    """As istiod's kube registry: a Pod's endpoint without a network is in the network labelled on
+    the system namespace (before meshNetworks' fromRegistry/fromCidr); a relabel changes EDS; a
+    WorkloadEntry without a network keeps none, as istiod's."""
     store = Store()
-    mtls = {"app": "echo", TLS_MODE_LABEL: "istio"}
-    for document in (SERVICE, _entry("local", "10.0.1.1", "n1"), _entry("unnamed", "10.0.2.1", "")):
-        if document["kind"] == "WorkloadEntry":
-            document = {**document, "spec": {**document["spec"], "labels": mtls}}  # type: ignore[dict-item]
-        store.apply(document)
+    store.apply({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "echo", "namespace": "demo"},
+                 "spec": {"clusterIP": "10.96.0.11", "selector": {"app": "echo"}, "ports": [{"name": "http", "port": 80}]}})
+    for name, ip, network in (("echo-1", "10.0.1.1", {NETWORK_LABEL: "n1"}), ("echo-2", "10.0.2.1", {})):
+        store.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": name, "namespace": "demo", "labels": {"app": "echo", TLS_MODE_LABEL: "istio", **network}},
+            "spec": {"containers": [{"name": "app"}]},
+            "status": {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}})
     text = "networks: {n2: {gateways: [{address: 192.0.2.2, port: 15443}]}, n3: {endpoints: [{fromCidr: 10.0.2.0/24}]}}"
     mesh = parse_mesh_networks(text, "k").apply(MeshConfig())
     n1 = _sidecar("a", "10.0.1.5", "n1")
     assert _endpoints(build_snapshot(store, "v1", mesh=mesh), n1, ResourceCache()) == [("10.0.1.1", 80), ("10.0.2.1", 80)]
     store.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "istio-system",
-                                                                       "labels": {"topology.istio.io/network": "n2"}}})
+                                                                       "labels": {NETWORK_LABEL: "n2"}}})
     snapshot = build_snapshot(store, "v2", mesh=mesh)
     assert _endpoints(snapshot, n1, ResourceCache()) == [("10.0.1.1", 80), ("192.0.2.2", 15443)]
     other = dataclasses.replace(mesh, system_namespace="istiod-elsewhere")  # POD_NAMESPACE names the system namespace
     assert _endpoints(build_snapshot(store, "v3", mesh=other), n1, ResourceCache()) == [("10.0.1.1", 80), ("10.0.2.1", 80)]
-
 
 
 def _gateway_service(labels: dict[str, str], ports: list[int], status_ip: str = "192.0.2.8") -> dict[str, object]:

@@ -349,7 +349,7 @@ class _EndpointContext:
                  ready: bool, node_name: str, zone: str, namespace: str) -> Endpoint:
         if workload is None:
             locality = self.nodes.get(node_name) or Locality(zone=zone)
-            return Endpoint(address, port, service_port, ready, locality, namespace=namespace)
+            return Endpoint(address, port, service_port, ready, locality, namespace=namespace, kube=True)
         return Endpoint(
             address=address,
             port=port,
@@ -363,6 +363,7 @@ class _EndpointContext:
             pod=workload.name,
             namespace=workload.namespace,
             network=dict(workload.labels).get(NETWORK_LABEL, ""),
+            kube=True,
         )
 
     def slice_endpoints(self, service: Service, port: Port, slices: Iterable[EndpointSlice]) -> list[Endpoint]:

@@ -110,4 +110,7 @@ class Endpoint:
     pod: str = ""
     namespace: str = ""
     network: str = ""  # Istio's network ID ("": the proxy's own)
+    # Of the Kubernetes registry (Pods, EndpointSlices): only those take a network they lack from
+    # istiod's namespace label or meshNetworks' endpoints (istiod's WorkloadEntries do not).
+    kube: bool = False
     weight: int = 0  # a WorkloadEntry's load-balancing weight; 0 is the default, 1

@@ -1,9 +1,10 @@
 """Split-horizon EDS (istiod's EndpointsByNetworkFilter): for a proxy in one network, the endpoints
 of another network that has gateways are replaced by those gateways, weighted by the endpoints
 behind each. Only mTLS endpoints cross (the gateway routes by the SNI of Istio's mTLS); a network
-without a gateway keeps its endpoints as they are, as istiod does for sidecars. An endpoint without
-a network of its own is in the network of istiod's namespace's label, else meshNetworks'
-`fromRegistry` network, else its `fromCidr` one."""
+without a gateway keeps its endpoints as they are, as istiod does for sidecars. A Kubernetes
+endpoint without a network of its own is in the network of istiod's namespace's label, else
+meshNetworks' `fromRegistry` network, else its `fromCidr` one (a WorkloadEntry's is its own, as
+istiod's)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def by_network(endpoint_list: tuple[Endpoint, ...], network: str, mesh: MeshConf
     if not gateways:
         return endpoint_list
     if default_network or mesh.registry_network or mesh.network_cidrs:
-        endpoint_list = tuple(e if e.network else dataclasses.replace(
+        endpoint_list = tuple(e if e.network or not e.kube else dataclasses.replace(
             e, network=endpoint_network(e.address, mesh, default_network)) for e in endpoint_list)
     per_network: dict[str, list[NetworkGateway]] = defaultdict(list)
     for gateway in gateways:
