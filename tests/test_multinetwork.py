@@ -4,6 +4,7 @@ network filter: endpoints of another network replaced by its gateways, per netwo
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from istiod.model.service import NETWORK_LABEL, Endpoint, Locality
 from istiod.model.snapshot import Snapshot
 from istiod.sources.meshconfig import MeshConfigError, MeshConfigMapWatcher, parse_mesh_config, parse_mesh_networks
 from istiod.settings import settings_from_args
+from istiod.sources.fields import ConversionError
 from istiod.sources.store import Store
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
@@ -357,3 +359,15 @@ def test_a_gateway_services_change_is_a_full_push() -> None:
     store.apply(_gateway_service({NETWORK_LABEL: "n2"}, [15443], status_ip="192.0.2.10"))
     after = build_snapshot(store, "v2", before, list(store.keys("Service")))
     assert changes(before, after) is None
+
+
+@pytest.mark.parametrize(("patch", "error"), [
+    ({"spec": {"type": "LoadBalancer", "externalIPs": ["not-an-ip"], "ports": [{"port": 15443}]}}, "spec.externalIPs[0]"),
+    ({"spec": {"type": "LoadBalancer", "ports": [{"port": 15443}]},
+      "status": {"loadBalancer": {"ingress": [{"ip": "10.0.0.999"}]}}}, "status.loadBalancer.ingress[0].ip"),
+])
+def test_a_bad_external_address_names_the_field(patch: dict[str, object], error: str) -> None:
+    body = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "eastwest", "namespace": "istio-system",
+                                                                "labels": {NETWORK_LABEL: "n2"}}, **patch}
+    with pytest.raises(ConversionError, match=re.escape(error)):
+        Store().apply(body)
