@@ -40,17 +40,27 @@ async def test_freed_chunks_are_returned_once_past_the_threshold() -> None:
     assert keep
 
 
+class _CountedTrims:
+    """memory.trim counting its calls while in use."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._real = memory.trim
+
+    def __call__(self) -> int:
+        self.count += 1
+        return self._real()
+
+    def __enter__(self) -> _CountedTrims:
+        memory.trim = self  # type: ignore[assignment]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        memory.trim = self._real  # type: ignore[assignment]
+
+
 async def test_no_trim_while_little_is_free() -> None:
-    trims = 0
-    real = memory.trim
-
-    def counted() -> int:
-        nonlocal trims
-        trims += 1
-        return real()
-
-    memory.trim = counted  # type: ignore[assignment]
-    try:
+    with _CountedTrims() as trims:
         memory.trim()  # what is free now is the baseline
         # quiet=0: never at rest, so only the counters could trim
         trimmer = asyncio.create_task(memory.trim_when_free(interval=0.02, threshold=1 << 30, quiet=0))
@@ -58,9 +68,7 @@ async def test_no_trim_while_little_is_free() -> None:
         trimmer.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await trimmer
-    finally:
-        memory.trim = real  # type: ignore[assignment]
-    assert trims == 1
+    assert trims.count == 1
 
 
 class _Cyclic:
@@ -72,33 +80,24 @@ class _Cyclic:
 async def test_at_rest_after_work_cycles_are_collected_and_memory_trimmed() -> None:
     # A cycle that the generational thresholds leave alone (collection off here, as rare in istiod).
     gc.disable()
-    trims = 0
-    real = memory.trim
-
-    def counted() -> int:
-        nonlocal trims
-        trims += 1
-        return real()
-
-    memory.trim = counted  # type: ignore[assignment]
-    trimmer = asyncio.create_task(memory.trim_when_free(interval=0.1, threshold=1 << 30, quiet=0.5))
-    try:
-        await asyncio.sleep(0)  # the trimmer starts counting CPU from here
-        garbage = _Cyclic()
-        dead = weakref.ref(garbage)
-        del garbage
-        deadline = time.process_time() + 0.3
-        while time.process_time() < deadline:  # work: the loop sees the process busy
-            pass
-        async with asyncio.timeout(10):
-            while dead() is not None or not trims:
-                await asyncio.sleep(0.05)
-        settled = trims
-        await asyncio.sleep(0.5)  # still at rest: no trim again until there was work
-        assert trims == settled
-    finally:
-        trimmer.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await trimmer
-        memory.trim = real  # type: ignore[assignment]
-        gc.enable()
+    with _CountedTrims() as trims:
+        trimmer = asyncio.create_task(memory.trim_when_free(interval=0.1, threshold=1 << 30, quiet=0.5))
+        try:
+            await asyncio.sleep(0)  # the trimmer starts counting CPU from here
+            garbage = _Cyclic()
+            dead = weakref.ref(garbage)
+            del garbage
+            deadline = time.process_time() + 0.3
+            while time.process_time() < deadline:  # work: the loop sees the process busy
+                pass
+            async with asyncio.timeout(10):
+                while dead() is not None or not trims.count:
+                    await asyncio.sleep(0.05)
+            settled = trims.count
+            await asyncio.sleep(0.5)  # still at rest: no trim again until there was work
+            assert trims.count == settled
+        finally:
+            trimmer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await trimmer
+            gc.enable()

@@ -46,15 +46,19 @@ class MeshConfigError(ValueError):
     pass
 
 
-def parse_mesh_config(text: str, base: MeshConfig, where: str) -> MeshConfig:
-    """The YAML text over `base` (the flags' values); raises MeshConfigError naming the field."""
+def _yaml_map(text: str, where: str) -> dict[str, Any]:
     try:
         body = yaml.safe_load(text) or {}
     except yaml.YAMLError as error:
         raise MeshConfigError(f"{where}: {' '.join(str(error).split())}") from None
     if not isinstance(body, dict):
         raise MeshConfigError(f"{where}: expected a map")
-    f = _Fields(where, body)
+    return body
+
+
+def parse_mesh_config(text: str, base: MeshConfig, where: str) -> MeshConfig:
+    """The YAML text over `base` (the flags' values); raises MeshConfigError naming the field."""
+    f = _Fields(where, _yaml_map(text, where))
     try:
         return _parse(f, base)
     except ConversionError as error:
@@ -133,13 +137,7 @@ def parse_mesh_networks(text: str, where: str) -> MeshNetworks:
     """istiod's MeshNetworks YAML (`networks: ...`, the ConfigMap's key `meshNetworks`); raises
     MeshConfigError naming the field."""
     try:
-        body = yaml.safe_load(text) or {}
-    except yaml.YAMLError as error:
-        raise MeshConfigError(f"{where}: {' '.join(str(error).split())}") from None
-    if not isinstance(body, dict):
-        raise MeshConfigError(f"{where}: expected a map")
-    try:
-        return _mesh_networks(_Fields(where, body))
+        return _mesh_networks(_Fields(where, _yaml_map(text, where)))
     except ConversionError as error:
         raise MeshConfigError(str(error)) from None
 
