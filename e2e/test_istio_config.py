@@ -76,7 +76,7 @@ async def test_crds_objects_columns_and_informers(kube: client.ApiClient, start_
     assert "weight" not in reviews["spec"]["http"][1]["route"][0]  # the last good version
     for body in objects:
         kind = next(k for k in CONFIG_KINDS if k.kind == body["kind"])
-        await custom.delete_namespaced_custom_object(kind.group, "v1", body["metadata"]["namespace"], kind.plural,
+        await custom.delete_namespaced_custom_object(kind.group, kind.versions[-1], body["metadata"]["namespace"], kind.plural,
                                                      body["metadata"]["name"])
     wait_until(lambda: not ({k.kind for k in CONFIG_KINDS} & kinds()), 10, "deletions followed")
 
