@@ -4,7 +4,8 @@ Istio's pilot-discovery, built by shared/reference-istiod/build.sh, which CI doe
     python bench/sidecar_compare.py [--reference PATH] [--mesh tests/data/sidecar-shape-mesh.yaml]
                                     [--node sidecar~IP~POD.NS~NS.svc.cluster.local] [--full]
 
-(`--mesh tests/data/sidecar-passthrough-mesh.yaml`: ServiceEntries with resolution NONE and wildcard hosts.)
+(`--mesh tests/data/sidecar-passthrough-mesh.yaml`: ServiceEntries with resolution NONE and wildcard hosts;
+`--mesh tests/data/tunnel-compare-mesh.yaml`: DestinationRule tunnels.)
 
 etcd and kube-apiserver are started (the e2e harness), Istio's CRDs installed and the mesh's objects
 created through the API; then Istio's istiod and ours in kube mode on that API server, and a SotW ADS

@@ -9,7 +9,7 @@ from istiod.model.config.networking import (
     DestinationRule, EgressListener, Gateway, Server, ServiceEntry, ServicePort, Sidecar, VirtualService, WorkloadEntry,
 )
 from istiod.model.config.scope import (
-    destination_rule_for, exported_to, gateways_for, host_matches, most_specific, peer_authentication_mode,
+    ExportToDefaults, destination_rule_for, exported_to, gateways_for, host_matches, most_specific, peer_authentication_mode,
     policies_for, service_entry_endpoints, sidecar_allows, sidecar_for, virtual_service_for_host,
     virtual_services_for,
 )
@@ -76,6 +76,39 @@ def test_virtual_services_by_gateway_and_export() -> None:
     assert virtual_services_for(all_vs, "other", "demo/ingress") == [ingress]
     assert virtual_service_for_host(all_vs, "x", "a.example.com", "demo/ingress") is ingress
     assert virtual_service_for_host(all_vs, "x", REVIEWS) is mesh
+
+
+def test_the_mesh_default_export_of_virtual_services() -> None:
+    """meshConfig defaultVirtualServiceExportTo: the exportTo of those that set none, `.` being the
+    object's own namespace (istiod's copyDefaultExportToSet)."""
+    unset = VirtualService(Meta("r", "demo"), (REVIEWS,))
+    everywhere = VirtualService(Meta("e", "demo"), ("e.demo.svc.cluster.local",), export_to=("*",))
+    services = [unset, everywhere]
+    private = ExportToDefaults(virtual_service=(".",))
+    assert virtual_services_for(services, "other", defaults=private) == [everywhere]
+    assert virtual_services_for(services, "demo", defaults=private) == [everywhere, unset]
+    assert virtual_service_for_host(services, "other", REVIEWS, defaults=private) is None
+    assert virtual_service_for_host(services, "demo", REVIEWS, defaults=private) is unset
+    named = ExportToDefaults(virtual_service=("shop",))
+    assert virtual_services_for(services, "shop", defaults=named) == [everywhere, unset]
+    assert virtual_services_for(services, "demo", defaults=named) == [everywhere]  # not even its own namespace
+    assert virtual_services_for(services, "demo", defaults=ExportToDefaults(virtual_service=("~",))) == [everywhere]
+    assert virtual_services_for(services, "x", defaults=ExportToDefaults(virtual_service=("*",))) == [everywhere, unset]
+
+
+def test_the_mesh_default_export_of_destination_rules() -> None:
+    """meshConfig defaultDestinationRuleExportTo: istiod honours only `.` (the rule stays in its
+    namespace); any other default leaves a rule without exportTo exported everywhere."""
+    unset, root = dr("demo", "svc"), dr(ROOT, "mesh", host="*.svc.cluster.local")
+    private = ExportToDefaults(destination_rule=(".",))
+    assert destination_rule_for([unset, root], "other", {}, REVIEWS, "demo", ROOT, private) is None
+    assert destination_rule_for([unset, root], "demo", {}, REVIEWS, "demo", ROOT, private) is unset
+    assert destination_rule_for([root], ROOT, {}, REVIEWS, "demo", ROOT, private) is root
+    exported = dr("demo", "exported", export_to=("other",))
+    assert destination_rule_for([exported], "other", {}, REVIEWS, "demo", ROOT, private) is exported
+    for default in (("shop",), ("~",), ("*",)):
+        assert destination_rule_for([unset], "other", {}, REVIEWS, "demo", ROOT,
+                                    ExportToDefaults(destination_rule=default)) is unset, default
 
 
 def test_sidecar_selection_and_egress_hosts() -> None:

@@ -11,7 +11,7 @@ import yaml
 
 from istiod.model.config.common import MatchKind
 from istiod.model.config.kinds import CONFIG_KINDS
-from istiod.model.config.networking import DestinationRule, Resolution, Sidecar, VirtualService
+from istiod.model.config.networking import DestinationRule, Resolution, Sidecar, TunnelSettings, VirtualService
 from istiod.model.config.security import Action, AuthorizationPolicy, MTLSMode, PeerAuthentication
 from istiod.sources.convert import ConversionError, convert
 
@@ -67,6 +67,12 @@ def test_destination_rule_and_service_entry_values() -> None:
     assert policy.load_balancer.consistent_hash is not None and policy.load_balancer.consistent_hash.http_header_name == "x-user"
     assert policy.connection_pool is not None and policy.connection_pool.http is not None
     assert policy.connection_pool.http.http2_max_requests == 100
+    tunneled: DestinationRule = converted("DestinationRule", "corp-proxy")
+    assert tunneled.traffic_policy is not None and tunneled.traffic_policy.tunnel == TunnelSettings("db.example.com", 5432)
+    assert tunneled.traffic_policy.tunnel.hostname == "db.example.com:5432"
+    post = tunneled.subsets[0].traffic_policy
+    assert post is not None and post.tunnel == TunnelSettings("2001:db8::1", 443, use_post=True)
+    assert post.tunnel.hostname == "[2001:db8::1]:443"  # Go's net.JoinHostPort, as istiod writes it
     se = converted("ServiceEntry", "static-backend")
     assert se.resolution is Resolution.STATIC and se.endpoints[0].ports == (("grpc", 7070),)
 

@@ -169,3 +169,15 @@ def test_default_service_export_to() -> None:
     assert MeshConfig().default_service_export_to == ()  # every namespace
     parsed = parse_mesh_config("defaultServiceExportTo: ['.', istio-system]", MeshConfig(), "m")
     assert parsed.default_service_export_to == (".", "istio-system")
+
+
+def test_default_virtual_service_and_destination_rule_export_to() -> None:
+    assert MeshConfig().default_virtual_service_export_to == MeshConfig().default_destination_rule_export_to == ()
+    parsed = parse_mesh_config("defaultVirtualServiceExportTo: [shop, '.']\ndefaultDestinationRuleExportTo: ['*']",
+                               MeshConfig(), "m")
+    assert parsed.default_virtual_service_export_to == (".", "shop")
+    assert parsed.default_destination_rule_export_to == ("*",)
+    # An edit without the field: back to the base (every namespace).
+    assert parse_mesh_config("trustDomain: x", MeshConfig(), "m").default_virtual_service_export_to == ()
+    with pytest.raises(MeshConfigError, match="defaultVirtualServiceExportTo"):
+        parse_mesh_config("defaultVirtualServiceExportTo: [1]", MeshConfig(), "m")

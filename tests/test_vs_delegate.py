@@ -14,6 +14,7 @@ from istiod.model.builder import build_snapshot
 from istiod.model.config.common import MatchKind, StringMatch
 from istiod.model.config.delegate import _conflict
 from istiod.model.config.networking import HTTPMatch
+from istiod.model.mesh import MeshConfig
 from istiod.model.proxy import proxy_from_node
 from istiod.sources.store import Store
 from istiod.xds import types
@@ -107,6 +108,20 @@ def test_a_delegate_change_alone_changes_the_roots_routes() -> None:
     assert "api-v2.two" in _routes(before)
     assert _routes(after)["api-v2.two"].match.prefix == "/api/v3"
     assert after.config.virtual_services != before.config.virtual_services
+
+
+def test_a_delegate_without_export_to_takes_the_mesh_default() -> None:
+    """defaultVirtualServiceExportTo `.`: the team's delegate `api` is no longer seen by the root
+    in shop; a snapshot built on the previous one with another mesh default merges again."""
+    store = _store(ROOT)
+    private = MeshConfig(default_virtual_service_export_to=(".",))
+    before = build_snapshot(store, "v1")
+    after = build_snapshot(store, "v2", before, [], private)
+    assert list(_routes(before)) == ["api-v2.two", "api-all", "rest"]
+    assert list(_routes(after)) == ["rest"]
+    assert list(_routes(build_snapshot(store, "v3", after, [], MeshConfig()))) == ["api-v2.two", "api-all", "rest"]
+    assert list(_routes(build_snapshot(store, "v1", mesh=MeshConfig(default_virtual_service_export_to=("shop",))))) == \
+        ["api-v2.two", "api-all", "rest"]
 
 
 def test_conflicts_as_istiods_has_conflict() -> None:

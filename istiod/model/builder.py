@@ -17,6 +17,7 @@ from typing import Any, Protocol, TypeVar
 from istiod.model.batch import CronJob, Job
 from istiod.model.cluster import Namespace, Node
 from istiod.model.config import GATEWAY_API_KINDS, ConfigSet
+from istiod.model.config.scope import ExportToDefaults
 from istiod.model.config.gateway_api import GatewayApiConfig
 from istiod.model.config.gateway_conversion import convert as convert_gateway_api
 from istiod.model.credentials import TlsCredential
@@ -80,7 +81,7 @@ def build_snapshot(
 
 def _whole(objects: ObjectValues[Key], version: str, previous: Snapshot | None, mesh: MeshConfig,
            jwks: Mapping[str, str]) -> Snapshot:
-    config = ConfigSet.collect(objects)
+    config = ConfigSet.collect(objects, export_defaults=_export_defaults(mesh))
     workloads: dict[tuple[str, str], Workload] = {(w.namespace, w.name): w for w in objects.values("Pod")}
     jobs: dict[tuple[str, str], Job] = {(j.namespace, j.name): j for j in objects.values("Job")}
     endpoint_slices: dict[tuple[str, str], EndpointSlice] = {
@@ -123,11 +124,15 @@ def _whole(objects: ObjectValues[Key], version: str, previous: Snapshot | None, 
     )
 
 
+def _export_defaults(mesh: MeshConfig) -> ExportToDefaults:
+    return ExportToDefaults(mesh.default_virtual_service_export_to, mesh.default_destination_rule_export_to)
+
+
 def _next(objects: ObjectValues[Key], version: str, previous: Snapshot, keys: Mapping[str, list[Key]],
           mesh: MeshConfig, jwks: Mapping[str, str]) -> Snapshot:
     assert previous.selection is not None and previous.lookups is not None  # set by Snapshot.__post_init__
     selection = previous.selection
-    config = ConfigSet.collect(objects, previous.config, keys.keys())
+    config = ConfigSet.collect(objects, previous.config, keys.keys(), _export_defaults(mesh))
 
     workloads = previous.workloads
     pods = [(k.namespace, k.name) for k in keys.get("Pod", ())]

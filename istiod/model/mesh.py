@@ -97,8 +97,11 @@ class MeshConfig:
     # How long listeners that sniff a port's protocol wait for the client's first bytes (seconds);
     # Istio's default 0 waits forever (a server-first protocol on a sniffed port hangs, as in Istio).
     protocol_detection_timeout: float = 0.0
-    # The exportTo of Services and ServiceEntries that set none (empty: Istio's default, `*`).
+    # The exportTo of Services and ServiceEntries, VirtualServices and DestinationRules that set none
+    # (empty: Istio's default, `*`).
     default_service_export_to: tuple[str, ...] = ()
+    default_virtual_service_export_to: tuple[str, ...] = ()
+    default_destination_rule_export_to: tuple[str, ...] = ()
     network_gateways: tuple[NetworkGateway, ...] = ()  # meshNetworks' gateways, sorted
     # The network of endpoints without one of their own: meshNetworks' `fromRegistry` naming our
     # cluster ID (it wins, as istiod), else the first `fromCidr` holding the IP.

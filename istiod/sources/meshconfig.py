@@ -39,7 +39,7 @@ T = TypeVar("T")
 MESH_NETWORKS_KEY = "meshNetworks"  # istiod's MeshNetworks, beside the mesh config (kubemesh.MeshNetworksKey)
 _FIELDS = ("trustDomain", "trustDomainAliases", "rootNamespace", "outboundTrafficPolicy", "enableAutoMtls", "defaultConfig",
            "discoverySelectors", "localityLbSetting", "extensionProviders", "protocolDetectionTimeout",
-           "defaultServiceExportTo", "meshNetworks")
+           "defaultServiceExportTo", "defaultVirtualServiceExportTo", "defaultDestinationRuleExportTo", "meshNetworks")
 
 
 class MeshConfigError(ValueError):
@@ -107,6 +107,10 @@ def _parse(f: _Fields, base: MeshConfig) -> MeshConfig:
         extension_providers=providers,
         protocol_detection_timeout=_protocol_detection_timeout(f, base),
         default_service_export_to=_default_export_to(f, "defaultServiceExportTo", base.default_service_export_to),
+        default_virtual_service_export_to=_default_export_to(f, "defaultVirtualServiceExportTo",
+                                                             base.default_virtual_service_export_to),
+        default_destination_rule_export_to=_default_export_to(f, "defaultDestinationRuleExportTo",
+                                                              base.default_destination_rule_export_to),
     ))
 
 

@@ -57,13 +57,18 @@ class ConfigSet:
     # What the Gateway API objects above make (the model builder converts them, with Services and
     # Secrets): carried over until the builder converts again.
     gateway_api: GatewayApiConfig = GatewayApiConfig()
+    # The mesh's exportTo of VirtualServices and DestinationRules that set none, read by every lookup.
+    export_defaults: scope.ExportToDefaults = scope.ExportToDefaults()
     _index: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def collect(cls, objects: _Values, previous: ConfigSet | None = None,
-                changed: Collection[str] = ()) -> ConfigSet:
+    def collect(cls, objects: _Values, previous: ConfigSet | None = None, changed: Collection[str] = (),
+                export_defaults: scope.ExportToDefaults = scope.ExportToDefaults()) -> ConfigSet:
         """Every kind from `objects`; with `previous`, only the `changed` kinds (the others and, when
-        none changed, the whole set with its indexes are carried over)."""
+        none changed, the whole set with its indexes are carried over). Other `export_defaults`
+        than the previous set's merge the delegates again (their visibility changed)."""
+        if previous is not None and previous.export_defaults != export_defaults:
+            changed = {*changed, "VirtualService"}
         if previous is not None and not any(kind in changed for kind in _FIELDS):
             return previous
         fields: dict[str, Any] = {
@@ -71,8 +76,9 @@ class ConfigSet:
             for kind, name in _FIELDS.items()
         }
         if previous is None or "VirtualService" in changed:  # roots take their delegates' routes
-            fields["virtual_services"] = merge_delegates(fields["virtual_services"])
-        return cls(**fields, gateway_api=previous.gateway_api if previous is not None else GatewayApiConfig())
+            fields["virtual_services"] = merge_delegates(fields["virtual_services"], export_defaults)
+        return cls(**fields, gateway_api=previous.gateway_api if previous is not None else GatewayApiConfig(),
+                   export_defaults=export_defaults)
 
     @property
     def has_gateway_api(self) -> bool:
@@ -122,7 +128,8 @@ class ConfigSet:
         if not (proxy_namespace in grouped or service_namespace in grouped or root_namespace in grouped):
             return None
         rules = self._in("destination_rules", proxy_namespace, service_namespace, root_namespace)
-        return scope.destination_rule_for(rules, proxy_namespace, proxy_labels, host, service_namespace, root_namespace)
+        return scope.destination_rule_for(rules, proxy_namespace, proxy_labels, host, service_namespace, root_namespace,
+                                          self.export_defaults)
 
     def virtual_service_for_host(self, namespace: str, host: str, gateway: str = MESH_GATEWAY) -> VirtualService | None:
         """The VirtualService for a host; for `mesh`, as istiod orders them (SelectVirtualServices):
@@ -131,7 +138,7 @@ class ConfigSet:
         found = self._virtual_service_for_host(namespace, host, gateway)
         if gateway != MESH_GATEWAY or not self.gateway_api.mesh_virtual_services:
             return found
-        if found is not None and found.export_to and "*" not in found.export_to:
+        if found is not None and (export_to := self.export_defaults.of_virtual_service(found)) and "*" not in export_to:
             return found
         if "mesh_routes" not in self._index:
             self._index["mesh_routes"] = {(vs.meta.namespace, vs.hosts[0]): vs
@@ -148,7 +155,7 @@ class ConfigSet:
             self._index["vs_hosts"] = (exact, wildcard)
         exact, wildcard = self._index["vs_hosts"]
         candidates = list(dict.fromkeys(exact.get(host, []) + wildcard))
-        return scope.virtual_service_for_host(candidates, namespace, host, gateway)
+        return scope.virtual_service_for_host(candidates, namespace, host, gateway, self.export_defaults)
 
     def selector_keys(self) -> frozenset[str]:
         """Every label key some object selects workloads by (workload selectors, VirtualService

@@ -16,12 +16,14 @@ from dataclasses import replace
 
 from istiod.model.config.common import MatchKind, StringMatch
 from istiod.model.config.networking import Headers, HTTPMatch, HTTPRoute, VirtualService
-from istiod.model.config.scope import exported_to
+from istiod.model.config.scope import ExportToDefaults, exported_to
 
 log = logging.getLogger(__name__)
 
 
-def merge_delegates(services: Sequence[VirtualService]) -> tuple[VirtualService, ...]:
+def merge_delegates(services: Sequence[VirtualService],
+                    defaults: ExportToDefaults = ExportToDefaults()) -> tuple[VirtualService, ...]:
+    """`defaults`: a delegate without exportTo takes the mesh's, as istiod's."""
     delegates = {(vs.meta.namespace, vs.meta.name): vs for vs in services if not vs.hosts}
     result = []
     for vs in services:
@@ -37,7 +39,7 @@ def merge_delegates(services: Sequence[VirtualService]) -> tuple[VirtualService,
             delegate = delegates.get(http.delegate)
             if delegate is None:
                 log.warning("delegate virtual service %s/%s of %s not found", namespace, name, vs.meta)
-            elif not exported_to(delegate.export_to, namespace, vs.meta.namespace):
+            elif not exported_to(defaults.of_virtual_service(delegate), namespace, vs.meta.namespace):
                 log.warning("delegate virtual service %s/%s of %s is not exported to %s", namespace, name, vs.meta,
                             vs.meta.namespace)
             else:

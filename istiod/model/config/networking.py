@@ -357,6 +357,22 @@ class PortTrafficPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class TunnelSettings:
+    """TCP to the host is carried in an HTTP CONNECT (or POST) to `target_host:target_port`: the
+    host is a proxy that opens the connection to the target."""
+
+    target_host: str
+    target_port: int
+    use_post: bool = False
+
+    @property
+    def hostname(self) -> str:
+        """`host:port`, an IPv6 address in brackets (Go's net.JoinHostPort, as istiod writes it)."""
+        return f"[{self.target_host}]:{self.target_port}" if ":" in self.target_host else \
+            f"{self.target_host}:{self.target_port}"
+
+
+@dataclass(frozen=True, slots=True)
 class TrafficPolicy:
     load_balancer: LoadBalancerSettings | None = None
     connection_pool: ConnectionPool | None = None
@@ -364,6 +380,7 @@ class TrafficPolicy:
     tls: ClientTLS | None = None
     port_level_settings: tuple[PortTrafficPolicy, ...] = ()
     proxy_protocol: int | None = None  # the PROXY protocol version (1 or 2) sent first to the upstream
+    tunnel: TunnelSettings | None = None
 
 
 @dataclass(frozen=True, slots=True)

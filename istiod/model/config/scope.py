@@ -1,7 +1,7 @@
 """Which config applies where: istiod's scoping rules as pure functions over model values.
 
 - exportTo: `.` the object's namespace, `*` every namespace, `~` none, else the named ones; empty
-  means the mesh default (every namespace).
+  means the mesh default (meshConfig's default*ExportTo, else every namespace).
 - The root namespace (the mesh's rootNamespace) holds mesh-wide defaults.
 - DestinationRule for (proxy namespace, host): the proxy's own namespace first, then the host's
   service namespace (exported rules), then the root namespace; within one, the most specific host.
@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from istiod.model.config.common import Labels, Meta, selector_matches
@@ -39,6 +40,23 @@ def exported_to(export_to: Sequence[str], owner_namespace: str, namespace: str) 
         if value == "*" or value == namespace or (value == "." and owner_namespace == namespace):
             return True
     return False
+
+
+@dataclass(frozen=True, slots=True)
+class ExportToDefaults:
+    """meshConfig's defaultVirtualServiceExportTo and defaultDestinationRuleExportTo: the exportTo
+    of the objects that set none (empty: Istio's default, `*`)."""
+
+    virtual_service: tuple[str, ...] = ()
+    destination_rule: tuple[str, ...] = ()
+
+    def of_virtual_service(self, vs: VirtualService) -> tuple[str, ...]:
+        return vs.export_to or self.virtual_service
+
+    def of_destination_rule(self, rule: DestinationRule) -> tuple[str, ...]:
+        """istiod honours only `.` of this default (the rule stays in its namespace); with any other
+        value a rule without exportTo is exported to every namespace."""
+        return rule.export_to or ((".",) if "." in self.destination_rule else ())
 
 
 def host_matches(pattern: str, host: str) -> bool:
@@ -67,17 +85,18 @@ def _ordered(items: Iterable[S]) -> list[S]:
     return sorted(items, key=lambda i: (i.meta.namespace, i.meta.name))
 
 
-def virtual_services_for(services: Iterable[VirtualService], namespace: str,
-                         gateway: str = MESH_GATEWAY) -> list[VirtualService]:
+def virtual_services_for(services: Iterable[VirtualService], namespace: str, gateway: str = MESH_GATEWAY,
+                         defaults: ExportToDefaults = ExportToDefaults()) -> list[VirtualService]:
     """VirtualServices a proxy in `namespace` sees, bound to `gateway` (`mesh` or `<ns>/<name>`)."""
     return [vs for vs in _ordered(services)
-            if gateway in vs.gateways and exported_to(vs.export_to, vs.meta.namespace, namespace)]
+            if gateway in vs.gateways and exported_to(defaults.of_virtual_service(vs), vs.meta.namespace, namespace)]
 
 
 def virtual_service_for_host(services: Iterable[VirtualService], namespace: str, host: str,
-                             gateway: str = MESH_GATEWAY) -> VirtualService | None:
+                             gateway: str = MESH_GATEWAY,
+                             defaults: ExportToDefaults = ExportToDefaults()) -> VirtualService | None:
     """The VirtualService whose host matches `host` most specifically (oldest-by-name wins a tie)."""
-    candidates = virtual_services_for(services, namespace, gateway)
+    candidates = virtual_services_for(services, namespace, gateway, defaults)
     best = most_specific(host, (h for vs in candidates for h in vs.hosts))
     return next((vs for vs in candidates if best in vs.hosts), None) if best else None
 
@@ -94,7 +113,8 @@ def mesh_route_for_host(routes: Mapping[tuple[str, str], VirtualService], namesp
 
 
 def destination_rule_for(rules: Iterable[DestinationRule], proxy_namespace: str, proxy_labels: Mapping[str, str],
-                         host: str, service_namespace: str, root_namespace: str) -> DestinationRule | None:
+                         host: str, service_namespace: str, root_namespace: str,
+                         defaults: ExportToDefaults = ExportToDefaults()) -> DestinationRule | None:
     """istiod's lookup order: the proxy's namespace (its rules need no export; a rule with a
     workloadSelector applies only to the workloads it selects), the service's namespace, then
     the root namespace (both only rules exported to the proxy's namespace)."""
@@ -114,7 +134,7 @@ def destination_rule_for(rules: Iterable[DestinationRule], proxy_namespace: str,
         if namespace == proxy_namespace:
             continue
         exported = [r for r in ordered if r.meta.namespace == namespace and not r.workload_selector
-                    and exported_to(r.export_to, r.meta.namespace, proxy_namespace)]
+                    and exported_to(defaults.of_destination_rule(r), r.meta.namespace, proxy_namespace)]
         if (found := best(exported)) is not None:
             return found
     return None

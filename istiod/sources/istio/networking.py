@@ -17,7 +17,8 @@ from istiod.model.config.networking import (
     HashAlgorithm, HTTPCookie, HTTPSettings, H2UpgradePolicy, IngressListener, L4Match, L4Route, LoadBalancer, LoadBalancerSettings, LocalityDistribute, LocalityFailover,
     LocalityLbSetting, Location, Mirror, OutlierDetection,
     PortTrafficPolicy, Redirect, Resolution, Retries, Rewrite, RouteDestination, Server, ServerTLS, ServerTLSMode,
-    ServiceEntry, ServicePort, Sidecar, Subset, TCPSettings, TcpKeepalive, TLSMode, TrafficPolicy, VirtualService, Warmup,
+    ServiceEntry, ServicePort, Sidecar, Subset, TCPSettings, TcpKeepalive, TLSMode, TrafficPolicy, TunnelSettings,
+    VirtualService, Warmup,
     WorkloadEntry,
 )
 from istiod.model.config.networking import TLS_PROTOCOL_VERSIONS, routing_claim
@@ -726,18 +727,38 @@ def _client_tls(f: _Fields, path: str) -> ClientTLS | None:
 
 
 _POLICY_FIELDS = ("loadBalancer", "connectionPool", "outlierDetection", "tls")
-# tunnel configures the TCP proxy of the listeners that reach the host (tunnelingconfig in istiod), not its cluster.
-_POLICY_UNSUPPORTED = ("tunnel",)
 _PROXY_PROTOCOL_VERSIONS = {"V1": 1, "V2": 2}
+
+
+def _tunnel(f: _Fields, path: str) -> TunnelSettings | None:
+    """istiod's validateTunnelSettings, every error of the object at once as istiod reports them."""
+    sub = fields(f, path)
+    if sub is None:
+        return None
+    only(sub, ("protocol", "targetHost", "targetPort"))
+    protocol, host = sub.get("protocol", str, ""), sub.get("targetHost", str, "")
+    target_port = sub.get("targetPort", int, 0)
+    errors = []
+    if protocol not in ("", "CONNECT", "POST"):
+        errors.append('tunnel protocol must be "CONNECT" or "POST"')
+    if (host_error := fqdn_error(host)) is not None and not is_ip(host):
+        errors.append(f"tunnel target host must be valid FQDN or IP address: {host_error}; {host} is not a valid IP")
+    if not 1 <= target_port <= 65535:
+        errors.append(f"tunnel target port is invalid: port number {target_port} must be in the range 1..65535")
+    if errors:
+        raise sub.fail("; ".join(errors))
+    return TunnelSettings(host, target_port, protocol == "POST")
 
 
 def _traffic_policy(f: _Fields, path: str) -> TrafficPolicy | None:
     sub = fields(f, path)
     if sub is None:
         return None
-    only(sub, _POLICY_FIELDS + ("portLevelSettings", "proxyProtocol"), _POLICY_UNSUPPORTED)
+    only(sub, _POLICY_FIELDS + ("portLevelSettings", "proxyProtocol", "tunnel"))
     if not sub.body:
         raise f.fail(f"{path}: traffic policy must have at least one field")
+    if "tunnel" in sub.body and "proxyProtocol" in sub.body:
+        raise f.fail(f"{path}: tunnel and proxyProtocol must not be set together")
     proxy_protocol = None
     if (pp := fields(sub, "proxyProtocol")) is not None:
         only(pp, ("version",))
@@ -754,7 +775,8 @@ def _traffic_policy(f: _Fields, path: str) -> TrafficPolicy | None:
         if len(p.body) == 1:
             raise p.fail("port traffic policy must have at least one field")
         port_level.append(PortTrafficPolicy(number, *_policy_parts(p)))
-    return TrafficPolicy(*_policy_parts(sub), port_level_settings=tuple(port_level), proxy_protocol=proxy_protocol)
+    return TrafficPolicy(*_policy_parts(sub), port_level_settings=tuple(port_level), proxy_protocol=proxy_protocol,
+                         tunnel=_tunnel(sub, "tunnel"))
 
 
 def _policy_parts(f: _Fields) -> tuple[LoadBalancerSettings | None, ConnectionPool | None,

@@ -15,6 +15,8 @@ from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 from google.protobuf import any_pb2, duration_pb2
 from google.protobuf.message import Message
 
+from istiod.model.config.networking import TunnelSettings
+
 ROUTER_FILTER = "envoy.filters.http.router"
 FAULT_FILTER = "envoy.filters.http.fault"
 CORS_FILTER = "envoy.filters.http.cors"
@@ -60,15 +62,24 @@ def network_filter(name: str, config: Message) -> listener_components_pb2.Filter
     return listener_components_pb2.Filter(name=name, typed_config=pack(config))
 
 
-def tcp_proxy(stat_prefix: str, cluster: str) -> listener_components_pb2.Filter:
-    return network_filter(TCP_PROXY_FILTER, tcp_proxy_pb2.TcpProxy(stat_prefix=stat_prefix, cluster=cluster))
+def tcp_proxy(stat_prefix: str, cluster: str, tunnel: TunnelSettings | None = None) -> listener_components_pb2.Filter:
+    return network_filter(TCP_PROXY_FILTER, tcp_proxy_pb2.TcpProxy(stat_prefix=stat_prefix, cluster=cluster,
+                                                                   tunneling_config=_tunneling_config(tunnel)))
 
 
-def l4_proxy(stat_prefix: str, destinations: Sequence[tuple[str, int]]) -> listener_components_pb2.Filter:
-    """tcp_proxy to (cluster, weight) destinations: the one cluster itself, else weighted."""
+def l4_proxy(stat_prefix: str, destinations: Sequence[tuple[str, int]],
+             tunnel: TunnelSettings | None = None) -> listener_components_pb2.Filter:
+    """tcp_proxy to (cluster, weight) destinations: the one cluster itself, else weighted; with
+    `tunnel`, the bytes ride in an HTTP CONNECT (or POST) to the upstream (a DestinationRule's)."""
     if len(destinations) == 1:
-        return tcp_proxy(destinations[0][0], destinations[0][0])
+        return tcp_proxy(destinations[0][0], destinations[0][0], tunnel)
     return network_filter(TCP_PROXY_FILTER, tcp_proxy_pb2.TcpProxy(
         stat_prefix=stat_prefix, weighted_clusters=tcp_proxy_pb2.TcpProxy.WeightedCluster(clusters=[
             tcp_proxy_pb2.TcpProxy.WeightedCluster.ClusterWeight(name=name, weight=weight)
-            for name, weight in destinations])))
+            for name, weight in destinations]), tunneling_config=_tunneling_config(tunnel)))
+
+
+def _tunneling_config(tunnel: TunnelSettings | None) -> tcp_proxy_pb2.TcpProxy.TunnelingConfig | None:
+    if tunnel is None:
+        return None
+    return tcp_proxy_pb2.TcpProxy.TunnelingConfig(hostname=tunnel.hostname, use_post=tunnel.use_post)

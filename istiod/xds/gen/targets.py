@@ -3,11 +3,11 @@ triples or cluster targets, or everything the proxy sees for a wildcard. Shared 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from istiod.model.config.networking import (
-    ConsistentHash, DestinationRule, HTTPRoute, L4Route, Sidecar, Subset, VirtualService,
+    ConsistentHash, DestinationRule, HTTPRoute, L4Route, Sidecar, Subset, TunnelSettings, VirtualService,
 )
 from istiod.model.config.scope import egress_allows, exported_to
 from istiod.model.mesh import OutboundTrafficPolicy
@@ -96,6 +96,37 @@ def hash_lookup(snapshot: Snapshot, proxy: Proxy) -> Callable[[str, str, int], C
         return lb.consistent_hash if lb is not None else None
 
     return consistent_hash
+
+
+# For a tcp_proxy to (cluster, weight) destinations: the tunnel it opens to the upstream, if any.
+TunnelOf = Callable[[Sequence[tuple[str, int]]], TunnelSettings | None]
+
+
+def no_tunnel(_: Sequence[tuple[str, int]]) -> TunnelSettings | None:
+    return None
+
+
+def tunnel_lookup(snapshot: Snapshot, proxy: Proxy) -> TunnelOf:
+    """istiod's tunnelingconfig.Apply: the DestinationRule of the first destination's host decides;
+    to one destination with a subset, the subset's tunnel (none if the subset sets none), else the
+    rule's own. A weighted split takes the rule's own: the tunnel is the listener's, not a cluster's."""
+    def tunnel(destinations: Sequence[tuple[str, int]]) -> TunnelSettings | None:
+        try:
+            _, _, subset_name, host = parse_cluster_name(destinations[0][0])
+        except ValueError:  # PassthroughCluster, BlackHoleCluster
+            return None
+        service = snapshot.services.get(host)
+        rule = destination_rule(snapshot, proxy, service) if service is not None else None
+        if rule is None:
+            return None
+        if subset_name and len(destinations) == 1:
+            subset = rule.subset(subset_name)
+            policy = subset.traffic_policy if subset is not None else None
+        else:
+            policy = rule.traffic_policy
+        return policy.tunnel if policy is not None else None
+
+    return tunnel
 
 
 def route_inputs(snapshot: Snapshot, proxy: Proxy, service: Service) -> tuple[VirtualService | None, tuple[object, ...]]:

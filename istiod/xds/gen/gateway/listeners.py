@@ -26,7 +26,7 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import http_con
 from google.protobuf import duration_pb2, wrappers_pb2
 
 from istiod import logs
-from istiod.model.config.networking import ServerTLSMode
+from istiod.model.config.networking import ServerTLSMode, TunnelSettings
 from istiod.model.proxy import Proxy
 from istiod.model.snapshot import Snapshot
 from istiod.xds import types
@@ -37,6 +37,7 @@ from istiod.xds.gen.filters import (
 from istiod.xds.gen.gateway.servers import GatewayServer, bound_hosts, servers_by, sni_dnat_names
 from istiod.xds.gen.routes import L4Destinations, gateway_tcp_destinations, gateway_tls_destinations
 from istiod.xds.gen.security import workload_policy
+from istiod.xds.gen.targets import destination_rule, tunnel_lookup
 from istiod.xds.gen.tls import HTTP_ALPN, MESH_ALPN_MATCH, TLS_TRANSPORT_SOCKET, sds_downstream_tls, server_tls
 
 TLS_INSPECTOR_FILTER = "envoy.filters.listener.tls_inspector"
@@ -44,8 +45,8 @@ log = logging.getLogger(__name__)
 _duplicate = logs.Throttled(log, 60.0)  # every push meets the same routes again
 _empty = logs.Throttled(log, 60.0)
 
-# A TCP or TLS server's routes: (SNI names, where they send) per filter chain.
-L4Chains = tuple[tuple[tuple[str, ...], L4Destinations], ...]
+# A TCP or TLS server's routes: (SNI names, where they send, the DestinationRule's tunnel) per filter chain.
+L4Chains = tuple[tuple[tuple[str, ...], L4Destinations, TunnelSettings | None], ...]
 
 
 def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
@@ -73,25 +74,29 @@ def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
 def l4_chains(snapshot: Snapshot, proxy: Proxy,
               servers: tuple[GatewayServer, ...]) -> tuple[dict[GatewayServer, L4Chains], tuple[object, ...]]:
     """The chains of a listener's TCP and TLS servers, and what they depend on (for the cache: the
-    bound VirtualServices and their destinations' Services). An SNI name already taken on the
-    listener leaves the later match out, with a warning, as istiod (Envoy refuses two chains alike)."""
+    bound VirtualServices, their destinations' Services and DestinationRules). An SNI name already
+    taken on the listener leaves the later match out, with a warning, as istiod (Envoy refuses two
+    chains alike). AUTO_PASSTHROUGH chains never tunnel, as istiod's."""
     chains: dict[GatewayServer, L4Chains] = {}
     depends_on: list[object] = []
     taken: set[str] = set()
+    tunnel_of = tunnel_lookup(snapshot, proxy)
     for served in servers:
         if served.plaintext_http or served.tls:
             continue
         bound = list(dict.fromkeys(vs for _, vs in bound_hosts(snapshot, proxy, served)))
         depends_on += bound
-        depends_on += [snapshot.services.get(r.destination.host)
-                       for vs in bound for route in (*vs.tcp, *vs.tls) for r in route.route]
+        destinations = [snapshot.services.get(r.destination.host)
+                        for vs in bound for route in (*vs.tcp, *vs.tls) for r in route.route]
+        depends_on += destinations
+        depends_on += [destination_rule(snapshot, proxy, s) for s in destinations if s is not None]
         if served.auto_passthrough:
-            chains[served] = tuple(((name,), [(name, 0)]) for name in sni_dnat_names(snapshot, proxy, served))
+            chains[served] = tuple(((name,), [(name, 0)], None) for name in sni_dnat_names(snapshot, proxy, served))
             continue
         if not served.passthrough:
             sent = gateway_tcp_destinations(bound, served.port, served.ref, snapshot.services)
             names = tuple(served.server_names) if served.terminates else ()
-            chains[served] = ((names, sent),) if sent else ()
+            chains[served] = ((names, sent, tunnel_of(sent)),) if sent else ()
             continue
         found = []
         for vs, names, sent in gateway_tls_destinations(bound, served.port, served.ref, snapshot.services):
@@ -100,7 +105,8 @@ def l4_chains(snapshot: Snapshot, proxy: Proxy,
                                               virtual_service=str(vs.meta), sni_hosts=",".join(sorted(taken & set(names)))))
                 continue
             taken.update(names)
-            found.append(((), sent) if "*" in names else (names, sent))  # `*`: any name (a TLSRoute without hostnames)
+            # `*`: any name (a TLSRoute without hostnames)
+            found.append(((), sent, tunnel_of(sent)) if "*" in names else (names, sent, tunnel_of(sent)))
         chains[served] = tuple(found)
     return chains, tuple(depends_on)
 
@@ -131,8 +137,8 @@ def gateway_listener(name: str, servers: tuple[GatewayServer, ...],
                 filters=[_hcm(name, served.route_name, http_filters)],
             ))
             continue
-        for names, sent in (l4 or {}).get(served, ()):
-            chain = listener_components_pb2.FilterChain(filters=[l4_proxy(sent[0][0], sent)])
+        for names, sent, tunnel in (l4 or {}).get(served, ()):
+            chain = listener_components_pb2.FilterChain(filters=[l4_proxy(sent[0][0], sent, tunnel)])
             if names:
                 chain.filter_chain_match.server_names.extend(names)
             if served.terminates:

@@ -207,7 +207,8 @@ def bound_hosts(snapshot: Snapshot, proxy: Proxy, served: GatewayServer) -> Iter
     """(host, VirtualService) for each VirtualService bound to the server's Gateway, visible to the
     proxy's namespace, and each of its hosts one of the server's hosts admits (the more specific
     of the two names, as istiod picks)."""
-    for vs in scope.virtual_services_for(snapshot.config.all_virtual_services, proxy.namespace, served.ref):
+    for vs in scope.virtual_services_for(snapshot.config.all_virtual_services, proxy.namespace, served.ref,
+                                         snapshot.config.export_defaults):
         for host in vs.hosts:
             for namespace, pattern in served.server.hosts:
                 if not _namespace_admits(namespace, served.gateway.meta.namespace, vs.meta.namespace):

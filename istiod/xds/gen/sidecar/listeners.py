@@ -67,7 +67,7 @@ from istiod.xds.gen.eds import is_ip
 from istiod.xds.gen.extauthz import ResolvedProvider
 from istiod.xds.gen.rbac import authorization_filters, tcp_authorization_filters
 from istiod.xds.gen.security import WorkloadPolicy, inbound_mtls_mode, workload_policy
-from istiod.xds.gen.targets import alike, route_inputs
+from istiod.xds.gen.targets import TunnelOf, alike, no_tunnel, route_inputs, tunnel_lookup
 from istiod.xds.gen.tls import (
     HTTP_ALPN, MESH_ALPN_MATCH, MESH_HTTP_ALPN_MATCH, MESH_TCP_ALPN_MATCH, PLAINTEXT_HTTP_ALPN_MATCH, sds_downstream_tls,
     TLS_TRANSPORT_SOCKET, server_tls,
@@ -126,6 +126,7 @@ def _outbound(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[Re
     source = (proxy.namespace, dict(proxy.labels))
     unaddressed: dict[int, list[OutboundPort]] = {}  # TCP ports of ServiceEntry hosts without a VIP
     timeout = snapshot.mesh.protocol_detection_timeout
+    tunnel_of = tunnel_lookup(snapshot, proxy)
     for target in outbound_ports(snapshot, proxy):
         number = target.number
         if number in PROXY_PORTS:
@@ -144,7 +145,8 @@ def _outbound(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[Re
                     types.LISTENER, name, (target.service, *depends_on),
                     lambda: tcp_outbound_listener(address, target, tcp_destinations(
                         vs, target.service, target.port.port, snapshot.services, source, target.vip),
-                        tls_destinations(vs, target.port.port, snapshot.services, source, target.vip), timeout),
+                        tls_destinations(vs, target.port.port, snapshot.services, source, target.vip), timeout,
+                        tunnel_of),
                     scope=f"{target.bind_to_port}:{alike_key}:{timeout}"))
         elif target.service.external_host:
             unaddressed.setdefault(number, []).append(target)
@@ -165,7 +167,7 @@ def _outbound(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[Re
                     t.cluster: (tcp_destinations(inputs[t.cluster][0], t.service, t.port.port, snapshot.services,
                                                  source, None),
                                 tls_destinations(inputs[t.cluster][0], t.port.port, snapshot.services, source, None))
-                    for t in targets}),
+                    for t in targets}, tunnel_of),
                 scope=f"{unmatched}:{alike_key}"))
     return result
 
@@ -189,7 +191,8 @@ def _per_endpoint(snapshot: Snapshot, proxy: Proxy, target: OutboundPort, named:
             types.LISTENER, name, (target.service, *depends_on),
             lambda: tcp_outbound_listener(endpoint.address, target, tcp_destinations(
                 vs, target.service, target.port.port, snapshot.services, source, None),
-                tls_destinations(vs, target.port.port, snapshot.services, source, None), timeout),
+                tls_destinations(vs, target.port.port, snapshot.services, source, None), timeout,
+                tunnel_lookup(snapshot, proxy)),
             scope=scope))
     return result
 
@@ -277,15 +280,17 @@ def _http_inspector(skip_ports: Sequence[int] = ()) -> listener_components_pb2.L
 
 def tcp_outbound_listener(address: str, target: OutboundPort, destinations: L4Destinations,
                           by_sni: Sequence[tuple[tuple[str, ...], L4Destinations]] = (),
-                          timeout: float = 0.0) -> listener_pb2.Listener:
+                          timeout: float = 0.0, tunnel_of: TunnelOf = no_tunnel) -> listener_pb2.Listener:
     """tcp_proxy to where the VirtualService's `tls` routes send by SNI, and the rest where its
-    `tcp` routes send (weighted if several). A port of undeclared protocol is sniffed, as istiod:
+    `tcp` routes send (weighted if several), each through the tunnel a DestinationRule asks for.
+    A port of undeclared protocol is sniffed, as istiod:
     what the HTTP inspector recognises as HTTP/1.1 or h2c takes the HCM and the service's own
     route configuration `<host>:<port>` (its VirtualService's `http` routes), the rest this."""
     port = target.number
     name = f"{address}_{port}"
-    listener = _outbound_listener(name, address, port, l4_proxy(target.cluster, destinations), target.bind_to_port)
-    listener = _by_sni(listener, [(names, l4_proxy(target.cluster, sent)) for names, sent in by_sni])
+    listener = _outbound_listener(name, address, port, l4_proxy(target.cluster, destinations, tunnel_of(destinations)),
+                                  target.bind_to_port)
+    listener = _by_sni(listener, [(names, l4_proxy(target.cluster, sent, tunnel_of(sent))) for names, sent in by_sni])
     if target.protocol is Protocol.UNSUPPORTED:
         # Matching never backtracks: a connection the HTTP chain's `raw_buffer` claims but whose
         # protocol is not HTTP would match no chain. The TCP chain is the default, as istiod's.
@@ -303,7 +308,7 @@ L4Routes = Mapping[str, tuple[L4Destinations, Sequence[tuple[tuple[str, ...], L4
 
 
 def unaddressed_listener(port: int, targets: Sequence[OutboundPort], unmatched: str,
-                         routes: L4Routes | None = None) -> listener_pb2.Listener:
+                         routes: L4Routes | None = None, tunnel_of: TunnelOf = no_tunnel) -> listener_pb2.Listener:
     """istiod's wildcard listener for ServiceEntry hosts without an address: a connection to any
     IP on the port is theirs, by the destination's CIDR for hosts with one (a ServiceEntry address
     `10.1.0.0/16`), by SNI on TLS ports (the client resolved the host itself, `*.example.com`
@@ -315,7 +320,8 @@ def unaddressed_listener(port: int, targets: Sequence[OutboundPort], unmatched: 
     found = routes or {}
 
     def tcp(target: OutboundPort) -> listener_components_pb2.Filter:
-        return l4_proxy(target.cluster, found.get(target.cluster, ([(target.cluster, 0)], ()))[0])
+        sent = found.get(target.cluster, ([(target.cluster, 0)], ()))[0]
+        return l4_proxy(target.cluster, sent, tunnel_of(sent))
 
     cidr = {t.service.cluster_ip: t for t in reversed(targets) if "/" in t.service.cluster_ip}
     rest = [t for t in targets if "/" not in t.service.cluster_ip]
@@ -327,8 +333,8 @@ def unaddressed_listener(port: int, targets: Sequence[OutboundPort], unmatched: 
     claimed: set[str] = set()  # Envoy refuses two chains of one match: the first target keeps a name
     for target in sorted(tls, key=lambda t: t.service.hostname):
         sni = found.get(target.cluster, ([], ()))[1]
-        chosen = [(names, l4_proxy(target.cluster, sent)) for names, sent in sni] or [((target.service.hostname,),
-                                                                                        tcp(target))]
+        chosen = [(names, l4_proxy(target.cluster, sent, tunnel_of(sent))) for names, sent in sni] or \
+            [((target.service.hostname,), tcp(target))]
         for names, proxy in chosen:
             if free := tuple(n for n in names if n not in claimed):
                 claimed.update(free)
