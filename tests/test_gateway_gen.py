@@ -210,7 +210,8 @@ def test_secrets_go_only_to_a_verified_gateway_of_the_secrets_namespace(caplog: 
 
 
 @pytest.mark.parametrize(("tls", "protocol", "reason"), [
-    ({"mode": "SIMPLE", "serverCertificate": "/etc/c.pem", "privateKey": "/etc/k.pem"}, "HTTPS", "files are not implemented"),
+    ({"mode": "MUTUAL", "serverCertificate": "/etc/c.pem", "privateKey": "/etc/k.pem", "caCertificates": "/etc/ca.pem",
+      "verifyCertificateHash": ["ab" * 32]}, "HTTPS", "istiod ignores them with files"),
     ({"mode": "MUTUAL", "credentialName": "web-cert", "subjectAltNames": ["a"]}, "TLS", "subjectAltNames/caCertificates"),
     (None, "MONGO", "protocol MONGO is not implemented"),
 ])

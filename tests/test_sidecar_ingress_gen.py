@@ -106,9 +106,10 @@ def test_tls_terminates_the_callers_tls_where_mtls_is_disabled() -> None:
     [chain] = _chains(listeners["virtualInbound"], "0.0.0.0_9443")
     assert chain.filter_chain_match.transport_protocol == "tls"
     context = _own_tls(chain)
-    certificate = context.common_tls_context.tls_certificates[0]
-    assert (certificate.certificate_chain.filename, certificate.private_key.filename) == (
-        "/etc/certs/web.pem", "/etc/certs/web.key")
+    # The files are the agent's to read and watch, over its SDS (istiod's file-cert resource).
+    [certificate] = context.common_tls_context.tls_certificate_sds_secret_configs
+    assert certificate.name == "file-cert:/etc/certs/web.pem~/etc/certs/web.key"
+    assert certificate.sds_config.api_config_source.grpc_services[0].envoy_grpc.cluster_name == "sds-grpc"
     assert not context.require_client_certificate.value
     assert list(context.common_tls_context.alpn_protocols) == ["h2", "http/1.1"]
     # HTTPS once terminated is HTTP: an HCM to the app.
@@ -121,7 +122,8 @@ def test_mutual_tls_verifies_the_callers_certificate() -> None:
     [chain] = _chains(listeners["virtualInbound"], "0.0.0.0_9443")
     context = _own_tls(chain)
     assert context.require_client_certificate.value
-    assert context.common_tls_context.validation_context.trusted_ca.filename == "/etc/certs/ca.pem"
+    combined = context.common_tls_context.combined_validation_context
+    assert combined.validation_context_sds_secret_config.name == "file-root:/etc/certs/ca.pem"
 
 
 def test_under_permissive_mtls_the_port_keeps_the_mesh_chains() -> None:

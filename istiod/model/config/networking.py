@@ -489,6 +489,15 @@ class ServerTLS:
     # The client's certificate is asked for and passed on (XFCC) but its chain not verified: the
     # Gateway API's AllowInsecureFallback, as istiod's insecureSkipVerify.
     insecure_skip_verify: bool = False
+    # tlsCertificates: (serverCertificate, privateKey) file pairs served together (e.g. RSA and ECDSA).
+    tls_certificates: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def certificate_files(self) -> tuple[tuple[str, str], ...]:
+        """The (certificate, key) files of the server: tlsCertificates, else serverCertificate/privateKey."""
+        if self.tls_certificates:
+            return self.tls_certificates
+        return ((self.server_certificate, self.private_key),) if self.server_certificate and self.private_key else ()
 
     @property
     def credentials(self) -> tuple[str, ...]:

@@ -940,15 +940,16 @@ def _server_tls(f: _Fields, path: str) -> ServerTLS | None:
         return None
     only(sub, ("httpsRedirect", "mode", "serverCertificate", "privateKey", "caCertificates", "credentialName",
                "subjectAltNames", "minProtocolVersion", "maxProtocolVersion", "cipherSuites", "credentialNames",
-               "verifyCertificateSpki", "verifyCertificateHash", "caCrl"),
-         ("tlsCertificates", "caCertCredentialName", "insecureSkipVerify"))
+               "verifyCertificateSpki", "verifyCertificateHash", "caCrl", "tlsCertificates"),
+         ("caCertCredentialName", "insecureSkipVerify"))
     tls = ServerTLS(enum_field(sub, "mode", ServerTLSMode, "PASSTHROUGH"), sub.get("httpsRedirect", bool, False),  # type: ignore[arg-type]
                     sub.get("serverCertificate", str, ""), sub.get("privateKey", str, ""),
                     sub.get("caCertificates", str, ""), sub.get("credentialName", str, ""),
                     str_list(sub, "subjectAltNames"), sub.get("minProtocolVersion", str, ""),
                     sub.get("maxProtocolVersion", str, ""), str_list(sub, "cipherSuites"),
                     str_list(sub, "credentialNames"), str_list(sub, "verifyCertificateSpki"),
-                    str_list(sub, "verifyCertificateHash"), ca_crl=sub.get("caCrl", str, ""))
+                    str_list(sub, "verifyCertificateHash"), ca_crl=sub.get("caCrl", str, ""),
+                    tls_certificates=_tls_certificates(sub))
     _client_pins(f, path, tls)
     if tls.ca_crl:
         # istiod: the CRL of a credential is its Secret's ca.crl; with the mesh certificate or files, a file Envoy reads.
@@ -956,10 +957,13 @@ def _server_tls(f: _Fields, path: str) -> ServerTLS | None:
             raise f.fail(f"{path}.caCrl: CRL is not supported with credentialName. CRL has to be specified in the credential")
         if tls.mode is ServerTLSMode.SIMPLE:
             raise f.fail(f"{path}.caCrl: CRL is not supported with SIMPLE TLS")
-        if tls.mode is not ServerTLSMode.ISTIO_MUTUAL:
-            raise f.fail(f"{path}.caCrl: caCrl is not supported by this istiod but with ISTIO_MUTUAL "
+        if tls.credential_names:
+            raise f.fail(f"{path}.caCrl: caCrl is not supported by this istiod with credentialNames "
                          "(a credential's CRL is the ca.crl of its Secret)")
-    if sum((bool(tls.server_certificate and tls.private_key), bool(tls.credential_name), bool(tls.credential_names))) > 1:
+        if tls.mode in (ServerTLSMode.PASSTHROUGH, ServerTLSMode.AUTO_PASSTHROUGH):  # istiod warns and ignores it
+            raise f.fail(f"{path}.caCrl: {tls.mode.value} mode does not use certificates")
+    if sum((bool(tls.server_certificate and tls.private_key), bool(tls.credential_name), bool(tls.credential_names),
+            bool(tls.tls_certificates))) > 1:
         raise f.fail(f"{path}: only one of credential_name, credential_names, server_certificate/private_key, "
                      "tls_certificates should be specified")
     for name, version in (("minProtocolVersion", tls.min_protocol_version), ("maxProtocolVersion", tls.max_protocol_version)):
@@ -969,18 +973,30 @@ def _server_tls(f: _Fields, path: str) -> ServerTLS | None:
             and TLS_PROTOCOL_VERSIONS.index(tls.min_protocol_version) > TLS_PROTOCOL_VERSIONS.index(tls.max_protocol_version)):
         raise f.fail(f"{path}: minProtocolVersion is higher than maxProtocolVersion")
     if tls.mode is ServerTLSMode.ISTIO_MUTUAL:
-        if tls.server_certificate or tls.private_key or tls.ca_certificates or tls.credential_name:
-            raise f.fail(f"{path}: ISTIO_MUTUAL TLS cannot have associated private key, certificates or credentialName")
-        if tls.credential_names:
-            raise f.fail(f"{path}: ISTIO_MUTUAL TLS cannot have associated credentialNames")
+        for present, what in ((tls.server_certificate, "server certificate"), (tls.private_key, "private key"),
+                              (tls.ca_certificates, "CA bundle"), (tls.tls_certificates, "tlsCertificates"),
+                              (tls.credential_name, "credentialName"), (tls.credential_names, "credentialNames")):
+            if present:
+                raise f.fail(f"{path}: ISTIO_MUTUAL TLS cannot have associated {what}")
     elif tls.mode in (ServerTLSMode.SIMPLE, ServerTLSMode.MUTUAL, ServerTLSMode.OPTIONAL_MUTUAL) and not tls.credentials:
-        if not tls.server_certificate:
-            raise f.fail(f"{path}: {tls.mode.value} TLS requires a server certificate")
-        if not tls.private_key:
-            raise f.fail(f"{path}: {tls.mode.value} TLS requires a private key")
+        prefix = "SIMPLE TLS" if tls.mode is ServerTLSMode.SIMPLE else "MUTUAL TLS"
         if tls.mode is not ServerTLSMode.SIMPLE and not tls.ca_certificates:
-            raise f.fail(f"{path}: MUTUAL TLS requires a client CA bundle")
+            raise f.fail(f"{path}: {prefix} requires a client CA bundle")
+        for certificate, key in tls.tls_certificates or ((tls.server_certificate, tls.private_key),):
+            if not certificate:
+                raise f.fail(f"{path}: {prefix} requires a server certificate")
+            if not key:
+                raise f.fail(f"{path}: {prefix} requires a private key")
     return tls
+
+
+def _tls_certificates(f: _Fields) -> tuple[tuple[str, str], ...]:
+    """tlsCertificates: each a serverCertificate and privateKey file in the proxy."""
+    pairs = []
+    for item in items(f, "tlsCertificates"):
+        only(item, ("serverCertificate", "privateKey"))
+        pairs.append((item.get("serverCertificate", str, ""), item.get("privateKey", str, "")))
+    return tuple(pairs)
 
 
 def _client_pins(f: _Fields, path: str, tls: ServerTLS) -> None:
@@ -1022,7 +1038,7 @@ def gateway(key: ObjectKey, f: _Fields, domain: str) -> Gateway:
         if secure and tls is None:
             raise f.fail(f"{where}.tls: server must have TLS settings for HTTPS/TLS protocols")
         if not secure and tls is not None and (tls.mode is not ServerTLSMode.PASSTHROUGH or tls.server_certificate
-                                               or tls.private_key or tls.ca_certificates):
+                                               or tls.private_key or tls.ca_certificates or tls.tls_certificates):
             raise f.fail(f"{where}.tls: server cannot have TLS settings for plain text HTTP ports")
         servers.append(Server(server_port, tuple(_namespaced_host(f, f"{where}.hosts[{j}]", h, True)
                                                  for j, h in enumerate(hosts)), bind, tls, s.get("name", str, "")))
@@ -1144,6 +1160,8 @@ def _ingress_tls(f: _Fields, item: _Fields, where: str, port_protocol: str) -> S
         raise f.fail(f"{path}.credentialName: sidecar: credentialName is not currently supported")
     if tls.credential_names:
         raise f.fail(f"{path}.credentialNames: sidecar: credentialNames is not currently supported")
+    if tls.tls_certificates:
+        raise f.fail(f"{path}.tlsCertificates: sidecar: tls_certificates is not currently supported")
     if tls.verify_certificate_spki or tls.verify_certificate_hash:  # istiod applies them to credentials only
         raise f.fail(f"{path}: sidecar: verifyCertificateSpki/verifyCertificateHash are not supported in ingress tls "
                      "by this istiod (istiod ignores them without a credentialName)")

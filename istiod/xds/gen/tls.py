@@ -18,7 +18,7 @@ from google.protobuf import any_pb2, duration_pb2, wrappers_pb2
 
 from istiod.certfiles import PROVIDER_INSTANCE
 from istiod.model.config.networking import ClientTLS, ServerTLS, ServerTLSMode, TLSMode
-from istiod.model.credentials import CA_SUFFIX
+from istiod.model.credentials import CA_SUFFIX, file_cert_resource, file_root_resource
 from istiod.model.names import spiffe_identity
 from istiod.model.service import Endpoint
 from istiod.xds.gen.filters import ads_source
@@ -132,10 +132,7 @@ def originated_tls(tls: ClientTLS, alpn: Iterable[str], default_sans: Iterable[s
         validation.trusted_ca.filename = tls.ca_certificates or SYSTEM_CA_BUNDLE
         if tls.ca_crl:
             validation.crl.filename = tls.ca_crl  # a server certificate it revokes fails the handshake
-        validation.match_typed_subject_alt_names.extend(
-            common_pb2.SubjectAltNameMatcher(san_type=san_type, matcher=string_pb2.StringMatcher(exact=name))
-            for name in tls.subject_alt_names or default_sans
-            for san_type in (common_pb2.SubjectAltNameMatcher.DNS, common_pb2.SubjectAltNameMatcher.URI))
+        validation.match_typed_subject_alt_names.extend(_san_matchers(tls.subject_alt_names or default_sans))
     return _transport_socket(tls_pb2.UpstreamTlsContext(common_tls_context=common, sni=tls.sni))
 
 
@@ -145,7 +142,8 @@ def server_tls(tls: ServerTLS, alpn: Sequence[str], credentials: Sequence[str] =
     a gateway's certificates are `credentials` over SDS on the ADS stream (Envoy picks the one the
     client's algorithms admit, e.g. RSA or ECDSA), its client CA `ca_credential` combined with the
     settings' SPKI and hash pins (istiod's ApplyCredentialSDSToServerCommonTLSContext); without
-    credentials (a Sidecar ingress listener) the files the settings name, read by Envoy in the pod.
+    credentials (files in the pod: a gateway's, a Sidecar ingress listener's) the agent's
+    `file-cert:` of each certificate and `file-root:` of caCertificates, client SANs the settings'.
     A client certificate is required for MUTUAL, asked for and verified if sent for OPTIONAL_MUTUAL."""
     params = common_pb2.TlsParameters(
         # istiod's defaults for its servers: TLS 1.2 to 1.3 (validation admits only TLS_VERSIONS' names).
@@ -170,10 +168,19 @@ def server_tls(tls: ServerTLS, alpn: Sequence[str], credentials: Sequence[str] =
             combined.validation_context_sds_secret_config.CopyFrom(
                 secret_pb2.SdsSecretConfig(name=ca_credential, sds_config=source))
     else:
-        common.tls_certificates.add(certificate_chain=base_pb2.DataSource(filename=tls.server_certificate),
-                                    private_key=base_pb2.DataSource(filename=tls.private_key))
-        if verifies and tls.ca_certificates:
-            common.validation_context.trusted_ca.filename = tls.ca_certificates
+        # Files in the pod, which the agent serves over its SDS and watches (istiod's ApplyToCommonTLSContext):
+        # a replaced file is served without a restart, as Envoy reading them itself would not.
+        common.tls_certificate_sds_secret_configs.extend(
+            _sds_secret(file_cert_resource(certificate, key)) for certificate, key in tls.certificate_files)
+        if verifies:  # validation requires caCertificates for MUTUAL and OPTIONAL_MUTUAL
+            combined = common.combined_validation_context
+            combined.default_validation_context.match_typed_subject_alt_names.extend(_san_matchers(tls.subject_alt_names))
+            if tls.ca_crl:
+                combined.default_validation_context.crl.filename = tls.ca_crl  # Envoy reads it, as with istiod
+            if tls.insecure_skip_verify:
+                combined.default_validation_context.trust_chain_verification = \
+                    common_pb2.CertificateValidationContext.ACCEPT_UNTRUSTED
+            combined.validation_context_sds_secret_config.CopyFrom(_sds_secret(file_root_resource(tls.ca_certificates)))
     return tls_pb2.DownstreamTlsContext(
         common_tls_context=common, require_client_certificate=wrappers_pb2.BoolValue(value=tls.mode is ServerTLSMode.MUTUAL))
 
@@ -193,11 +200,16 @@ def _credential_sds(common: tls_pb2.CommonTlsContext, tls: ClientTLS, default_sa
         return
     combined = common.combined_validation_context
     combined.default_validation_context.match_typed_subject_alt_names.extend(
-        common_pb2.SubjectAltNameMatcher(san_type=san_type, matcher=string_pb2.StringMatcher(exact=san))
-        for san in tls.subject_alt_names or default_sans
-        for san_type in (common_pb2.SubjectAltNameMatcher.DNS, common_pb2.SubjectAltNameMatcher.URI))
+        _san_matchers(tls.subject_alt_names or default_sans))
     combined.validation_context_sds_secret_config.CopyFrom(
         secret_pb2.SdsSecretConfig(name=name + CA_SUFFIX, sds_config=_ads()))
+
+
+def _san_matchers(names: Iterable[str]) -> list[common_pb2.SubjectAltNameMatcher]:
+    """Each name matched exactly as a DNS or a URI SAN (istiod's untyped exact match)."""
+    return [common_pb2.SubjectAltNameMatcher(san_type=san_type, matcher=string_pb2.StringMatcher(exact=name))
+            for name in names
+            for san_type in (common_pb2.SubjectAltNameMatcher.DNS, common_pb2.SubjectAltNameMatcher.URI)]
 
 
 def _ads() -> config_source_pb2.ConfigSource:

@@ -120,8 +120,8 @@ class GatewayServer:
         """The SDS name of the CA verifying clients (MUTUAL, OPTIONAL_MUTUAL): `<credential>-cacert` of
         the first credential (istiod takes one CA for all of credentialNames)."""
         tls = self.server.tls
-        if tls is None or tls.mode not in (ServerTLSMode.MUTUAL, ServerTLSMode.OPTIONAL_MUTUAL):
-            return None
+        if tls is None or tls.mode not in (ServerTLSMode.MUTUAL, ServerTLSMode.OPTIONAL_MUTUAL) or not tls.credentials:
+            return None  # files: the agent's file-root of caCertificates
         return tls.ca_cert_credential_name or self.credentials[0] + CA_SUFFIX
 
     @property
@@ -145,8 +145,10 @@ def unsupported(server: Server) -> str | None:
         return None
     if tls.mode is ServerTLSMode.ISTIO_MUTUAL:  # validation admits no certificates here; subjectAltNames apply
         return None
-    if not tls.credentials:
-        return "tls.serverCertificate/privateKey files are not implemented (tls.credentialName(s) is)"
+    if not tls.credentials:  # files in the pod, served by the agent
+        if tls.verify_certificate_spki or tls.verify_certificate_hash:
+            return "tls.verifyCertificateSpki/Hash need tls.credentialName(s) (istiod ignores them with files)"
+        return None
     if tls.subject_alt_names or tls.ca_certificates:
         return "tls.subjectAltNames/caCertificates are not implemented (the credentialName's ca.crt is)"
     if (tls.verify_certificate_spki or tls.verify_certificate_hash) and tls.mode is ServerTLSMode.SIMPLE:
