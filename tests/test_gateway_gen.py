@@ -20,7 +20,7 @@ from envoy.config.route.v3 import route_components_pb2, route_pb2
 from envoy.extensions.filters.http.fault.v3 import fault_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
-from envoy.extensions.transport_sockets.tls.v3 import secret_pb2, tls_pb2
+from envoy.extensions.transport_sockets.tls.v3 import common_pb2, secret_pb2, tls_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.protobuf import struct_pb2
 
@@ -495,3 +495,40 @@ def test_a_credential_names_secret_without_its_key_is_not_sent_and_named(caplog:
     assert list(sent) == ["kubernetes://web-cert"]
     assert "without tls.crt/tls.key" in caplog.text and "istio-ingress/web-rsa" in caplog.text
     assert CREDENTIAL[2].decode().splitlines()[1] not in caplog.text
+
+
+def test_file_certificates_are_the_agents_file_cert_and_file_root_over_sds() -> None:
+    """istiod's ApplyToCommonTLSContext with files in the pod: one `file-cert:<cert>~<key>` per
+    certificate (tlsCertificates, else serverCertificate/privateKey) and `file-root:<ca>` verifying
+    clients, all from the agent's SDS (sds-grpc), so it can watch the files; SANs and CRL as set."""
+    gateway = _l4_gateway(
+        {"port": {"number": 9443, "name": "simple", "protocol": "HTTPS"}, "hosts": ["shop/secure.example.com"],
+         "tls": {"mode": "SIMPLE", "serverCertificate": "/etc/gw/tls.crt", "privateKey": "/etc/gw/tls.key",
+                 "minProtocolVersion": "TLSV1_3"}},
+        {"port": {"number": 9444, "name": "mutual", "protocol": "TLS"}, "hosts": ["shop/secure.example.com"],
+         "tls": {"mode": "MUTUAL", "caCertificates": "/etc/gw/ca.crt", "subjectAltNames": ["client.example.com"],
+                 "caCrl": "/etc/gw/ca.crl",
+                 "tlsCertificates": [{"serverCertificate": "/etc/gw/rsa.crt", "privateKey": "/etc/gw/rsa.key"},
+                                     {"serverCertificate": "/etc/gw/ec.crt", "privateKey": "/etc/gw/ec.key"}]}})
+    routes = {**L4_ROUTES, "spec": {**L4_ROUTES["spec"], "tcp": [{"route": [{"destination": {"host": "web"}}]}]}}
+    listeners = _generate(types.LISTENER, _snapshot(gateway, routes), listener_pb2.Listener)
+    contexts = {port: tls_pb2.DownstreamTlsContext.FromString(
+        listeners[f"127.0.0.60_{port}"].filter_chains[0].transport_socket.typed_config.value) for port in (9443, 9444)}
+    simple = contexts[9443].common_tls_context
+    [certificate] = simple.tls_certificate_sds_secret_configs
+    assert certificate.name == "file-cert:/etc/gw/tls.crt~/etc/gw/tls.key"
+    assert certificate.sds_config.api_config_source.grpc_services[0].envoy_grpc.cluster_name == "sds-grpc"
+    assert not simple.HasField("combined_validation_context") and not contexts[9443].require_client_certificate.value
+    assert simple.tls_params.tls_minimum_protocol_version == common_pb2.TlsParameters.TLSv1_3
+    mutual = contexts[9444].common_tls_context
+    assert [c.name for c in mutual.tls_certificate_sds_secret_configs] == [
+        "file-cert:/etc/gw/rsa.crt~/etc/gw/rsa.key", "file-cert:/etc/gw/ec.crt~/etc/gw/ec.key"]
+    combined = mutual.combined_validation_context
+    assert combined.validation_context_sds_secret_config.name == "file-root:/etc/gw/ca.crt"
+    assert {m.matcher.exact for m in combined.default_validation_context.match_typed_subject_alt_names} == {
+        "client.example.com"}
+    assert combined.default_validation_context.crl.filename == "/etc/gw/ca.crl"
+    assert contexts[9444].require_client_certificate.value
+    # Nothing for istiod to send over ADS: the agent serves these.
+    assert _generate(types.SECRET, _snapshot(gateway), secret_pb2.Secret,
+                     names=["file-cert:/etc/gw/tls.crt~/etc/gw/tls.key"]) == {}
