@@ -34,6 +34,7 @@ from google.protobuf import any_pb2
 
 from istiod.agent.envoy import EnvoyNotFound, find_envoy
 from istiod.agent.envoy_bootstrap import layered_runtime
+from istiod.agent.sds import file_secret, read_files, secret_files
 from istiod.ca.pki import cert_pem, key_pem, new_key
 from tests.peers import Process, wait_until
 from tests.pki import ca_cert, leaf_cert
@@ -284,7 +285,8 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, flow
 
 
 class SdsServer(sds_pb2_grpc.SecretDiscoveryServiceServicer):
-    """Serves `default` (a workload certificate for `identity`) and `ROOTCA` on a Unix socket."""
+    """Serves `default` (a workload certificate for `identity`), `ROOTCA`, and the agent's `file-cert:`
+    and `file-root:` on a Unix socket."""
 
     def __init__(self, path: Path, identity: str) -> None:
         root_key = self.root_key = new_key()
@@ -298,6 +300,9 @@ class SdsServer(sds_pb2_grpc.SecretDiscoveryServiceServicer):
         self.server.start()
 
     def _secret(self, name: str) -> secret_pb2.Secret:
+        # Files istiod names (a Sidecar ingress listener's certificates), read as the agent reads them.
+        if (from_files := file_secret(name, read_files(secret_files((name,))))) is not None:
+            return from_files
         if name == "ROOTCA":
             return secret_pb2.Secret(name=name, validation_context=common_pb2.CertificateValidationContext(
                 trusted_ca=base_pb2.DataSource(inline_string=cert_pem(self.root))))

@@ -45,18 +45,26 @@ ROOT_SECRET = "ROOTCA"
 FILE_POLL_SECONDS = 1.0
 
 
-def secret(name: str, issued: Issued, files: Mapping[str, bytes]) -> secret_pb2.Secret:
-    """`default` or `ROOTCA` from the current certificate, a `file-cert:` or `file-root:` from the
-    content of its files (`files`, by path); ValueError for any other name."""
-    if (paths := file_resource_paths(name)) is not None:
-        if name.startswith(FILE_CERT_PREFIX):
-            return secret_pb2.Secret(name=name, tls_certificate=common_pb2.TlsCertificate(
-                certificate_chain=base_pb2.DataSource(inline_bytes=files[paths[0]]),
-                private_key=base_pb2.DataSource(inline_bytes=files[paths[1]]),
-            ))
-        return secret_pb2.Secret(name=name, validation_context=common_pb2.CertificateValidationContext(
-            trusted_ca=base_pb2.DataSource(inline_bytes=files[paths[0]]),
+def file_secret(name: str, files: Mapping[str, bytes]) -> secret_pb2.Secret | None:
+    """A `file-cert:` or `file-root:` secret from the content of its files (`files`, by path); None
+    for another name."""
+    if (paths := file_resource_paths(name)) is None:
+        return None
+    if name.startswith(FILE_CERT_PREFIX):
+        return secret_pb2.Secret(name=name, tls_certificate=common_pb2.TlsCertificate(
+            certificate_chain=base_pb2.DataSource(inline_bytes=files[paths[0]]),
+            private_key=base_pb2.DataSource(inline_bytes=files[paths[1]]),
         ))
+    return secret_pb2.Secret(name=name, validation_context=common_pb2.CertificateValidationContext(
+        trusted_ca=base_pb2.DataSource(inline_bytes=files[paths[0]]),
+    ))
+
+
+def secret(name: str, issued: Issued, files: Mapping[str, bytes]) -> secret_pb2.Secret:
+    """`default` or `ROOTCA` from the current certificate, a `file-cert:` or `file-root:` from its
+    files' content; ValueError for any other name."""
+    if (from_files := file_secret(name, files)) is not None:
+        return from_files
     if name == WORKLOAD_SECRET:
         return secret_pb2.Secret(name=name, tls_certificate=common_pb2.TlsCertificate(
             certificate_chain=base_pb2.DataSource(inline_bytes="".join(issued.chain[:-1]).encode()),
@@ -75,7 +83,7 @@ def secret_files(names: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(path for name in names for path in file_resource_paths(name) or ()))
 
 
-def _read_files(paths: tuple[str, ...]) -> dict[str, bytes]:
+def read_files(paths: tuple[str, ...]) -> dict[str, bytes]:
     """ValueError naming the file when one cannot be read (not there yet, not readable)."""
     contents = {}
     for path in paths:
@@ -129,7 +137,7 @@ class SecretServer(sds_pb2_grpc.SecretDiscoveryServiceServicer):
                 issued = self.issued
                 try:
                     paths = secret_files(names)
-                    files = _read_files(paths)
+                    files = read_files(paths)
                     resources = [secret(name, issued, files) for name in names]
                 except ValueError as error:
                     # Envoy opens the stream again after a back-off: a file that appears by then is served.
