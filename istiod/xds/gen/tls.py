@@ -177,9 +177,6 @@ def server_tls(tls: ServerTLS, alpn: Sequence[str], credentials: Sequence[str] =
             combined.default_validation_context.match_typed_subject_alt_names.extend(_san_matchers(tls.subject_alt_names))
             if tls.ca_crl:
                 combined.default_validation_context.crl.filename = tls.ca_crl  # Envoy reads it, as with istiod
-            if tls.insecure_skip_verify:
-                combined.default_validation_context.trust_chain_verification = \
-                    common_pb2.CertificateValidationContext.ACCEPT_UNTRUSTED
             combined.validation_context_sds_secret_config.CopyFrom(_sds_secret(file_root_resource(tls.ca_certificates)))
     return tls_pb2.DownstreamTlsContext(
         common_tls_context=common, require_client_certificate=wrappers_pb2.BoolValue(value=tls.mode is ServerTLSMode.MUTUAL))
