@@ -7,7 +7,8 @@ have).
 etcd and kube-apiserver are started (the e2e harness), Istio's CRDs installed, and an Istio Gateway
 selecting `istio: ingressgateway` created, with a TLS server in PASSTHROUGH mode, a TCP server and
 an HTTPS server in MUTUAL mode, an AUTO_PASSTHROUGH server, an HTTPS server in MUTUAL mode with two
-credentialNames and client SPKI/hash pins, and a VirtualService with `tls` (by SNI), `tcp` and `http` routes to
+credentialNames and client SPKI/hash pins, HTTPS servers with certificates from files (SIMPLE, MUTUAL
+with caCertificates, OPTIONAL_MUTUAL with tlsCertificates), and a VirtualService with `tls` (by SNI), `tcp` and `http` routes to
 one Service. Each istiod in turn is asked for the listeners of a router node with those labels
 (plaintext xDS); each listener is printed as a summary (address, listener filters, and per filter
 chain its match, TLS context and network filters) side by side, marking what differs. Every
@@ -67,6 +68,20 @@ spec:
       credentialNames: [web-cert, web-cert-2]
       verifyCertificateSpki: [AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=]
       verifyCertificateHash: ["AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB:AB"]
+  - port: {number: 8445, name: https-files, protocol: HTTPS}
+    hosts: [gw-shop/secure.example.com]
+    tls: {mode: SIMPLE, serverCertificate: /etc/gw/tls.crt, privateKey: /etc/gw/tls.key}
+  - port: {number: 8446, name: https-files-mutual, protocol: HTTPS}
+    hosts: [gw-shop/secure.example.com]
+    tls: {mode: MUTUAL, serverCertificate: /etc/gw/tls.crt, privateKey: /etc/gw/tls.key, caCertificates: /etc/gw/ca.crt,
+          subjectAltNames: [client.example.com], caCrl: /etc/gw/ca.crl}
+  - port: {number: 8447, name: https-files-pair, protocol: HTTPS}
+    hosts: [gw-shop/secure.example.com]
+    tls:
+      mode: OPTIONAL_MUTUAL
+      caCertificates: /etc/gw/ca.crt
+      tlsCertificates: [{serverCertificate: /etc/gw/rsa.crt, privateKey: /etc/gw/rsa.key},
+                        {serverCertificate: /etc/gw/ec.crt, privateKey: /etc/gw/ec.key}]
 ---
 apiVersion: networking.istio.io/v1
 kind: VirtualService
@@ -121,7 +136,7 @@ def summary(listener: listener_pb2.Listener) -> dict[str, Any]:
             "listener_filters": [f.name for f in listener.listener_filters], "filter_chains": chains}
 
 
-async def gateway_listeners(xds_address: str, want: int = 5) -> dict[str, Any]:
+async def gateway_listeners(xds_address: str, want: int = 8) -> dict[str, Any]:
     """The node's listeners once `want` of them are sent (the config may still be arriving)."""
     result: dict[str, Any] = {}
     deadline = time.monotonic() + 30

@@ -518,6 +518,7 @@ def test_file_certificates_are_the_agents_file_cert_and_file_root_over_sds() -> 
     [certificate] = simple.tls_certificate_sds_secret_configs
     assert certificate.name == "file-cert:/etc/gw/tls.crt~/etc/gw/tls.key"
     assert certificate.sds_config.api_config_source.grpc_services[0].envoy_grpc.cluster_name == "sds-grpc"
+    assert not certificate.sds_config.HasField("initial_fetch_timeout")  # Envoy's 15 s, as istiod: a missing file
     assert not simple.HasField("combined_validation_context") and not contexts[9443].require_client_certificate.value
     assert simple.tls_params.tls_minimum_protocol_version == common_pb2.TlsParameters.TLSv1_3
     mutual = contexts[9444].common_tls_context

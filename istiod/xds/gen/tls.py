@@ -171,13 +171,14 @@ def server_tls(tls: ServerTLS, alpn: Sequence[str], credentials: Sequence[str] =
         # Files in the pod, which the agent serves over its SDS and watches (istiod's ApplyToCommonTLSContext):
         # a replaced file is served without a restart, as Envoy reading them itself would not.
         common.tls_certificate_sds_secret_configs.extend(
-            _sds_secret(file_cert_resource(certificate, key)) for certificate, key in tls.certificate_files)
+            _sds_secret(file_cert_resource(certificate, key), waits=False) for certificate, key in tls.certificate_files)
         if verifies:  # validation requires caCertificates for MUTUAL and OPTIONAL_MUTUAL
             combined = common.combined_validation_context
             combined.default_validation_context.match_typed_subject_alt_names.extend(_san_matchers(tls.subject_alt_names))
             if tls.ca_crl:
                 combined.default_validation_context.crl.filename = tls.ca_crl  # Envoy reads it, as with istiod
-            combined.validation_context_sds_secret_config.CopyFrom(_sds_secret(file_root_resource(tls.ca_certificates)))
+            combined.validation_context_sds_secret_config.CopyFrom(
+                _sds_secret(file_root_resource(tls.ca_certificates), waits=False))
     return tls_pb2.DownstreamTlsContext(
         common_tls_context=common, require_client_certificate=wrappers_pb2.BoolValue(value=tls.mode is ServerTLSMode.MUTUAL))
 
@@ -243,9 +244,10 @@ def _sds_tls_context(alpn: Iterable[str], identities: Iterable[str]) -> tls_pb2.
     )
 
 
-def _sds_secret(name: str) -> secret_pb2.SdsSecretConfig:
-    # No fetch timeout, as Istio: a listener or cluster waits for its certificate rather than
-    # coming up without one.
+def _sds_secret(name: str, waits: bool = True) -> secret_pb2.SdsSecretConfig:
+    # `waits`: no fetch timeout, as Istio for the mesh certificate: a listener or cluster waits for it
+    # rather than coming up without one. Else Envoy's 15 s, as istiod for files in the pod: a file
+    # missing leaves its listener up without a certificate, and the proxy can become ready.
     source = config_source_pb2.ConfigSource(
         api_config_source=config_source_pb2.ApiConfigSource(
             api_type=config_source_pb2.ApiConfigSource.GRPC,
@@ -254,7 +256,7 @@ def _sds_secret(name: str) -> secret_pb2.SdsSecretConfig:
                 envoy_grpc=grpc_service_pb2.GrpcService.EnvoyGrpc(cluster_name=SDS_CLUSTER))],
             set_node_on_first_message_only=True,
         ),
-        initial_fetch_timeout=duration_pb2.Duration(),
+        initial_fetch_timeout=duration_pb2.Duration() if waits else None,
         resource_api_version=config_source_pb2.V3,
     )
     return secret_pb2.SdsSecretConfig(name=name, sds_config=source)
