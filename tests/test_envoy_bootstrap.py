@@ -3,6 +3,7 @@ start-up mistakes (one line, exit 1, before any request to the CA)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import subprocess
@@ -23,7 +24,13 @@ def test_metadata_from_the_pod_and_istio_meta_environment() -> None:
     metadata = node_metadata(NODE, {"ISTIO_META_CLUSTER_ID": "east", "ISTIO_METAJSON_LABELS": '{"app": "web"}',
                                     "ISTIO_META_MESH_ID": "mesh1", "HOME": "/root"})
     assert metadata == {"NAME": "web-1", "NAMESPACE": "app", "SERVICE_ACCOUNT": "web", "INSTANCE_IPS": "10.1.2.3",
-                        "CLUSTER_ID": "east", "WORKLOAD_NAME": "web-1", "LABELS": {"app": "web"}, "MESH_ID": "mesh1"}
+                        "CLUSTER_ID": "east", "WORKLOAD_NAME": "web-1", "LABELS": {"app": "web"}, "MESH_ID": "mesh1",
+                        "STATIC_LABELS": {"app": "web"}}
+    # The pod's labels win over the static ones in LABELS, as pilot-agent's.
+    labelled = dataclasses.replace(NODE, labels={"app": "pod", "version": "v1"})
+    metadata = node_metadata(labelled, {"ISTIO_METAJSON_LABELS": '{"app": "web", "env": "prod"}'})
+    assert metadata["LABELS"] == {"app": "pod", "version": "v1", "env": "prod"}
+    assert metadata["STATIC_LABELS"] == {"app": "web", "env": "prod"}
     with pytest.raises(ValueError, match="^ISTIO_METAJSON_LABELS is not JSON: "):
         node_metadata(NODE, {"ISTIO_METAJSON_LABELS": "{app"})
 

@@ -38,7 +38,8 @@ RUNTIME = {
 
 def node_metadata(node: NodeInfo, environ: Mapping[str, str]) -> dict[str, Any]:
     """Istio's node metadata: the pod's own values, then every ISTIO_META_<KEY> (a string) and
-    ISTIO_METAJSON_<KEY> (a JSON value) from the environment, which may override them."""
+    ISTIO_METAJSON_<KEY> (a JSON value) from the environment, which may override them, but for
+    ISTIO_METAJSON_LABELS: STATIC_LABELS, merged under the pod's labels."""
     metadata: dict[str, Any] = {
         "NAME": node.pod,
         "NAMESPACE": node.namespace,
@@ -56,6 +57,11 @@ def node_metadata(node: NodeInfo, environ: Mapping[str, str]) -> dict[str, Any]:
                 raise ValueError(f"{name} is not JSON: {error}") from None
         elif name.startswith(META_PREFIX):
             metadata[name.removeprefix(META_PREFIX)] = value
+    if isinstance(static := metadata.get("LABELS"), dict) and f"{META_JSON_PREFIX}LABELS" in environ:
+        # pilot-agent's: labels set for the proxy stay beside its pod's (istiod keeps them when it
+        # takes the pod's labels from the registry).
+        metadata["STATIC_LABELS"] = static
+        metadata["LABELS"] = {**static, **dict(node.labels)}
     return metadata
 
 

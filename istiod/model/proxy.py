@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,8 @@ class Proxy:
     dns_domain: str
     generator: str = ""
     service_account: str = ""
-    labels: tuple[tuple[str, str], ...] = ()
+    labels: tuple[tuple[str, str], ...] = ()  # its Pod's from the registry once resolved, else LABELS metadata
+    static_labels: tuple[tuple[str, str], ...] = ()  # STATIC_LABELS metadata (ISTIO_METAJSON_LABELS)
     workload_name: str = ""
     cluster_id: str = ""
     istio_version: str = ""
@@ -74,9 +76,10 @@ def proxy_from_node(node_id: str, metadata: dict[str, Any], locality: Locality =
     node_type, ip, pod, id_namespace, domain = parse_node_id(node_id)
     namespace = str(metadata.get("NAMESPACE") or id_namespace)
     extra_ips = [s for s in str(metadata.get("INSTANCE_IPS", "")).split(",") if s and s != ip]
-    labels = metadata.get("LABELS") or {}
-    if not isinstance(labels, dict):
-        raise NodeIdError(f"node {node_id!r}: LABELS metadata must be a map")
+    labels, static = metadata.get("LABELS") or {}, metadata.get("STATIC_LABELS") or {}
+    for key, value in (("LABELS", labels), ("STATIC_LABELS", static)):
+        if not isinstance(value, dict):
+            raise NodeIdError(f"node {node_id!r}: {key} metadata must be a map")
     return Proxy(
         id=node_id,
         type=node_type,
@@ -86,10 +89,24 @@ def proxy_from_node(node_id: str, metadata: dict[str, Any], locality: Locality =
         dns_domain=domain,
         generator=str(metadata.get("GENERATOR", "")),
         service_account=str(metadata.get("SERVICE_ACCOUNT", "")),
-        labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
+        labels=_label_tuple(labels),
+        static_labels=_label_tuple(static),
         workload_name=str(metadata.get("WORKLOAD_NAME", "")),
         cluster_id=str(metadata.get("CLUSTER_ID", "")),
         istio_version=str(metadata.get("ISTIO_VERSION", "")),
         network=str(metadata.get("NETWORK", "")),
         locality=locality,
     )
+
+
+def _label_tuple(labels: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((str(k), str(v)) for k, v in labels.items()))
+
+
+def with_workload_labels(node: Proxy, pod_labels: tuple[tuple[str, str], ...] | None) -> Proxy:
+    """istiod's SetWorkloadLabels: the proxy's labels are its Pod's in the registry, over the
+    STATIC_LABELS it sent, so relabelling a running pod re-selects its config; without a Pod (not
+    yet seen, or not in Kubernetes) the LABELS it sent. `node` is the proxy as it connected."""
+    if pod_labels is None:
+        return node
+    return dataclasses.replace(node, labels=tuple(sorted({**dict(node.static_labels), **dict(pod_labels)}.items())))

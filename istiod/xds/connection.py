@@ -12,11 +12,13 @@ from typing import TypeAlias
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
-from istiod.model.proxy import Proxy
+from istiod.model.proxy import Proxy, with_workload_labels
+from istiod.model.workload import Workload
 from istiod.xds import types
 from istiod.xds.cache import Resource
 
 _connection_numbers = itertools.count(1)
+_UNRESOLVED = object()
 # At most how long a push of endpoints only waits for the client to answer the previous endpoints
 # response (see Connection.next_event).
 ANSWER_WAIT = 1.0
@@ -151,7 +153,9 @@ class Connection:
     PUSH = _Push()
 
     def __init__(self, proxy: Proxy, peer: str, delta: bool = False) -> None:
+        self.node = proxy  # as it connected; `proxy` carries its Pod's labels (relabel)
         self.proxy = proxy
+        self._labelled_by: Workload | None | object = _UNRESOLVED
         self.peer = peer
         self.delta = delta  # DeltaAggregatedResources (incremental) rather than state of the world
         self.id = f"{proxy.id}-{_process_tag}{next(_connection_numbers)}"
@@ -172,6 +176,13 @@ class Connection:
         # Made within the stream's task. Held: asyncio.get_running_loop() makes a getpid() system call
         # each time, and every request and push waits on a new future.
         self._loop = asyncio.get_running_loop()
+
+    def relabel(self, workload: Workload | None) -> None:
+        """Take the labels of the proxy's Pod as the snapshot about to be used holds it (the same
+        object until the Pod changes, so most events cost one comparison)."""
+        if workload is not self._labelled_by:
+            self._labelled_by = workload
+            self.proxy = with_workload_labels(self.node, None if workload is None else workload.labels)
 
     async def received(self, request: Request | Closed) -> None:
         """From the reader: waits while the previous request is still unhandled."""

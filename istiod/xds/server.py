@@ -165,6 +165,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                       deadline: _SendDeadline | None, event: Event) -> None:
         started = time.perf_counter()
         snapshot = self._snapshot()  # one snapshot for everything this event sends
+        connection.relabel(snapshot.workloads.get((connection.node.namespace, connection.node.pod_name)))
         if event is Connection.PUSH:
             waited, scope = connection.push_started()
             self.monitor.dequeued(waited)
