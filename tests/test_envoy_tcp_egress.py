@@ -291,6 +291,25 @@ spec:
     route: [{destination: {host: b.tls.test}}]
   - match: [{sniHosts: ["*.example.test"], port: 443}]
     route: [{destination: {host: "*.example.test"}}]
+---
+# A port of undeclared protocol: sniffed, its HTTP routed by the host's VirtualService.
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: sniffed, namespace: shop}
+spec:
+  hosts: ["*.sniff.test"]
+  ports: [{number: 8091, name: web}]
+  location: MESH_EXTERNAL
+  resolution: NONE
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: sniffed, namespace: shop}
+spec:
+  hosts: ["*.sniff.test"]
+  http:
+  - headers: {response: {set: {x-sniffed: "yes"}}}
+    route: [{destination: {host: "*.sniff.test"}}]
 """
 # The callers run as this uid, whose connections to 10.97.0.0/16 alone are captured: Envoy (root
 # here) reaches the original destination itself, as pilot-agent's uid 1337 exemption lets it.
@@ -316,6 +335,8 @@ def test_none_resolution_entries_pass_wildcard_hosts_and_cidrs_under_registry_on
         (tmp_path / "api.pem").write_text(cert_pem(ca_cert("tls test server", key)) + key_pem(key).decode())
         apps = [Process(envoy.netns(sys.executable, "-m", "istiod.demo.apps", "http-server", "--address",
                                     "10.97.8.1:8090", "--name", "api"), name="api"),
+                Process(envoy.netns(sys.executable, "-m", "istiod.demo.apps", "http-server", "--address",
+                                    "10.97.8.1:8091", "--name", "sniffed"), name="sniffed"),
                 Process(envoy.netns(sys.executable, "-m", "istiod.demo.apps", "tcp-echo", "--address",
                                     "10.97.9.5:7100", "--name", "ranged"), name="ranged"),
                 Process(envoy.netns(sys.executable, "-c", TLS_SERVER, "10.97.8.1", "443", "api-tls",
@@ -330,16 +351,23 @@ def test_none_resolution_entries_pass_wildcard_hosts_and_cidrs_under_registry_on
             clusters = _dynamic(envoy.config_dump(), "clusters")
             assert clusters["outbound|8090||*.example.test"]["type"] == "ORIGINAL_DST"
 
-            def curl(host: str) -> tuple[int, str]:
-                done = client("curl", "-s", "--max-time", "5", "-w", "\n%{http_code}",
-                              "--resolve", f"{host}:8090:10.97.8.1", f"http://{host}:8090/")
+            def curl(host: str, port: int = 8090) -> tuple[int, str]:
+                done = client("curl", "-s", "-i", "--max-time", "5", "-w", "\n%{http_code}",
+                              "--resolve", f"{host}:{port}:10.97.8.1", f"http://{host}:{port}/")
                 body, _, code = done.stdout.rpartition("\n")
                 return int(code or 0), body
 
             declared, undeclared = curl("api.example.test"), curl("api.other.test")
             print(f"api.example.test:8090 -> {declared}; api.other.test:8090 -> {undeclared}")
-            assert declared[0] == 200 and json.loads(declared[1])["name"] == "api"
-            assert undeclared == (502, "")
+            assert declared[0] == 200 and json.loads(declared[1].partition("\n\n")[2])["name"] == "api"
+            assert undeclared[0] == 502
+            # The sniffed port: HTTP found by the inspector, routed by the VirtualService (its
+            # response header), a Host no entry declares refused as on an HTTP port.
+            sniffed, stranger = curl("api.sniff.test", 8091), curl("api.other.test", 8091)
+            print(f"api.sniff.test:8091 (sniffed) -> {sniffed[0]}; api.other.test:8091 -> {stranger[0]}")
+            assert sniffed[0] == 200 and "x-sniffed: yes" in sniffed[1].lower()
+            assert json.loads(sniffed[1].partition("\n\n")[2])["name"] == "sniffed"
+            assert stranger[0] == 502
 
             def hello(sni: str) -> str:
                 done = client("/usr/bin/python3", "-c", TLS_CLIENT, "10.97.8.1", "443", sni)

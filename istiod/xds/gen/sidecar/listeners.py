@@ -167,8 +167,8 @@ def _outbound(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> list[Re
                     t.cluster: (tcp_destinations(inputs[t.cluster][0], t.service, t.port.port, snapshot.services,
                                                  source, None),
                                 tls_destinations(inputs[t.cluster][0], t.port.port, snapshot.services, source, None))
-                    for t in targets}, tunnel_of),
-                scope=f"{unmatched}:{alike_key}"))
+                    for t in targets}, tunnel_of, timeout),
+                scope=f"{unmatched}:{alike_key}:{timeout}"))
     return result
 
 
@@ -308,14 +308,16 @@ L4Routes = Mapping[str, tuple[L4Destinations, Sequence[tuple[tuple[str, ...], L4
 
 
 def unaddressed_listener(port: int, targets: Sequence[OutboundPort], unmatched: str,
-                         routes: L4Routes | None = None, tunnel_of: TunnelOf = no_tunnel) -> listener_pb2.Listener:
+                         routes: L4Routes | None = None, tunnel_of: TunnelOf = no_tunnel,
+                         timeout: float = 0.0) -> listener_pb2.Listener:
     """istiod's wildcard listener for ServiceEntry hosts without an address: a connection to any
     IP on the port is theirs, by the destination's CIDR for hosts with one (a ServiceEntry address
     `10.1.0.0/16`), by SNI on TLS ports (the client resolved the host itself, `*.example.com`
     matching as Envoy matches a wildcard name: the host's VirtualService `tls` routes by their
     `sniHosts` instead, when it has some), else the first plain host's; each goes where the host's
     VirtualService `tcp` routes send, else to the host. What no host claims goes where
-    virtualOutbound sends the unknown."""
+    virtualOutbound sends the unknown. On a port of undeclared protocol what the HTTP inspector
+    finds is HTTP takes the port's routes (RDS `<port>`), as istiod's."""
     name = f"{ANY_ADDRESS}_{port}"
     found = routes or {}
 
@@ -351,6 +353,11 @@ def unaddressed_listener(port: int, targets: Sequence[OutboundPort], unmatched: 
     if not (plain and not tls):  # what no host claims: the default chain, as istiod's
         listener.filter_chains.pop()
         listener.default_filter_chain.CopyFrom(_catch_all(unmatched))
+    elif plain[0].protocol is Protocol.UNSUPPORTED:
+        listener.default_filter_chain.CopyFrom(listener.filter_chains.pop())
+        listener.filter_chains.append(listener_components_pb2.FilterChain(
+            filter_chain_match=_match("raw_buffer", PLAINTEXT_HTTP_ALPN_MATCH), filters=[_outbound_hcm(name, str(port))]))
+        _sniff(listener, timeout)
     return listener
 
 

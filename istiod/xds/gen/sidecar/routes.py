@@ -43,6 +43,10 @@ def _routes(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: Re
             by_port.setdefault(target.number, []).append(target)
         elif target.protocol is Protocol.UNSUPPORTED and (target.bind or target.vip or target.service.headless):
             sniffed.setdefault(sniffed_route_name(target), target)
+        elif target.protocol is Protocol.UNSUPPORTED and target.service.external_host:
+            # A sniffed port of a host without an address: the wildcard listener's HTTP takes the
+            # port's routes, as an HTTP port's (istiod's).
+            by_port.setdefault(target.number, []).append(target)
     wanted = sorted(by_port) if names is None else [int(n) for n in names if n.isdigit() and int(n) in by_port]
     aliases = aliases_of(snapshot, proxy)  # ExternalName Services: their names are on the hosts they name
     # The same for every port of this proxy: worked out once.
