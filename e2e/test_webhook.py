@@ -79,12 +79,12 @@ async def test_api_server_refuses_what_istiod_refuses(
 async def test_kinds_istiod_does_not_implement_are_let_in_with_a_warning_and_logged(
     cluster: Cluster, kube: client.ApiClient, tmp_path: Path, processes: list[Process]
 ) -> None:
-    """A cluster moving from Istio's istiod keeps Istio's CRDs and its EnvoyFilters, Telemetries...:
+    """A cluster moving from Istio's istiod keeps Istio's CRDs and its WasmPlugins, Telemetries...:
     creating one is allowed with the webhook's warning, and istiod logs once that it has no effect."""
     admission = client.AdmissionregistrationV1Api(kube)
     custom = client.CustomObjectsApi(kube)
     await install_crds(kube)
-    await install_upstream_crds(kube, ["EnvoyFilter", "Telemetry"])
+    await install_upstream_crds(kube, ["Telemetry", "WasmPlugin"])
     await ensure_namespace(kube, NS)
     kubeconfig, _ = await istiod_kubeconfig(cluster, kube, tmp_path / "istiod.kubeconfig")
     port = free_port()
@@ -92,30 +92,29 @@ async def test_kinds_istiod_does_not_implement_are_let_in_with_a_warning_and_log
     config["metadata"]["name"] = "istio-validator-unimplemented"
     config["webhooks"][0]["clientConfig"] = {"url": f"https://127.0.0.1:{port}/validate", "caBundle": ""}
     await admission.create_validating_webhook_configuration(config)
-    envoy_filter = {"apiVersion": "networking.istio.io/v1alpha3", "kind": "EnvoyFilter",
-                    "metadata": {"name": "lua", "namespace": NS},
-                    "spec": {"configPatches": [{"applyTo": "HTTP_FILTER", "patch": {"operation": "ADD"}}]}}
+    wasm = {"apiVersion": "extensions.istio.io/v1alpha1", "kind": "WasmPlugin", "metadata": {"name": "lua", "namespace": NS},
+            "spec": {"url": "oci://registry.example/plugins/auth:1.0"}}
     try:
         istiod = await istiod_patching(tmp_path, kubeconfig, port, processes, functools.partial(
             admission.read_validating_webhook_configuration, config["metadata"]["name"]))
         _, _, headers = await custom.create_namespaced_custom_object_with_http_info(
-            "networking.istio.io", "v1alpha3", NS, "envoyfilters", envoy_filter)
+            "extensions.istio.io", "v1alpha1", NS, "wasmplugins", wasm)
         warnings = headers.getall("Warning", [])
         print("kube-apiserver warned:", warnings)
-        assert any("EnvoyFilter is not implemented by this istiod" in w for w in warnings)
+        assert any("WasmPlugin is not implemented by this istiod" in w for w in warnings)
         _, _, headers = await custom.create_namespaced_custom_object_with_http_info(
             "telemetry.istio.io", "v1", NS, "telemetries",
             {"apiVersion": "telemetry.istio.io/v1", "kind": "Telemetry", "metadata": {"name": "mesh", "namespace": NS},
              "spec": {"accessLogging": [{"providers": [{"name": "envoy"}]}]}})
         assert any("Telemetry is not implemented" in w for w in headers.getall("Warning", []))
-        await eventually(lambda: f"object=EnvoyFilter/{NS}/lua" in istiod.text()
+        await eventually(lambda: f"object=WasmPlugin/{NS}/lua" in istiod.text()
                          and f"object=Telemetry/{NS}/mesh" in istiod.text(), 15,
                          "istiod to log the objects it does not implement")
-        assert istiod.text().count(f"object=EnvoyFilter/{NS}/lua") == 1
+        assert istiod.text().count(f"object=WasmPlugin/{NS}/lua") == 1
     finally:
         await admission.delete_validating_webhook_configuration(config["metadata"]["name"])
         # Other tests share this API server; istioctl analyze would read these.
-        for group, version, plural, name in (("networking.istio.io", "v1alpha3", "envoyfilters", "lua"),
+        for group, version, plural, name in (("extensions.istio.io", "v1alpha1", "wasmplugins", "lua"),
                                              ("telemetry.istio.io", "v1", "telemetries", "mesh")):
             try:
                 await custom.delete_namespaced_custom_object(group, version, NS, plural, name)

@@ -54,10 +54,10 @@ def test_verdicts() -> None:
     with pytest.raises(ValueError, match="uid"):
         review({"request": {}}, "cluster.local")
     # Istio's kinds this istiod does not implement: let in, with a warning naming the kind.
-    envoy_filter = {"apiVersion": "networking.istio.io/v1alpha3", "kind": "EnvoyFilter", "metadata": {"name": "x"}}
-    assert review(admission(envoy_filter), "cluster.local")["response"] == {"uid": "u-1", "allowed": True, "warnings": [
-        "EnvoyFilter is not implemented by this istiod: the object is kept but has no effect on any proxy"]}
-    other_group = {**envoy_filter, "apiVersion": "example.com/v1"}
+    wasm = {"apiVersion": "extensions.istio.io/v1alpha1", "kind": "WasmPlugin", "metadata": {"name": "x"}}
+    assert review(admission(wasm), "cluster.local")["response"] == {"uid": "u-1", "allowed": True, "warnings": [
+        "WasmPlugin is not implemented by this istiod: the object is kept but has no effect on any proxy"]}
+    other_group = {**wasm, "apiVersion": "example.com/v1"}
     assert review(admission(other_group), "cluster.local")["response"] == {"uid": "u-1", "allowed": True}
 
 

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from istiod.model.config import scope
 from istiod.model.config.delegate import merge_delegates
+from istiod.model.config.envoyfilter import EnvoyFilter
 from istiod.model.config.gateway_api import (
     GatewayApiConfig, GatewayClass, KubernetesGateway, KubernetesHTTPRoute, ReferenceGrant,
 )
@@ -47,6 +48,7 @@ class ConfigSet:
     peer_authentications: tuple[PeerAuthentication, ...] = ()
     authorization_policies: tuple[AuthorizationPolicy, ...] = ()
     request_authentications: tuple[RequestAuthentication, ...] = ()
+    envoy_filters: tuple[EnvoyFilter, ...] = ()
     gateway_classes: tuple[GatewayClass, ...] = ()
     kubernetes_gateways: tuple[KubernetesGateway, ...] = ()
     http_routes: tuple[KubernetesHTTPRoute, ...] = ()
@@ -167,10 +169,16 @@ class ConfigSet:
                 *(m.source_labels for vs in self.virtual_services for route in vs.http for m in route.match),
                 *(m.source_labels for vs in self.virtual_services for route in (*vs.tcp, *vs.tls) for m in route.match),
                 *(p.selector for p in self.peer_authentications), *(p.selector for p in self.authorization_policies),
-                *(p.selector for p in self.request_authentications),
+                *(p.selector for p in self.request_authentications), *(f.workload_selector for f in self.envoy_filters),
             ]
             self._index["selector_keys"] = frozenset(key for selector in selectors for key, _ in selector)
         return self._index["selector_keys"]  # type: ignore[no-any-return]
+
+    def envoy_filters_for(self, namespace: str, labels: Mapping[str, str], root_namespace: str) -> list[EnvoyFilter]:
+        if not self.envoy_filters:  # asked for every listener, route and cluster response
+            return []
+        return scope.envoy_filters_for(self._in("envoy_filters", namespace, root_namespace), namespace, labels,
+                                       root_namespace)
 
     def sidecar_for(self, namespace: str, labels: Mapping[str, str], root_namespace: str) -> Sidecar | None:
         return scope.sidecar_for(self._in("sidecars", namespace, root_namespace), namespace, labels, root_namespace)
@@ -181,7 +189,7 @@ _FIELDS = {
     "VirtualService": "virtual_services", "DestinationRule": "destination_rules", "ServiceEntry": "service_entries",
     "Gateway": "gateways", "Sidecar": "sidecars", "WorkloadEntry": "workload_entries",
     "PeerAuthentication": "peer_authentications", "AuthorizationPolicy": "authorization_policies",
-    "RequestAuthentication": "request_authentications",
+    "RequestAuthentication": "request_authentications", "EnvoyFilter": "envoy_filters",
     "GatewayClass": "gateway_classes", "KubernetesGateway": "kubernetes_gateways", "HTTPRoute": "http_routes",
     "GRPCRoute": "grpc_routes", "TCPRoute": "tcp_routes", "TLSRoute": "tls_routes", "ReferenceGrant": "reference_grants",
 }

@@ -37,6 +37,7 @@ CONFIG_KINDS: tuple[ConfigKind, ...] = (
     ConfigKind("AuthorizationPolicy", SECURITY, _SECURITY_VERSIONS, "v1beta1", "authorizationpolicies", ("ap",)),
     ConfigKind("RequestAuthentication", SECURITY, _SECURITY_VERSIONS, "v1beta1", "requestauthentications", ("ra",)),
     ConfigKind("ProxyConfig", NETWORKING, ("v1beta1",), "v1beta1", "proxyconfigs", ()),
+    ConfigKind("EnvoyFilter", NETWORKING, ("v1alpha3",), "v1alpha3", "envoyfilters", ()),
 )
 BY_KIND: dict[str, ConfigKind] = {k.kind: k for k in CONFIG_KINDS}
 
@@ -44,7 +45,6 @@ BY_KIND: dict[str, ConfigKind] = {k.kind: k for k in CONFIG_KINDS}
 # may have objects: those are read only to say, once per object, that they have no effect here, and
 # the webhook lets them in with a warning saying the same (`storage` is the version they are read at).
 UNIMPLEMENTED_KINDS: tuple[ConfigKind, ...] = (
-    ConfigKind("EnvoyFilter", NETWORKING, ("v1alpha3",), "v1alpha3", "envoyfilters", ()),
     ConfigKind("WorkloadGroup", NETWORKING, _NETWORKING_VERSIONS, "v1alpha3", "workloadgroups", ("wg",)),
     ConfigKind("Telemetry", "telemetry.istio.io", ("v1alpha1", "v1"), "v1alpha1", "telemetries", ("telemetry",)),
     ConfigKind("WasmPlugin", "extensions.istio.io", ("v1alpha1",), "v1alpha1", "wasmplugins", ()),

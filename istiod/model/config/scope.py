@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from istiod.model.config.common import Labels, Meta, selector_matches
+from istiod.model.config.envoyfilter import EnvoyFilter
 from istiod.model.config.networking import (
     MESH_GATEWAY, DestinationRule, EgressListener, Gateway, ServiceEntry, Sidecar, VirtualService, WorkloadEntry,
 )
@@ -187,6 +188,16 @@ def sidecar_allows(sidecar: Sidecar | None, host_namespace: str, host: str, port
     listeners = [e for e in sidecar.egress if e.port is not None and e.port.number == port] if port else []
     listeners = listeners or [e for e in sidecar.egress if e.port is None] or ([] if port else list(sidecar.egress))
     return any(egress_allows(e, sidecar.meta.namespace, host_namespace, host) for e in listeners)
+
+
+def envoy_filters_for(filters: Iterable[EnvoyFilter], namespace: str, labels: Mapping[str, str],
+                      root_namespace: str) -> list[EnvoyFilter]:
+    """The EnvoyFilters of the root namespace and of the workload's whose workloadSelector matches
+    it (or that have none), in the order istiod applies them: priority, then creation time, name
+    and namespace, whichever namespace they are in."""
+    found = [f for f in filters if f.meta.namespace in (root_namespace, namespace)
+             and (not f.workload_selector or selector_matches(f.workload_selector, labels))]
+    return sorted(found, key=lambda f: (f.priority, f.created, f.meta.name, f.meta.namespace))
 
 
 def policies_for(policies: Iterable[S], namespace: str, labels: Mapping[str, str], root_namespace: str) -> list[S]:

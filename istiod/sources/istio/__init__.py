@@ -8,6 +8,7 @@ from typing import Any
 from istiod.model.config.kinds import BY_KIND
 from istiod.sources.fields import ConversionError, ObjectKey, _Fields
 from istiod.sources.istio import networking, security
+from istiod.sources.istio.envoyfilter import envoy_filter
 from istiod.sources.istio.proxy_config import proxy_config
 
 CONVERTERS: dict[str, Callable[[ObjectKey, _Fields, str], Any]] = {
@@ -21,6 +22,7 @@ CONVERTERS: dict[str, Callable[[ObjectKey, _Fields, str], Any]] = {
     "AuthorizationPolicy": security.authorization_policy,
     "RequestAuthentication": security.request_authentication,
     "ProxyConfig": proxy_config,
+    "EnvoyFilter": envoy_filter,
 }
 
 

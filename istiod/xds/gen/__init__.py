@@ -13,6 +13,7 @@ from istiod.model.snapshot import Snapshot
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.gen import eds, grpc
+from istiod.xds.gen.envoyfilter import patched
 from istiod.xds.gen.gateway import clusters as gateway_clusters
 from istiod.xds.gen.gateway import listeners as gateway_listeners
 from istiod.xds.gen.gateway import routes as gateway_routes
@@ -65,17 +66,17 @@ PROXYLESS_GRPC: dict[str, Generator] = {
     types.ENDPOINT: shared_by_name(eds.assignments, eds.alike_for_eds),
 }
 SIDECAR: dict[str, Generator] = {
-    types.CLUSTER: clusters.clusters,
+    types.CLUSTER: patched(types.CLUSTER, clusters.clusters),
     types.ENDPOINT: eds.endpoints,
-    types.LISTENER: listeners.listeners,
-    types.ROUTE: routes.routes,
+    types.LISTENER: patched(types.LISTENER, listeners.listeners),
+    types.ROUTE: patched(types.ROUTE, routes.routes),
     types.SECRET: gateway_secrets.secrets,  # a DestinationRule's credentialName
 }
 ROUTER: dict[str, Generator] = {
-    types.CLUSTER: gateway_clusters.clusters,
+    types.CLUSTER: patched(types.CLUSTER, gateway_clusters.clusters),
     types.ENDPOINT: eds.endpoints,
-    types.LISTENER: gateway_listeners.listeners,
-    types.ROUTE: gateway_routes.routes,
+    types.LISTENER: patched(types.LISTENER, gateway_listeners.listeners),
+    types.ROUTE: patched(types.ROUTE, gateway_routes.routes),
     types.SECRET: gateway_secrets.secrets,
 }
 
@@ -96,6 +97,7 @@ _PROXYLESS_AFFECTED: Affected = {
     "RequestAuthentication": frozenset({types.LISTENER}),
     "Gateway": _NONE, "ServiceEntry": _NONE, "WorkloadEntry": _NONE, "Secret": _NONE,
     "ProxyConfig": _NONE,  # read by injection and the agent, by no generator
+    "EnvoyFilter": _NONE,  # applied to Envoys' config only (sidecars and gateways)
 }
 _SIDECAR_AFFECTED: Affected = {
     **_PROXYLESS_AFFECTED,
@@ -103,11 +105,13 @@ _SIDECAR_AFFECTED: Affected = {
     "VirtualService": frozenset({types.LISTENER, types.ROUTE}),
     "DestinationRule": frozenset({types.CLUSTER, types.ENDPOINT, types.LISTENER, types.ROUTE}),
     "Secret": frozenset({types.SECRET}),
+    "EnvoyFilter": frozenset({types.CLUSTER, types.LISTENER, types.ROUTE}),
 }
 _ROUTER_AFFECTED: Affected = {
     **dict.fromkeys(_PROXYLESS_AFFECTED, _EVERY_TYPE),
     "Secret": frozenset({types.SECRET}),
     "ServiceEntry": _NONE, "WorkloadEntry": _NONE, "ProxyConfig": _NONE,
+    "EnvoyFilter": frozenset({types.CLUSTER, types.LISTENER, types.ROUTE}),
 }
 # ztunnel: policies name workloads' policies (Address) and are sent themselves; ServiceEntries and
 # WorkloadEntries are workloads and services of their own.
@@ -118,7 +122,8 @@ _ZTUNNEL_AFFECTED: Affected = {
     "ServiceEntry": frozenset({types.ADDRESS}), "WorkloadEntry": frozenset({types.ADDRESS}),
 }
 # Waypoints: which services use them, and so every listener and cluster, follows most config.
-_WAYPOINT_AFFECTED: Affected = {**dict.fromkeys(_PROXYLESS_AFFECTED, _EVERY_TYPE), "Secret": _NONE, "ProxyConfig": _NONE}
+_WAYPOINT_AFFECTED: Affected = {**dict.fromkeys(_PROXYLESS_AFFECTED, _EVERY_TYPE), "Secret": _NONE, "ProxyConfig": _NONE,
+                                 "EnvoyFilter": _NONE}
 _GENERATORS = {"grpc": PROXYLESS_GRPC, "sidecar": SIDECAR, "router": ROUTER, "ztunnel": ZTUNNEL, "waypoint": WAYPOINT}
 _AFFECTED = {"grpc": _PROXYLESS_AFFECTED, "sidecar": _SIDECAR_AFFECTED, "router": _ROUTER_AFFECTED,
              "ztunnel": _ZTUNNEL_AFFECTED, "waypoint": _WAYPOINT_AFFECTED}
