@@ -21,11 +21,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import importlib
 import json
 import os
-import pkgutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -35,13 +32,15 @@ from envoy.config.core.v3 import base_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
 from envoy.service.discovery.v3 import discovery_pb2
-from google.protobuf import any_pb2, descriptor_pool, json_format, message, struct_pb2, symbol_database
+from google.protobuf import any_pb2, json_format, message, struct_pb2, symbol_database
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(1, str(Path(__file__).parent.parent))
 from wds_compare import print_fields, side_by_side  # noqa: E402
 from adsexchange import until_quiet  # noqa: E402
 from reference import built_reference  # noqa: E402
+
+from istiod import prototypes  # noqa: E402
 
 CLUSTER = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 LISTENER = "type.googleapis.com/envoy.config.listener.v3.Listener"
@@ -51,24 +50,6 @@ MESSAGES: dict[str, Any] = {CLUSTER: cluster_pb2.Cluster, LISTENER: listener_pb2
 NODE = "sidecar~10.244.0.21~echo-1.demo~demo.svc.cluster.local"
 QUIET = 3.0  # seconds without a response: the client holds all there is
 HCM = "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
-
-
-def _resolve(type_name: str) -> bool:
-    """Imports the xds-protos modules of the type's package, so that its Any can be read."""
-    pool = descriptor_pool.Default()
-    with contextlib.suppress(KeyError):
-        pool.FindMessageTypeByName(type_name)
-        return True
-    package = type_name.rsplit(".", 1)[0]
-    with contextlib.suppress(ImportError):
-        module = importlib.import_module(package)
-        for info in pkgutil.iter_modules(module.__path__):
-            if info.name.endswith("_pb2"):
-                importlib.import_module(f"{package}.{info.name}")
-    with contextlib.suppress(KeyError):
-        pool.FindMessageTypeByName(type_name)
-        return True
-    return False
 
 
 def _readable(msg: message.Message) -> None:
@@ -86,7 +67,7 @@ def _readable(msg: message.Message) -> None:
                 continue
             if isinstance(item, any_pb2.Any):
                 type_name = item.type_url.rsplit("/", 1)[-1]
-                if _resolve(type_name):
+                if prototypes.load(type_name):
                     inner = symbol_database.Default().GetSymbol(type_name)()
                     item.Unpack(inner)
                     _readable(inner)
