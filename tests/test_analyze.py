@@ -44,7 +44,8 @@ def test_same_messages_as_istioctl(capsys: pytest.CaptureFixture[str]) -> None:
     assert _messages(capsys.readouterr().out) == expected
     # The fixture exercises every offline analyzer we match.
     assert {dict(m)["code"] for m in expected} == {"IST0002", "IST0101", "IST0109", "IST0128", "IST0129", "IST0130", "IST0131",
-                                               "IST0132", "IST0134", "IST0138", "IST0177"}
+                                               "IST0132", "IST0133", "IST0134", "IST0138", "IST0151", "IST0152",
+                                               "IST0153", "IST0154", "IST0155", "IST0177"}
 
 
 def test_a_line_per_message_and_istioctl_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:

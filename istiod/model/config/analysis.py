@@ -87,6 +87,17 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "IST0125": (WARNING, "Invalid annotation {}: {}"),
     "IST0135": (INFO, "Annotation {} has been deprecated{} and may not work in future Istio versions."),
     "IST0174": (WARNING, "The host {} defined in the DestinationRule does not match any services in the mesh."),
+    "IST0151": (WARNING, "This EnvoyFilter does not have a priority and has a relative patch operation set which can "
+                         "cause the EnvoyFilter not to be applied. Using the INSERT_FIRST of ADD option or setting the "
+                         "priority may help in ensuring the EnvoyFilter is applied correctly."),
+    "IST0133": (WARNING, "Schema validation warning: {}"),
+    "IST0152": (ERROR, "The REPLACE operation is only valid for HTTP_FILTER and NETWORK_FILTER."),
+    "IST0153": (ERROR, "The ADD operation will be ignored when applyTo is set to ROUTE_CONFIGURATION, or HTTP_ROUTE."),
+    "IST0154": (ERROR, "The REMOVE operation will be ignored when applyTo is set to ROUTE_CONFIGURATION, or HTTP_ROUTE."),
+    "IST0155": (WARNING, "This EnvoyFilter does not have a priority and has a relative patch operation (NSTERT_BEFORE/AFTER, "
+                         "REPLACE, MERGE, DELETE) and proxyVersion set which can cause the EnvoyFilter not to be applied "
+                         "during an upgrade. Using the INSERT_FIRST or ADD option or setting the priority may help in "
+                         "ensuring the EnvoyFilter is applied correctly."),
 }
 
 # The Kubernetes kinds analyzers read besides Istio's; only a cluster provides them.
@@ -1200,3 +1211,52 @@ def _ineffective_selectors(objects: Objects) -> Iterator[Message]:
             for labels in gateway_pods[policy.namespace]:
                 if _selects(selector, labels):
                     yield Message("IST0166", policy, (labels[_GATEWAY_NAME_LABEL],))
+
+
+_ROUTE_CLASS = ("ROUTE_CONFIGURATION", "HTTP_ROUTE")
+# The validation warning istiod gives every EnvoyFilter (of its validation warnings, the only one
+# made here: IST0133).
+_ENVOY_FILTER_WARNING = ("EnvoyFilter exposes internal implementation details that may change at any time. Prefer "
+                         "other APIs if possible, and exercise extreme caution, especially around upgrades.")
+
+
+@_analyzer("EnvoyFilter")
+def _envoy_filter_patches(objects: Objects) -> Iterator[Message]:
+    """envoyfilter.EnvoyPatchAnalyzer: IST0151-IST0155, and the schema warning IST0133. Istio's, quirks included: REMOVE and ADD
+    on HTTP_ROUTE are reported as ignored though istiod applies them; what a patch is named by (its
+    value's `name`, else the filter it matches) collects, across the EnvoyFilters in order, from
+    patches that match a proxy version, and a relative patch of such a name is IST0155."""
+    versioned: list[tuple[str, str]] = []
+    for envoy_filter in objects("EnvoyFilter"):
+        yield Message("IST0133", envoy_filter, (_ENVOY_FILTER_WARNING,))
+        priority = envoy_filter.spec.get("priority") or 0
+        for index, patch in enumerate(envoy_filter.spec.get("configPatches") or []):
+            body, match = patch.get("patch"), patch.get("match") or {}
+            if not body:
+                break
+            value = body.get("value")
+            name: tuple[str, str] = ("", "")
+            if isinstance(value, Mapping) and value:
+                if "name" in value:
+                    name = ("value", repr(value["name"]))
+                elif (chain := (match.get("listener") or {}).get("filterChain")) is not None:
+                    name = ("filter", str((chain.get("filter") or {}).get("name", "")))
+            path, operation, apply_to = f"{{.spec.configPatches[{index}].patch.value}}", body.get("operation"), \
+                patch.get("applyTo")
+            relative = False
+            if operation == "ADD" and apply_to in _ROUTE_CLASS:
+                yield Message("IST0153", envoy_filter, (), path)
+            elif operation == "REMOVE":
+                if apply_to in _ROUTE_CLASS:
+                    yield Message("IST0154", envoy_filter, (), path)
+                relative = apply_to not in _ROUTE_CLASS
+            elif operation == "REPLACE":
+                if apply_to not in ("NETWORK_FILTER", "HTTP_FILTER", "VIRTUAL_HOST"):
+                    yield Message("IST0152", envoy_filter, (), path)
+                relative = apply_to in ("NETWORK_FILTER", "HTTP_FILTER", "VIRTUAL_HOST")
+            else:
+                relative = operation in ("INSERT_BEFORE", "INSERT_AFTER")
+            if relative and priority == 0:
+                yield Message("IST0155" if name in versioned else "IST0151", envoy_filter, (), path)
+            if (match.get("proxy") or {}).get("proxyVersion"):
+                versioned.append(name)
