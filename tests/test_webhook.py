@@ -58,6 +58,17 @@ def test_verdicts() -> None:
     assert review(admission(wasm), "cluster.local")["response"] == {"uid": "u-1", "allowed": True, "warnings": [
         "WasmPlugin is not implemented by this istiod: the object is kept but has no effect on any proxy"]}
     other_group = {**wasm, "apiVersion": "example.com/v1"}
+    # An EnvoyFilter is validated, and admitted with istiod's warning.
+    envoy_filter = {"apiVersion": "networking.istio.io/v1alpha3", "kind": "EnvoyFilter",
+                    "metadata": {"name": "x", "namespace": "demo"},
+                    "spec": {"configPatches": [{"applyTo": "CLUSTER", "patch": {"operation": "REMOVE"}}]}}
+    assert review(admission(envoy_filter), "cluster.local")["response"]["warnings"] == [
+        "EnvoyFilter exposes internal implementation details that may change at any time. Prefer other APIs if "
+        "possible, and exercise extreme caution, especially around upgrades."]
+    envoy_filter["spec"] = {"configPatches": [{"applyTo": "CLUSTER", "patch": {"operation": "MERGE"}}]}
+    assert review(admission(envoy_filter), "cluster.local")["response"]["status"]["message"] == (
+        "configuration is invalid: EnvoyFilter demo/x spec.configPatches[0]: "
+        "Envoy filter: missing patch value for non-remove operation")
     assert review(admission(other_group), "cluster.local")["response"] == {"uid": "u-1", "allowed": True}
 
 

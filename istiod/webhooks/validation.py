@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from istiod.model.config import envoyfilter
 from istiod.model.config.kinds import BY_KIND, unimplemented
 from istiod.sources.convert import ConversionError, convert
 from istiod.webhooks.admission import add_review_route, admission_answer, admission_request
@@ -36,6 +37,9 @@ def review(body: Any, domain: str) -> dict[str, Any]:
             log.info("webhook refused %s: %s", request.get("operation"), error)
             response = {"uid": uid, "allowed": False,
                         "status": {"code": 400, "reason": "BadRequest", "message": f"configuration is invalid: {error}"}}
+        else:
+            if kind == "EnvoyFilter":  # as istiod's validation warns
+                response["warnings"] = [envoyfilter.WARNING]
     elif request.get("operation") in ("CREATE", "UPDATE") and isinstance(kind, str) and (
             warning := unimplemented(kind, str(obj.get("apiVersion", "")))) is not None:
         response["warnings"] = [warning]

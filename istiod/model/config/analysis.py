@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
+from istiod.model.config import envoyfilter
 from istiod.model.config.annotations import ANNOTATIONS
-
 from istiod.model.config.networking import routing_claim
 from istiod.model.protocol import Protocol, port_protocol
 from istiod.model.service import Port
@@ -1214,10 +1214,6 @@ def _ineffective_selectors(objects: Objects) -> Iterator[Message]:
 
 
 _ROUTE_CLASS = ("ROUTE_CONFIGURATION", "HTTP_ROUTE")
-# The validation warning istiod gives every EnvoyFilter (of its validation warnings, the only one
-# made here: IST0133).
-_ENVOY_FILTER_WARNING = ("EnvoyFilter exposes internal implementation details that may change at any time. Prefer "
-                         "other APIs if possible, and exercise extreme caution, especially around upgrades.")
 
 
 @_analyzer("EnvoyFilter")
@@ -1228,7 +1224,7 @@ def _envoy_filter_patches(objects: Objects) -> Iterator[Message]:
     patches that match a proxy version, and a relative patch of such a name is IST0155."""
     versioned: list[tuple[str, str]] = []
     for envoy_filter in objects("EnvoyFilter"):
-        yield Message("IST0133", envoy_filter, (_ENVOY_FILTER_WARNING,))
+        yield Message("IST0133", envoy_filter, (envoyfilter.WARNING,))  # the only validation warning made here
         priority = envoy_filter.spec.get("priority") or 0
         for index, patch in enumerate(envoy_filter.spec.get("configPatches") or []):
             body, match = patch.get("patch"), patch.get("match") or {}

@@ -18,6 +18,9 @@ OPERATIONS = ("MERGE", "ADD", "REMOVE", "INSERT_BEFORE", "INSERT_AFTER", "INSERT
               "MERGE_AND_REPLACE_LIST")
 CONTEXTS = ("ANY", "SIDECAR_INBOUND", "SIDECAR_OUTBOUND", "GATEWAY")
 ROUTE_ACTIONS = ("ANY", "ROUTE", "REDIRECT", "DIRECT_RESPONSE")
+# What istiod's validation warns of every EnvoyFilter (the webhook's admission warning, analyze's IST0133).
+WARNING = ("EnvoyFilter exposes internal implementation details that may change at any time. Prefer other APIs if "
+           "possible, and exercise extreme caution, especially around upgrades.")
 HCM_NAMES = ("envoy.filters.network.http_connection_manager", "envoy.http_connection_manager")  # the second deprecated
 
 
