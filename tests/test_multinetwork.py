@@ -183,6 +183,31 @@ def test_eds_is_made_per_network_and_shared_within_one() -> None:
     assert _endpoints(flat, n1, ResourceCache()) == [("10.0.1.1", 80), ("10.0.2.1", 80)]
 
 
+def test_requested_network_view_limits_the_endpoints_seen() -> None:
+    """REQUESTED_NETWORK_VIEW (istiod's ProxyView): only endpoints of those networks, and of none,
+    with or without gateways; proxies asking for the same view share the assignment."""
+    store = Store()
+    for document in (SERVICE, _entry("local", "10.0.1.1", "n1"), _entry("remote", "10.0.2.1", "n2"),
+                     _entry("nowhere", "10.0.3.1", "")):
+        store.apply(document)
+    flat, cache = build_snapshot(store, "v1"), ResourceCache()
+
+    def viewer(pod: str, view: object) -> Proxy:
+        return proxy_from_node(f"sidecar~10.0.1.9~{pod}.demo~demo.svc.cluster.local",
+                               {"NETWORK": "n1", "REQUESTED_NETWORK_VIEW": view})
+
+    assert viewer("a", "n2, n1").network_view == ("n1", "n2") and viewer("a", ["n2"]).network_view == ("n2",)
+    assert _endpoints(flat, viewer("a", "n2"), cache) == [("10.0.2.1", 80), ("10.0.3.1", 80)]
+    assert _endpoints(flat, viewer("b", ""), cache) == [("10.0.1.1", 80), ("10.0.2.1", 80), ("10.0.3.1", 80)]
+    first = SIDECAR[types.ENDPOINT](flat, viewer("c", "n1"), None, cache)
+    assert all(x is y for x, y in zip(first, SIDECAR[types.ENDPOINT](flat, viewer("d", "n1"), None, cache)))
+    # With gateways: a network outside the view is not reached through its gateway either.
+    gatewayed = build_snapshot(store, "v1", mesh=parse_mesh_config(MESH_NETWORKS, MeshConfig(), "mesh"))
+    assert _endpoints(gatewayed, viewer("e", "n1"), ResourceCache()) == [("10.0.1.1", 80), ("10.0.3.1", 80)]
+    assert _endpoints(gatewayed, viewer("f", "n1,n2"), ResourceCache()) == [
+        ("10.0.1.1", 80), ("10.0.3.1", 80), ("192.0.2.2", 15443)]
+
+
 def test_a_pods_network_label_is_its_endpoints_network() -> None:
     store = Store()
     store.apply({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "echo", "namespace": "demo"},

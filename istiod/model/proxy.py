@@ -33,6 +33,8 @@ class Proxy:
     cluster_id: str = ""
     istio_version: str = ""
     network: str = ""  # node metadata NETWORK (ISTIO_META_NETWORK)
+    # REQUESTED_NETWORK_VIEW: the networks whose endpoints it is sent (and those without one); () all.
+    network_view: tuple[str, ...] = ()
     # The caller proved it is this proxy's namespace and service account (istiod's secure port);
     # only such a proxy is sent its namespace's Secrets, as istiod's VerifiedIdentity.
     verified: bool = False
@@ -95,8 +97,15 @@ def proxy_from_node(node_id: str, metadata: dict[str, Any], locality: Locality =
         cluster_id=str(metadata.get("CLUSTER_ID", "")),
         istio_version=str(metadata.get("ISTIO_VERSION", "")),
         network=str(metadata.get("NETWORK", "")),
+        network_view=_string_list(metadata.get("REQUESTED_NETWORK_VIEW")),
         locality=locality,
     )
+
+
+def _string_list(value: Any) -> tuple[str, ...]:
+    """Istio's StringList metadata: a comma-separated string (or a list)."""
+    items = value.split(",") if isinstance(value, str) else value if isinstance(value, list) else []
+    return tuple(sorted({str(item).strip() for item in items} - {""}))
 
 
 def _label_tuple(labels: dict[str, Any]) -> tuple[tuple[str, str], ...]:

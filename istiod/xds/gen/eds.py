@@ -33,16 +33,16 @@ def endpoints(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
 def alike_for_eds(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) -> tuple[object, ...]:
     """`alike`, and where locality LB applies in this snapshot, what of the proxy it reads."""
     keys = cache.per_snapshot(snapshot, ("failover priority labels",), lambda: locality.priority_label_keys(snapshot))
-    # With network gateways, assignments differ per network (never per proxy).
+    # With network gateways, assignments differ per network (never per proxy); and by the networks it asks to see.
     in_network = (proxy.network,) if networks(snapshot, cache).network_gateways else ()
-    return (alike(snapshot, proxy), *locality.view(snapshot, proxy, keys), *in_network)
+    return (alike(snapshot, proxy), *locality.view(snapshot, proxy, keys), *in_network, *proxy.network_view)
 
 
 def assignments(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: ResourceCache) -> list[Resource]:
     """The assignments themselves, made anew (proxyless clients share them by name instead)."""
     result = []
     mesh = networks(snapshot, cache)
-    default_network = network.system_network(snapshot) if mesh.network_gateways else ""
+    default_network = network.system_network(snapshot) if mesh.network_gateways or proxy.network_view else ""
     for target in outbound_clusters(snapshot, proxy, names):
         if target.service.dns_resolved:
             continue  # its cluster carries its endpoints (DNS names)
@@ -59,11 +59,13 @@ def assignments(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache
             scope = f"{target.rule.meta if target.rule else ''}|{scope}|{where!r}|{priority}"  # repr: every part
         if mesh.network_gateways:
             scope = f"{scope}|network={proxy.network}"
+        if proxy.network_view:
+            scope = f"{scope}|view={','.join(proxy.network_view)}"
         result.append(cache.get(types.ENDPOINT, target.name,
                                 (endpoint_list, target.subset, target.rule, mesh, default_network),
                                 lambda: load_assignment(target.name, network.by_network(
                                     subset_endpoints(endpoint_list, target.subset), proxy.network,
-                                    mesh, default_network), lb, near),
+                                    mesh, default_network, proxy.network_view), lb, near),
                                 scope=scope))
     return result
 

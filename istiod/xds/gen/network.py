@@ -21,15 +21,21 @@ from istiod.model.snapshot import Snapshot
 
 
 def by_network(endpoint_list: tuple[Endpoint, ...], network: str, mesh: MeshConfig,
-               default_network: str = "") -> tuple[Endpoint, ...]:
+               default_network: str = "", view: tuple[str, ...] = ()) -> tuple[Endpoint, ...]:
     """What a proxy in `network` ("" when its NETWORK is unset) is sent; `default_network`: the
-    label of istiod's namespace. Without gateways the mesh is one network and nothing changes."""
+    label of istiod's namespace; `view`: its REQUESTED_NETWORK_VIEW, the networks whose endpoints
+    it sees at all (with those in none), as istiod's ProxyView. Without gateways the mesh is one
+    network and only the view changes anything."""
     gateways = mesh.network_gateways
-    if not gateways:
+    if not gateways and not view:
         return endpoint_list
     if default_network or mesh.registry_network or mesh.network_cidrs:
         endpoint_list = tuple(e if e.network or not e.kube else dataclasses.replace(
             e, network=endpoint_network(e.address, mesh, default_network)) for e in endpoint_list)
+    if view:
+        endpoint_list = tuple(e for e in endpoint_list if not e.network or e.network in view)
+    if not gateways:
+        return endpoint_list
     per_network: dict[str, list[NetworkGateway]] = defaultdict(list)
     for gateway in gateways:
         per_network[gateway.network].append(gateway)
