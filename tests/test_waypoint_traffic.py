@@ -78,6 +78,16 @@ ALLOW_PUBLIC = {"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPoli
                 "metadata": {"name": "allow-public", "namespace": "demo"},
                 "spec": {"targetRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "waypoint"}],
                          "action": "ALLOW", "rules": [{"to": [{"operation": {"paths": ["/public/*"]}}]}]}}
+# By the caller's identity (the certificate A's ztunnel presents for it): A is refused one path, a
+# rule naming another identity refuses A nothing.
+DENY_BY_CALLER = {"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+                  "metadata": {"name": "deny-by-caller", "namespace": "demo"},
+                  "spec": {"targetRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "waypoint"}],
+                           "action": "DENY", "rules": [
+                               {"from": [{"source": {"principals": ["cluster.local/ns/demo/sa/sa-a"]}}],
+                                "to": [{"operation": {"paths": ["/public/not-for-a"]}}]},
+                               {"from": [{"source": {"namespaces": ["elsewhere"]}}],
+                                "to": [{"operation": {"paths": ["/public/page"]}}]}]}}
 DENY_SECRET = {"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
                "metadata": {"name": "deny-secret", "namespace": "demo"},
                "spec": {"targetRef": {"kind": "Service", "group": "", "name": "b"},
@@ -197,6 +207,9 @@ def test_a_call_to_a_service_with_a_waypoint_crosses_it_and_its_l7_routes(waypoi
     cluster.one.write("deny-secret", DENY_SECRET)
     timed(lambda: call(cluster, path="/public/secret")[0] == 403, "the Service's DENY policy on the waypoint", 10)
     assert call(cluster, path="/public/page")[0] == 200
+    cluster.one.write("deny-by-caller", DENY_BY_CALLER)
+    timed(lambda: call(cluster, path="/public/not-for-a")[0] == 403, "the DENY of A's identity on the waypoint", 10)
+    assert call(cluster, path="/public/page")[0] == 200  # A is not in namespace `elsewhere`
     # Neither reached ztunnel as an L4 policy (B's ztunnel would refuse everything from the waypoint).
     assert not [l for l in cluster.ztunnels["node-2"].output if "policy rejection" in l]
     assert "ads NACK" not in cluster.istiod.text()  # the waypoint's Envoy took every push

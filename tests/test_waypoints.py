@@ -4,6 +4,7 @@ of in WDS (Service.waypoint, Workload.waypoint), as istiod's ambient index picks
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import grpc
@@ -309,6 +310,31 @@ def test_a_policy_with_target_refs_applies_on_the_waypoint_only() -> None:
     assert not {"ambient/on-gateway", "ambient/on-service"} & set(_found(store)[ECHO_POD]["workload"]["authorizationPolicies"])
     sidecar = proxy_from_node("sidecar~10.244.0.11~echo-1.ambient~ambient.svc.cluster.local", {})
     assert all(not p.target_refs for p in authorization_policies(build_snapshot(store, "v1"), sidecar))
+
+
+def test_a_waypoint_checks_the_callers_identity_kept_from_hbone() -> None:
+    """The caller's certificate is seen by connect_terminate only: its URI SAN is kept as filter state
+    io.istio.peer_principal, shared with main_internal, whose RBAC matches identities there (as istiod)."""
+    store = _store()
+    store.apply({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+                 "metadata": {"name": "from-a", "namespace": "ambient"},
+                 "spec": {"targetRefs": [{"group": "", "kind": "Service", "name": "echo"}], "action": "ALLOW",
+                          "rules": [{"from": [{"source": {"principals": ["cluster.local/ns/ambient/sa/a"],
+                                                          "notNamespaces": ["x"]}}]}]}})
+    listeners = _waypoint_config(store)[types.LISTENER]
+    chains = {c["name"]: c for c in listeners["main_internal"]["filterChains"]}
+    http = chains["inbound-vip|80|http|echo.ambient.svc.cluster.local"]["filters"][0]["typedConfig"]
+    [rbac] = [f for f in http["httpFilters"] if f["name"].startswith("envoy.filters.http.rbac")]
+    text = json.dumps(rbac)
+    assert '"filterState": {"key": "io.istio.peer_principal", "stringMatch": {"exact": "spiffe://cluster.local/ns/ambient/sa/a"}}' in text
+    assert "authenticated" not in text
+    tcp = chains["inbound-vip|9000|tcp|echo.ambient.svc.cluster.local"]["filters"][0]
+    assert "io.istio.peer_principal" in json.dumps(tcp) and "authenticated" not in json.dumps(tcp)
+    terminate = listeners["connect_terminate"]["filterChains"][0]["filters"][0]["typedConfig"]["httpFilters"][0]
+    kept = terminate["typedConfig"]["onRequestHeaders"][1]
+    assert (kept["objectKey"], kept["factoryKey"], kept["sharedWithUpstream"]) == (
+        "io.istio.peer_principal", "envoy.hashable_string", "ONCE")
+    assert kept["formatString"]["textFormatSource"]["inlineString"] == "%DOWNSTREAM_PEER_URI_SAN%"
 
 
 def test_a_waypoints_name_override_names_the_service_its_status_looks_for() -> None:

@@ -260,18 +260,25 @@ def _target_refs(f: _Fields, namespace: str) -> tuple[tuple[str, str], ...]:
     return tuple(result)
 
 
+_PEER_KEYS = ("source.principal", "source.namespace", "source.serviceAccount", "source.trustDomain")
+
+
 def _attachable(f: _Fields, action: Action, rules: list[Rule]) -> None:
     """What a waypoint applies here: ALLOW and DENY on the request (operations, request headers, JWT
-    claims). Its routes run behind an internal listener, where upstream Envoy no longer sees the
-    caller's certificate: rules on the source would never match, so they are refused, not ignored."""
+    claims) and on the caller's identity (principals, namespaces, service accounts, trust domains: the
+    certificate its ztunnel presented, which the waypoint keeps for the listener behind HBONE). That
+    listener sees no client address, so IP blocks would never match: refused, not ignored."""
     if action not in (Action.ALLOW, Action.DENY):
         raise f.fail(f"spec.action: {action.value} is not implemented with targetRefs (ALLOW or DENY)")
     for i, rule in enumerate(rules):
-        if rule.sources:
-            raise f.fail(f"spec.rules[{i}].from is not implemented with targetRefs (the caller's identity is not "
-                         "seen by the waypoint's routes)")
+        for j, source in enumerate(rule.sources):
+            for name in ("ip_blocks", "not_ip_blocks", "remote_ip_blocks", "not_remote_ip_blocks",
+                         "request_principals", "not_request_principals"):
+                if getattr(source, name):
+                    field = "".join(part.capitalize() if k else part for k, part in enumerate(name.split("_")))
+                    raise f.fail(f"spec.rules[{i}].from[{j}].source.{field} is not implemented with targetRefs")
         for condition in rule.when:
-            if not condition.key.startswith("request."):
+            if not condition.key.startswith("request.") and condition.key not in _PEER_KEYS:
                 raise f.fail(f"spec.rules[{i}].when: key {condition.key} is not implemented with targetRefs")
 
 

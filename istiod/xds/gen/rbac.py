@@ -32,7 +32,7 @@ from envoy.extensions.filters.http.rbac.v3 import rbac_pb2 as http_rbac_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from envoy.extensions.filters.network.rbac.v3 import rbac_pb2 as network_rbac_pb2
 from envoy.extensions.path.match.uri_template.v3 import uri_template_match_pb2
-from envoy.type.matcher.v3 import metadata_pb2, path_pb2, regex_pb2, string_pb2, value_pb2
+from envoy.type.matcher.v3 import filter_state_pb2, metadata_pb2, path_pb2, regex_pb2, string_pb2, value_pb2
 from google.protobuf import wrappers_pb2
 
 from istiod.model.config.security import Action, AuthorizationPolicy, Condition, Operation, Rule, Source
@@ -46,6 +46,9 @@ from istiod.xds.gen.filters import network_filter, pack
 RBAC_FILTER = "envoy.filters.http.rbac"
 NETWORK_RBAC_FILTER = "envoy.filters.network.rbac"
 _SPIFFE = "spiffe://"
+# Where a waypoint keeps the caller's identity (its certificate's URI SAN) for the listener behind
+# HBONE's termination, which no longer sees the certificate: istiod's key.
+PEER_PRINCIPAL_STATE = "io.istio.peer_principal"
 
 
 class _Unsupported(Exception):
@@ -70,14 +73,16 @@ def custom_providers(policies: Iterable[AuthorizationPolicy]) -> tuple[str, ...]
 
 
 def authorization_filters(policies: Iterable[AuthorizationPolicy], request_auth: bool = False,
-                          proxyless: bool = False,
-                          providers: Mapping[str, ResolvedProvider] | None = None) -> Authorization:
+                          proxyless: bool = False, providers: Mapping[str, ResolvedProvider] | None = None,
+                          peer_state: bool = False) -> Authorization:
     """The RBAC (and ext_authz) HTTP filters for the policies that apply to a workload (see
     scope.policies_for); `request_auth`: a jwt_authn filter runs before them (Envoy), so JWT
     fields can be checked; `proxyless`: for gRPC's RBAC filter, which lacks some of Envoy's
-    matchers, AUDIT's LOG action and ext_authz; `providers`: CUSTOM policies' resolved providers."""
+    matchers, AUDIT's LOG action and ext_authz; `providers`: CUSTOM policies' resolved providers;
+    `peer_state`: the caller's identity is the filter state PEER_PRINCIPAL_STATE rather than the
+    connection's certificate (a waypoint's internal listener)."""
     built = _build(tuple(policies), for_tcp=False, request_auth=request_auth, proxyless=proxyless,
-                   providers=providers or {})
+                   providers=providers or {}, peer_state=peer_state)
     filters = []
     for rules, shadow, ext_authz in built.parts:
         # gRPC refuses two HTTP filters of one name (an HCM NACK), so each action has its own.
@@ -92,10 +97,12 @@ def authorization_filters(policies: Iterable[AuthorizationPolicy], request_auth:
 
 
 def tcp_authorization_filters(policies: Iterable[AuthorizationPolicy],
-                              providers: Mapping[str, ResolvedProvider] | None = None) -> TcpAuthorization:
+                              providers: Mapping[str, ResolvedProvider] | None = None,
+                              peer_state: bool = False) -> TcpAuthorization:
     """The RBAC (and ext_authz) network filters for a workload's TCP filter chains: a denied
-    connection is closed."""
-    built = _build(tuple(policies), for_tcp=True, request_auth=False, proxyless=False, providers=providers or {})
+    connection is closed. `peer_state`: as authorization_filters."""
+    built = _build(tuple(policies), for_tcp=True, request_auth=False, proxyless=False, providers=providers or {},
+                   peer_state=peer_state)
     filters = []
     for rules, shadow, ext_authz in built.parts:
         if ext_authz is None:
@@ -117,7 +124,7 @@ class _Built:
 
 
 def _build(policies: tuple[AuthorizationPolicy, ...], for_tcp: bool, request_auth: bool, proxyless: bool,
-           providers: Mapping[str, ResolvedProvider]) -> _Built:
+           providers: Mapping[str, ResolvedProvider], peer_state: bool = False) -> _Built:
     """istiod's order: CUSTOM, then AUDIT (LOG), DENY, ALLOW."""
     problems: list[str] = []
     parts: list[tuple[rbac_pb2.RBAC, rbac_pb2.RBAC | None, ResolvedProvider | None]] = []
@@ -131,7 +138,8 @@ def _build(policies: tuple[AuthorizationPolicy, ...], for_tcp: bool, request_aut
             for i, rule in enumerate(policy.rules):
                 name = f"{prefix}ns[{policy.meta.namespace}]-policy[{policy.meta.name}]-rule[{i}]"
                 try:
-                    result = _policy(rule, _Collector(strict, policy.meta.namespace, for_tcp, request_auth, proxyless))
+                    result = _policy(rule, _Collector(strict, policy.meta.namespace, for_tcp, request_auth, proxyless,
+                                                      peer_state))
                 except _Unsupported as error:
                     problems.append(f"{where} rules[{i}]: {error}; the rule is left out, allowing less")
                     continue
@@ -192,8 +200,9 @@ class _Collector:
     dynamic metadata (envoy.filters.* keys)."""
 
     def __init__(self, strict: bool, namespace: str, for_tcp: bool = False, request_auth: bool = False,
-                 proxyless: bool = False) -> None:
+                 proxyless: bool = False, peer_state: bool = False) -> None:
         self.strict = strict
+        self.peer_state = peer_state  # the caller's identity from filter state (see authorization_filters)
         self.namespace = namespace  # the policy's: a service account without one is in it
         self.for_tcp = for_tcp
         self.request_auth = request_auth and not for_tcp
@@ -225,10 +234,27 @@ def _policy(rule: Rule, c: _Collector) -> _Translated:
     permission_ands = [_or_rules(permissions)] if permissions else []
     for condition in rule.when:
         _condition(condition, c, principal_ands, permission_ands)
+    principal = _and_ids(principal_ands)
     return _Translated(
-        rbac_pb2.Policy(principals=[_and_ids(principal_ands)], permissions=[_and_rules(permission_ands)]),
+        rbac_pb2.Policy(principals=[_peer_from_state(principal) if c.peer_state else principal],
+                        permissions=[_and_rules(permission_ands)]),
         tuple(c.problems),
     )
+
+
+def _peer_from_state(principal: rbac_pb2.Principal) -> rbac_pb2.Principal:
+    """The principal with the certificate's identity read from PEER_PRINCIPAL_STATE instead (istiod's
+    principalAuthenticated for waypoints)."""
+    kind = principal.WhichOneof("identifier")
+    if kind == "authenticated":
+        return rbac_pb2.Principal(filter_state=filter_state_pb2.FilterStateMatcher(
+            key=PEER_PRINCIPAL_STATE, string_match=principal.authenticated.principal_name))
+    if kind in ("and_ids", "or_ids"):
+        members = [_peer_from_state(p) for p in getattr(principal, kind).ids]
+        return rbac_pb2.Principal(**{kind: rbac_pb2.Principal.Set(ids=members)})
+    if kind == "not_id":
+        return rbac_pb2.Principal(not_id=_peer_from_state(principal.not_id))
+    return principal
 
 
 def _source(source: Source, c: _Collector) -> rbac_pb2.Principal:

@@ -68,11 +68,13 @@ class WorkloadPolicy:
             f"{name}={resolved}" for name, resolved in self.providers.items()) + ":" + ",".join(
             f"{uri}#{hash(keys)}" for uri, keys in sorted(self.fetched_jwks.items()))
 
-    def http_filters(self, where: str, clear_route_cache: bool = False) -> tuple[hcm_pb2.HttpFilter, ...]:
+    def http_filters(self, where: str, clear_route_cache: bool = False,
+                     peer_state: bool = False) -> tuple[hcm_pb2.HttpFilter, ...]:
         """jwt_authn, then the authorization filters (CUSTOM, AUDIT, DENY, ALLOW), for Envoy's HTTP
         chains; what is not translated as written is warned about, naming `where`. `clear_route_cache`:
-        see jwt_filter (gateways)."""
-        authz = authorization_filters(self.authorization, request_auth=True, providers=self.providers)
+        see jwt_filter (gateways); `peer_state`: see authorization_filters (waypoints)."""
+        authz = authorization_filters(self.authorization, request_auth=True, providers=self.providers,
+                                      peer_state=peer_state)
         for problem in authz.problems:
             log.warning("%s (%s)", problem, where)
         jwt = jwt_filter(self.request_auth, self.fetched_jwks, clear_route_cache)

@@ -34,7 +34,7 @@ from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.gen.filters import (
     HCM_FILTER, TCP_PROXY_FILTER, http_connection_manager, network_filter, pack, tcp_proxy, with_fault_filter,
 )
-from istiod.xds.gen.rbac import tcp_authorization_filters
+from istiod.xds.gen.rbac import PEER_PRINCIPAL_STATE, tcp_authorization_filters
 from istiod.xds.gen.routes import http_routes
 from istiod.xds.gen.security import WorkloadPolicy
 from istiod.xds.gen.sidecar.clusters import BLACKHOLE
@@ -74,12 +74,19 @@ def connect_terminate() -> listener_pb2.Listener:
         match=rc.RouteMatch(connect_matcher=rc.RouteMatch.ConnectMatcher()),
         route=rc.RouteAction(cluster=MAIN_INTERNAL, upgrade_configs=[rc.RouteAction.UpgradeConfig(
             upgrade_type=CONNECT, connect_config=rc.RouteAction.UpgradeConfig.ConnectConfig())]))
-    # The CONNECT target, for main_internal's original_dst (Istio's `connect_authority` filter).
-    target = set_filter_state_pb2.Config(on_request_headers=[value_pb2.FilterStateValue(
-        object_key=ORIGINAL_DST_LOCAL_IP,
-        format_string=substitution_format_string_pb2.SubstitutionFormatString(
-            text_format_source=base_pb2.DataSource(inline_string="%REQ(:AUTHORITY)%")),
-        shared_with_upstream=value_pb2.FilterStateValue.ONCE)])
+    # The CONNECT target, for main_internal's original_dst (Istio's `connect_authority` filter), and
+    # the caller's identity (the certificate the source's ztunnel presented), for its RBAC.
+    target = set_filter_state_pb2.Config(on_request_headers=[
+        value_pb2.FilterStateValue(
+            object_key=ORIGINAL_DST_LOCAL_IP,
+            format_string=substitution_format_string_pb2.SubstitutionFormatString(
+                text_format_source=base_pb2.DataSource(inline_string="%REQ(:AUTHORITY)%")),
+            shared_with_upstream=value_pb2.FilterStateValue.ONCE),
+        value_pb2.FilterStateValue(
+            object_key=PEER_PRINCIPAL_STATE, factory_key="envoy.hashable_string",
+            format_string=substitution_format_string_pb2.SubstitutionFormatString(
+                text_format_source=base_pb2.DataSource(inline_string="%DOWNSTREAM_PEER_URI_SAN%")),
+            shared_with_upstream=value_pb2.FilterStateValue.ONCE)])
     manager = http_connection_manager(
         [hcm_pb2.HttpFilter(name=SET_FILTER_STATE_FILTER, typed_config=pack(target))],
         stat_prefix=CONNECT_TERMINATE,
@@ -110,7 +117,8 @@ def main_internal(snapshot: Snapshot, proxy: Proxy, ports: tuple[WaypointPort, .
         name = waypoint_cluster_name(number, service.hostname, "", waypoint_port.http)
         policies = attached_policies(snapshot, proxy, service)
         if waypoint_port.http:
-            authz = WorkloadPolicy(policies, (), {}, {}).http_filters(f"waypoint {proxy.namespace}/{proxy.pod_name}, {name}")
+            authz = WorkloadPolicy(policies, (), {}, {}).http_filters(f"waypoint {proxy.namespace}/{proxy.pod_name}, {name}",
+                                                                      peer_state=True)
             vs, _ = route_inputs(snapshot, proxy, service)
             routes = http_routes(vs, service, number, snapshot.services, hash_for, proxyless=False, source=source)
             # Faults and CORS policies ride on the routes and act only where their filters are.
@@ -123,7 +131,7 @@ def main_internal(snapshot: Snapshot, proxy: Proxy, ports: tuple[WaypointPort, .
             main = network_filter(HCM_FILTER, manager)
         else:
             main = network_filter(TCP_PROXY_FILTER, tcp_proxy_pb2.TcpProxy(stat_prefix=name, cluster=name))
-        before = [] if waypoint_port.http else list(tcp_authorization_filters(policies, {}).filters)
+        before = [] if waypoint_port.http else list(tcp_authorization_filters(policies, {}, peer_state=True).filters)
         chains.append(listener_components_pb2.FilterChain(
             name=name, filters=[*before, main], filter_chain_match=listener_components_pb2.FilterChainMatch(
                 destination_port=wrappers_pb2.UInt32Value(value=number),
