@@ -119,3 +119,14 @@ async def test_relists_back_off_while_no_watch_makes_progress(monkeypatch: pytes
     bounds = [1, 2, 4, 8, 16, 32, 1, 2, 4]
     assert all(0 <= d <= b for d, b in zip(ceilings, bounds, strict=True)), ceilings
     assert informer.gone == 2
+
+
+def test_field_managers_are_not_kept() -> None:
+    store = Store()
+    body = svc("a", "x")
+    body["metadata"]["managedFields"] = [{"manager": "kubectl", "operation": "Apply", "fieldsType": "FieldsV1",
+                                          "fieldsV1": {"f:spec": {"f:ports": {}}}}]
+    KubeWriter(store, NamespaceFilter()).apply({"kind": "Service", **body})
+    stored = store.get(ObjectKey("Service", "x", "a"))
+    assert stored is not None and "managedFields" not in stored.raw["metadata"]
+    assert stored.raw["metadata"]["name"] == "a"

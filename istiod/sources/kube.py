@@ -237,6 +237,10 @@ class KubeWriter:
         key = self._key(body)
         if key is None:
             return None
+        # Nothing here reads the field managers, and for a Pod they can outweigh what is read (the
+        # store keeps each object as listed): dropped on the way in, as Istio's informers do.
+        if isinstance(metadata := body.get("metadata"), dict):
+            metadata.pop("managedFields", None)
         if key.kind == "Namespace":
             self._write(body)
             self._refilter(key.name)
