@@ -32,6 +32,7 @@ defaultConfig:
   holdApplicationUntilProxyStarts: true
   tracing: {sampling: 1}
 accessLogFile: /dev/stdout
+enableTracing: true
 discoverySelectors:
 - matchLabels: {istio-discovery: enabled}
 - matchExpressions:
@@ -80,8 +81,9 @@ def test_fields_istiod_reads(caplog: pytest.LogCaptureFixture) -> None:
                          request_body=RequestBody(4096, pack_as_bytes=True), clear_route_cache=True),
     )
     # What is not implemented is said, once, by name.
-    assert ("not implemented, ignored: accessLogFile, extensionProviders[2].zipkin (tracer)"
+    assert ("not implemented, ignored: enableTracing, extensionProviders[2].zipkin (tracer)"
             in caplog.text)
+    assert mesh.access_log is not None and mesh.access_log.path == "/dev/stdout"
     assert parse_mesh_config("", MeshConfig(trust_domain="flag.td"), "x").trust_domain == "flag.td"
 
 

@@ -79,6 +79,15 @@ class RequestBody:
 
 
 @dataclass(frozen=True, slots=True)
+class AccessLogSettings:
+    """meshConfig accessLogFile, accessLogEncoding (TEXT or JSON) and accessLogFormat ("": Istio's)."""
+
+    path: str
+    encoding: str = "TEXT"
+    format: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class MeshConfig:
     trust_domain: str = DEFAULT_TRUST_DOMAIN
     # Mesh-wide mTLS between proxyless gRPC workloads (STRICT); PeerAuthentication and
@@ -97,6 +106,7 @@ class MeshConfig:
     # How long listeners that sniff a port's protocol wait for the client's first bytes (seconds);
     # Istio's default 0 waits forever (a server-first protocol on a sniffed port hangs, as in Istio).
     protocol_detection_timeout: float = 0.0
+    access_log: AccessLogSettings | None = None  # accessLogFile (and its encoding, format); None: off
     # The exportTo of Services and ServiceEntries, VirtualServices and DestinationRules that set none
     # (empty: Istio's default, `*`).
     default_service_export_to: tuple[str, ...] = ()

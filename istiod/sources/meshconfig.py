@@ -26,7 +26,10 @@ from istiod.model.config.networking import LocalityLbSetting
 from istiod.model.labels import EXPRESSION_OPERATORS, Requirement, Selector
 from istiod.model.names import DEFAULT_CLUSTER_ID
 from istiod.durations import parse_duration
-from istiod.model.mesh import ExtAuthzProvider, MeshConfig, NetworkCidr, NetworkGateway, OutboundTrafficPolicy, ProxyConfig, RequestBody
+from istiod.model.mesh import (
+    AccessLogSettings, ExtAuthzProvider, MeshConfig, NetworkCidr, NetworkGateway, OutboundTrafficPolicy, ProxyConfig,
+    RequestBody,
+)
 from istiod.sources.fields import ConversionError, _Fields
 from istiod.sources.istio.common import check_label, dns1123_label, fields, items, only, port, str_list
 from istiod.sources.istio.networking import locality_lb_setting
@@ -39,7 +42,8 @@ T = TypeVar("T")
 MESH_NETWORKS_KEY = "meshNetworks"  # istiod's MeshNetworks, beside the mesh config (kubemesh.MeshNetworksKey)
 _FIELDS = ("trustDomain", "trustDomainAliases", "rootNamespace", "outboundTrafficPolicy", "enableAutoMtls", "defaultConfig",
            "discoverySelectors", "localityLbSetting", "extensionProviders", "protocolDetectionTimeout",
-           "defaultServiceExportTo", "defaultVirtualServiceExportTo", "defaultDestinationRuleExportTo", "meshNetworks")
+           "defaultServiceExportTo", "defaultVirtualServiceExportTo", "defaultDestinationRuleExportTo", "meshNetworks",
+           "accessLogFile", "accessLogEncoding", "accessLogFormat")
 
 
 class MeshConfigError(ValueError):
@@ -106,6 +110,7 @@ def _parse(f: _Fields, base: MeshConfig) -> MeshConfig:
         locality_lb_setting=_locality_lb_setting(f, base),
         extension_providers=providers,
         protocol_detection_timeout=_protocol_detection_timeout(f, base),
+        access_log=_access_log(f, base),
         default_service_export_to=_default_export_to(f, "defaultServiceExportTo", base.default_service_export_to),
         default_virtual_service_export_to=_default_export_to(f, "defaultVirtualServiceExportTo",
                                                              base.default_virtual_service_export_to),
@@ -194,6 +199,27 @@ def _default_export_to(f: _Fields, field: str, base: tuple[str, ...]) -> tuple[s
     """Namespaces, `.`, `*` or `~`, unchecked as istiod takes them (a value that names no
     namespace exports to none)."""
     return tuple(sorted(set(str_list(f, field)))) if field in f.body else base
+
+
+def _access_log(f: _Fields, base: MeshConfig) -> AccessLogSettings | None:
+    """accessLogFile ("": off), accessLogEncoding, accessLogFormat. A JSON format that does not parse
+    as a JSON object is logged and Istio's default used instead, as istiod does."""
+    if not any(k in f.body for k in ("accessLogFile", "accessLogEncoding", "accessLogFormat")):
+        return base.access_log
+    path = f.get("accessLogFile", str, base.access_log.path if base.access_log else "")
+    encoding = f.get("accessLogEncoding", str, "TEXT")
+    if encoding not in ("TEXT", "JSON"):
+        raise f.fail(f"accessLogEncoding: {encoding!r} is not TEXT or JSON")
+    text = f.get("accessLogFormat", str, "")
+    if encoding == "JSON" and text:
+        try:
+            parsed = json.loads(text)
+        except ValueError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            log.error("%s: accessLogFormat is not a JSON object; the default JSON format is used", f.key)
+            text = ""
+    return AccessLogSettings(path, encoding, text) if path else None
 
 
 def _protocol_detection_timeout(f: _Fields, base: MeshConfig) -> float:

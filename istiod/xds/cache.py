@@ -67,6 +67,13 @@ class _Entry:
     used: int
 
 
+@dataclass(slots=True)
+class _Derived:
+    source: Resource  # held: the key has its id, which must not be reused while the entry lives
+    resource: Resource | None
+    used: int
+
+
 class ResourceCache:
     def __init__(self) -> None:
         self._entries: dict[tuple[str, str, str], _Entry] = {}
@@ -74,6 +81,7 @@ class ResourceCache:
         self.hits = 0
         self._shared_of: object = None  # the snapshot `_shared` holds results of
         self._shared: dict[Hashable, Any] = {}
+        self._derived: dict[tuple[int, Hashable], _Derived] = {}
 
     def get(self, type_url: str, name: str, depends_on: object, build: Callable[[], Message],
             scope: str = "") -> Resource:
@@ -87,6 +95,21 @@ class ResourceCache:
             return entry.resource
         resource = Resource(name, type_url, build().SerializeToString(deterministic=True))
         self._entries[key] = _Entry(depends_on, resource, self._generation)
+        return resource
+
+    def derived(self, source: Resource, how: Hashable, build: Callable[[], Message | None]) -> Resource | None:
+        """What `build` makes of `source` (a changed copy of it; None: nothing), made once for as long
+        as generators return that same resource and `how` (all else it depends on) is equal: across
+        snapshots, as entries are."""
+        key = (id(source), how)
+        entry = self._derived.get(key)
+        if entry is not None and entry.source is source:
+            entry.used = self._generation
+            return entry.resource
+        message = build()
+        resource = None if message is None else Resource(source.name, source.type_url,
+                                                         message.SerializeToString(deterministic=True))
+        self._derived[key] = _Derived(source, resource, self._generation)
         return resource
 
     def per_snapshot(self, snapshot: object, key: Hashable, build: Callable[[], _T]) -> _T:
@@ -105,6 +128,7 @@ class ResourceCache:
     def sweep(self) -> None:
         """Drop entries no push used since the previous sweep; they rebuild if needed again."""
         self._entries = {k: e for k, e in self._entries.items() if e.used >= self._generation - 1}
+        self._derived = {k: e for k, e in self._derived.items() if e.used >= self._generation - 1}
         self._generation += 1
 
     def __len__(self) -> int:

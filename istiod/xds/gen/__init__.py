@@ -13,7 +13,9 @@ from istiod.model.snapshot import Snapshot
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.gen import eds, grpc
+from istiod.xds.gen.accesslog import logged
 from istiod.xds.gen.envoyfilter import patched
+from istiod.xds.gen.generator import Generator
 from istiod.xds.gen.gateway import clusters as gateway_clusters
 from istiod.xds.gen.gateway import listeners as gateway_listeners
 from istiod.xds.gen.gateway import routes as gateway_routes
@@ -23,7 +25,6 @@ from istiod.xds.gen.targets import alike
 from istiod.xds.gen.waypoint import GENERATORS as WAYPOINT
 from istiod.xds.gen.ztunnel import GENERATORS as ZTUNNEL
 
-Generator = Callable[[Snapshot, Proxy, list[str] | None, ResourceCache], list[Resource]]
 
 
 def shared_by_name(generate: Generator,
@@ -68,14 +69,14 @@ PROXYLESS_GRPC: dict[str, Generator] = {
 SIDECAR: dict[str, Generator] = {
     types.CLUSTER: patched(types.CLUSTER, clusters.clusters),
     types.ENDPOINT: eds.endpoints,
-    types.LISTENER: patched(types.LISTENER, listeners.listeners),
+    types.LISTENER: patched(types.LISTENER, logged(listeners.listeners)),
     types.ROUTE: patched(types.ROUTE, routes.routes),
     types.SECRET: gateway_secrets.secrets,  # a DestinationRule's credentialName
 }
 ROUTER: dict[str, Generator] = {
     types.CLUSTER: patched(types.CLUSTER, gateway_clusters.clusters),
     types.ENDPOINT: eds.endpoints,
-    types.LISTENER: patched(types.LISTENER, gateway_listeners.listeners),
+    types.LISTENER: patched(types.LISTENER, logged(gateway_listeners.listeners)),
     types.ROUTE: patched(types.ROUTE, gateway_routes.routes),
     types.SECRET: gateway_secrets.secrets,
 }

@@ -11,6 +11,7 @@ for every proxy with the same patches. Pure apart from the cache.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import TypeVar
 
 from envoy.config.cluster.v3 import cluster_pb2
@@ -29,8 +30,8 @@ from istiod.model.proxy import Proxy
 from istiod.model.snapshot import Snapshot
 from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
+from istiod.xds.gen.generator import Generator
 
-Generator = Callable[[Snapshot, Proxy, list[str] | None, ResourceCache], list[Resource]]
 _Patches = dict[str, list[ef.ConfigPatch]]
 _M = TypeVar("_M", bound=Message)
 
@@ -50,12 +51,16 @@ def patched(type_url: str, generate: Generator) -> Generator:
     def generate_patched(snapshot: Snapshot, proxy: Proxy, names: list[str] | None,
                          cache: ResourceCache) -> list[Resource]:
         resources = generate(snapshot, proxy, names, cache)
-        patches = patches_for(snapshot, proxy, _APPLIED_TO[type_url])
+        patches = tuple(patches_for(snapshot, proxy, _APPLIED_TO[type_url]))
         if not patches:
             return resources
-        key = ("envoyfilter", type_url, proxy.type, tuple(patches), tuple(resources),
-               None if names is None else tuple(names))
-        return list(cache.per_snapshot(snapshot, key, lambda: apply(type_url, proxy.type, resources, patches, names)))
+        how = ("envoyfilter", proxy.type, patches)
+        out = []
+        for resource in resources:
+            if (made := cache.derived(resource, how, partial(patch, type_url, proxy.type, resource, patches))) is not None:
+                out.append(made)
+        added = cache.per_snapshot(snapshot, (*how, type_url), lambda: additions(type_url, proxy.type, patches))
+        return out + [r for r in added if names is None or r.name in names]
     return generate_patched
 
 
@@ -72,28 +77,29 @@ def _proxy_matches(patch: ef.ConfigPatch, proxy: Proxy) -> bool:
     return bool(proxy.istio_version) and compile_regex(patch.proxy_version).search(proxy.istio_version) is not None
 
 
-def apply(type_url: str, node_type: str, resources: Sequence[Resource], patches: Sequence[ef.ConfigPatch],
-          names: Sequence[str] | None) -> list[Resource]:
-    """Pure: the resources with the patches applied (some removed, some added)."""
-    grouped: _Patches = {kind: [p for p in patches if p.apply_to == kind] for kind in _APPLIED_TO[type_url]}
-    message_type = _MESSAGE_TYPES[type_url]
-    out: list[Resource] = []
-    for resource in resources:
-        message = message_type.FromString(resource.value)
-        context = _context(type_url, node_type, message)
-        if _patch(type_url, context, grouped, message):
-            out.append(Resource(resource.name, type_url, message.SerializeToString(deterministic=True)))
-    if type_url != types.ROUTE:  # listeners and clusters may be added; route configurations are asked for
-        kind = ef.LISTENER if type_url == types.LISTENER else ef.CLUSTER
-        contexts = (GATEWAY,) if node_type == "router" else (INBOUND, OUTBOUND)
-        for context in contexts:
-            for patch in grouped[kind]:
-                if patch.operation == "ADD" and _adds_in(patch, context):
-                    added = _value(patch, message_type)
-                    name = getattr(added, "name")
-                    if names is None or name in names:
-                        out.append(Resource(name, type_url, added.SerializeToString(deterministic=True)))
+def patch(type_url: str, node_type: str, resource: Resource, patches: Sequence[ef.ConfigPatch]) -> Message | None:
+    """Pure: the resource with the patches applied; None when one removes it."""
+    message = _MESSAGE_TYPES[type_url].FromString(resource.value)
+    grouped = _grouped(type_url, patches)
+    return message if _patch(type_url, _context(type_url, node_type, message), grouped, message) else None
+
+
+def additions(type_url: str, node_type: str, patches: Sequence[ef.ConfigPatch]) -> list[Resource]:
+    """Pure: the listeners or clusters the patches add (route configurations are asked for by name)."""
+    if type_url == types.ROUTE:
+        return []
+    grouped, out = _grouped(type_url, patches), []
+    kind = ef.LISTENER if type_url == types.LISTENER else ef.CLUSTER
+    for context in (GATEWAY,) if node_type == "router" else (INBOUND, OUTBOUND):
+        for added in grouped[kind]:
+            if added.operation == "ADD" and _adds_in(added, context):
+                value = _value(added, _MESSAGE_TYPES[type_url])
+                out.append(Resource(getattr(value, "name"), type_url, value.SerializeToString(deterministic=True)))
     return out
+
+
+def _grouped(type_url: str, patches: Sequence[ef.ConfigPatch]) -> _Patches:
+    return {kind: [p for p in patches if p.apply_to == kind] for kind in _APPLIED_TO[type_url]}
 
 
 def _adds_in(patch: ef.ConfigPatch, context: str) -> bool:
