@@ -394,12 +394,13 @@ def test_proxy_config_reaches_envoy(mesh: Path, mesh_dir: Path, start_istiod: Ca
                and not n.endswith("downstream_cx_active")]  # a required suffix (draining)
     assert not dropped, dropped
     print(f"Envoy keeps {len(names)} stats with proxyStatsMatcher")
-    # istiod sees the node metadata proxyMetadata set: the pod's labels, from its ISTIO_METAJSON_LABELS.
+    # istiod sees the labels proxyMetadata set (ISTIO_METAJSON_LABELS: STATIC_LABELS), with the Pod's from
+    # the registry over them, as istiod's SetWorkloadLabels.
     wait_until(lambda: synced(istiod, PROXY_ID, ("cluster", "endpoint")), 10, "istiod to see Envoy's ACKs")
     _, adsz = istiod.get("/debug/adsz")
     labels = next(c["labels"] for c in adsz["clients"] if c["proxy"] == PROXY_ID)
     print(f"istiod's /debug/adsz labels of {PROXY_ID}: {labels}")
-    assert labels == {"app": "web", "team": "blue"}
+    assert labels == {"app": "web", "pod-template-hash": "6d4cf56db6", "team": "blue"}
     sidecar.agent.proc.send_signal(signal.SIGTERM)
     assert sidecar.agent.proc.wait(timeout=20) == 0
     assert "then Envoy drains for 1s" in sidecar.agent.text()
