@@ -1,7 +1,7 @@
 """Benchmark: memory per xDS connection, proxyless and Envoy-like: Python's (tracemalloc) or all (RSS).
 
     python bench/connmem.py [--services 200] [--pods 2] [--clients 200] [--watch 5] [--top 8]
-                            [--rss [--batches 2] [--kinds proxyless] [--grpc-arg NAME=VALUE ...]]
+                            [--rss [--batches 2] [--kinds proxyless] [--pushes N] [--grpc-arg NAME=VALUE ...]]
 
 An ADS server runs in this process on a mesh of S services, with istiod's gRPC server options; for
 each kind of client, equal batches of clients (load generator processes, as bench/load.py's) connect
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
+import gc
 import multiprocessing
 import os
 import sys
@@ -78,7 +79,8 @@ def traced(snapshot: tracemalloc.Snapshot) -> int:
     return sum(stat.size for stat in snapshot.statistics("filename"))
 
 
-async def measure(server: DiscoveryServer, address: str, kind: str, args: argparse.Namespace, first: int) -> None:
+async def measure(server: DiscoveryServer, address: str, kind: str, args: argparse.Namespace, first: int,
+                  store: Store) -> None:
     batches: list[Batch] = []
     snapshots: list[tracemalloc.Snapshot] = []
     try:
@@ -107,8 +109,10 @@ async def measure(server: DiscoveryServer, address: str, kind: str, args: argpar
         await asyncio.sleep(1)
 
 
-async def measure_rss(server: DiscoveryServer, address: str, kind: str, args: argparse.Namespace, first: int) -> None:
-    """RSS after each batch, then after malloc_trim (what glibc holds freed but not returned)."""
+async def measure_rss(server: DiscoveryServer, address: str, kind: str, args: argparse.Namespace, first: int,
+                      store: Store) -> None:
+    """RSS after each batch, then after malloc_trim (what glibc holds freed but not returned), then
+    after each of `--pushes` endpoint changes."""
     batches: list[Batch] = []
     rss: list[int] = []
     try:
@@ -125,6 +129,28 @@ async def measure_rss(server: DiscoveryServer, address: str, kind: str, args: ar
         print(f"{kind}: {per / 1024:.1f} KiB RSS per connection; RSS after each batch of {args.clients} "
               f"{', '.join(f'{r / 1024:.0f}' for r in rss)} MB, after malloc_trim {trimmed / 1024:.0f} MB, "
               f"peak {memory_kb(os.getpid())[1] / 1024:.0f} MB", flush=True)
+        after_pushes = []
+        if args.trace_pushes:
+            tracemalloc.start()
+            before = tracemalloc.take_snapshot()
+        for mark in range(args.pushes):  # endpoint changes, each pushed to every client watching the service
+            for doc in yaml.safe_load_all(service_yaml(mark % args.services, args.pods, mark + 1)):
+                store.apply(doc)
+            await asyncio.sleep(args.push_wait)
+            gc.collect()
+            ctypes.CDLL(None).malloc_trim(0)
+            after_pushes.append(memory_kb(os.getpid())[0])
+        if args.trace_pushes:
+            after = tracemalloc.take_snapshot()
+            tracemalloc.stop()
+            print(f"  Python's allocations over the changes: {(traced(after) - traced(before)) / 1024:.0f} KiB")
+            for stat in after.compare_to(before, "lineno")[:args.top]:
+                frame = stat.traceback[0]
+                print(f"  {stat.size_diff / 1024:8.0f} KiB  {Path(frame.filename).name}:{frame.lineno}")
+        if after_pushes:
+            print(f"{kind}: RSS after each of {args.pushes} endpoint changes (collected, trimmed): "
+                  f"{', '.join(f'{r / 1024:.0f}' for r in after_pushes)} MB; "
+                  f"{(after_pushes[-1] - trimmed) / args.batches / args.clients:.1f} KiB per connection more", flush=True)
     finally:
         for batch in batches:
             batch.stop()
@@ -159,7 +185,7 @@ async def run(args: argparse.Namespace) -> None:
         print(f"mesh: {args.services} services x {args.pods} pods; proxyless clients watch {args.watch} services"
               + "".join(f"; {name}={value}" for name, value in args.grpc_arg), flush=True)
         for k, kind in enumerate(args.kinds.split(",")):
-            await (measure_rss if args.rss else measure)(discovery, address, kind, args, 100 * k * args.clients)
+            await (measure_rss if args.rss else measure)(discovery, address, kind, args, 100 * k * args.clients, store)
     finally:
         tracemalloc.stop()
         task.cancel()
@@ -177,6 +203,9 @@ def main() -> None:
     parser.add_argument("--kinds", default="proxyless,envoy", help="kinds of clients, in order")
     parser.add_argument("--rss", action="store_true", help="measure RSS instead of tracemalloc")
     parser.add_argument("--batches", type=int, default=2, help="batches of clients with --rss (at least 2)")
+    parser.add_argument("--pushes", type=int, default=0, help="endpoint changes after the batches, with --rss")
+    parser.add_argument("--push-wait", type=float, default=2.0, help="seconds after each change")
+    parser.add_argument("--trace-pushes", action="store_true", help="with --pushes: Python's allocations over them")
     parser.add_argument("--grpc-arg", type=grpc_arg, action="append", default=[], metavar="NAME=VALUE",
                         help="a server option added to istiod's (repeatable)")
     asyncio.run(run(parser.parse_args()))

@@ -105,7 +105,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         if not self.ready:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "server is not ready to serve discovery information")
         try:
-            first = await anext(request_iterator)
+            first = _taken(await anext(request_iterator))
         except StopAsyncIteration:
             return
         except DecodeError as error:
@@ -513,14 +513,43 @@ class _SendDeadline:
         self._arm(now + self._recheck)
 
 
+class _Envelope:
+    """A request as grpcio hands it to the stream. grpcio's request iterator keeps the last message it
+    yielded while it waits for the next; an idle Envoy's last one is its EDS ACK, naming every cluster
+    (some 100 kB of protobuf per connection, for as long as it stays idle). The stream takes the message
+    out, so grpcio keeps only the empty envelope."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: Request | None) -> None:
+        self.message = message
+
+
+def _sotw_request(data: bytes) -> _Envelope:
+    return _Envelope(discovery_pb2.DiscoveryRequest.FromString(data))
+
+
+def _delta_request(data: bytes) -> _Envelope:
+    return _Envelope(discovery_pb2.DeltaDiscoveryRequest.FromString(data))
+
+
+def _taken(item: _Envelope | Request) -> Request:
+    """The request, out of its envelope (callers other than grpcio pass requests as they are)."""
+    if not isinstance(item, _Envelope):
+        return item
+    message, item.message = item.message, None
+    assert message is not None, "an envelope is opened once"
+    return message
+
+
 def add_to_server(servicer: ads_pb2_grpc.AggregatedDiscoveryServiceServicer, server: grpc.aio.Server) -> None:
     """Registers the ADS methods as the generated add_AggregatedDiscoveryServiceServicer_to_server does,
-    but sending responses as the bytes the servicer wrote (see wire.py)."""
+    but sending responses as the bytes the servicer wrote (see wire.py), and requests in envelopes."""
     handlers: dict[str, grpc.RpcMethodHandler] = {
         "StreamAggregatedResources": grpc.stream_stream_rpc_method_handler(
-            servicer.StreamAggregatedResources, request_deserializer=discovery_pb2.DiscoveryRequest.FromString),
+            servicer.StreamAggregatedResources, request_deserializer=_sotw_request),
         "DeltaAggregatedResources": grpc.stream_stream_rpc_method_handler(
-            servicer.DeltaAggregatedResources, request_deserializer=discovery_pb2.DeltaDiscoveryRequest.FromString),
+            servicer.DeltaAggregatedResources, request_deserializer=_delta_request),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     server.add_registered_method_handlers(SERVICE, handlers)
@@ -545,9 +574,9 @@ class _Authorized(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
 async def _read(requests: AsyncIterator[Request], connection: Connection) -> None:
     closed = Closed()
     try:
-        async for request in requests:
-            await connection.received(request)
-            del request  # handled by the connection's task: not held while the next is read
+        async for item in requests:
+            await connection.received(_taken(item))
+            del item  # handled by the connection's task: not held while the next is read
     except grpc.aio.AioRpcError:
         pass
     except DecodeError as error:
