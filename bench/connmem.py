@@ -115,6 +115,12 @@ async def measure_rss(server: DiscoveryServer, address: str, kind: str, args: ar
     after each of `--pushes` endpoint changes."""
     batches: list[Batch] = []
     rss: list[int] = []
+    gc.collect()
+    ctypes.CDLL(None).malloc_trim(0)
+    base = memory_kb(os.getpid())[0]
+    if args.trace_left:
+        tracemalloc.start()
+        started = tracemalloc.take_snapshot()
     try:
         for b in range(args.batches):
             batch = Batch(address, specs(kind, first + b * args.clients, args.clients, args.services, args.watch))
@@ -155,6 +161,18 @@ async def measure_rss(server: DiscoveryServer, address: str, kind: str, args: ar
         for batch in batches:
             batch.stop()
         await asyncio.sleep(1)
+    await asyncio.sleep(args.push_wait)
+    gc.collect()
+    ctypes.CDLL(None).malloc_trim(0)
+    print(f"{kind}: RSS before the clients {base / 1024:.0f} MB, after they left (collected, trimmed) "
+          f"{memory_kb(os.getpid())[0] / 1024:.0f} MB", flush=True)
+    if args.trace_left:
+        left = tracemalloc.take_snapshot()
+        tracemalloc.stop()
+        print(f"  Python's allocations still held: {(traced(left) - traced(started)) / 1024:.0f} KiB")
+        for stat in left.compare_to(started, "lineno")[:args.top]:
+            frame = stat.traceback[0]
+            print(f"  {stat.size_diff / 1024:8.0f} KiB  {Path(frame.filename).name}:{frame.lineno}")
 
 
 def grpc_arg(text: str) -> tuple[str, int | str]:
@@ -206,6 +224,8 @@ def main() -> None:
     parser.add_argument("--pushes", type=int, default=0, help="endpoint changes after the batches, with --rss")
     parser.add_argument("--push-wait", type=float, default=2.0, help="seconds after each change")
     parser.add_argument("--trace-pushes", action="store_true", help="with --pushes: Python's allocations over them")
+    parser.add_argument("--trace-left", action="store_true",
+                        help="with --rss: Python's allocations still held once the clients left")
     parser.add_argument("--grpc-arg", type=grpc_arg, action="append", default=[], metavar="NAME=VALUE",
                         help="a server option added to istiod's (repeatable)")
     asyncio.run(run(parser.parse_args()))
