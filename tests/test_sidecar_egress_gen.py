@@ -136,6 +136,11 @@ def test_service_entries_get_their_vip_and_dns_clusters() -> None:
     address = dns.load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address
     assert (address.address, address.port_value) == ("localhost", 8090)
     assert clusters["outbound|7000||tcp.external.test"].type == cluster_pb2.Cluster.EDS
+    # No auto mTLS outside the mesh (istiod's buildUpstreamTLSSettings): plaintext, no tlsMode match.
+    assert not dns.transport_socket_matches and not dns.HasField("transport_socket")
+    assert not clusters["outbound|7000||tcp.external.test"].transport_socket_matches
+    assert [m.name for m in clusters["outbound|80||web.shop.svc.cluster.local"].transport_socket_matches] == [
+        "tlsMode-istio", "tlsMode-disabled"]
     listeners = generate(types.LISTENER, snap, listener_pb2.Listener)
     assert tcp_proxy_of(listeners["10.96.5.1_7000"]).cluster == "outbound|7000||tcp.external.test"
     routes = generate(types.ROUTE, snap, route_pb2.RouteConfiguration)

@@ -110,7 +110,8 @@ def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint,
     """Auto mTLS, as Istio's: endpoints labelled `tlsMode: istio` (pods with a sidecar) get mTLS,
     the others plaintext; the choice is per endpoint, by the EDS metadata. A DestinationRule's
     TLS mode overrides it (ISTIO_MUTUAL: always, DISABLE: never), its other settings apply on top.
-    With meshConfig `enableAutoMtls: false` only such a rule turns mTLS on, as in Istio. Without
+    With meshConfig `enableAutoMtls: false`, or for a MESH_EXTERNAL ServiceEntry's host, only such a
+    rule turns mTLS on, as in Istio. Without
     `credentials`, a SIMPLE/MUTUAL rule naming a credentialName gives no TLS at all, as istiod's.
     `original_dst` (a passthrough Service's, for sidecars): to the address the client connected
     to, which carries no tlsMode, so without auto mTLS and load balancing, as istiod's."""
@@ -157,8 +158,8 @@ def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint,
             sniffed.common_http_protocol_options.CopyFrom(options.common_http_protocol_options)
         options = sniffed
     tls = policy.tls
-    if tls is None and (not auto_mtls or original_dst):
-        del cluster.transport_socket_matches[:]  # plaintext to every endpoint
+    if tls is None and (not auto_mtls or original_dst or target.service.mesh_external):
+        del cluster.transport_socket_matches[:]  # plaintext to every endpoint (istiod: no auto mTLS outside the mesh)
     if tls is not None:
         del cluster.transport_socket_matches[:]
         if tls.mode in (TLSMode.SIMPLE, TLSMode.MUTUAL) and tls.credential_name and not credentials:
