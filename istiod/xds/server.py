@@ -95,7 +95,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
 
     async def stream(
         self,
-        request_iterator: AsyncIterator[Request],
+        request_iterator: AsyncIterator[Incoming],
         context: grpc.aio.ServicerContext,
         authorize: Authorizer | None = None,
         incremental: bool = False,
@@ -206,7 +206,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
     StreamAggregatedResources = stream  # the plaintext port: no caller checks, as in istiod
 
     async def DeltaAggregatedResources(  # noqa: N802 (gRPC's method name)
-        self, request_iterator: AsyncIterator[Request], context: grpc.aio.ServicerContext,
+        self, request_iterator: AsyncIterator[Incoming], context: grpc.aio.ServicerContext,
         authorize: Authorizer | None = None,
     ) -> None:
         await self.stream(request_iterator, context, authorize, incremental=True)
@@ -525,6 +525,9 @@ class _Envelope:
         self.message = message
 
 
+Incoming: TypeAlias = "Request | _Envelope"  # what a stream reads: enveloped from grpcio, bare from others
+
+
 def _sotw_request(data: bytes) -> _Envelope:
     return _Envelope(discovery_pb2.DiscoveryRequest.FromString(data))
 
@@ -561,17 +564,17 @@ class _Authorized(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self.authorize = authorize
 
     async def StreamAggregatedResources(
-        self, request_iterator: AsyncIterator[Request], context: grpc.aio.ServicerContext
+        self, request_iterator: AsyncIterator[Incoming], context: grpc.aio.ServicerContext
     ) -> None:
         await self.server.stream(request_iterator, context, self.authorize)
 
     async def DeltaAggregatedResources(  # noqa: N802 (gRPC's method name)
-        self, request_iterator: AsyncIterator[Request], context: grpc.aio.ServicerContext
+        self, request_iterator: AsyncIterator[Incoming], context: grpc.aio.ServicerContext
     ) -> None:
         await self.server.stream(request_iterator, context, self.authorize, incremental=True)
 
 
-async def _read(requests: AsyncIterator[Request], connection: Connection) -> None:
+async def _read(requests: AsyncIterator[Incoming], connection: Connection) -> None:
     closed = Closed()
     try:
         async for item in requests:
