@@ -305,12 +305,11 @@ def test_a_listener_protocol_not_served_is_refused_in_status() -> None:
 
 def test_a_rule_with_a_filter_not_implemented_answers_500_and_says_why() -> None:
     route = _route("prefix-redirect", hostnames=["moved.example.com"], rules=[
-        {"filters": [{"type": "RequestRedirect", "requestRedirect": {
-            "path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/new"}}}]},
+        {"filters": [{"type": "ExtensionRef", "extensionRef": {"group": "example.com", "kind": "Thing", "name": "x"}}]},
         {"matches": [{"path": {"value": "/ok"}}], "backendRefs": [{"name": "echo", "port": 8080}]}])
     converted = _converted(route)
     resolved = _route_conditions(converted, "shop", "prefix-redirect")["ResolvedRefs"]
-    assert resolved[:2] == ("False", "InvalidFilter") and "ReplacePrefixMatch in a redirect" in resolved[2]
+    assert resolved[:2] == ("False", "InvalidFilter") and "filter type 'ExtensionRef' is not implemented" in resolved[2]
     vs = next(v for v in converted.virtual_services if v.hosts == ("moved.example.com",))
     assert [(h.direct_response is not None, h.route != ()) for h in vs.http] == [(False, True), (True, False)]
 

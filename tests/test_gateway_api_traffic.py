@@ -128,6 +128,11 @@ def test_redirect_is_seen_by_curl(gateway: Gateway) -> None:
     status, body = _get(gateway, "web.example.com", "/old/page", "-D", "-")
     print("redirect:", status, body.splitlines()[:3])
     assert status == 301 and "location: http://web.example.com:" in body.lower() and "/new" in body.lower()
+    # ReplacePrefixMatch: the matched prefix swapped, the rest of the path kept.
+    status, body = _get(gateway, "web.example.com", "/moved/page", "-D", "-")
+    location = next(line for line in body.lower().splitlines() if line.startswith("location:"))
+    print("prefix redirect:", status, location)
+    assert status == 302 and location.endswith("/here/page")
 
 
 def test_https_listener_serves_the_secret(gateway: Gateway, mesh_dir: Path) -> None:

@@ -39,6 +39,9 @@ spec:
   - name: moved
     match: [{uri: {prefix: /old}}]
     redirect: {uri: /new, authority: new.example, derivePort: FROM_REQUEST_PORT, redirectCode: 302}
+  - name: moved-prefix
+    match: [{uri: {prefix: /older/}}]
+    redirect: {prefixRewrite: /newer/}
   - name: gone
     match: [{uri: {prefix: /gone}}]
     directResponse: {status: 410, body: {string: "gone\\n"}}
@@ -93,6 +96,9 @@ def test_sidecar_routes_carry_istiods_header_operations_rewrites_and_actions() -
     assert (moved.path_redirect, moved.host_redirect, moved.response_code) == (
         "/new", "new.example", route_components_pb2.RedirectAction.FOUND)
     assert moved.port_redirect == 0  # the request's port is 80: http's default, left out
+    prefixed = routes["moved-prefix"].redirect
+    assert (prefixed.prefix_rewrite, prefixed.path_redirect, prefixed.response_code) == (
+        "/newer/", "", route_components_pb2.RedirectAction.MOVED_PERMANENTLY)
     gone = routes["gone"]
     assert (gone.direct_response.status, gone.direct_response.body.inline_string) == (410, "gone\n")
     assert _headers(gone.response_headers_to_add) == [("x-why", "retired", OVERWRITE)]

@@ -267,9 +267,6 @@ def _filter(f: _Fields, errors: list[tuple[str, str]]) -> RouteFilter:
         if code not in _REDIRECT_CODES:
             raise sub.fail(f"statusCode {code} is not one of {_REDIRECT_CODES}")
         path = _path_modifier(fields(sub, "path"))
-        if path is not None and path.type == "ReplacePrefixMatch":
-            errors.append(("InvalidFilter", f"{sub.key}.path: ReplacePrefixMatch in a redirect is not implemented "
-                                            "by this istiod (ReplaceFullPath is)"))
         return RouteFilter(kind, redirect=RequestRedirect(sub.get("scheme", str, ""), sub.get("hostname", str, ""),
                                                           path, sub.get("port", int, 0), code))
     if kind == "URLRewrite":

@@ -740,10 +740,12 @@ def _http_route(route: KubernetesHTTPRoute, index: int, match: RouteMatch, rule:
         response = f.response_headers or response
         if f.redirect is not None:
             r = f.redirect
-            path = r.path.value if r.path is not None else ""
+            full = r.path is not None and r.path.type == "ReplaceFullPath"
+            prefix = r.path is not None and r.path.type == "ReplacePrefixMatch"
             derive = "" if r.port else ("FROM_PROTOCOL_DEFAULT" if r.scheme else "FROM_REQUEST_PORT")
-            redirect = Redirect(uri=path, authority=r.hostname, scheme=r.scheme, port=r.port, derive_port=derive,
-                                code=r.status_code)
+            redirect = Redirect(uri=r.path.value if full and r.path else "", authority=r.hostname, scheme=r.scheme,
+                                port=r.port, derive_port=derive, code=r.status_code,
+                                prefix_rewrite=r.path.value if prefix and r.path else "")
         if f.rewrite is not None:
             rewrite = _rewrite(f.rewrite.hostname, f.rewrite.path, match)
     headers = Headers(request, response)

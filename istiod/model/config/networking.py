@@ -119,6 +119,7 @@ class Redirect:
     port: int = 0
     derive_port: str = ""  # FROM_PROTOCOL_DEFAULT or FROM_REQUEST_PORT
     code: int = 301
+    prefix_rewrite: str = ""  # in place of the matched prefix (routes matching by prefix only)
 
 
 @dataclass(frozen=True, slots=True)

@@ -260,19 +260,25 @@ _REDIRECT_CODES = (301, 302, 303, 307, 308)  # the codes Envoy's redirect action
 _DERIVE_PORT = ("FROM_PROTOCOL_DEFAULT", "FROM_REQUEST_PORT")
 
 
-def _redirect(f: _Fields, path: str) -> Redirect | None:
+def _redirect(f: _Fields, path: str, matches: tuple[HTTPMatch, ...]) -> Redirect | None:
     sub = fields(f, path)
     if sub is None:
         return None
-    only(sub, ("uri", "authority", "port", "derivePort", "scheme", "redirectCode"))
+    only(sub, ("uri", "authority", "port", "derivePort", "scheme", "redirectCode", "prefixRewrite"))
     if "port" in sub.body and "derivePort" in sub.body:
         raise f.fail(f"{path}: only one of port or derivePort")
     derive = sub.get("derivePort", str, "")
     if derive and derive not in _DERIVE_PORT:
         raise f.fail(f"{path}.derivePort: {derive!r} is not one of {', '.join(_DERIVE_PORT)}")
     redirect = Redirect(sub.get("uri", str, ""), sub.get("authority", str, ""), sub.get("scheme", str, ""),
-                        port(sub, "port") or 0, derive, integer(sub, "redirectCode", 0) or 301)
-    if not (redirect.uri or redirect.authority or redirect.scheme or "port" in sub.body or derive):
+                        port(sub, "port") or 0, derive, integer(sub, "redirectCode", 0) or 301,
+                        sub.get("prefixRewrite", str, ""))
+    if redirect.uri and redirect.prefix_rewrite:
+        raise f.fail(f"{path}: redirect may only specify one of uri or prefix_rewrite")
+    if redirect.prefix_rewrite and any(m.uri is not None and m.uri.kind is not MatchKind.PREFIX for m in matches):
+        raise f.fail(f"{path}: redirect prefix_rewrite requires all URI matches to use prefix match type")
+    if not (redirect.uri or redirect.prefix_rewrite or redirect.authority or redirect.scheme or "port" in sub.body
+            or derive):
         raise f.fail(f"{path}: redirect must specify URI, authority, scheme, or port")
     if redirect.code not in _REDIRECT_CODES:
         raise f.fail(f"{path}.redirectCode: {redirect.code} is not one of {', '.join(map(str, _REDIRECT_CODES))}")
@@ -388,7 +394,8 @@ def _http_route(r: _Fields, namespace: str, domain: str, in_delegate: bool) -> H
              "delegate"))
     delegate = _delegate(r, namespace, in_delegate)
     route = _route_destinations(r, "route", namespace, domain)
-    redirect, direct = _redirect(r, "redirect"), _direct_response(r, "directResponse")
+    matches = tuple(_http_match(m, namespace, domain) for m in items(r, "match"))
+    redirect, direct = _redirect(r, "redirect", matches), _direct_response(r, "directResponse")
     rewrite, headers = _rewrite(r, "rewrite"), _headers(r, "headers")
     if redirect is not None or direct is not None:  # istiod's validateHTTPRouteConflict: one action
         action = "redirect" if redirect is not None else "direct_response"
@@ -404,7 +411,7 @@ def _http_route(r: _Fields, namespace: str, domain: str, in_delegate: bool) -> H
         raise r.fail("authority header cannot be set multiple times")
     return HTTPRoute(
         name=r.get("name", str, ""),
-        match=tuple(_http_match(m, namespace, domain) for m in items(r, "match")),
+        match=matches,
         route=route,
         redirect=redirect,
         direct_response=direct,

@@ -190,6 +190,8 @@ def _redirect(redirect: Redirect, port: int) -> rc.RedirectAction:
                                response_code=_REDIRECT_CODES[redirect.code])
     if redirect.scheme:
         action.scheme_redirect = redirect.scheme
+    if redirect.prefix_rewrite:
+        action.prefix_rewrite = redirect.prefix_rewrite
     redirect_port = port if redirect.derive_port == "FROM_REQUEST_PORT" else redirect.port
     if (redirect_port, redirect.scheme or "http") not in ((80, "http"), (443, "https")):
         action.port_redirect = redirect_port
