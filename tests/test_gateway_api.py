@@ -314,6 +314,22 @@ def test_a_rule_with_a_filter_not_implemented_answers_500_and_says_why() -> None
     assert [(h.direct_response is not None, h.route != ()) for h in vs.http] == [(False, True), (True, False)]
 
 
+def test_a_backends_filters_are_its_destinations_headers_and_others_refused() -> None:
+    route = _route("per-backend", hostnames=["pb.example.com"], rules=[
+        {"backendRefs": [{"name": "echo", "port": 8080, "filters": [
+            {"type": "RequestHeaderModifier", "requestHeaderModifier": {"add": [{"name": "x-a", "value": "1"}]}},
+            {"type": "ResponseHeaderModifier", "responseHeaderModifier": {"remove": ["server"]}}]}]},
+        {"matches": [{"path": {"value": "/mirror"}}], "backendRefs": [{"name": "echo", "port": 8080, "filters": [
+            {"type": "RequestMirror", "requestMirror": {"backendRef": {"name": "echo", "port": 8080}}}]}]}])
+    converted = _converted(route)
+    vs = next(v for v in converted.virtual_services if v.hosts == ("pb.example.com",))
+    plain = next(h for h in vs.http if h.route)
+    headers = plain.route[0].headers
+    assert (headers.request.add, headers.response.remove) == ((("x-a", "1"),), ("server",))
+    resolved = _route_conditions(converted, "shop", "per-backend")["ResolvedRefs"]
+    assert resolved[:2] == ("False", "InvalidFilter") and "unsupported filter type 'RequestMirror'" in resolved[2]
+
+
 def _l4_gateway() -> dict[str, Any]:
     gateway = copy.deepcopy(next(d for d in _documents() if d["kind"] == "Gateway"))
     gateway["spec"]["listeners"] += [

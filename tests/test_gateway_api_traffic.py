@@ -124,6 +124,12 @@ def test_header_modifiers_reach_the_backend_and_the_client(gateway: Gateway) -> 
     assert "x-served-by: gateway-api" in headers_text.lower()
 
 
+def test_a_backends_own_header_filter_reaches_it(gateway: Gateway) -> None:
+    status, body = _get(gateway, "web.example.com", "/per-backend")
+    print("per-backend filter:", status, body[-300:])
+    assert status == 200 and json.loads(body)["headers"]["x-backend"] == "echo"
+
+
 def test_redirect_is_seen_by_curl(gateway: Gateway) -> None:
     status, body = _get(gateway, "web.example.com", "/old/page", "-D", "-")
     print("redirect:", status, body.splitlines()[:3])

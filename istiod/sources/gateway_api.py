@@ -9,6 +9,7 @@ rest of the route and the Gateway keep working.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Mapping
 from datetime import timedelta
@@ -20,7 +21,7 @@ from istiod.model.config.gateway_api import (
     Listener, ObjectRef, ParentRef, PathModifier, ReferenceGrant, RequestRedirect, RouteFilter, RouteMatch, RouteRule,
     URLRewrite,
 )
-from istiod.model.config.networking import HeaderOperations
+from istiod.model.config.networking import HeaderOperations, Headers
 from istiod.sources.fields import ConversionError, ObjectKey, _Fields
 from istiod.sources.istio.common import fields, items, meta, str_list
 
@@ -282,6 +283,20 @@ def _filter(f: _Fields, errors: list[tuple[str, str]]) -> RouteFilter:
     return RouteFilter(kind)
 
 
+def _backend_headers(ref: _Fields, errors: list[tuple[str, str]]) -> Headers:
+    """A backendRef's own filters: header modifiers, as istiod takes them (its other types refused)."""
+    request, response = HeaderOperations(), HeaderOperations()
+    for f in items(ref, "filters"):
+        kind = _required(f, "type")
+        if kind == "RequestHeaderModifier":
+            request = _header_operations(fields(f, "requestHeaderModifier") or f)
+        elif kind == "ResponseHeaderModifier":
+            response = _header_operations(fields(f, "responseHeaderModifier") or f)
+        else:
+            errors.append(("InvalidFilter", f"{f.key}: unsupported filter type {kind!r}"))
+    return Headers(request, response)
+
+
 def _rule(f: _Fields) -> RouteRule:
     errors: list[tuple[str, str]] = []
     matches = tuple(_match(m, errors) for m in items(f, "matches"))
@@ -289,9 +304,8 @@ def _rule(f: _Fields) -> RouteRule:
     filters = tuple(_filter(x, errors) for x in items(f, "filters"))
     backends = []
     for ref in items(f, "backendRefs"):
-        backends.append(_object_ref(ref, "", "Service", backend=True))
-        if ref.get("filters", list, []):
-            errors.append(("InvalidFilter", f"{ref.key}.filters: per-backend filters are not implemented by this istiod"))
+        backends.append(dataclasses.replace(_object_ref(ref, "", "Service", backend=True),
+                                            headers=_backend_headers(ref, errors)))
     for name in _RULE_FIELDS_NOT_IMPLEMENTED:
         if f.body.get(name) is not None:
             errors.append(("UnsupportedValue", f"{f.key}.{name}: not implemented by this istiod"))
@@ -346,9 +360,8 @@ def _grpc_rule(f: _Fields) -> RouteRule:
             errors.append(("InvalidFilter", f"{x.key}: filter type {kind!r} is not implemented by this istiod"))
     backends = []
     for ref in items(f, "backendRefs"):
-        backends.append(_object_ref(ref, "", "Service", backend=True))
-        if ref.get("filters", list, []):
-            errors.append(("InvalidFilter", f"{ref.key}.filters: per-backend filters are not implemented by this istiod"))
+        backends.append(dataclasses.replace(_object_ref(ref, "", "Service", backend=True),
+                                            headers=_backend_headers(ref, errors)))
     if f.body.get("sessionPersistence") is not None:
         errors.append(("UnsupportedValue", f"{f.key}.sessionPersistence: not implemented by this istiod"))
     return RouteRule(matches, tuple(filters), tuple(backends), errors=tuple(errors), unmatchable=unmatchable)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from istiod.model.config.common import Duration, Labels, Meta, StringMatch, selector_matches
-from istiod.model.config.networking import Gateway, HeaderOperations, VirtualService
+from istiod.model.config.networking import Gateway, HeaderOperations, Headers, VirtualService
 
 GROUP = "gateway.networking.k8s.io"
 VERSIONS = ("v1", "v1beta1", "v1alpha2")  # every kind is read at v1, which v1.6.0 serves for all
@@ -39,6 +39,7 @@ class ObjectRef:
     namespace: str = ""  # "": the referring object's
     port: int = 0
     weight: int = 1
+    headers: Headers = Headers()  # a backendRef's own RequestHeaderModifier / ResponseHeaderModifier filters
 
 
 @dataclass(frozen=True, slots=True)

@@ -665,7 +665,7 @@ def _l4_rules(route: KubernetesHTTPRoute, inputs: _Inputs) -> tuple[tuple[L4Rout
         destinations, _, backend_errors = _destinations(route, rule, inputs, grants=True)
         errors += backend_errors
         if len(destinations) == 1:
-            destinations = [RouteDestination(destinations[0].destination)]
+            destinations = [RouteDestination(destinations[0].destination, headers=destinations[0].headers)]
         rules.append(L4Route(route=tuple(destinations)))
     return tuple(rules), (errors[0][0], "; ".join(message for _, message in errors)) if errors else None
 
@@ -700,7 +700,7 @@ def _destinations(route: KubernetesHTTPRoute, rule: RouteRule, inputs: _Inputs,
         if error is not None:
             errors.append(error)
         elif destination is not None and ref.weight > 0:
-            result.append(RouteDestination(destination, ref.weight))
+            result.append(RouteDestination(destination, ref.weight, ref.headers))
     for mirror in (f.mirror for f in rule.filters if f.mirror is not None):
         destination, error = _backend(route, mirror, inputs, grants)
         if error is not None:
@@ -755,7 +755,7 @@ def _http_route(route: KubernetesHTTPRoute, index: int, match: RouteMatch, rule:
     if not destinations:  # no backend with a weight, or none resolved: the spec's 500
         return HTTPRoute(name, (http_match,), direct_response=DirectResponse(500), headers=headers)
     if len(destinations) == 1:
-        destinations = [RouteDestination(destinations[0].destination)]
+        destinations = [RouteDestination(destinations[0].destination, headers=destinations[0].headers)]
     return HTTPRoute(name, (http_match,), tuple(destinations), rewrite=rewrite, timeout=timeout, headers=headers,
                      mirrors=tuple(Mirror(m) for m in mirrors))
 
