@@ -314,6 +314,26 @@ def test_a_rule_with_a_filter_not_implemented_answers_500_and_says_why() -> None
     assert [(h.direct_response is not None, h.route != ()) for h in vs.http] == [(False, True), (True, False)]
 
 
+def test_cors_filter_and_retry_as_istio_converts_them() -> None:
+    route = _route("cors", hostnames=["c.example.com"], rules=[
+        {"filters": [{"type": "CORS", "cors": {"allowOrigins": ["*", "https://a.example", "https://*.b.example",
+                                                                 "https://c.example*"],
+                                                "allowCredentials": True, "maxAge": 5}}],
+         "retry": {"codes": [502, 503]},
+         "backendRefs": [{"name": "echo", "port": 8080}]}])
+    converted = _converted(route)
+    [http] = next(v for v in converted.virtual_services if v.hosts == ("c.example.com",)).http
+    cors = http.cors_policy
+    assert cors is not None and [(o.kind.value, o.value) for o in cors.allow_origins] == [
+        ("regex", r"^[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s?#]+$"), ("exact", "https://a.example"),
+        ("regex", r"^https://.*\.b\.example$"), ("prefix", "https://c.example")]
+    assert (cors.allow_credentials, cors.max_age.total_seconds() if cors.max_age else 0, cors.unmatched_preflights) == (
+        True, 5, "IGNORE")
+    assert http.retries is not None and http.retries.attempts == 2
+    assert http.retries.retry_on == ("connect-failure", "refused-stream", "unavailable", "cancelled", "502", "503")
+    assert _route_conditions(converted, "shop", "cors")["ResolvedRefs"][0] == "True"
+
+
 def test_a_backends_filters_are_its_destinations_headers_and_others_refused() -> None:
     route = _route("per-backend", hostnames=["pb.example.com"], rules=[
         {"backendRefs": [{"name": "echo", "port": 8080, "filters": [

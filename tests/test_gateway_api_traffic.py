@@ -130,6 +130,27 @@ def test_a_backends_own_header_filter_reaches_it(gateway: Gateway) -> None:
     assert status == 200 and json.loads(body)["headers"]["x-backend"] == "echo"
 
 
+def test_a_cors_preflight_is_answered_by_the_gateway(gateway: Gateway) -> None:
+    preflight = ("-X", "OPTIONS", "-H", "Origin: https://app.example", "-H", "Access-Control-Request-Method: PUT",
+                 "-D", "-")
+    status, body = _get(gateway, "web.example.com", "/cors", *preflight)
+    headers = body.lower()
+    print("CORS preflight:", status, [line for line in headers.splitlines() if line.startswith("access-control")])
+    assert status == 200 and "access-control-allow-origin: https://app.example" in headers
+    assert "access-control-allow-methods: get,put" in headers and "access-control-max-age: 60" in headers
+    assert '"path"' not in body  # answered by Envoy, not the backend
+    # An origin the filter does not allow gets no CORS headers (IGNORE: the preflight is still answered).
+    _, other = _get(gateway, "web.example.com", "/cors", "-X", "OPTIONS", "-H", "Origin: https://evil.example",
+                    "-H", "Access-Control-Request-Method: PUT", "-D", "-")
+    assert "access-control-allow-origin" not in other.lower()
+    # The rule's retry: Envoy's retry policy on that route.
+    configs = json.loads(gateway.envoy.get("/config_dump?resource=dynamic_route_configs")[1])["configs"]  # type: ignore[union-attr]
+    routes = [r for c in configs for h in c["route_config"].get("virtual_hosts", []) for r in h.get("routes", [])]
+    retry = next(r["route"]["retry_policy"] for r in routes if r["match"].get("path_separated_prefix") == "/cors")
+    print("the /cors route's retry policy:", retry)
+    assert retry["num_retries"] == 3 and retry["retriable_status_codes"] == [503] and "connect-failure" in retry["retry_on"]
+
+
 def test_redirect_is_seen_by_curl(gateway: Gateway) -> None:
     status, body = _get(gateway, "web.example.com", "/old/page", "-D", "-")
     print("redirect:", status, body.splitlines()[:3])

@@ -21,7 +21,7 @@ from istiod.model.config.gateway_api import (
     Listener, ObjectRef, ParentRef, PathModifier, ReferenceGrant, RequestRedirect, RouteFilter, RouteMatch, RouteRule,
     URLRewrite,
 )
-from istiod.model.config.networking import HeaderOperations, Headers
+from istiod.model.config.networking import CorsPolicy, HeaderOperations, Headers, Retries
 from istiod.sources.fields import ConversionError, ObjectKey, _Fields
 from istiod.sources.istio.common import fields, items, meta, str_list
 
@@ -30,7 +30,7 @@ _DURATION = re.compile(r"^([0-9]{1,5}(h|m|s|ms)){1,4}$")
 _DURATION_PART = re.compile(r"([0-9]{1,5})(h|m|s|ms)")
 _UNITS = {"h": timedelta(hours=1), "m": timedelta(minutes=1), "s": timedelta(seconds=1), "ms": timedelta(milliseconds=1)}
 _REDIRECT_CODES = (301, 302, 303, 307, 308)
-_RULE_FIELDS_NOT_IMPLEMENTED = ("retry", "sessionPersistence")
+_RULE_FIELDS_NOT_IMPLEMENTED = ("sessionPersistence",)
 
 
 def kind_name(kind: str, api_version: object) -> str:
@@ -279,8 +279,41 @@ def _filter(f: _Fields, errors: list[tuple[str, str]]) -> RouteFilter:
         if mirrored is None:
             raise f.fail("requestMirror.backendRef is required with type RequestMirror")
         return RouteFilter(kind, mirror=_object_ref(mirrored, "", "Service", backend=True))
+    if kind == "CORS":
+        return RouteFilter(kind, cors=_cors(fields(f, "cors") or _Fields(f.key, {})))
     errors.append(("InvalidFilter", f"{f.key}: filter type {kind!r} is not implemented by this istiod"))
     return RouteFilter(kind)
+
+
+def _cors(f: _Fields) -> CorsPolicy:
+    """istiod's createCorsFilter: `*` any well-formed origin, a trailing `*` a prefix, other wildcards a
+    regex; preflights that match no origin are answered by the proxy (IGNORE)."""
+    origins = []
+    for origin in str_list(f, "allowOrigins"):
+        if origin == "*":
+            origins.append(StringMatch(MatchKind.REGEX, r"^[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s?#]+$"))
+        elif "*" not in origin:
+            origins.append(StringMatch(MatchKind.EXACT, origin))
+        elif origin.count("*") == 1 and origin.endswith("*"):
+            origins.append(StringMatch(MatchKind.PREFIX, origin[:-1]))
+        elif origin:
+            origins.append(StringMatch(MatchKind.REGEX, "^" + re.escape(origin).replace(r"\*", ".*") + "$"))
+    max_age = f.get("maxAge", int, 0)
+    return CorsPolicy(tuple(origins), str_list(f, "allowMethods"), str_list(f, "allowHeaders"),
+                      str_list(f, "exposeHeaders"), timedelta(seconds=max_age) if max_age > 0 else None,
+                      True if f.get("allowCredentials", bool, False) else None, "IGNORE")
+
+
+def _retry(f: _Fields | None) -> Retries | None:
+    """istiod's: on connection errors and the listed codes, `attempts` times (2 by default)."""
+    if f is None:
+        return None
+    attempts = f.get("attempts", int, 2)
+    codes = f.get("codes", list, [])
+    if not all(isinstance(c, int) and not isinstance(c, bool) for c in codes):
+        raise f.fail("codes: expected a list of HTTP status codes")
+    retry_on = ("connect-failure", "refused-stream", "unavailable", "cancelled", *map(str, codes)) if attempts else ()
+    return Retries(attempts, retry_on=retry_on, backoff=duration(f, "backoff"))
 
 
 def _backend_headers(ref: _Fields, errors: list[tuple[str, str]]) -> Headers:
@@ -312,7 +345,8 @@ def _rule(f: _Fields) -> RouteRule:
     timeouts = fields(f, "timeouts")
     return RouteRule(matches, filters, tuple(backends),
                      duration(timeouts, "request") if timeouts else None,
-                     duration(timeouts, "backendRequest") if timeouts else None, tuple(errors), unmatchable)
+                     duration(timeouts, "backendRequest") if timeouts else None, _retry(fields(f, "retry")),
+                     tuple(errors), unmatchable)
 
 
 def http_route(key: ObjectKey, f: _Fields, domain: str) -> KubernetesHTTPRoute:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from istiod.model.config.common import Duration, Labels, Meta, StringMatch, selector_matches
-from istiod.model.config.networking import Gateway, HeaderOperations, Headers, VirtualService
+from istiod.model.config.networking import CorsPolicy, Gateway, HeaderOperations, Headers, Retries, VirtualService
 
 GROUP = "gateway.networking.k8s.io"
 VERSIONS = ("v1", "v1beta1", "v1alpha2")  # every kind is read at v1, which v1.6.0 serves for all
@@ -141,6 +141,7 @@ class RouteFilter:
     redirect: RequestRedirect | None = None
     rewrite: URLRewrite | None = None
     mirror: ObjectRef | None = None
+    cors: CorsPolicy | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +159,7 @@ class RouteRule:
     backend_refs: tuple[ObjectRef, ...] = ()
     request_timeout: Duration | None = None
     backend_timeout: Duration | None = None
+    retry: Retries | None = None
     # (reason, message) of what makes the rule untranslatable (an RE2 pattern Envoy would refuse, a
     # filter or field not implemented): it answers 500 and the route's status says why.
     errors: tuple[tuple[str, str], ...] = ()

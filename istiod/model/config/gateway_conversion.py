@@ -734,10 +734,11 @@ def _http_route(route: KubernetesHTTPRoute, index: int, match: RouteMatch, rule:
     if rule.errors:  # the spec: a rule that cannot be programmed answers 500
         return HTTPRoute(name, (http_match,), direct_response=DirectResponse(500))
     request, response = HeaderOperations(), HeaderOperations()
-    redirect = rewrite = None
+    redirect = rewrite = cors = None
     for f in rule.filters:
         request = f.request_headers or request
         response = f.response_headers or response
+        cors = f.cors or cors
         if f.redirect is not None:
             r = f.redirect
             full = r.path is not None and r.path.type == "ReplaceFullPath"
@@ -757,7 +758,7 @@ def _http_route(route: KubernetesHTTPRoute, index: int, match: RouteMatch, rule:
     if len(destinations) == 1:
         destinations = [RouteDestination(destinations[0].destination, headers=destinations[0].headers)]
     return HTTPRoute(name, (http_match,), tuple(destinations), rewrite=rewrite, timeout=timeout, headers=headers,
-                     mirrors=tuple(Mirror(m) for m in mirrors))
+                     mirrors=tuple(Mirror(m) for m in mirrors), retries=rule.retry, cors_policy=cors)
 
 
 def _rewrite(hostname: str, path: Any, match: RouteMatch) -> Rewrite:
