@@ -105,6 +105,33 @@ async def test_the_leader_deploys_a_gateway_and_removes_it(cluster: Cluster, kub
     await eventually(named_gone, 30, "the annotated Gateway's objects removed", interval=0.25)
     print("name-override/service-account: deployed as front/front-sa, removed with the Gateway")
 
+    # A waypoint (class istio-waypoint): Istio's waypoint.yaml objects, named as the Gateway.
+    await custom.create_namespaced_custom_object(GROUP, VERSION, NS, "gateways", {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "Gateway", "metadata": {"name": "waypoint"},
+        "spec": {"gatewayClassName": "istio-waypoint",
+                 "listeners": [{"name": "mesh", "port": 15008, "protocol": "HBONE"}]}})
+
+    async def waypoint_objects() -> dict[str, Any] | None:
+        found = await _objects(kube, "waypoint", "waypoint")
+        return found if len(found) == 3 else None
+
+    made = await eventually(waypoint_objects, 30, "the waypoint's ServiceAccount, Deployment and Service", interval=0.25)
+    assert all(o.metadata.labels["gateway.networking.k8s.io/gateway-class-name"] == "istio-waypoint"
+               and o.metadata.owner_references[0].name == "waypoint" for o in made.values())
+    waypoint_pod = made["Deployment"].spec.template
+    assert made["Deployment"].metadata.labels["gateway.istio.io/managed"] == "istio.io-mesh-controller"
+    assert waypoint_pod.metadata.labels["istio.io/dataplane-mode"] == "none"
+    assert waypoint_pod.spec.containers[0].args[3:5] == ["proxy", "waypoint"]
+    assert made["Service"].spec.type == "ClusterIP"
+    assert [(p.name, p.port) for p in made["Service"].spec.ports] == [("status-port", 15021), ("mesh", 15008)]
+    await custom.delete_namespaced_custom_object(GROUP, VERSION, NS, "gateways", "waypoint")
+
+    async def waypoint_gone() -> bool:
+        return await _objects(kube, "waypoint", "waypoint") == {}
+
+    await eventually(waypoint_gone, 30, "the waypoint's objects removed", interval=0.25)
+    print("istio-waypoint: deployed as waypoint (ClusterIP, 15021 and 15008), removed with the Gateway")
+
     # The deployment's pod answering: the Gateway is Programmed with the Service's address.
     await create_running_pod(kube, NS, pod_body("edge-1", "edge", 80, labels={GATEWAY_NAME: "edge"}), "10.244.0.90")
 

@@ -79,7 +79,7 @@ async def test_a_waypoint_is_accepted_programmed_and_sent_to_ztunnel(cluster: Cl
     await core.create_namespaced_service("wp-other", {"metadata": {"name": "web", "labels": {
         "istio.io/use-waypoint": "waypoint", "istio.io/use-waypoint-namespace": "wp-app"}}, "spec": {
         "selector": {"app": "web"}, "ports": [{"name": "http", "port": 80}]}})
-    # What istiod's deployment controller would make for the Gateway: its Service, named after it.
+    # The Gateway's Service, named after it, made before istiod runs (istiod then applies its own over it).
     await core.create_namespaced_service("wp-app", {"metadata": {"name": "waypoint", "labels": {
         "gateway.istio.io/managed": "istio.io-mesh-controller"}}, "spec": {
         "selector": {"gateway.networking.k8s.io/gateway-name": "waypoint"}, "ports": [{"name": "mesh", "port": 15008}]}})

@@ -1,6 +1,6 @@
-"""Automated deployment without a cluster: the objects istiod makes for a Gateway of class `istio`
-(names, labels, owner references, ports, spec.infrastructure). On a real API server, applied and
-deleted by the leader only: e2e/test_gateway_deployment.py."""
+"""Automated deployment without a cluster: the objects istiod makes for a Gateway of class `istio` or
+`istio-waypoint` (names, labels, owner references, ports, spec.infrastructure). On a real API server,
+applied and deleted by the leader only: e2e/test_gateway_deployment.py."""
 
 from __future__ import annotations
 
@@ -48,12 +48,36 @@ def test_a_gateway_gets_istios_service_account_deployment_and_service() -> None:
         ("status-port-8080", 8080, "http")]
 
 
-def test_only_class_istio_without_addresses_is_deployed() -> None:
-    assert deployed(GATEWAY)
+def test_only_our_classes_without_addresses_are_deployed() -> None:
+    assert deployed(GATEWAY) and deployed(WAYPOINT)
     assert not deployed(KubernetesGateway(Meta("w", "n"), "other", ()))
     assert not deployed(KubernetesGateway(Meta("w", "n"), "istio", (), addresses=(("Hostname", "x.n.svc"),)))
-    assert infrastructure_of({"metadata": {}}).service_type == "LoadBalancer"
+    assert infrastructure_of({"metadata": {}}).service_type == ""  # the class's default
     assert infrastructure_of({"metadata": {}, "spec": {"infrastructure": {"labels": {"a": 1}}}}).labels == ()
+
+
+WAYPOINT = KubernetesGateway(Meta("waypoint", "shop"), "istio-waypoint", (Listener("mesh", 15008, "HBONE"),))
+
+
+def test_a_waypoint_gets_istios_waypoint_objects() -> None:
+    """waypoint.yaml: named as the Gateway (its class disables the suffix), kept out of the mesh, the
+    mesh controller's managed label, our agent as a waypoint, a ClusterIP Service on 15021 and 15008."""
+    raw = {"metadata": {"name": "waypoint", "namespace": "shop", "uid": "77"}}
+    service_account, deployment, service = objects(WAYPOINT, infrastructure_of(raw), VARIABLES)
+    assert {b["metadata"]["name"] for b in (service_account, deployment, service)} == {"waypoint"}
+    assert deployment["metadata"]["labels"]["gateway.istio.io/managed"] == "istio.io-mesh-controller"
+    pod = deployment["spec"]["template"]
+    assert pod["metadata"]["labels"]["istio.io/dataplane-mode"] == "none"
+    assert pod["metadata"]["labels"]["gateway.networking.k8s.io/gateway-name"] == "waypoint"
+    assert pod["spec"]["containers"][0]["args"][3:5] == ["proxy", "waypoint"]
+    assert service["spec"]["type"] == "ClusterIP"
+    assert service["metadata"]["annotations"] == {"networking.istio.io/traffic-distribution": "PreferClose"}
+    assert [(p["name"], p["port"], p["appProtocol"]) for p in service["spec"]["ports"]] == [
+        ("status-port", 15021, "tcp"), ("mesh", 15008, "hbone")]
+    # The class's default Service type, unless annotated.
+    annotated = {"metadata": {**raw["metadata"], "annotations": {"networking.istio.io/service-type": "NodePort"}}}
+    assert objects(WAYPOINT, infrastructure_of(annotated), VARIABLES)[2]["spec"]["type"] == "NodePort"
+    assert objects(GATEWAY, infrastructure_of(raw), VARIABLES)[2]["spec"]["type"] == "LoadBalancer"
 
 
 def test_a_parameters_ref_is_refused_in_status() -> None:

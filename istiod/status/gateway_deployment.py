@@ -1,4 +1,4 @@
-"""Keeps each Gateway of class `istio` deployed, as istiod's gateway deployment controller: its
+"""Keeps each Gateway of class `istio` or `istio-waypoint` deployed, as istiod's gateway deployment controller: its
 ServiceAccount, Deployment and Service (istiod/model/config/gateway_deployment.py) server-side
 applied with istiod's field manager, and deleted once the Gateway is gone. Leader-elected: only one
 replica writes.
@@ -24,8 +24,10 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from istiod import logs
 from istiod.model.config.gateway_api import GROUP, KubernetesGateway
-from istiod.model.config.gateway_conversion import CLASS, CONTROLLER
-from istiod.model.config.gateway_deployment import CLASS_NAME_LABEL, deployed, infrastructure_of, objects
+from istiod.model.config.gateway_conversion import CONTROLLER
+from istiod.model.config.gateway_deployment import (
+    CLASS_NAME_LABEL, DEPLOYED_CLASSES, deployed, infrastructure_of, objects,
+)
 from istiod.sources.kube import API_ERRORS, describe_error
 from istiod.sources.store import Store
 
@@ -87,7 +89,7 @@ class GatewayDeployer:
 
     async def _existing(self) -> dict[_Key, tuple[str, str]]:
         """The objects of our class's Gateways, with their owner Gateway's (name, uid)."""
-        selector = f"{CLASS_NAME_LABEL}={CLASS}"
+        selector = f"{CLASS_NAME_LABEL} in ({','.join(DEPLOYED_CLASSES)})"
         found: dict[_Key, tuple[str, str]] = {}
         for kind, listing in (("ServiceAccount", self.core.list_service_account_for_all_namespaces),
                               ("Deployment", self.apps.list_deployment_for_all_namespaces),

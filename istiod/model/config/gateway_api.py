@@ -13,6 +13,7 @@ from typing import Any
 from istiod.model.config.common import Duration, Labels, Meta, StringMatch, selector_matches
 from istiod.model.config.networking import CorsPolicy, Gateway, HeaderOperations, Headers, Retries, VirtualService
 
+WAYPOINT_CLASS = "istio-waypoint"  # the mesh controller's class: waypoints
 GROUP = "gateway.networking.k8s.io"
 VERSIONS = ("v1", "v1beta1", "v1alpha2")  # every kind is read at v1, which v1.6.0 serves for all
 # The store's kind names: istiod's, so Istio's Gateway keeps "Gateway".
@@ -101,8 +102,10 @@ class KubernetesGateway:
 
     @property
     def deployment_name(self) -> str:
-        """istiod's DeploymentName: the name-override annotation, else `<name>-<class>`."""
-        return self.name_override or f"{self.meta.name}-{self.class_name}"
+        """istiod's DeploymentName: the name-override annotation, else `<name>-<class>`, a waypoint's
+        its own name (its class disables the suffix)."""
+        return self.name_override or (self.meta.name if self.class_name == WAYPOINT_CLASS
+                                      else f"{self.meta.name}-{self.class_name}")
 
     def frontend_validation(self, port: int) -> FrontendValidation | None:
         """istiod's resolveGatewayTLS: the port's own entry (even without validation), else the default."""

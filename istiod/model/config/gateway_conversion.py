@@ -32,7 +32,7 @@ from typing import Any
 from istiod.model.cluster import Namespace
 from istiod.model.config.common import MatchKind, Meta, StringMatch, selector_matches
 from istiod.model.config.gateway_api import (
-    GROUP, L4_ROUTE_KINDS, FrontendValidation, GatewayApiConfig, StatusKey, GatewayClass, Waypoint, KubernetesGateway, KubernetesHTTPRoute,
+    GROUP, L4_ROUTE_KINDS, WAYPOINT_CLASS, FrontendValidation, GatewayApiConfig, StatusKey, GatewayClass, Waypoint, KubernetesGateway, KubernetesHTTPRoute,
     Listener, ObjectRef, ParentRef, ReferenceGrant, RouteMatch, RouteRule,
 )
 from istiod.model.config.networking import (
@@ -47,7 +47,6 @@ from istiod.model.service import Endpoint, Service
 CONTROLLER = "istio.io/gateway-controller"
 CLASS = "istio"
 MESH_CONTROLLER = "istio.io/mesh-controller"  # waypoints'
-WAYPOINT_CLASS = "istio-waypoint"
 # The classes istiod creates when missing (ambient is always on here), with their controller and description.
 BUILTIN_CLASSES = {CLASS: (CONTROLLER, "The default Istio GatewayClass"),
                    WAYPOINT_CLASS: (MESH_CONTROLLER, "The default Istio waypoint GatewayClass")}

@@ -14,11 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from istiod.model.config.gateway_api import GROUP, KubernetesGateway
-from istiod.model.config.gateway_conversion import CLASS, GATEWAY_NAME_LABEL
+from istiod.model.config.gateway_conversion import CLASS, GATEWAY_NAME_LABEL, WAYPOINT_CLASS
 
 CLASS_NAME_LABEL = "gateway.networking.k8s.io/gateway-class-name"
 MANAGED_LABEL = "gateway.istio.io/managed"
 MANAGED = "istio.io-gateway-controller"
+MESH_MANAGED = "istio.io-mesh-controller"  # a waypoint's
+DEPLOYED_CLASSES = (CLASS, WAYPOINT_CLASS)
 STATUS_PORT = 15021
 # istiod leaves these annotations of spec.infrastructure (and the Gateway) off the objects it makes.
 _OMITTED_ANNOTATIONS = frozenset({"kubectl.kubernetes.io/last-applied-configuration", "gateway.istio.io/name-override",
@@ -33,13 +35,14 @@ class GatewayInfrastructure:
     uid: str
     labels: tuple[tuple[str, str], ...] = ()
     annotations: tuple[tuple[str, str], ...] = ()
-    service_type: str = "LoadBalancer"  # networking.istio.io/service-type, as istiod's default
+    service_type: str = ""  # networking.istio.io/service-type; "": the class's default (LoadBalancer, ClusterIP)
 
 
 def deployed(gateway: KubernetesGateway) -> bool:
-    """Whether istiod deploys the Gateway: class `istio` and no spec.addresses (with addresses the
-    Gateway is someone else's deployment, which this istiod does not implement: refused in status)."""
-    return gateway.class_name == CLASS and not gateway.addresses
+    """Whether istiod deploys the Gateway: class `istio` or `istio-waypoint` and no spec.addresses (with
+    addresses the Gateway is someone else's deployment, which this istiod does not implement: refused
+    in status)."""
+    return gateway.class_name in DEPLOYED_CLASSES and not gateway.addresses
 
 
 def service_ports(gateway: KubernetesGateway) -> list[dict[str, Any]]:
@@ -64,9 +67,12 @@ def service_ports(gateway: KubernetesGateway) -> list[dict[str, Any]]:
 
 def objects(gateway: KubernetesGateway, infrastructure: GatewayInfrastructure,
             variables: Mapping[str, str]) -> list[dict[str, Any]]:
-    """The ServiceAccount, Deployment and Service (in that order, as istiod applies them).
-    `variables`: the injector's (proxy_image, ca_address, cluster_id)."""
+    """The ServiceAccount, Deployment and Service (in that order, as istiod applies them), from its
+    kube-gateway.yaml or, for a waypoint, waypoint.yaml (not in the mesh itself, our agent as a
+    waypoint, a ClusterIP Service preferring close endpoints). `variables`: the injector's
+    (proxy_image, ca_address, cluster_id)."""
     name, namespace = gateway.deployment_name, gateway.meta.namespace
+    waypoint = gateway.class_name == WAYPOINT_CLASS
     account = gateway.service_account or name  # istiod's ServiceAccount: the annotation, else the deployment's name
     labels = {**dict(infrastructure.labels), GATEWAY_NAME_LABEL: gateway.meta.name,
               CLASS_NAME_LABEL: gateway.class_name}
@@ -77,15 +83,17 @@ def objects(gateway: KubernetesGateway, infrastructure: GatewayInfrastructure,
         return {"name": named, "namespace": namespace, "labels": {**labels, **extra}, "annotations": annotations,
                 "ownerReferences": owner}
 
-    managed = {MANAGED_LABEL: MANAGED}
-    pod_labels = {"sidecar.istio.io/inject": "false", "service.istio.io/canonical-name": name,
-                  "service.istio.io/canonical-revision": "latest", **labels, **managed}
+    managed = {MANAGED_LABEL: MESH_MANAGED if waypoint else MANAGED}
+    pod_labels = {"sidecar.istio.io/inject": "false", **({"istio.io/dataplane-mode": "none"} if waypoint else {}),
+                  "service.istio.io/canonical-name": name, "service.istio.io/canonical-revision": "latest",
+                  **labels, **managed}
     field = lambda path: {"valueFrom": {"fieldRef": {"fieldPath": path}}}  # noqa: E731
     container = {
         "name": "istio-proxy",
         "image": variables["proxy_image"],
         "command": ["istiod"],
-        "args": ["agent", "--output-dir", "/var/lib/istio/data", "proxy", "router", "--workdir", "/"],
+        "args": ["agent", "--output-dir", "/var/lib/istio/data", "proxy", "waypoint" if waypoint else "router",
+                 "--workdir", "/"],
         "env": [{"name": "CA_ADDR", "value": variables["ca_address"]},
                 {"name": "ISTIO_META_CLUSTER_ID", "value": variables["cluster_id"]},
                 {"name": "POD_NAME", **field("metadata.name")}, {"name": "POD_NAMESPACE", **field("metadata.namespace")},
@@ -115,6 +123,9 @@ def objects(gateway: KubernetesGateway, infrastructure: GatewayInfrastructure,
             "audience": "istio-ca", "expirationSeconds": 43200, "path": "istio-token"}}]}},
         {"name": "istiod-ca-cert", "configMap": {"name": "istio-ca-root-cert"}},
     ]
+    service_metadata = metadata()
+    if waypoint:  # istiod's waypoint Service keeps traffic close (its annotation, then the Gateway's)
+        service_metadata["annotations"] = {"networking.istio.io/traffic-distribution": "PreferClose", **annotations}
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata(named=account)},
         {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata(managed), "spec": {
@@ -127,9 +138,10 @@ def objects(gateway: KubernetesGateway, infrastructure: GatewayInfrastructure,
                          # Listeners on ports below 1024 without root, as istiod's template.
                          "securityContext": {"sysctls": [{"name": "net.ipv4.ip_unprivileged_port_start",
                                                           "value": "0"}]}}}}},
-        {"apiVersion": "v1", "kind": "Service", "metadata": metadata(), "spec": {
+        {"apiVersion": "v1", "kind": "Service", "metadata": service_metadata, "spec": {
             "ipFamilyPolicy": "PreferDualStack", "ports": service_ports(gateway),
-            "selector": {GATEWAY_NAME_LABEL: gateway.meta.name}, "type": infrastructure.service_type}},
+            "selector": {GATEWAY_NAME_LABEL: gateway.meta.name},
+            "type": infrastructure.service_type or ("ClusterIP" if waypoint else "LoadBalancer")}},
     ]
 
 
@@ -145,4 +157,4 @@ def infrastructure_of(raw: Mapping[str, Any]) -> GatewayInfrastructure:
     service_type = (metadata.get("annotations") or {}).get("networking.istio.io/service-type")
     return GatewayInfrastructure(str(metadata.get("uid") or ""), strings(infrastructure.get("labels")),
                                  strings(infrastructure.get("annotations")),
-                                 service_type if isinstance(service_type, str) and service_type else "LoadBalancer")
+                                 service_type if isinstance(service_type, str) else "")
