@@ -52,6 +52,11 @@ def test_only_our_classes_without_addresses_are_deployed() -> None:
     assert deployed(GATEWAY) and deployed(WAYPOINT)
     assert not deployed(KubernetesGateway(Meta("w", "n"), "other", ()))
     assert not deployed(KubernetesGateway(Meta("w", "n"), "istio", (), addresses=(("Hostname", "x.n.svc"),)))
+    # One IPAddress: still deployed (istiod's IsManaged), the address the Service's loadBalancerIP.
+    pinned = KubernetesGateway(Meta("w", "n"), "istio", (Listener("http", 80, "HTTP"),), addresses=(("IPAddress", "192.0.2.9"),))
+    assert deployed(pinned)
+    service = objects(pinned, infrastructure_of({"metadata": {"uid": "1"}}), VARIABLES)[2]
+    assert (service["spec"]["type"], service["spec"]["loadBalancerIP"]) == ("LoadBalancer", "192.0.2.9")
     assert infrastructure_of({"metadata": {}}).service_type == ""  # the class's default
     assert infrastructure_of({"metadata": {}, "spec": {"infrastructure": {"labels": {"a": 1}}}}).labels == ()
 
@@ -78,6 +83,31 @@ def test_a_waypoint_gets_istios_waypoint_objects() -> None:
     annotated = {"metadata": {**raw["metadata"], "annotations": {"networking.istio.io/service-type": "NodePort"}}}
     assert objects(WAYPOINT, infrastructure_of(annotated), VARIABLES)[2]["spec"]["type"] == "NodePort"
     assert objects(GATEWAY, infrastructure_of(raw), VARIABLES)[2]["spec"]["type"] == "LoadBalancer"
+
+
+def test_a_hostname_address_makes_the_gateway_that_services_and_not_deployed() -> None:
+    """A manual deployment (istiod's extractGatewayServices): the Gateway runs on the pods of the
+    Service its Hostname address names, and its status follows that Service."""
+    web = next(d for d in _documents() if d["kind"] == "Gateway")
+    web["spec"]["addresses"] = [{"type": "Hostname", "value": "edge.istio-ingress.svc.cluster.local"}]
+    edge = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "edge", "namespace": "istio-ingress"},
+            "spec": {"clusterIP": "10.96.0.81", "selector": {"app": "edge"},
+                     "ports": [{"name": "http", "port": 8080}, {"name": "https", "port": 8443}]}}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "edge-1", "namespace": "istio-ingress",
+                                                           "labels": {"app": "edge"}},
+           "spec": {"containers": [{"name": "istio-proxy"}]},
+           "status": {"podIP": "127.0.0.71", "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+    converted = _converted(web, edge, pod)
+    status = converted.statuses[("KubernetesGateway", "istio-ingress", "web")]
+    programmed = next(c for c in status["conditions"] if c["type"] == "Programmed")
+    assert programmed["status"] == "True" and "edge.istio-ingress.svc.cluster.local" in programmed["message"]
+    assert status["addresses"] == [{"type": "IPAddress", "value": "10.96.0.81"}]
+    assert all(g.selector == (("app", "edge"),) for g in converted.gateways)
+    # Two IP addresses name no Service: refused, as istiod's ("only Hostname is supported").
+    web["spec"]["addresses"] = [{"type": "IPAddress", "value": "192.0.2.1"}, {"type": "IPAddress", "value": "192.0.2.2"}]
+    status = _converted(web).statuses[("KubernetesGateway", "istio-ingress", "web")]
+    programmed = next(c for c in status["conditions"] if c["type"] == "Programmed")
+    assert (programmed["status"], programmed["reason"]) == ("False", "AddressNotUsable")
 
 
 def test_a_parameters_ref_is_refused_in_status() -> None:

@@ -91,7 +91,7 @@ class KubernetesGateway:
     meta: Meta
     class_name: str
     listeners: tuple[Listener, ...]
-    addresses: tuple[tuple[str, str], ...] = ()  # (type, value): not implemented, refused in status
+    addresses: tuple[tuple[str, str], ...] = ()  # (type, value)
     generation: int = 0
     parameters_ref: bool = False  # spec.infrastructure.parametersRef: not implemented, refused in status
     labels: Labels = ()  # istio.io/waypoint-for on a waypoint
@@ -106,6 +106,29 @@ class KubernetesGateway:
         its own name (its class disables the suffix)."""
         return self.name_override or (self.meta.name if self.class_name == WAYPOINT_CLASS
                                       else f"{self.meta.name}-{self.class_name}")
+
+    @property
+    def managed(self) -> bool:
+        """istiod's IsManaged: deployed by istiod unless spec.addresses names where it runs (one
+        IPAddress is still deployed, as the Service's loadBalancerIP)."""
+        return not self.addresses or (len(self.addresses) == 1 and self.addresses[0][0] == "IPAddress")
+
+    def service_key(self, domain: str) -> tuple[str, str] | None:
+        """(namespace, name) of the Service whose pods run the Gateway (istiod's extractGatewayServices):
+        its deployment's, else the first Hostname address's (a short name is of the Gateway's
+        namespace; `<name>.<ns>.svc.<domain>` of that namespace); None when no address names one."""
+        if self.managed:
+            return self.meta.namespace, self.deployment_name
+        for kind, value in self.addresses:
+            if kind != "Hostname":
+                continue
+            if "." not in value:
+                return self.meta.namespace, value
+            name, _, rest = value.partition(".")
+            namespace, _, suffix = rest.partition(".")
+            if suffix == f"svc.{domain}":
+                return namespace, name
+        return None
 
     def frontend_validation(self, port: int) -> FrontendValidation | None:
         """istiod's resolveGatewayTLS: the port's own entry (even without validation), else the default."""

@@ -255,7 +255,8 @@ def _selector(gateway: KubernetesGateway, inputs: _Inputs) -> tuple[tuple[str, s
     i.e. the pods of the Gateway's namespace its selector picks (the gateway flavor keeps the
     Gateway API's Gateways to proxies of their own namespace); without that Service, the Gateway's
     deployment label."""
-    service = inputs.services.get((gateway.meta.namespace, gateway.deployment_name))
+    key = gateway.service_key(inputs.domain)
+    service = inputs.services.get(key) if key is not None else None
     if service is not None and service.selector:
         return service.selector
     return ((GATEWAY_NAME_LABEL, gateway.meta.name),)
@@ -483,13 +484,13 @@ def _programmed(gateway: KubernetesGateway, states: list[_ListenerState],
     answers on; a waypoint's is `<name>`) has endpoints on the listeners' ports; its cluster IP (a
     waypoint's: its hostname) is then the address."""
     generation = gateway.generation
-    name = (gateway.name_override or gateway.meta.name) if mesh else gateway.deployment_name
-    hostname = service_hostname(name, gateway.meta.namespace, inputs.domain)
-    if gateway.addresses:
+    key = gateway.service_key(inputs.domain)
+    if key is None:
         return condition("Programmed", False, "AddressNotUsable",
-                         f"spec.addresses is not implemented by this istiod (the address is Service {name}'s)",
+                         f"only Hostname is supported, ignoring {[value for _, value in gateway.addresses]}",
                          generation), []
-    service = inputs.services.get((gateway.meta.namespace, name))
+    hostname = service_hostname(key[1], key[0], inputs.domain)
+    service = inputs.services.get(key)
     internal, warnings = [], []
     if service is None:
         warnings.append(f'hostname "{hostname}" not found')

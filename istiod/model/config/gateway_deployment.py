@@ -39,10 +39,9 @@ class GatewayInfrastructure:
 
 
 def deployed(gateway: KubernetesGateway) -> bool:
-    """Whether istiod deploys the Gateway: class `istio` or `istio-waypoint` and no spec.addresses (with
-    addresses the Gateway is someone else's deployment, which this istiod does not implement: refused
-    in status)."""
-    return gateway.class_name in DEPLOYED_CLASSES and not gateway.addresses
+    """Whether istiod deploys the Gateway: class `istio` or `istio-waypoint`, managed (no spec.addresses
+    naming a Service someone else deploys)."""
+    return gateway.class_name in DEPLOYED_CLASSES and gateway.managed
 
 
 def service_ports(gateway: KubernetesGateway) -> list[dict[str, Any]]:
@@ -123,6 +122,12 @@ def objects(gateway: KubernetesGateway, infrastructure: GatewayInfrastructure,
             "audience": "istio-ca", "expirationSeconds": 43200, "path": "istio-token"}}]}},
         {"name": "istiod-ca-cert", "configMap": {"name": "istio-ca-root-cert"}},
     ]
+    service_spec: dict[str, Any] = {
+        "ipFamilyPolicy": "PreferDualStack", "ports": service_ports(gateway),
+        "selector": {GATEWAY_NAME_LABEL: gateway.meta.name},
+        "type": infrastructure.service_type or ("ClusterIP" if waypoint else "LoadBalancer")}
+    if gateway.addresses and service_spec["type"] == "LoadBalancer":  # a managed Gateway's one IPAddress
+        service_spec["loadBalancerIP"] = gateway.addresses[0][1]
     service_metadata = metadata()
     if waypoint:  # istiod's waypoint Service keeps traffic close (its annotation, then the Gateway's)
         service_metadata["annotations"] = {"networking.istio.io/traffic-distribution": "PreferClose", **annotations}
@@ -138,10 +143,7 @@ def objects(gateway: KubernetesGateway, infrastructure: GatewayInfrastructure,
                          # Listeners on ports below 1024 without root, as istiod's template.
                          "securityContext": {"sysctls": [{"name": "net.ipv4.ip_unprivileged_port_start",
                                                           "value": "0"}]}}}}},
-        {"apiVersion": "v1", "kind": "Service", "metadata": service_metadata, "spec": {
-            "ipFamilyPolicy": "PreferDualStack", "ports": service_ports(gateway),
-            "selector": {GATEWAY_NAME_LABEL: gateway.meta.name},
-            "type": infrastructure.service_type or ("ClusterIP" if waypoint else "LoadBalancer")}},
+        {"apiVersion": "v1", "kind": "Service", "metadata": service_metadata, "spec": service_spec},
     ]
 
 
