@@ -147,12 +147,7 @@ async def measure_rss(server: DiscoveryServer, address: str, kind: str, args: ar
             ctypes.CDLL(None).malloc_trim(0)
             after_pushes.append(memory_kb(os.getpid())[0])
         if args.trace_pushes:
-            after = tracemalloc.take_snapshot()
-            tracemalloc.stop()
-            print(f"  Python's allocations over the changes: {(traced(after) - traced(before)) / 1024:.0f} KiB")
-            for stat in after.compare_to(before, "lineno")[:args.top]:
-                frame = stat.traceback[0]
-                print(f"  {stat.size_diff / 1024:8.0f} KiB  {Path(frame.filename).name}:{frame.lineno}")
+            _print_growth("over the changes", before, args.top)
         if after_pushes:
             print(f"{kind}: RSS after each of {args.pushes} endpoint changes (collected, trimmed): "
                   f"{', '.join(f'{r / 1024:.0f}' for r in after_pushes)} MB; "
@@ -167,12 +162,17 @@ async def measure_rss(server: DiscoveryServer, address: str, kind: str, args: ar
     print(f"{kind}: RSS before the clients {base / 1024:.0f} MB, after they left (collected, trimmed) "
           f"{memory_kb(os.getpid())[0] / 1024:.0f} MB", flush=True)
     if args.trace_left:
-        left = tracemalloc.take_snapshot()
-        tracemalloc.stop()
-        print(f"  Python's allocations still held: {(traced(left) - traced(started)) / 1024:.0f} KiB")
-        for stat in left.compare_to(started, "lineno")[:args.top]:
-            frame = stat.traceback[0]
-            print(f"  {stat.size_diff / 1024:8.0f} KiB  {Path(frame.filename).name}:{frame.lineno}")
+        _print_growth("still held", started, args.top)
+    tracemalloc.stop()
+
+
+def _print_growth(what: str, before: tracemalloc.Snapshot, top: int) -> None:
+    """Python's allocations since `before`, and where the largest were made."""
+    after = tracemalloc.take_snapshot()
+    print(f"  Python's allocations {what}: {(traced(after) - traced(before)) / 1024:.0f} KiB")
+    for stat in after.compare_to(before, "lineno")[:top]:
+        frame = stat.traceback[0]
+        print(f"  {stat.size_diff / 1024:8.0f} KiB  {Path(frame.filename).name}:{frame.lineno}")
 
 
 def grpc_arg(text: str) -> tuple[str, int | str]:
