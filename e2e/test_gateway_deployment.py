@@ -3,8 +3,9 @@
 owner references, ports from the listeners), follows a listener's port, addresses the Gateway with
 the Service, and removes them when the Gateway is deleted (this API server has no garbage
 collector: istiod deletes them itself). A Gateway annotated gateway.istio.io/name-override and
-gateway.istio.io/service-account gets objects of those names. While another replica holds the lock,
-istiod writes nothing.
+gateway.istio.io/service-account gets objects of those names; a waypoint Gateway gets Istio's waypoint
+objects; a Gateway whose spec.addresses names a Service is run by that Service and not deployed. While
+another replica holds the lock, istiod writes nothing.
 istiod runs as its own ServiceAccount under exactly deploy/rbac/istiod.yaml."""
 
 from __future__ import annotations
@@ -161,3 +162,22 @@ async def test_the_leader_deploys_a_gateway_and_removes_it(cluster: Cluster, kub
         return await _objects(kube) == {}
 
     await eventually(gone, 30, "the Gateway's objects removed", interval=0.25)
+
+    # spec.addresses naming a Service: a manual deployment, run by that Service's pods; nothing deployed.
+    core = client.CoreV1Api(kube)
+    manual = await core.create_namespaced_service(NS, {"metadata": {"name": "manual-gw"}, "spec": {
+        "selector": {"app": "manual"}, "ports": [{"name": "http", "port": 80}]}})
+    await custom.create_namespaced_custom_object(GROUP, VERSION, NS, "gateways", {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "Gateway", "metadata": {"name": "manual"},
+        "spec": {"gatewayClassName": "istio", "addresses": [{"type": "Hostname", "value": "manual-gw"}],
+                 "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]}})
+    await create_running_pod(kube, NS, pod_body("manual-1", "manual", 80, labels={"app": "manual"}), "10.244.0.91")
+
+    async def manual_addressed() -> list[Any] | None:
+        body = await custom.get_namespaced_custom_object(GROUP, VERSION, NS, "gateways", "manual")
+        return (body.get("status") or {}).get("addresses")
+
+    addresses = await eventually(manual_addressed, 30, "the manual Gateway's addresses", interval=0.25)
+    assert addresses == [{"type": "IPAddress", "value": manual.spec.cluster_ip}], addresses
+    assert await _objects(kube, "manual-istio", "manual-istio") == {}  # not deployed by istiod
+    print("spec.addresses Hostname manual-gw: Programmed with", addresses, "and nothing deployed")
