@@ -314,6 +314,24 @@ def test_a_rule_with_a_filter_not_implemented_answers_500_and_says_why() -> None
     assert [(h.direct_response is not None, h.route != ()) for h in vs.http] == [(False, True), (True, False)]
 
 
+def test_allowed_routes_by_a_namespace_selector_with_match_expressions() -> None:
+    gateway = copy.deepcopy(next(d for d in _documents() if d["kind"] == "Gateway"))
+    selector = {"matchExpressions": [{"key": "shared-gateway-access", "operator": "In", "values": ["true", "yes"]},
+                                     {"key": "quarantined", "operator": "DoesNotExist"}]}
+    gateway["spec"]["listeners"][0]["allowedRoutes"] = {"namespaces": {"from": "Selector", "selector": selector}}
+    converted = _converted(gateway)
+    http = _listener(converted, "http")
+    assert _conditions(http["conditions"])["Accepted"][0] == "True" and http["attachedRoutes"] > 0
+    # A namespace the expressions leave out: the routes there no longer attach to that listener.
+    shop = next(d for d in _documents() if d["kind"] == "Namespace" and d["metadata"]["name"] == "shop")
+    shop["metadata"]["labels"]["quarantined"] = "1"
+    assert _listener(_converted(gateway, shop), "http")["attachedRoutes"] == 0
+    gateway["spec"]["listeners"][0]["allowedRoutes"]["namespaces"]["selector"] = {
+        "matchExpressions": [{"key": "a", "operator": "Near"}]}
+    with pytest.raises(ConversionError, match="operator: 'Near' is not one of In, NotIn, Exists, DoesNotExist"):
+        Store().apply(gateway)
+
+
 def test_cors_filter_and_retry_as_istio_converts_them() -> None:
     route = _route("cors", hostnames=["c.example.com"], rules=[
         {"filters": [{"type": "CORS", "cors": {"allowOrigins": ["*", "https://a.example", "https://*.b.example",

@@ -22,8 +22,9 @@ from istiod.model.config.gateway_api import (
     URLRewrite,
 )
 from istiod.model.config.networking import CorsPolicy, HeaderOperations, Headers, Retries
+from istiod.model.labels import Selector
 from istiod.sources.fields import ConversionError, ObjectKey, _Fields
-from istiod.sources.istio.common import fields, items, meta, str_list
+from istiod.sources.istio.common import fields, items, label_selector, meta, str_list
 
 # The Gateway API's Duration: Go's grammar restricted to h, m, s and ms, at most four parts.
 _DURATION = re.compile(r"^([0-9]{1,5}(h|m|s|ms)){1,4}$")
@@ -110,20 +111,21 @@ def _listener(f: _Fields) -> Listener:
         certificates = tuple(_object_ref(ref, "", "Secret") for ref in items(tls, "certificateRefs"))
         options = tls.str_map("options")
     allowed = fields(f, "allowedRoutes")
-    from_namespaces, expressions = "Same", False
-    selector: tuple[tuple[str, str], ...] = ()
+    from_namespaces = "Same"
+    selector = Selector()
     kinds: tuple[tuple[str, str], ...] = ()
     if allowed is not None:
         from_namespaces = allowed.get("namespaces.from", str, "Same")
         if from_namespaces not in ("Same", "All", "Selector"):
             raise allowed.fail(f"namespaces.from {from_namespaces!r} is not Same, All or Selector")
-        selector = allowed.str_map("namespaces.selector.matchLabels")
-        expressions = bool(allowed.get("namespaces.selector.matchExpressions", list, []))
-        if from_namespaces == "Selector" and allowed.get("namespaces.selector", dict, None) is None:
+        if (namespaces := fields(allowed, "namespaces")) is not None and \
+                (selected := fields(namespaces, "selector")) is not None:
+            selector = label_selector(selected)
+        elif from_namespaces == "Selector":
             raise allowed.fail("namespaces.selector is required with from: Selector")
         kinds = tuple((k.get("group", str, GROUP), _required(k, "kind")) for k in items(allowed, "kinds"))
     return Listener(_required(f, "name"), port, protocol, f.get("hostname", str, ""), mode, certificates, options,
-                    from_namespaces, selector, expressions, kinds)
+                    from_namespaces, selector, kinds)
 
 
 def gateway(key: ObjectKey, f: _Fields, domain: str) -> KubernetesGateway:

@@ -23,7 +23,6 @@ import yaml
 from kubernetes_asyncio import client
 
 from istiod.model.config.networking import LocalityLbSetting
-from istiod.model.labels import EXPRESSION_OPERATORS, Requirement, Selector
 from istiod.model.names import DEFAULT_CLUSTER_ID
 from istiod.durations import parse_duration
 from istiod.model.mesh import (
@@ -31,7 +30,7 @@ from istiod.model.mesh import (
     RequestBody,
 )
 from istiod.sources.fields import ConversionError, _Fields
-from istiod.sources.istio.common import check_label, dns1123_label, fields, items, only, port, str_list
+from istiod.sources.istio.common import dns1123_label, fields, items, label_selector, only, port, str_list
 from istiod.sources.istio.networking import locality_lb_setting
 from istiod.sources.kube import Informer
 
@@ -95,7 +94,7 @@ def _parse(f: _Fields, base: MeshConfig) -> MeshConfig:
         policy = OutboundTrafficPolicy(mode)
     selectors = base.discovery_selectors
     if "discoverySelectors" in f.body:
-        selectors = tuple(_label_selector(s) for s in items(f, "discoverySelectors"))
+        selectors = tuple(label_selector(s) for s in items(f, "discoverySelectors"))
     return _networks(f, base).apply(dataclasses.replace(
         base,
         trust_domain=f.get("trustDomain", str, base.trust_domain) or base.trust_domain,
@@ -320,25 +319,6 @@ def _request_body(c: _Fields) -> RequestBody | None:
     if not 0 <= size < 1 << 32:
         raise body.fail(f"maxRequestBytes: {size} is not a uint32")
     return RequestBody(size, body.get("allowPartialMessage", bool, False), body.get("packAsBytes", bool, False))
-
-
-def _label_selector(s: _Fields) -> Selector:
-    only(s, ("matchLabels", "matchExpressions"))
-    match_labels = s.str_map("matchLabels")
-    for key, value in match_labels:
-        check_label(s, "matchLabels", key, value)
-    expressions = []
-    for e in items(s, "matchExpressions"):
-        only(e, ("key", "operator", "values"))
-        key, operator, values = e.get("key", str, ""), e.get("operator", str, ""), str_list(e, "values")
-        if not key:
-            raise e.fail("key is required")
-        if operator not in EXPRESSION_OPERATORS:
-            raise e.fail(f"operator: {operator!r} is not one of {', '.join(EXPRESSION_OPERATORS)}")
-        if (operator in ("In", "NotIn")) != bool(values):
-            raise e.fail(f"values: {operator} needs {'some values' if operator in ('In', 'NotIn') else 'no values'}")
-        expressions.append(Requirement(key, EXPRESSION_OPERATORS[operator], values))
-    return Selector(tuple(Requirement(k, "=", (v,)) for k, v in match_labels) + tuple(expressions))
 
 
 def read_mesh_file(path: Path, base: MeshConfig) -> MeshConfig:

@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from istiod.model.config.common import Duration, Labels, Meta, StringMatch, selector_matches
+from istiod.model.config.common import Duration, Labels, Meta, StringMatch
+from istiod.model.labels import Selector
 from istiod.model.config.networking import CorsPolicy, Gateway, HeaderOperations, Headers, Retries, VirtualService
 
 WAYPOINT_CLASS = "istio-waypoint"  # the mesh controller's class: waypoints
@@ -74,8 +75,7 @@ class Listener:
     certificate_refs: tuple[ObjectRef, ...] = ()
     tls_options: tuple[tuple[str, str], ...] = ()  # tls.options (key, value), by key
     from_namespaces: str = "Same"  # Same, All or Selector
-    namespace_selector: Labels = ()
-    selector_expressions: bool = False  # matchExpressions, which are not implemented
+    namespace_selector: Selector = Selector()  # allowedRoutes.namespaces.selector, with from: Selector
     kinds: tuple[tuple[str, str], ...] = ()  # (group, kind); empty: those of the protocol
 
 
@@ -225,13 +225,13 @@ class Waypoint:
     hostname: str
     traffic: str = "service"
     from_namespaces: str = "Same"
-    namespace_selector: Labels = ()
+    namespace_selector: Selector = Selector()
 
     def admits(self, namespace: str, namespace_labels: Mapping[str, str]) -> bool:
         if self.from_namespaces == "All":
             return True
         if self.from_namespaces == "Selector":
-            return selector_matches(self.namespace_selector, namespace_labels)
+            return self.namespace_selector.matches(namespace_labels)
         return namespace == self.meta.namespace
 
 

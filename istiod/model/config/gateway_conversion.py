@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from istiod.model.cluster import Namespace
-from istiod.model.config.common import MatchKind, Meta, StringMatch, selector_matches
+from istiod.model.config.common import MatchKind, Meta, StringMatch
 from istiod.model.config.gateway_api import (
     GROUP, L4_ROUTE_KINDS, WAYPOINT_CLASS, FrontendValidation, GatewayApiConfig, StatusKey, GatewayClass, Waypoint, KubernetesGateway, KubernetesHTTPRoute,
     Listener, ObjectRef, ParentRef, ReferenceGrant, RouteMatch, RouteRule,
@@ -308,9 +308,6 @@ def _listener_checks(gateway: KubernetesGateway, listener: Listener, state: _Lis
         state.fail("Accepted", "UnsupportedProtocol",
                    f"protocol {listener.protocol} is not implemented by this istiod (HTTP, HTTPS, TLS and TCP are)")
         return None
-    if listener.selector_expressions:
-        state.fail("Accepted", "UnsupportedValue",
-                   "allowedRoutes.namespaces.selector.matchExpressions is not implemented by this istiod")
     kinds = [k for k in listener.kinds if k not in _protocol_kinds(listener)]
     if kinds:
         state.fail("ResolvedRefs", "InvalidRouteKinds",
@@ -604,7 +601,7 @@ def _allows(listener: Listener, gateway_namespace: str, namespace: str, inputs: 
     if listener.from_namespaces == "Same":
         return namespace == gateway_namespace
     labels = dict(inputs.namespaces[namespace].labels) if namespace in inputs.namespaces else {}
-    return selector_matches(listener.namespace_selector, labels)
+    return listener.namespace_selector.matches(labels)
 
 
 def _hosts(listener_hostname: str, route_hostnames: tuple[str, ...]) -> list[str]:

@@ -15,6 +15,7 @@ from typing import Any
 import durationpy
 
 from istiod.model.config.common import Labels, MatchKind, Meta, StringMatch, regex_problem
+from istiod.model.labels import EXPRESSION_OPERATORS, Requirement, Selector
 from istiod.sources.fields import ObjectKey, _Fields
 
 _DNS1123_LABEL = re.compile(r"[a-zA-Z0-9]([-a-zA-Z0-9]{0,61}[a-zA-Z0-9])?")
@@ -286,3 +287,23 @@ def enum_field(f: _Fields, path: str, enum_type: type, default: str) -> object:
     except ValueError:
         names = ", ".join(m.value for m in enum_type)  # type: ignore[attr-defined]
         raise f.fail(f"{path}: {value!r} is not one of {names}") from None
+
+
+def label_selector(s: _Fields) -> Selector:
+    """A Kubernetes label selector (matchLabels and matchExpressions), with its validation."""
+    only(s, ("matchLabels", "matchExpressions"))
+    match_labels = s.str_map("matchLabels")
+    for key, value in match_labels:
+        check_label(s, "matchLabels", key, value)
+    expressions = []
+    for e in items(s, "matchExpressions"):
+        only(e, ("key", "operator", "values"))
+        key, operator, values = e.get("key", str, ""), e.get("operator", str, ""), str_list(e, "values")
+        if not key:
+            raise e.fail("key is required")
+        if operator not in EXPRESSION_OPERATORS:
+            raise e.fail(f"operator: {operator!r} is not one of {', '.join(EXPRESSION_OPERATORS)}")
+        if (operator in ("In", "NotIn")) != bool(values):
+            raise e.fail(f"values: {operator} needs {'some values' if operator in ('In', 'NotIn') else 'no values'}")
+        expressions.append(Requirement(key, EXPRESSION_OPERATORS[operator], values))
+    return Selector(tuple(Requirement(k, "=", (v,)) for k, v in match_labels) + tuple(expressions))
