@@ -101,12 +101,18 @@ async def _run(settings: CniSettings, stop: asyncio.Event) -> int:
             log.error("%s failed: %s", task.get_name(), task.exception())
         return 1 if failed else 0
     finally:
-        for task in tasks:
+        # The plugin leaves the CNI config first (its keeper stopped so it cannot add it back): the
+        # other tasks may take a while to stop, and a runtime must not call a plugin nobody serves.
+        keeper = [t for t in tasks if t.get_name() == "cni-config"]
+        for task in keeper:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*keeper, return_exceptions=True)
         if settings.chained:
             with contextlib.suppress(OSError):
                 install.uninstall()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         if runner is not None:
             await runner.cleanup()
         if api is not None:
