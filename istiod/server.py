@@ -33,7 +33,9 @@ from istiod.connlimit import MAX_CONNECTIONS, raise_open_file_limit, sized_cap
 from istiod.debug.app import DebugView, create_app
 from istiod.debug.connections import Question, answer
 from istiod.debug.serving import guarded_config
+from istiod.autoregistration import WorkloadEntryController
 from istiod.kubeapi import api_client
+from istiod.kubeentries import KubeEntryStore
 from istiod.leader import LeaderElection
 from istiod.status.gateway_api import GatewayStatusWriter
 from istiod.status.gateway_deployment import GatewayDeployer
@@ -143,10 +145,23 @@ class Discovery:
         if self.ads.ready:
             self.pusher.publish(full=True)
 
+    def _register_workload_entries(self) -> None:
+        settings = self.settings
+        controller = WorkloadEntryController(
+            KubeEntryStore(self._api) if self._api is not None else None, lambda: self.pusher.snapshot.config,
+            settings.pod_name, settings.workload_entry_grace, settings.workload_entry_validate_identity,
+            auto_register=settings.workload_entry_autoregistration, health_checks=settings.workload_entry_health_checks)
+        self.ads.registrar = controller
+        if self.workers is not None:
+            self.workers.registrar = controller
+        if self._api is not None:
+            self._tasks.append(self.supervisor.start("workload-entry-cleanup", controller.run, restart=True))
+
     async def start(self) -> None:
         """The CA first (a CA that cannot start stops istiod before any port opens), then the mesh
         config, the xDS, HTTP and webhook ports, and the tasks that feed and publish."""
         self.source = await self._make_source()
+        self._register_workload_entries()
         await self._start_ca()
         self._watch_mesh_config()
         self.jwks.want(self.pusher.snapshot)

@@ -64,6 +64,13 @@ class Settings:
     analysis: bool = False  # PILOT_ENABLE_ANALYSIS: the leader writes analysis messages to Istio objects' status
     analysis_interval: float = 10.0  # PILOT_ANALYSIS_INTERVAL: longest a change waits for its analysis
     jwks_refresh_interval: float = 20 * 60.0  # PILOT_JWT_PUB_KEY_REFRESH_INTERVAL: how often jwksUris are fetched again
+    # WorkloadEntry auto-registration and health (istiod/autoregistration.py), Istio's variables:
+    # PILOT_ENABLE_WORKLOAD_ENTRY_AUTOREGISTRATION, PILOT_ENABLE_WORKLOAD_ENTRY_HEALTHCHECKS,
+    # PILOT_WORKLOAD_ENTRY_GRACE_PERIOD, ISTIO_WORKLOAD_ENTRY_VALIDATE_IDENTITY.
+    workload_entry_autoregistration: bool = True
+    workload_entry_health_checks: bool = True
+    workload_entry_grace: float = 10.0
+    workload_entry_validate_identity: bool = True
     secure_grpc_addr: Address = Address("", 15012)
     mesh: MeshConfig = MeshConfig()
     ca: CaSettings = CaSettings()
@@ -300,6 +307,10 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         analysis=args.analysis,
         analysis_interval=args.analysis_interval,
         jwks_refresh_interval=env_default("PILOT_JWT_PUB_KEY_REFRESH_INTERVAL", "20m", _seconds),
+        workload_entry_autoregistration=env_default("PILOT_ENABLE_WORKLOAD_ENTRY_AUTOREGISTRATION", "true", parse_bool),
+        workload_entry_health_checks=env_default("PILOT_ENABLE_WORKLOAD_ENTRY_HEALTHCHECKS", "true", parse_bool),
+        workload_entry_grace=env_default("PILOT_WORKLOAD_ENTRY_GRACE_PERIOD", "10s", _seconds),
+        workload_entry_validate_identity=env_default("ISTIO_WORKLOAD_ENTRY_VALIDATE_IDENTITY", "true", parse_bool),
         secure_grpc_addr=args.secure_grpc_addr,
         mesh=_mesh(args.mesh_config, networks_config, defaults),
         networks_config=networks_config,

@@ -25,6 +25,7 @@ from envoy.service.secret.v3 import sds_pb2_grpc
 from istiod.agent.agent import Issued, istiod_credentials, keep_certificate, run_until_signalled
 from istiod.agent.envoy import EnvoyNotFound, EnvoyOptions, EnvoySupervisor, find_envoy
 from istiod.agent.envoy_bootstrap import SDS_SOCKET, XDS_SOCKET, envoy_bootstrap, merge_override, node_metadata
+from istiod.agent.health import check_health
 from istiod.agent.metrics import CERT_EXPIRY_SECONDS
 from istiod.agent.sds import WORKLOAD_SECRET, SecretServer
 from istiod.agent.settings import AgentSettings, ProxySettings
@@ -44,8 +45,11 @@ async def run_proxy(settings: AgentSettings, proxy: ProxySettings, stop: asyncio
     try:
         options = EnvoyOptions(find_envoy(), proxy.workdir / ENVOY_BOOTSTRAP, proxy.workdir, proxy.log_level,
                                proxy.component_log_level, proxy.concurrency, proxy.envoy_drain_time)
+        metadata = node_metadata(settings.node, dict(proxy.metadata))
+        if proxy.proxy_config:
+            metadata.setdefault("PROXY_CONFIG", dict(proxy.proxy_config))
         bootstrap = merge_override(
-            envoy_bootstrap(settings.node, node_metadata(settings.node, dict(proxy.metadata)),
+            envoy_bootstrap(settings.node, metadata,
                             proxy.admin.bootstrap_address(), proxy.prometheus, proxy.stats_matcher),
             _read_override(proxy.bootstrap_override),
         )
@@ -75,11 +79,12 @@ async def run_proxy(settings: AgentSettings, proxy: ProxySettings, stop: asyncio
 
     sds_server, xds_server = grpc.aio.server(), grpc.aio.server()
     sds_pb2_grpc.add_SecretDiscoveryServiceServicer_to_server(secrets, sds_server)
-    ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(
-        XdsProxy(settings.xds_address, upstream_credentials), xds_server)
+    xds_proxy = XdsProxy(settings.xds_address, upstream_credentials)
+    ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(xds_proxy, xds_server)
     status = StatusServer(proxy.admin)
     supervisor = EnvoySupervisor(options, proxy.admin)
     renewal: asyncio.Task[int] | None = None
+    health: asyncio.Task[None] | None = None
     try:
         try:  # everything that can fail on a local mistake, before the CA is asked
             for server, path in ((sds_server, sds_path), (xds_server, xds_path)):
@@ -101,6 +106,9 @@ async def run_proxy(settings: AgentSettings, proxy: ProxySettings, stop: asyncio
         if not await _first_or_end(first, renewal):
             return await renewal  # refused, or stopped before the first certificate
         envoy = asyncio.create_task(supervisor.run(), name="envoy")
+        if proxy.readiness_probe is not None:
+            health = asyncio.create_task(check_health(proxy.readiness_probe, settings.node.ip, xds_proxy.report_health),
+                                         name="readiness-probe")
         if not await _first_or_end(stop, envoy):
             return envoy.result()  # Envoy kept failing
         status.draining = True
@@ -110,6 +118,8 @@ async def run_proxy(settings: AgentSettings, proxy: ProxySettings, stop: asyncio
         log.info("Envoy stopped; agent exiting %d", code)
         return code
     finally:
+        if health is not None:
+            health.cancel()
         if renewal is not None:
             renewal.cancel()
             with contextlib.suppress(asyncio.CancelledError):

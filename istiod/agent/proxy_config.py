@@ -13,10 +13,11 @@ from typing import Any
 import yaml
 
 from istiod.durations import parse_duration
+from istiod.model.probe import ProbeError, ReadinessProbe, parse_readiness_probe
 
 # What the agent applies to Envoy and itself.
 APPLIED = ("concurrency", "drainDuration", "terminationDrainDuration", "proxyMetadata", "statusPort",
-           "proxyStatsMatcher")
+           "proxyStatsMatcher", "readinessProbe")
 # What injection applies (the pod's layout), or is where this agent takes it from elsewhere.
 ELSEWHERE = ("holdApplicationUntilProxyStarts", "image", "interceptionMode", "discoveryAddress")
 
@@ -31,6 +32,8 @@ class AgentProxyConfig:
     proxy_metadata: tuple[tuple[str, str], ...] = ()  # the agent's environment, as pilot-agent sets them
     status_port: int | None = None
     stats_matcher: Mapping[str, tuple[str, ...]] | None = None  # inclusionPrefixes/Suffixes/Regexps
+    readiness_probe: ReadinessProbe | None = None  # the workload's (a VM's), whose result istiod is told
+    as_read: Mapping[str, Any] | None = None  # the whole ProxyConfig, sent to istiod as node metadata PROXY_CONFIG
     ignored: tuple[str, ...] = ()  # the fields set that this agent does not apply (logged by the caller)
 
 
@@ -95,8 +98,18 @@ def parse_proxy_config(text: str) -> AgentProxyConfig:
             raise ProxyConfigError("PROXY_CONFIG proxyStatsMatcher: a map of inclusionPrefixes, inclusionSuffixes "
                                    "and inclusionRegexps")
         matcher = {k: _strings(config, f"proxyStatsMatcher.{k}", v) for k, v in stats.items()}
+    probe = None
+    if (probe_body := config.get("readinessProbe")) is not None:
+        if not isinstance(probe_body, dict):
+            raise ProxyConfigError("PROXY_CONFIG readinessProbe: expected a map")
+        try:
+            probe = parse_readiness_probe(probe_body)
+        except ProbeError as error:
+            raise ProxyConfigError(f"PROXY_CONFIG readinessProbe: {error}") from None
     return AgentProxyConfig(
         concurrency=concurrency,
+        readiness_probe=probe,
+        as_read=config,
         drain_duration=_drain_duration(config),
         termination_drain_duration=_duration(config, "terminationDrainDuration"),
         proxy_metadata=tuple(sorted((k, str(v)) for k, v in metadata.items())),

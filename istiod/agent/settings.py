@@ -7,11 +7,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from istiod.agent.admin import EnvoyAdmin
 from istiod.agent.bootstrap import CertFiles, NodeInfo
 from istiod.agent.proxy_config import ProxyConfigError, parse_proxy_config
+from istiod.model.probe import ReadinessProbe
 from istiod.durations import parse_duration
 from istiod.envvars import env_default
 from istiod.model.mesh import DEFAULT_TRUST_DOMAIN
@@ -105,6 +106,8 @@ class ProxySettings:
     metadata: tuple[tuple[str, str], ...] = ()  # the environment's ISTIO_META_* and ISTIO_METAJSON_* values
     stats_matcher: Mapping[str, tuple[str, ...]] | None = None  # proxyStatsMatcher
     ignored: tuple[str, ...] = ()  # PROXY_CONFIG's fields this agent does not apply
+    readiness_probe: ReadinessProbe | None = None  # PROXY_CONFIG's: run here, its result told to istiod
+    proxy_config: Mapping[str, Any] | None = None  # PROXY_CONFIG as read (node metadata PROXY_CONFIG, as pilot-agent's)
 
 
 def _listen_address(text: str) -> tuple[str, int]:
@@ -178,6 +181,7 @@ def proxy_settings_from_args(args: argparse.Namespace) -> ProxySettings:
         log_level=args.proxy_log_level, component_log_level=args.proxy_component_log_level,
         concurrency=_first(args.concurrency, config.concurrency, 2), bootstrap_override=args.bootstrap_override,
         metadata=metadata, stats_matcher=config.stats_matcher, ignored=config.ignored,
+        readiness_probe=config.readiness_probe, proxy_config=config.as_read,
     )
 
 

@@ -19,7 +19,9 @@ import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
 from istiod.agent.agent import AgentError
+from istiod.agent.health import ProbeResult
 from istiod.agent.metrics import XDS_PROXY_REQUESTS, XDS_PROXY_RESPONSES
+from istiod.xds import types
 
 log = logging.getLogger(__name__)
 
@@ -29,12 +31,49 @@ Request = TypeVar("Request", discovery_pb2.DiscoveryRequest, discovery_pb2.Delta
 Response = TypeVar("Response", discovery_pb2.DiscoveryResponse, discovery_pb2.DeltaDiscoveryResponse)
 
 
+class _Upstream:
+    """One stream to istiod: its writes one at a time (Envoy's requests and the health reports)."""
+
+    def __init__(self, call: Any, delta: bool) -> None:
+        self.call = call
+        self.delta = delta
+        self.lock = asyncio.Lock()
+        self.listeners_asked = False  # health goes only after Envoy's first LDS request, as pilot-agent's
+
+    async def write(self, request: Any) -> None:
+        async with self.lock:
+            await self.call.write(request)
+
+
 class XdsProxy(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
     def __init__(self, address: str, credentials: Callable[[], grpc.ChannelCredentials]) -> None:
         """`credentials` is called for every new upstream connection, so it carries the current certificate."""
         self.address = address
         self.credentials = credentials
         self.streams = 0  # upstream streams opened, for logs
+        self.health: ProbeResult | None = None  # the readiness probe's last reported state
+        self._upstreams: set[_Upstream] = set()
+        self._writes: set[asyncio.Task[None]] = set()
+
+    def report_health(self, result: ProbeResult) -> None:
+        """The readiness probe changed state: istiod is told on every stream now, and on each new one."""
+        self.health = result
+        for upstream in self._upstreams:
+            if upstream.listeners_asked:
+                task = asyncio.create_task(self._send_health(upstream))
+                self._writes.add(task)
+                task.add_done_callback(self._writes.discard)
+
+    async def _send_health(self, upstream: _Upstream) -> None:
+        if self.health is None:
+            return
+        kind = discovery_pb2.DeltaDiscoveryRequest if upstream.delta else discovery_pb2.DiscoveryRequest
+        request = kind(type_url=types.HEALTH_INFO)
+        if not self.health.healthy:
+            request.error_detail.code = grpc.StatusCode.INTERNAL.value[0]
+            request.error_detail.message = self.health.message
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            await upstream.write(request)
 
     async def StreamAggregatedResources(
         self, request_iterator: AsyncIterator[discovery_pb2.DiscoveryRequest], context: grpc.aio.ServicerContext
@@ -59,7 +98,9 @@ class XdsProxy(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
         async with grpc.aio.secure_channel(self.address, credentials, options=UPSTREAM_OPTIONS) as channel:
             call = getattr(ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel), method)()
-            upstream = asyncio.create_task(_send(requests, call))
+            stream_to = _Upstream(call, method == "DeltaAggregatedResources")
+            self._upstreams.add(stream_to)
+            upstream = asyncio.create_task(self._send(requests, stream_to))
             log.info("xDS proxy: stream %d from Envoy, dialling istiod at %s", stream, self.address)
             try:
                 async for response in call:
@@ -71,15 +112,20 @@ class XdsProxy(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                             error.code().name, error.details())
                 await context.abort(error.code(), f"upstream istiod: {error.details()}")
             finally:
+                self._upstreams.discard(stream_to)
                 upstream.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await upstream
 
 
-async def _send(requests: AsyncIterator[Request], call: Any) -> None:
-    """Envoy's requests, upstream. An error here means istiod's side ended: the response loop says why."""
-    with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
-        async for request in requests:
-            XDS_PROXY_REQUESTS.inc()
-            await call.write(request)
-        await call.done_writing()
+    async def _send(self, requests: AsyncIterator[Request], upstream: _Upstream) -> None:
+        """Envoy's requests, upstream. An error here means istiod's side ended: the response loop says why."""
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            async for request in requests:
+                XDS_PROXY_REQUESTS.inc()
+                await upstream.write(request)
+                if request.type_url == types.LISTENER and not upstream.listeners_asked:
+                    upstream.listeners_asked = True
+                    await self._send_health(upstream)
+            async with upstream.lock:
+                await upstream.call.done_writing()

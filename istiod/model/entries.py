@@ -76,4 +76,4 @@ def workload_entry_endpoint(entry: WorkloadEntry, port: int, service_port: int, 
                     # Its `locality` is `region/zone/subzone` (the label's form uses dots).
                     locality=Locality.parse(entry.locality.replace("/", ".")), labels=labels,
                     service_account=entry.service_account, namespace=namespace, weight=entry.weight,
-                    network=entry.network)
+                    network=entry.network, healthy=entry.healthy)

@@ -38,7 +38,14 @@ class Proxy:
     # The caller proved it is this proxy's namespace and service account (istiod's secure port);
     # only such a proxy is sent its namespace's Secrets, as istiod's VerifiedIdentity.
     verified: bool = False
+    verified_service_account: str = ""  # of the identity it proved, when verified
     locality: Locality = Locality()  # the node's (bootstrap's) locality; the registry's wins (xds/gen/locality.py)
+    # WorkloadEntry auto-registration and health (istiod/autoregistration.py): the WorkloadGroup to
+    # register with (AUTO_REGISTER_GROUP), or the existing entry it is (WORKLOAD_ENTRY); whether its
+    # agent runs a readiness probe (PROXY_CONFIG's readinessProbe) and so reports health.
+    auto_register_group: str = ""
+    workload_entry: str = ""
+    health_checked: bool = False
 
     @property
     def ip(self) -> str:
@@ -99,6 +106,10 @@ def proxy_from_node(node_id: str, metadata: dict[str, Any], locality: Locality =
         network=str(metadata.get("NETWORK", "")),
         network_view=_string_list(metadata.get("REQUESTED_NETWORK_VIEW")),
         locality=locality,
+        auto_register_group=str(metadata.get("AUTO_REGISTER_GROUP", "")),
+        workload_entry=str(metadata.get("WORKLOAD_ENTRY", "")),
+        health_checked=isinstance(proxy_config := metadata.get("PROXY_CONFIG"), dict)
+        and bool(proxy_config.get("readinessProbe")),
     )
 
 

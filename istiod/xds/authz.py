@@ -19,8 +19,8 @@ from istiod.model.proxy import Proxy
 log = logging.getLogger(__name__)
 
 
-def identity_mismatch(proxy: Proxy, identities: Sequence[str]) -> str | None:
-    """None if an identity may act as the proxy, else why not."""
+def matched_service_account(proxy: Proxy, identities: Sequence[str]) -> str | None:
+    """The service account of the first identity that may act as the proxy, else None."""
     for identity in identities:
         parsed = parse_spiffe_identity(identity)
         if parsed is None:
@@ -30,6 +30,13 @@ def identity_mismatch(proxy: Proxy, identities: Sequence[str]) -> str | None:
             continue
         if proxy.service_account and service_account != proxy.service_account:
             continue
+        return service_account
+    return None
+
+
+def identity_mismatch(proxy: Proxy, identities: Sequence[str]) -> str | None:
+    """None if an identity may act as the proxy, else why not."""
+    if matched_service_account(proxy, identities) is not None:
         return None
     return f"no identities ([{' '.join(identities)}]) matched {proxy.namespace}/{proxy.service_account}"
 
@@ -40,14 +47,16 @@ class XdsAuthorizer:
         self.authenticators = authenticators
         self.credentials_of = credentials_of
 
-    async def __call__(self, proxy: Proxy, context: grpc.aio.ServicerContext) -> None:
-        """Abort the stream unless the caller proves it may be `proxy`."""
+    async def __call__(self, proxy: Proxy, context: grpc.aio.ServicerContext) -> str:
+        """Abort the stream unless the caller proves it may be `proxy`; the service account it proved."""
         try:
             caller = await authenticate(self.authenticators, self.credentials_of(context))
         except AuthenticationError as error:
             log.warning("ads: failed to authenticate %s (%s): %s", proxy.id, context.peer(), error.detail)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"authentication failure: {error}")
-        mismatch = identity_mismatch(proxy, caller.identities)
-        if mismatch is not None:
+        service_account = matched_service_account(proxy, caller.identities)
+        if service_account is None:
+            mismatch = identity_mismatch(proxy, caller.identities)
             log.warning("ads: unauthorized %s (%s): %s", proxy.id, context.peer(), mismatch)
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"authorization failed: {mismatch}")
+        return service_account  # type: ignore[return-value]  # abort raised otherwise

@@ -12,6 +12,7 @@ from typing import TypeAlias
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
+from istiod.autoregistration import Registered
 from istiod.model.proxy import Proxy, with_workload_labels
 from istiod.model.workload import Workload
 from istiod.xds import types
@@ -160,6 +161,7 @@ class Connection:
         self.delta = delta  # DeltaAggregatedResources (incremental) rather than state of the world
         self.id = f"{proxy.id}-{_process_tag}{next(_connection_numbers)}"
         self.connected_at = time.time()
+        self.registered: Registered | None = None  # the WorkloadEntry it controls (istiod/autoregistration.py)
         self.watched: dict[str, WatchedResource] = {}
         self.name_bytes = 0  # of the resource names it watches, all types (bounded: DiscoveryServer._bound_names)
         # Delta: clusters sent since the last endpoints response. Envoy warms each until it is sent

@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import sys
 import time
+from datetime import datetime, timezone
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeAlias
 
@@ -16,6 +17,7 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
 from istiod import logs
+from istiod.autoregistration import RegistrationError, Registrar
 from istiod.model.proxy import NodeIdError, Proxy, proxy_from_node
 from istiod.model.service import Locality
 from istiod.model.snapshot import Snapshot
@@ -42,7 +44,7 @@ MAX_RESOURCE_NAMES = 100_000
 # clusters names ~7 MB in its EDS requests).
 MAX_NAME_BYTES = 16 << 20
 # Checks the caller may connect as the proxy; aborts the stream if not.
-Authorizer = Callable[[Proxy, grpc.aio.ServicerContext], Awaitable[None]]
+Authorizer = Callable[[Proxy, grpc.aio.ServicerContext], Awaitable[str]]  # the service account proved
 Response: TypeAlias = wire.Outgoing
 SERVICE = ads_pb2.DESCRIPTOR.services_by_name["AggregatedDiscoveryService"].full_name
 # Bytes of responses being written at once, all streams together (see istiod/xds/budget.py).
@@ -69,6 +71,8 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self.max_name_bytes = max_name_bytes
         self.name_bytes: dict[str, int] = {}  # per connection (peer address): bytes of the names its streams watch
         self.debug_types: debugtypes.DebugTypes | None = None  # istioctl's queries; None: refused
+        # WorkloadEntry auto-registration and health (istiod/autoregistration.py); None: neither.
+        self.registrar: Registrar | None = None
 
     def on_push(self, event: PushEvent) -> None:
         """Wakes the connections the change concerns: for a change of endpoints and pods, those
@@ -119,6 +123,13 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             _refused.warning(logs.event("ads stream refused", peer=context.peer(), reason=str(refused)))
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(refused))
         connection = await self._connect(first, context, authorize, incremental)
+        connected_at = datetime.fromtimestamp(connection.connected_at, timezone.utc)
+        if self.registrar is not None:
+            try:
+                connection.registered = await self.registrar.connected(connection.proxy, connection.id, connected_at)
+            except RegistrationError as refused:
+                log.warning(logs.event("ads stream refused", id=connection.id, reason=str(refused)))
+                await context.abort(refused.code, str(refused))
         self.connections[connection.id] = connection
         self.watchers.add(connection)
         self.monitor.connected(connection)
@@ -132,6 +143,8 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             _end(context, closed.closed)
         finally:
             reader.cancel()
+            if connection.registered is not None and self.registrar is not None:
+                self.registrar.disconnected(connection.registered, connection.id, connected_at)
             del self.connections[connection.id]
             self._hold_names(connection, 0)
             self.watchers.remove(connection)
@@ -171,6 +184,9 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             self.monitor.dequeued(waited)
             async with self._push_slots:
                 responses = self._push(connection, snapshot, scope)
+        elif isinstance(event, Request) and event.type_url == types.HEALTH_INFO:
+            self._health(connection, event)
+            responses = []
         elif isinstance(event, Request) and debugtypes.is_debug(event.type_url):
             responses = await self._debug(connection, event, snapshot)
         elif isinstance(event, discovery_pb2.DeltaDiscoveryRequest):
@@ -223,8 +239,8 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         except NodeIdError as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         if authorize is not None:
-            await authorize(proxy, context)
-            proxy = dataclasses.replace(proxy, verified=True)
+            service_account = await authorize(proxy, context)
+            proxy = dataclasses.replace(proxy, verified=True, verified_service_account=service_account)
         return Connection(proxy, context.peer(), incremental)
 
     def _on_request(
@@ -311,6 +327,14 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             responses += self._delta_respond(connection, endpoints, snapshot,
                                              self._generate(connection, endpoints, snapshot))
         return responses
+
+    def _health(self, connection: Connection, request: Request) -> None:
+        """What the proxy's agent probed (no error detail: healthy), for the entry it controls."""
+        if connection.registered is None or self.registrar is None:
+            log.debug("ads id=%s: health reported for no WorkloadEntry; ignored", connection.id)
+            return
+        healthy = not request.HasField("error_detail")
+        self.registrar.health(connection.registered, healthy, "" if healthy else request.error_detail.message)
 
     async def _debug(self, connection: Connection, request: Request, snapshot: Snapshot) -> list[Response]:
         """istioctl's queries (istiod's debug types): each request answered once, never pushed."""

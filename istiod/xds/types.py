@@ -11,6 +11,8 @@ SECRET = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
 # ztunnel's workload discovery (WDS): workloads and services by address, and the policies it enforces.
 ADDRESS = "type.googleapis.com/istio.workload.Address"
 AUTHORIZATION = "type.googleapis.com/istio.security.Authorization"
+# Not a resource: a workload's agent reports its readiness probe's result in a request of this type.
+HEALTH_INFO = "type.googleapis.com/istio.v1.HealthInformation"
 
 SHORT_NAMES = {CLUSTER: "cds", LISTENER: "lds", ROUTE: "rds", ENDPOINT: "eds", SECRET: "sds",
                ADDRESS: "wads", AUTHORIZATION: "wdsauthorization"}

@@ -46,14 +46,14 @@ import struct
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from istiod import logs
+from istiod import autoregistration, logs
 from istiod.ca.serving import ServingPem
 from istiod.debug import connections
 from istiod.connlimit import HANDSHAKE_TIMEOUT, IDLE_TIMEOUT
@@ -146,10 +146,11 @@ class Answer:
 
 @dataclass(frozen=True, slots=True)
 class Ask:
-    """A secure-port call's question for the main process (secureworker.py), answered by a Reply."""
+    """A secure-port call's question for the main process (secureworker.py), or what a connection
+    tells its WorkloadEntry controller (autoregistration.py); answered by a Reply."""
 
     number: int
-    question: Sign | Authenticate
+    question: Sign | Authenticate | autoregistration.Question
 
 
 def ads_server(ads: DiscoveryServer, health_servicer: health.aio.HealthServicer, keepalive: Keepalive,
@@ -201,6 +202,7 @@ class WorkerPool:
         self._secure_socket: socket.socket | None = None
         self._secure: tuple[SecureAnswer, str | None, ServingCertificate] | None = None
         self._asked: set[asyncio.Task[None]] = set()  # the workers' questions being answered
+        self.registrar: autoregistration.Registrar | None = None  # the main process's WorkloadEntry controller
         store.subscribe(self._on_change)
         pusher.subscribe(self._on_push)
 
@@ -282,8 +284,8 @@ class WorkerPool:
                     _, future = self._waiting.get(message.number, (index, None))
                     if future is not None and not future.done():
                         future.set_result(message.value)
-                elif isinstance(message, Ask) and self._secure is not None:
-                    task = asyncio.create_task(self._reply(proc.stdin, message, self._secure[0]))
+                elif isinstance(message, Ask):
+                    task = asyncio.create_task(self._reply(proc.stdin, message, self._answer))
                     self._asked.add(task)
                     task.add_done_callback(self._asked.discard)
                 elif isinstance(message, Listening):
@@ -300,8 +302,18 @@ class WorkerPool:
             if proc.returncode is None:
                 proc.kill()
 
+    async def _answer(self, question: Sign | Authenticate | autoregistration.Question) -> Any:
+        if isinstance(question, (Sign, Authenticate)):
+            if self._secure is None:
+                return Refused(grpc.StatusCode.UNAVAILABLE.name, "this istiod serves no secure port")
+            return await self._secure[0](question)
+        if self.registrar is None:
+            return None
+        return await autoregistration.answer(self.registrar, question)
+
     @staticmethod
-    async def _reply(writer: asyncio.StreamWriter, ask: Ask, answer: SecureAnswer) -> None:
+    async def _reply(writer: asyncio.StreamWriter, ask: Ask,
+                     answer: Callable[[Sign | Authenticate | autoregistration.Question], Awaitable[Any]]) -> None:
         try:
             value = await answer(ask.question)
         except Exception:  # the worker's caller must not wait for an answer that never comes
@@ -391,10 +403,11 @@ class _Worker:
         self.server.add_insecure_port(join_host_port(start.host, start.port))
         self._numbers = itertools.count(1)
         self._asked: dict[int, asyncio.Future[Any]] = {}  # Ask number -> its Reply's value
+        self.ads.registrar = autoregistration.RemoteRegistrar(self.ask)
         self.secure = (SecureServing(start.secure, self.ads, lambda: self.snapshot.mesh, self.ask, start.keepalive,
                                      start.max_connections) if start.secure is not None else None)
 
-    async def ask(self, question: Sign | Authenticate) -> Any:
+    async def ask(self, question: Sign | Authenticate | autoregistration.Question) -> Any:
         """The main process's answer (a secure-port call waits for it as for any peer's)."""
         number = next(self._numbers)
         future = self._asked[number] = asyncio.get_running_loop().create_future()

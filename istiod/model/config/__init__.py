@@ -14,7 +14,7 @@ from istiod.model.config.gateway_api import (
     GatewayApiConfig, GatewayClass, KubernetesGateway, KubernetesHTTPRoute, ReferenceGrant,
 )
 from istiod.model.config.networking import (
-    MESH_GATEWAY, DestinationRule, Gateway, ServiceEntry, Sidecar, VirtualService, WorkloadEntry,
+    MESH_GATEWAY, DestinationRule, Gateway, ServiceEntry, Sidecar, VirtualService, WorkloadEntry, WorkloadGroup,
 )
 from istiod.model.config.security import AuthorizationPolicy, PeerAuthentication, RequestAuthentication
 
@@ -45,6 +45,7 @@ class ConfigSet:
     gateways: tuple[Gateway, ...] = ()
     sidecars: tuple[Sidecar, ...] = ()
     workload_entries: tuple[WorkloadEntry, ...] = ()
+    workload_groups: tuple[WorkloadGroup, ...] = ()
     peer_authentications: tuple[PeerAuthentication, ...] = ()
     authorization_policies: tuple[AuthorizationPolicy, ...] = ()
     request_authentications: tuple[RequestAuthentication, ...] = ()
@@ -188,7 +189,7 @@ class ConfigSet:
 _FIELDS = {
     "VirtualService": "virtual_services", "DestinationRule": "destination_rules", "ServiceEntry": "service_entries",
     "Gateway": "gateways", "Sidecar": "sidecars", "WorkloadEntry": "workload_entries",
-    "PeerAuthentication": "peer_authentications", "AuthorizationPolicy": "authorization_policies",
+    "WorkloadGroup": "workload_groups", "PeerAuthentication": "peer_authentications", "AuthorizationPolicy": "authorization_policies",
     "RequestAuthentication": "request_authentications", "EnvoyFilter": "envoy_filters",
     "GatewayClass": "gateway_classes", "KubernetesGateway": "kubernetes_gateways", "HTTPRoute": "http_routes",
     "GRPCRoute": "grpc_routes", "TCPRoute": "tcp_routes", "TLSRoute": "tls_routes", "ReferenceGrant": "reference_grants",

@@ -33,6 +33,7 @@ CONFIG_KINDS: tuple[ConfigKind, ...] = (
     ConfigKind("Gateway", NETWORKING, _NETWORKING_VERSIONS, "v1alpha3", "gateways", ("gw",)),
     ConfigKind("Sidecar", NETWORKING, _NETWORKING_VERSIONS, "v1alpha3", "sidecars", ()),
     ConfigKind("WorkloadEntry", NETWORKING, _NETWORKING_VERSIONS, "v1alpha3", "workloadentries", ("we",)),
+    ConfigKind("WorkloadGroup", NETWORKING, _NETWORKING_VERSIONS, "v1alpha3", "workloadgroups", ("wg",)),
     ConfigKind("PeerAuthentication", SECURITY, _SECURITY_VERSIONS, "v1beta1", "peerauthentications", ("pa",)),
     ConfigKind("AuthorizationPolicy", SECURITY, _SECURITY_VERSIONS, "v1beta1", "authorizationpolicies", ("ap",)),
     ConfigKind("RequestAuthentication", SECURITY, _SECURITY_VERSIONS, "v1beta1", "requestauthentications", ("ra",)),
@@ -45,7 +46,6 @@ BY_KIND: dict[str, ConfigKind] = {k.kind: k for k in CONFIG_KINDS}
 # may have objects: those are read only to say, once per object, that they have no effect here, and
 # the webhook lets them in with a warning saying the same (`storage` is the version they are read at).
 UNIMPLEMENTED_KINDS: tuple[ConfigKind, ...] = (
-    ConfigKind("WorkloadGroup", NETWORKING, _NETWORKING_VERSIONS, "v1alpha3", "workloadgroups", ("wg",)),
     ConfigKind("Telemetry", "telemetry.istio.io", ("v1alpha1", "v1"), "v1alpha1", "telemetries", ("telemetry",)),
     ConfigKind("WasmPlugin", "extensions.istio.io", ("v1alpha1",), "v1alpha1", "wasmplugins", ()),
 )

@@ -11,6 +11,7 @@ import enum
 from dataclasses import dataclass
 
 from istiod.model.config.common import Duration, Labels, Meta, StringMatch
+from istiod.model.probe import ReadinessProbe
 
 MESH_GATEWAY = "mesh"
 JWT_CLAIM_HEADER = "@request.auth.claims"  # a header match on this routes by a verified token's claim
@@ -414,6 +415,9 @@ class ServicePort:
     target_port: int = 0
 
 
+HEALTH_CHECKS_ANNOTATION = "proxy.istio.io/health-checks-enabled"  # a WorkloadEntry's agent reports its health
+
+
 @dataclass(frozen=True, slots=True)
 class WorkloadEntry:
     meta: Meta  # for an inline ServiceEntry endpoint, the ServiceEntry's
@@ -424,6 +428,21 @@ class WorkloadEntry:
     locality: str = ""
     weight: int = 0
     service_account: str = ""
+    # False while health checks are enabled for it (annotation `proxy.istio.io/health-checks-enabled`)
+    # and its status has no Healthy condition that is True, as istiod's isHealthy.
+    healthy: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadGroup:
+    """What an auto-registered WorkloadEntry is made of (istiod/autoregistration.py)."""
+
+    meta: Meta
+    uid: str  # for the entries' owner reference
+    labels: Labels  # spec.metadata's
+    annotations: Labels
+    template: WorkloadEntry  # its address is the connecting proxy's
+    probe: ReadinessProbe | None = None  # run by the workload's agent (it sends the result)
 
 
 class Location(enum.Enum):

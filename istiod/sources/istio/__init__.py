@@ -18,6 +18,7 @@ CONVERTERS: dict[str, Callable[[ObjectKey, _Fields, str], Any]] = {
     "Gateway": networking.gateway,
     "Sidecar": networking.sidecar,
     "WorkloadEntry": networking.workload_entry,
+    "WorkloadGroup": networking.workload_group,
     "PeerAuthentication": security.peer_authentication,
     "AuthorizationPolicy": security.authorization_policy,
     "RequestAuthentication": security.request_authentication,

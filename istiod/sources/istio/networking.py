@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import logging
 import math
 import re
@@ -12,7 +13,7 @@ from datetime import timedelta
 from istiod.model.config.common import Labels, MatchKind, Meta, StringMatch
 from istiod.model.config.scope import host_matches
 from istiod.model.config.networking import (
-    MESH_GATEWAY, ClientTLS, ConnectionPool, ConsistentHash, CorsPolicy, Destination, DestinationRule, DirectResponse,
+    HEALTH_CHECKS_ANNOTATION, MESH_GATEWAY, ClientTLS, ConnectionPool, ConsistentHash, CorsPolicy, Destination, DestinationRule, DirectResponse,
     EgressListener, Fault, FaultAbort, FaultDelay, Gateway, HeaderOperations, Headers, HTTPMatch, HTTPRoute,
     HashAlgorithm, HTTPCookie, HTTPSettings, H2UpgradePolicy, IngressListener, L4Match, L4Route, LoadBalancer, LoadBalancerSettings, LocalityDistribute, LocalityFailover,
     LocalityLbSetting, Location, Mirror, OutlierDetection,
@@ -20,8 +21,10 @@ from istiod.model.config.networking import (
     ServiceEntry, ServicePort, Sidecar, Subset, TCPSettings, TcpKeepalive, TLSMode, TrafficPolicy, TunnelSettings,
     VirtualService, Warmup,
     WorkloadEntry,
+    WorkloadGroup,
 )
 from istiod.model.config.networking import TLS_PROTOCOL_VERSIONS, routing_claim
+from istiod.model.probe import ProbeError, parse_readiness_probe
 from istiod.model.protocol import Protocol, parse as parse_protocol
 from istiod.sources.fields import ObjectKey, _Fields
 from istiod.sources.istio.common import (
@@ -861,7 +864,37 @@ def workload_entry(key: ObjectKey, f: _Fields, domain: str) -> WorkloadEntry:
     body = spec(f, _ENDPOINT_FIELDS)
     if not body.get("address", str, "") and not body.get("network", str, ""):
         raise f.fail("spec.address must be set")
-    return _workload_entry(body, meta(key), None)
+    entry = _workload_entry(body, meta(key), None)
+    checked = f.get("metadata.annotations", dict, {}).get(HEALTH_CHECKS_ANNOTATION, "")
+    if str(checked).lower() not in ("true", "1", "t"):  # Go's ParseBool; anything else: not checked
+        return entry
+    # Unhealthy until its agent's probe says otherwise (istiod's isHealthy).
+    conditions = f.get("status.conditions", list, [])
+    healthy = any(isinstance(c, dict) and c.get("type") == "Healthy" and c.get("status") == "True" for c in conditions)
+    return dataclasses.replace(entry, healthy=healthy)
+
+
+def workload_group(key: ObjectKey, f: _Fields, domain: str) -> WorkloadGroup:
+    """Istio's ValidateWorkloadGroup: a template (an entry without its address), labels as Kubernetes'
+    rules, and a probe as validateReadinessProbe."""
+    body = spec(f, ("metadata", "template", "probe"))
+    group_meta = fields(body, "metadata")
+    if group_meta is not None:
+        only(group_meta, ("labels", "annotations"))
+    template = fields(body, "template")
+    if template is None:
+        raise f.fail("spec.template: template is required")
+    only(template, _ENDPOINT_FIELDS)
+    probe = None
+    if (probe_body := fields(body, "probe")) is not None:
+        try:
+            probe = parse_readiness_probe(probe_body.body)
+        except ProbeError as error:
+            raise f.fail(f"spec.probe: {error}") from None
+    return WorkloadGroup(meta(key), f.get("metadata.uid", str, ""),
+                         labels(group_meta, "labels") if group_meta else (),
+                         group_meta.str_map("annotations") if group_meta else (),
+                         _workload_entry(template, meta(key), None), probe)
 
 
 def service_entry(key: ObjectKey, f: _Fields, domain: str) -> ServiceEntry:

@@ -97,6 +97,7 @@ _PROXYLESS_AFFECTED: Affected = {
     "AuthorizationPolicy": frozenset({types.LISTENER}),
     "RequestAuthentication": frozenset({types.LISTENER}),
     "Gateway": _NONE, "ServiceEntry": _NONE, "WorkloadEntry": _NONE, "Secret": _NONE,
+    "WorkloadGroup": _NONE,  # read by auto-registration only
     "ProxyConfig": _NONE,  # read by injection and the agent, by no generator
     "EnvoyFilter": _NONE,  # applied to Envoys' config only (sidecars and gateways)
 }
@@ -111,7 +112,7 @@ _SIDECAR_AFFECTED: Affected = {
 _ROUTER_AFFECTED: Affected = {
     **dict.fromkeys(_PROXYLESS_AFFECTED, _EVERY_TYPE),
     "Secret": frozenset({types.SECRET}),
-    "ServiceEntry": _NONE, "WorkloadEntry": _NONE, "ProxyConfig": _NONE,
+    "ServiceEntry": _NONE, "WorkloadEntry": _NONE, "ProxyConfig": _NONE, "WorkloadGroup": _NONE,
     "EnvoyFilter": frozenset({types.CLUSTER, types.LISTENER, types.ROUTE}),
 }
 # ztunnel: policies name workloads' policies (Address) and are sent themselves; ServiceEntries and
@@ -124,6 +125,7 @@ _ZTUNNEL_AFFECTED: Affected = {
 }
 # Waypoints: which services use them, and so every listener and cluster, follows most config.
 _WAYPOINT_AFFECTED: Affected = {**dict.fromkeys(_PROXYLESS_AFFECTED, _EVERY_TYPE), "Secret": _NONE, "ProxyConfig": _NONE,
+                                 "WorkloadGroup": _NONE,
                                  "EnvoyFilter": _NONE}
 _GENERATORS = {"grpc": PROXYLESS_GRPC, "sidecar": SIDECAR, "router": ROUTER, "ztunnel": ZTUNNEL, "waypoint": WAYPOINT}
 _AFFECTED = {"grpc": _PROXYLESS_AFFECTED, "sidecar": _SIDECAR_AFFECTED, "router": _ROUTER_AFFECTED,

@@ -306,7 +306,7 @@ def entry_workload(snapshot: Snapshot, member: WorkloadEntry, uid: str, services
         hostname="" if ip is not None else member.address, network=member.network,
         trust_domain=trust_domain(snapshot.mesh), service_account=member.service_account,
         canonical_name=canonical_name, canonical_revision=canonical_revision, workload_type=pb.POD,
-        workload_name=name, status=pb.HEALTHY, cluster_id=DEFAULT_CLUSTER_ID,
+        workload_name=name, status=pb.HEALTHY if member.healthy else pb.UNHEALTHY, cluster_id=DEFAULT_CLUSTER_ID,
         authorization_policies=_policies(snapshot, member.meta.namespace, labels),
     )
     if member.weight > 0:

@@ -1,0 +1,171 @@
+"""WorkloadGroup auto-registration and health on a real kube-apiserver, istiod under exactly
+deploy/rbac: a VM's agent (`istiod agent proxy`, a real Envoy, its certificate from a TokenRequest
+token) names the group; istiod creates its WorkloadEntry, the agent's readiness probe of the VM's
+app decides the entry's Healthy condition and so whether another proxy's EDS has the VM; when the
+agent stops, the entry is removed after the grace period. A proxy naming a group that does not
+exist is refused with istiod's status."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import shutil
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from envoy.config.endpoint.v3 import endpoint_pb2
+from kubernetes_asyncio import client
+
+from e2e.istio_crds import create_istio_object, install_crds
+from e2e.kube_objects import ensure_namespace
+from e2e.test_ca import ensure_account, published_root, start_istiod_sa, token_for  # noqa: F401 (a fixture)
+from istiod.xds import types
+from tests.ads_client import AdsClient
+from tests.peers import Istiod, Process, eventually, free_port
+
+NS = "e2e-vms"
+VM_IP = "127.0.0.93"
+ENTRY = f"vms-{VM_IP}"
+HOST = "db.vms.test"
+CLUSTER = f"outbound|5432||{HOST}"
+
+
+class App(http.server.BaseHTTPRequestHandler):
+    """The VM's application: /ready answers 200 while `healthy`, else 503."""
+
+    healthy = True
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        self.send_response(200 if App.healthy else 503)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def app() -> Iterator[int]:
+    server = http.server.ThreadingHTTPServer((VM_IP, 0), App)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    App.healthy = True
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="vm-", dir="/tmp"))  # short: Unix socket paths under it
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _vm_agent(istiod: Istiod, workdir: Path, app_port: int, group: str) -> Process:
+    proxy_config = {"readinessProbe": {"httpGet": {"host": VM_IP, "port": app_port, "path": "/ready"},
+                                       "periodSeconds": 1}}
+    return Process([
+        sys.executable, "-m", "istiod", "agent", "--ca-addr", istiod.secure_address,
+        "--ca-root-cert", str(workdir / "root-cert.pem"), "--token-file", str(workdir / "token"),
+        "--output-dir", str(workdir / "certs"), "--pod-name", "db-vm", "--pod-namespace", NS, "--instance-ip", VM_IP,
+        "--service-account", "db",
+        "proxy", "--workdir", str(workdir), "--proxy-admin-addr", f"127.0.0.1:{free_port()}",
+        "--status-addr", f"127.0.0.1:{free_port()}", "--readiness-addr", f"127.0.0.1:{free_port()}",
+        "--envoy-prometheus-addr", f"127.0.0.1:{free_port()}", "--termination-drain-duration", "0s",
+    ], env={"ISTIO_META_GENERATOR": "grpc",  # binds nothing on the host's network
+            "ISTIO_META_AUTO_REGISTER_GROUP": group, "ISTIO_META_NETWORK": "",
+            "PROXY_CONFIG": json.dumps(proxy_config)}, name="vm-agent")
+
+
+def _addresses(response: Any) -> list[str]:
+    return sorted(e.endpoint.address.socket_address.address for r in response.resources
+                  for g in endpoint_pb2.ClusterLoadAssignment.FromString(r.value).endpoints for e in g.lb_endpoints)
+
+
+async def test_a_vm_registers_reports_health_and_is_removed_after_it_leaves(
+    kube: client.ApiClient, start_istiod_sa: Callable[..., Istiod], processes: list[Process],  # noqa: F811
+    app: int, workdir: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    await install_crds(kube)
+    await ensure_namespace(kube, NS)
+    await ensure_account(kube, NS, "db")
+    await create_istio_object(kube, {
+        "apiVersion": "networking.istio.io/v1", "kind": "WorkloadGroup", "metadata": {"name": "vms", "namespace": NS},
+        "spec": {"metadata": {"labels": {"app": "db"}}, "template": {"serviceAccount": "db", "ports": {"tcp": 5432}},
+                 "probe": {"httpGet": {"port": app, "path": "/ready"}, "periodSeconds": 1}}})
+    await create_istio_object(kube, {
+        "apiVersion": "networking.istio.io/v1", "kind": "ServiceEntry", "metadata": {"name": "db", "namespace": NS},
+        "spec": {"hosts": [HOST], "location": "MESH_INTERNAL", "resolution": "STATIC",
+                 "ports": [{"number": 5432, "name": "tcp", "protocol": "TCP"}], "workloadSelector": {"labels": {"app": "db"}}}})
+    monkeypatch.setenv("PILOT_WORKLOAD_ENTRY_GRACE_PERIOD", "1s")
+    istiod = start_istiod_sa("istiod-vm")
+    (workdir / "root-cert.pem").write_text(await published_root(kube, NS))
+    (workdir / "token").write_text(await token_for(kube, NS, "db"))
+    custom = client.CustomObjectsApi(kube)
+
+    async def entry() -> dict[str, Any] | None:
+        listed = await custom.list_namespaced_custom_object("networking.istio.io", "v1", NS, "workloadentries")
+        return next((e for e in listed["items"] if e["metadata"]["name"] == ENTRY), None)
+
+    async def healthy() -> str | None:
+        found = await entry()
+        conditions = ((found or {}).get("status") or {}).get("conditions") or []
+        return next((c["status"] for c in conditions if c["type"] == "Healthy"), None)
+
+    async def healthy_is(status: str) -> bool:
+        return await healthy() == status
+
+    ads = AdsClient(istiod.xds_address, f"sidecar~10.1.0.9~client.{NS}~{NS}.svc.cluster.local", NS)
+    try:
+        assert _addresses(await ads.subscribe(types.ENDPOINT, [CLUSTER])) == []
+        agent = _vm_agent(istiod, workdir, app, "vms")
+        processes.append(agent)
+        created = await eventually(entry, 30, "the VM's WorkloadEntry")
+        print("auto-registered:", json.dumps({k: created[k] for k in ("metadata", "spec")}, default=str)[:600])
+        annotations = created["metadata"]["annotations"]
+        assert annotations["istio.io/autoRegistrationGroup"] == "vms"
+        assert annotations["istio.io/workloadController"] == "istiod-vm" and "istio.io/connectedAt" in annotations
+        assert annotations["proxy.istio.io/health-checks-enabled"] == "true"
+        assert created["spec"]["address"] == VM_IP and created["spec"]["labels"]["app"] == "db"
+        assert created["metadata"]["ownerReferences"][0]["name"] == "vms"
+
+        await eventually(lambda: healthy_is("True"), 20, "Healthy True")
+        pushed = await ads.receive()
+        while _addresses(pushed) != [VM_IP]:
+            ads.send(types.ENDPOINT, [CLUSTER], pushed)
+            pushed = await ads.receive()
+        ads.send(types.ENDPOINT, [CLUSTER], pushed)
+        print("EDS while healthy:", _addresses(pushed))
+
+        App.healthy = False  # the probe fails: Healthy False with the agent's message, out of EDS
+        await eventually(lambda: healthy_is("False"), 20, "Healthy False")
+        condition = next(c for c in (await entry())["status"]["conditions"] if c["type"] == "Healthy")  # type: ignore[index]
+        print("unhealthy:", condition)
+        assert "status 503" in condition["message"]
+        pushed = await ads.receive()
+        while _addresses(pushed):
+            ads.send(types.ENDPOINT, [CLUSTER], pushed)
+            pushed = await ads.receive()
+        ads.send(types.ENDPOINT, [CLUSTER], pushed)
+
+        agent.stop()  # the VM leaves: disconnected, then removed after the grace period
+        assert await eventually(lambda: _gone(entry), 30, "the entry removed")
+        assert "cleaned up auto-registered WorkloadEntry" in istiod.text()
+    finally:
+        await ads.close()
+
+    # A proxy naming a group that does not exist is refused with istiod's status.
+    refused = _vm_agent(istiod, workdir, app, "nope")
+    processes.append(refused)
+    await eventually(lambda: "cannot find WorkloadGroup e2e-vms/nope" in istiod.text(), 30, "the refusal logged")
+    assert "FAILED_PRECONDITION" in refused.text() or "cannot find WorkloadGroup" in refused.text()
+
+
+async def _gone(entry: Callable[[], Any]) -> bool:
+    return await entry() is None
