@@ -29,11 +29,8 @@ from istiod.xds import types
 from tests.ads_client import AdsClient
 from tests.peers import Istiod, Process, eventually, free_port
 
-NS = "e2e-vms"
 VM_IP = "127.0.0.93"
 ENTRY = f"vms-{VM_IP}"
-HOST = "db.vms.test"
-CLUSTER = f"outbound|5432||{HOST}"
 
 
 class App(http.server.BaseHTTPRequestHandler):
@@ -67,13 +64,13 @@ def workdir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _vm_agent(istiod: Istiod, workdir: Path, app_port: int, group: str) -> Process:
+def _vm_agent(istiod: Istiod, workdir: Path, app_port: int, group: str, ns: str) -> Process:
     proxy_config = {"readinessProbe": {"httpGet": {"host": VM_IP, "port": app_port, "path": "/ready"},
                                        "periodSeconds": 1}}
     return Process([
         sys.executable, "-m", "istiod", "agent", "--ca-addr", istiod.secure_address,
         "--ca-root-cert", str(workdir / "root-cert.pem"), "--token-file", str(workdir / "token"),
-        "--output-dir", str(workdir / "certs"), "--pod-name", "db-vm", "--pod-namespace", NS, "--instance-ip", VM_IP,
+        "--output-dir", str(workdir / "certs"), "--pod-name", "db-vm", "--pod-namespace", ns, "--instance-ip", VM_IP,
         "--service-account", "db",
         "proxy", "--workdir", str(workdir), "--proxy-admin-addr", f"127.0.0.1:{free_port()}",
         "--status-addr", f"127.0.0.1:{free_port()}", "--readiness-addr", f"127.0.0.1:{free_port()}",
@@ -88,10 +85,14 @@ def _addresses(response: Any) -> list[str]:
                   for g in endpoint_pb2.ClusterLoadAssignment.FromString(r.value).endpoints for e in g.lb_endpoints)
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 async def test_a_vm_registers_reports_health_and_is_removed_after_it_leaves(
     kube: client.ApiClient, start_istiod_sa: Callable[..., Istiod], processes: list[Process],  # noqa: F811
-    app: int, workdir: Path, monkeypatch: pytest.MonkeyPatch,
+    app: int, workdir: Path, monkeypatch: pytest.MonkeyPatch, workers: int,
 ) -> None:
+    """With xDS workers (2) the VM's stream is a worker's, which tells the main process's controller."""
+    NS = f"e2e-vms-{workers}"  # noqa: N806 (the cluster outlives each test: a namespace and host each)
+    HOST, CLUSTER = f"db.{NS}.test", f"outbound|5432||db.{NS}.test"  # noqa: N806
     await install_crds(kube)
     await ensure_namespace(kube, NS)
     await ensure_account(kube, NS, "db")
@@ -104,7 +105,7 @@ async def test_a_vm_registers_reports_health_and_is_removed_after_it_leaves(
         "spec": {"hosts": [HOST], "location": "MESH_INTERNAL", "resolution": "STATIC",
                  "ports": [{"number": 5432, "name": "tcp", "protocol": "TCP"}], "workloadSelector": {"labels": {"app": "db"}}}})
     monkeypatch.setenv("PILOT_WORKLOAD_ENTRY_GRACE_PERIOD", "1s")
-    istiod = start_istiod_sa("istiod-vm")
+    istiod = start_istiod_sa("istiod-vm", "--xds-workers", str(workers))
     (workdir / "root-cert.pem").write_text(await published_root(kube, NS))
     (workdir / "token").write_text(await token_for(kube, NS, "db"))
     custom = client.CustomObjectsApi(kube)
@@ -124,7 +125,7 @@ async def test_a_vm_registers_reports_health_and_is_removed_after_it_leaves(
     ads = AdsClient(istiod.xds_address, f"sidecar~10.1.0.9~client.{NS}~{NS}.svc.cluster.local", NS)
     try:
         assert _addresses(await ads.subscribe(types.ENDPOINT, [CLUSTER])) == []
-        agent = _vm_agent(istiod, workdir, app, "vms")
+        agent = _vm_agent(istiod, workdir, app, "vms", NS)
         processes.append(agent)
         created = await eventually(entry, 30, "the VM's WorkloadEntry")
         print("auto-registered:", json.dumps({k: created[k] for k in ("metadata", "spec")}, default=str)[:600])
@@ -161,9 +162,9 @@ async def test_a_vm_registers_reports_health_and_is_removed_after_it_leaves(
         await ads.close()
 
     # A proxy naming a group that does not exist is refused with istiod's status.
-    refused = _vm_agent(istiod, workdir, app, "nope")
+    refused = _vm_agent(istiod, workdir, app, "nope", NS)
     processes.append(refused)
-    await eventually(lambda: "cannot find WorkloadGroup e2e-vms/nope" in istiod.text(), 30, "the refusal logged")
+    await eventually(lambda: f"cannot find WorkloadGroup {NS}/nope" in istiod.text(), 30, "the refusal logged")
     assert "FAILED_PRECONDITION" in refused.text() or "cannot find WorkloadGroup" in refused.text()
 
 
