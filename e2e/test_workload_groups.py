@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -25,9 +26,12 @@ from kubernetes_asyncio import client
 from e2e.istio_crds import create_istio_object, install_crds
 from e2e.kube_objects import ensure_namespace
 from e2e.test_ca import ensure_account, published_root, start_istiod_sa, token_for  # noqa: F401 (a fixture)
+from istiod.demo.pods import ENVOY_UID, Node, sweep
 from istiod.xds import types
 from tests.ads_client import AdsClient
-from tests.peers import Istiod, Process, eventually, free_port
+from tests.envoy_peer import envoy_binary
+from tests.peers import Istiod, Process, eventually, free_port, istio_binary, istio_source
+from tests.pods import app as pod_app, requires_root, shared_dir, wait_serving
 
 VM_IP = "127.0.0.93"
 ENTRY = f"vms-{VM_IP}"
@@ -170,3 +174,83 @@ async def test_a_vm_registers_reports_health_and_is_removed_after_it_leaves(
 
 async def _gone(entry: Callable[[], Any]) -> bool:
     return await entry() is None
+
+
+@requires_root
+async def test_istios_pilot_agent_registers_a_vm_and_reports_its_health(
+    kube: client.ApiClient, start_istiod_sa: Callable[..., Istiod], processes: list[Process],  # noqa: F811
+) -> None:
+    """Istio's own pilot-agent, as a VM runs it (a token, the root, PROXY_CONFIG with the group's probe
+    and ISTIO_META_AUTO_REGISTER_GROUP, as `istioctl x workload entry configure` writes them), in a
+    network namespace whose istiod.istio-system.svc:15012 leads to ours: its WorkloadEntry is created,
+    its tcpSocket probe of the VM's app makes it Healthy, and when the app stops, not."""
+    ns = "e2e-vms-pilot-agent"
+    await install_crds(kube)
+    await ensure_namespace(kube, ns)
+    await ensure_account(kube, ns, "db")
+    await create_istio_object(kube, {
+        "apiVersion": "networking.istio.io/v1", "kind": "WorkloadGroup", "metadata": {"name": "vms", "namespace": ns},
+        "spec": {"metadata": {"labels": {"app": "db"}}, "template": {"serviceAccount": "db"},
+                 "probe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1}}})
+    istiod = start_istiod_sa("istiod-pa")
+    sweep()
+    node = Node()
+    home = shared_dir("vm-pa-")
+    try:
+        vm = node.add_pod("vm", 2, {"istiod.istio-system.svc": "127.0.0.1"})
+        ip = node.pod_ip(2)
+        tunnel = Process([sys.executable, "-m", "istiod.demo.pods", "tunnel", "--netns", vm.name,
+                          "--listen", "127.0.0.1:15012", "--to", istiod.secure_address], name="tunnel-vm")
+        processes.append(tunnel)
+        wait_serving(tunnel)
+        application = pod_app(vm, "http-server", "--address", f"{ip}:8080", "--name", "db", name="vm-app")
+        processes.append(application)
+        wait_serving(application)
+        # The files a VM gets: the token, the root, and the proxy image's bootstrap template.
+        for path, text in ((home / "var/run/secrets/tokens/istio-token", await token_for(kube, ns, "db")),
+                           (home / "var/run/secrets/istio/root-cert.pem", await published_root(kube, ns))):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        template = home / "var/lib/istio/envoy/envoy_bootstrap_tmpl.json"
+        template.parent.mkdir(parents=True)
+        shutil.copyfile(istio_source("tools/packaging/common/envoy_bootstrap.json"), template)
+        for path in (home, *home.rglob("*")):
+            os.chown(path, ENVOY_UID, ENVOY_UID)
+        proxy_config = {"discoveryAddress": "istiod.istio-system.svc:15012", "binaryPath": envoy_binary(),
+                        "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1}}
+        env = {"POD_NAME": "db-vm", "POD_NAMESPACE": ns, "INSTANCE_IP": ip, "SERVICE_ACCOUNT": "db",
+               "ISTIO_META_AUTO_REGISTER_GROUP": "vms", "ISTIO_META_CLUSTER_ID": "Kubernetes",
+               "PROXY_CONFIG": json.dumps(proxy_config), "HOME": str(home)}
+        agent = Process(vm.exec_args("env", "-i", "-C", str(home), *(f"{k}={v}" for k, v in env.items()),
+                                     istio_binary("pilot-agent"), "proxy", "sidecar", "--domain",
+                                     f"{ns}.svc.cluster.local", uid=ENVOY_UID), name="pilot-agent-vm")
+        processes.append(agent)
+        custom = client.CustomObjectsApi(kube)
+
+        async def healthy() -> str | None:
+            try:
+                entry = await custom.get_namespaced_custom_object("networking.istio.io", "v1", ns, "workloadentries",
+                                                                  f"vms-{ip}")
+            except client.exceptions.ApiException:
+                return None
+            conditions = (entry.get("status") or {}).get("conditions") or []
+            return next((f"{c['status']} {c.get('message', '')}" for c in conditions if c["type"] == "Healthy"), "none")
+
+        async def healthy_starts(status: str) -> str | None:
+            found = await healthy()
+            return found if found is not None and found.startswith(status) else None
+
+        try:
+            print("pilot-agent's entry:", await eventually(lambda: healthy_starts("True"), 60, "Healthy True"))
+            assert f"auto-registered WorkloadEntry\" entry={ns}/vms-{ip} health_checks=True" in istiod.text()
+            application.stop()
+            print("after the app stopped:", await eventually(lambda: healthy_starts("False"), 30, "Healthy False"))
+        except AssertionError:
+            print(agent.log()[-3000:])
+            raise
+    finally:
+        for process in reversed(processes):
+            if process.name in ("pilot-agent-vm", "vm-app", "tunnel-vm"):
+                process.stop()
+        node.delete()
+        shutil.rmtree(home, ignore_errors=True)
