@@ -118,7 +118,9 @@ def sidecar_envoy(xds_address: str, pod: str, namespace: str, ip: str = "127.0.0
         stoppable.append(envoy_relay)
         more_sockets = tuple(sockets / f"xds{i}" for i in range(1, len(more_xds) + 1))
         stoppable.extend(Relay(path, address) for path, address in zip(more_sockets, more_xds))
-        sds = SdsServer(sockets / "sds", f"spiffe://cluster.local/ns/{namespace}/sa/{service_account}")
+        # Inside another proxy's namespace it is of that proxy's mesh: the same root.
+        sds = SdsServer(sockets / "sds", f"spiffe://cluster.local/ns/{namespace}/sa/{service_account}",
+                        inside.sds if inside is not None else None)
         stoppable.append(sds)
         node = node_id(pod, namespace, ip)
         config = bootstrap(node.replace("sidecar~", "router~", 1) if router else node, sockets / "xds", sockets / "sds", sockets / "admin",
@@ -288,9 +290,10 @@ class SdsServer(sds_pb2_grpc.SecretDiscoveryServiceServicer):
     """Serves `default` (a workload certificate for `identity`), `ROOTCA`, and the agent's `file-cert:`
     and `file-root:` on a Unix socket."""
 
-    def __init__(self, path: Path, identity: str) -> None:
-        root_key = self.root_key = new_key()
-        self.root = ca_cert("sidecar test root", root_key)
+    def __init__(self, path: Path, identity: str, mesh: SdsServer | None = None) -> None:
+        """`mesh`: another proxy's SDS whose root signs this one's certificate too (one mesh)."""
+        root_key = self.root_key = mesh.root_key if mesh is not None else new_key()
+        self.root = mesh.root if mesh is not None else ca_cert("sidecar test root", root_key)
         key = new_key()
         self.certificate = leaf_cert(key, (self.root, root_key), uris=(identity,))
         self.key = key

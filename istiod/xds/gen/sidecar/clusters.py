@@ -177,8 +177,11 @@ def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint,
                 options.upstream_http_protocol_options.CopyFrom(protocol_pb2.UpstreamHttpProtocolOptions(
                     auto_sni=True, auto_san_validation=not (tls.subject_alt_names or tls.insecure_skip_verify)))
         else:
+            # ISTIO_MUTUAL: the rule's SNI and SANs when it names them (an egress gateway's server
+            # matches the external host as SNI), as istiod's buildIstioMutualTLS.
             cluster.transport_socket.CopyFrom(
-                sds_upstream_tls(identities, sni) if upstream_mtls(tls, True) else raw_buffer())
+                sds_upstream_tls(tls.subject_alt_names or identities, tls.sni or sni) if upstream_mtls(tls, True)
+                else raw_buffer())
     if options is not None:
         cluster.typed_extension_protocol_options[HTTP_OPTIONS].CopyFrom(pack(options))
     if policy.proxy_protocol is not None:
