@@ -83,14 +83,15 @@ def _dict(msg: message.Message) -> dict[str, Any]:
     return json_format.MessageToDict(msg)
 
 
-async def held(address: str, node: str) -> dict[str, dict[str, Any]]:
-    """What a sidecar holds from `address` once it is quiet: type -> name -> the resource as JSON."""
+async def held(address: str, node: str, labels: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """What a sidecar (or a gateway: a `router~` node with its `labels`) holds from `address` once it is
+    quiet: type -> name -> the resource as JSON."""
     _, ip, pod, _ = node.split("~")
     name, namespace = pod.split(".", 1)
     metadata = struct_pb2.Struct()
     metadata.update({"NAME": name, "NAMESPACE": namespace, "INSTANCE_IPS": ip, "CLUSTER_ID": "Kubernetes",
                      "ISTIO_VERSION": "1.31.0", "INTERCEPTION_MODE": "REDIRECT", "SERVICE_ACCOUNT": name.split("-")[0],
-                     "GENERATOR": "", "LABELS": {}})
+                     "GENERATOR": "", "LABELS": labels or {}})
     first = base_pb2.Node(id=node, metadata=metadata)
     result: dict[str, dict[str, Any]] = {CLUSTER: {}, LISTENER: {}, ROUTE: {}}
     route_names: list[str] = []
@@ -198,6 +199,8 @@ def main() -> None:
     parser.add_argument("--mesh", type=Path,
                         default=Path(__file__).parent.parent / "tests" / "data" / "sidecar-shape-mesh.yaml")
     parser.add_argument("--node", default=NODE, help="the sidecar's node ID")
+    parser.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                        help="a label of the proxy (a gateway's `istio=ingressgateway`)")
     parser.add_argument("--full", action="store_true", help="compare every field, not the shape")
     parser.add_argument("--dump", type=Path, help="write both sides' resources as JSON into this directory")
     args = parser.parse_args()
@@ -207,7 +210,9 @@ def main() -> None:
     # Istio-only filters upstream Envoy NACKs: off, as a working Istio mesh on upstream Envoy has them.
     os.environ.update(PILOT_ENABLE_METADATA_EXCHANGE="false", PILOT_ENABLE_ALPN_FILTER="false")
     with side_by_side(binary, args.mesh, "sidecar-compare-") as (reference_addr, our_addr):
-        istio_held, our_held = asyncio.run(held(reference_addr, args.node)), asyncio.run(held(our_addr, args.node))
+        labels = dict(label.split("=", 1) for label in args.label)
+        istio_held, our_held = (asyncio.run(held(reference_addr, args.node, labels)),
+                                asyncio.run(held(our_addr, args.node, labels)))
         if args.dump:
             args.dump.mkdir(parents=True, exist_ok=True)
             for side, resources in (("istio", istio_held), ("ours", our_held)):

@@ -91,10 +91,11 @@ def _transport_socket(context: tls_pb2.UpstreamTlsContext | tls_pb2.DownstreamTl
     return base_pb2.TransportSocket(name=TLS_TRANSPORT_SOCKET, typed_config=packed)
 
 
-def sds_upstream_tls(identities: Iterable[str], sni: str) -> base_pb2.TransportSocket:
-    """Envoy, client side: our certificate over SDS, the root over SDS, the destination's IDs only."""
+def sds_upstream_tls(identities: Iterable[str], sni: str, http2: bool = False) -> base_pb2.TransportSocket:
+    """Envoy, client side: our certificate over SDS, the root over SDS, the destination's IDs only;
+    an HTTP/2 cluster offers `h2` after `istio`, as istiod's ALPNInMeshH2."""
     context = tls_pb2.UpstreamTlsContext(
-        common_tls_context=_sds_tls_context(MESH_ALPN, identities), sni=sni
+        common_tls_context=_sds_tls_context(MESH_ALPN + ("h2",) if http2 else MESH_ALPN, identities), sni=sni
     )
     return _transport_socket(context)
 

@@ -119,6 +119,15 @@ def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint,
     identities = destination_identities(endpoints, trust_domain)
     _, _, subset, _ = parse_cluster_name(name)
     sni = f"outbound_.{port}_.{subset}_.{host}"
+    options = http_protocol_options(target.protocol.is_http2, policy.connection_pool)
+    if target.protocol is Protocol.UNSUPPORTED and not (
+            options is not None and options.explicit_http_config.HasField("http2_protocol_options")):
+        # A sniffed port: upstream, what the client spoke (istiod's use_downstream_protocol).
+        sniffed = _downstream_options()
+        if options is not None:
+            sniffed.common_http_protocol_options.CopyFrom(options.common_http_protocol_options)
+        options = sniffed
+    http2 = options is not None and options.explicit_http_config.HasField("http2_protocol_options")
     cluster = cluster_pb2.Cluster(
         name=name,
         connect_timeout=CONNECT_TIMEOUT,
@@ -127,7 +136,7 @@ def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint,
         transport_socket_matches=[
             cluster_pb2.Cluster.TransportSocketMatch(
                 name="tlsMode-istio", match=_struct({"tlsMode": "istio"}),
-                transport_socket=sds_upstream_tls(identities, sni),
+                transport_socket=sds_upstream_tls(identities, sni, http2),
             ),
             cluster_pb2.Cluster.TransportSocketMatch(
                 name="tlsMode-disabled", match=struct_pb2.Struct(), transport_socket=raw_buffer()
@@ -149,14 +158,6 @@ def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint,
         cluster.type = cluster_pb2.Cluster.EDS
         cluster.eds_cluster_config.CopyFrom(cluster_pb2.Cluster.EdsClusterConfig(
             eds_config=ads_source(initial_fetch_timeout=duration_pb2.Duration()), service_name=name))
-    options = http_protocol_options(target.protocol.is_http2, policy.connection_pool)
-    if target.protocol is Protocol.UNSUPPORTED and not (
-            options is not None and options.explicit_http_config.HasField("http2_protocol_options")):
-        # A sniffed port: upstream, what the client spoke (istiod's use_downstream_protocol).
-        sniffed = _downstream_options()
-        if options is not None:
-            sniffed.common_http_protocol_options.CopyFrom(options.common_http_protocol_options)
-        options = sniffed
     tls = policy.tls
     if tls is None and (not auto_mtls or original_dst or target.service.mesh_external):
         del cluster.transport_socket_matches[:]  # plaintext to every endpoint (istiod: no auto mTLS outside the mesh)
@@ -166,7 +167,6 @@ def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint,
             cluster.transport_socket.CopyFrom(raw_buffer())  # istiod builds no TLS context
         elif tls.mode in (TLSMode.SIMPLE, TLSMode.MUTUAL):
             # ALPN h2 on an HTTP/2 cluster (an h2 upgrade included), as istiod's isHttp2Cluster.
-            http2 = options is not None and options.explicit_http_config.HasField("http2_protocol_options")
             cluster.transport_socket.CopyFrom(originated_tls(tls, ("h2",) if http2 else (),
                                                              target.service.subject_alt_names))
             if target.protocol.is_http and not tls.sni:
@@ -180,7 +180,7 @@ def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint,
             # ISTIO_MUTUAL: the rule's SNI and SANs when it names them (an egress gateway's server
             # matches the external host as SNI), as istiod's buildIstioMutualTLS.
             cluster.transport_socket.CopyFrom(
-                sds_upstream_tls(tls.subject_alt_names or identities, tls.sni or sni) if upstream_mtls(tls, True)
+                sds_upstream_tls(tls.subject_alt_names or identities, tls.sni or sni, http2) if upstream_mtls(tls, True)
                 else raw_buffer())
     if options is not None:
         cluster.typed_extension_protocol_options[HTTP_OPTIONS].CopyFrom(pack(options))
