@@ -103,5 +103,15 @@ async def test_gateway_service_with_a_load_balancer_status(kube: client.ApiClien
             "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.44"}]}}})
         pushed = await ads.receive()  # the cloud's load balancer got its IP: a push, no restart
         assert _addresses(pushed) == [("10.0.1.1", 80), ("192.0.2.44", 15443)]
+        ads.send(types.ENDPOINT, [name], pushed)
+        # A load balancer known by hostname only (as AWS's): istiod resolves it (RESOLVE_HOSTNAME_GATEWAYS).
+        await core.patch_namespaced_service_status("istio-eastwestgateway", namespace, {
+            "status": {"loadBalancer": {"ingress": [{"hostname": "localhost"}]}}})
+        pushed = await ads.receive()
+        while ("127.0.0.1", 15443) not in _addresses(pushed):
+            ads.send(types.ENDPOINT, [name], pushed)
+            pushed = await ads.receive()
+        print("gateway by hostname localhost:", _addresses(pushed))
+        assert ("10.0.1.1", 80) in _addresses(pushed) and ("10.0.2.1", 80) not in _addresses(pushed)
     finally:
         await ads.close()

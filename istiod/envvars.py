@@ -26,3 +26,8 @@ def parse_bool(text: str) -> bool:
     if text in ("0", "f", "F", "false", "FALSE", "False"):
         return False
     raise argparse.ArgumentTypeError(f"{text!r} must be true or false")
+
+
+def resolve_hostname_gateways() -> bool:
+    """Istio's RESOLVE_HOSTNAME_GATEWAYS (default true): network gateways may be named by hostname."""
+    return env_default("RESOLVE_HOSTNAME_GATEWAYS", "true", parse_bool)

@@ -34,6 +34,7 @@ from istiod.debug.app import DebugView, create_app
 from istiod.debug.connections import Question, answer
 from istiod.debug.serving import guarded_config
 from istiod.autoregistration import WorkloadEntryController
+from istiod.gatewaynames import GatewayNameResolver
 from istiod.kubeapi import api_client
 from istiod.kubeentries import KubeEntryStore
 from istiod.leader import LeaderElection
@@ -91,6 +92,8 @@ class Discovery:
         self.pusher.subscribe(self.ads.on_push)
         self.jwks = JwksResolver(self.apply_jwks, settings.jwks_refresh_interval)
         self.pusher.subscribe(lambda event: self.jwks.want(event.snapshot))
+        self.gateway_names = GatewayNameResolver(self.apply_gateway_addresses)
+        self.pusher.subscribe(lambda event: self.gateway_names.want(event.snapshot))
         self.workers = WorkerPool(settings, self.store, self.pusher) if settings.xds_workers > 1 else None
         self.supervisor = Supervisor()
         self.secure = SecurePort(settings, self.ads, lambda: self.pusher.snapshot, self.supervisor, self.workers)
@@ -122,6 +125,7 @@ class Discovery:
         proxy gets a full push. (The CA keeps the trust domain it started with.)"""
         if self.settings.networks_config is not None:  # as istiod, the networks file wins over the ConfigMap's key
             mesh = MeshNetworks.of(self.pusher.mesh).apply(mesh)
+        mesh = dataclasses.replace(mesh, gateway_addresses=self.pusher.mesh.gateway_addresses)  # not config
         self.pusher.mesh = mesh
         if isinstance(self.source, KubeSource):
             self.source.writer.reselect(mesh.discovery_selectors or self._flag_selectors)
@@ -135,6 +139,12 @@ class Discovery:
         """The --networksConfig file changed: every proxy gets a full push (EDS differs per network)."""
         self.pusher.mesh = networks.apply(self.pusher.mesh)
         log.info(logs.event("mesh networks applied", gateways=len(networks.network_gateways)))
+        if self.ads.ready:
+            self.pusher.publish(full=True)
+
+    def apply_gateway_addresses(self, addresses: Mapping[str, tuple[str, ...]]) -> None:
+        """Network gateways' hostnames resolved to other addresses: every proxy gets a full push (EDS)."""
+        self.pusher.mesh = dataclasses.replace(self.pusher.mesh, gateway_addresses=tuple(sorted(addresses.items())))
         if self.ads.ready:
             self.pusher.publish(full=True)
 
@@ -166,6 +176,7 @@ class Discovery:
         self._watch_mesh_config()
         self.jwks.want(self.pusher.snapshot)
         self._tasks.append(self.supervisor.start("jwks-resolver", self.jwks.run, restart=True))
+        self._tasks.append(self.supervisor.start("gateway-names", self.gateway_names.run, restart=True))
         await self._serve_xds()
         self._serve_http()
         self._serve_webhooks()

@@ -27,7 +27,8 @@ from istiod.xds import types
 from istiod.xds.cache import Resource, ResourceCache
 from istiod.xds.gen import PROXYLESS_GRPC, SIDECAR
 from istiod.xds.changes import changes
-from istiod.xds.gen.network import by_network, with_service_gateways
+from istiod.gatewaynames import GatewayNameResolver
+from istiod.xds.gen.network import by_network, gateway_hostnames, with_service_gateways
 from tests.ads_client import AdsClient
 from tests.peers import Istiod, eventually
 from tests.test_configdir import touch
@@ -102,8 +103,8 @@ def test_mesh_networks_gateways_are_read() -> None:
 
 
 @pytest.mark.parametrize(("text", "error"), [
-    ("meshNetworks: {networks: {n2: {gateways: [{address: gw.example.com, port: 15443}]}}}",
-     "invalid network n2: 'gw.example.com' is not a valid IP \\(hostname is allowed if RESOLVE_HOSTNAME_GATEWAYS"),
+    ("meshNetworks: {networks: {n2: {gateways: [{address: 'gw!.example.com', port: 15443}]}}}",
+     "invalid network n2: 'gw!.example.com' is not a valid IP \\(hostname is allowed if RESOLVE_HOSTNAME_GATEWAYS"),
     ("meshNetworks: {networks: {n2: {gateways: [{address: 192.0.2.2}]}}}", "port number 0 must be in the range"),
     ("meshNetworks: {networks: {n2: {gateways: [{address: 192.0.2.2, port: 70000}]}}}", "port: 70000 is not in 1-65535"),
     ("meshNetworks: {networks: {n2: {gateways: [{registryServiceName: eastwest.istio-system.svc.cluster.local, "
@@ -115,6 +116,38 @@ def test_mesh_networks_gateways_are_read() -> None:
 def test_bad_mesh_networks_names_the_field(text: str, error: str) -> None:
     with pytest.raises(MeshConfigError, match=error):
         parse_mesh_config(text, MeshConfig(), "mesh")
+
+
+def test_gateways_named_by_hostname_are_their_resolved_addresses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RESOLVE_HOSTNAME_GATEWAYS (Istio's default true): a hostname gateway is kept, and stands for
+    the addresses it resolved to (none yet: no gateway); turned off, it is refused with istiod's message."""
+    text = "meshNetworks: {networks: {n2: {gateways: [{address: gw.example.com, port: 15443}]}}}"
+    mesh = parse_mesh_config(text, MeshConfig(), "mesh")
+    assert mesh.network_gateways == (NetworkGateway("n2", "gw.example.com", 15443),)
+    snapshot = build_snapshot(Store(), "1", mesh=mesh)
+    assert gateway_hostnames(snapshot) == {"gw.example.com"}
+    assert with_service_gateways(snapshot).network_gateways == ()
+    resolved = dataclasses.replace(mesh, gateway_addresses=(("gw.example.com", ("192.0.2.8", "192.0.2.9")),))
+    assert with_service_gateways(dataclasses.replace(snapshot, mesh=resolved)).network_gateways == (
+        NetworkGateway("n2", "192.0.2.8", 15443), NetworkGateway("n2", "192.0.2.9", 15443))
+    monkeypatch.setenv("RESOLVE_HOSTNAME_GATEWAYS", "false")
+    with pytest.raises(MeshConfigError, match="'gw.example.com' is not a valid IP"):
+        parse_mesh_config(text, MeshConfig(), "mesh")
+
+
+async def test_the_resolver_keeps_the_last_addresses_of_a_name_that_stops_resolving(
+        caplog: pytest.LogCaptureFixture) -> None:
+    changes_seen: list[dict[str, tuple[str, ...]]] = []
+    resolver = GatewayNameResolver(lambda found: changes_seen.append(dict(found)))
+    mesh = MeshConfig(network_gateways=(NetworkGateway("n2", "localhost", 15443),
+                                        NetworkGateway("n3", "no-such-gateway.invalid", 15443)))
+    resolver.want(build_snapshot(Store(), "1", mesh=mesh))
+    await resolver.resolve()
+    assert len(changes_seen) == 1 and "127.0.0.1" in changes_seen[0]["localhost"]
+    assert "no-such-gateway.invalid" not in changes_seen[0]
+    assert "network gateway name not resolved" in caplog.text and "no-such-gateway.invalid" in caplog.text
+    await resolver.resolve()  # nothing changed: no second push
+    assert len(changes_seen) == 1
 
 
 def test_the_configmaps_mesh_networks_key_is_read_and_wins(caplog: pytest.LogCaptureFixture) -> None:
@@ -138,7 +171,7 @@ def test_the_configmaps_mesh_networks_key_is_read_and_wins(caplog: pytest.LogCap
     assert seen[-1].network_gateways == ()
 
 
-@pytest.mark.parametrize("text", ["[1]", "networks: [", "networks: {n2: {gateways: [{address: gw, port: 1}]}}"])
+@pytest.mark.parametrize("text", ["[1]", "networks: [", "networks: {n2: {gateways: [{address: 'gw!', port: 1}]}}"])
 def test_bad_mesh_networks_key_is_refused(text: str) -> None:
     with pytest.raises(MeshConfigError, match="^ConfigMap istio-system/istio key meshNetworks"):
         parse_mesh_networks(text, "ConfigMap istio-system/istio key meshNetworks")
@@ -316,7 +349,7 @@ async def test_running_istiod_watches_the_networks_file(tmp_path: Path, start_is
         assert addresses(await ads.subscribe(types.ENDPOINT, names)) == ["10.0.1.1", "192.0.2.2"]
         touch(networks, "networks: {n2: {gateways: [{address: 192.0.2.7, port: 15443}]}}")
         assert addresses(await ads.receive()) == ["10.0.1.1", "192.0.2.7"]  # re-pushed, no restart
-        touch(networks, "networks: {n2: {gateways: [{address: gw, port: 15443}]}}")
+        touch(networks, "networks: {n2: {gateways: [{address: 'gw!', port: 15443}]}}")
         await eventually(lambda: "keeping the last good mesh config" in istiod.log(), 10, "the bad edit refused")
         assert "mesh networks" in istiod.log() and "is not a valid IP" in istiod.log()
     finally:

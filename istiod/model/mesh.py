@@ -113,6 +113,9 @@ class MeshConfig:
     default_virtual_service_export_to: tuple[str, ...] = ()
     default_destination_rule_export_to: tuple[str, ...] = ()
     network_gateways: tuple[NetworkGateway, ...] = ()  # meshNetworks' gateways, sorted
+    # What the gateways' hostnames (meshNetworks addresses, LoadBalancer ingress hostnames) resolved
+    # to, by istiod/gatewaynames.py: hostname -> IPs, sorted. Not read from any config.
+    gateway_addresses: tuple[tuple[str, tuple[str, ...]], ...] = ()
     # The network of endpoints without one of their own: meshNetworks' `fromRegistry` naming our
     # cluster ID (it wins, as istiod), else the first `fromCidr` holding the IP.
     registry_network: str = ""

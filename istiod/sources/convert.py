@@ -16,6 +16,7 @@ from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
+from istiod.envvars import resolve_hostname_gateways
 from istiod.model.batch import CronJob, Job
 from istiod.model.cluster import Namespace, Node
 from istiod.model.config.kinds import unimplemented
@@ -133,14 +134,15 @@ def _service(key: ObjectKey, f: _Fields, domain: str) -> Service:
 
 
 def _external_addresses(f: _Fields) -> tuple[str, ...]:
-    """As istiod: a LoadBalancer's ingress IPs, then spec.externalIPs. An ingress with only a
-    hostname is left out (EDS carries IPs; istiod resolves such gateways only with
-    RESOLVE_HOSTNAME_GATEWAYS)."""
+    """As istiod: a LoadBalancer's ingress IPs (or hostnames, which istiod resolves for network
+    gateways with RESOLVE_HOSTNAME_GATEWAYS, its default), then spec.externalIPs."""
     addresses = []
     if f.get("spec.type", str, "") == "LoadBalancer":
         for i, ingress in enumerate(f.items("status.loadBalancer.ingress")):
             if ip := ingress.get("ip", str, ""):
                 addresses.append(f.ip(f"status.loadBalancer.ingress[{i}].ip", ip))
+            elif (hostname := ingress.get("hostname", str, "")) and resolve_hostname_gateways():
+                addresses.append(hostname)
     for i, ip in enumerate(f.get("spec.externalIPs", list, [])):
         addresses.append(f.ip(f"spec.externalIPs[{i}]", str(ip)))
     return tuple(addresses)

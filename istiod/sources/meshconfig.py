@@ -25,12 +25,13 @@ from kubernetes_asyncio import client
 from istiod.model.config.networking import LocalityLbSetting
 from istiod.model.names import DEFAULT_CLUSTER_ID
 from istiod.durations import parse_duration
+from istiod.envvars import resolve_hostname_gateways
 from istiod.model.mesh import (
     AccessLogSettings, ExtAuthzProvider, MeshConfig, NetworkCidr, NetworkGateway, OutboundTrafficPolicy, ProxyConfig,
     RequestBody,
 )
 from istiod.sources.fields import ConversionError, _Fields
-from istiod.sources.istio.common import dns1123_label, fields, items, label_selector, only, port, str_list
+from istiod.sources.istio.common import dns1123_label, fields, fqdn_error, items, label_selector, only, port, str_list
 from istiod.sources.istio.networking import locality_lb_setting
 from istiod.sources.kube import Informer
 
@@ -181,9 +182,11 @@ def _mesh_networks(mesh_networks: _Fields) -> MeshNetworks:
             try:
                 ipaddress.ip_address(address)
             except ValueError:
-                # istiod's message (hostnames need RESOLVE_HOSTNAME_GATEWAYS, which we do not have)
-                raise gateway.fail(f"invalid network {name}: {address!r} is not a valid IP "
-                                   "(hostname is allowed if RESOLVE_HOSTNAME_GATEWAYS is enabled)") from None
+                # A hostname, resolved by istiod (istiod/gatewaynames.py) unless RESOLVE_HOSTNAME_GATEWAYS
+                # is off: then istiod's message.
+                if not resolve_hostname_gateways() or fqdn_error(address):
+                    raise gateway.fail(f"invalid network {name}: {address!r} is not a valid IP "
+                                       "(hostname is allowed if RESOLVE_HOSTNAME_GATEWAYS is enabled)") from None
             number = port(gateway, "port")
             if number is None:
                 raise gateway.fail(f"invalid network {name}: port number 0 must be in the range 1..65535")

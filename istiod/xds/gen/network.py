@@ -84,11 +84,32 @@ DEFAULT_GATEWAY_PORT = 15443  # istiod's DefaultNetworkGatewayPort (the AUTO_PAS
 def with_service_gateways(snapshot: Snapshot) -> MeshConfig:
     """The mesh config with the gateways of Services labelled `topology.istio.io/network` (as
     istiod's kube registry): each external address on the `networking.istio.io/gatewayPort`
-    label's port (15443 by default), when the Service has that port."""
-    found = [gateway for service in snapshot.services.values() for gateway in service_gateways(service)]
-    if not found:
+    label's port (15443 by default), when the Service has that port. A gateway named by a hostname
+    is a gateway at each address it resolved to (none yet: left out), as istiod's
+    RESOLVE_HOSTNAME_GATEWAYS."""
+    found = {*snapshot.mesh.network_gateways,
+             *(gateway for service in snapshot.services.values() for gateway in service_gateways(service))}
+    if found == set(snapshot.mesh.network_gateways) and all(_is_ip(g.address) for g in found):
         return snapshot.mesh
-    return dataclasses.replace(snapshot.mesh, network_gateways=tuple(sorted(set(snapshot.mesh.network_gateways) | set(found))))
+    resolved = dict(snapshot.mesh.gateway_addresses)
+    gateways = {g for g in found if _is_ip(g.address)} | {
+        NetworkGateway(g.network, ip, g.port) for g in found if not _is_ip(g.address) for ip in resolved.get(g.address, ())}
+    return dataclasses.replace(snapshot.mesh, network_gateways=tuple(sorted(gateways)))
+
+
+def _is_ip(address: str) -> bool:
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return True
+
+
+def gateway_hostnames(snapshot: Snapshot) -> frozenset[str]:
+    """The hostnames network gateways are named by (meshNetworks' addresses, Services' load balancers)."""
+    return frozenset(g.address for g in (*snapshot.mesh.network_gateways,
+                                         *(g for s in snapshot.services.values() for g in service_gateways(s)))
+                     if not _is_ip(g.address))
 
 
 def service_gateways(service: Service) -> tuple[NetworkGateway, ...]:
