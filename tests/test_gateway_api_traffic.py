@@ -28,6 +28,7 @@ from tests.conftest import render
 from tests.pki import ca_cert, leaf_cert
 from tests.peers import ROOT, Istiod, Process, free_port, wait_until
 from tests.test_envoy_gateway import BIND, NAMESPACE, SERVICE_ACCOUNT, TOKEN, Gateway, agent_gateway, gateway_envoy
+from tests.test_envoy_authn import ISSUER, Signer
 from tests.test_gateway_gen import server_credential, tls_secret
 
 V1_IP, V2_IP, GRPC_IP = "127.0.0.41", "127.0.0.42", "127.0.0.43"
@@ -343,3 +344,26 @@ def test_a_tls_route_passes_tls_through_and_a_tcp_route_proxies(gateway: Gateway
                               "the TCPRoute's backend")
     print("TCPRoute:", status, body)
     assert json.loads(body)["path"] == "/raw"
+
+
+def test_policies_attached_to_the_gateway_apply_there(gateway: Gateway, mesh_dir: Path) -> None:
+    """AuthorizationPolicy and RequestAuthentication `targetRefs` naming the Gateway apply to the gateway
+    it deployed (its pods' gateway-name label), as istiod's policy attachment; one naming another
+    Gateway does not."""
+    signer = Signer()
+
+    def attached(kind: str, name: str, target: str, spec: dict[str, object]) -> dict[str, object]:
+        return {"apiVersion": "security.istio.io/v1", "kind": kind, "metadata": {"name": name, "namespace": "istio-ingress"},
+                "spec": {"targetRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": target}], **spec}}
+
+    (mesh_dir / "policies.yaml").write_text(yaml.safe_dump_all([
+        attached("RequestAuthentication", "jwt", "web", {"jwtRules": [{"issuer": ISSUER, "jwks": signer.jwks()}]}),
+        attached("AuthorizationPolicy", "deny", "web", {"action": "DENY", "rules": [{"to": [{"operation": {"paths": ["/denied"]}}]}]}),
+        attached("AuthorizationPolicy", "elsewhere", "other", {"action": "DENY", "rules": [{"to": [{"operation": {"paths": ["/kept"]}}]}]}),
+    ]))
+    wait_until(lambda: _get(gateway, "web.example.com", "/denied")[0] == 403, 10, "the attached DENY")
+    assert _get(gateway, "web.example.com", "/kept")[0] == 200  # attached to another Gateway
+    assert _get(gateway, "web.example.com", "/anything", "-H", f"authorization: Bearer {signer.token()}")[0] == 200
+    status, body = _get(gateway, "web.example.com", "/anything", "-H", f"authorization: Bearer {Signer().token()}")
+    print("a token the attached RequestAuthentication does not verify:", status, body)
+    assert status == 401

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.test_envoy_authn import ISSUER, Signer
 from tests.peers import Process, wait_until
 from tests.pods import requires_root
 from tests.test_ambient_traffic import ISTIOD, VIP, Cluster, ambient_cluster, timed
@@ -210,6 +211,24 @@ def test_a_call_to_a_service_with_a_waypoint_crosses_it_and_its_l7_routes(waypoi
     cluster.one.write("deny-by-caller", DENY_BY_CALLER)
     timed(lambda: call(cluster, path="/public/not-for-a")[0] == 403, "the DENY of A's identity on the waypoint", 10)
     assert call(cluster, path="/public/page")[0] == 200  # A is not in namespace `elsewhere`
+
+    # A RequestAuthentication attached to the waypoint checks tokens there, and an ALLOW attached to
+    # it lets /jwt/* in for the token's principal only: no token 403, a bad one 401, a good one 200.
+    signer = Signer()
+    cluster.one.write("jwt", {
+        "apiVersion": "security.istio.io/v1", "kind": "RequestAuthentication", "metadata": {"name": "jwt", "namespace": "demo"},
+        "spec": {"targetRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "waypoint"}],
+                 "jwtRules": [{"issuer": ISSUER, "jwks": signer.jwks()}]}})
+    cluster.one.write("allow-jwt", {
+        "apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy", "metadata": {"name": "allow-jwt", "namespace": "demo"},
+        "spec": {"targetRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "waypoint"}],
+                 "rules": [{"from": [{"source": {"requestPrincipals": [f"{ISSUER}/alice"]}}],
+                            "to": [{"operation": {"paths": ["/jwt/*"]}}]}]}})
+    bearer = f"authorization: Bearer {signer.token()}"
+    timed(lambda: call(cluster, bearer, path="/jwt/page")[0] == 200, "a token's principal allowed on the waypoint", 10)
+    assert call(cluster, path="/jwt/page")[0] == 403
+    assert call(cluster, f"authorization: Bearer {Signer().token()}", path="/jwt/page")[0] == 401
+    assert call(cluster, bearer, path="/private")[0] == 403  # the token opens only what the rule names
     # Neither reached ztunnel as an L4 policy (B's ztunnel would refuse everything from the waypoint).
     assert not [l for l in cluster.ztunnels["node-2"].output if "policy rejection" in l]
     assert "ads NACK" not in cluster.istiod.text()  # the waypoint's Envoy took every push

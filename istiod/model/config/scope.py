@@ -200,13 +200,20 @@ def envoy_filters_for(filters: Iterable[EnvoyFilter], namespace: str, labels: Ma
     return sorted(found, key=lambda f: (f.priority, f.created, f.meta.name, f.meta.namespace))
 
 
-def policies_for(policies: Iterable[S], namespace: str, labels: Mapping[str, str], root_namespace: str) -> list[S]:
+def policies_for(policies: Iterable[S], namespace: str, labels: Mapping[str, str], root_namespace: str,
+                 gateway: str = "") -> list[S]:
     """AuthorizationPolicies or RequestAuthentications that apply to a workload: the root
-    namespace's and its own namespace's, each when its selector matches (or it has none)."""
+    namespace's and its own namespace's, each when its selector matches (or it has none); for a
+    gateway the Gateway API deployed (`gateway`: its Gateway's name), also those of its namespace
+    whose targetRefs name that Gateway, as istiod's policy attachment."""
+    policies = list(policies)
     result: list[S] = []
     for ns in dict.fromkeys((root_namespace, namespace)):
         selecting, default = _selected(policies, ns, labels)
         result += default + selecting
+    if gateway:
+        result += [p for p in _ordered(policies) if p.meta.namespace == namespace
+                   and ("Gateway", gateway) in getattr(p, "target_refs", ())]
     return result
 
 

@@ -83,8 +83,9 @@ class AuthorizationPolicy:
     action: Action = Action.ALLOW
     rules: tuple[Rule, ...] = ()  # ALLOW with no rules allows nothing; DENY with none denies nothing
     provider: str = ""  # CUSTOM only
-    # targetRef(s): (kind, name) in the policy's namespace, `Gateway` (a waypoint) or `Service` (on its
-    # waypoint). Such a policy applies there only, never by selector or namespace-wide.
+    # targetRef(s): (kind, name) in the policy's namespace, `Gateway` (a waypoint, or a gateway the
+    # Gateway API deployed) or `Service` (on its waypoint). Such a policy applies there only, never by
+    # selector or namespace-wide.
     target_refs: tuple[tuple[str, str], ...] = ()
 
 
@@ -114,3 +115,6 @@ class RequestAuthentication:
     meta: Meta
     selector: Labels = ()
     jwt_rules: tuple[JWTRule, ...] = ()
+    # (kind, name): a Gateway (a waypoint, or a gateway the Gateway API deployed) or a Service (its
+    # waypoint), instead of a selector.
+    target_refs: tuple[tuple[str, str], ...] = ()

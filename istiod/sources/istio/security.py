@@ -265,15 +265,15 @@ _PEER_KEYS = ("source.principal", "source.namespace", "source.serviceAccount", "
 
 def _attachable(f: _Fields, action: Action, rules: list[Rule]) -> None:
     """What a waypoint applies here: ALLOW and DENY on the request (operations, request headers, JWT
-    claims) and on the caller's identity (principals, namespaces, service accounts, trust domains: the
-    certificate its ztunnel presented, which the waypoint keeps for the listener behind HBONE). That
-    listener sees no client address, so IP blocks would never match: refused, not ignored."""
+    claims and request principals, from RequestAuthentications attached to it) and on the caller's
+    identity (principals, namespaces, service accounts, trust domains: the certificate its ztunnel
+    presented, which the waypoint keeps for the listener behind HBONE). That listener sees no client
+    address, so IP blocks would never match: refused, not ignored."""
     if action not in (Action.ALLOW, Action.DENY):
         raise f.fail(f"spec.action: {action.value} is not implemented with targetRefs (ALLOW or DENY)")
     for i, rule in enumerate(rules):
         for j, source in enumerate(rule.sources):
-            for name in ("ip_blocks", "not_ip_blocks", "remote_ip_blocks", "not_remote_ip_blocks",
-                         "request_principals", "not_request_principals"):
+            for name in ("ip_blocks", "not_ip_blocks", "remote_ip_blocks", "not_remote_ip_blocks"):
                 if getattr(source, name):
                     field = "".join(part.capitalize() if k else part for k, part in enumerate(name.split("_")))
                     raise f.fail(f"spec.rules[{i}].from[{j}].source.{field} is not implemented with targetRefs")
@@ -386,5 +386,6 @@ def _public_key(key: object) -> None:
 
 
 def request_authentication(key: ObjectKey, f: _Fields, domain: str) -> RequestAuthentication:
-    spec(f, ("selector", "jwtRules"), _TARGET_REFS)
-    return RequestAuthentication(meta(key), workload_selector(f), tuple(_jwt_rule(r) for r in items(f, "spec.jwtRules")))
+    spec(f, ("selector", "jwtRules", *_TARGET_REFS))
+    return RequestAuthentication(meta(key), workload_selector(f), tuple(_jwt_rule(r) for r in items(f, "spec.jwtRules")),
+                                 _target_refs(f, key.namespace))

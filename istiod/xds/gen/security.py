@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 
 from istiod.model.config import scope
+from istiod.model.config.gateway_conversion import GATEWAY_NAME_LABEL
 from istiod.model.config.security import AuthorizationPolicy, MTLSMode, RequestAuthentication
 from istiod.model.proxy import Proxy
 from istiod.model.snapshot import Snapshot
@@ -33,14 +34,21 @@ def authorization_policies(snapshot: Snapshot, proxy: Proxy) -> tuple[Authorizat
     """The policies selecting the proxy's workload, their identities renamed into the mesh's trust
     domain and its aliases."""
     domains = (snapshot.mesh.trust_domain, *snapshot.mesh.trust_domain_aliases)
+    labels = workload_labels(snapshot, proxy)
     return tuple(with_trust_domains(p, domains) for p in scope.policies_for(
-        snapshot.config.authorization_policies, proxy.namespace, workload_labels(snapshot, proxy),
-        snapshot.mesh.root_namespace))
+        snapshot.config.authorization_policies, proxy.namespace, labels, snapshot.mesh.root_namespace,
+        _deployed_gateway(proxy, labels)))
 
 
 def request_authentications(snapshot: Snapshot, proxy: Proxy) -> tuple[RequestAuthentication, ...]:
-    return tuple(scope.policies_for(snapshot.config.request_authentications, proxy.namespace,
-                                    workload_labels(snapshot, proxy), snapshot.mesh.root_namespace))
+    labels = workload_labels(snapshot, proxy)
+    return tuple(scope.policies_for(snapshot.config.request_authentications, proxy.namespace, labels,
+                                    snapshot.mesh.root_namespace, _deployed_gateway(proxy, labels)))
+
+
+def _deployed_gateway(proxy: Proxy, labels: Mapping[str, str]) -> str:
+    """A gateway's Gateway (API) name, by its pods' label: what policies' targetRefs name it by."""
+    return labels.get(GATEWAY_NAME_LABEL, "") if proxy.type == "router" else ""
 
 
 def workload_labels(snapshot: Snapshot, proxy: Proxy) -> dict[str, str]:
@@ -84,6 +92,11 @@ class WorkloadPolicy:
 def workload_policy(snapshot: Snapshot, proxy: Proxy) -> WorkloadPolicy:
     policies = authorization_policies(snapshot, proxy)
     request_auth = request_authentications(snapshot, proxy)
-    fetched = {jwks_source(r): snapshot.jwks[jwks_source(r)]
-               for p in request_auth for r in p.jwt_rules if not r.jwks and jwks_source(r) in snapshot.jwks}
-    return WorkloadPolicy(policies, request_auth, resolve_providers(snapshot, custom_providers(policies)), fetched)
+    return WorkloadPolicy(policies, request_auth, resolve_providers(snapshot, custom_providers(policies)),
+                          fetched_keys(snapshot, request_auth))
+
+
+def fetched_keys(snapshot: Snapshot, request_auth: tuple[RequestAuthentication, ...]) -> dict[str, str]:
+    """The keys istiod fetched for these policies' jwksUris (and issuers' discovery documents)."""
+    return {jwks_source(r): snapshot.jwks[jwks_source(r)]
+            for p in request_auth for r in p.jwt_rules if not r.jwks and jwks_source(r) in snapshot.jwks}

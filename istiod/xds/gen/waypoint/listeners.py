@@ -36,14 +36,14 @@ from istiod.xds.gen.filters import (
 )
 from istiod.xds.gen.rbac import PEER_PRINCIPAL_STATE, tcp_authorization_filters
 from istiod.xds.gen.routes import http_routes
-from istiod.xds.gen.security import WorkloadPolicy
+from istiod.xds.gen.security import WorkloadPolicy, fetched_keys
 from istiod.xds.gen.sidecar.clusters import BLACKHOLE
 from istiod.xds.gen.sidecar.listeners import ORIGINAL_DST_FILTER
 from istiod.xds.gen.targets import alike, hash_lookup, route_inputs
 from istiod.xds.gen.tls import HTTP_ALPN, sds_downstream_tls
 from istiod.xds.gen.waypoint.clusters import CONNECT_ORIGINATE, HBONE_PORT, MAIN_INTERNAL
 from istiod.xds.gen.waypoint.services import (
-    WaypointPort, attached_policies, from_outbound, waypoint_cluster_name, waypoint_ports,
+    WaypointPort, attached_authentications, attached_policies, from_outbound, waypoint_cluster_name, waypoint_ports,
 )
 
 CONNECT_TERMINATE = "connect_terminate"
@@ -60,7 +60,9 @@ def listeners(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: 
               cache.get(types.LISTENER, CONNECT_ORIGINATE, None, connect_originate)]
     # Routes depend on the services, their VirtualServices (and HTTPRoutes) and DestinationRules.
     depends_on = (snapshot.mesh, *ports, *(d for p in ports for d in route_inputs(snapshot, proxy, p.service)[1]),
-                  *(a for p in ports for a in attached_policies(snapshot, proxy, p.service)))
+                  *(a for p in ports for a in attached_policies(snapshot, proxy, p.service)),
+                  *(a for p in ports for a in attached_authentications(snapshot, proxy, p.service)),
+                  snapshot.jwks)
     result.append(cache.get(types.LISTENER, MAIN_INTERNAL, depends_on, lambda: main_internal(snapshot, proxy, ports),
                             scope=str(alike(snapshot, proxy))))
     if names is not None:
@@ -117,8 +119,9 @@ def main_internal(snapshot: Snapshot, proxy: Proxy, ports: tuple[WaypointPort, .
         name = waypoint_cluster_name(number, service.hostname, "", waypoint_port.http)
         policies = attached_policies(snapshot, proxy, service)
         if waypoint_port.http:
-            authz = WorkloadPolicy(policies, (), {}, {}).http_filters(f"waypoint {proxy.namespace}/{proxy.pod_name}, {name}",
-                                                                      peer_state=True)
+            request_auth = attached_authentications(snapshot, proxy, service)
+            authz = WorkloadPolicy(policies, request_auth, {}, fetched_keys(snapshot, request_auth)).http_filters(
+                f"waypoint {proxy.namespace}/{proxy.pod_name}, {name}", peer_state=True)
             vs, _ = route_inputs(snapshot, proxy, service)
             routes = http_routes(vs, service, number, snapshot.services, hash_for, proxyless=False, source=source)
             # Faults and CORS policies ride on the routes and act only where their filters are.

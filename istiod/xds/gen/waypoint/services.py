@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
-from istiod.model.config.security import AuthorizationPolicy
+from istiod.model.config.security import AuthorizationPolicy, RequestAuthentication
 from istiod.model.names import parse_cluster_name
 from istiod.model.proxy import Proxy
 from istiod.model.service import Port, Service
@@ -42,8 +43,20 @@ def from_outbound(name: str) -> str:
 
 def attached_policies(snapshot: Snapshot, proxy: Proxy, service: Service) -> tuple[AuthorizationPolicy, ...]:
     """The AuthorizationPolicies whose targetRefs name this waypoint (its Gateway) or the service."""
+    return _attached(snapshot.config.authorization_policies, proxy, service)
+
+
+def attached_authentications(snapshot: Snapshot, proxy: Proxy, service: Service) -> tuple[RequestAuthentication, ...]:
+    """The RequestAuthentications whose targetRefs name this waypoint (its Gateway) or the service."""
+    return _attached(snapshot.config.request_authentications, proxy, service)
+
+
+P = TypeVar("P", AuthorizationPolicy, RequestAuthentication)
+
+
+def _attached(policies: Iterable[P], proxy: Proxy, service: Service) -> tuple[P, ...]:
     gateway = dict(proxy.labels).get(GATEWAY_NAME_LABEL, "")
-    return tuple(p for p in snapshot.config.authorization_policies
+    return tuple(p for p in policies
                  if (p.meta.namespace == proxy.namespace and ("Gateway", gateway) in p.target_refs)
                  or (p.meta.namespace == service.namespace and ("Service", service.name) in p.target_refs))
 
