@@ -18,6 +18,7 @@ import yaml
 
 from istiod.model.config import envoyfilter
 from istiod.model.config.annotations import ANNOTATIONS
+from istiod.model.config.gateway_conversion import GATEWAY_NAME_LABEL
 from istiod.model.config.networking import routing_claim
 from istiod.model.protocol import Protocol, port_protocol
 from istiod.model.service import Port
@@ -1193,7 +1194,6 @@ def _jwt_claim_routes(objects: Objects) -> Iterator[Message]:
                     yield Message("IST0149", vs, (key, f"{gateway_namespace}/{gateway_name}", pod.name))
 
 
-_GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"
 
 
 @_analyzer("AuthorizationPolicy", "RequestAuthentication", "Pod")
@@ -1201,7 +1201,7 @@ def _ineffective_selectors(objects: Objects) -> Iterator[Message]:
     """k8sgateway.SelectorAnalyzer: IST0166, a policy selecting a Kubernetes Gateway's pods by label."""
     gateway_pods: dict[str, list[Mapping[str, str]]] = defaultdict(list)
     for pod in objects("Pod"):
-        if _GATEWAY_NAME_LABEL in pod.labels:
+        if GATEWAY_NAME_LABEL in pod.labels:
             gateway_pods[pod.namespace].append(pod.labels)
     for kind in ("AuthorizationPolicy", "RequestAuthentication"):
         for policy in objects(kind):
@@ -1210,7 +1210,7 @@ def _ineffective_selectors(objects: Objects) -> Iterator[Message]:
             selector = policy.spec["selector"].get("matchLabels") or {}
             for labels in gateway_pods[policy.namespace]:
                 if _selects(selector, labels):
-                    yield Message("IST0166", policy, (labels[_GATEWAY_NAME_LABEL],))
+                    yield Message("IST0166", policy, (labels[GATEWAY_NAME_LABEL],))
 
 
 _ROUTE_CLASS = ("ROUTE_CONFIGURATION", "HTTP_ROUTE")

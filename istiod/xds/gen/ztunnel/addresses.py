@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from istiod.gen.istio.workload import workload_pb2 as pb
 from istiod.model.config.common import selector_matches
 from istiod.model.config.gateway_api import Waypoint
+from istiod.model.config.gateway_conversion import GATEWAY_NAME_LABEL  # on a waypoint's own pods
 from istiod.model.config.networking import Resolution, ServiceEntry, WorkloadEntry
 from istiod.model.mesh import DEFAULT_TRUST_DOMAIN, MeshConfig
 from istiod.model.names import DEFAULT_CLUSTER_ID
@@ -28,7 +29,6 @@ from istiod.xds.gen.ztunnel.policies import workload_policies
 USE_WAYPOINT_LABEL = "istio.io/use-waypoint"
 USE_WAYPOINT_NAMESPACE_LABEL = "istio.io/use-waypoint-namespace"
 TUNNEL_LABEL = "networking.istio.io/tunnel"  # `http`: the workload terminates HBONE itself
-GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"  # on a waypoint's own pods
 MANAGED_LABEL = "gateway.istio.io/managed"
 MESH_CONTROLLER = "istio.io-mesh-controller"  # the value of MANAGED_LABEL on what istiod deploys for a waypoint
 HBONE_PORT = 15008
