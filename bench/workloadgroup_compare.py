@@ -48,12 +48,15 @@ HEALTH_INFO = "type.googleapis.com/istio.v1.HealthInformation"
 CLUSTER = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 VOLATILE = ("creationTimestamp", "resourceVersion", "uid", "generation", "managedFields", "lastProbeTime",
             "lastTransitionTime", "istio.io/connectedAt", "istio.io/disconnectedAt")
+CONTROLLER = "istio.io/workloadController"
 
 
 def _stable(value: Any, ip: str) -> Any:
-    """The entry without what differs by time or object identity; the proxy's address as `<ip>`."""
+    """The entry without what differs by time or object identity; the proxy's address as `<ip>`, the
+    controlling istiod's name (its pod's) as `<istiod>`."""
     if isinstance(value, dict):
-        return {k: _stable(v, ip) for k, v in sorted(value.items()) if k not in VOLATILE}
+        return {k: "<istiod>" if k == CONTROLLER else _stable(v, ip) for k, v in sorted(value.items())
+                if k not in VOLATILE}
     if isinstance(value, list):
         return [_stable(v, ip) for v in value]
     return value.replace(ip, "<ip>") if isinstance(value, str) else value

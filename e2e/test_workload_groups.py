@@ -161,7 +161,7 @@ async def test_a_vm_registers_reports_health_and_is_removed_after_it_leaves(
 
         agent.stop()  # the VM leaves: disconnected, then removed after the grace period
         assert await eventually(lambda: _gone(entry), 30, "the entry removed")
-        assert "cleaned up auto-registered WorkloadEntry" in istiod.text()
+        await eventually(lambda: "cleaned up auto-registered WorkloadEntry" in istiod.text(), 10, "the clean-up logged")
     finally:
         await ads.close()
 
@@ -247,6 +247,8 @@ async def test_istios_pilot_agent_registers_a_vm_and_reports_its_health(
             print("after the app stopped:", await eventually(lambda: healthy_starts("False"), 30, "Healthy False"))
         except AssertionError:
             print(agent.log()[-3000:])
+            print("entry:", await healthy())
+            print("\n".join(line for line in istiod.text().splitlines() if "level=info" not in line)[-6000:])
             raise
     finally:
         for process in reversed(processes):
