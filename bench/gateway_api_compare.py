@@ -11,7 +11,8 @@ MUTUAL ones by tls-terminate-mode and by spec.tls.frontend, one with a missing C
 AllowInsecureFallback, one with two Secrets)
 with HTTPRoutes (a valid one, one to a missing Service, one across namespaces with a
 ReferenceGrant; GAMMA routes on a Service: a producer's, a consumer's, one on a missing Service) created, and a
-waypoint (class `istio-waypoint`, its HBONE listener and a refused HTTP one). Istio's istiod runs first and its status is recorded and cleared, then
+waypoint (class `istio-waypoint`, its HBONE listener and a refused HTTP one), and Gateways whose
+parametersRef names a ConfigMap that exists, one that does not, and another kind. Istio's istiod runs first and its status is recorded and cleared, then
 ours. Prints each object's conditions side by side (type, status, reason; messages where they
 differ) and the listeners' attachedRoutes, then the route configuration `http.80` each sends the
 Gateway's proxy (a router node labelled with the Gateway's name, on the plaintext port): virtual
@@ -129,6 +130,30 @@ spec:
   parentRefs: [{{group: "", kind: Service, name: echo, namespace: gw-shop}}, {{group: "", kind: Service, name: nope}}]
   rules: [{{backendRefs: [{{name: echo, namespace: gw-shop, port: 8080}}]}}]
 ---
+apiVersion: {GROUP}/v1
+kind: Gateway
+metadata: {{name: tuned, namespace: gw-ingress}}
+spec:
+  gatewayClassName: istio
+  infrastructure: {{parametersRef: {{group: "", kind: ConfigMap, name: tuned-params}}}}
+  listeners: [{{name: http, port: 80, protocol: HTTP}}]
+---
+apiVersion: {GROUP}/v1
+kind: Gateway
+metadata: {{name: untuned, namespace: gw-ingress}}
+spec:
+  gatewayClassName: istio
+  infrastructure: {{parametersRef: {{group: "", kind: ConfigMap, name: missing-params}}}}
+  listeners: [{{name: http, port: 80, protocol: HTTP}}]
+---
+apiVersion: {GROUP}/v1
+kind: Gateway
+metadata: {{name: misparameterized, namespace: gw-ingress}}
+spec:
+  gatewayClassName: istio
+  infrastructure: {{parametersRef: {{group: example.com, kind: Params, name: tuned-params}}}}
+  listeners: [{{name: http, port: 80, protocol: HTTP}}]
+---
 apiVersion: {GROUP}/v1beta1
 kind: ReferenceGrant
 metadata: {{name: from-ingress, namespace: gw-shop}}
@@ -141,7 +166,8 @@ WATCHED = [("gatewayclasses", "", "istio"), ("gatewayclasses", "", "istio-waypoi
            ("gateways", "gw-shop", "waypoint"), ("gateways", "gw-ingress", "web"), ("httproutes", "gw-shop", "shop"),
            ("httproutes", "gw-shop", "broken"), ("httproutes", "gw-ingress", "secure"),
            ("httproutes", "gw-other", "refused"), ("httproutes", "gw-shop", "mesh"),
-           ("httproutes", "gw-other", "consumer")]
+           ("httproutes", "gw-other", "consumer"), ("gateways", "gw-ingress", "tuned"),
+           ("gateways", "gw-ingress", "untuned"), ("gateways", "gw-ingress", "misparameterized")]
 
 
 async def setup(api: client.ApiClient) -> None:
@@ -160,6 +186,8 @@ async def setup(api: client.ApiClient) -> None:
     await core.create_namespaced_secret("gw-ingress", tls_secret("web-cert", "gw-ingress", cert, key))
     await core.create_namespaced_secret("gw-ingress", {"metadata": {"name": "client-ca"},
                                                        "data": {"ca.crt": base64.b64encode(ca).decode()}})
+    await core.create_namespaced_config_map("gw-ingress", {"metadata": {"name": "tuned-params"},
+                                                           "data": {"deployment": "spec: {replicas: 1}"}})
     for body in yaml.safe_load_all(OBJECTS):
         group, _, version = body["apiVersion"].partition("/")
         await custom.create_namespaced_custom_object(group, version, body["metadata"]["namespace"],

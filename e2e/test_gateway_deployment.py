@@ -181,3 +181,108 @@ async def test_the_leader_deploys_a_gateway_and_removes_it(cluster: Cluster, kub
     assert addresses == [{"type": "IPAddress", "value": manual.spec.cluster_ip}], addresses
     assert await _objects(kube, "manual-istio", "manual-istio") == {}  # not deployed by istiod
     print("spec.addresses Hostname manual-gw: Programmed with", addresses, "and nothing deployed")
+
+
+PARAMS_NS = "gw-params"
+
+
+async def test_parameters_ref_and_class_defaults_customize_what_is_deployed(
+        cluster: Cluster, kube: client.ApiClient, tmp_path: Path, processes: list[Process]) -> None:
+    """spec.infrastructure.parametersRef, as istiod: the Gateway is refused (InvalidParameters) until its
+    ConfigMap exists, then deployed with its overlays on top of the class's defaults (a ConfigMap of
+    istiod's namespace labelled gateway.istio.io/defaults-for-class), an autoscaler and a disruption
+    budget made because overlays ask for them; an overlay istiod cannot apply keeps what was deployed;
+    deleting the Gateway removes all five."""
+    await install_gateway_api_crds(kube)
+    await ensure_namespace(kube, PARAMS_NS)
+    core, apps = client.CoreV1Api(kube), client.AppsV1Api(kube)
+    autoscaling, policy = client.AutoscalingV2Api(kube), client.PolicyV1Api(kube)
+    custom = client.CustomObjectsApi(kube)
+    defaults = await core.create_namespaced_config_map("istio-system", {
+        "metadata": {"name": "params-test-defaults", "labels": {"gateway.istio.io/defaults-for-class": "istio"}},
+        "data": {"podDisruptionBudget": "spec:\n  minAvailable: 1\n",
+                 "deployment": "spec:\n  template:\n    spec:\n      containers:\n      - name: istio-proxy\n"
+                               "        env:\n        - {name: FROM_DEFAULTS, value: 'yes'}\n"}})
+    try:
+        await custom.create_namespaced_custom_object(GROUP, VERSION, PARAMS_NS, "gateways", {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "Gateway", "metadata": {"name": "tuned"},
+            "spec": {"gatewayClassName": "istio",
+                     "infrastructure": {"parametersRef": {"group": "", "kind": "ConfigMap", "name": "tuned-params"}},
+                     "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]}})
+        kubeconfig, _ = await istiod_kubeconfig(cluster, kube, tmp_path / "istiod.kubeconfig")
+        istiod = await asyncio.to_thread(Istiod, tmp_path, "--kubeconfig", str(kubeconfig), *FAST, ready_timeout=60)
+        processes.append(istiod)
+
+        async def accepted() -> tuple[str, str, str] | None:
+            body = await custom.get_namespaced_custom_object(GROUP, VERSION, PARAMS_NS, "gateways", "tuned")
+            found = next((c for c in (body.get("status") or {}).get("conditions") or []
+                          if c["type"] == "Accepted" and c.get("observedGeneration")), None)
+            return None if found is None else (found["status"], found["reason"], found["message"])
+
+        refused = ("False", "InvalidParameters", f"parametersRef ConfigMap {PARAMS_NS}/tuned-params does not exist")
+        await eventually(lambda: _is(accepted, refused), 30, "Accepted False InvalidParameters", interval=0.25)
+        await eventually(lambda: "gateway not deployed" in istiod.text(), 10, "the refusal logged")
+        with contextlib.suppress(client.ApiException):
+            await apps.read_namespaced_deployment("tuned-istio", PARAMS_NS)
+            raise AssertionError("deployed without its parameters")
+        print("parametersRef to a missing ConfigMap:", refused)
+
+        await core.create_namespaced_config_map(PARAMS_NS, {"metadata": {"name": "tuned-params"}, "data": {
+            "deployment": "metadata:\n  annotations: {tuned: 'true'}\nspec:\n  replicas: 2\n  template:\n    spec:\n"
+                          "      containers:\n      - name: istio-proxy\n        resources:\n          limits: {cpu: 500m}\n",
+            "service": "spec:\n  type: ClusterIP\n",
+            "horizontalPodAutoscaler": "spec:\n  minReplicas: 2\n  maxReplicas: 4\n"}})
+
+        async def deployed() -> dict[str, Any] | None:
+            try:
+                return {"Deployment": await apps.read_namespaced_deployment("tuned-istio", PARAMS_NS),
+                        "Service": await core.read_namespaced_service("tuned-istio", PARAMS_NS),
+                        "HorizontalPodAutoscaler": await autoscaling.read_namespaced_horizontal_pod_autoscaler(
+                            "tuned-istio", PARAMS_NS),
+                        "PodDisruptionBudget": await policy.read_namespaced_pod_disruption_budget("tuned-istio", PARAMS_NS)}
+            except client.ApiException:
+                return None
+
+        found = await eventually(deployed, 30, "the Gateway's five objects", interval=0.25)
+        deployment = found["Deployment"]
+        assert deployment.spec.replicas == 2 and deployment.metadata.annotations["tuned"] == "true"
+        [proxy] = deployment.spec.template.spec.containers
+        assert proxy.resources.limits == {"cpu": "500m"}
+        assert any(e.name == "FROM_DEFAULTS" and e.value == "yes" for e in proxy.env)
+        assert any(e.name == "CA_ADDR" for e in proxy.env)  # the template's own, merged with the overlay's
+        assert found["Service"].spec.type == "ClusterIP"
+        autoscaler = found["HorizontalPodAutoscaler"]
+        assert (autoscaler.spec.min_replicas, autoscaler.spec.max_replicas) == (2, 4)
+        assert autoscaler.spec.scale_target_ref.name == "tuned-istio"
+        assert found["PodDisruptionBudget"].spec.min_available == 1
+        for obj in found.values():
+            assert obj.metadata.owner_references[0].name == "tuned"
+        await eventually(lambda: _is(accepted, ("True", "Accepted", "Resource accepted")), 30, "Accepted True",
+                         interval=0.25)
+        print("deployed with overlays: replicas", deployment.spec.replicas, "HPA", autoscaler.spec.min_replicas, "-",
+              autoscaler.spec.max_replicas, "PDB minAvailable", found["PodDisruptionBudget"].spec.min_available)
+
+        # An overlay istiod cannot apply: one line naming the Gateway; what was deployed stays.
+        await core.patch_namespaced_config_map("tuned-params", PARAMS_NS, {"data": {"pod": "spec: {}"}})
+        await eventually(lambda: "unsupported overlay 'pod'" in istiod.text(), 30, "the bad overlay logged")
+        assert (await apps.read_namespaced_deployment("tuned-istio", PARAMS_NS)).spec.replicas == 2
+
+        await custom.delete_namespaced_custom_object(GROUP, VERSION, PARAMS_NS, "gateways", "tuned")
+
+        async def gone() -> bool:
+            for read in (apps.read_namespaced_deployment, core.read_namespaced_service,
+                         autoscaling.read_namespaced_horizontal_pod_autoscaler, policy.read_namespaced_pod_disruption_budget):
+                try:
+                    await read("tuned-istio", PARAMS_NS)
+                    return False
+                except client.ApiException:
+                    pass
+            return True
+
+        await eventually(gone, 30, "the Gateway's objects removed", interval=0.25)
+    finally:
+        await core.delete_namespaced_config_map(defaults.metadata.name, "istio-system")
+
+
+async def _is(read: Any, wanted: Any) -> bool:
+    return await read() == wanted

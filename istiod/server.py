@@ -297,7 +297,8 @@ class Discovery:
             injector = self._injector()
             # The Gateways' proxies as the injector's values name them (image, CA address, cluster),
             # as istiod renders its gateway template with them.
-            deployer = GatewayDeployer(self._api, self.store, lambda: (injector() or Injector(False, {})).variables())
+            deployer = GatewayDeployer(self._api, self.store, lambda: (injector() or Injector(False, {})).variables(),
+                                       self.settings.namespace)
 
             async def lead() -> None:  # the leader's writers: the root certificate, the Gateway API's status and deployments
                 await asyncio.gather(publisher.run(), status.run(), deployer.run())

@@ -44,7 +44,10 @@ def test_a_route_on_a_service_is_a_mesh_virtual_service_for_its_host() -> None:
     assert vs not in snapshot.config.gateway_api.virtual_services  # no Gateway serves it
     assert _route_conditions(snapshot.config.gateway_api, "shop", "split") == {
         "Accepted": ("True", "Accepted", "Route was valid"),
-        "ResolvedRefs": ("True", "ResolvedRefs", "All references resolved")}
+        "ResolvedRefs": ("True", "ResolvedRefs", "All references resolved"),
+        # istiod's with ambient on: neither the Service nor its namespace names a waypoint
+        "ResolvedWaypoints": ("True", "ResolvedWaypoints", "istio.io/use-waypoint label missing from parent and "
+                              "parent namespace; in ambient mode, route will not be respected")}
     parent = snapshot.config.gateway_api.statuses[("HTTPRoute", "shop", "split")]["parents"][0]
     assert parent["controllerName"] == "istio.io/gateway-controller"
     assert parent["parentRef"] == {"group": "", "kind": "Service", "name": "echo"}
@@ -136,3 +139,18 @@ def test_a_tcp_route_on_a_service_is_refused_naming_the_kind() -> None:
                       "rules": [{"backendRefs": [{"name": "echo", "port": 8080}]}]}}
     conditions = _route_conditions(_snapshot(route).config.gateway_api, "shop", "raw", kind="TCPRoute")
     assert conditions["Accepted"][:2] == ("False", "UnsupportedValue")
+
+
+def test_resolved_waypoints_says_whether_the_parent_names_a_waypoint_as_istiod() -> None:
+    """istiod's ResolvedWaypoints (written with ambient on): always True, its message what is missing."""
+    labelled_namespace = {"apiVersion": "v1", "kind": "Namespace",
+                          "metadata": {"name": "shop", "labels": {"istio.io/use-waypoint": "waypoint"}}}
+    snapshot = _snapshot(_mesh_route("split", "shop"), labelled_namespace,
+                         _mesh_route("gone", "shop", {"group": "", "kind": "Service", "name": "nope"}))
+    assert _route_conditions(snapshot.config.gateway_api, "shop", "split")["ResolvedWaypoints"] == (
+        "True", "ResolvedWaypoints", "All waypoints resolved")
+    assert _route_conditions(snapshot.config.gateway_api, "shop", "gone")["ResolvedWaypoints"] == (
+        "True", "ResolvedWaypoints", "parent not found")
+    opted_out = {**labelled_namespace, "metadata": {"name": "shop", "labels": {"istio.io/use-waypoint": "None"}}}
+    assert _route_conditions(_snapshot(_mesh_route("split", "shop"), opted_out).config.gateway_api, "shop", "split")[
+        "ResolvedWaypoints"][2].startswith("istio.io/use-waypoint label missing")

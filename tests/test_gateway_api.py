@@ -179,13 +179,19 @@ def test_a_gateway_without_its_deployment_is_not_programmed() -> None:
         "False", "AddressNotAssigned", "Failed to assign to any requested addresses: "
         'no instances found for hostname "web-istio.istio-ingress.svc.cluster.local"')
     assert "addresses" not in gateway
+    # No Service at all: istiod's reason is that the address is unusable, not unassigned.
+    gateway = _converted(without=("web-1", "web-istio")).statuses[("KubernetesGateway", "istio-ingress", "web")]
+    assert _conditions(gateway["conditions"])["Programmed"] == (
+        "False", "AddressNotUsable", "Failed to assign to any requested addresses: "
+        'hostname "web-istio.istio-ingress.svc.cluster.local" not found')
 
 
 def test_route_status_names_what_did_not_resolve() -> None:
     converted = _converted()
     ok = _route_conditions(converted, "shop", "shop")
     assert ok == {"Accepted": ("True", "Accepted", "Route was valid"),
-                  "ResolvedRefs": ("True", "ResolvedRefs", "All references resolved")}
+                  "ResolvedRefs": ("True", "ResolvedRefs", "All references resolved"),
+                  "ResolvedWaypoints": ("True", "ResolvedWaypoints", "All waypoints resolved")}
     broken = _route_conditions(converted, "shop", "broken")
     assert broken["Accepted"][:2] == ("True", "Accepted")
     assert broken["ResolvedRefs"][:2] == ("False", "BackendNotFound")
@@ -403,7 +409,8 @@ def test_tls_and_tcp_listeners_and_their_routes_in_status() -> None:
     assert raw["Accepted"][:2] == ("True", "Accepted") and raw["ResolvedRefs"][:2] == ("False", "RefNotPermitted")
     assert _listener(converted, "passthrough")["attachedRoutes"] == 2
     assert _route_conditions(converted, "shop", "sni", kind="TLSRoute") == {
-        "Accepted": ("True", "Accepted", "Route was valid"), "ResolvedRefs": ("True", "ResolvedRefs", "All references resolved")}
+        "Accepted": ("True", "Accepted", "Route was valid"), "ResolvedRefs": ("True", "ResolvedRefs", "All references resolved"),
+        "ResolvedWaypoints": ("True", "ResolvedWaypoints", "All waypoints resolved")}
     assert _route_conditions(converted, "shop", "wrong", kind="TLSRoute")["Accepted"][:2] == ("False", "NotAllowedByListeners")
     resolved = _route_conditions(converted, "shop", "missing", kind="TLSRoute")["ResolvedRefs"]
     assert resolved[:2] == ("False", "BackendNotFound")

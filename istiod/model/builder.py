@@ -201,7 +201,7 @@ def _next(objects: ObjectValues[Key], version: str, previous: Snapshot, keys: Ma
 
     credentials = MappingProxyType(_credentials(objects)) if "Secret" in keys else previous.credentials
     # A Gateway's Programmed condition depends on its Service's endpoints (Pods, slices).
-    if keys.keys() & (GATEWAY_API_KINDS | _SERVICE_KINDS | {"Secret"}) or (
+    if keys.keys() & (GATEWAY_API_KINDS | _SERVICE_KINDS | {"Secret", "ConfigMap"}) or (
             config.has_gateway_api and keys.keys() & {"Pod", "EndpointSlice"}):
         config = _with_gateway_api(config, services, endpoints, credentials, previous.namespaces)
 
@@ -238,7 +238,7 @@ def _with_gateway_api(config: ConfigSet, services: Mapping[str, Service],
     return config.with_gateway_api(convert_gateway_api(
         config.gateway_classes, config.kubernetes_gateways,
         (*config.http_routes, *config.grpc_routes, *config.tcp_routes, *config.tls_routes), config.reference_grants, services.values(),
-        endpoints, credentials, namespaces))
+        endpoints, credentials, namespaces, config.config_maps))
 
 
 def _services(objects: ObjectValues[Key], config: ConfigSet,

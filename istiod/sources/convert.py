@@ -19,6 +19,8 @@ from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from istiod.envvars import resolve_hostname_gateways
 from istiod.model.batch import CronJob, Job
 from istiod.model.cluster import Namespace, Node
+from istiod.model.config.common import Meta
+from istiod.model.config.gateway_api import DEFAULTS_FOR_CLASS, ConfigMap
 from istiod.model.config.kinds import unimplemented
 from istiod.model.credentials import TlsCredential
 from istiod.model.endpointslice import EndpointSlice, SliceEndpoint
@@ -319,6 +321,13 @@ _CREDENTIAL_KEYS = (("tls.crt", "tls.key"), ("cert", "key"))
 _CA_KEYS = (("cacert", "crl"), ("ca.crt", "ca.crl"))
 
 
+def _config_map(key: ObjectKey, f: _Fields, domain: str) -> ConfigMap:
+    """What the gateway deployment reads: the string data (a Gateway's overlays) and the class label."""
+    labels = dict(f.str_map("metadata.labels"))
+    return ConfigMap(Meta(key.name, key.namespace), f.str_map("data"), labels.get(DEFAULTS_FOR_CLASS, ""),
+                     f.get("metadata.creationTimestamp", str, ""))
+
+
 def _secret(key: ObjectKey, f: _Fields, domain: str) -> TlsCredential:
     """Only the certificate and key are kept; errors name the field, never its content."""
     data: dict[str, bytes] = {}
@@ -369,4 +378,5 @@ CONVERTERS: dict[str, Callable[[ObjectKey, _Fields, str], Any]] = {
     "Job": _job,
     "CronJob": _cronjob,
     "Secret": _secret,
+    "ConfigMap": _config_map,
 }

@@ -93,6 +93,10 @@ def _object_ref(f: _Fields, default_group: str, default_kind: str, backend: bool
                      f.get("namespace", str, ""), port if backend else 0, weight if backend else 1)
 
 
+def _parameters_ref(ref: _Fields) -> ObjectRef:
+    return ObjectRef(ref.get("group", str, ""), _required(ref, "kind"), _required(ref, "name"))
+
+
 def _listener(f: _Fields) -> Listener:
     # Any protocol the schema allows (HBONE for waypoints, domain-prefixed ones): a class of ours
     # reports those it does not serve as UnsupportedProtocol.
@@ -138,8 +142,9 @@ def gateway(key: ObjectKey, f: _Fields, domain: str) -> KubernetesGateway:
         raise spec.fail("listeners: names must be unique")
     addresses = tuple((a.get("type", str, "IPAddress"), _required(a, "value")) for a in items(spec, "addresses"))
     # spec.infrastructure's labels and annotations go on the deployment (read from the stored
-    # object by istiod/status/gateway_deployment.py); its parametersRef is refused in status.
-    parameters = spec.get("infrastructure.parametersRef", dict, None) is not None
+    # object by istiod/status/gateway_deployment.py); its parametersRef names the ConfigMap of overlays.
+    ref = spec.get("infrastructure.parametersRef", dict, None)
+    parameters = None if ref is None else _parameters_ref(_Fields(f"{spec.key} infrastructure.parametersRef", ref))
     default, per_port = _frontend(spec)
     annotations = dict(f.str_map("metadata.annotations"))
     return KubernetesGateway(meta(key), _required(spec, "gatewayClassName"), listeners, addresses, _generation(f),

@@ -34,6 +34,8 @@ from istiod.sources.unimplemented import UnimplementedReporter
 log = logging.getLogger(__name__)
 ListCall = Callable[..., Awaitable[Any]]
 SECRETS_FIELD_SELECTOR = "type!=helm.sh/release.v1,type!=kubernetes.io/service-account-token"  # istiod's
+# Gateways' parameters: every ConfigMap but istiod's leader-election locks, renewed every few seconds.
+CONFIG_MAPS_FIELD_SELECTOR = "metadata.name!=istio-namespace-controller-election,metadata.name!=istio-analyze-leader"
 API_ERRORS = (ApiException, aiohttp.ClientError, asyncio.TimeoutError, OSError)  # what a call to the API may raise
 
 
@@ -56,6 +58,7 @@ def list_calls(api: client.ApiClient) -> dict[str, ListCall]:
         "CronJob": batch.list_cron_job_for_all_namespaces,
         # Gateways' credentials; never the kinds istiod leaves out either (Helm releases, tokens).
         "Secret": functools.partial(core.list_secret_for_all_namespaces, field_selector=SECRETS_FIELD_SELECTOR),
+        "ConfigMap": functools.partial(core.list_config_map_for_all_namespaces, field_selector=CONFIG_MAPS_FIELD_SELECTOR),
     }
 
 

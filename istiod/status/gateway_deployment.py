@@ -1,7 +1,8 @@
 """Keeps each Gateway of class `istio` or `istio-waypoint` deployed, as istiod's gateway deployment controller: its
-ServiceAccount, Deployment and Service (istiod/model/config/gateway_deployment.py) server-side
-applied with istiod's field manager, and deleted once the Gateway is gone. Leader-elected: only one
-replica writes.
+ServiceAccount, Deployment and Service, and the HorizontalPodAutoscaler and PodDisruptionBudget its
+ConfigMap overlays ask for (istiod/model/config/gateway_deployment.py), server-side applied with
+istiod's field manager, and deleted once the Gateway is gone. Leader-elected: only one replica writes.
+Overlays istiod cannot apply leave that Gateway's objects as they were, with one log line.
 
 A pass that finds the Gateways changed (and one every RESYNC seconds, which also puts back an
 object deleted by hand) lists the objects labelled with our Gateway class and applies what differs.
@@ -26,7 +27,7 @@ from istiod import logs
 from istiod.model.config.gateway_api import GROUP, KubernetesGateway
 from istiod.model.config.gateway_conversion import CONTROLLER
 from istiod.model.config.gateway_deployment import (
-    CLASS_NAME_LABEL, DEPLOYED_CLASSES, deployed, infrastructure_of, objects,
+    CLASS_NAME_LABEL, DEPLOYED_CLASSES, ParametersError, customized, deployed, infrastructure_of, objects, overlays,
 )
 from istiod.sources.kube import API_ERRORS, describe_error
 from istiod.sources.store import Store
@@ -39,11 +40,14 @@ RESYNC = 30.0  # seconds: the cluster's objects are listed when a Gateway change
 
 class GatewayDeployer:
     def __init__(self, api: client.ApiClient, store: Store, variables: Callable[[], Mapping[str, str]],
-                 interval: float = 2.0) -> None:
+                 system_namespace: str, interval: float = 2.0) -> None:
         self.core, self.apps = client.CoreV1Api(api), client.AppsV1Api(api)
+        self.autoscaling, self.policy = client.AutoscalingV2Api(api), client.PolicyV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.store = store
         self.variables = variables
+        self.system_namespace = system_namespace  # where a class's default overlays live
+        self._refused: dict[tuple[str, str], str] = {}  # Gateways whose overlays failed: said once each
         self.interval = interval
         self._applied: dict[_Key, dict[str, Any]] = {}  # what this replica last applied, to write only changes
         self._wanted: dict[_Key, dict[str, Any]] | None = None
@@ -57,12 +61,25 @@ class GatewayDeployer:
     async def reconcile(self) -> None:
         variables = self.variables()
         wanted: dict[_Key, dict[str, Any]] = {}
+        config_maps = list(self.store.values("ConfigMap"))
+        refused: dict[tuple[str, str], str] = {}
         for stored in self.store.objects("KubernetesGateway"):
             gateway: KubernetesGateway = stored.value
             infrastructure = infrastructure_of(stored.raw)
-            if deployed(gateway) and infrastructure.uid:
-                for body in objects(gateway, infrastructure, variables):
-                    wanted[(body["kind"], gateway.meta.namespace, body["metadata"]["name"])] = body
+            if not (deployed(gateway) and infrastructure.uid):
+                continue
+            where = (gateway.meta.namespace, gateway.meta.name)
+            try:
+                bodies = customized(objects(gateway, infrastructure, variables),
+                                    overlays(gateway, config_maps, self.system_namespace))
+            except ParametersError as error:
+                refused[where] = str(error)
+                if self._refused.get(where) != refused[where]:
+                    log.warning(logs.event("gateway not deployed", gateway=f"{where[0]}/{where[1]}", reason=str(error)))
+                continue
+            for body in bodies:
+                wanted[(body["kind"], gateway.meta.namespace, body["metadata"]["name"])] = body
+        self._refused = refused
         now = time.monotonic()
         if wanted == self._wanted and now - self._listed < RESYNC:
             return  # nothing changed here; what changed in the cluster is found at the next resync
@@ -93,7 +110,9 @@ class GatewayDeployer:
         found: dict[_Key, tuple[str, str]] = {}
         for kind, listing in (("ServiceAccount", self.core.list_service_account_for_all_namespaces),
                               ("Deployment", self.apps.list_deployment_for_all_namespaces),
-                              ("Service", self.core.list_service_for_all_namespaces)):
+                              ("Service", self.core.list_service_for_all_namespaces),
+                              ("HorizontalPodAutoscaler", self.autoscaling.list_horizontal_pod_autoscaler_for_all_namespaces),
+                              ("PodDisruptionBudget", self.policy.list_pod_disruption_budget_for_all_namespaces)):
             result = await listing(label_selector=selector)
             for item in result.items:
                 owner = next((o for o in item.metadata.owner_references or []
@@ -105,12 +124,12 @@ class GatewayDeployer:
     async def _apply(self, key: _Key, body: dict[str, Any]) -> None:
         kind, namespace, name = key
         options: dict[str, Any] = {"field_manager": CONTROLLER, "force": True, "_content_type": APPLY_PATCH}
-        if kind == "ServiceAccount":
-            await self.core.patch_namespaced_service_account(name, namespace, body, **options)
-        elif kind == "Deployment":
-            await self.apps.patch_namespaced_deployment(name, namespace, body, **options)
-        else:
-            await self.core.patch_namespaced_service(name, namespace, body, **options)
+        patch = {"ServiceAccount": self.core.patch_namespaced_service_account,
+                 "Deployment": self.apps.patch_namespaced_deployment,
+                 "Service": self.core.patch_namespaced_service,
+                 "HorizontalPodAutoscaler": self.autoscaling.patch_namespaced_horizontal_pod_autoscaler,
+                 "PodDisruptionBudget": self.policy.patch_namespaced_pod_disruption_budget}[kind]
+        await patch(name, namespace, body, **options)
 
     async def _delete_if_orphaned(self, key: _Key, owner: tuple[str, str]) -> None:
         """Deletes an object whose owner Gateway the API server does not have (its informer may lag)."""
@@ -128,7 +147,9 @@ class GatewayDeployer:
             return
         delete = {"ServiceAccount": self.core.delete_namespaced_service_account,
                   "Deployment": self.apps.delete_namespaced_deployment,
-                  "Service": self.core.delete_namespaced_service}[kind]
+                  "Service": self.core.delete_namespaced_service,
+                  "HorizontalPodAutoscaler": self.autoscaling.delete_namespaced_horizontal_pod_autoscaler,
+                  "PodDisruptionBudget": self.policy.delete_namespaced_pod_disruption_budget}[kind]
         try:
             await delete(name, namespace)
             log.info(logs.event("gateway deployment deleted", kind=kind, object=f"{namespace}/{name}",

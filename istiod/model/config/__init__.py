@@ -11,7 +11,7 @@ from istiod.model.config import scope
 from istiod.model.config.delegate import merge_delegates
 from istiod.model.config.envoyfilter import EnvoyFilter
 from istiod.model.config.gateway_api import (
-    GatewayApiConfig, GatewayClass, KubernetesGateway, KubernetesHTTPRoute, ReferenceGrant,
+    ConfigMap, GatewayApiConfig, GatewayClass, KubernetesGateway, KubernetesHTTPRoute, ReferenceGrant,
 )
 from istiod.model.config.networking import (
     MESH_GATEWAY, DestinationRule, Gateway, ServiceEntry, Sidecar, VirtualService, WorkloadEntry, WorkloadGroup,
@@ -57,6 +57,7 @@ class ConfigSet:
     tcp_routes: tuple[KubernetesHTTPRoute, ...] = ()
     tls_routes: tuple[KubernetesHTTPRoute, ...] = ()
     reference_grants: tuple[ReferenceGrant, ...] = ()
+    config_maps: tuple[ConfigMap, ...] = ()  # Gateways' parameters (read by their status and deployment)
     # What the Gateway API objects above make (the model builder converts them, with Services and
     # Secrets): carried over until the builder converts again.
     gateway_api: GatewayApiConfig = GatewayApiConfig()
@@ -193,6 +194,7 @@ _FIELDS = {
     "RequestAuthentication": "request_authentications", "EnvoyFilter": "envoy_filters",
     "GatewayClass": "gateway_classes", "KubernetesGateway": "kubernetes_gateways", "HTTPRoute": "http_routes",
     "GRPCRoute": "grpc_routes", "TCPRoute": "tcp_routes", "TLSRoute": "tls_routes", "ReferenceGrant": "reference_grants",
+    "ConfigMap": "config_maps",
 }
 GATEWAY_API_KINDS = frozenset({"GatewayClass", "KubernetesGateway", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute",
                                "ReferenceGrant"})

@@ -15,11 +15,26 @@ from istiod.model.labels import Selector
 from istiod.model.config.networking import CorsPolicy, Gateway, HeaderOperations, Headers, Retries, VirtualService
 
 WAYPOINT_CLASS = "istio-waypoint"  # the mesh controller's class: waypoints
+USE_WAYPOINT_LABEL = "istio.io/use-waypoint"  # on a Service or namespace: the waypoint its traffic goes through
 GROUP = "gateway.networking.k8s.io"
 VERSIONS = ("v1", "v1beta1", "v1alpha2")  # every kind is read at v1, which v1.6.0 serves for all
 # The store's kind names: istiod's, so Istio's Gateway keeps "Gateway".
 KIND_NAMES = {"Gateway": "KubernetesGateway"}
 L4_ROUTE_KINDS = ("TCPRoute", "TLSRoute")
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigMap:
+    """A ConfigMap, as the gateway deployment reads one: a Gateway's parametersRef, or its class's defaults
+    (labelled DEFAULTS_FOR_CLASS in istiod's namespace); `data` holds the overlays by object kind."""
+
+    meta: Meta
+    data: tuple[tuple[str, str], ...] = ()
+    defaults_for_class: str = ""  # the label's value: the class whose Gateways take these overlays
+    created: str = ""  # creationTimestamp: of several defaults for one class, the oldest applies
+
+
+DEFAULTS_FOR_CLASS = "gateway.istio.io/defaults-for-class"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +108,7 @@ class KubernetesGateway:
     listeners: tuple[Listener, ...]
     addresses: tuple[tuple[str, str], ...] = ()  # (type, value)
     generation: int = 0
-    parameters_ref: bool = False  # spec.infrastructure.parametersRef: not implemented, refused in status
+    parameters_ref: ObjectRef | None = None  # spec.infrastructure.parametersRef: a ConfigMap of overlays
     labels: Labels = ()  # istio.io/waypoint-for on a waypoint
     frontend_default: FrontendValidation | None = None  # spec.tls.frontend.default.validation
     frontend_per_port: tuple[tuple[int, FrontendValidation | None], ...] = ()  # spec.tls.frontend.perPort

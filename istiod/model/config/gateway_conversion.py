@@ -32,7 +32,7 @@ from typing import Any
 from istiod.model.cluster import Namespace
 from istiod.model.config.common import MatchKind, Meta, StringMatch
 from istiod.model.config.gateway_api import (
-    GROUP, L4_ROUTE_KINDS, WAYPOINT_CLASS, FrontendValidation, GatewayApiConfig, StatusKey, GatewayClass, Waypoint, KubernetesGateway, KubernetesHTTPRoute,
+    GROUP, L4_ROUTE_KINDS, USE_WAYPOINT_LABEL, WAYPOINT_CLASS, ConfigMap, FrontendValidation, GatewayApiConfig, StatusKey, GatewayClass, Waypoint, KubernetesGateway, KubernetesHTTPRoute,
     Listener, ObjectRef, ParentRef, ReferenceGrant, RouteMatch, RouteRule,
 )
 from istiod.model.config.networking import (
@@ -107,6 +107,7 @@ class _Inputs:
     namespaces: Mapping[str, Namespace]
     grants: tuple[ReferenceGrant, ...]
     domain: str
+    config_maps: frozenset[tuple[str, str]] = frozenset()  # (namespace, name) of those there: parametersRef's
 
     def permitted(self, from_kind: str, from_namespace: str, to_kind: str, to_namespace: str, to_name: str) -> bool:
         """A reference within a namespace, or one a ReferenceGrant in the target's namespace allows."""
@@ -120,7 +121,7 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
             routes: Iterable[KubernetesHTTPRoute], grants: Iterable[ReferenceGrant], services: Iterable[Service],
             endpoints: Mapping[tuple[str, int], tuple[Endpoint, ...]],
             credentials: Mapping[tuple[str, str], TlsCredential],
-            namespaces: Mapping[str, Namespace]) -> GatewayApiConfig:
+            namespaces: Mapping[str, Namespace], config_maps: Iterable[ConfigMap] = ()) -> GatewayApiConfig:
     classes = list(classes)
     ours = {c.meta.name for c in classes if c.controller_name in (CONTROLLER, MESH_CONTROLLER)}
     mesh_classes = {c.meta.name: dict(c.labels) for c in classes if c.controller_name == MESH_CONTROLLER}
@@ -132,7 +133,8 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
     kubernetes = {(s.namespace, s.name): s for s in services if not s.external_host}
     # Every Service is `<name>.<namespace>.svc.<domain>` with the store's one domain.
     domain = next((s.domain for s in kubernetes.values()), DEFAULT_DOMAIN)
-    inputs = _Inputs(kubernetes, endpoints, credentials, namespaces, tuple(grants), domain)
+    inputs = _Inputs(kubernetes, endpoints, credentials, namespaces, tuple(grants), domain,
+                     frozenset((c.meta.namespace, c.meta.name) for c in config_maps))
     statuses: dict[StatusKey, dict[str, Any]] = {}
     for c in classes:
         if c.meta.name in ours:
@@ -174,14 +176,16 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
                 # Mesh routing needs no ReferenceGrant to a backend (istiod: enforceRefGrant only for Gateways).
                 mesh_routes, mesh_error = _rules(route, inputs, grants=False)
         for ref in route.parent_refs:
+            waypoint_note = _waypoints_resolved(route.meta.namespace, ref, inputs)
             if ref.kind == "Gateway" and ref.group == GROUP and _gateway_key(ref, route.meta.namespace) in waypoint_gateways:
                 parents.append(_parent_status(ref, route.generation, (
                     "UnsupportedValue", "routes of waypoint Gateways are not implemented by this istiod (a route "
-                    "with the Service as its parent applies on the waypoint)"), None, MESH_CONTROLLER))
+                    "with the Service as its parent applies on the waypoint)"), None, waypoint_note, MESH_CONTROLLER))
                 continue
             if _is_service(ref) and l4:
                 parents.append(_parent_status(ref, route.generation, ("UnsupportedValue", f"{route.kind} on a Service is "
-                                              "not implemented by this istiod (HTTPRoute and GRPCRoute are)"), None))
+                                              "not implemented by this istiod (HTTPRoute and GRPCRoute are)"), None,
+                                              waypoint_note))
                 continue
             if _is_service(ref):
                 host, denied = _mesh_parent(route.meta.namespace, ref, inputs)
@@ -189,7 +193,7 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
                     mesh[(route.meta.namespace, host)].extend(
                         ((*order, route.created, route.meta.namespace, route.meta.name), _on_port(http, ref.port))
                         for order, http in mesh_routes)
-                parents.append(_parent_status(ref, route.generation, denied, mesh_error))
+                parents.append(_parent_status(ref, route.generation, denied, mesh_error, waypoint_note))
                 continue
             attached, denied = _attach(route.meta.namespace, route.hostnames, ref, owned, listeners, inputs, route.kind)
             if denied is None and not attached:
@@ -204,7 +208,7 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
                     bucket = bound[(_gateway_key(ref, route.meta.namespace), state.listener.name)][host]
                     bucket.extend(((*order, route.created, route.meta.namespace, route.meta.name), http)
                                   for order, http in http_routes)
-            parents.append(_parent_status(ref, route.generation, denied, route_error))
+            parents.append(_parent_status(ref, route.generation, denied, route_error, waypoint_note))
         if parents:
             statuses[(route.kind, route.meta.namespace, route.meta.name)] = {"parents": parents}
 
@@ -445,6 +449,18 @@ def _conflicts(states: list[_ListenerState]) -> None:
         state.server = None
 
 
+def _parameters_problem(gateway: KubernetesGateway, inputs: _Inputs) -> str | None:
+    """istiod's validateParametersRef: a ConfigMap of the Gateway's namespace, which must exist."""
+    ref = gateway.parameters_ref
+    if ref is None:
+        return None
+    if (ref.group, ref.kind) != ("", "ConfigMap"):
+        return f"Unsupported parametersRef group/kind {ref.group}/{ref.kind}, only ConfigMap is supported"
+    if (gateway.meta.namespace, ref.name) not in inputs.config_maps:
+        return f"parametersRef ConfigMap {gateway.meta.namespace}/{ref.name} does not exist"
+    return None
+
+
 def _gateway_status(gateway: KubernetesGateway, states: list[_ListenerState], inputs: _Inputs,
                     mesh: bool = False) -> dict[str, Any]:
     generation = gateway.generation
@@ -454,9 +470,8 @@ def _gateway_status(gateway: KubernetesGateway, states: list[_ListenerState], in
         accepted = condition("Accepted", valid > 0, "ListenersNotValid",
                              "One or more of the Gateway's listeners are invalid" if valid
                              else "None of the Gateway's listeners are valid", generation)
-    if gateway.parameters_ref:  # istiod's reason for parameters it cannot use
-        accepted = condition("Accepted", False, "InvalidParameters",
-                             "spec.infrastructure.parametersRef is not implemented by this istiod", generation)
+    if (problem := _parameters_problem(gateway, inputs)) is not None:
+        accepted = condition("Accepted", False, "InvalidParameters", problem, generation)
     programmed, addresses = _programmed(gateway, states, inputs, mesh)
     conditions = [accepted, programmed, condition("ResolvedRefs", True, "ResolvedRefs", "All references resolved", generation)]
     if any(v is not None and v.mode == INSECURE_FALLBACK
@@ -499,8 +514,8 @@ def _programmed(gateway: KubernetesGateway, states: list[_ListenerState],
                 warnings.append(f'no instances found for hostname "{hostname}"')
             else:
                 warnings.append(f'port {port} not found for hostname "{hostname}"')
-    if not internal:
-        return condition("Programmed", False, "AddressNotAssigned",
+    if not internal:  # istiod: a Service not found makes the addresses unusable, one without endpoints unassigned
+        return condition("Programmed", False, "AddressNotAssigned" if service is not None else "AddressNotUsable",
                          # once each (istiod repeats a warning per listener port)
                          "Failed to assign to any requested addresses: " + "; ".join(dict.fromkeys(warnings)),
                          generation), []
@@ -621,14 +636,37 @@ def _hosts(listener_hostname: str, route_hostnames: tuple[str, ...]) -> list[str
 
 
 def _parent_status(ref: ParentRef, generation: int, denied: tuple[str, str] | None,
-                   route_error: tuple[str, str] | None, controller: str = CONTROLLER) -> dict[str, Any]:
+                   route_error: tuple[str, str] | None, waypoints: str, controller: str = CONTROLLER) -> dict[str, Any]:
     accepted = condition("Accepted", True, "Accepted", "Route was valid", generation)
     if denied is not None:
         accepted = condition("Accepted", False, *denied, generation)
     resolved = condition("ResolvedRefs", True, "ResolvedRefs", "All references resolved", generation)
     if route_error is not None:
         resolved = condition("ResolvedRefs", False, *route_error, generation)
-    return {"parentRef": ref.as_dict(), "controllerName": controller, "conditions": [accepted, resolved]}
+    # Always True, as istiod's with ambient on (here always): the message says what a waypoint lacks.
+    resolved_waypoints = condition("ResolvedWaypoints", True, "ResolvedWaypoints", waypoints, generation)
+    return {"parentRef": ref.as_dict(), "controllerName": controller, "conditions": [accepted, resolved, resolved_waypoints]}
+
+
+def _waypoints_resolved(namespace: str, ref: ParentRef, inputs: _Inputs) -> str:
+    """istiod's ResolvedWaypoints message for a parent: a Service parent must exist, and it or its
+    namespace carry istio.io/use-waypoint (other than `none`) for the route to apply in ambient."""
+    if not _is_service(ref):
+        return "All waypoints resolved"
+    service_namespace = ref.namespace or namespace
+    service = inputs.services.get((service_namespace, ref.name))
+    if service is None:
+        return "parent not found"
+    namespace_labels = inputs.namespaces[service_namespace].labels if service_namespace in inputs.namespaces else None
+    if not _uses_waypoint(dict(service.labels)) and namespace_labels is not None and not _uses_waypoint(dict(namespace_labels)):
+        return ("istio.io/use-waypoint label missing from parent and parent namespace; in ambient mode, route will "
+                "not be respected")
+    return "All waypoints resolved"
+
+
+def _uses_waypoint(labels: Mapping[str, str]) -> bool:
+    value = labels.get(USE_WAYPOINT_LABEL, "")
+    return bool(value) and value.lower() != "none"
 
 
 _Order = tuple[Any, ...]

@@ -2,19 +2,24 @@
 controller makes for a Gateway of class `istio` (pilot/pkg/config/kube/gatewaycommon/
 deploymentcontroller.go and its template kube-gateway.yaml), with Istio's names, labels and owner
 references, the listeners' ports, spec.infrastructure's labels and annotations, and our proxy image
-running our agent as a router (`istiod agent proxy router`).
+running our agent as a router (`istiod agent proxy router`); then the overlays of the class's defaults
+and of spec.infrastructure.parametersRef's ConfigMap, which may add a HorizontalPodAutoscaler and a
+PodDisruptionBudget.
 
 Pure: a Gateway in, Kubernetes objects out (istiod/status/gateway_deployment.py applies them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from istiod.model.config.gateway_api import GROUP, KubernetesGateway
+import yaml
+
+from istiod.model.config.gateway_api import GROUP, ConfigMap, KubernetesGateway
 from istiod.model.config.gateway_conversion import CLASS, GATEWAY_NAME_LABEL, WAYPOINT_CLASS
+from istiod.model.strategic_merge import SCHEMAS, PatchError, strategic_merge
 
 CLASS_NAME_LABEL = "gateway.networking.k8s.io/gateway-class-name"
 MANAGED_LABEL = "gateway.istio.io/managed"
@@ -66,7 +71,8 @@ def service_ports(gateway: KubernetesGateway) -> list[dict[str, Any]]:
 
 def objects(gateway: KubernetesGateway, infrastructure: GatewayInfrastructure,
             variables: Mapping[str, str]) -> list[dict[str, Any]]:
-    """The ServiceAccount, Deployment and Service (in that order, as istiod applies them), from its
+    """The ServiceAccount, Deployment, Service, HorizontalPodAutoscaler and PodDisruptionBudget (in that
+    order, as istiod applies them; the last two for `customized` to keep or drop), from its
     kube-gateway.yaml or, for a waypoint, waypoint.yaml (not in the mesh itself, our agent as a
     waypoint, a ClusterIP Service preferring close endpoints). `variables`: the injector's
     (proxy_image, ca_address, cluster_id)."""
@@ -131,6 +137,11 @@ def objects(gateway: KubernetesGateway, infrastructure: GatewayInfrastructure,
     service_metadata = metadata()
     if waypoint:  # istiod's waypoint Service keeps traffic close (its annotation, then the Gateway's)
         service_metadata["annotations"] = {"networking.istio.io/traffic-distribution": "PreferClose", **annotations}
+    # Made only when an overlay names them (istiod's requiredOverlays).
+    autoscaler = {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": metadata(), "spec": {
+        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name}, "maxReplicas": 1}}
+    budget = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": metadata(), "spec": {
+        "selector": {"matchLabels": {GATEWAY_NAME_LABEL: gateway.meta.name}}}}
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata(named=account)},
         {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata(managed), "spec": {
@@ -144,7 +155,79 @@ def objects(gateway: KubernetesGateway, infrastructure: GatewayInfrastructure,
                          "securityContext": {"sysctls": [{"name": "net.ipv4.ip_unprivileged_port_start",
                                                           "value": "0"}]}}}}},
         {"apiVersion": "v1", "kind": "Service", "metadata": service_metadata, "spec": service_spec},
+        autoscaler, budget,
     ]
+
+
+class ParametersError(ValueError):
+    """Overlays istiod cannot apply: the Gateway is not deployed (what it had is kept), one line why."""
+
+
+def overlays(gateway: KubernetesGateway, config_maps: Iterable[ConfigMap], system_namespace: str) -> list[Mapping[str, str]]:
+    """The overlays for the Gateway's objects, in istiod's order: its class's defaults (the oldest
+    ConfigMap of istiod's namespace labelled gateway.istio.io/defaults-for-class: <class>), then its
+    spec.infrastructure.parametersRef's ConfigMap."""
+    config_maps = list(config_maps)
+    found: list[Mapping[str, str]] = []
+    defaults = sorted((c for c in config_maps if c.meta.namespace == system_namespace
+                       and c.defaults_for_class == gateway.class_name), key=lambda c: (c.created, c.meta.name))
+    if defaults:
+        found.append(dict(defaults[0].data))
+    ref = gateway.parameters_ref
+    if ref is not None:
+        if (ref.group, ref.kind) != ("", "ConfigMap"):
+            raise ParametersError(f"invalid parameters: unknown infrastructure parameters type {ref.group}/{ref.kind}")
+        named = next((c for c in config_maps if (c.meta.namespace, c.meta.name) == (gateway.meta.namespace, ref.name)), None)
+        if named is None:
+            raise ParametersError(f"parametersRef targeting configmap {gateway.meta.namespace}/{ref.name}, "
+                                  "but configmap does not exist")
+        found.append(dict(named.data))
+    return found
+
+
+def customized(bodies: Sequence[dict[str, Any]], overlays: Sequence[Mapping[str, str]]) -> list[dict[str, Any]]:
+    """`objects`' output with the overlays applied as strategic merge patches, each under the key of its
+    kind (istiod's applyOverlay): the HorizontalPodAutoscaler and PodDisruptionBudget only when one names
+    them; an overlay may not rename an object or change its owners."""
+    for overlay in overlays:
+        unknown = sorted(set(overlay) - set(OVERLAY_KEYS.values()))
+        if unknown:
+            raise ParametersError(f"unsupported overlay {unknown[0]!r} (supported: {sorted(OVERLAY_KEYS.values())})")
+    out = []
+    for body in bodies:
+        kind = body["kind"]
+        key = OVERLAY_KEYS[kind]
+        applied = False
+        for overlay in overlays:
+            if key not in overlay:
+                continue
+            try:
+                patch = yaml.safe_load(overlay[key])
+            except yaml.YAMLError as error:
+                raise ParametersError(f"overlay {key!r}: not YAML: {str(error).splitlines()[0]}") from None
+            if patch is None:
+                continue
+            if not isinstance(patch, Mapping):
+                raise ParametersError(f"overlay {key!r}: not a map")
+            try:
+                merged = strategic_merge(body, patch, SCHEMAS[kind])
+            except PatchError as error:
+                raise ParametersError(f"overlay {key!r}: strategic merge patch failed: {error}") from None
+            if {k: (merged.get("metadata") or {}).get(k) for k in _FIXED_METADATA} != \
+                    {k: body["metadata"].get(k) for k in _FIXED_METADATA}:
+                raise ParametersError(f"overlay {key!r}: illegal metadata change")
+            body, applied = merged, True
+        if applied or kind not in _REQUIRED_OVERLAYS:
+            out.append(body)
+    return out
+
+
+# Object kind -> the ConfigMap key of its overlay.
+OVERLAY_KEYS = {"ServiceAccount": "serviceAccount", "Deployment": "deployment", "Service": "service",
+                "HorizontalPodAutoscaler": "horizontalPodAutoscaler", "PodDisruptionBudget": "podDisruptionBudget"}
+_REQUIRED_OVERLAYS = frozenset({"HorizontalPodAutoscaler", "PodDisruptionBudget"})
+_FIXED_METADATA = ("name", "generateName", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp",
+                   "deletionTimestamp", "deletionGracePeriodSeconds", "ownerReferences", "finalizers", "managedFields")
 
 
 def infrastructure_of(raw: Mapping[str, Any]) -> GatewayInfrastructure:

@@ -100,6 +100,7 @@ _PROXYLESS_AFFECTED: Affected = {
     "WorkloadGroup": _NONE,  # read by auto-registration only
     "ProxyConfig": _NONE,  # read by injection and the agent, by no generator
     "EnvoyFilter": _NONE,  # applied to Envoys' config only (sidecars and gateways)
+    "ConfigMap": _NONE,  # Gateways' parameters: their deployment and status
 }
 _SIDECAR_AFFECTED: Affected = {
     **_PROXYLESS_AFFECTED,
@@ -112,7 +113,7 @@ _SIDECAR_AFFECTED: Affected = {
 _ROUTER_AFFECTED: Affected = {
     **dict.fromkeys(_PROXYLESS_AFFECTED, _EVERY_TYPE),
     "Secret": frozenset({types.SECRET}),
-    "ServiceEntry": _NONE, "WorkloadEntry": _NONE, "ProxyConfig": _NONE, "WorkloadGroup": _NONE,
+    "ServiceEntry": _NONE, "WorkloadEntry": _NONE, "ProxyConfig": _NONE, "WorkloadGroup": _NONE, "ConfigMap": _NONE,
     "EnvoyFilter": frozenset({types.CLUSTER, types.LISTENER, types.ROUTE}),
 }
 # ztunnel: policies name workloads' policies (Address) and are sent themselves; ServiceEntries and
@@ -125,7 +126,7 @@ _ZTUNNEL_AFFECTED: Affected = {
 }
 # Waypoints: which services use them, and so every listener and cluster, follows most config.
 _WAYPOINT_AFFECTED: Affected = {**dict.fromkeys(_PROXYLESS_AFFECTED, _EVERY_TYPE), "Secret": _NONE, "ProxyConfig": _NONE,
-                                 "WorkloadGroup": _NONE,
+                                 "WorkloadGroup": _NONE, "ConfigMap": _NONE,
                                  "EnvoyFilter": _NONE}
 _GENERATORS = {"grpc": PROXYLESS_GRPC, "sidecar": SIDECAR, "router": ROUTER, "ztunnel": ZTUNNEL, "waypoint": WAYPOINT}
 _AFFECTED = {"grpc": _PROXYLESS_AFFECTED, "sidecar": _SIDECAR_AFFECTED, "router": _ROUTER_AFFECTED,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from istiod.gen.istio.workload import workload_pb2 as pb
 from istiod.model.config.common import selector_matches
-from istiod.model.config.gateway_api import Waypoint
+from istiod.model.config.gateway_api import USE_WAYPOINT_LABEL, Waypoint
 from istiod.model.config.gateway_conversion import GATEWAY_NAME_LABEL  # on a waypoint's own pods
 from istiod.model.config.networking import Resolution, ServiceEntry, WorkloadEntry
 from istiod.model.mesh import DEFAULT_TRUST_DOMAIN, MeshConfig
@@ -26,7 +26,6 @@ from istiod.model.snapshot import Snapshot
 from istiod.model.workload import AMBIENT_REDIRECTION_ANNOTATION, WORKLOAD_NAME_LABEL, Workload
 from istiod.xds.gen.ztunnel.policies import workload_policies
 
-USE_WAYPOINT_LABEL = "istio.io/use-waypoint"
 USE_WAYPOINT_NAMESPACE_LABEL = "istio.io/use-waypoint-namespace"
 TUNNEL_LABEL = "networking.istio.io/tunnel"  # `http`: the workload terminates HBONE itself
 MANAGED_LABEL = "gateway.istio.io/managed"
