@@ -276,6 +276,24 @@ def test_a_virtual_service_of_a_service_using_the_waypoint_is_applied_on_it() ->
     assert routes[1]["route"]["cluster"] == "inbound-vip|80|http|echo.ambient.svc.cluster.local"
 
 
+def test_the_waypoint_gets_clusters_for_its_services_and_their_routes_destinations_only() -> None:
+    """As istiod's: not every service of the mesh (a big mesh's waypoint would hold them all)."""
+    store = _store()
+    clusters = _waypoint_config(store)[types.CLUSTER]
+    assert {n for n in clusters if n.startswith("inbound-vip|")} == {
+        "inbound-vip|80|http|echo.ambient.svc.cluster.local", "inbound-vip|9000|tcp|echo.ambient.svc.cluster.local"}
+    # A route of a served service to another one: its cluster too, and none of the rest.
+    store.apply({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+                 "metadata": {"name": "echo", "namespace": "ambient"},
+                 "spec": {"hosts": ["echo"], "http": [{"route": [{"destination": {"host": "web.legacy.svc.cluster.local"}}]}]}})
+    config = _waypoint_config(store)
+    routed = {n for n in config[types.CLUSTER] if n.startswith("inbound-vip|")}
+    assert routed == {"inbound-vip|80|http|echo.ambient.svc.cluster.local",
+                      "inbound-vip|9000|tcp|echo.ambient.svc.cluster.local",
+                      "inbound-vip|8080|http|web.legacy.svc.cluster.local"}
+    assert routed <= set(config[types.ENDPOINT])
+
+
 def test_a_waypoint_proxy_naming_no_waypoint_or_a_service_opted_out_routes_nothing() -> None:
     # Without the gateway-name label (or naming a Gateway that does not exist): no service's chain.
     for metadata in ({}, {"LABELS": {"gateway.networking.k8s.io/gateway-name": "elsewhere"}}):

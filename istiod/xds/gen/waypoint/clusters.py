@@ -1,7 +1,8 @@
 """CDS and EDS for waypoints, as Istio's cluster_waypoint.go:
 
 - `main_internal`: the internal listener that picks a service's chain by the CONNECT target.
-- `inbound-vip|<port>|<http|tcp>[/<subset>]|<host>` per port (and subset) of each service: EDS whose
+- `inbound-vip|<port>|<http|tcp>[/<subset>]|<host>` per port (and subset) of each service it serves
+  and each its routes send to (not every service of the mesh, as istiod): EDS whose
   endpoints are the internal listener `connect_originate`, each carrying its pod address:port as
   `envoy.filters.listener.original_dst` metadata, which the internal upstream hands to that listener.
 - `BlackHoleCluster`: where `main_internal` sends what no service's chain takes.
@@ -31,7 +32,7 @@ from istiod.xds.gen.sidecar.clusters import BLACKHOLE, CONNECT_TIMEOUT, _protoco
 from istiod.xds.gen.sidecar.ports import OutboundPort, outbound_ports
 from istiod.xds.gen.targets import alike, destination_rule
 from istiod.xds.gen.tls import raw_buffer, sds_hbone_upstream_tls
-from istiod.xds.gen.waypoint.services import waypoint_cluster_name
+from istiod.xds.gen.waypoint.services import routed_hosts, waypoint_cluster_name
 
 MAIN_INTERNAL = "main_internal"
 CONNECT_ORIGINATE = "connect_originate"
@@ -62,7 +63,10 @@ def _service_clusters(snapshot: Snapshot, proxy: Proxy, cache: ResourceCache) ->
 def _targets(snapshot: Snapshot, proxy: Proxy) -> dict[str, tuple[OutboundPort, str]]:
     """Each cluster name -> (its OutboundPort, its subset name)."""
     made: dict[str, tuple[OutboundPort, str]] = {}
+    hosts = routed_hosts(snapshot, proxy)
     for target in outbound_ports(snapshot, proxy):
+        if target.service.hostname not in hosts:
+            continue
         rule = destination_rule(snapshot, proxy, target.service)
         for subset in ("", *(s.name for s in (rule.subsets if rule is not None else ()))):
             name = waypoint_cluster_name(target.port.port, target.service.hostname, subset, target.protocol.is_http)

@@ -35,15 +35,14 @@ from istiod.xds.gen.filters import (
     HCM_FILTER, TCP_PROXY_FILTER, http_connection_manager, network_filter, pack, tcp_proxy, with_fault_filter,
 )
 from istiod.xds.gen.rbac import PEER_PRINCIPAL_STATE, tcp_authorization_filters
-from istiod.xds.gen.routes import http_routes
 from istiod.xds.gen.security import WorkloadPolicy, fetched_keys
 from istiod.xds.gen.sidecar.clusters import BLACKHOLE
 from istiod.xds.gen.sidecar.listeners import ORIGINAL_DST_FILTER
 from istiod.xds.gen.targets import alike, hash_lookup, route_inputs
-from istiod.xds.gen.tls import HTTP_ALPN, sds_downstream_tls
+from istiod.xds.gen.tls import sds_downstream_tls
 from istiod.xds.gen.waypoint.clusters import CONNECT_ORIGINATE, HBONE_PORT, MAIN_INTERNAL
 from istiod.xds.gen.waypoint.services import (
-    WaypointPort, attached_authentications, attached_policies, from_outbound, waypoint_cluster_name, waypoint_ports,
+    WaypointPort, attached_authentications, attached_policies, service_routes, waypoint_cluster_name, waypoint_ports,
 )
 
 CONNECT_TERMINATE = "connect_terminate"
@@ -103,7 +102,8 @@ def connect_terminate() -> listener_pb2.Listener:
         name=CONNECT_TERMINATE,
         address=address_pb2.Address(socket_address=address_pb2.SocketAddress(address="0.0.0.0", port_value=HBONE_PORT)),
         filter_chains=[listener_components_pb2.FilterChain(
-            name="default", transport_socket=sds_downstream_tls(HTTP_ALPN),
+            # HBONE is HTTP/2 only: h2 alone, as istiod's.
+            name="default", transport_socket=sds_downstream_tls(("h2",)),
             filters=[network_filter(HCM_FILTER, manager)])],
         # Few long-lived HBONE connections, each carrying many streams: spread them evenly (as Istio).
         connection_balance_config=listener_pb2.Listener.ConnectionBalanceConfig(
@@ -112,7 +112,6 @@ def connect_terminate() -> listener_pb2.Listener:
 
 def main_internal(snapshot: Snapshot, proxy: Proxy, ports: tuple[WaypointPort, ...]) -> listener_pb2.Listener:
     hash_for = hash_lookup(snapshot, proxy)
-    source = (proxy.namespace, dict(proxy.labels))
     chains = []
     for waypoint_port in ports:
         service, number = waypoint_port.service, waypoint_port.port.port
@@ -122,15 +121,14 @@ def main_internal(snapshot: Snapshot, proxy: Proxy, ports: tuple[WaypointPort, .
             request_auth = attached_authentications(snapshot, proxy, service)
             authz = WorkloadPolicy(policies, request_auth, {}, fetched_keys(snapshot, request_auth)).http_filters(
                 f"waypoint {proxy.namespace}/{proxy.pod_name}, {name}", peer_state=True)
-            vs, _ = route_inputs(snapshot, proxy, service)
-            routes = http_routes(vs, service, number, snapshot.services, hash_for, proxyless=False, source=source)
+            routes = service_routes(snapshot, proxy, waypoint_port, hash_for)
             # Faults and CORS policies ride on the routes and act only where their filters are.
             manager = with_fault_filter(http_connection_manager(
                 authz, stat_prefix=name, use_remote_address=wrappers_pb2.BoolValue(value=False),
                 normalize_path=wrappers_pb2.BoolValue(value=True),
                 route_config=route_pb2.RouteConfiguration(
                     name=name, validate_clusters=wrappers_pb2.BoolValue(value=False),
-                    virtual_hosts=[rc.VirtualHost(name=name, domains=["*"], routes=[_to_waypoint(r) for r in routes])])), cors=True)
+                    virtual_hosts=[rc.VirtualHost(name=name, domains=["*"], routes=routes)])), cors=True)
             main = network_filter(HCM_FILTER, manager)
         else:
             main = network_filter(TCP_PROXY_FILTER, tcp_proxy_pb2.TcpProxy(stat_prefix=name, cluster=name))
@@ -165,16 +163,3 @@ def _internal(name: str, chains: list[listener_components_pb2.FilterChain],
         listener_filters=[listener_components_pb2.ListenerFilter(
             name=ORIGINAL_DST_FILTER, typed_config=pack(original_dst_pb2.OriginalDst()))],
         filter_chains=chains)
-
-
-def _to_waypoint(route: rc.Route) -> rc.Route:
-    """The sidecar's translation of a route, sent to the waypoint's clusters for the same destinations."""
-    if route.HasField("route"):
-        action = route.route
-        if action.cluster:
-            action.cluster = from_outbound(action.cluster)
-        for weighted in action.weighted_clusters.clusters:
-            weighted.name = from_outbound(weighted.name)
-        for mirror in action.request_mirror_policies:
-            mirror.cluster = from_outbound(mirror.cluster)
-    return route
