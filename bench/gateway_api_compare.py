@@ -12,7 +12,8 @@ AllowInsecureFallback, one with two Secrets)
 with HTTPRoutes (a valid one, one to a missing Service, one across namespaces with a
 ReferenceGrant; GAMMA routes on a Service: a producer's, a consumer's, one on a missing Service) created, and a
 waypoint (class `istio-waypoint`, its HBONE listener and a refused HTTP one), and Gateways whose
-parametersRef names a ConfigMap that exists, one that does not, and another kind. Istio's istiod runs first and its status is recorded and cleared, then
+parametersRef names a ConfigMap that exists, one that does not, and another kind, and BackendTLSPolicies
+(one valid, one on a missing Service with a missing CA). Istio's istiod runs first and its status is recorded and cleared, then
 ours. Prints each object's conditions side by side (type, status, reason; messages where they
 differ) and the listeners' attachedRoutes, then the route configuration `http.80` each sends the
 Gateway's proxy (a router node labelled with the Gateway's name, on the plaintext port): virtual
@@ -154,6 +155,20 @@ spec:
   infrastructure: {{parametersRef: {{group: example.com, kind: Params, name: tuned-params}}}}
   listeners: [{{name: http, port: 80, protocol: HTTP}}]
 ---
+apiVersion: {GROUP}/v1
+kind: BackendTLSPolicy
+metadata: {{name: echo-tls, namespace: gw-shop}}
+spec:
+  targetRefs: [{{group: "", kind: Service, name: echo}}]
+  validation: {{hostname: echo.internal, caCertificateRefs: [{{group: "", kind: ConfigMap, name: echo-ca}}]}}
+---
+apiVersion: {GROUP}/v1
+kind: BackendTLSPolicy
+metadata: {{name: broken-tls, namespace: gw-shop}}
+spec:
+  targetRefs: [{{group: "", kind: Service, name: nowhere}}]
+  validation: {{hostname: nowhere.internal, caCertificateRefs: [{{group: "", kind: ConfigMap, name: no-ca}}]}}
+---
 apiVersion: {GROUP}/v1beta1
 kind: ReferenceGrant
 metadata: {{name: from-ingress, namespace: gw-shop}}
@@ -161,13 +176,15 @@ spec:
   from: [{{group: {GROUP}, kind: HTTPRoute, namespace: gw-ingress}}]
   to: [{{group: "", kind: Service}}]
 """
-PLURALS = {"Gateway": "gateways", "HTTPRoute": "httproutes", "ReferenceGrant": "referencegrants"}
+PLURALS = {"Gateway": "gateways", "HTTPRoute": "httproutes", "ReferenceGrant": "referencegrants",
+           "BackendTLSPolicy": "backendtlspolicies"}
 WATCHED = [("gatewayclasses", "", "istio"), ("gatewayclasses", "", "istio-waypoint"),
            ("gateways", "gw-shop", "waypoint"), ("gateways", "gw-ingress", "web"), ("httproutes", "gw-shop", "shop"),
            ("httproutes", "gw-shop", "broken"), ("httproutes", "gw-ingress", "secure"),
            ("httproutes", "gw-other", "refused"), ("httproutes", "gw-shop", "mesh"),
            ("httproutes", "gw-other", "consumer"), ("gateways", "gw-ingress", "tuned"),
-           ("gateways", "gw-ingress", "untuned"), ("gateways", "gw-ingress", "misparameterized")]
+           ("gateways", "gw-ingress", "untuned"), ("gateways", "gw-ingress", "misparameterized"),
+           ("backendtlspolicies", "gw-shop", "echo-tls"), ("backendtlspolicies", "gw-shop", "broken-tls")]
 
 
 async def setup(api: client.ApiClient) -> None:
@@ -186,6 +203,8 @@ async def setup(api: client.ApiClient) -> None:
     await core.create_namespaced_secret("gw-ingress", tls_secret("web-cert", "gw-ingress", cert, key))
     await core.create_namespaced_secret("gw-ingress", {"metadata": {"name": "client-ca"},
                                                        "data": {"ca.crt": base64.b64encode(ca).decode()}})
+    await core.create_namespaced_config_map("gw-shop", {"metadata": {"name": "echo-ca"},
+                                                        "data": {"ca.crt": ca.decode()}})
     await core.create_namespaced_config_map("gw-ingress", {"metadata": {"name": "tuned-params"},
                                                            "data": {"deployment": "spec: {replicas: 1}"}})
     for body in yaml.safe_load_all(OBJECTS):
@@ -225,6 +244,8 @@ async def clear(api: client.ApiClient) -> None:
         body = {"status": {"conditions": None, "parents": None, "listeners": None, "addresses": None}}
         if plural == "httproutes":
             body = {"status": {"parents": []}}
+        if plural == "backendtlspolicies":
+            body = {"status": {"ancestors": []}}
         if not namespace:
             await custom.patch_cluster_custom_object_status(GROUP, "v1", plural, name, body, **merge)
         else:
@@ -281,6 +302,11 @@ def summary(status: dict[str, Any]) -> list[tuple[str, Any]]:
         ref = parent["parentRef"]
         for c in parent.get("conditions") or []:
             rows.append((f"parent {ref.get('name')}/{ref.get('sectionName', '')} {c['type']}",
+                         (c["status"], c["reason"], c["message"])))
+    for ancestor in status.get("ancestors") or []:
+        ref = ancestor["ancestorRef"]
+        for c in ancestor.get("conditions") or []:
+            rows.append((f"ancestor {ref.get('kind')}/{ref.get('name')} {ancestor['controllerName']} {c['type']}",
                          (c["status"], c["reason"], c["message"])))
     if status.get("addresses"):
         rows.append(("addresses", [a["type"] for a in status["addresses"]]))

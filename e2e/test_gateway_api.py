@@ -22,6 +22,7 @@ from e2e.test_rbac import istiod_kubeconfig
 from tests.peers import Istiod, Process
 from tests.test_gateway_gen import server_credential, tls_secret
 
+CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"  # read, never parsed, by the status
 GROUP, VERSION = "gateway.networking.k8s.io", "v1"
 
 
@@ -74,6 +75,13 @@ async def test_status_as_istio_writes_it(cluster: Cluster, kube: client.ApiClien
         "apiVersion": f"{GROUP}/v1beta1", "kind": "ReferenceGrant", "metadata": {"name": "from-ingress"},
         "spec": {"from": [{"group": GROUP, "kind": "HTTPRoute", "namespace": "gw-ingress"}],
                  "to": [{"group": "", "kind": "Service"}]}})
+    # A BackendTLSPolicy on the route's backend, its CA in a ConfigMap.
+    await core.create_namespaced_config_map("gw-shop", {"metadata": {"name": "echo-ca"}, "data": {"ca.crt": CA_PEM}})
+    await custom.create_namespaced_custom_object(GROUP, VERSION, "gw-shop", "backendtlspolicies", {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "BackendTLSPolicy", "metadata": {"name": "echo-tls"},
+        "spec": {"targetRefs": [{"group": "", "kind": "Service", "name": "echo"}],
+                 "validation": {"hostname": "echo.internal",
+                                "caCertificateRefs": [{"group": "", "kind": "ConfigMap", "name": "echo-ca"}]}}})
     # A short lease: an istiod an earlier test of the session killed may still hold the writers' lock.
     istiod = Istiod(tmp_path, "--kubeconfig", str(kubeconfig), "--leader-lease-duration", "2s",
                     "--leader-renew-deadline", "1.5s", "--leader-retry-period", "0.25s", ready_timeout=60)
@@ -119,7 +127,24 @@ async def test_status_as_istio_writes_it(cluster: Cluster, kube: client.ApiClien
     assert parent["controllerName"] == "istio.io/gateway-controller"
     assert parent["parentRef"] == {"group": GROUP, "kind": "Gateway", "name": "web", "sectionName": "http"}
     assert _conditions(parent["conditions"]) == {"Accepted": ("True", "Accepted"),
-                                                 "ResolvedRefs": ("True", "ResolvedRefs")}
+                                                 "ResolvedRefs": ("True", "ResolvedRefs"),
+                                                 "ResolvedWaypoints": ("True", "ResolvedWaypoints")}
+
+    async def policy_status() -> dict[str, Any] | None:
+        status = await _status(custom, "backendtlspolicies", "gw-shop", "echo-tls")
+        return status if len(status.get("ancestors") or []) == 2 else None
+
+    policy = await _wait(policy_status, "the BackendTLSPolicy's ancestors")
+    print("BackendTLSPolicy echo-tls:", policy)
+    mesh, gateway_ancestor = policy["ancestors"]
+    assert (mesh["ancestorRef"], mesh["controllerName"]) == (
+        {"group": "", "kind": "Service", "name": "echo"}, "istio.io/mesh-controller")
+    assert (gateway_ancestor["ancestorRef"], gateway_ancestor["controllerName"]) == (
+        {"group": GROUP, "kind": "Gateway", "name": "web"}, "istio.io/gateway-controller")
+    for ancestor in policy["ancestors"]:
+        assert _conditions(ancestor["conditions"]) == {"Accepted": ("True", "Accepted"),
+                                                       "ResolvedRefs": ("True", "ResolvedRefs")}
+    await custom.delete_namespaced_custom_object(GROUP, VERSION, "gw-shop", "backendtlspolicies", "echo-tls")
 
     await custom.delete_namespaced_custom_object(GROUP, "v1beta1", "gw-shop", "referencegrants", "from-ingress")
 
@@ -178,11 +203,13 @@ async def test_tls_and_tcp_routes_status(cluster: Cluster, kube: client.ApiClien
         sni = await _wait(lambda: _status(custom, "tlsroutes", "gw-l4", "sni"), "the TLSRoute's status")
         print("TLSRoute sni:", sni)
         assert _conditions(sni["parents"][0]["conditions"]) == {"Accepted": ("True", "Accepted"),
-                                                                "ResolvedRefs": ("True", "ResolvedRefs")}
+                                                                "ResolvedRefs": ("True", "ResolvedRefs"),
+                                                                "ResolvedWaypoints": ("True", "ResolvedWaypoints")}
         raw = await _wait(lambda: _status(custom, "tcproutes", "gw-l4", "raw"), "the TCPRoute's status")
         print("TCPRoute raw:", raw)
         assert _conditions(raw["parents"][0]["conditions"]) == {"Accepted": ("True", "Accepted"),
-                                                                "ResolvedRefs": ("False", "BackendNotFound")}
+                                                                "ResolvedRefs": ("False", "BackendNotFound"),
+                                                                "ResolvedWaypoints": ("True", "ResolvedWaypoints")}
     finally:
         # Other tests share the cluster (and read every Gateway): leave none behind.
         await custom.delete_namespaced_custom_object(GROUP, VERSION, "gw-l4", "tlsroutes", "sni")

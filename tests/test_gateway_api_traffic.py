@@ -367,3 +367,59 @@ def test_policies_attached_to_the_gateway_apply_there(gateway: Gateway, mesh_dir
     status, body = _get(gateway, "web.example.com", "/anything", "-H", f"authorization: Bearer {Signer().token()}")
     print("a token the attached RequestAuthentication does not verify:", status, body)
     assert status == 401
+
+
+def test_a_backend_tls_policy_makes_the_gateway_originate_tls(gateway: Gateway, processes: list[Process]) -> None:
+    """BackendTLSPolicy: the route's backend speaks only TLS; with the policy the gateway calls it over TLS,
+    verifying its certificate with the CA of the ConfigMap the policy names (served over SDS); a CA
+    that did not sign it fails the call (503); without the policy, plaintext fails too."""
+    workdir, backend_ip, host = gateway.mesh_dir.parent, "127.0.0.45", "backend.example.com"
+    ca, cert, key = server_credential("backend.internal")
+    other_ca, _, _ = server_credential("backend.internal")
+    (workdir / "tls-backend.pem").write_bytes(cert)
+    (workdir / "tls-backend-key.pem").write_bytes(key)
+    backend_port = free_port(backend_ip)
+    processes.append(Process([sys.executable, str(ROOT / "tests" / "tls_echo.py"), backend_ip, str(backend_port),
+                              str(workdir / "tls-backend.pem"), str(workdir / "tls-backend-key.pem"), "tls-backend"],
+                             name="tls-backend"))
+    group = "gateway.networking.k8s.io"
+
+    def objects(ca_pem: bytes | None) -> list[dict[str, object]]:
+        made: list[dict[str, object]] = [
+            {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "tls-backend", "namespace": "shop"},
+             "spec": {"clusterIP": "10.96.0.31", "selector": {"app": "tls-backend"},
+                      "ports": [{"name": "https", "port": 443, "targetPort": backend_port}]}},
+            {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "tls-backend-1", "namespace": "shop",
+                                                            "labels": {"app": "tls-backend"}},
+             "spec": {"containers": [{"name": "app", "ports": [{"containerPort": backend_port}]}]},
+             "status": {"phase": "Running", "podIP": backend_ip, "conditions": [{"type": "Ready", "status": "True"}]}},
+            {"apiVersion": f"{group}/v1", "kind": "HTTPRoute", "metadata": {"name": "to-tls", "namespace": "shop"},
+             "spec": {"parentRefs": [{"name": "web", "namespace": NAMESPACE, "sectionName": "http"}], "hostnames": [host],
+                      "rules": [{"backendRefs": [{"name": "tls-backend", "port": 443}]}]}},
+        ]
+        if ca_pem is not None:
+            made += [
+                {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "backend-ca", "namespace": "shop"},
+                 "data": {"ca.crt": ca_pem.decode()}},
+                {"apiVersion": f"{group}/v1", "kind": "BackendTLSPolicy", "metadata": {"name": "tls-backend", "namespace": "shop"},
+                 "spec": {"targetRefs": [{"group": "", "kind": "Service", "name": "tls-backend"}],
+                          "validation": {"hostname": "backend.internal",
+                                         "caCertificateRefs": [{"group": "", "kind": "ConfigMap", "name": "backend-ca"}]}}},
+            ]
+        return made
+
+    (gateway.mesh_dir / "backend-tls.yaml").write_text(yaml.safe_dump_all(objects(None)))
+    status, _ = wait_until(lambda: (r := _get(gateway, host, "/plain"))[0] in (502, 503) and r, 15,
+                           "plaintext to a TLS-only backend failing")
+    # (A changed CA applies to new upstream connections: the one that fails first, then the right one.)
+    (gateway.mesh_dir / "backend-tls.yaml").write_text(yaml.safe_dump_all(objects(other_ca)))
+    # (Plaintext ended in the backend's "connection termination"; a refused handshake is a connection failure.)
+    status, body = wait_until(lambda: (r := _get(gateway, host, "/other-ca"))[0] == 503
+                              and "remote connection failure" in r[1] and r,
+                              20, "a CA that did not sign the backend's certificate refused")
+    print("BackendTLSPolicy, another CA:", status, body[:160])
+    (gateway.mesh_dir / "backend-tls.yaml").write_text(yaml.safe_dump_all(objects(ca)))
+    status, body = wait_until(lambda: (r := _get(gateway, host, "/tls"))[0] == 200 and r, 20,
+                              "the backend over the policy's TLS")
+    print("BackendTLSPolicy, the ConfigMap's CA:", status, body)
+    assert json.loads(body) == {"name": "tls-backend", "path": "/tls"}

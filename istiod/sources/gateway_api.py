@@ -17,7 +17,7 @@ from typing import Any
 
 from istiod.model.config.common import MatchKind, StringMatch, regex_problem
 from istiod.model.config.gateway_api import (
-    GROUP, KIND_NAMES, L4_ROUTE_KINDS, VERSIONS, FrontendValidation, GatewayClass, KubernetesGateway, KubernetesHTTPRoute,
+    GROUP, KIND_NAMES, L4_ROUTE_KINDS, VERSIONS, BackendTLSPolicy, FrontendValidation, GatewayClass, KubernetesGateway, KubernetesHTTPRoute,
     Listener, ObjectRef, ParentRef, PathModifier, ReferenceGrant, RequestRedirect, RouteFilter, RouteMatch, RouteRule,
     URLRewrite,
 )
@@ -436,19 +436,43 @@ def reference_grant(key: ObjectKey, f: _Fields, domain: str) -> ReferenceGrant:
     return ReferenceGrant(meta(key), from_, to)
 
 
+def backend_tls_policy(key: ObjectKey, f: _Fields, domain: str) -> BackendTLSPolicy:
+    spec = _spec(f)
+    targets = tuple(ParentRef(_required(t, "name"), "", t.get("group", str, ""), _required(t, "kind"),
+                              t.get("sectionName", str, "")) for t in items(spec, "targetRefs"))
+    if not targets:
+        raise spec.fail("targetRefs: at least one target is required")
+    validation = spec.get("validation", dict, None)
+    if validation is None:
+        raise spec.fail("validation: required")
+    v = _Fields(f"{spec.key} validation", validation)
+    ca_refs = tuple(ObjectRef(r.get("group", str, ""), _required(r, "kind"), _required(r, "name"))
+                    for r in items(v, "caCertificateRefs"))
+    names = []
+    for alt in items(v, "subjectAltNames"):
+        kind = _required(alt, "type")
+        if kind not in ("Hostname", "URI"):
+            raise alt.fail(f"type {kind!r} is not one of Hostname, URI")
+        names.append(_required(alt, "hostname" if kind == "Hostname" else "uri"))
+    return BackendTLSPolicy(meta(key), targets, ca_refs, v.get("wellKnownCACertificates", str, ""),
+                            _required(v, "hostname"), tuple(names), _generation(f),
+                            f.get("metadata.creationTimestamp", str, ""))
+
+
 CONVERTERS: dict[str, Callable[[ObjectKey, _Fields, str], Any]] = {
     "GatewayClass": gateway_class,
     "KubernetesGateway": gateway,
     "HTTPRoute": http_route,
     "GRPCRoute": grpc_route,
     "ReferenceGrant": reference_grant,
+    "BackendTLSPolicy": backend_tls_policy,
     **{kind: l4_route for kind in L4_ROUTE_KINDS},
 }
 CLUSTER_SCOPED = frozenset({"GatewayClass"})
 # Kind -> plural, for informers, RBAC and the status writer.
 PLURALS = {"GatewayClass": "gatewayclasses", "KubernetesGateway": "gateways", "HTTPRoute": "httproutes",
            "GRPCRoute": "grpcroutes", "TCPRoute": "tcproutes", "TLSRoute": "tlsroutes",
-           "ReferenceGrant": "referencegrants"}
+           "ReferenceGrant": "referencegrants", "BackendTLSPolicy": "backendtlspolicies"}
 
 
 def gateway_api_converter(key: ObjectKey, body: Mapping[str, Any]) -> Callable[[ObjectKey, _Fields, str], Any] | None:

@@ -1,9 +1,9 @@
-"""Writes the Gateway API status the conversion computed (GatewayClass, Gateway, routes), and creates
+"""Writes the Gateway API status the conversion computed (GatewayClass, Gateway, routes, BackendTLSPolicy), and creates
 the GatewayClass `istio` when it is missing, as istiod does. Leader-elected: only one replica writes.
 
 Each pass compares the snapshot's wanted status with the status the informers last saw and patches
 only what differs; a condition unchanged in status keeps its lastTransitionTime. Of a route's
-parents, only those of our controllerName are ours to replace. A failed write is logged and tried
+parents (a policy's ancestors), only those of our controllerNames are ours to replace. A failed write is logged and tried
 again on the next pass.
 """
 
@@ -48,17 +48,19 @@ CONTROLLERS = (CONTROLLER, MESH_CONTROLLER)  # the parents of routes that are ou
 
 
 def merged_status(kind: str, wanted: Mapping[str, Any], current: Mapping[str, Any], now: str) -> dict[str, Any]:
-    """The status to write: `wanted` with the current transition times, and for a route the parents
-    of other controllers kept."""
-    if "parents" in wanted:
+    """The status to write: `wanted` with the current transition times, and for a route's parents (a
+    policy's ancestors) those of other controllers kept."""
+    for entries, ref_key in (("parents", "parentRef"), ("ancestors", "ancestorRef")):
+        if entries not in wanted:
+            continue
         ours = []
-        current_parents = [p for p in current.get("parents") or [] if isinstance(p, dict)]
-        for parent in wanted["parents"]:
-            old = next((p for p in current_parents if p.get("controllerName") in CONTROLLERS
-                        and p.get("parentRef") == parent["parentRef"]), {})
-            ours.append({**parent, "conditions": _with_times(parent["conditions"], old.get("conditions") or [], now)})
-        others = [p for p in current_parents if p.get("controllerName") not in CONTROLLERS]
-        return {**current, "parents": others + ours}
+        current_entries = [p for p in current.get(entries) or [] if isinstance(p, dict)]
+        for entry in wanted[entries]:
+            old = next((p for p in current_entries if p.get("controllerName") in CONTROLLERS
+                        and p.get(ref_key) == entry[ref_key]), {})
+            ours.append({**entry, "conditions": _with_times(entry["conditions"], old.get("conditions") or [], now)})
+        others = [p for p in current_entries if p.get("controllerName") not in CONTROLLERS]
+        return {**current, entries: others + ours}
     status = {**current, **wanted, "conditions": _with_times(wanted["conditions"], current.get("conditions") or [], now)}
     if "listeners" in wanted:
         old_listeners = {x.get("name"): x for x in current.get("listeners") or [] if isinstance(x, dict)}

@@ -79,7 +79,7 @@ def _differ(old: object, new: object) -> bool:
 
 
 def _rule_hosts(previous: Snapshot, current: Snapshot) -> frozenset[str] | None:
-    old, new = previous.config.destination_rules, current.config.destination_rules
+    old, new = previous.config.all_destination_rules, current.config.all_destination_rules
     kept = {id(r) for r in old} & {id(r) for r in new}  # unchanged rules keep their identity
     patterns = frozenset(r.host for r in (*old, *new) if id(r) not in kept)
 

@@ -8,10 +8,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from istiod.model.config import scope
+from istiod.model.config.backend_tls import with_backend_policies
 from istiod.model.config.delegate import merge_delegates
 from istiod.model.config.envoyfilter import EnvoyFilter
 from istiod.model.config.gateway_api import (
-    ConfigMap, GatewayApiConfig, GatewayClass, KubernetesGateway, KubernetesHTTPRoute, ReferenceGrant,
+    BackendTLSPolicy, ConfigMap, GatewayApiConfig, GatewayClass, KubernetesGateway, KubernetesHTTPRoute, ReferenceGrant,
 )
 from istiod.model.config.networking import (
     MESH_GATEWAY, DestinationRule, Gateway, ServiceEntry, Sidecar, VirtualService, WorkloadEntry, WorkloadGroup,
@@ -57,7 +58,8 @@ class ConfigSet:
     tcp_routes: tuple[KubernetesHTTPRoute, ...] = ()
     tls_routes: tuple[KubernetesHTTPRoute, ...] = ()
     reference_grants: tuple[ReferenceGrant, ...] = ()
-    config_maps: tuple[ConfigMap, ...] = ()  # Gateways' parameters (read by their status and deployment)
+    backend_tls_policies: tuple[BackendTLSPolicy, ...] = ()
+    config_maps: tuple[ConfigMap, ...] = ()  # Gateways' parameters, BackendTLSPolicies' CAs
     # What the Gateway API objects above make (the model builder converts them, with Services and
     # Secrets): carried over until the builder converts again.
     gateway_api: GatewayApiConfig = GatewayApiConfig()
@@ -114,6 +116,8 @@ class ConfigSet:
             if (before.virtual_services != after.virtual_services
                     or before.mesh_virtual_services != after.mesh_virtual_services):
                 kinds.add("VirtualService")
+            if before.destination_rules != after.destination_rules:
+                kinds.add("DestinationRule")
         return kinds
 
     def _grouped(self, name: str) -> Mapping[str, list[Any]]:
@@ -125,13 +129,23 @@ class ConfigSet:
         grouped = self._grouped(name)
         return [item for ns in dict.fromkeys(namespaces) for item in grouped.get(ns, ())]
 
+    @property
+    def all_destination_rules(self) -> tuple[DestinationRule, ...]:
+        """The DestinationRules with those BackendTLSPolicies make merged in (backend_tls.py)."""
+        if not self.gateway_api.destination_rules:
+            return self.destination_rules
+        if "merged_destination_rules" not in self._index:  # (_grouped keeps its index by the property's name)
+            self._index["merged_destination_rules"] = with_backend_policies(self.destination_rules,
+                                                                             self.gateway_api.destination_rules)
+        return self._index["merged_destination_rules"]  # type: ignore[no-any-return]
+
     def destination_rule_for(self, proxy_namespace: str, proxy_labels: Mapping[str, str], host: str,
                              service_namespace: str, root_namespace: str) -> DestinationRule | None:
-        grouped = self._grouped("destination_rules")
+        grouped = self._grouped("all_destination_rules")
         # Asked per cluster, per proxy, per push, and most namespaces have none: no list, no walk.
         if not (proxy_namespace in grouped or service_namespace in grouped or root_namespace in grouped):
             return None
-        rules = self._in("destination_rules", proxy_namespace, service_namespace, root_namespace)
+        rules = self._in("all_destination_rules", proxy_namespace, service_namespace, root_namespace)
         return scope.destination_rule_for(rules, proxy_namespace, proxy_labels, host, service_namespace, root_namespace,
                                           self.export_defaults)
 
@@ -166,7 +180,7 @@ class ConfigSet:
         source labels): proxies whose labels agree on these are selected alike by all of them."""
         if "selector_keys" not in self._index:
             selectors = [
-                *(r.workload_selector for r in self.destination_rules), *(s.workload_selector for s in self.sidecars),
+                *(r.workload_selector for r in self.all_destination_rules), *(s.workload_selector for s in self.sidecars),
                 *(e.workload_selector for e in self.service_entries), *(g.selector for g in self.gateways),
                 *(m.source_labels for vs in self.virtual_services for route in vs.http for m in route.match),
                 *(m.source_labels for vs in self.virtual_services for route in (*vs.tcp, *vs.tls) for m in route.match),
@@ -194,7 +208,7 @@ _FIELDS = {
     "RequestAuthentication": "request_authentications", "EnvoyFilter": "envoy_filters",
     "GatewayClass": "gateway_classes", "KubernetesGateway": "kubernetes_gateways", "HTTPRoute": "http_routes",
     "GRPCRoute": "grpc_routes", "TCPRoute": "tcp_routes", "TLSRoute": "tls_routes", "ReferenceGrant": "reference_grants",
-    "ConfigMap": "config_maps",
+    "BackendTLSPolicy": "backend_tls_policies", "ConfigMap": "config_maps",
 }
 GATEWAY_API_KINDS = frozenset({"GatewayClass", "KubernetesGateway", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute",
-                               "ReferenceGrant"})
+                               "ReferenceGrant", "BackendTLSPolicy"})

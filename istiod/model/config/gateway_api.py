@@ -12,15 +12,25 @@ from typing import Any
 
 from istiod.model.config.common import Duration, Labels, Meta, StringMatch
 from istiod.model.labels import Selector
-from istiod.model.config.networking import CorsPolicy, Gateway, HeaderOperations, Headers, Retries, VirtualService
+from istiod.model.config.networking import (
+    CorsPolicy, DestinationRule, Gateway, HeaderOperations, Headers, Retries, VirtualService,
+)
 
 WAYPOINT_CLASS = "istio-waypoint"  # the mesh controller's class: waypoints
+CONTROLLER = "istio.io/gateway-controller"
+MESH_CONTROLLER = "istio.io/mesh-controller"  # waypoints'
 USE_WAYPOINT_LABEL = "istio.io/use-waypoint"  # on a Service or namespace: the waypoint its traffic goes through
 GROUP = "gateway.networking.k8s.io"
 VERSIONS = ("v1", "v1beta1", "v1alpha2")  # every kind is read at v1, which v1.6.0 serves for all
 # The store's kind names: istiod's, so Istio's Gateway keeps "Gateway".
 KIND_NAMES = {"Gateway": "KubernetesGateway"}
 L4_ROUTE_KINDS = ("TCPRoute", "TLSRoute")
+
+
+def condition(type_: str, ok: bool, reason: str, message: str, generation: int) -> dict[str, Any]:
+    """A metav1.Condition without its lastTransitionTime (the status writer keeps or sets it)."""
+    return {"type": type_, "status": "True" if ok else "False", "reason": reason, "message": message,
+            "observedGeneration": generation}
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +45,22 @@ class ConfigMap:
 
 
 DEFAULTS_FOR_CLASS = "gateway.istio.io/defaults-for-class"
+
+
+@dataclass(frozen=True, slots=True)
+class BackendTLSPolicy:
+    """TLS from the proxies to a backend (gateway.networking.k8s.io/v1): the Services (or their named
+    ports) it targets are called over TLS with SNI `hostname`, their certificate verified by the CA of
+    a ConfigMap (`ca.crt`) or the system's, for `hostname` or the subjectAltNames."""
+
+    meta: Meta
+    targets: tuple[ParentRef, ...]  # group, kind, name, section_name (a port's name); namespace the policy's
+    ca_refs: tuple[ObjectRef, ...] = ()
+    well_known: str = ""  # wellKnownCACertificates (`System`)
+    hostname: str = ""
+    subject_alt_names: tuple[str, ...] = ()  # Hostname and URI values, in order
+    generation: int = 0
+    created: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,3 +290,5 @@ class GatewayApiConfig:
     # GAMMA: routes on a Service parent, bound to `mesh` for that Service's host.
     mesh_virtual_services: tuple[VirtualService, ...] = ()
     waypoints: Mapping[tuple[str, str], Waypoint] = field(default_factory=dict)  # by (namespace, name)
+    # BackendTLSPolicies: a DestinationRule for each Service they target, as istiod makes them.
+    destination_rules: tuple[DestinationRule, ...] = ()

@@ -26,13 +26,14 @@ import ipaddress
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from istiod.model.cluster import Namespace
 from istiod.model.config.common import MatchKind, Meta, StringMatch
+from istiod.model.config.backend_tls import backend_tls
 from istiod.model.config.gateway_api import (
-    GROUP, L4_ROUTE_KINDS, USE_WAYPOINT_LABEL, WAYPOINT_CLASS, ConfigMap, FrontendValidation, GatewayApiConfig, StatusKey, GatewayClass, Waypoint, KubernetesGateway, KubernetesHTTPRoute,
+    CONTROLLER, MESH_CONTROLLER, condition, GROUP, L4_ROUTE_KINDS, USE_WAYPOINT_LABEL, WAYPOINT_CLASS, BackendTLSPolicy, ConfigMap, FrontendValidation, GatewayApiConfig, StatusKey, GatewayClass, Waypoint, KubernetesGateway, KubernetesHTTPRoute,
     Listener, ObjectRef, ParentRef, ReferenceGrant, RouteMatch, RouteRule,
 )
 from istiod.model.config.networking import (
@@ -44,9 +45,7 @@ from istiod.model.credentials import CA_SUFFIX, TlsCredential
 from istiod.model.names import DEFAULT_DOMAIN, service_hostname
 from istiod.model.service import Endpoint, Service
 
-CONTROLLER = "istio.io/gateway-controller"
 CLASS = "istio"
-MESH_CONTROLLER = "istio.io/mesh-controller"  # waypoints'
 # The classes istiod creates when missing (ambient is always on here), with their controller and description.
 BUILTIN_CLASSES = {CLASS: (CONTROLLER, "The default Istio GatewayClass"),
                    WAYPOINT_CLASS: (MESH_CONTROLLER, "The default Istio waypoint GatewayClass")}
@@ -59,12 +58,6 @@ _OK = "No errors found"
 _TLS_REASONS = frozenset({"InvalidCertificateRef", "RefNotPermitted", "InvalidCACertificateRef",
                           "InvalidCACertificateKind"})
 
-
-
-def condition(type_: str, ok: bool, reason: str, message: str, generation: int) -> dict[str, Any]:
-    """A metav1.Condition without its lastTransitionTime (the writer keeps or sets it)."""
-    return {"type": type_, "status": "True" if ok else "False", "reason": reason, "message": message,
-            "observedGeneration": generation}
 
 
 def derived_gateway_name(gateway: KubernetesGateway, listener: Listener) -> str:
@@ -107,7 +100,7 @@ class _Inputs:
     namespaces: Mapping[str, Namespace]
     grants: tuple[ReferenceGrant, ...]
     domain: str
-    config_maps: frozenset[tuple[str, str]] = frozenset()  # (namespace, name) of those there: parametersRef's
+    config_maps: Mapping[tuple[str, str], ConfigMap] = field(default_factory=dict)  # parametersRef's, CAs
 
     def permitted(self, from_kind: str, from_namespace: str, to_kind: str, to_namespace: str, to_name: str) -> bool:
         """A reference within a namespace, or one a ReferenceGrant in the target's namespace allows."""
@@ -121,7 +114,8 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
             routes: Iterable[KubernetesHTTPRoute], grants: Iterable[ReferenceGrant], services: Iterable[Service],
             endpoints: Mapping[tuple[str, int], tuple[Endpoint, ...]],
             credentials: Mapping[tuple[str, str], TlsCredential],
-            namespaces: Mapping[str, Namespace], config_maps: Iterable[ConfigMap] = ()) -> GatewayApiConfig:
+            namespaces: Mapping[str, Namespace], config_maps: Iterable[ConfigMap] = (),
+            backend_tls_policies: Iterable[BackendTLSPolicy] = ()) -> GatewayApiConfig:
     classes = list(classes)
     ours = {c.meta.name for c in classes if c.controller_name in (CONTROLLER, MESH_CONTROLLER)}
     mesh_classes = {c.meta.name: dict(c.labels) for c in classes if c.controller_name == MESH_CONTROLLER}
@@ -134,7 +128,7 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
     # Every Service is `<name>.<namespace>.svc.<domain>` with the store's one domain.
     domain = next((s.domain for s in kubernetes.values()), DEFAULT_DOMAIN)
     inputs = _Inputs(kubernetes, endpoints, credentials, namespaces, tuple(grants), domain,
-                     frozenset((c.meta.namespace, c.meta.name) for c in config_maps))
+                     {(c.meta.namespace, c.meta.name): c for c in config_maps})
     statuses: dict[StatusKey, dict[str, Any]] = {}
     for c in classes:
         if c.meta.name in ours:
@@ -162,6 +156,7 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
     # TLSRoutes and TCPRoutes by listener: (route, SNI hosts, its rules).
     bound_l4: dict[tuple[tuple[str, str], str], list[tuple[KubernetesHTTPRoute, list[str], tuple[L4Route, ...]]]] = \
         defaultdict(list)
+    routed_to: dict[tuple[str, str], set[tuple[str, str]]] = defaultdict(set)
     for route in sorted(routes, key=_meta_order):
         parents = []
         l4 = route.kind in L4_ROUTE_KINDS
@@ -198,6 +193,12 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
             attached, denied = _attach(route.meta.namespace, route.hostnames, ref, owned, listeners, inputs, route.kind)
             if denied is None and not attached:
                 continue  # a parent that is not ours: its controller reports it
+            if attached:  # the Services this Gateway sends to: ancestors of their BackendTLSPolicies
+                for rule in route.rules:
+                    for backend in rule.backend_refs:
+                        if (backend.group, backend.kind) == ("", "Service"):
+                            routed_to[(backend.namespace or route.meta.namespace, backend.name)].add(
+                                _gateway_key(ref, route.meta.namespace))
             for state, hosts in attached:
                 state.attached += 1
                 if l4:
@@ -236,8 +237,10 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
         # istiod's name for the merged VirtualService of one (namespace, host): its key, `/` as `~`.
         mesh_services.append(VirtualService(Meta(f"{namespace}~{host}", namespace), (host,), (MESH_GATEWAY,),
                                             tuple(http for _, http in entries), gateway_semantics=True))
+    rules, policy_statuses = backend_tls(backend_tls_policies, inputs.services, inputs.config_maps, routed_to)
+    statuses.update(policy_statuses)
     return GatewayApiConfig(tuple(istio_gateways), tuple(virtual_services), statuses, missing_classes,
-                            tuple(mesh_services), waypoints)
+                            tuple(mesh_services), waypoints, rules)
 
 
 def _waypoint(gateway: KubernetesGateway, status: Mapping[str, Any], class_labels: Mapping[str, str]) -> Waypoint | None:

@@ -96,7 +96,7 @@ def priority_label_keys(snapshot: Snapshot) -> frozenset[str] | None:
     mesh = snapshot.mesh.locality_lb_setting
     settings = [mesh] if mesh is not None else []
     in_use = bool(mesh is not None and mesh.distribute)
-    for rule in snapshot.config.destination_rules:
+    for rule in snapshot.config.all_destination_rules:
         for policy in (rule.traffic_policy, *(s.traffic_policy for s in rule.subsets)):
             layers: tuple[TrafficPolicy | PortTrafficPolicy, ...] = (
                 (policy, *policy.port_level_settings) if policy is not None else ())

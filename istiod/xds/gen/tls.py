@@ -185,8 +185,9 @@ def server_tls(tls: ServerTLS, alpn: Sequence[str], credentials: Sequence[str] =
 
 
 def credential_resource(name: str) -> str:
-    """istiod's SDS name for a credentialName: `kubernetes://<name>`, the Secret of the proxy's namespace."""
-    return name if name.startswith(CREDENTIAL_PREFIX) else CREDENTIAL_PREFIX + name
+    """istiod's SDS name for a credentialName: `kubernetes://<name>`, the Secret of the proxy's namespace;
+    a name with its own type (`configmap://`, `invalid://`) is kept."""
+    return name if "://" in name else CREDENTIAL_PREFIX + name
 
 
 def _credential_sds(common: tls_pb2.CommonTlsContext, tls: ClientTLS, default_sans: Iterable[str]) -> None:

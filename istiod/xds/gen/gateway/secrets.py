@@ -4,7 +4,8 @@ TLS a proxy originates), and `kubernetes://<name>-cacert` its CA (`cacert` or `c
 Secret `<name>-cacert`, else `<name>`); `kubernetes-gateway://<ns>/<name>` a Gateway API
 listener's certificateRef, sent only to a proxy one of whose listeners names it (the conversion
 checked its ReferenceGrant). `<name>-cacert` is the CA verifying a MUTUAL server's clients: the
-`ca.crt` of the Secret `<name>-cacert`, else of `<name>`, as istiod looks. Only to a proxy whose identity was verified (istiod's
+`ca.crt` of the Secret `<name>-cacert`, else of `<name>`, as istiod looks. `configmap://<ns>/<name>-cacert` is the
+CA of a ConfigMap a BackendTLSPolicy names. Only to a proxy whose identity was verified (istiod's
 secure port): over plaintext xDS anyone may claim any namespace, so nothing is sent, as istiod."""
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from envoy.config.core.v3 import base_pb2
 from envoy.extensions.transport_sockets.tls.v3 import common_pb2, secret_pb2
 
 from istiod import logs
+from istiod.model.config.backend_tls import CONFIG_MAP_CREDENTIAL_PREFIX, config_map_ca
+from istiod.model.config.networking import ClientTLS, DestinationRule
 from istiod.model.credentials import TlsCredential
 from istiod.model.proxy import Proxy
 from istiod.model.snapshot import Snapshot
@@ -42,6 +45,14 @@ def secrets(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: Re
     result = []
     referenced: set[str] | None = None
     for name in names:
+        if name.startswith(CONFIG_MAP_CREDENTIAL_PREFIX):
+            root = _config_map_ca(snapshot, name)
+            if root is None:
+                _no_ca.warning(logs.event("configmap CA not found or not named by a BackendTLSPolicy", proxy=proxy.id,
+                                          secret=name))
+                continue
+            result.append(cache.get(types.SECRET, name, root, lambda: ca_secret(name, root)))
+            continue
         if name.startswith(CREDENTIAL_PREFIX) and name.endswith(CA_SUFFIX):
             secret = name.removeprefix(CREDENTIAL_PREFIX)
             ca = snapshot.credentials.get((proxy.namespace, secret))
@@ -85,6 +96,27 @@ def secrets(snapshot: Snapshot, proxy: Proxy, names: list[str] | None, cache: Re
         result.append(cache.get(types.SECRET, name, credential, lambda: tls_secret(name, credential),
                                 scope=proxy.namespace))
     return result
+
+
+def _config_map_ca(snapshot: Snapshot, name: str) -> TlsCredential | None:
+    """`configmap://<ns>/<name>-cacert`: the CA of a ConfigMap a BackendTLSPolicy names (no secret: any
+    proxy may have it, as istiod serves it; other ConfigMaps are not served)."""
+    credential = name.removesuffix(CA_SUFFIX)
+    if not any(tls.credential_name == credential for rule in snapshot.config.gateway_api.destination_rules
+               for tls in _rule_tls(rule)):
+        return None
+    namespace, _, config_map = credential.removeprefix(CONFIG_MAP_CREDENTIAL_PREFIX).partition("/")
+    found = next((c for c in snapshot.config.config_maps
+                  if (c.meta.namespace, c.meta.name) == (namespace, config_map)), None)
+    ca = config_map_ca(dict(found.data)) if found is not None else ""
+    return TlsCredential(config_map, namespace, ca_cert=ca.encode()) if ca else None
+
+
+def _rule_tls(rule: DestinationRule) -> list[ClientTLS]:
+    policy = rule.traffic_policy
+    if policy is None:
+        return []
+    return [tls for tls in (policy.tls, *(p.tls for p in policy.port_level_settings)) if tls is not None]
 
 
 def ca_secret(name: str, credential: TlsCredential) -> secret_pb2.Secret:

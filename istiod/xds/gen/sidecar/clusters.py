@@ -13,6 +13,7 @@ from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2 as http_options_pb2
 from google.protobuf import any_pb2, duration_pb2, struct_pb2, wrappers_pb2
 
+from istiod.model.config.backend_tls import CONFIG_MAP_CREDENTIAL_PREFIX
 from istiod.model.config.networking import ConnectionPool, LocalityLbSetting, Resolution, TLSMode, TrafficPolicy
 from istiod.model.mesh import OutboundTrafficPolicy
 from istiod.model.names import inbound_cluster_name, outbound_cluster_name, parse_cluster_name
@@ -163,7 +164,9 @@ def outbound_cluster(target: OutboundPort, name: str, endpoints: tuple[Endpoint,
         del cluster.transport_socket_matches[:]  # plaintext to every endpoint (istiod: no auto mTLS outside the mesh)
     if tls is not None:
         del cluster.transport_socket_matches[:]
-        if tls.mode in (TLSMode.SIMPLE, TLSMode.MUTUAL) and tls.credential_name and not credentials:
+        # (A ConfigMap's CA is no secret: every sidecar may have it, as istiod.)
+        if (tls.mode in (TLSMode.SIMPLE, TLSMode.MUTUAL) and tls.credential_name and not credentials
+                and not tls.credential_name.startswith(CONFIG_MAP_CREDENTIAL_PREFIX)):
             cluster.transport_socket.CopyFrom(raw_buffer())  # istiod builds no TLS context
         elif tls.mode in (TLSMode.SIMPLE, TLSMode.MUTUAL):
             # ALPN h2 on an HTTP/2 cluster (an h2 upgrade included), as istiod's isHttp2Cluster.
