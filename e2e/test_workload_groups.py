@@ -11,6 +11,7 @@ import http.server
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -248,6 +249,10 @@ async def test_istios_pilot_agent_registers_a_vm_and_reports_its_health(
         except AssertionError:
             print(agent.log()[-3000:])
             print("entry:", await healthy())
+            for path in ("ready", "stats?filter=^(cluster_manager|listener_manager|server\\.state)", "config_dump?resource=dynamic_warming_clusters"):
+                shown = subprocess.run(vm.exec_args("curl", "-s", "-m", "5", f"http://127.0.0.1:15000/{path}"),
+                                       capture_output=True, text=True, timeout=10)
+                print(f"envoy /{path}:", shown.stdout[-2000:])
             print("\n".join(line for line in istiod.text().splitlines() if "level=info" not in line)[-6000:])
             raise
     finally:
