@@ -42,7 +42,7 @@ from e2e.gateway_api_crds import install_gateway_api_crds  # noqa: E402
 from e2e.harness import Cluster  # noqa: E402
 from e2e.istio_crds import install_crds  # noqa: E402
 from istiod.kubeapi import api_client  # noqa: E402
-from reference import built_reference, start_reference  # noqa: E402
+from reference import add_reference_argument, reference_binary, start_reference  # noqa: E402
 from envoy.config.route.v3 import route_pb2  # noqa: E402
 from google.protobuf import json_format  # noqa: E402
 from tests.ads_client import AdsClient  # noqa: E402
@@ -329,10 +329,9 @@ def compare(theirs: dict[str, dict[str, Any]], ours: dict[str, dict[str, Any]]) 
 
 async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reference", default=built_reference())
+    add_reference_argument(parser)
     args = parser.parse_args()
-    if not args.reference:
-        raise SystemExit("no pilot-discovery: run bash /work/shared/reference-istiod/build.sh")
+    args.reference = reference_binary(parser, args)
     workdir = Path(tempfile.mkdtemp(prefix="gwapi-compare-"))
     (workdir / "cluster").mkdir()
     cluster = Cluster(workdir / "cluster")

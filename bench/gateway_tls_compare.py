@@ -34,7 +34,7 @@ sys.path.insert(1, str(Path(__file__).parent.parent))
 from e2e.harness import Cluster  # noqa: E402
 from e2e.istio_crds import install_crds  # noqa: E402
 from istiod.kubeapi import api_client  # noqa: E402
-from reference import built_reference, start_reference  # noqa: E402
+from reference import add_reference_argument, reference_binary, start_reference  # noqa: E402
 from envoy.config.listener.v3 import listener_pb2  # noqa: E402
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2  # noqa: E402
 from envoy.extensions.transport_sockets.tls.v3 import tls_pb2  # noqa: E402
@@ -172,10 +172,9 @@ def compare(theirs: dict[str, Any], ours: dict[str, Any]) -> int:
 
 async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reference", default=built_reference())
+    add_reference_argument(parser)
     args = parser.parse_args()
-    if not args.reference:
-        raise SystemExit("no pilot-discovery: run bash /work/shared/reference-istiod/build.sh")
+    args.reference = reference_binary(parser, args)
     workdir = Path(tempfile.mkdtemp(prefix="gw-tls-compare-"))
     (workdir / "cluster").mkdir()
     cluster = Cluster(workdir / "cluster")

@@ -27,7 +27,7 @@ from google.protobuf import struct_pb2
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(1, str(Path(__file__).parent.parent))
 from adsexchange import until_quiet  # noqa: E402
-from reference import built_reference  # noqa: E402
+from reference import add_reference_argument, reference_binary  # noqa: E402
 from wds_compare import side_by_side  # noqa: E402
 
 CLUSTER = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
@@ -67,13 +67,11 @@ async def held(address: str, network: str) -> list[tuple[str, int, int, str]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reference", help="Istio's pilot-discovery (default: the one build.sh cached)")
+    add_reference_argument(parser)
     parser.add_argument("--mesh", type=Path,
                         default=Path(__file__).parent.parent / "tests" / "data" / "multinetwork-compare-mesh.yaml")
     args = parser.parse_args()
-    binary = args.reference or built_reference()
-    if not binary:
-        parser.error("no Istio pilot-discovery: build it with shared/reference-istiod/build.sh or give --reference")
+    binary = reference_binary(parser, args)
     networks = ("n1", "n2", "n4", "")
     with side_by_side(binary, args.mesh, "multinetwork-compare-", MESH_NETWORKS) as (reference_addr, our_addr):
         istio = {n: asyncio.run(held(reference_addr, n)) for n in networks}

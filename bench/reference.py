@@ -3,6 +3,7 @@ kube-apiserver, to compare with: a dev tool, CI has no such binary."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import glob
 import os
@@ -17,6 +18,18 @@ from tests.peers import free_port, stop_group
 def built_reference() -> str | None:
     """The pilot-discovery that build.sh cached, if any."""
     return next(iter(sorted(glob.glob(os.path.expanduser("~/.cache/real-istiod/*/pilot-discovery")))), None)
+
+
+def add_reference_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--reference", help="Istio's pilot-discovery (default: the one build.sh cached)")
+
+
+def reference_binary(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """--reference, else the cached build; the tool stops with one line when there is neither."""
+    binary: str | None = args.reference or built_reference()
+    if not binary:
+        parser.error("no Istio pilot-discovery: build it with shared/reference-istiod/build.sh or give --reference")
+    return binary
 
 
 def start_reference(binary: str, kubeconfig: Path, workdir: Path, revision: str = "default",

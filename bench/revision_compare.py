@@ -29,7 +29,7 @@ from e2e.harness import Cluster  # noqa: E402
 from e2e.istio_crds import create_istio_object, install_crds  # noqa: E402
 from e2e.kube_objects import ensure_namespace  # noqa: E402
 from istiod.kubeapi import api_client  # noqa: E402
-from reference import built_reference, start_reference  # noqa: E402
+from reference import add_reference_argument, reference_binary, start_reference  # noqa: E402
 from tests.peers import Istiod, free_port, stop_group  # noqa: E402
 
 LOCK, RECORD = "istio-namespace-controller-election", "control-plane.alpha.kubernetes.io/leader"
@@ -123,11 +123,9 @@ def run(binary: str, istio_revision: str) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reference", help="Istio's pilot-discovery (default: the one build.sh cached)")
+    add_reference_argument(parser)
     args = parser.parse_args()
-    binary = args.reference or built_reference()
-    if not binary:
-        parser.error("no Istio pilot-discovery: build it with shared/reference-istiod/build.sh or give --reference")
+    binary = reference_binary(parser, args)
     sys.exit(max(run(binary, "default"), run(binary, "py")))
 
 

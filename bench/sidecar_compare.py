@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(1, str(Path(__file__).parent.parent))
 from wds_compare import print_fields, side_by_side  # noqa: E402
 from adsexchange import until_quiet  # noqa: E402
-from reference import built_reference  # noqa: E402
+from reference import add_reference_argument, reference_binary  # noqa: E402
 
 from istiod import prototypes  # noqa: E402
 
@@ -195,7 +195,7 @@ def _diff_chains(theirs: dict[str, Any], mine: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reference", help="Istio's pilot-discovery (default: the one build.sh cached)")
+    add_reference_argument(parser)
     parser.add_argument("--mesh", type=Path,
                         default=Path(__file__).parent.parent / "tests" / "data" / "sidecar-shape-mesh.yaml")
     parser.add_argument("--node", default=NODE, help="the sidecar's node ID")
@@ -204,9 +204,7 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="compare every field, not the shape")
     parser.add_argument("--dump", type=Path, help="write both sides' resources as JSON into this directory")
     args = parser.parse_args()
-    binary = args.reference or built_reference()
-    if not binary:
-        parser.error("no Istio pilot-discovery: build it with shared/reference-istiod/build.sh or give --reference")
+    binary = reference_binary(parser, args)
     # Istio-only filters upstream Envoy NACKs: off, as a working Istio mesh on upstream Envoy has them.
     os.environ.update(PILOT_ENABLE_METADATA_EXCHANGE="false", PILOT_ENABLE_ALPN_FILTER="false")
     with side_by_side(binary, args.mesh, "sidecar-compare-") as (reference_addr, our_addr):

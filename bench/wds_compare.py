@@ -41,7 +41,7 @@ from e2e.istio_crds import create_istio_object, install_crds  # noqa: E402
 from istiod.gen.istio.security import authorization_pb2  # noqa: E402
 from istiod.gen.istio.workload import workload_pb2  # noqa: E402
 from istiod.kubeapi import api_client  # noqa: E402
-from reference import built_reference, start_reference  # noqa: E402
+from reference import add_reference_argument, reference_binary, start_reference  # noqa: E402
 from tests.peers import stop_group  # noqa: E402
 
 ADDRESS = "type.googleapis.com/istio.workload.Address"
@@ -193,12 +193,10 @@ def side_by_side(binary: str, mesh: Path, prefix: str, mesh_networks: str = "") 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reference", help="Istio's pilot-discovery (default: the one build.sh cached)")
+    add_reference_argument(parser)
     parser.add_argument("--mesh", type=Path, default=Path(__file__).parent.parent / "tests" / "data" / "ambient-mesh.yaml")
     args = parser.parse_args()
-    binary = args.reference or built_reference()
-    if not binary:
-        parser.error("no Istio pilot-discovery: build it with shared/reference-istiod/build.sh or give --reference")
+    binary = reference_binary(parser, args)
     with side_by_side(binary, args.mesh, "wds-compare-") as (reference_addr, our_addr):
         istio_held, our_held = asyncio.run(held(reference_addr)), asyncio.run(held(our_addr))
         differences = diff(istio_held, our_held)

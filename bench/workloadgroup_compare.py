@@ -38,7 +38,7 @@ sys.path.insert(1, str(Path(__file__).parent.parent))
 from load import SERVICE_CIDR, Server  # noqa: E402
 from e2e.harness import Cluster  # noqa: E402
 from istiod.kubeapi import api_client  # noqa: E402
-from reference import built_reference, start_reference  # noqa: E402
+from reference import add_reference_argument, reference_binary, start_reference  # noqa: E402
 from tests.peers import stop_group  # noqa: E402
 from wds_compare import load_mesh  # noqa: E402
 
@@ -139,11 +139,9 @@ async def compare(kubeconfig: Path, sides: dict[str, tuple[str, str]]) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reference", help="Istio's pilot-discovery (default: the one build.sh cached)")
+    add_reference_argument(parser)
     args = parser.parse_args()
-    binary = args.reference or built_reference()
-    if not binary:
-        parser.error("no Istio pilot-discovery: build it with shared/reference-istiod/build.sh or give --reference")
+    binary = reference_binary(parser, args)
     os.environ.update(ISTIO_WORKLOAD_ENTRY_VALIDATE_IDENTITY="false", PILOT_WORKLOAD_ENTRY_GRACE_PERIOD="2s")
     with tempfile.TemporaryDirectory(prefix="wg-compare-") as tmp, contextlib.ExitStack() as stack:
         workdir = Path(tmp)
