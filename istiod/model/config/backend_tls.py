@@ -13,14 +13,16 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from istiod.model.config.common import Meta
 from istiod.model.config.gateway_api import (
     CONTROLLER, GROUP, MESH_CONTROLLER, BackendTLSPolicy, ConfigMap, ParentRef, StatusKey, condition,
 )
 from istiod.model.config.networking import ClientTLS, DestinationRule, PortTrafficPolicy, TLSMode, TrafficPolicy
-from istiod.model.service import Service
+
+if TYPE_CHECKING:  # (istiod.model.service imports this package: only its type here)
+    from istiod.model.service import Service
 
 CONFIG_MAP_CREDENTIAL_PREFIX = "configmap://"  # istiod's SDS name of a ConfigMap's CA: configmap://<ns>/<name>
 INVALID_CREDENTIAL = "invalid://"  # a CA that cannot be resolved: never served, so the TLS fails (as istiod)
