@@ -193,6 +193,13 @@ async def test_istios_pilot_agent_registers_a_vm_and_reports_its_health(
         "apiVersion": "networking.istio.io/v1", "kind": "WorkloadGroup", "metadata": {"name": "vms", "namespace": ns},
         "spec": {"metadata": {"labels": {"app": "db"}}, "template": {"serviceAccount": "db"},
                  "probe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1}}})
+    # The VM sees its own namespace only (a Sidecar, as Istio advises for VMs): in full e2e runs, with every
+    # earlier test's Services in view, pilot-agent's Envoy at times stayed PRE_INITIALIZING with its ~30 mTLS
+    # clusters warming, never asking for EDS (they wait on the "default"/"ROOTCA" secrets of pilot-agent's own
+    # SDS) while istiod had sent CDS and had it ACKed; not explained yet (the note of the change says so).
+    await create_istio_object(kube, {
+        "apiVersion": "networking.istio.io/v1", "kind": "Sidecar", "metadata": {"name": "default", "namespace": ns},
+        "spec": {"egress": [{"hosts": ["./*"]}]}})
     istiod = start_istiod_sa("istiod-pa")
     sweep()
     node = Node()
@@ -249,11 +256,14 @@ async def test_istios_pilot_agent_registers_a_vm_and_reports_its_health(
         except AssertionError:
             print(agent.log()[-3000:])
             print("entry:", await healthy())
-            for path in ("ready", "stats?filter=^(cluster_manager|listener_manager|server\\.state)", "config_dump?resource=dynamic_warming_clusters"):
+            for path in ("ready", "stats?filter=^(cluster_manager|listener_manager|server\\.state|sds\\.|cluster\\.sds-grpc\\.upstream_cx)",
+                         "config_dump?resource=dynamic_warming_clusters"):
                 shown = subprocess.run(vm.exec_args("curl", "-s", "-m", "5", f"http://127.0.0.1:15000/{path}"),
                                        capture_output=True, text=True, timeout=10)
                 print(f"envoy /{path}:", shown.stdout[-2000:])
             print("\n".join(line for line in istiod.text().splitlines() if "level=info" not in line)[-6000:])
+            print("istiod syncz:", str(istiod.get("/debug/syncz")[1])[-3000:])
+            print("istiod ads lines:", "\n".join(line for line in istiod.text().splitlines() if "ads" in line)[-3000:])
             raise
     finally:
         for process in reversed(processes):

@@ -79,9 +79,11 @@ class GatewayDeployer:
                 continue
             for body in bodies:
                 wanted[(body["kind"], gateway.meta.namespace, body["metadata"]["name"])] = body
+        # A refused Gateway wants nothing, before and after its deletion: its going is a change too.
+        gone_or_new = refused.keys() != self._refused.keys()
         self._refused = refused
         now = time.monotonic()
-        if wanted == self._wanted and now - self._listed < RESYNC:
+        if wanted == self._wanted and not gone_or_new and now - self._listed < RESYNC:
             return  # nothing changed here; what changed in the cluster is found at the next resync
         try:
             existing = await self._existing()
