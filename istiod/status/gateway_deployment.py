@@ -41,8 +41,23 @@ RESYNC = 30.0  # seconds: the cluster's objects are listed when a Gateway change
 class GatewayDeployer:
     def __init__(self, api: client.ApiClient, store: Store, variables: Callable[[], Mapping[str, str]],
                  system_namespace: str, interval: float = 2.0) -> None:
-        self.core, self.apps = client.CoreV1Api(api), client.AppsV1Api(api)
-        self.autoscaling, self.policy = client.AutoscalingV2Api(api), client.PolicyV1Api(api)
+        core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+        autoscaling, policy = client.AutoscalingV2Api(api), client.PolicyV1Api(api)
+        # By kind, in the order istiod applies them: the calls that list (all namespaces), apply and delete it.
+        self._calls: dict[str, tuple[Any, Any, Any]] = {
+            "ServiceAccount": (core.list_service_account_for_all_namespaces, core.patch_namespaced_service_account,
+                               core.delete_namespaced_service_account),
+            "Deployment": (apps.list_deployment_for_all_namespaces, apps.patch_namespaced_deployment,
+                           apps.delete_namespaced_deployment),
+            "Service": (core.list_service_for_all_namespaces, core.patch_namespaced_service,
+                        core.delete_namespaced_service),
+            "HorizontalPodAutoscaler": (autoscaling.list_horizontal_pod_autoscaler_for_all_namespaces,
+                                        autoscaling.patch_namespaced_horizontal_pod_autoscaler,
+                                        autoscaling.delete_namespaced_horizontal_pod_autoscaler),
+            "PodDisruptionBudget": (policy.list_pod_disruption_budget_for_all_namespaces,
+                                    policy.patch_namespaced_pod_disruption_budget,
+                                    policy.delete_namespaced_pod_disruption_budget),
+        }
         self.custom = client.CustomObjectsApi(api)
         self.store = store
         self.variables = variables
@@ -110,11 +125,7 @@ class GatewayDeployer:
         """The objects of our class's Gateways, with their owner Gateway's (name, uid)."""
         selector = f"{CLASS_NAME_LABEL} in ({','.join(DEPLOYED_CLASSES)})"
         found: dict[_Key, tuple[str, str]] = {}
-        for kind, listing in (("ServiceAccount", self.core.list_service_account_for_all_namespaces),
-                              ("Deployment", self.apps.list_deployment_for_all_namespaces),
-                              ("Service", self.core.list_service_for_all_namespaces),
-                              ("HorizontalPodAutoscaler", self.autoscaling.list_horizontal_pod_autoscaler_for_all_namespaces),
-                              ("PodDisruptionBudget", self.policy.list_pod_disruption_budget_for_all_namespaces)):
+        for kind, (listing, _, _) in self._calls.items():
             result = await listing(label_selector=selector)
             for item in result.items:
                 owner = next((o for o in item.metadata.owner_references or []
@@ -126,12 +137,7 @@ class GatewayDeployer:
     async def _apply(self, key: _Key, body: dict[str, Any]) -> None:
         kind, namespace, name = key
         options: dict[str, Any] = {"field_manager": CONTROLLER, "force": True, "_content_type": APPLY_PATCH}
-        patch = {"ServiceAccount": self.core.patch_namespaced_service_account,
-                 "Deployment": self.apps.patch_namespaced_deployment,
-                 "Service": self.core.patch_namespaced_service,
-                 "HorizontalPodAutoscaler": self.autoscaling.patch_namespaced_horizontal_pod_autoscaler,
-                 "PodDisruptionBudget": self.policy.patch_namespaced_pod_disruption_budget}[kind]
-        await patch(name, namespace, body, **options)
+        await self._calls[kind][1](name, namespace, body, **options)
 
     async def _delete_if_orphaned(self, key: _Key, owner: tuple[str, str]) -> None:
         """Deletes an object whose owner Gateway the API server does not have (its informer may lag)."""
@@ -147,11 +153,7 @@ class GatewayDeployer:
         except API_ERRORS as error:
             log.warning(logs.event("gateway not read", gateway=f"{namespace}/{owner[0]}", error=describe_error(error)))
             return
-        delete = {"ServiceAccount": self.core.delete_namespaced_service_account,
-                  "Deployment": self.apps.delete_namespaced_deployment,
-                  "Service": self.core.delete_namespaced_service,
-                  "HorizontalPodAutoscaler": self.autoscaling.delete_namespaced_horizontal_pod_autoscaler,
-                  "PodDisruptionBudget": self.policy.delete_namespaced_pod_disruption_budget}[kind]
+        delete = self._calls[kind][2]
         try:
             await delete(name, namespace)
             log.info(logs.event("gateway deployment deleted", kind=kind, object=f"{namespace}/{name}",
