@@ -7,7 +7,6 @@ import contextlib
 import dataclasses
 import errno
 import functools
-import gc
 import json
 import logging
 import signal
@@ -41,7 +40,7 @@ from istiod.leader import LeaderElection
 from istiod.status.gateway_api import GatewayStatusWriter
 from istiod.status.gateway_deployment import GatewayDeployer
 from istiod.listen import listen_tcp
-from istiod.memory import trim_when_free
+from istiod.memory import settle_heap, trim_when_free
 from istiod.model.mesh import MeshConfig
 from istiod.model.names import join_host_port
 from istiod.revision import injector_configmap, mesh_configmap
@@ -373,16 +372,7 @@ class Discovery:
         assert self.source is not None
         await self.source.synced.wait()
         self.pusher.publish(full=True)
-        # The mesh as first synced mostly lives as long as the process: out of the cyclic GC's
-        # reach, the full collections that a connect storm's growth triggers do not walk it again
-        # and again (bench/connect.py: GC during a storm of 2000 from 1.0 to 0.6 s CPU).
-        gc.collect()
-        gc.freeze()
-        # Collections rarer than Python's default (700, 10, 10): a push to thousands of connections
-        # allocates far more than 700 objects, live across the clients' round trips, so each was walked
-        # again and again; and under endpoint churn, which makes no cyclic garbage, a full collection of
-        # 0.2 s (2000 connections) ran every 12 s. A load bench (bench/load.py, N=2000): GC CPU 3.1 -> 0.6 s.
-        gc.set_threshold(20_000, 20, 20)
+        settle_heap()
         self.ads.ready = True
         if self.workers is not None:
             self.workers.set_ready(True)

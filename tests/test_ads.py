@@ -16,7 +16,7 @@ from google.protobuf import struct_pb2
 from google.rpc import status_pb2
 
 from istiod.sources.store import Store
-from istiod.xds import types
+from istiod.xds import types, wire
 from istiod.xds.pusher import Pusher
 from istiod.xds.server import DiscoveryServer, add_to_server
 
@@ -148,6 +148,41 @@ async def test_ack_nack_stale_nonce_and_subscription_change(ads, caplog: pytest.
     assert endpoints.type_url == types.ENDPOINT and len(endpoints.resources) == 1
     stream.send(types.ENDPOINT, [cluster_a, "outbound|80||b.demo.svc.cluster.local"], endpoints.nonce)
     assert len((await stream.receive()).resources) == 2  # names changed with the ACK: answered
+
+
+def test_names_key_tells_acks_of_the_same_names_apart_from_others() -> None:
+    def key(names: list[str], version: str = "v1", nonce: str = "n1", error: str = "") -> int | None:
+        request = discovery_pb2.DiscoveryRequest(version_info=version, resource_names=names, type_url=types.ENDPOINT,
+                                                 response_nonce=nonce)
+        if error:
+            request.error_detail.CopyFrom(status_pb2.Status(code=3, message=error))
+        return wire.names_key(request.SerializeToString(), request)
+
+    names = [f"outbound|80||svc-{i}.demo.svc.cluster.local" for i in range(100)]
+    assert key(names) is not None and key(names) == key(names, "v2", "n2") == key(names, "", "a-much-longer-nonce")
+    assert key(names) != key([*names[:-1], "outbound|80||other.demo.svc.cluster.local"])
+    assert key(names) != key(names[::-1])
+    assert key(names, nonce="") is None  # not an answer to a response
+    assert key(names, error="rejected") is None  # a NACK: its error comes after the nonce
+
+
+async def test_an_ack_naming_other_resources_as_many_as_before_is_answered(ads) -> None:
+    store, pusher, discovery, stub = ads
+    stream = Stream(stub)
+    cluster_a, cluster_b = "outbound|80||a.demo.svc.cluster.local", "outbound|80||b.demo.svc.cluster.local"
+    stream.send(types.ENDPOINT, [cluster_a])
+    endpoints = await stream.receive()
+    stream.send(types.ENDPOINT, [cluster_a], endpoints.nonce, endpoints.version_info)
+    await stream.nothing()
+    (connection,) = discovery.connections.values()
+    watched = connection.watched[types.ENDPOINT]
+    assert watched.names_key is not None and watched.names == [cluster_a]
+    stream.send(types.ENDPOINT, [cluster_a], endpoints.nonce, endpoints.version_info)  # the same ACK again
+    await stream.nothing()
+    stream.send(types.ENDPOINT, [cluster_b], endpoints.nonce, endpoints.version_info)
+    answer = await stream.receive()
+    assert [endpoint_pb2.ClusterLoadAssignment.FromString(r.value).cluster_name for r in answer.resources] == [cluster_b]
+    assert watched.names == [cluster_b]
 
 
 async def test_push_goes_only_where_resources_changed(ads) -> None:

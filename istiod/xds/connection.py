@@ -101,6 +101,7 @@ class WatchedResource:
     sent: dict[str, Resource] = field(default_factory=dict)  # what the last response held (a Held once sent)
     acked: dict[str, Resource] = field(default_factory=dict)  # what the last ACKed response held
     sent_at: float = 0.0
+    names_key: int | None = None  # wire.names_key of the request that named `names` (SotW)
 
     @property
     def rejection(self) -> str:
@@ -170,6 +171,8 @@ class Connection:
         # The one slot, and a future for whoever waits on it: an asyncio.Queue and Event would keep
         # four deques, about 3 kB, on each of thousands of mostly idle connections.
         self._request: Request | Closed | None = None
+        self._request_key: int | None = None  # wire.names_key of the request in the slot
+        self.names_key: int | None = None  # of the request next_event last returned
         self._taken: asyncio.Future[None] | None = None  # the reader waits on it while the slot is full
         self._woken: asyncio.Future[None] | None = None  # the connection's task waits on it for an event
         self._push_queued = False
@@ -186,12 +189,13 @@ class Connection:
             self._labelled_by = workload
             self.proxy = with_workload_labels(self.node, None if workload is None else workload.labels)
 
-    async def received(self, request: Request | Closed) -> None:
-        """From the reader: waits while the previous request is still unhandled."""
+    async def received(self, request: Request | Closed, names_key: int | None = None) -> None:
+        """From the reader: waits while the previous request is still unhandled. `names_key`: the
+        request's wire.names_key, if the reader had its bytes."""
         while self._request is not None:
             self._taken = self._loop.create_future()
             await self._taken
-        self._request = request
+        self._request, self._request_key = request, names_key
         _resolve(self._woken)
 
     def request_push(self, scope: PushScope | None = None) -> None:
@@ -219,7 +223,7 @@ class Connection:
         # Requests first, as istiod does: they are cheap (mostly ACKs) and a starting client waits on them.
         while True:
             if (request := self._request) is not None:
-                self._request = None
+                self._request, self.names_key = None, self._request_key
                 _resolve(self._taken)
                 return request
             held = self._unanswered() if self._push_queued else 0.0

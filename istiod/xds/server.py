@@ -255,11 +255,15 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             # Stale, names and all: a reply to a response the client has since been sent a newer one of
             # (under churn many are: pushes overtake the replies to earlier ones).
             return []
-        requested = request.resource_names
-        if (watched is not None and watched.names is not None and request.response_nonce
+        requested, key = request.resource_names, connection.names_key
+        if watched is not None and watched.names is not None and key is not None and key == watched.names_key:
+            # An ACK naming what is watched (an Envoy's EDS ACK names every cluster, once per response),
+            # told by the fingerprint of its bytes.
+            names = watched.names
+        elif (watched is not None and watched.names is not None and request.response_nonce
                 and len(requested) == len(watched.names) and requested == watched.names):
-            # An ACK naming what is watched (an Envoy's EDS ACK names every cluster, once per response):
-            # compared as it is, not made a list of interned names again (three times the cost).
+            # The same, from a client that lays its requests out otherwise: compared as it is, not made a
+            # list of interned names again (three times the cost).
             names = watched.names
         else:
             # A name asked for twice is sent once; interned, so the connections asking for it share one string.
@@ -283,7 +287,8 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         watched.version_acked = watched.version_sent if request.version_info == watched.version_sent else request.version_info
         watched.acked = watched.sent
         watched.last_error = ""
-        if watched.names is not None and names != watched.names:
+        watched.names_key = key
+        if watched.names is not None and names is not watched.names and names != watched.names:
             watched.names = names
             self.watchers.watch(connection, type_url, names)
             return [self._respond(watched, snapshot, self._generate(connection, watched, snapshot))]
@@ -543,17 +548,19 @@ class _Envelope:
     (some 100 kB of protobuf per connection, for as long as it stays idle). The stream takes the message
     out, so grpcio keeps only the empty envelope."""
 
-    __slots__ = ("message",)
+    __slots__ = ("message", "names_key")
 
-    def __init__(self, message: Request | None) -> None:
+    def __init__(self, message: Request | None, names_key: int | None = None) -> None:
         self.message = message
+        self.names_key = names_key  # wire.names_key of a SotW request
 
 
 Incoming: TypeAlias = "Request | _Envelope"  # what a stream reads: enveloped from grpcio, bare from others
 
 
 def _sotw_request(data: bytes) -> _Envelope:
-    return _Envelope(discovery_pb2.DiscoveryRequest.FromString(data))
+    request = discovery_pb2.DiscoveryRequest.FromString(data)
+    return _Envelope(request, wire.names_key(data, request))
 
 
 def _delta_request(data: bytes) -> _Envelope:
@@ -602,7 +609,7 @@ async def _read(requests: AsyncIterator[Incoming], connection: Connection) -> No
     closed = Closed()
     try:
         async for item in requests:
-            await connection.received(_taken(item))
+            await connection.received(_taken(item), item.names_key if isinstance(item, _Envelope) else None)
             del item  # handled by the connection's task: not held while the next is read
     except grpc.aio.AioRpcError:
         pass

@@ -62,3 +62,20 @@ def delta(version: str, type_url: str, nonce: str, resources: list[Resource], re
     header = discovery_pb2.DeltaDiscoveryResponse(system_version_info=version, type_url=type_url, nonce=nonce,
                                                   removed_resources=removed)
     return Outgoing(type_url, nonce, header.SerializeToString(), resources, delta=True)
+
+
+def names_key(data: bytes, request: discovery_pb2.DiscoveryRequest) -> int | None:
+    """A fingerprint of a state-of-the-world ACK's bytes but its version_info and response_nonce, which
+    Envoy, gRPC and Go write first and last: two such requests of one stream with the same fingerprint
+    name the same resources of the same type. An idle Envoy's EDS ACK names every cluster it knows;
+    telling it from the last request by this (a hash of its bytes, 10 us for 1000 names) is four to
+    eight times cheaper than comparing the names as strings. None when the request has no nonce or is
+    not laid out so. A client that crafts a request to collide only keeps its own stream on the names it
+    asked for before."""
+    if not request.response_nonce:
+        return None
+    head = discovery_pb2.DiscoveryRequest(version_info=request.version_info).SerializeToString()
+    tail = discovery_pb2.DiscoveryRequest(response_nonce=request.response_nonce).SerializeToString()
+    if not data.startswith(head) or not data.endswith(tail) or len(data) < len(head) + len(tail):
+        return None
+    return hash(data[len(head):len(data) - len(tail)])

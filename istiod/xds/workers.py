@@ -59,7 +59,7 @@ from istiod.debug import connections
 from istiod.connlimit import HANDSHAKE_TIMEOUT, IDLE_TIMEOUT
 from istiod.debug.connections import Question, Unanswered
 from istiod.eventloop import run_fast
-from istiod.memory import trim_when_free
+from istiod.memory import settle_heap, trim_when_free
 from istiod.model.builder import build_snapshot
 from istiod.model.mesh import MeshConfig
 from istiod.model.names import join_host_port
@@ -446,6 +446,7 @@ class _Worker:
                 # Only now, with the whole snapshot built: a worker that listened before would refuse
                 # its share of the new streams (UNAVAILABLE) while the others could serve them.
                 if message.ready and not listening:
+                    settle_heap()  # the whole snapshot is built, as the main process's when it turns ready
                     await self.server.start()
                     if self.secure is not None:
                         await self.secure.start()
