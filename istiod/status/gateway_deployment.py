@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -38,25 +38,33 @@ _Key = tuple[str, str, str]  # (kind, namespace, name)
 RESYNC = 30.0  # seconds: the cluster's objects are listed when a Gateway changes, and at least this often
 
 
+class _KindCalls(NamedTuple):
+    """The API calls for one deployed kind: list it in all namespaces, apply it, delete it."""
+
+    list_all: Any
+    apply: Any
+    delete: Any
+
+
 class GatewayDeployer:
     def __init__(self, api: client.ApiClient, store: Store, variables: Callable[[], Mapping[str, str]],
                  system_namespace: str, interval: float = 2.0) -> None:
         core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
         autoscaling, policy = client.AutoscalingV2Api(api), client.PolicyV1Api(api)
-        # By kind, in the order istiod applies them: the calls that list (all namespaces), apply and delete it.
-        self._calls: dict[str, tuple[Any, Any, Any]] = {
-            "ServiceAccount": (core.list_service_account_for_all_namespaces, core.patch_namespaced_service_account,
-                               core.delete_namespaced_service_account),
-            "Deployment": (apps.list_deployment_for_all_namespaces, apps.patch_namespaced_deployment,
-                           apps.delete_namespaced_deployment),
-            "Service": (core.list_service_for_all_namespaces, core.patch_namespaced_service,
-                        core.delete_namespaced_service),
-            "HorizontalPodAutoscaler": (autoscaling.list_horizontal_pod_autoscaler_for_all_namespaces,
-                                        autoscaling.patch_namespaced_horizontal_pod_autoscaler,
-                                        autoscaling.delete_namespaced_horizontal_pod_autoscaler),
-            "PodDisruptionBudget": (policy.list_pod_disruption_budget_for_all_namespaces,
-                                    policy.patch_namespaced_pod_disruption_budget,
-                                    policy.delete_namespaced_pod_disruption_budget),
+        # By kind, in the order istiod applies them.
+        self._calls: dict[str, _KindCalls] = {
+            "ServiceAccount": _KindCalls(core.list_service_account_for_all_namespaces,
+                                         core.patch_namespaced_service_account, core.delete_namespaced_service_account),
+            "Deployment": _KindCalls(apps.list_deployment_for_all_namespaces, apps.patch_namespaced_deployment,
+                                     apps.delete_namespaced_deployment),
+            "Service": _KindCalls(core.list_service_for_all_namespaces, core.patch_namespaced_service,
+                                  core.delete_namespaced_service),
+            "HorizontalPodAutoscaler": _KindCalls(autoscaling.list_horizontal_pod_autoscaler_for_all_namespaces,
+                                                  autoscaling.patch_namespaced_horizontal_pod_autoscaler,
+                                                  autoscaling.delete_namespaced_horizontal_pod_autoscaler),
+            "PodDisruptionBudget": _KindCalls(policy.list_pod_disruption_budget_for_all_namespaces,
+                                              policy.patch_namespaced_pod_disruption_budget,
+                                              policy.delete_namespaced_pod_disruption_budget),
         }
         self.custom = client.CustomObjectsApi(api)
         self.store = store
@@ -125,8 +133,8 @@ class GatewayDeployer:
         """The objects of our class's Gateways, with their owner Gateway's (name, uid)."""
         selector = f"{CLASS_NAME_LABEL} in ({','.join(DEPLOYED_CLASSES)})"
         found: dict[_Key, tuple[str, str]] = {}
-        for kind, (listing, _, _) in self._calls.items():
-            result = await listing(label_selector=selector)
+        for kind, calls in self._calls.items():
+            result = await calls.list_all(label_selector=selector)
             for item in result.items:
                 owner = next((o for o in item.metadata.owner_references or []
                               if o.kind == "Gateway" and o.api_version.startswith(f"{GROUP}/")), None)
@@ -137,7 +145,7 @@ class GatewayDeployer:
     async def _apply(self, key: _Key, body: dict[str, Any]) -> None:
         kind, namespace, name = key
         options: dict[str, Any] = {"field_manager": CONTROLLER, "force": True, "_content_type": APPLY_PATCH}
-        await self._calls[kind][1](name, namespace, body, **options)
+        await self._calls[kind].apply(name, namespace, body, **options)
 
     async def _delete_if_orphaned(self, key: _Key, owner: tuple[str, str]) -> None:
         """Deletes an object whose owner Gateway the API server does not have (its informer may lag)."""
@@ -153,7 +161,7 @@ class GatewayDeployer:
         except API_ERRORS as error:
             log.warning(logs.event("gateway not read", gateway=f"{namespace}/{owner[0]}", error=describe_error(error)))
             return
-        delete = self._calls[kind][2]
+        delete = self._calls[kind].delete
         try:
             await delete(name, namespace)
             log.info(logs.event("gateway deployment deleted", kind=kind, object=f"{namespace}/{name}",
