@@ -170,7 +170,9 @@ async def test_a_vm_registers_reports_health_and_is_removed_after_it_leaves(
     refused = _vm_agent(istiod, workdir, app, "nope", NS)
     processes.append(refused)
     await eventually(lambda: f"cannot find WorkloadGroup {NS}/nope" in istiod.text(), 30, "the refusal logged")
-    assert "FAILED_PRECONDITION" in refused.text() or "cannot find WorkloadGroup" in refused.text()
+    # The agent logs the refusal after istiod does: wait for its line too.
+    await eventually(lambda: "FAILED_PRECONDITION" in refused.text() or "cannot find WorkloadGroup" in refused.text(),
+                     10, "the agent told of the refusal")
 
 
 async def _gone(entry: Callable[[], Any]) -> bool:
