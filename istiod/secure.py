@@ -122,9 +122,10 @@ class SecurePort:
         self._front = front = TlsFront(settings.secure_grpc_addr.bind_host, settings.secure_grpc_addr.port,
                                        backend_port, serving.ssl_context, settings.keepalive.timeout,
                                        settings.max_connections)
-        add_ca_to_server(CertificateService(self.ca, ca_settings.ttl, authenticators, nodes, front.credentials),
-                         self._inner)
-        add_to_server(self.ads.authorized(XdsAuthorizer(authenticators, front.credentials)), self._inner)
+        add_ca_to_server(CertificateService(self.ca, ca_settings.ttl, authenticators, nodes, front.credentials,
+                                            front.client), self._inner)
+        add_to_server(self.ads.authorized(XdsAuthorizer(authenticators, front.credentials, front.client), front.client),
+                      self._inner)
         await self._inner.start()
         return await front.start()
 

@@ -64,6 +64,7 @@ class TlsFront:
         self._cap = ConnectionCap(max_connections)
         self._peers: dict[str, x509.Certificate | None] = {}
         self._fronts: dict[str, asyncio.Transport] = {}  # the inner server's peer name -> the client's connection
+        self._clients: dict[str, str] = {}  # the inner server's peer name -> the client's, as gRPC names peers
         self._calls: dict[asyncio.Transport, int] = {}  # calls under way per connection
         self._idle: dict[asyncio.Transport, asyncio.TimerHandle] = {}  # connections without a call, to close
         self._transports: set[asyncio.Transport] = set()
@@ -142,6 +143,12 @@ class TlsFront:
             context.add_done_callback(lambda _: loop.call_soon_threadsafe(self._call_ended, transport))  # type: ignore[arg-type]
         metadata = {key: value for key, value in (context.invocation_metadata() or ()) if isinstance(value, str)}
         return Credentials(metadata.get("authorization"), self._peers.get(peer))
+
+    def client(self, context: grpc.aio.ServicerContext) -> str:
+        """The caller's address (`ipv4:10.1.2.3:40312`), where the inner server sees the front's loopback
+        connection: what logs and /debug/connections show, as istiod shows the proxy's own."""
+        peer = context.peer() or ""
+        return self._clients.get(peer, peer)
 
     def _call_started(self, transport: asyncio.Transport) -> None:
         self._calls[transport] = self._calls.get(transport, 0) + 1
@@ -228,6 +235,7 @@ class TlsFront:
         peer = f"ipv4:127.0.0.1:{backend.get_extra_info('sockname')[1]}"
         self._peers[peer] = cert  # before a byte is forwarded, so every RPC finds it
         self._fronts[peer] = transport
+        self._clients[peer] = _grpc_peer(transport.get_extra_info("peername"))
         try:
             # Either side closing ends both: a client that stopped reading must not keep the connection
             # when the inner server has dropped it (its keepalive failed).
@@ -237,6 +245,7 @@ class TlsFront:
             backend.close()
             del self._peers[peer]
             del self._fronts[peer]
+            del self._clients[peer]
 
 
 class _ClientSide(asyncio.Protocol):
@@ -366,6 +375,13 @@ def _feed(protocol: asyncio.BaseProtocol, data: bytes) -> None:
 
 def _address(peername: object) -> str:
     return join_host_port(peername[0], peername[1]) if isinstance(peername, tuple) else str(peername)
+
+
+def _grpc_peer(peername: object) -> str:
+    """A socket's peer address as gRPC writes one (`ipv4:10.1.2.3:5`, `ipv6:[fd00::1]:5`)."""
+    if not isinstance(peername, tuple):
+        return str(peername)
+    return f"{'ipv6' if ':' in peername[0] else 'ipv4'}:{join_host_port(peername[0], peername[1])}"
 
 
 def _reason(error: BaseException) -> str:

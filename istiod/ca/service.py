@@ -43,13 +43,16 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
         authenticators: Sequence[Authenticator],
         nodes: NodeAuthorizer,
         credentials_of: Callable[[grpc.aio.ServicerContext], Credentials] | None = None,
+        peer_of: Callable[[grpc.aio.ServicerContext], str] | None = None,
     ) -> None:
         """`credentials_of`: a gRPC call's credentials, when this serves calls itself (not when it signs
-        for the xDS workers' calls, which come with theirs)."""
+        for the xDS workers' calls, which come with theirs); `peer_of`: its caller's address, for the log,
+        where gRPC sees another (behind the TLS front)."""
         self.ca = ca
         self.policy = policy
         self.authenticators = authenticators
         self.credentials_of = credentials_of
+        self.peer_of = peer_of or (lambda context: context.peer())
         self.nodes = nodes
 
     async def CreateCertificate(
@@ -57,7 +60,7 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
     ) -> ca_pb2.IstioCertificateResponse:
         assert self.credentials_of is not None
         try:
-            return await self.sign(request, self.credentials_of(context), context.peer())
+            return await self.sign(request, self.credentials_of(context), self.peer_of(context))
         except Refusal as refusal:
             await context.abort(refusal.code, refusal.message)
             raise  # abort raises; for the type checker
@@ -65,7 +68,7 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
     async def create_from_bytes(self, raw: bytes, context: grpc.aio.ServicerContext) -> ca_pb2.IstioCertificateResponse:
         assert self.credentials_of is not None
         try:
-            return await self.sign_bytes(raw, self.credentials_of(context), context.peer())
+            return await self.sign_bytes(raw, self.credentials_of(context), self.peer_of(context))
         except Refusal as refusal:
             await context.abort(refusal.code, refusal.message)
             raise

@@ -93,9 +93,11 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         for connection, scope in woken.items():
             connection.request_push(scope)
 
-    def authorized(self, authorize: Authorizer) -> ads_pb2_grpc.AggregatedDiscoveryServiceServicer:
-        """This server as seen from a listener whose callers must prove who they are (the TLS port)."""
-        return _Authorized(self, authorize)
+    def authorized(self, authorize: Authorizer, peer_of: Callable[[grpc.aio.ServicerContext], str] | None = None,
+                   ) -> ads_pb2_grpc.AggregatedDiscoveryServiceServicer:
+        """This server as seen from a listener whose callers must prove who they are (the TLS port);
+        `peer_of`: a caller's address where gRPC sees another (behind the TLS front)."""
+        return _Authorized(self, authorize, peer_of or _peer)
 
     async def stream(
         self,
@@ -103,26 +105,29 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         context: grpc.aio.ServicerContext,
         authorize: Authorizer | None = None,
         incremental: bool = False,
+        peer: str | None = None,
     ) -> None:
+        """`peer`: the caller's address, if not gRPC's (context.peer())."""
         # A coroutine writing with context.write (not an async generator), so each send has a deadline
         # and the stream can end with a status while a send is still stuck on the client.
         if not self.ready:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "server is not ready to serve discovery information")
+        peer = peer or _peer(context)
         try:
             first = _taken(await anext(request_iterator))
         except StopAsyncIteration:
             return
         except DecodeError as error:
-            _end(context, _malformed_request(context.peer(), error))
+            _end(context, _malformed_request(peer, error))
             return
         # After the first request (istiod waits before it): a client whose first send is still under
         # way when the stream ends sees that send fail, and grpcio then reports INTERNAL, not our status.
         try:
             await self.admission.wait()
         except RateLimited as refused:
-            _refused.warning(logs.event("ads stream refused", peer=context.peer(), reason=str(refused)))
+            _refused.warning(logs.event("ads stream refused", peer=peer, reason=str(refused)))
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(refused))
-        connection = await self._connect(first, context, authorize, incremental)
+        connection = await self._connect(first, context, authorize, incremental, peer)
         connected_at = datetime.fromtimestamp(connection.connected_at, timezone.utc)
         if self.registrar is not None:
             try:
@@ -228,7 +233,8 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         await self.stream(request_iterator, context, authorize, incremental=True)
 
     async def _connect(
-        self, first: Request, context: grpc.aio.ServicerContext, authorize: Authorizer | None, incremental: bool
+        self, first: Request, context: grpc.aio.ServicerContext, authorize: Authorizer | None, incremental: bool,
+        peer: str,
     ) -> Connection:
         if not first.node.id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first request must carry node.id")
@@ -241,7 +247,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         if authorize is not None:
             service_account = await authorize(proxy, context)
             proxy = dataclasses.replace(proxy, verified=True, verified_service_account=service_account)
-        return Connection(proxy, context.peer(), incremental)
+        return Connection(proxy, peer, incremental)
 
     def _on_request(
         self, connection: Connection, request: discovery_pb2.DiscoveryRequest, snapshot: Snapshot
@@ -590,19 +596,26 @@ def add_to_server(servicer: ads_pb2_grpc.AggregatedDiscoveryServiceServicer, ser
 
 
 class _Authorized(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
-    def __init__(self, server: DiscoveryServer, authorize: Authorizer) -> None:
+    def __init__(self, server: DiscoveryServer, authorize: Authorizer,
+                 peer_of: Callable[[grpc.aio.ServicerContext], str]) -> None:
         self.server = server
         self.authorize = authorize
+        self.peer_of = peer_of
 
     async def StreamAggregatedResources(
         self, request_iterator: AsyncIterator[Incoming], context: grpc.aio.ServicerContext
     ) -> None:
-        await self.server.stream(request_iterator, context, self.authorize)
+        await self.server.stream(request_iterator, context, self.authorize, peer=self.peer_of(context))
 
     async def DeltaAggregatedResources(  # noqa: N802 (gRPC's method name)
         self, request_iterator: AsyncIterator[Incoming], context: grpc.aio.ServicerContext
     ) -> None:
-        await self.server.stream(request_iterator, context, self.authorize, incremental=True)
+        await self.server.stream(request_iterator, context, self.authorize, incremental=True,
+                                 peer=self.peer_of(context))
+
+
+def _peer(context: grpc.aio.ServicerContext) -> str:
+    return context.peer() or ""
 
 
 async def _read(requests: AsyncIterator[Incoming], connection: Connection) -> None:
