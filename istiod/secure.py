@@ -124,8 +124,7 @@ class SecurePort:
                                        settings.max_connections)
         add_ca_to_server(CertificateService(self.ca, ca_settings.ttl, authenticators, nodes, front.credentials,
                                             front.client), self._inner)
-        add_to_server(self.ads.authorized(XdsAuthorizer(authenticators, front.credentials, front.client), front.client),
-                      self._inner)
+        add_to_server(self.ads.authorized(XdsAuthorizer(authenticators, front.credentials), front.client), self._inner)
         await self._inner.start()
         return await front.start()
 

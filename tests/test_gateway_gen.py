@@ -263,7 +263,7 @@ async def test_the_ads_server_sends_secrets_only_on_a_verified_stream() -> None:
     discovery = DiscoveryServer(_snapshot)
     discovery.ready = True
 
-    async def authorize(proxy: Proxy, context: grpc.aio.ServicerContext) -> str:
+    async def authorize(proxy: Proxy, context: grpc.aio.ServicerContext, peer: str) -> str:
         return "gateway"  # the caller proved it is this proxy
 
     plain, checked = grpc.aio.server(), grpc.aio.server()

@@ -43,23 +43,21 @@ def identity_mismatch(proxy: Proxy, identities: Sequence[str]) -> str | None:
 
 class XdsAuthorizer:
     def __init__(self, authenticators: Sequence[Authenticator],
-                 credentials_of: Callable[[grpc.aio.ServicerContext], Credentials],
-                 peer_of: Callable[[grpc.aio.ServicerContext], str]) -> None:
-        """`peer_of`: the caller's address for the log (behind the TLS front, not gRPC's)."""
+                 credentials_of: Callable[[grpc.aio.ServicerContext], Credentials]) -> None:
         self.authenticators = authenticators
         self.credentials_of = credentials_of
-        self.peer_of = peer_of
 
-    async def __call__(self, proxy: Proxy, context: grpc.aio.ServicerContext) -> str:
-        """Abort the stream unless the caller proves it may be `proxy`; the service account it proved."""
+    async def __call__(self, proxy: Proxy, context: grpc.aio.ServicerContext, peer: str) -> str:
+        """Abort the stream unless the caller (at `peer`, for the log) proves it may be `proxy`; the
+        service account it proved."""
         try:
             caller = await authenticate(self.authenticators, self.credentials_of(context))
         except AuthenticationError as error:
-            log.warning("ads: failed to authenticate %s (%s): %s", proxy.id, self.peer_of(context), error.detail)
+            log.warning("ads: failed to authenticate %s (%s): %s", proxy.id, peer, error.detail)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"authentication failure: {error}")
         service_account = matched_service_account(proxy, caller.identities)
         if service_account is None:
             mismatch = identity_mismatch(proxy, caller.identities)
-            log.warning("ads: unauthorized %s (%s): %s", proxy.id, self.peer_of(context), mismatch)
+            log.warning("ads: unauthorized %s (%s): %s", proxy.id, peer, mismatch)
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"authorization failed: {mismatch}")
         return service_account  # type: ignore[return-value]  # abort raised otherwise

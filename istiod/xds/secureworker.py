@@ -132,8 +132,8 @@ class SecureServing:
         authenticators: list[Authenticator] = [ClientCertAuthenticator(mesh)]
         if start.token_authenticator is not None:
             authenticators.append(RemoteTokenAuthenticator(start.token_authenticator, ask))
-        add_to_server(ads.authorized(XdsAuthorizer(authenticators, self.front.credentials, self.front.client),
-                                     self.front.client), self.inner)
+        add_to_server(ads.authorized(XdsAuthorizer(authenticators, self.front.credentials), self.front.client),
+                      self.inner)
         handlers: dict[str, grpc.RpcMethodHandler] = {
             "CreateCertificate": grpc.unary_unary_rpc_method_handler(self._create_certificate)}
         self.inner.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(CA_SERVICE, handlers),))

@@ -44,7 +44,8 @@ MAX_RESOURCE_NAMES = 100_000
 # clusters names ~7 MB in its EDS requests).
 MAX_NAME_BYTES = 16 << 20
 # Checks the caller may connect as the proxy; aborts the stream if not.
-Authorizer = Callable[[Proxy, grpc.aio.ServicerContext], Awaitable[str]]  # the service account proved
+# (the proxy it claims to be, the call, the caller's address) -> the service account it proved
+Authorizer = Callable[[Proxy, grpc.aio.ServicerContext, str], Awaitable[str]]
 Response: TypeAlias = wire.Outgoing
 SERVICE = ads_pb2.DESCRIPTOR.services_by_name["AggregatedDiscoveryService"].full_name
 # Bytes of responses being written at once, all streams together (see istiod/xds/budget.py).
@@ -245,7 +246,7 @@ class DiscoveryServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         except NodeIdError as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         if authorize is not None:
-            service_account = await authorize(proxy, context)
+            service_account = await authorize(proxy, context, peer)
             proxy = dataclasses.replace(proxy, verified=True, verified_service_account=service_account)
         return Connection(proxy, peer, incremental)
 
