@@ -381,7 +381,7 @@ def _grpc_peer(peername: object) -> str:
     """A socket's peer address as gRPC writes one (`ipv4:10.1.2.3:5`, `ipv6:[fd00::1]:5`)."""
     if not isinstance(peername, tuple):
         return str(peername)
-    return f"{'ipv6' if ':' in peername[0] else 'ipv4'}:{join_host_port(peername[0], peername[1])}"
+    return f"{'ipv6' if ':' in peername[0] else 'ipv4'}:{_address(peername)}"
 
 
 def _reason(error: BaseException) -> str:
