@@ -369,10 +369,14 @@ def test_policies_attached_to_the_gateway_apply_there(gateway: Gateway, mesh_dir
     assert status == 401
 
 
-def test_a_backend_tls_policy_makes_the_gateway_originate_tls(gateway: Gateway, processes: list[Process]) -> None:
+@pytest.mark.parametrize("target", ["Service", "ServiceEntry"])
+def test_a_backend_tls_policy_makes_the_gateway_originate_tls(gateway: Gateway, processes: list[Process],
+                                                              target: str) -> None:
     """BackendTLSPolicy: the route's backend speaks only TLS; with the policy the gateway calls it over TLS,
     verifying its certificate with the CA of the ConfigMap the policy names (served over SDS); a CA
-    that did not sign it fails the call (503); without the policy, plaintext fails too."""
+    that did not sign it fails the call (503); without the policy, plaintext fails too. The backend is a
+    Service, or the host of a ServiceEntry the route names as a `networking.istio.io/Hostname` backend
+    and the policy targets."""
     workdir, backend_ip, host = gateway.mesh_dir.parent, "127.0.0.45", "backend.example.com"
     ca, cert, key = server_credential("backend.internal")
     other_ca, _, _ = server_credential("backend.internal")
@@ -384,25 +388,39 @@ def test_a_backend_tls_policy_makes_the_gateway_originate_tls(gateway: Gateway, 
                              name="tls-backend"))
     group = "gateway.networking.k8s.io"
 
-    def objects(ca_pem: bytes | None) -> list[dict[str, object]]:
-        made: list[dict[str, object]] = [
+    if target == "Service":
+        backend: list[dict[str, object]] = [
             {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "tls-backend", "namespace": "shop"},
              "spec": {"clusterIP": "10.96.0.31", "selector": {"app": "tls-backend"},
                       "ports": [{"name": "https", "port": 443, "targetPort": backend_port}]}},
             {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "tls-backend-1", "namespace": "shop",
                                                             "labels": {"app": "tls-backend"}},
              "spec": {"containers": [{"name": "app", "ports": [{"containerPort": backend_port}]}]},
-             "status": {"phase": "Running", "podIP": backend_ip, "conditions": [{"type": "Ready", "status": "True"}]}},
+             "status": {"phase": "Running", "podIP": backend_ip, "conditions": [{"type": "Ready", "status": "True"}]}}]
+        backend_ref: dict[str, object] = {"name": "tls-backend", "port": 443}
+        target_ref = {"group": "", "kind": "Service", "name": "tls-backend"}
+    else:
+        backend = [{"apiVersion": "networking.istio.io/v1", "kind": "ServiceEntry",
+                    "metadata": {"name": "tls-backend", "namespace": "shop"},
+                    "spec": {"hosts": ["tls-backend.example.org"], "location": "MESH_EXTERNAL", "resolution": "STATIC",
+                             "ports": [{"number": 443, "name": "https", "protocol": "HTTPS"}],
+                             "endpoints": [{"address": backend_ip, "ports": {"https": backend_port}}]}}]
+        backend_ref = {"group": "networking.istio.io", "kind": "Hostname", "name": "tls-backend.example.org", "port": 443}
+        target_ref = {"group": "networking.istio.io", "kind": "ServiceEntry", "name": "tls-backend"}
+
+    def objects(ca_pem: bytes | None) -> list[dict[str, object]]:
+        made: list[dict[str, object]] = [
+            *backend,
             {"apiVersion": f"{group}/v1", "kind": "HTTPRoute", "metadata": {"name": "to-tls", "namespace": "shop"},
              "spec": {"parentRefs": [{"name": "web", "namespace": NAMESPACE, "sectionName": "http"}], "hostnames": [host],
-                      "rules": [{"backendRefs": [{"name": "tls-backend", "port": 443}]}]}},
+                      "rules": [{"backendRefs": [backend_ref]}]}},
         ]
         if ca_pem is not None:
             made += [
                 {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "backend-ca", "namespace": "shop"},
                  "data": {"ca.crt": ca_pem.decode()}},
                 {"apiVersion": f"{group}/v1", "kind": "BackendTLSPolicy", "metadata": {"name": "tls-backend", "namespace": "shop"},
-                 "spec": {"targetRefs": [{"group": "", "kind": "Service", "name": "tls-backend"}],
+                 "spec": {"targetRefs": [target_ref],
                           "validation": {"hostname": "backend.internal",
                                          "caCertificateRefs": [{"group": "", "kind": "ConfigMap", "name": "backend-ca"}]}}},
             ]
@@ -417,9 +435,9 @@ def test_a_backend_tls_policy_makes_the_gateway_originate_tls(gateway: Gateway, 
     status, body = wait_until(lambda: (r := _get(gateway, host, "/other-ca"))[0] == 503
                               and "remote connection failure" in r[1] and r,
                               20, "a CA that did not sign the backend's certificate refused")
-    print("BackendTLSPolicy, another CA:", status, body[:160])
+    print(f"BackendTLSPolicy on a {target}, another CA:", status, body[:160])
     (gateway.mesh_dir / "backend-tls.yaml").write_text(yaml.safe_dump_all(objects(ca)))
     status, body = wait_until(lambda: (r := _get(gateway, host, "/tls"))[0] == 200 and r, 20,
                               "the backend over the policy's TLS")
-    print("BackendTLSPolicy, the ConfigMap's CA:", status, body)
+    print(f"BackendTLSPolicy on a {target}, the ConfigMap's CA:", status, body)
     assert json.loads(body) == {"name": "tls-backend", "path": "/tls"}

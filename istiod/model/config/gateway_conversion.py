@@ -38,8 +38,9 @@ from istiod.model.config.gateway_api import (
 )
 from istiod.model.config.networking import (
     MESH_GATEWAY, Destination, DirectResponse, Gateway, Headers, HeaderOperations, HTTPMatch, HTTPRoute, L4Match, L4Route,
-    Mirror, Redirect, Rewrite, RouteDestination, Server, ServerTLS, ServerTLSMode, ServicePort, VirtualService,
+    Mirror, Redirect, Rewrite, RouteDestination, Server, ServerTLS, ServerTLSMode, ServiceEntry, ServicePort, VirtualService,
 )
+from istiod.model.config.kinds import NETWORKING
 from istiod.model.config.scope import host_matches
 from istiod.model.credentials import CA_SUFFIX, TlsCredential
 from istiod.model.names import DEFAULT_DOMAIN, service_hostname
@@ -101,6 +102,7 @@ class _Inputs:
     grants: tuple[ReferenceGrant, ...]
     domain: str
     config_maps: Mapping[tuple[str, str], ConfigMap] = field(default_factory=dict)  # parametersRef's, CAs
+    hostnames: frozenset[str] = frozenset()  # of every service, ServiceEntries' hosts too (Hostname backends)
 
     def permitted(self, from_kind: str, from_namespace: str, to_kind: str, to_namespace: str, to_name: str) -> bool:
         """A reference within a namespace, or one a ReferenceGrant in the target's namespace allows."""
@@ -115,7 +117,8 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
             endpoints: Mapping[tuple[str, int], tuple[Endpoint, ...]],
             credentials: Mapping[tuple[str, str], TlsCredential],
             namespaces: Mapping[str, Namespace], config_maps: Iterable[ConfigMap] = (),
-            backend_tls_policies: Iterable[BackendTLSPolicy] = ()) -> GatewayApiConfig:
+            backend_tls_policies: Iterable[BackendTLSPolicy] = (),
+            service_entries: Iterable[ServiceEntry] = ()) -> GatewayApiConfig:
     classes = list(classes)
     ours = {c.meta.name for c in classes if c.controller_name in (CONTROLLER, MESH_CONTROLLER)}
     mesh_classes = {c.meta.name: dict(c.labels) for c in classes if c.controller_name == MESH_CONTROLLER}
@@ -124,11 +127,12 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
     ours.update(missing_classes)
     if WAYPOINT_CLASS in missing_classes:
         mesh_classes[WAYPOINT_CLASS] = {}
+    services = list(services)
     kubernetes = {(s.namespace, s.name): s for s in services if not s.external_host}
     # Every Service is `<name>.<namespace>.svc.<domain>` with the store's one domain.
     domain = next((s.domain for s in kubernetes.values()), DEFAULT_DOMAIN)
     inputs = _Inputs(kubernetes, endpoints, credentials, namespaces, tuple(grants), domain,
-                     {(c.meta.namespace, c.meta.name): c for c in config_maps})
+                     {(c.meta.namespace, c.meta.name): c for c in config_maps}, frozenset(s.hostname for s in services))
     statuses: dict[StatusKey, dict[str, Any]] = {}
     for c in classes:
         if c.meta.name in ours:
@@ -237,7 +241,9 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
         # istiod's name for the merged VirtualService of one (namespace, host): its key, `/` as `~`.
         mesh_services.append(VirtualService(Meta(f"{namespace}~{host}", namespace), (host,), (MESH_GATEWAY,),
                                             tuple(http for _, http in entries), gateway_semantics=True))
-    rules, policy_statuses = backend_tls(backend_tls_policies, inputs.services, inputs.config_maps, routed_to)
+    rules, policy_statuses = backend_tls(backend_tls_policies, inputs.services,
+                                         {(e.meta.namespace, e.meta.name): e for e in service_entries},
+                                         inputs.config_maps, routed_to)
     statuses.update(policy_statuses)
     return GatewayApiConfig(tuple(istio_gateways), tuple(virtual_services), statuses, missing_classes,
                             tuple(mesh_services), waypoints, rules)
@@ -751,6 +757,8 @@ def _destinations(route: KubernetesHTTPRoute, rule: RouteRule, inputs: _Inputs,
 def _backend(route: KubernetesHTTPRoute, ref: ObjectRef, inputs: _Inputs,
              grants: bool) -> tuple[Destination | None, tuple[str, str] | None]:
     namespace = ref.namespace or route.meta.namespace
+    if (ref.group, ref.kind) == (NETWORKING, "Hostname"):
+        return _hostname_backend(ref, inputs)
     if (ref.group, ref.kind) != ("", "Service"):
         return None, ("InvalidKind", f"referencing unsupported backendRef: group {ref.group!r} kind {ref.kind!r}")
     if grants and not inputs.permitted(route.kind, route.meta.namespace, "Service", namespace, ref.name):
@@ -762,6 +770,17 @@ def _backend(route: KubernetesHTTPRoute, ref: ObjectRef, inputs: _Inputs,
     if not ref.port:
         return None, ("InvalidDestination", "port is required in backendRef")
     return Destination(service.hostname, port=ref.port), None
+
+
+def _hostname_backend(ref: ObjectRef, inputs: _Inputs) -> tuple[Destination | None, tuple[str, str] | None]:
+    """istiod's `networking.istio.io/Hostname` backend: any service's host (a ServiceEntry's, say), by name."""
+    if ref.namespace:
+        return None, ("InvalidDestination", "namespace may not be set with Hostname type")
+    if ref.name not in inputs.hostnames:
+        return None, ("BackendNotFound", f"backend({ref.name}) not found")
+    if not ref.port:
+        return None, ("InvalidDestination", "port is required in backendRef")
+    return Destination(ref.name, port=ref.port), None
 
 
 def _http_route(route: KubernetesHTTPRoute, index: int, match: RouteMatch, rule: RouteRule,
