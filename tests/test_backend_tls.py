@@ -198,3 +198,24 @@ def test_a_route_sends_to_a_hostname_backend_as_istiod_does() -> None:
         "False", "InvalidDestination", "port is required in backendRef")
     assert _route_conditions(converted, "shop", "unknown")["ResolvedRefs"] == (
         "False", "BackendNotFound", "backend(nope.example.org) not found")
+
+
+def test_a_policy_annotated_to_be_ignored_makes_nothing_and_says_so() -> None:
+    """istiod's istio.io/ignore-policy-attachment: no rule, an ancestor per target with only Accepted
+    false, and no conflict with a newer policy for the same target."""
+    ignored = _policy("older", {"group": "", "kind": "Service", "name": "echo", "sectionName": "http"},
+                      created="2026-01-01T00:00:00Z", hostname="old.internal")
+    ignored["metadata"]["annotations"] = {"istio.io/ignore-policy-attachment": "True"}
+    snapshot = _snapshot(ignored)
+    assert snapshot.config.gateway_api.destination_rules == ()
+    assert _ancestors(snapshot, "older") == [
+        ({"group": "", "kind": "Service", "name": "echo", "sectionName": "http"}, "istio.io/mesh-controller",
+         {"Accepted": ("False", "IgnoredByIstio",
+                       "Ignored by Istio due to annotation istio.io/ignore-policy-attachment=true")})]
+    newer = _policy("newer", {"group": "", "kind": "Service", "name": "echo", "sectionName": "http"},
+                    created="2026-02-01T00:00:00Z", wellKnownCACertificates="System")
+    snapshot = _snapshot(ignored, newer)
+    assert _ancestors(snapshot, "newer")[0][2]["Accepted"] == ("True", "Accepted", "Configuration is valid")
+    [rule] = snapshot.config.gateway_api.destination_rules
+    [port] = rule.traffic_policy.port_level_settings if rule.traffic_policy else ()
+    assert port.tls is not None and port.tls.sni == "echo.internal"

@@ -17,7 +17,7 @@ from typing import Any
 
 from istiod.model.config.common import MatchKind, StringMatch, regex_problem
 from istiod.model.config.gateway_api import (
-    GROUP, KIND_NAMES, L4_ROUTE_KINDS, VERSIONS, BackendTLSPolicy, FrontendValidation, GatewayClass, KubernetesGateway, KubernetesHTTPRoute,
+    GROUP, IGNORE_POLICY_ATTACHMENT, KIND_NAMES, L4_ROUTE_KINDS, VERSIONS, BackendTLSPolicy, FrontendValidation, GatewayClass, KubernetesGateway, KubernetesHTTPRoute,
     Listener, ObjectRef, ParentRef, PathModifier, ReferenceGrant, RequestRedirect, RouteFilter, RouteMatch, RouteRule,
     URLRewrite,
 )
@@ -454,9 +454,10 @@ def backend_tls_policy(key: ObjectKey, f: _Fields, domain: str) -> BackendTLSPol
         if kind not in ("Hostname", "URI"):
             raise alt.fail(f"type {kind!r} is not one of Hostname, URI")
         names.append(_required(alt, "hostname" if kind == "Hostname" else "uri"))
+    ignored = dict(f.str_map("metadata.annotations")).get(IGNORE_POLICY_ATTACHMENT, "").lower() == "true"
     return BackendTLSPolicy(meta(key), targets, ca_refs, v.get("wellKnownCACertificates", str, ""),
                             _required(v, "hostname"), tuple(names), _generation(f),
-                            f.get("metadata.creationTimestamp", str, ""))
+                            f.get("metadata.creationTimestamp", str, ""), ignored)
 
 
 CONVERTERS: dict[str, Callable[[ObjectKey, _Fields, str], Any]] = {

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from istiod.model.config.common import Meta
 from istiod.model.config.gateway_api import (
-    CONTROLLER, GROUP, MESH_CONTROLLER, BackendTLSPolicy, ConfigMap, ParentRef, StatusKey, condition,
+    CONTROLLER, GROUP, IGNORE_POLICY_ATTACHMENT, MESH_CONTROLLER, BackendTLSPolicy, ConfigMap, ParentRef, StatusKey, condition,
 )
 from istiod.model.config.kinds import NETWORKING
 from istiod.model.config.networking import (
@@ -43,6 +43,10 @@ def backend_tls(policies: Iterable[BackendTLSPolicy], services: Mapping[tuple[st
     """`gateways_of`: by Service (namespace, name), the Gateways (namespace, name) routing to it."""
     policies = sorted(policies, key=lambda p: (p.meta.namespace, p.meta.name))
     statuses: dict[StatusKey, dict[str, Any]] = {}
+    for policy in (p for p in policies if p.ignored):
+        statuses[("BackendTLSPolicy", policy.meta.namespace, policy.meta.name)] = {"ancestors": [
+            _ignored(target, policy.generation) for target in policy.targets]}
+    policies = [p for p in policies if not p.ignored]  # nor do they conflict with others (istiod)
     # By target: its port's TLS (port 0: every port), the winner of each (target, sectionName).
     chosen: dict[_Target, dict[int, ClientTLS]] = defaultdict(dict)
     for policy in policies:
@@ -71,10 +75,7 @@ def backend_tls(policies: Iterable[BackendTLSPolicy], services: Mapping[tuple[st
                     gateways.update(gateways_of.get((namespace, target.name), ()))
             else:
                 target_accepted = (False, "TargetNotFound", "targetRefs invalid: " + problem)
-            ref: dict[str, Any] = {"group": target.group, "kind": target.kind, "name": target.name}
-            if target.section_name:
-                ref["sectionName"] = target.section_name
-            ancestors.append(_ancestor(ref, MESH_CONTROLLER, target_accepted, resolved, generation))
+            ancestors.append(_ancestor(_ref(target), MESH_CONTROLLER, target_accepted, resolved, generation))
         for gateway_namespace, gateway_name in sorted(gateways):
             ancestors.append(_ancestor({"group": GROUP, "kind": "Gateway", "name": gateway_name}, CONTROLLER,
                                        accepted, resolved, generation))
@@ -184,6 +185,20 @@ def _rival(policy: BackendTLSPolicy, target: ParentRef, policies: Iterable[Backe
         if (other.created, other.meta.name) < (policy.created, policy.meta.name):
             return other.meta.name
     return None
+
+
+def _ignored(target: ParentRef, generation: int) -> dict[str, Any]:
+    """istiod's ignoredPolicyStatus: the target's ancestor, Accepted false, and no other condition."""
+    message = f"Ignored by Istio due to annotation {IGNORE_POLICY_ATTACHMENT}=true"
+    return {"ancestorRef": _ref(target), "controllerName": MESH_CONTROLLER,
+            "conditions": [condition("Accepted", False, "IgnoredByIstio", message, generation)]}
+
+
+def _ref(target: ParentRef) -> dict[str, Any]:
+    ref: dict[str, Any] = {"group": target.group, "kind": target.kind, "name": target.name}
+    if target.section_name:
+        ref["sectionName"] = target.section_name
+    return ref
 
 
 def _ancestor(ref: dict[str, Any], controller: str, accepted: tuple[bool, str, str],

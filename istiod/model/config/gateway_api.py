@@ -61,6 +61,10 @@ class BackendTLSPolicy:
     subject_alt_names: tuple[str, ...] = ()  # Hostname and URI values, in order
     generation: int = 0
     created: str = ""
+    ignored: bool = False  # annotated istio.io/ignore-policy-attachment=true: left to another implementation
+
+
+IGNORE_POLICY_ATTACHMENT = "istio.io/ignore-policy-attachment"
 
 
 @dataclass(frozen=True, slots=True)
