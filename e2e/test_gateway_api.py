@@ -24,6 +24,7 @@ from tests.test_gateway_gen import server_credential, tls_secret
 
 CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"  # read, never parsed, by the status
 GROUP, VERSION = "gateway.networking.k8s.io", "v1"
+X_GROUP = "gateway.networking.x-k8s.io"  # the experimental channel's X kinds
 
 
 async def _status(custom: client.CustomObjectsApi, plural: str, namespace: str, name: str) -> dict[str, Any]:
@@ -164,7 +165,8 @@ async def test_status_as_istio_writes_it(cluster: Cluster, kube: client.ApiClien
 async def test_tls_and_tcp_routes_status(cluster: Cluster, kube: client.ApiClient, tmp_path: Path,
                                          processes: list[Process]) -> None:
     """TLSRoute and TCPRoute (the experimental channel's CRDs) on a Gateway's TLS Passthrough and
-    TCP listeners: each listener's supportedKinds and attachedRoutes, each route's parent conditions."""
+    TCP listeners: each listener's supportedKinds and attachedRoutes, each route's parent conditions;
+    an XBackendTrafficPolicy (that channel's, in its own group and version) on the backend Service."""
     await install_gateway_api_crds(kube)
     await install_gateway_api_crds(kube, "experimental")  # adds TCPRoute and TLSRoute (and keeps the rest)
     kubeconfig, _ = await istiod_kubeconfig(cluster, kube, tmp_path / "istiod.kubeconfig")
@@ -185,6 +187,9 @@ async def test_tls_and_tcp_routes_status(cluster: Cluster, kube: client.ApiClien
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "TCPRoute", "metadata": {"name": "raw"},
         "spec": {"parentRefs": [{"name": "edge", "sectionName": "tcp"}],
                  "rules": [{"backendRefs": [{"name": "missing", "port": 1}]}]}})
+    await custom.create_namespaced_custom_object(X_GROUP, "v1alpha1", "gw-l4", "xbackendtrafficpolicies", {
+        "apiVersion": f"{X_GROUP}/v1alpha1", "kind": "XBackendTrafficPolicy", "metadata": {"name": "retries"},
+        "spec": {"targetRefs": [{"group": "", "kind": "Service", "name": "backend"}], "retryConstraint": {}}})
     istiod = Istiod(tmp_path, "--kubeconfig", str(kubeconfig), "--leader-lease-duration", "2s",
                     "--leader-renew-deadline", "1.5s", "--leader-retry-period", "0.25s", ready_timeout=60)
     processes.append(istiod)
@@ -210,7 +215,20 @@ async def test_tls_and_tcp_routes_status(cluster: Cluster, kube: client.ApiClien
         assert _conditions(raw["parents"][0]["conditions"]) == {"Accepted": ("True", "Accepted"),
                                                                 "ResolvedRefs": ("False", "BackendNotFound"),
                                                                 "ResolvedWaypoints": ("True", "ResolvedWaypoints")}
+
+        async def policy_status() -> dict[str, Any]:
+            body = await custom.get_namespaced_custom_object(X_GROUP, "v1alpha1", "gw-l4", "xbackendtrafficpolicies",
+                                                             "retries")
+            return body.get("status") or {}
+
+        policy = await _wait(policy_status, "the XBackendTrafficPolicy's ancestors")
+        print("XBackendTrafficPolicy retries:", policy)
+        [ancestor] = policy["ancestors"]
+        assert ancestor["ancestorRef"] == {"group": "", "kind": "Service", "name": "backend"}
+        assert ancestor["controllerName"] == "istio.io/mesh-controller"
+        assert _conditions(ancestor["conditions"]) == {"Accepted": ("True", "Accepted")}
     finally:
+        await custom.delete_namespaced_custom_object(X_GROUP, "v1alpha1", "gw-l4", "xbackendtrafficpolicies", "retries")
         # Other tests share the cluster (and read every Gateway): leave none behind.
         await custom.delete_namespaced_custom_object(GROUP, VERSION, "gw-l4", "tlsroutes", "sni")
         await custom.delete_namespaced_custom_object(GROUP, VERSION, "gw-l4", "tcproutes", "raw")

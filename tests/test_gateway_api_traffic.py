@@ -441,3 +441,28 @@ def test_a_backend_tls_policy_makes_the_gateway_originate_tls(gateway: Gateway, 
                               "the backend over the policy's TLS")
     print(f"BackendTLSPolicy on a {target}, the ConfigMap's CA:", status, body)
     assert json.loads(body) == {"name": "tls-backend", "path": "/tls"}
+
+
+def test_a_backend_traffic_policy_gives_the_cluster_a_retry_budget(gateway: Gateway) -> None:
+    """XBackendTrafficPolicy: Envoy takes the Service's cluster with the policy's retry budget merged
+    into the user's DestinationRule (its circuit breaker kept), budget_interval included (a field newer
+    than this copy of Envoy's API), and still routes to it."""
+    assert gateway.envoy is not None
+    (gateway.mesh_dir / "traffic-policy.yaml").write_text(yaml.safe_dump(
+        {"apiVersion": "gateway.networking.x-k8s.io/v1alpha1", "kind": "XBackendTrafficPolicy",
+         "metadata": {"name": "echo-retries", "namespace": "shop"},
+         "spec": {"targetRefs": [{"group": "", "kind": "Service", "name": "echo"}],
+                  "retryConstraint": {"budget": {"percent": 40, "interval": "30s"}, "minRetryRate": {"count": 5}}}}))
+
+    def threshold() -> dict[str, object] | None:
+        clusters = json.loads(gateway.envoy.get("/config_dump?resource=dynamic_active_clusters")[1])["configs"]  # type: ignore[union-attr]
+        echo = next(c["cluster"] for c in clusters if c["cluster"]["name"] == "outbound|8080||echo.shop.svc.cluster.local")
+        first: dict[str, object] = echo["circuit_breakers"]["thresholds"][0]
+        return first if "retry_budget" in first else None
+
+    found = wait_until(threshold, 15, "the retry budget in Envoy's cluster")
+    print("echo's circuit breaker with the policy's retry budget:", found)
+    assert found["retry_budget"] == {"budget_percent": {"value": 40}, "min_retry_concurrency": 5,
+                                     "budget_interval": "30s"}
+    assert found["max_connections"] == 77  # the user's DestinationRule, kept
+    assert _get(gateway, "web.example.com", "/budgeted")[0] == 200

@@ -239,7 +239,7 @@ def _with_gateway_api(config: ConfigSet, services: Mapping[str, Service],
         config.gateway_classes, config.kubernetes_gateways,
         (*config.http_routes, *config.grpc_routes, *config.tcp_routes, *config.tls_routes), config.reference_grants, services.values(),
         endpoints, credentials, namespaces, config.config_maps, config.backend_tls_policies,
-        config.service_entries))
+        config.service_entries, config.backend_traffic_policies))
 
 
 def _services(objects: ObjectValues[Key], config: ConfigSet,

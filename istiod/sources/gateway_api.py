@@ -17,11 +17,11 @@ from typing import Any
 
 from istiod.model.config.common import MatchKind, StringMatch, regex_problem
 from istiod.model.config.gateway_api import (
-    GROUP, IGNORE_POLICY_ATTACHMENT, KIND_NAMES, L4_ROUTE_KINDS, VERSIONS, BackendTLSPolicy, FrontendValidation, GatewayClass, KubernetesGateway, KubernetesHTTPRoute,
+    EXPERIMENTAL_GROUP, GROUP, IGNORE_POLICY_ATTACHMENT, KIND_NAMES, L4_ROUTE_KINDS, VERSIONS, BackendTLSPolicy, BackendTrafficPolicy, FrontendValidation, GatewayClass, KubernetesGateway, KubernetesHTTPRoute,
     Listener, ObjectRef, ParentRef, PathModifier, ReferenceGrant, RequestRedirect, RouteFilter, RouteMatch, RouteRule,
     URLRewrite,
 )
-from istiod.model.config.networking import CorsPolicy, HeaderOperations, Headers, Retries
+from istiod.model.config.networking import CorsPolicy, HeaderOperations, Headers, Retries, RetryBudget
 from istiod.model.labels import Selector
 from istiod.sources.fields import ConversionError, ObjectKey, _Fields
 from istiod.sources.istio.common import fields, items, label_selector, meta, str_list
@@ -46,8 +46,9 @@ def _check_version(key: ObjectKey, body: Mapping[str, Any]) -> None:
     if api_version is None:  # informers' list items may lack it; the informer knows the kind
         return
     group, _, version = str(api_version).rpartition("/")
-    if group != GROUP or version not in VERSIONS:
-        raise ConversionError(f"{key}: apiVersion {api_version!r}: {GROUP} serves {', '.join(VERSIONS)}")
+    served = RESOURCES[key.kind]
+    if group != served.group or version not in served.versions:
+        raise ConversionError(f"{key}: apiVersion {api_version!r}: {served.group} serves {', '.join(served.versions)}")
 
 
 def _generation(f: _Fields) -> int:
@@ -454,10 +455,39 @@ def backend_tls_policy(key: ObjectKey, f: _Fields, domain: str) -> BackendTLSPol
         if kind not in ("Hostname", "URI"):
             raise alt.fail(f"type {kind!r} is not one of Hostname, URI")
         names.append(_required(alt, "hostname" if kind == "Hostname" else "uri"))
-    ignored = dict(f.str_map("metadata.annotations")).get(IGNORE_POLICY_ATTACHMENT, "").lower() == "true"
     return BackendTLSPolicy(meta(key), targets, ca_refs, v.get("wellKnownCACertificates", str, ""),
                             _required(v, "hostname"), tuple(names), _generation(f),
-                            f.get("metadata.creationTimestamp", str, ""), ignored)
+                            f.get("metadata.creationTimestamp", str, ""), _ignored(f))
+
+
+def backend_traffic_policy(key: ObjectKey, f: _Fields, domain: str) -> BackendTrafficPolicy:
+    """XBackendTrafficPolicy: its retryConstraint with the Gateway API's defaults as istiod applies
+    them (an interval of 10 s, at least 10 retries at once; the percent, unset, Envoy's 20)."""
+    spec = _spec(f)
+    targets = tuple(ParentRef(_required(t, "name"), "", t.get("group", str, ""), _required(t, "kind"))
+                    for t in items(spec, "targetRefs"))
+    if not targets:
+        raise spec.fail("targetRefs: at least one target is required")
+    budget = None
+    if (constraint := fields(spec, "retryConstraint")) is not None:
+        percent = constraint.get("budget.percent", int, None)
+        if percent is not None and not 0 <= percent <= 100:
+            raise constraint.fail(f"budget.percent: {percent} is not in range 0..100")
+        count = constraint.get("minRetryRate.count", int, None)
+        budget = RetryBudget(None if percent is None else float(percent), count or _MIN_RETRY_CONCURRENCY,
+                             duration(constraint, "budget.interval") or _BUDGET_INTERVAL)
+    unsupported = ("sessionPersistence",) if spec.get("sessionPersistence", dict, None) is not None else ()
+    return BackendTrafficPolicy(meta(key), targets, budget, unsupported, _generation(f),
+                                f.get("metadata.creationTimestamp", str, ""), _ignored(f))
+
+
+_BUDGET_INTERVAL = timedelta(seconds=10)  # the Gateway API's defaults, which istiod applies too
+_MIN_RETRY_CONCURRENCY = 10
+
+
+def _ignored(f: _Fields) -> bool:
+    """istiod's istio.io/ignore-policy-attachment: "true" (any case) leaves a policy to others."""
+    return dict(f.str_map("metadata.annotations")).get(IGNORE_POLICY_ATTACHMENT, "").lower() == "true"
 
 
 CONVERTERS: dict[str, Callable[[ObjectKey, _Fields, str], Any]] = {
@@ -467,13 +497,31 @@ CONVERTERS: dict[str, Callable[[ObjectKey, _Fields, str], Any]] = {
     "GRPCRoute": grpc_route,
     "ReferenceGrant": reference_grant,
     "BackendTLSPolicy": backend_tls_policy,
+    "XBackendTrafficPolicy": backend_traffic_policy,
     **{kind: l4_route for kind in L4_ROUTE_KINDS},
 }
 CLUSTER_SCOPED = frozenset({"GatewayClass"})
-# Kind -> plural, for informers, RBAC and the status writer.
-PLURALS = {"GatewayClass": "gatewayclasses", "KubernetesGateway": "gateways", "HTTPRoute": "httproutes",
-           "GRPCRoute": "grpcroutes", "TCPRoute": "tcproutes", "TLSRoute": "tlsroutes",
-           "ReferenceGrant": "referencegrants", "BackendTLSPolicy": "backendtlspolicies"}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Resource:
+    """Where the API serves a kind: for informers, RBAC and the status writer."""
+
+    group: str
+    version: str  # the one read and written
+    plural: str
+    versions: tuple[str, ...]  # every version an object may be written at
+
+
+def _standard(plural: str) -> Resource:
+    return Resource(GROUP, "v1", plural, VERSIONS)
+
+
+RESOURCES = {"GatewayClass": _standard("gatewayclasses"), "KubernetesGateway": _standard("gateways"),
+             "HTTPRoute": _standard("httproutes"), "GRPCRoute": _standard("grpcroutes"),
+             "TCPRoute": _standard("tcproutes"), "TLSRoute": _standard("tlsroutes"),
+             "ReferenceGrant": _standard("referencegrants"), "BackendTLSPolicy": _standard("backendtlspolicies"),
+             "XBackendTrafficPolicy": Resource(EXPERIMENTAL_GROUP, "v1alpha1", "xbackendtrafficpolicies", ("v1alpha1",))}
 
 
 def gateway_api_converter(key: ObjectKey, body: Mapping[str, Any]) -> Callable[[ObjectKey, _Fields, str], Any] | None:

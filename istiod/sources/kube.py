@@ -21,11 +21,10 @@ from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from istiod.backoff import Backoff
-from istiod.model.config.gateway_api import GROUP as GATEWAY_API
 from istiod.model.config.kinds import BY_KIND as CONFIG_BY_KIND, CONFIG_KINDS, UNIMPLEMENTED_KINDS
 from istiod.revision import labels_in_revision
 from istiod.sources.convert import CLUSTER_SCOPED, ConversionError, ObjectKey, object_key
-from istiod.sources.gateway_api import PLURALS as GATEWAY_API_PLURALS
+from istiod.sources.gateway_api import RESOURCES as GATEWAY_API_RESOURCES
 from istiod.model.labels import Selector
 from istiod.sources.namespaces import NamespaceFilter
 from istiod.sources.store import Store
@@ -78,10 +77,11 @@ def unimplemented_list_calls(api: client.ApiClient) -> dict[str, ListCall]:
 
 
 def gateway_api_list_calls(api: client.ApiClient) -> dict[str, ListCall]:
-    """The Gateway API's kinds at v1 (v1.6.0 serves every kind we read there)."""
+    """The Gateway API's kinds: the standard channel's at v1 (v1.6.0 serves every kind we read there),
+    the experimental channel's X kinds at theirs."""
     custom = client.CustomObjectsApi(api)
-    return {kind: functools.partial(custom.list_cluster_custom_object, GATEWAY_API, "v1", plural)
-            for kind, plural in GATEWAY_API_PLURALS.items()}
+    return {kind: functools.partial(custom.list_cluster_custom_object, r.group, r.version, r.plural)
+            for kind, r in GATEWAY_API_RESOURCES.items()}
 
 
 class Writer(Protocol):

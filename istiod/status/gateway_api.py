@@ -22,7 +22,7 @@ from istiod import logs
 from istiod.model.config.gateway_api import GROUP, GatewayApiConfig
 from istiod.model.config.gateway_conversion import BUILTIN_CLASSES, CONTROLLER, MESH_CONTROLLER
 from istiod.sources.convert import ObjectKey
-from istiod.sources.gateway_api import PLURALS
+from istiod.sources.gateway_api import RESOURCES
 from istiod.sources.kube import API_ERRORS, describe_error
 from istiod.sources.store import Store
 
@@ -107,11 +107,13 @@ class GatewayStatusWriter:
     async def _patch(self, kind: str, namespace: str, name: str, status: dict[str, Any]) -> None:
         body = {"status": status}
         merge: dict[str, Any] = {"_content_type": MERGE_PATCH}  # a JSON patch is the client's default
+        served = RESOURCES[kind]
         if kind == "GatewayClass":
-            await self.custom.patch_cluster_custom_object_status(GROUP, "v1", PLURALS[kind], name, body, **merge)
+            await self.custom.patch_cluster_custom_object_status(served.group, served.version, served.plural, name,
+                                                                 body, **merge)
         else:
-            await self.custom.patch_namespaced_custom_object_status(GROUP, "v1", namespace, PLURALS[kind], name, body,
-                                                                    **merge)
+            await self.custom.patch_namespaced_custom_object_status(served.group, served.version, namespace,
+                                                                    served.plural, name, body, **merge)
 
     async def _create_class(self, name: str) -> None:
         controller, description = BUILTIN_CLASSES[name]

@@ -12,7 +12,7 @@ from istiod.model.config.backend_tls import with_backend_policies
 from istiod.model.config.delegate import merge_delegates
 from istiod.model.config.envoyfilter import EnvoyFilter
 from istiod.model.config.gateway_api import (
-    BackendTLSPolicy, ConfigMap, GatewayApiConfig, GatewayClass, KubernetesGateway, KubernetesHTTPRoute, ReferenceGrant,
+    BackendTLSPolicy, BackendTrafficPolicy, ConfigMap, GatewayApiConfig, GatewayClass, KubernetesGateway, KubernetesHTTPRoute, ReferenceGrant,
 )
 from istiod.model.config.networking import (
     MESH_GATEWAY, DestinationRule, Gateway, ServiceEntry, Sidecar, VirtualService, WorkloadEntry, WorkloadGroup,
@@ -59,6 +59,7 @@ class ConfigSet:
     tls_routes: tuple[KubernetesHTTPRoute, ...] = ()
     reference_grants: tuple[ReferenceGrant, ...] = ()
     backend_tls_policies: tuple[BackendTLSPolicy, ...] = ()
+    backend_traffic_policies: tuple[BackendTrafficPolicy, ...] = ()  # XBackendTrafficPolicy
     config_maps: tuple[ConfigMap, ...] = ()  # Gateways' parameters, BackendTLSPolicies' CAs
     # What the Gateway API objects above make (the model builder converts them, with Services and
     # Secrets): carried over until the builder converts again.
@@ -208,7 +209,8 @@ _FIELDS = {
     "RequestAuthentication": "request_authentications", "EnvoyFilter": "envoy_filters",
     "GatewayClass": "gateway_classes", "KubernetesGateway": "kubernetes_gateways", "HTTPRoute": "http_routes",
     "GRPCRoute": "grpc_routes", "TCPRoute": "tcp_routes", "TLSRoute": "tls_routes", "ReferenceGrant": "reference_grants",
-    "BackendTLSPolicy": "backend_tls_policies", "ConfigMap": "config_maps",
+    "BackendTLSPolicy": "backend_tls_policies", "XBackendTrafficPolicy": "backend_traffic_policies",
+    "ConfigMap": "config_maps",
 }
 GATEWAY_API_KINDS = frozenset({"GatewayClass", "KubernetesGateway", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute",
-                               "ReferenceGrant", "BackendTLSPolicy"})
+                               "ReferenceGrant", "BackendTLSPolicy", "XBackendTrafficPolicy"})

@@ -13,7 +13,7 @@ from typing import Any
 from istiod.model.config.common import Duration, Labels, Meta, StringMatch
 from istiod.model.labels import Selector
 from istiod.model.config.networking import (
-    CorsPolicy, DestinationRule, Gateway, HeaderOperations, Headers, Retries, VirtualService,
+    CorsPolicy, DestinationRule, Gateway, HeaderOperations, Headers, Retries, RetryBudget, VirtualService,
 )
 
 WAYPOINT_CLASS = "istio-waypoint"  # the mesh controller's class: waypoints
@@ -65,6 +65,21 @@ class BackendTLSPolicy:
 
 
 IGNORE_POLICY_ATTACHMENT = "istio.io/ignore-policy-attachment"
+EXPERIMENTAL_GROUP = "gateway.networking.x-k8s.io"  # the experimental channel's X kinds
+
+
+@dataclass(frozen=True, slots=True)
+class BackendTrafficPolicy:
+    """XBackendTrafficPolicy (gateway.networking.x-k8s.io/v1alpha1): a retry budget for calls to the
+    Services it targets, with the Gateway API's defaults filled in as istiod fills them."""
+
+    meta: Meta
+    targets: tuple[ParentRef, ...]  # group, kind, name; namespace the policy's
+    retry_budget: RetryBudget | None = None  # retryConstraint
+    unsupported: tuple[str, ...] = ()  # fields set that istiod does not implement (sessionPersistence)
+    generation: int = 0
+    created: str = ""
+    ignored: bool = False  # istio.io/ignore-policy-attachment=true
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,8 +32,9 @@ from typing import Any
 from istiod.model.cluster import Namespace
 from istiod.model.config.common import MatchKind, Meta, StringMatch
 from istiod.model.config.backend_tls import backend_tls
+from istiod.model.config.backend_traffic import backend_traffic
 from istiod.model.config.gateway_api import (
-    CONTROLLER, MESH_CONTROLLER, condition, GROUP, L4_ROUTE_KINDS, USE_WAYPOINT_LABEL, WAYPOINT_CLASS, BackendTLSPolicy, ConfigMap, FrontendValidation, GatewayApiConfig, StatusKey, GatewayClass, Waypoint, KubernetesGateway, KubernetesHTTPRoute,
+    CONTROLLER, MESH_CONTROLLER, condition, GROUP, L4_ROUTE_KINDS, USE_WAYPOINT_LABEL, WAYPOINT_CLASS, BackendTLSPolicy, BackendTrafficPolicy, ConfigMap, FrontendValidation, GatewayApiConfig, StatusKey, GatewayClass, Waypoint, KubernetesGateway, KubernetesHTTPRoute,
     Listener, ObjectRef, ParentRef, ReferenceGrant, RouteMatch, RouteRule,
 )
 from istiod.model.config.networking import (
@@ -118,7 +119,8 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
             credentials: Mapping[tuple[str, str], TlsCredential],
             namespaces: Mapping[str, Namespace], config_maps: Iterable[ConfigMap] = (),
             backend_tls_policies: Iterable[BackendTLSPolicy] = (),
-            service_entries: Iterable[ServiceEntry] = ()) -> GatewayApiConfig:
+            service_entries: Iterable[ServiceEntry] = (),
+            backend_traffic_policies: Iterable[BackendTrafficPolicy] = ()) -> GatewayApiConfig:
     classes = list(classes)
     ours = {c.meta.name for c in classes if c.controller_name in (CONTROLLER, MESH_CONTROLLER)}
     mesh_classes = {c.meta.name: dict(c.labels) for c in classes if c.controller_name == MESH_CONTROLLER}
@@ -241,10 +243,12 @@ def convert(classes: Iterable[GatewayClass], gateways: Iterable[KubernetesGatewa
         # istiod's name for the merged VirtualService of one (namespace, host): its key, `/` as `~`.
         mesh_services.append(VirtualService(Meta(f"{namespace}~{host}", namespace), (host,), (MESH_GATEWAY,),
                                             tuple(http for _, http in entries), gateway_semantics=True))
+    budgets, traffic_statuses = backend_traffic(backend_traffic_policies, inputs.services)
     rules, policy_statuses = backend_tls(backend_tls_policies, inputs.services,
                                          {(e.meta.namespace, e.meta.name): e for e in service_entries},
-                                         inputs.config_maps, routed_to)
+                                         inputs.config_maps, routed_to, budgets)
     statuses.update(policy_statuses)
+    statuses.update(traffic_statuses)
     return GatewayApiConfig(tuple(istio_gateways), tuple(virtual_services), statuses, missing_classes,
                             tuple(mesh_services), waypoints, rules)
 

@@ -359,6 +359,16 @@ class PortTrafficPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class RetryBudget:
+    """Retries to a host at once, bounded by a share of its active requests (Istio's
+    TrafficPolicy.RetryBudget; here made by XBackendTrafficPolicy): Envoy's circuit-breaker retry budget."""
+
+    percent: float | None = None  # of active and pending requests; Envoy's default (istiod's) 20
+    min_retry_concurrency: int = 0  # 0: istiod's default, 3
+    interval: Duration | None = None  # new requests of this long count too (none: only active ones)
+
+
+@dataclass(frozen=True, slots=True)
 class TunnelSettings:
     """TCP to the host is carried in an HTTP CONNECT (or POST) to `target_host:target_port`: the
     host is a proxy that opens the connection to the target."""
@@ -383,6 +393,7 @@ class TrafficPolicy:
     port_level_settings: tuple[PortTrafficPolicy, ...] = ()
     proxy_protocol: int | None = None  # the PROXY protocol version (1 or 2) sent first to the upstream
     tunnel: TunnelSettings | None = None
+    retry_budget: RetryBudget | None = None  # not at port level (a port's settings replace it, as istiod)
 
 
 @dataclass(frozen=True, slots=True)

@@ -102,6 +102,7 @@ _PROXYLESS_AFFECTED: Affected = {
     "EnvoyFilter": _NONE,  # applied to Envoys' config only (sidecars and gateways)
     "ConfigMap": _NONE,  # Gateways' parameters: their deployment and status
     "BackendTLSPolicy": _NONE,  # acts through the DestinationRules it makes ("DestinationRule" then)
+    "XBackendTrafficPolicy": _NONE,  # likewise
 }
 _SIDECAR_AFFECTED: Affected = {
     **_PROXYLESS_AFFECTED,
@@ -116,7 +117,8 @@ _ROUTER_AFFECTED: Affected = {
     **dict.fromkeys(_PROXYLESS_AFFECTED, _EVERY_TYPE),
     "Secret": frozenset({types.SECRET}), "ConfigMap": frozenset({types.SECRET}),  # (a BackendTLSPolicy's CA)
     "ServiceEntry": _NONE, "WorkloadEntry": _NONE, "ProxyConfig": _NONE, "WorkloadGroup": _NONE,
-    "BackendTLSPolicy": _NONE, "EnvoyFilter": frozenset({types.CLUSTER, types.LISTENER, types.ROUTE}),
+    "BackendTLSPolicy": _NONE, "XBackendTrafficPolicy": _NONE,
+    "EnvoyFilter": frozenset({types.CLUSTER, types.LISTENER, types.ROUTE}),
 }
 # ztunnel: policies name workloads' policies (Address) and are sent themselves; ServiceEntries and
 # WorkloadEntries are workloads and services of their own.
@@ -129,7 +131,7 @@ _ZTUNNEL_AFFECTED: Affected = {
 # Waypoints: which services use them, and so every listener and cluster, follows most config.
 _WAYPOINT_AFFECTED: Affected = {**dict.fromkeys(_PROXYLESS_AFFECTED, _EVERY_TYPE), "Secret": _NONE, "ProxyConfig": _NONE,
                                  "WorkloadGroup": _NONE, "ConfigMap": _NONE, "BackendTLSPolicy": _NONE,
-                                 "EnvoyFilter": _NONE}
+                                 "XBackendTrafficPolicy": _NONE, "EnvoyFilter": _NONE}
 _GENERATORS = {"grpc": PROXYLESS_GRPC, "sidecar": SIDECAR, "router": ROUTER, "ztunnel": ZTUNNEL, "waypoint": WAYPOINT}
 _AFFECTED = {"grpc": _PROXYLESS_AFFECTED, "sidecar": _SIDECAR_AFFECTED, "router": _ROUTER_AFFECTED,
              "ztunnel": _ZTUNNEL_AFFECTED, "waypoint": _WAYPOINT_AFFECTED}

@@ -9,6 +9,7 @@ xDS-enabled gRPC servers.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from envoy.config.cluster.v3 import cluster_pb2
@@ -145,7 +146,8 @@ def _cluster(name: str, service: Service, endpoints: tuple[Endpoint, ...], polic
         cluster.type = cluster_pb2.Cluster.EDS
         cluster.eds_cluster_config.eds_config.CopyFrom(ads_source())
         cluster.eds_cluster_config.service_name = name
-    apply_policy(cluster, policy, mesh_locality)
+    # No retry budget: gRPC has none (istiod's grpcgen sends its circuit breakers' max requests only).
+    apply_policy(cluster, dataclasses.replace(policy, retry_budget=None), mesh_locality)
     if cluster.lb_policy == cluster_pb2.Cluster.MAGLEV:
         # gRPC has no maglev (it NACKs the cluster); its ring hash keeps the same key on the same backend.
         cluster.lb_policy = cluster_pb2.Cluster.RING_HASH

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from envoy.config.cluster.v3 import cluster_pb2, outlier_detection_pb2
+from envoy.config.cluster.v3 import circuit_breaker_pb2, cluster_pb2, outlier_detection_pb2
 from envoy.config.core.v3 import base_pb2, extension_pb2
 from envoy.config.core.v3 import proxy_protocol_pb2 as proxy_protocol_config_pb2
 from envoy.config.route.v3 import route_components_pb2
@@ -27,7 +27,7 @@ from google.protobuf.message import Message
 from istiod.model.config.common import Duration, selector_matches
 from istiod.model.config.networking import (
     ClientTLS, ConnectionPool, ConsistentHash, DestinationRule, H2UpgradePolicy, HashAlgorithm, LoadBalancer,
-    LocalityLbSetting, OutlierDetection, Subset, TLSMode, TrafficPolicy, Warmup,
+    LocalityLbSetting, OutlierDetection, RetryBudget, Subset, TLSMode, TrafficPolicy, Warmup,
 )
 from istiod.model.service import Endpoint
 from istiod.xds.gen import locality
@@ -108,6 +108,8 @@ def apply_policy(cluster: cluster_pb2.Cluster, policy: TrafficPolicy, mesh_local
             cluster.round_robin_lb_config.slow_start_config.CopyFrom(_cluster_slow_start(slow_start))
         elif cluster.lb_policy == cluster_pb2.Cluster.LEAST_REQUEST:
             cluster.least_request_lb_config.slow_start_config.CopyFrom(_cluster_slow_start(slow_start))
+    if policy.retry_budget is not None:
+        _apply_retry_budget(cluster, policy.retry_budget)
     if policy.connection_pool is not None:
         _apply_connection_pool(cluster, policy.connection_pool)
     if policy.outlier_detection is not None:
@@ -152,11 +154,30 @@ def _typed_policy(name: str, config: Message) -> cluster_pb2.LoadBalancingPolicy
         typed_extension_config=extension_pb2.TypedExtensionConfig(name=name, typed_config=pack(config)))
 
 
-def _apply_connection_pool(cluster: cluster_pb2.Cluster, pool: ConnectionPool) -> None:
-    # Onto the flavor's own default thresholds (Envoy sidecars lift Envoy's limits), if any.
+def _threshold(cluster: cluster_pb2.Cluster) -> circuit_breaker_pb2.CircuitBreakers.Thresholds:
+    """The flavor's own default thresholds (Envoy sidecars lift Envoy's limits), made if it has none."""
     if not cluster.circuit_breakers.thresholds:
         cluster.circuit_breakers.thresholds.add()
-    threshold = cluster.circuit_breakers.thresholds[0]
+    return cluster.circuit_breakers.thresholds[0]
+
+
+# RetryBudget.budget_interval (Envoy 1.40's field 3, a Duration) is newer than xds-protos' copy of the
+# API: written as the field's bytes, which protobuf keeps and sends as they are.
+_BUDGET_INTERVAL_TAG = bytes([3 << 3 | 2])
+
+
+def _apply_retry_budget(cluster: cluster_pb2.Cluster, budget: RetryBudget) -> None:
+    """istiod's applyRetryBudget: 20% and at least 3 retries at once unless set."""
+    retry_budget = _threshold(cluster).retry_budget
+    retry_budget.budget_percent.value = 20.0 if budget.percent is None else budget.percent
+    retry_budget.min_retry_concurrency.value = budget.min_retry_concurrency or 3
+    if budget.interval is not None:
+        interval = duration(budget.interval).SerializeToString()
+        retry_budget.MergeFromString(_BUDGET_INTERVAL_TAG + bytes([len(interval)]) + interval)  # (< 128 bytes)
+
+
+def _apply_connection_pool(cluster: cluster_pb2.Cluster, pool: ConnectionPool) -> None:
+    threshold = _threshold(cluster)
     if pool.http is not None:
         if pool.http.http2_max_requests:
             threshold.max_requests.value = pool.http.http2_max_requests

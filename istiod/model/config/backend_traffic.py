@@ -1,0 +1,53 @@
+"""XBackendTrafficPolicy as istiod converts it (pilot/pkg/config/kube/gateway/backend_policies.go): the
+retry budget of each Service it targets, merged into that Service's generated DestinationRule (see
+backend_tls.py, which makes the rule); the oldest policy of a Service wins. The status has an
+ancestor per target (the mesh controller's) with Accepted only; sessionPersistence is accepted but
+said to be unsupported, as istiod says it.
+
+Pure: policies and Services in, retry budgets by Service and statuses out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from istiod.model.config.gateway_api import BackendTrafficPolicy, StatusKey
+from istiod.model.config.networking import RetryBudget
+from istiod.model.config.policy_status import ignored_ancestor, policy_ancestor, target_ref
+
+if TYPE_CHECKING:  # (istiod.model.service imports this package: only its type here)
+    from istiod.model.service import Service
+
+KIND = "XBackendTrafficPolicy"
+_VALID = "Configuration is valid"
+
+
+def backend_traffic(policies: Iterable[BackendTrafficPolicy], services: Mapping[tuple[str, str], Service],
+                    ) -> tuple[dict[tuple[str, str], RetryBudget], dict[StatusKey, dict[str, Any]]]:
+    """The retry budget of each targeted Service (namespace, name), and every policy's status."""
+    budgets: dict[tuple[str, str], RetryBudget] = {}
+    statuses: dict[StatusKey, dict[str, Any]] = {}
+    # The oldest first (then namespace and name), so it is the one a Service keeps.
+    for policy in sorted(policies, key=lambda p: (p.created, p.meta.namespace, p.meta.name)):
+        namespace = policy.meta.namespace
+        if policy.ignored:
+            statuses[(KIND, namespace, policy.meta.name)] = {"ancestors": [
+                ignored_ancestor(target, policy.generation) for target in policy.targets]}
+            continue
+        message = _VALID
+        if policy.unsupported:
+            message += f", but Istio does not support the following fields: {', '.join(policy.unsupported)}"
+        ancestors = []
+        for target in policy.targets:
+            accepted = (True, "Accepted", message)
+            if (target.group, target.kind) != ("", "Service"):
+                accepted = (False, "TargetNotFound", f"targetRefs invalid: unsupported reference kind: {target.kind}")
+            elif (namespace, target.name) not in services:
+                accepted = (False, "TargetNotFound",
+                            f"targetRefs invalid: reference {namespace}/{target.name} (of kind Service) not found")
+            elif policy.retry_budget is not None:
+                budgets.setdefault((namespace, target.name), policy.retry_budget)
+            ancestors.append(policy_ancestor(target_ref(target), accepted, None, policy.generation))
+        statuses[(KIND, namespace, policy.meta.name)] = {"ancestors": ancestors}
+    return budgets, statuses
