@@ -201,6 +201,29 @@ def test_port_level_settings_replace_the_policy_wholesale() -> None:
     assert clusters["outbound|5432|v1|db.shop.svc.cluster.local"].outlier_detection.interval.seconds == 5
 
 
+def test_a_retry_budget_is_the_circuit_breakers_own_a_subsets_wins_and_a_port_level_entry_drops_it() -> None:
+    """Istio's trafficPolicy.retryBudget: istiod's defaults (20%, 3 retries at once), its interval as
+    Envoy's budget_interval; a subset's own wins (istiod's MergeTrafficPolicy); a port's entry replaces
+    the policy without one; proxyless gRPC is sent none."""
+    snapshot = _snapshot({"host": "web", "trafficPolicy": {"retryBudget": {"budgetInterval": "5s"}},
+                          "subsets": [{"name": "v1", "labels": {"app": "web"},
+                                       "trafficPolicy": {"retryBudget": {"percent": 33.5, "minRetryConcurrency": 7}}}]},
+                         {"host": "db", "trafficPolicy": {"retryBudget": {"percent": 10},
+                                                          "portLevelSettings": [{"port": {"number": 5432},
+                                                                                 "loadBalancer": {"simple": "RANDOM"}}]}})
+    clusters = _clusters(snapshot)
+    budget = clusters[f"outbound|80||{WEB}"].circuit_breakers.thresholds[0].retry_budget
+    assert (budget.budget_percent.value, budget.min_retry_concurrency.value) == (20.0, 3)
+    assert budget.SerializeToString().endswith(bytes([0x1a, 2, 8, 5]))  # budget_interval: 5 s
+    subset = clusters[f"outbound|80|v1|{WEB}"].circuit_breakers.thresholds[0].retry_budget
+    assert (subset.budget_percent.value, subset.min_retry_concurrency.value) == (33.5, 7)
+    db = clusters["outbound|5432||db.shop.svc.cluster.local"]
+    assert not db.circuit_breakers.thresholds[0].HasField("retry_budget")
+    grpc = _clusters(_snapshot({"host": "rpc", "trafficPolicy": {"retryBudget": {"percent": 10}}}), GRPC_NODE,
+                     PROXYLESS_GRPC)
+    assert all(not t.HasField("retry_budget") for c in grpc.values() for t in c.circuit_breakers.thresholds)
+
+
 def test_credential_name_is_served_over_sds_from_the_proxys_namespace() -> None:
     """A DestinationRule's credentialName, as istiod: the cluster asks over ADS for
     `kubernetes://<name>` (MUTUAL's client certificate) and `kubernetes://<name>-cacert` (the CA);

@@ -17,7 +17,7 @@ from istiod.model.config.networking import (
     EgressListener, Fault, FaultAbort, FaultDelay, Gateway, HeaderOperations, Headers, HTTPMatch, HTTPRoute,
     HashAlgorithm, HTTPCookie, HTTPSettings, H2UpgradePolicy, IngressListener, L4Match, L4Route, LoadBalancer, LoadBalancerSettings, LocalityDistribute, LocalityFailover,
     LocalityLbSetting, Location, Mirror, OutlierDetection,
-    PortTrafficPolicy, Redirect, Resolution, Retries, Rewrite, RouteDestination, Server, ServerTLS, ServerTLSMode,
+    PortTrafficPolicy, Redirect, Resolution, Retries, RetryBudget, Rewrite, RouteDestination, Server, ServerTLS, ServerTLSMode,
     ServiceEntry, ServicePort, Sidecar, Subset, TCPSettings, TcpKeepalive, TLSMode, TrafficPolicy, TunnelSettings,
     VirtualService, Warmup,
     WorkloadEntry,
@@ -764,7 +764,7 @@ def _traffic_policy(f: _Fields, path: str) -> TrafficPolicy | None:
     sub = fields(f, path)
     if sub is None:
         return None
-    only(sub, _POLICY_FIELDS + ("portLevelSettings", "proxyProtocol", "tunnel"))
+    only(sub, _POLICY_FIELDS + ("portLevelSettings", "proxyProtocol", "tunnel", "retryBudget"))
     if not sub.body:
         raise f.fail(f"{path}: traffic policy must have at least one field")
     if "tunnel" in sub.body and "proxyProtocol" in sub.body:
@@ -786,7 +786,20 @@ def _traffic_policy(f: _Fields, path: str) -> TrafficPolicy | None:
             raise p.fail("port traffic policy must have at least one field")
         port_level.append(PortTrafficPolicy(number, *_policy_parts(p)))
     return TrafficPolicy(*_policy_parts(sub), port_level_settings=tuple(port_level), proxy_protocol=proxy_protocol,
-                         tunnel=_tunnel(sub, "tunnel"))
+                         tunnel=_tunnel(sub, "tunnel"), retry_budget=_retry_budget(sub, "retryBudget"))
+
+
+def _retry_budget(f: _Fields, path: str) -> RetryBudget | None:
+    """As Istio's CRD checks it: a percent of 0-100 (a DoubleValue: a plain number); any interval."""
+    sub = fields(f, path)
+    if sub is None:
+        return None
+    only(sub, ("percent", "minRetryConcurrency", "budgetInterval"))
+    percent = sub.get("percent", (int, float), None)
+    if percent is not None and not 0 <= percent <= 100:
+        raise sub.fail(f"percent: {percent} is not in range 0..100")
+    return RetryBudget(None if percent is None else float(percent), integer(sub, "minRetryConcurrency", 0, 2**32 - 1) or 0,
+                       duration(sub, "budgetInterval", check=False))
 
 
 def _policy_parts(f: _Fields) -> tuple[LoadBalancerSettings | None, ConnectionPool | None,

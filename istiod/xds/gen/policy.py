@@ -51,8 +51,9 @@ def effective_policy(rule: DestinationRule | None, port: int, subset: Subset | N
         return layer
     # The subset's fields win; its port-level entry replaces all four, unset ones included.
     changes: dict[str, Any] = {f: getattr(layer, f) for f in _PARTS if getattr(layer, f) is not None or port_level}
-    if layer.proxy_protocol is not None:
-        changes["proxy_protocol"] = layer.proxy_protocol
+    for whole in ("proxy_protocol", "retry_budget"):  # never port-level: a subset's own wins (istiod's merge)
+        if getattr(layer, whole) is not None:
+            changes[whole] = getattr(layer, whole)
     return dataclasses.replace(base, **changes)
 
 
