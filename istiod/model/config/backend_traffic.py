@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from istiod.model.config.gateway_api import BackendTrafficPolicy, StatusKey
 from istiod.model.config.networking import RetryBudget
-from istiod.model.config.policy_status import ignored_ancestor, policy_ancestor, target_ref
+from istiod.model.config.policy_attachment import (
+    SERVICE, find_target, ignored_ancestor, policy_ancestor, target_problem, target_ref,
+)
 
 if TYPE_CHECKING:  # (istiod.model.service imports this package: only its type here)
     from istiod.model.service import Service
@@ -41,11 +43,9 @@ def backend_traffic(policies: Iterable[BackendTrafficPolicy], services: Mapping[
         ancestors = []
         for target in policy.targets:
             accepted = (True, "Accepted", message)
-            if (target.group, target.kind) != ("", "Service"):
-                accepted = (False, "TargetNotFound", f"targetRefs invalid: unsupported reference kind: {target.kind}")
-            elif (namespace, target.name) not in services:
-                accepted = (False, "TargetNotFound",
-                            f"targetRefs invalid: reference {namespace}/{target.name} (of kind Service) not found")
+            problem = target_problem(namespace, target, find_target(namespace, target, services, {}), (SERVICE,))
+            if problem is not None:
+                accepted = (False, "TargetNotFound", "targetRefs invalid: " + problem)
             elif policy.retry_budget is not None:
                 budgets.setdefault((namespace, target.name), policy.retry_budget)
             ancestors.append(policy_ancestor(target_ref(target), accepted, None, policy.generation))
