@@ -460,6 +460,10 @@ def backend_tls_policy(key: ObjectKey, f: _Fields, domain: str) -> BackendTLSPol
                             f.get("metadata.creationTimestamp", str, ""), _ignored(f))
 
 
+_BUDGET_INTERVAL = timedelta(seconds=10)  # the Gateway API's defaults, which istiod applies too
+_MIN_RETRY_CONCURRENCY = 10
+
+
 def backend_traffic_policy(key: ObjectKey, f: _Fields, domain: str) -> BackendTrafficPolicy:
     """XBackendTrafficPolicy: its retryConstraint with the Gateway API's defaults as istiod applies
     them (an interval of 10 s, at least 10 retries at once; the percent, unset, Envoy's 20)."""
@@ -479,10 +483,6 @@ def backend_traffic_policy(key: ObjectKey, f: _Fields, domain: str) -> BackendTr
     unsupported = ("sessionPersistence",) if spec.get("sessionPersistence", dict, None) is not None else ()
     return BackendTrafficPolicy(meta(key), targets, budget, unsupported, _generation(f),
                                 f.get("metadata.creationTimestamp", str, ""), _ignored(f))
-
-
-_BUDGET_INTERVAL = timedelta(seconds=10)  # the Gateway API's defaults, which istiod applies too
-_MIN_RETRY_CONCURRENCY = 10
 
 
 def _ignored(f: _Fields) -> bool:
