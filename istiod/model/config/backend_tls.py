@@ -25,7 +25,7 @@ from istiod.model.config.networking import (
     ClientTLS, DestinationRule, PortTrafficPolicy, RetryBudget, ServiceEntry, TLSMode, TrafficPolicy,
 )
 from istiod.model.config.policy_attachment import (
-    SERVICE, SERVICE_ENTRY, Target, find_target, ignored_ancestor, policy_ancestor, service_target, target_problem,
+    SERVICE, SERVICE_ENTRY, VALID, Target, find_target, ignored_status, policy_ancestor, service_target, target_problem,
     target_ref,
 )
 
@@ -34,7 +34,6 @@ if TYPE_CHECKING:  # (istiod.model.service imports this package: only its type h
 
 CONFIG_MAP_CREDENTIAL_PREFIX = "configmap://"  # istiod's SDS name of a ConfigMap's CA: configmap://<ns>/<name>
 INVALID_CREDENTIAL = "invalid://"  # a CA that cannot be resolved: never served, so the TLS fails (as istiod)
-_VALID = "Configuration is valid"
 
 
 def backend_tls(policies: Iterable[BackendTLSPolicy], services: Mapping[tuple[str, str], Service],
@@ -49,15 +48,15 @@ def backend_tls(policies: Iterable[BackendTLSPolicy], services: Mapping[tuple[st
     policies = sorted(policies, key=lambda p: (p.meta.namespace, p.meta.name))
     statuses: dict[StatusKey, dict[str, Any]] = {}
     for policy in (p for p in policies if p.ignored):
-        statuses[("BackendTLSPolicy", policy.meta.namespace, policy.meta.name)] = {"ancestors": [
-            ignored_ancestor(target, policy.generation) for target in policy.targets]}
+        statuses[("BackendTLSPolicy", policy.meta.namespace, policy.meta.name)] = ignored_status(
+            policy.targets, policy.generation)
     policies = [p for p in policies if not p.ignored]  # nor do they conflict with others (istiod)
     # By target: its port's TLS (port 0: every port), the winner of each (target, sectionName).
     chosen: dict[Target, dict[int, ClientTLS]] = defaultdict(dict)
     for policy in policies:
         namespace, generation = policy.meta.namespace, policy.generation
-        accepted: tuple[bool, str, str] = (True, "Accepted", _VALID)
-        resolved: tuple[bool, str, str] = (True, "ResolvedRefs", _VALID)
+        accepted: tuple[bool, str, str] = (True, "Accepted", VALID)
+        resolved: tuple[bool, str, str] = (True, "ResolvedRefs", VALID)
         credential, accepted, resolved = _credential(policy, config_maps, accepted, resolved)
         tls = ClientTLS(mode=TLSMode.SIMPLE, sni=policy.hostname, subject_alt_names=policy.subject_alt_names,
                         credential_name=credential)

@@ -15,14 +15,13 @@ from typing import TYPE_CHECKING, Any
 from istiod.model.config.gateway_api import BackendTrafficPolicy, StatusKey
 from istiod.model.config.networking import RetryBudget
 from istiod.model.config.policy_attachment import (
-    SERVICE, find_target, ignored_ancestor, policy_ancestor, target_problem, target_ref,
+    SERVICE, VALID, find_target, ignored_status, policy_ancestor, target_problem, target_ref,
 )
 
 if TYPE_CHECKING:  # (istiod.model.service imports this package: only its type here)
     from istiod.model.service import Service
 
 KIND = "XBackendTrafficPolicy"
-_VALID = "Configuration is valid"
 
 
 def backend_traffic(policies: Iterable[BackendTrafficPolicy], services: Mapping[tuple[str, str], Service],
@@ -34,10 +33,9 @@ def backend_traffic(policies: Iterable[BackendTrafficPolicy], services: Mapping[
     for policy in sorted(policies, key=lambda p: (p.created, p.meta.namespace, p.meta.name)):
         namespace = policy.meta.namespace
         if policy.ignored:
-            statuses[(KIND, namespace, policy.meta.name)] = {"ancestors": [
-                ignored_ancestor(target, policy.generation) for target in policy.targets]}
+            statuses[(KIND, namespace, policy.meta.name)] = ignored_status(policy.targets, policy.generation)
             continue
-        message = _VALID
+        message = VALID
         if policy.unsupported:
             message += f", but Istio does not support the following fields: {', '.join(policy.unsupported)}"
         ancestors = []
